@@ -1,0 +1,157 @@
+"""Benchmark: our planned kernel next to torch.matmul (cuBLAS) and a Triton matmul, side by side in one run.
+
+    python benchmarks/bench.py [--set square,llm,ragged] [--dtypes bf16,fp16] [--layout tn] [--json out.json]
+    python -m generator bench ...   (the same)
+
+Times are triton.testing.do_bench medians (ms) on fresh random data; TFLOP/s = 2*M*N*K / time.
+Each shape is also checked against a float32 reference, so a fast wrong kernel cannot hide here.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runpy
+
+from generator import Gemm  # noqa: E402
+from generator.op import compile_many  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class Row:
+    m: int
+    n: int
+    k: int
+    dtype: str
+    layout: str
+    kernel: str
+    ours_ms: float
+    cublas_ms: float
+    triton_ms: float | None
+    ours_tflops: float
+    cublas_tflops: float
+    triton_tflops: float | None
+    vs_cublas: float
+    vs_triton: float | None
+    rel_error: float
+
+
+def load_shapes(sets: list[str]) -> list[tuple[int, int, int]]:
+    data = json.loads((HERE / "shapes.json").read_text())
+    shapes: list[tuple[int, int, int]] = []
+    for name in sets:
+        shapes += [tuple(s) for s in data[name]]
+    return shapes
+
+
+def operands(layout: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    a = torch.randn(m, k, device="cuda").to(dtype) if layout[0] == "t" else torch.randn(k, m, device="cuda").to(dtype).t()
+    b = torch.randn(k, n, device="cuda").to(dtype) if layout[1] == "t" else torch.randn(n, k, device="cuda").to(dtype).t()
+    return a, b
+
+
+def tflops(m: int, n: int, k: int, ms: float) -> float:
+    return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def bench_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+
+
+def run(shapes, dtypes, layout, with_triton: bool) -> list[Row]:
+    plans = {(s, d): Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2]) for s in shapes for d in dtypes}
+    unique = {p.name: p.config for p in plans.values()}
+    start = time.perf_counter()
+    ops = dict(zip(unique, compile_many(list(unique.values()), namespace="gemmgen")))
+    print(f"built {len(unique)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
+    if with_triton:
+        from triton_matmul import triton_matmul
+    rows = []
+    for (shape, dname), plan in plans.items():
+        m, n, k = shape
+        dtype = DTYPES[dname]
+        op = ops[plan.name]
+        a, b = operands(layout, m, n, k, dtype)
+        d = op(a, b)
+        ref = a.float() @ b.float()
+        err = ((d.float() - ref).norm() / ref.norm()).item()
+        ours = bench_ms(lambda: op(a, b))
+        cublas = bench_ms(lambda: torch.matmul(a, b))
+        tri = bench_ms(lambda: triton_matmul(a, b)) if with_triton else None
+        row = Row(m, n, k, dname, layout, plan.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),
+                  tflops(m, n, k, tri) if tri else None, cublas / ours, (tri / ours) if tri else None, err)
+        rows.append(row)
+        print(format_row(row), flush=True)
+    return rows
+
+
+HEADER = (f"{'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'ours':>8} {'cuBLAS':>8} {'Triton':>8} "
+          f"{'ours/cuBLAS':>11} {'ours/Triton':>11} {'rel.err':>8}  kernel")
+
+
+def format_row(r: Row) -> str:
+    tri = f"{r.triton_tflops:8.1f}" if r.triton_tflops else f"{'-':>8}"
+    vs_tri = f"{r.vs_triton:11.3f}" if r.vs_triton else f"{'-':>11}"
+    return (f"{r.m:>6} {r.n:>6} {r.k:>6} {r.dtype:>5} {r.ours_tflops:8.1f} {r.cublas_tflops:8.1f} {tri} "
+            f"{r.vs_cublas:11.3f} {vs_tri} {r.rel_error:8.1e}  {r.kernel}")
+
+
+def geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--set", default="square,llm,ragged", help="comma list of shapes.json sets")
+    parser.add_argument("--dtypes", default="bf16,fp16", help="comma list of bf16, fp16")
+    parser.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
+    parser.add_argument("--no-triton", action="store_true", help="skip the Triton column")
+    parser.add_argument("--json", default=None, help="where to write the JSON (default $OUT/bench.json or ./bench.json)")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench: needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dtypes = [d for d in args.dtypes.split(",") if d]
+    for d in dtypes:
+        if d not in DTYPES:
+            parser.error(f"--dtypes: {d!r} is not one of {', '.join(DTYPES)}")
+    shapes = load_shapes([s for s in args.set.split(",") if s])
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    print("TFLOP/s (do_bench median, random data)")
+    print(HEADER)
+    rows = run(shapes, dtypes, args.layout, not args.no_triton)
+    print("\n" + HEADER)
+    for r in rows:
+        print(format_row(r))
+    summary = {}
+    for d in dtypes:
+        for label, pick in (("square 4096/8192", lambda r: r.m == r.n == r.k and r.m >= 4096),
+                            ("M>=1024", lambda r: r.m >= 1024), ("M=128", lambda r: r.m == 128)):
+            ratios = [r.vs_cublas for r in rows if r.dtype == d and pick(r)]
+            if ratios:
+                summary[f"{d} {label} geomean ours/cuBLAS"] = round(geomean(ratios), 4)
+    for key, value in summary.items():
+        print(f"{key}: {value}")
+    out = Path(args.json) if args.json else Path(os.environ.get("OUT", ".")) / "bench.json"
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                               "rows": [asdict(r) for r in rows], "summary": summary}, indent=1))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,16 @@
+"""gemmgen: plan GEMM kernels for a GPU, render them from Jinja templates, build them with ninja
+and call them as torch ops.
+
+    from generator import Gemm
+    plan = Gemm(dtype="bf16", layout="tn")
+    op = plan.compile()
+    D = op(A, B)        # also torch.ops.gemmgen.<plan.name>(A, B)
+
+Planning and rendering need neither torch nor a GPU; ``compile`` needs torch and nvcc.
+"""
+from .config import KernelConfig, check_config
+from .gemm import Gemm
+from .render import render
+from .types import DType, Layout, Order
+
+__all__ = ["Gemm", "KernelConfig", "check_config", "render", "DType", "Layout", "Order"]

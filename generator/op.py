@@ -1,0 +1,263 @@
+"""GemmOp: a built kernel library behind a torch op, with every argument checked before a launch.
+
+The kernel library is plain CUDA (no torch headers: a new kernel costs one nvcc run); it is loaded
+with ctypes and called with raw pointers on the operands' current stream. The op is registered as
+``torch.ops.<namespace>.<kernel name>`` (default namespace ``gemmgen``) with two overloads,
+``(A, B) -> D`` and ``.out(A, B, *, out) -> out``, and a fake implementation for tracing.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .arch import ARCHS
+from .build import BuildRequest, build
+from .config import KernelConfig
+from .render import render, templates_dir
+from .types import DType, Order
+
+TORCH_DTYPES = {DType.fp16: torch.float16, DType.bf16: torch.bfloat16, DType.fp32: torch.float32}
+INT32_MAX = 2**31 - 1
+PATHS = {0: "fast", 1: "unaligned"}
+
+
+class GemmArgsStruct(ctypes.Structure):
+    """Mirror of templates/common/gemm_args.h."""
+
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64), ("ldd", ctypes.c_int64)]
+
+
+@dataclass(frozen=True)
+class KernelLibrary:
+    """The entry points of one built kernel library."""
+
+    path: Path
+    launch: ctypes._CFuncPtr
+    choose_path: ctypes._CFuncPtr
+    error_string: ctypes._CFuncPtr
+
+    @classmethod
+    def load(cls, path: Path, name: str) -> KernelLibrary:
+        lib = ctypes.CDLL(str(path))
+        launch = lib[f"{name}_launch"]
+        launch.argtypes, launch.restype = [ctypes.POINTER(GemmArgsStruct), ctypes.c_void_p], ctypes.c_int
+        choose_path = lib[f"{name}_path"]
+        choose_path.argtypes, choose_path.restype = [ctypes.POINTER(GemmArgsStruct)], ctypes.c_int
+        error_string = lib[f"{name}_error_string"]
+        error_string.argtypes, error_string.restype = [ctypes.c_int], ctypes.c_char_p
+        return cls(path, launch, choose_path, error_string)
+
+
+# -- argument checks --------------------------------------------------------------------------------
+
+def _order_of(t: torch.Tensor) -> str:
+    if t.dim() == 2 and t.stride(1) == 1:
+        return "row-major"
+    if t.dim() == 2 and t.stride(0) == 1:
+        return "column-major"
+    return "neither row- nor column-major"
+
+
+def leading_dim(t: torch.Tensor, order: Order) -> int | None:
+    """The leading dimension of a 2-D tensor stored in ``order``, or None if it is not stored so.
+
+    A dimension of size 1 has no meaningful stride; its leading dimension is then the other size,
+    which keeps the 16-byte alignment test honest for vectors.
+    """
+    rows, cols = t.shape
+    if order is Order.row:
+        inner_ok = cols <= 1 or t.stride(1) == 1
+        ld = t.stride(0) if rows > 1 else max(cols, 1)
+        return ld if inner_ok and ld >= max(cols, 1) else None
+    inner_ok = rows <= 1 or t.stride(0) == 1
+    ld = t.stride(1) if cols > 1 else max(rows, 1)
+    return ld if inner_ok and ld >= max(rows, 1) else None
+
+
+def _other_layout(blas: str, operand: str) -> str:
+    """The two-letter layout with one operand's letter flipped."""
+    flip = {"t": "n", "n": "t"}
+    return flip[blas[0]] + blas[1] if operand == "A" else blas[0] + flip[blas[1]]
+
+
+class GemmOp:
+    """Callable op: ``op(A, B)`` or ``op(A, B, out=D)``; the same as ``torch.ops.<namespace>.<name>``."""
+
+    def __init__(self, config: KernelConfig, library: KernelLibrary, namespace: str) -> None:
+        self.config = config
+        self.library = library
+        self.namespace = namespace
+        self.name = config.name
+        self.dtype = TORCH_DTYPES[config.dtype]
+        self.out_dtype = TORCH_DTYPES[config.out_dtype]
+        _register(self)
+        self.op = getattr(getattr(torch.ops, namespace), self.name)
+        self.__doc__ = (f"D = A @ B with {config.dtype.value} inputs and {config.out_dtype.value} output; "
+                        f"A (M, K) {config.layout.a.value}-major, B (K, N) {config.layout.b.value}-major, "
+                        f"D (M, N) {config.layout.c.value}-major. Kernel {self.name}. Operands whose base "
+                        "address or leading dimension is not 16-byte aligned run on a slower unaligned kernel.")
+
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        if out is None:
+            return self.op.default(A, B)
+        return self.op.out(A, B, out=out)
+
+    def __repr__(self) -> str:
+        return f"GemmOp(torch.ops.{self.namespace}.{self.name})"
+
+    # -- checks -----------------------------------------------------------------------------------
+
+    def _check_operand(self, t: object, what: str, order: Order) -> int:
+        """Validate A or B; returns its leading dimension."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            shape = "(M, K)" if what == "A" else "(K, N)"
+            raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
+        if t.dtype != self.dtype:
+            raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
+                            f"{what}.to({self.dtype}) or plan with dtype={str(t.dtype).removeprefix('torch.')!r}")
+        if t.device.type != "cuda":
+            raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+        ld = leading_dim(t, order)
+        if ld is None:
+            letter = "a" if what == "A" else "b"
+            other = _other_layout(self.config.layout.blas, what)
+            raise ValueError(
+                f"{what} has strides {tuple(t.stride())} ({_order_of(t)}); this plan was made for "
+                f"layout_{letter}={order.value!r}: plan with layout={other!r} or pass {what}.contiguous()"
+                + ("" if order is Order.row else f".t().contiguous().t() (a column-major copy)"))
+        return ld
+
+    def _check(self, A: object, B: object) -> tuple[int, int]:
+        lda = self._check_operand(A, "A", self.config.layout.a)
+        ldb = self._check_operand(B, "B", self.config.layout.b)
+        if A.device != B.device:
+            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        if A.shape[1] != B.shape[0]:
+            raise ValueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree (A's columns "
+                             f"= B's rows); for x @ W.t() pass B = W.t()")
+        for size, what in ((A.shape[0], "M"), (B.shape[1], "N"), (A.shape[1], "K")):
+            if size > INT32_MAX:
+                raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+        return lda, ldb
+
+    def _check_out(self, out: object, A: torch.Tensor, B: torch.Tensor) -> int:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        shape = (A.shape[0], B.shape[1])
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}; D = A @ B is {shape}: pass "
+                             f"torch.empty({shape[0]}, {shape[1]}, dtype={self.out_dtype}, device='{A.device}')")
+        if out.dtype != self.out_dtype:
+            raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}: pass an out of "
+                            f"dtype {self.out_dtype} or plan with out_dtype={str(out.dtype).removeprefix('torch.')!r}")
+        if out.device != A.device:
+            raise ValueError(f"out is on {out.device} but A and B on {A.device}: allocate out on {A.device}")
+        order = self.config.layout.c
+        ld = leading_dim(out, order)
+        if ld is None:
+            fix = "torch.empty(M, N)" if order is Order.row else "torch.empty(N, M).t()"
+            other = "col" if order is Order.row else "row"
+            raise ValueError(f"out has strides {tuple(out.stride())} ({_order_of(out)}); this plan writes D "
+                             f"{order.value}-major: pass out={fix} or plan with layout_c={other!r}")
+        return ld
+
+    def _empty_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        m, n = A.shape[0], B.shape[1]
+        if self.config.layout.c is Order.row:
+            return torch.empty((m, n), dtype=self.out_dtype, device=A.device)
+        return torch.empty((n, m), dtype=self.out_dtype, device=A.device).t()
+
+    # -- launch -----------------------------------------------------------------------------------
+
+    def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, lda: int, ldb: int, ldd: int) -> GemmArgsStruct:
+        return GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), A.shape[0], B.shape[1], A.shape[1],
+                              lda, ldb, ldd)
+
+    def path(self, A: torch.Tensor, B: torch.Tensor) -> str:
+        """Which kernel ``op(A, B)`` takes: 'fast' or 'unaligned'."""
+        lda, ldb = self._check(A, B)
+        D = self._empty_out(A, B)
+        args = self._args(A, B, D, lda, ldb, leading_dim(D, self.config.layout.c))
+        return PATHS[self.library.choose_path(ctypes.byref(args))]
+
+    def run(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        lda, ldb = self._check(A, B)
+        D = self._empty_out(A, B) if out is None else out
+        ldd = self._check_out(D, A, B) if out is not None else leading_dim(D, self.config.layout.c)
+        if D.numel() == 0:
+            return D
+        args = self._args(A, B, D, lda, ldb, ldd)
+        device = A.device
+        if torch.cuda.current_device() != device.index:
+            with torch.cuda.device(device):
+                code = self.library.launch(ctypes.byref(args), torch.cuda.current_stream(device).cuda_stream)
+        else:
+            code = self.library.launch(ctypes.byref(args), torch.cuda.current_stream(device).cuda_stream)
+        if code != 0:
+            message = self.library.error_string(code).decode()
+            raise RuntimeError(f"{self.name}: launch failed with CUDA error {code} ({message})")
+        return D
+
+
+# The torch.library registrations must outlive the call that made them; keyed by qualified name.
+# With the build cache, this is the only process-wide state the package keeps.
+_LIBRARIES: dict[str, tuple[torch.library.Library, GemmOp]] = {}
+
+
+def _register(op: GemmOp) -> None:
+    qualname = f"{op.namespace}::{op.name}"
+    if qualname in _LIBRARIES:  # the same kernel compiled again: the first registration serves it
+        return
+    lib = torch.library.Library(op.namespace, "FRAGMENT")
+    lib.define(f"{op.name}(Tensor A, Tensor B) -> Tensor")
+    lib.define(f"{op.name}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
+    # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
+    # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
+    lib.impl(op.name, lambda A, B: op.run(A, B, None), "CompositeExplicitAutograd")
+    lib.impl(f"{op.name}.out", lambda A, B, out: op.run(A, B, out), "CompositeExplicitAutograd")
+
+    def fake(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        torch._check(A.shape[1] == B.shape[0], lambda: f"K must agree: A {tuple(A.shape)}, B {tuple(B.shape)}")
+        return op._empty_out(A, B)
+
+    torch.library.register_fake(qualname, fake, lib=lib)
+    _LIBRARIES[qualname] = (lib, op)
+
+
+def build_target(config: KernelConfig) -> int:
+    """The architecture to compile for: the visible GPU when there is one, else the plan's."""
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        cc = major * 10 + minor
+        if cc < config.arch:
+            raise RuntimeError(f"{config.name} was planned for sm_{config.arch} but this GPU is sm_{cc}: "
+                               f"plan with arch={cc} (or arch=None)")
+        if cc in ARCHS:
+            return cc
+    return config.arch
+
+
+def build_request(config: KernelConfig, target: int | None = None) -> BuildRequest:
+    target = build_target(config) if target is None else target
+    return BuildRequest(name=config.name, sources=render(config), gencode=ARCHS[target].gencode,
+                        include_dirs=(str(templates_dir()),))
+
+
+def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False) -> GemmOp:
+    result = build(build_request(config), verbose=verbose)
+    return GemmOp(config, KernelLibrary.load(result.library, config.name), namespace)
+
+
+def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False) -> list[GemmOp]:
+    """Build several kernels in one parallel ninja run; ops in the order of ``configs``."""
+    from .build import build_many
+
+    results = build_many([build_request(c) for c in configs], verbose=verbose)
+    return [GemmOp(c, KernelLibrary.load(r.library, c.name), namespace) for c, r in zip(configs, results)]

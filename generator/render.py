@@ -1,0 +1,69 @@
+"""render(config) -> {file name: source text}. Pure: no torch, no GPU, no files written.
+
+The generated translation unit includes the plain CUDA headers under templates/ by relative path
+(``#include "sm80/gemm_kernel.cuh"``); the builder passes ``-I <templates dir>`` and ``emit`` copies them.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2
+
+from .config import KernelConfig, check_config
+
+#: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
+FAMILY_TEMPLATES = {"sm80": "sm80/gemm.cu.j2"}
+
+
+def templates_dir() -> Path:
+    """templates/ next to generator/ in a source checkout, or the installed copy (package gemmgen_templates)."""
+    beside = Path(__file__).resolve().parent.parent / "templates"
+    if beside.is_dir():
+        return beside
+    spec = importlib.util.find_spec("gemmgen_templates")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the CUDA templates are missing: reinstall the package (pip install -e .)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir())),
+        undefined=jinja2.StrictUndefined,  # a missing constant is an error, never an empty string
+        keep_trailing_newline=True,
+        trim_blocks=False,
+        lstrip_blocks=False,
+    )
+
+
+def template_context(cfg: KernelConfig) -> dict[str, object]:
+    bm, bn, bk = cfg.tile
+    return {
+        "name": cfg.name,
+        "description": cfg.describe().splitlines(),
+        "elem_cuda": cfg.dtype.cuda_type,
+        "out_cuda": cfg.out_dtype.cuda_type,
+        "bm": bm, "bn": bn, "bk": bk,
+        "wm": cfg.warps[0], "wn": cfg.warps[1],
+        "stages": cfg.stages,
+        "raster_group": cfg.raster_group,
+        "a_k_major": cfg.layout.a_k_major,
+        "b_k_major": cfg.layout.b_k_major,
+        "d_row_major": cfg.layout.c.value == "row",
+    }
+
+
+def render(cfg: KernelConfig) -> dict[str, str]:
+    """The kernel's sources: ``{"<name>.cu": text}``. Headers it includes stay in templates_dir()."""
+    check_config(cfg)
+    template = _environment().get_template(FAMILY_TEMPLATES[cfg.family])
+    return {f"{cfg.name}.cu": template.render(**template_context(cfg))}
+
+
+def included_headers() -> list[Path]:
+    """Every plain header a rendered kernel may include (what emit copies beside the sources)."""
+    root = templates_dir()
+    return sorted(p for p in root.rglob("*") if p.suffix in (".h", ".cuh"))

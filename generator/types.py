@@ -1,0 +1,134 @@
+"""Data types and operand layouts, spelled the way users and kernels spell them.
+
+Nothing here imports torch: planning and rendering must work on a machine without it.
+A torch dtype is accepted by looking at its printed name (``torch.bfloat16`` -> ``"bfloat16"``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class DType(Enum):
+    """Element types the kernels know. The value is the short name used in kernel names."""
+
+    fp16 = "fp16"
+    bf16 = "bf16"
+    fp32 = "fp32"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is DType.fp32 else 2
+
+    @property
+    def cuda_type(self) -> str:
+        """The C++ type of one element in the generated code."""
+        return {"fp16": "__half", "bf16": "__nv_bfloat16", "fp32": "float"}[self.value]
+
+    @property
+    def torch_name(self) -> str:
+        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[self.value]
+
+
+# Every spelling a user may pass, mapped to one DType. Torch dtypes arrive as their str().
+_DTYPE_ALIASES = {
+    "fp16": DType.fp16, "float16": DType.fp16, "half": DType.fp16, "f16": DType.fp16,
+    "bf16": DType.bf16, "bfloat16": DType.bf16,
+    "fp32": DType.fp32, "float32": DType.fp32, "float": DType.fp32, "f32": DType.fp32,
+}
+
+#: Input dtypes the shipped kernel families accept (fp32 is an output dtype only, for now).
+INPUT_DTYPES = (DType.fp16, DType.bf16)
+OUTPUT_DTYPES = (DType.fp16, DType.bf16, DType.fp32)
+
+
+def parse_dtype(value: object, *, what: str = "dtype", allowed: tuple[DType, ...] = INPUT_DTYPES) -> DType:
+    """Turn ``torch.bfloat16``, ``"bf16"``, ``"bfloat16"`` or a DType into a DType, or raise ValueError."""
+    if isinstance(value, DType):
+        dtype = value
+    else:
+        text = str(value).removeprefix("torch.").lower()
+        dtype = _DTYPE_ALIASES.get(text)
+        if dtype is None:
+            choices = ", ".join(f"'{d.value}'" for d in allowed)
+            raise ValueError(f"{what}={value!r} is not a data type this generator knows; use one of {choices} "
+                             f"(or the matching torch dtype)")
+    if dtype not in allowed:
+        choices = ", ".join(f"'{d.value}'" for d in allowed)
+        raise ValueError(f"{what}={dtype.value!r} is not supported here; supported: {choices}")
+    return dtype
+
+
+class Order(Enum):
+    """Storage order of one matrix operand."""
+
+    row = "row"  # the last index is contiguous (torch's default)
+    col = "col"  # the first index is contiguous (a transposed view of a contiguous tensor)
+
+
+def parse_order(value: object, *, what: str) -> Order:
+    if isinstance(value, Order):
+        return value
+    try:
+        return Order(str(value).lower())
+    except ValueError:
+        raise ValueError(f"{what}={value!r} is not a storage order; use 'row' or 'col'") from None
+
+
+LAYOUTS = ("nn", "nt", "tn", "tt")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Storage of A (M x K), B (K x N) and D (M x N).
+
+    The two-letter BLAS spelling names A then B in column-major (BLAS) terms:
+    'n' = stored as is in column-major, 't' = stored transposed, i.e. row-major.
+    So 'tn' is A row-major (K contiguous) and B column-major (K contiguous): torch's
+    ``x @ W.t()`` for an ``nn.Linear`` weight W of shape (N, K). D is row-major unless c='col'.
+    """
+
+    a: Order
+    b: Order
+    c: Order = Order.row
+
+    @property
+    def blas(self) -> str:
+        letter = {Order.row: "t", Order.col: "n"}
+        return letter[self.a] + letter[self.b]
+
+    @property
+    def tag(self) -> str:
+        """The layout as it appears in kernel names: 'tn', or 'tn_dcol' for a column-major D."""
+        return self.blas + ("_dcol" if self.c is Order.col else "")
+
+    @property
+    def a_k_major(self) -> bool:
+        return self.a is Order.row
+
+    @property
+    def b_k_major(self) -> bool:
+        return self.b is Order.col
+
+
+def parse_layout(layout: object = None, *, layout_a: object = None, layout_b: object = None,
+                 layout_c: object = None) -> Layout:
+    """Combine the 'tn'-style string with explicit per-operand orders (explicit ones win)."""
+    a, b = Order.row, Order.col  # 'tn' is the default: torch's x @ W.t()
+    if layout is not None:
+        if isinstance(layout, Layout):
+            a, b, c0 = layout.a, layout.b, layout.c
+            layout_c = layout_c if layout_c is not None else c0
+        else:
+            text = str(layout).lower()
+            if text not in LAYOUTS:
+                raise ValueError(f"layout={layout!r} is not one of {', '.join(repr(x) for x in LAYOUTS)} "
+                                 "(first letter A, second B; 't' = row-major, 'n' = column-major)")
+            a = Order.row if text[0] == "t" else Order.col
+            b = Order.row if text[1] == "t" else Order.col
+    if layout_a is not None:
+        a = parse_order(layout_a, what="layout_a")
+    if layout_b is not None:
+        b = parse_order(layout_b, what="layout_b")
+    c = parse_order(layout_c, what="layout_c") if layout_c is not None else Order.row
+    return Layout(a, b, c)

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One call on the GPU machine: install, build timing, GPU tests, benchmark. Logs and JSON go to $OUT.
+#   STEPS="timing tests bench" gpu/run_all.sh          (default: all three)
+#   STEPS=sweep SWEEP_ARGS="--dtype fp16" gpu/run_all.sh   (explicit configs, for the planner's tables)
+#   BENCH_ARGS="--set square --dtypes bf16" STEPS=bench gpu/run_all.sh
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+export GEMMGEN_CACHE_DIR=${GEMMGEN_CACHE_DIR:-/tmp/gemmgen-cache}
+STEPS=${STEPS:-timing tests bench}
+status=0
+
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvcc --version | tail -1; } > "$OUT/env.txt" 2>&1
+
+for step in $STEPS; do
+  case $step in
+    timing) python3 gpu/build_timing.py 2>&1 | tee "$OUT/build_timing.log" || status=1 ;;
+    tests)  python3 -m pytest tests -q -x -m gpu ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    sweep)  python3 benchmarks/sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
+    bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    *) echo "unknown step $step"; status=2 ;;
+  esac
+done
+cat "$OUT/env.txt"
+exit $status
