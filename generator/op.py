@@ -103,6 +103,10 @@ class GemmOp:
                         "address or leading dimension is not 16-byte aligned run on a slower unaligned kernel.")
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        # The dispatcher would reject a non-tensor with a RuntimeError about the schema; say it plainly.
+        for value, what in ((A, "A"), (B, "B"), (out, "out")):
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
         if out is None:
             return self.op.default(A, B)
         return self.op.out(A, B, out=out)

@@ -11,7 +11,7 @@ export GEMMGEN_CACHE_DIR=${GEMMGEN_CACHE_DIR:-/tmp/gemmgen-cache}
 STEPS=${STEPS:-timing tests bench}
 status=0
 
-python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+python3 -m pip install --no-build-isolation --no-deps -e . > "$OUT/install.log" 2>&1 || { echo "pip install failed (see install.log); using PYTHONPATH"; tail -5 "$OUT/install.log"; }
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"; nvcc --version | tail -1; } > "$OUT/env.txt" 2>&1
 

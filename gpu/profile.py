@@ -1,0 +1,36 @@
+"""Run one planned kernel a few times on one shape, for ncu:
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/profile.py --tile 128x256x32 --stages 4
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from generator import Gemm
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="4096x4096x4096")
+    parser.add_argument("--dtype", default="bf16")
+    parser.add_argument("--layout", default="tn")
+    parser.add_argument("--tile", default=None)
+    parser.add_argument("--warps", default=None)
+    parser.add_argument("--stages", type=int, default=None)
+    args = parser.parse_args()
+    m, n, k = (int(x) for x in args.shape.split("x"))
+    plan = Gemm(dtype=args.dtype, layout=args.layout, m=m, n=n, k=k, tile_shape=args.tile, warps=args.warps,
+                stages=args.stages)
+    op = plan.compile()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    b = torch.randn(n, k, device="cuda").to(dtype).t()
+    for _ in range(5):
+        op(a, b)
+    torch.cuda.synchronize()
+    print(plan.name)
+
+
+if __name__ == "__main__":
+    main()
