@@ -89,26 +89,42 @@ struct TileLoader {
     }
   }
 
-  // Issue the copies of one k tile into the stage at `stage_smem`. k_left = K - (first k of the tile).
-  __device__ __forceinline__ void load(uint32_t stage_smem, int k_left) {
-    const bool full = k_left >= kBlockK;
+  // Issue the copies of one whole k tile (no clipping along K) into the stage at `stage_smem`.
+  // This is the main loop's path, so it does the least work per chunk: one address, one select.
+  __device__ __forceinline__ void load_full(uint32_t stage_smem) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const bool valid = (row_valid >> i) & 1u;
+      ptx::cp_async_16_zfill(stage_smem + smem_offset(i), valid ? next + i * row_stride : base,
+                             valid ? inner_bytes : 0);
+    }
+    next += k_tile_stride;
+  }
+
+  // The last, ragged k tile: clip along K as well. k_left = K - (first k of the tile) < kBlockK.
+  __device__ __forceinline__ void load_partial(uint32_t stage_smem, int k_left) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
       const int row = row0 + i * kRowStep;
       int bytes = (row_valid >> i) & 1u ? inner_bytes : 0;
-      if (!full) {  // the last, ragged k tile: clip along K
-        if (K_INNER) {
-          const int k_elems = k_left - chunk * kChunkElems;
-          bytes = k_elems <= 0 ? 0 : (k_elems >= kChunkElems ? bytes : (bytes ? k_elems * 2 : 0));
-        } else if (row >= k_left) {
-          bytes = 0;
-        }
+      if (K_INNER) {
+        const int k_elems = k_left - chunk * kChunkElems;
+        bytes = k_elems <= 0 ? 0 : (k_elems >= kChunkElems ? bytes : (bytes ? k_elems * 2 : 0));
+      } else if (row >= k_left) {
+        bytes = 0;
       }
       // A copy that reads nothing still needs an address inside the operand.
-      const Elem* src = bytes ? next + i * row_stride : base;
-      ptx::cp_async_16_zfill(stage_smem + Tile::offset(row, chunk), src, bytes);
+      ptx::cp_async_16_zfill(stage_smem + smem_offset(i), bytes ? next + i * row_stride : base, bytes);
     }
     next += k_tile_stride;
+  }
+
+  // Shared-memory byte offset of chunk i; a compile-time stride from chunk 0 when the rows between a
+  // thread's chunks span whole swizzle periods (the usual case), so the copies use immediate offsets.
+  __device__ __forceinline__ uint32_t smem_offset(int i) const {
+    constexpr int kSwizzlePeriod = Tile::kRowsPerLine * Tile::kSwizzleSpan;
+    if (kRowStep % kSwizzlePeriod == 0) return Tile::offset(row0, chunk) + i * kRowStep * INNER * 2;
+    return Tile::offset(row0 + i * kRowStep, chunk);
   }
 };
 
@@ -231,6 +247,18 @@ struct Kernel {
         }
   }
 
+  // Start the copies of k tile `tile` into one stage: whole tiles take the cheap path.
+  __device__ __forceinline__ static void load_stage(ALoader& a, BLoader& b, uint32_t stage, int tile, int full_tiles,
+                                                    int k_tiles, int K) {
+    if (tile < full_tiles) {
+      a.load_full(stage);
+      b.load_full(stage + A_STAGE_BYTES);
+    } else if (tile < k_tiles) {
+      a.load_partial(stage, K - tile * BK);
+      b.load_partial(stage + A_STAGE_BYTES, K - tile * BK);
+    }
+  }
+
   __device__ __forceinline__ static void run(const GemmArgs& args, char* smem) {
     const int M = static_cast<int>(args.m), N = static_cast<int>(args.n), K = static_cast<int>(args.k);
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -256,13 +284,11 @@ struct Kernel {
         for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
     const int k_tiles = (K + BK - 1) / BK;
+    const int full_tiles = K / BK;  // tiles that need no clipping along K
     // Prologue: STAGES-1 tiles in flight, one commit group each (empty groups keep the count right).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-      if (s < k_tiles) {
-        a_loader.load(smem_base + s * STAGE_BYTES, K - s * BK);
-        b_loader.load(smem_base + s * STAGE_BYTES + A_STAGE_BYTES, K - s * BK);
-      }
+      load_stage(a_loader, b_loader, smem_base + s * STAGE_BYTES, s, full_tiles, k_tiles, K);
       ptx::cp_async_commit();
     }
     ptx::cp_async_wait<STAGES - 2>();
@@ -286,11 +312,7 @@ struct Kernel {
                        warp_n0, lane);
         if (ks == 0) {
           // Refill the stage every warp finished reading before the last barrier.
-          if (load_tile < k_tiles) {
-            const uint32_t stage = smem_base + write_stage * STAGE_BYTES;
-            a_loader.load(stage, K - load_tile * BK);
-            b_loader.load(stage + A_STAGE_BYTES, K - load_tile * BK);
-          }
+          load_stage(a_loader, b_loader, smem_base + write_stage * STAGE_BYTES, load_tile, full_tiles, k_tiles, K);
           ptx::cp_async_commit();
           ++load_tile;
           write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
