@@ -132,10 +132,10 @@ class GemmOp:
         if ld is None:
             letter = "a" if what == "A" else "b"
             other = _other_layout(self.config.layout.blas, what)
+            copy = f"{what}.contiguous()" if order is Order.row else f"{what}.t().contiguous().t() (a column-major copy)"
             raise ValueError(
                 f"{what} has strides {tuple(t.stride())} ({_order_of(t)}); this plan was made for "
-                f"layout_{letter}={order.value!r}: plan with layout={other!r} or pass {what}.contiguous()"
-                + ("" if order is Order.row else f".t().contiguous().t() (a column-major copy)"))
+                f"layout_{letter}={order.value!r}: plan with layout={other!r} or pass {copy}")
         return ld
 
     def _check(self, A: object, B: object) -> tuple[int, int]:

@@ -155,6 +155,9 @@ def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
         if best is None or est.cost < best.cost:
             best = est
     if best is None:
+        reasons = {line.split(": ", 1)[1] for line in rejected}
+        if len(reasons) == 1:  # the same knob failed everywhere (e.g. stages=9): say it once
+            raise ValueError(reasons.pop())
         raise ValueError("no config is legal for these knobs:\n  " + "\n  ".join(rejected))
     return best, rejected
 

@@ -1,0 +1,37 @@
+"""gemmgen: a GEMM kernel generator for PyTorch (import package ``generator``).
+
+The Jinja templates and the plain CUDA headers they include live in the top-level ``templates/``
+folder; they ship in the wheel as the data-only package ``gemmgen_templates``, where
+``generator.render.templates_dir()`` finds them when there is no source checkout beside it.
+"""
+from pathlib import Path
+
+from setuptools import setup
+
+HERE = Path(__file__).resolve().parent
+README = HERE / "README.md"
+
+# Every template and header, at the top of templates/ and in its subfolders (common/, ptx/, sm80/, and
+# the families to come). Patterns are relative to templates/.
+TEMPLATE_PATTERNS = [
+    f"{folder}{ext}"
+    for folder in ("", "*/", "*/*/", "common/", "ptx/", "sm80/")
+    for ext in ("*.j2", "*.h", "*.cuh")
+]
+
+setup(
+    name="gemmgen",
+    version="0.1.0",
+    description="A GEMM kernel generator for PyTorch: plan, render (Jinja), build (ninja, cached), call as a torch op",
+    long_description=README.read_text(encoding="utf-8") if README.exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    package_dir={"generator": "generator", "gemmgen_templates": "templates"},
+    packages=["generator", "gemmgen_templates"],
+    package_data={"gemmgen_templates": TEMPLATE_PATTERNS},
+    include_package_data=True,
+    install_requires=["jinja2", "pybind11", "torch", "ninja"],
+    extras_require={"test": ["pytest"]},
+    entry_points={"console_scripts": ["gemmgen = generator.cli:main"]},
+    zip_safe=False,
+)
