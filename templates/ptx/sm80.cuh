@@ -80,3 +80,49 @@ struct MmaM16N8K16<__nv_bfloat16> {
 
 }  // namespace ptx
 }  // namespace gemmgen
+
+namespace gemmgen {
+namespace ptx {
+
+// mbarrier: a shared-memory barrier object with an arrival count and a phase bit.
+// PTX ISA §9.7.13.15.9 "Parallel Synchronization and Communication Instructions: mbarrier.init".
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// One arrival (release semantics at CTA scope: this thread's prior shared-memory reads are done).
+// PTX ISA §9.7.13.15.13 "Parallel Synchronization and Communication Instructions: mbarrier.arrive".
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile(
+      "{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(bar)
+      : "memory");
+}
+
+// An arrival triggered when every cp.async this thread issued so far has landed; .noinc: the
+// arrival counts against the count given at init (one per producing thread and phase).
+// PTX ISA §9.7.13.15.14 "Parallel Synchronization and Communication Instructions: cp.async.mbarrier.arrive".
+__device__ __forceinline__ void cp_async_mbarrier_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Wait until the phase with parity `parity` has completed (acquire: the data it guards is visible).
+// PTX ISA §9.7.13.15.16 "Parallel Synchronization and Communication Instructions: mbarrier.test_wait/try_wait"
+// (try_wait, which may suspend the thread, needs sm_90; test_wait polls and runs on sm_80).
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "{\n .reg .pred done;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
+      : "memory");
+#else
+  asm volatile(
+      "{\n .reg .pred done;\n WAIT_%=:\n"
+      " mbarrier.test_wait.parity.shared.b64 done, [%0], %1;\n"
+      " @!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
+      : "memory");
+#endif
+}
+
+}  // namespace ptx
+}  // namespace gemmgen
