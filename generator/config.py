@@ -20,8 +20,7 @@ SM80_BLOCK_M = (64, 128, 256)
 SM80_BLOCK_N = (64, 128, 256)
 SM80_BLOCK_K = (32, 64)
 SM80_WARP_COUNTS = (4, 8)
-MIN_STAGES, MAX_STAGES = 3, 8  # copies run stages - 2 tiles ahead
-MBARRIER_BYTES = 8
+MIN_STAGES, MAX_STAGES = 2, 8
 RASTER_GROUPS = (1, 2, 4, 8, 16)
 
 
@@ -61,8 +60,7 @@ class KernelConfig:
 
     @property
     def smem_bytes(self) -> int:
-        """Operand stages plus a "full" and an "empty" mbarrier (8 bytes each) per stage."""
-        return self.stages * (self.stage_bytes + 2 * MBARRIER_BYTES)
+        return self.stages * self.stage_bytes
 
     def describe(self) -> str:
         """Several readable lines: what every knob is set to."""
@@ -85,7 +83,7 @@ class KernelConfig:
 
 def max_stages_that_fit(tile: tuple[int, int, int], dtype: DType, spec: ArchSpec) -> int:
     bm, bn, bk = tile
-    return spec.smem_per_block // ((bm + bn) * bk * dtype.bytes + 2 * MBARRIER_BYTES)
+    return spec.smem_per_block // ((bm + bn) * bk * dtype.bytes)
 
 
 def check_config(cfg: KernelConfig) -> None:

@@ -259,35 +259,6 @@ struct Kernel {
     }
   }
 
-  // Shared memory: STAGES operand stages, then one "full" and one "empty" mbarrier per stage.
-  // full[s]: every thread's copies into stage s have landed (THREADS arrivals, from cp.async).
-  // empty[s]: every warp has read stage s (one arrival per warp), so it may be refilled.
-  // Warps synchronize only through these, never block-wide, so a warp waiting for data does not
-  // hold the others back; copies run PREFETCH = STAGES - 2 tiles ahead, leaving one stage of slack
-  // for warps still reading the previous tile.
-  static constexpr int WARPS = WARPS_M * WARPS_N;
-  static constexpr int PREFETCH = STAGES - 2;
-  static constexpr int BARRIER_BYTES = 2 * STAGES * 8;
-  static constexpr int SMEM_BYTES_WITH_BARRIERS = SMEM_BYTES + BARRIER_BYTES;
-  static_assert(PREFETCH >= 1, "the mbarrier pipeline needs at least 3 stages");
-
-  struct Pipeline {
-    uint32_t stages, full, empty;
-    __device__ __forceinline__ uint32_t stage(int tile) const { return stages + (tile % STAGES) * STAGE_BYTES; }
-    __device__ __forceinline__ uint32_t full_bar(int tile) const { return full + (tile % STAGES) * 8; }
-    __device__ __forceinline__ uint32_t empty_bar(int tile) const { return empty + (tile % STAGES) * 8; }
-    __device__ __forceinline__ static uint32_t parity(int tile) { return (tile / STAGES) & 1; }
-  };
-
-  // Start the copies of k tile `tile` (if it exists) and make full[tile] track them.
-  __device__ __forceinline__ static void produce(ALoader& a, BLoader& b, const Pipeline& pipe, int tile, int full_tiles,
-                                                 int k_tiles, int K) {
-    if (tile >= k_tiles) return;
-    if (tile >= STAGES) ptx::mbarrier_wait(pipe.empty_bar(tile), Pipeline::parity(tile - STAGES));
-    load_stage(a, b, pipe.stage(tile), tile, full_tiles, k_tiles, K);
-    ptx::cp_async_mbarrier_arrive(pipe.full_bar(tile));
-  }
-
   __device__ __forceinline__ static void run(const GemmArgs& args, char* smem) {
     const int M = static_cast<int>(args.m), N = static_cast<int>(args.n), K = static_cast<int>(args.k);
     const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
@@ -298,20 +269,11 @@ struct Kernel {
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int warp_m0 = (warp / WARPS_N) * WARP_M, warp_n0 = (warp % WARPS_N) * WARP_N;
 
-    const uint32_t smem_base = ptx::smem_addr(smem);
-    const Pipeline pipe{smem_base, smem_base + SMEM_BYTES, smem_base + SMEM_BYTES + STAGES * 8};
-    if (tid == 0) {
-      for (int s = 0; s < STAGES; ++s) {
-        ptx::mbarrier_init(pipe.full + s * 8, THREADS);
-        ptx::mbarrier_init(pipe.empty + s * 8, WARPS);
-      }
-    }
-    __syncthreads();
-
     ALoader a_loader;
     BLoader b_loader;
     a_loader.init(static_cast<const Elem*>(args.a), args.lda, block_m0, M, tid);
     b_loader.init(static_cast<const Elem*>(args.b), args.ldb, block_n0, N, tid);
+    const uint32_t smem_base = ptx::smem_addr(smem);
 
     float acc[MMA_TILES_M][MMA_TILES_N][4];
 #pragma unroll
@@ -323,30 +285,42 @@ struct Kernel {
 
     const int k_tiles = (K + BK - 1) / BK;
     const int full_tiles = K / BK;  // tiles that need no clipping along K
+    // Prologue: STAGES-1 tiles in flight, one commit group each (empty groups keep the count right).
 #pragma unroll
-    for (int t = 0; t < PREFETCH; ++t) produce(a_loader, b_loader, pipe, t, full_tiles, k_tiles, K);
+    for (int s = 0; s < STAGES - 1; ++s) {
+      load_stage(a_loader, b_loader, smem_base + s * STAGE_BYTES, s, full_tiles, k_tiles, K);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait<STAGES - 2>();
+    __syncthreads();
 
     Fragments frag[2];
-    if (k_tiles > 0) {
-      ptx::mbarrier_wait(pipe.full_bar(0), 0);
-      load_fragments(frag[0], pipe.stage(0), 0, warp_m0, warp_n0, lane);
-    }
+    int read_stage = 0, write_stage = STAGES - 1, load_tile = STAGES - 1;
+    load_fragments(frag[0], smem_base, 0, warp_m0, warp_n0, lane);
+
     for (int kt = 0; kt < k_tiles; ++kt) {
 #pragma unroll
       for (int ks = 0; ks < K_STEPS; ++ks) {
-        if (ks == 0) produce(a_loader, b_loader, pipe, kt + PREFETCH, full_tiles, k_tiles, K);
-        if (ks < K_STEPS - 1) {
-          load_fragments(frag[(ks + 1) % 2], pipe.stage(kt), ks + 1, warp_m0, warp_n0, lane);
-        } else if (kt + 1 < k_tiles) {  // the next fragments come from the next tile's stage
-          ptx::mbarrier_wait(pipe.full_bar(kt + 1), Pipeline::parity(kt + 1));
-          load_fragments(frag[(ks + 1) % 2], pipe.stage(kt + 1), 0, warp_m0, warp_n0, lane);
+        if (ks == K_STEPS - 1) {
+          // The next tile must have landed, and every warp must be done with the stage the
+          // next load overwrites, before we read on.
+          ptx::cp_async_wait<STAGES - 2>();
+          __syncthreads();
+          read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+        }
+        load_fragments(frag[(ks + 1) % 2], smem_base + read_stage * STAGE_BYTES, (ks + 1) % K_STEPS, warp_m0,
+                       warp_n0, lane);
+        if (ks == 0) {
+          // Refill the stage every warp finished reading before the last barrier.
+          load_stage(a_loader, b_loader, smem_base + write_stage * STAGE_BYTES, load_tile, full_tiles, k_tiles, K);
+          ptx::cp_async_commit();
+          ++load_tile;
+          write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
         }
         mma_all(acc, frag[ks % 2]);
       }
-      // The mma above consumed this tile's last fragments, so the warp's reads of the stage are done.
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(pipe.empty_bar(kt));
     }
+    ptx::cp_async_wait<0>();
 
     store(args, acc, block_m0 + warp_m0, block_n0 + warp_n0, lane);
   }
