@@ -94,6 +94,10 @@ def check_config(cfg: KernelConfig) -> None:
         raise ValueError(
             f"tile {bm}x{bn}x{bk} is not one the {cfg.family} template builds: BM in {SM80_BLOCK_M}, "
             f"BN in {SM80_BLOCK_N}, BK in {SM80_BLOCK_K} (e.g. 128x128x32 or 128x256x64)")
+    if bm * bn > 128 * 256:
+        raise ValueError(
+            f"tile {bm}x{bn}x{bk} needs more accumulator registers than 8 warps have: the largest tiles are "
+            f"128x256 and 256x128")
     wm, wn = cfg.warps
     if wm * wn not in SM80_WARP_COUNTS or bm % wm or bn % wn:
         raise ValueError(

@@ -31,10 +31,9 @@ def _positive_or_none(value: object, what: str) -> int | None:
 
 
 def _int_tuple(value: object, length: int, what: str, example: str) -> tuple[int, ...]:
-    if isinstance(value, str):
-        value = tuple(value.lower().split("x"))
+    parts = value.lower().split("x") if isinstance(value, str) else value
     try:
-        items = tuple(int(v) for v in value)  # type: ignore[union-attr]
+        items = tuple(int(v) for v in parts)  # type: ignore[union-attr]
     except (TypeError, ValueError):
         items = ()
     if len(items) != length or any(i < 1 for i in items):
@@ -75,7 +74,7 @@ class Gemm:
             sm_count = spec.sm_count
         hints = [_positive_or_none(v, w) for v, w in ((m, "m"), (n, "n"), (k, "k"))]
         problem = Problem(*(h or d for h, d in zip(hints, (4096, 4096, 4096)))) if any(hints) else None
-        if not namespace.isidentifier():
+        if not isinstance(namespace, str) or not namespace.isidentifier():
             raise ValueError(f"namespace={namespace!r} must be a Python identifier, e.g. 'gemmgen'")
         self.namespace = namespace
         request = _Request(

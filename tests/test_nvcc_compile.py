@@ -1,0 +1,163 @@
+"""nvcc compiles the rendered kernel of every shipped config, for sm_80 and for sm_90a, and ptxas reports no
+spills and no stack frame in any entry function.
+
+CPU only (ptxas needs no GPU). The compiles run in parallel, one nvcc per kernel straight to a .cubin:
+the point is ptxas's resource report, and a cubin skips the host compiler and the linker that a
+loadable library needs. Device flags are the builder's (generator/build.py: -O3 -std=c++17 -lineinfo).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from generator.arch import ARCHS
+from generator.config import KernelConfig
+from generator.render import render, templates_dir
+from generator.shipped import SHIPPED_ARCHS, shipped_configs
+
+# The flags of generator/build.py that change device code; -cubin replaces -shared -Xcompiler -fPIC.
+DEVICE_FLAGS = ["-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v"]
+SASS_TARGET = {80: "sm_80", 90: "sm_90a"}
+COMPILE_TIMEOUT_S = 600
+
+
+def find_nvcc() -> str | None:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(var):
+            path = Path(os.environ[var]) / "bin" / "nvcc"
+            if path.is_file():
+                return str(path)
+    if Path("/usr/local/cuda/bin/nvcc").is_file():
+        return "/usr/local/cuda/bin/nvcc"
+    return shutil.which("nvcc")
+
+
+NVCC = find_nvcc()
+NO_NVCC = "nvcc not found (set CUDA_HOME or put nvcc on PATH): cannot compile the shipped kernels"
+
+CASES = [(arch, cfg) for arch in SHIPPED_ARCHS for cfg in shipped_configs(arch)]
+
+
+# -- the ptxas report ------------------------------------------------------------------------------
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")
+_PROPERTIES = re.compile(r"Function properties for (\S+)")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGISTERS = re.compile(r"Used (\d+) registers")
+
+
+def parse_ptxas(log: str) -> dict[str, dict[str, object]]:
+    """{entry function: {target, stack, spill_stores, spill_loads, registers}}. An entry whose stack/spill
+    line is missing keeps None there, so a report that changes format fails the test instead of passing."""
+    report: dict[str, dict[str, object]] = {}
+    entry = properties_of = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry, properties_of = m.group(1), None
+            report[entry] = {"target": m.group(2), "stack": None, "spill_stores": None, "spill_loads": None,
+                             "registers": None}
+        elif m := _PROPERTIES.search(line):
+            properties_of = m.group(1)
+        elif (m := _FRAME.search(line)) and entry is not None and properties_of == entry:
+            report[entry].update(zip(("stack", "spill_stores", "spill_loads"), map(int, m.groups())))
+        elif (m := _REGISTERS.search(line)) and entry is not None:
+            report[entry]["registers"] = int(m.group(1))
+    return report
+
+
+def test_parse_ptxas() -> None:
+    log = """ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'k_unaligned' for 'sm_90a'
+ptxas info    : Function properties for k_unaligned
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 64 registers, used 1 barriers, 8320 bytes smem
+ptxas info    : Function properties for helper
+    16 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Compiling entry function 'k' for 'sm_90a'
+ptxas info    : Function properties for k
+    8 bytes stack frame, 12 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers
+"""
+    assert parse_ptxas(log) == {
+        "k_unaligned": {"target": "sm_90a", "stack": 0, "spill_stores": 0, "spill_loads": 0, "registers": 64},
+        "k": {"target": "sm_90a", "stack": 8, "spill_stores": 12, "spill_loads": 4, "registers": 255},
+    }
+
+
+# -- compiling, all at once ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compiled:
+    source: Path
+    command: list[str]
+    returncode: int
+    output: str
+    seconds: float
+
+
+def _compile(cfg: KernelConfig, arch: int, folder: Path) -> Compiled:
+    folder.mkdir(parents=True, exist_ok=True)
+    (name, text), = render(cfg).items()
+    source = folder / name
+    source.write_text(text)
+    cmd = [NVCC, *DEVICE_FLAGS, *ARCHS[arch].gencode.split(), f"-I{templates_dir()}", "-cubin",
+           "-o", str(source.with_suffix(".cubin")), str(source)]
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+        rc, out = proc.returncode, proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as err:
+        rc, out = -1, f"timed out after {COMPILE_TIMEOUT_S} s\n{err.stdout or ''}{err.stderr or ''}"
+    return Compiled(source, cmd, rc, out, time.perf_counter() - start)
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], Compiled]:
+    """Every shipped kernel for its arch, compiled by a pool of nvcc processes (one per core)."""
+    if NVCC is None:
+        pytest.skip(NO_NVCC)
+    root = tmp_path_factory.mktemp("nvcc")
+    workers = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {(arch, cfg.name): pool.submit(_compile, cfg, arch, root / f"sm{arch}") for arch, cfg in CASES}
+        results = {key: f.result() for key, f in futures.items()}
+    print(f"\n[nvcc] {len(results)} kernels compiled with {workers} workers in {time.perf_counter() - start:.1f} s")
+    return results
+
+
+def test_shipped_configs_are_few_enough_for_ci() -> None:
+    """Each shipped config is one nvcc run here; a planner change that multiplies them should be seen."""
+    for arch in SHIPPED_ARCHS:
+        configs = shipped_configs(arch)
+        assert 1 <= len(configs) <= 64, f"sm{arch}: {len(configs)} shipped configs"
+        assert [c.name for c in configs] == sorted({c.name for c in configs})
+        assert all(c.arch == arch for c in configs)
+
+
+@pytest.mark.parametrize("arch, cfg", CASES, ids=[f"sm{arch}-{cfg.name}" for arch, cfg in CASES])
+def test_compiles_without_spills(compiled: dict[tuple[int, str], Compiled], arch: int, cfg: KernelConfig) -> None:
+    result = compiled[(arch, cfg.name)]
+    assert result.returncode == 0, (
+        f"nvcc failed on {result.source}:\n  {' '.join(result.command)}\n{result.output}")
+    report = parse_ptxas(result.output)
+    assert cfg.name in report, f"ptxas reported no entry function {cfg.name}:\n{result.output}"
+    assert f"{cfg.name}_unaligned" in report, result.output
+    problems = []
+    for entry, info in report.items():
+        if info["target"] != SASS_TARGET[arch]:
+            problems.append(f"{entry}: compiled for {info['target']}, expected {SASS_TARGET[arch]}")
+        for key in ("stack", "spill_stores", "spill_loads"):
+            if info[key] != 0:
+                problems.append(f"{entry}: {info[key]} bytes {key.replace('_', ' ')}")
+    assert not problems, (f"{result.source} for {SASS_TARGET[arch]}:\n  " + "\n  ".join(problems)
+                          + f"\nptxas report:\n{result.output}")

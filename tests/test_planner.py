@@ -1,0 +1,506 @@
+"""The planner's choices, pinned, and every refusal: its exact sentence, and the plan left as it was.
+
+The pinned names are what the current cost model picks. A heuristic change shows up here as a diff
+of names; update the pins in the same change, with the reason in its message.
+"""
+from __future__ import annotations
+
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from generator import Gemm, KernelConfig, check_config
+from generator import config as config_module
+from generator.arch import ARCHS, arch_spec
+from generator.config import max_stages_that_fit
+from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
+from generator.shipped import benchmark_shapes
+from generator.types import DType, Order, parse_layout
+
+
+def plan(**kwargs: object) -> Gemm:
+    kwargs.setdefault("dtype", "bf16")
+    kwargs.setdefault("layout", "tn")
+    kwargs.setdefault("arch", 80)
+    return Gemm(**kwargs)  # type: ignore[arg-type]
+
+
+def snapshot(p: Gemm) -> tuple[object, ...]:
+    """Everything observable about a plan, to prove a refused assignment changed nothing."""
+    return (p.config, p.name, p.why, p.rejected, str(p), p.out_dtype, p.tile_shape, p.warps, p.stages,
+            p.raster_group, p._request)
+
+
+# -- default plans --------------------------------------------------------------------------------
+
+
+def test_default_plan_sm90() -> None:
+    p = Gemm(dtype="bf16", layout="tn", arch=90)
+    assert p.name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
+    assert p.config == KernelConfig(arch=90, dtype=DType.bf16, out_dtype=DType.bf16, layout=parse_layout("tn"),
+                                    tile=(128, 256, 32), warps=(2, 4), stages=4, raster_group=8)
+    assert p.arch == 90
+    assert p.rejected == []
+
+
+def test_default_plan_sm80() -> None:
+    p = Gemm(dtype="bf16", layout="tn", arch=80)
+    assert p.name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
+    assert (p.tile_shape, p.warps, p.stages, p.raster_group) == ((128, 256, 32), (2, 4), 4, 8)
+    assert p.config.arch == 80
+
+
+def test_defaults_are_bf16_tn() -> None:
+    assert Gemm(arch=80).config == plan().config
+
+
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_default_plan_every_dtype_and_layout(dtype: str, layout: str) -> None:
+    assert Gemm(dtype=dtype, layout=layout, arch=80).name == f"sm80_{dtype}_{layout}_128x256x32_w2x4_s4_g8"
+
+
+def test_no_hint_plans_the_default_problem() -> None:
+    m, n, k = DEFAULT_PROBLEM
+    assert plan(m=m, n=n, k=k).config == plan().config
+
+
+def test_torch_dtype_spellings_plan_the_same() -> None:
+    torch = pytest.importorskip("torch")
+    assert Gemm(dtype=torch.bfloat16, layout="tn", arch=80).config == plan(dtype="bf16").config
+    assert Gemm(dtype=torch.float16, layout="tn", arch=80).config == plan(dtype="fp16").config
+    assert plan(out_dtype=torch.float32).name.endswith("_ofp32")
+
+
+@pytest.mark.parametrize("arch", [80, "80", "sm80", "sm_80", 8.0, "8.0"])
+def test_arch_spellings(arch: object) -> None:
+    assert plan(arch=arch).arch == 80
+
+
+@pytest.mark.parametrize("arch", [90, "sm90", "sm_90a", "9.0"])
+def test_arch_spellings_90(arch: object) -> None:
+    assert plan(arch=arch).arch == 90
+
+
+# -- hints ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch, hints, name", [
+    (80, dict(m=16, n=4096, k=4096), "sm80_bf16_tn_64x64x32_w2x2_s4_g8"),
+    (90, dict(m=16, n=4096, k=4096), "sm80_bf16_tn_64x64x32_w2x2_s4_g8"),
+    (90, dict(m=16), "sm80_bf16_tn_64x64x32_w2x2_s4_g8"),                 # n, k default to 4096
+    (80, dict(m=1, n=1, k=1), "sm80_bf16_tn_64x64x32_w2x2_s4_g8"),
+    (80, dict(m=1000, n=1000, k=1000), "sm80_bf16_tn_128x128x32_w2x4_s4_g8"),
+    (90, dict(m=1000, n=1000, k=1000), "sm80_bf16_tn_64x64x32_w2x2_s4_g8"),  # 132 SMs: smaller tiles fill them
+    (90, dict(m=16, n=28672, k=8192), "sm80_bf16_tn_64x128x32_w2x2_s4_g8"),
+    (90, dict(m=512, n=4096, k=4096), "sm80_bf16_tn_128x128x32_w2x4_s4_g8"),
+    (90, dict(m=1024, n=6144, k=4096), "sm80_bf16_tn_128x128x32_w2x4_s4_g8"),
+    (90, dict(m=8192, n=8192, k=8192), "sm80_bf16_tn_128x256x32_w2x4_s4_g8"),
+])
+def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
+    assert plan(arch=arch, **hints).name == name
+
+
+def test_small_m_gets_a_small_tile() -> None:
+    big = plan(arch=90).tile_shape
+    small = plan(arch=90, m=16).tile_shape
+    assert small[0] * small[1] < big[0] * big[1]
+    assert small[0] == 64
+
+
+def test_fp16_hints_match_bf16() -> None:
+    for m, n, k in [(16, 4096, 4096), (1000, 1000, 1000), (4096, 4096, 4096)]:
+        bf = plan(arch=90, m=m, n=n, k=k).name
+        fp = plan(arch=90, dtype="fp16", m=m, n=n, k=k).name
+        assert fp == bf.replace("_bf16_", "_fp16_")
+
+
+# The planner's pick for every shape of benchmarks/shapes.json, sm90, bf16, layout tn (generated by
+# running the planner, then pasted: a heuristic change shows as a diff here).
+PINNED_SM90_BF16_TN = {
+    (1024, 1024, 1024): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (2048, 2048, 2048): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4096, 4096, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (8192, 8192, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16, 4096, 4096): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (16, 6144, 4096): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (16, 14336, 4096): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (16, 4096, 14336): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (16, 28672, 8192): 'sm80_bf16_tn_64x128x32_w2x2_s4_g8',
+    (16, 8192, 28672): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (128, 4096, 4096): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (128, 6144, 4096): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (128, 14336, 4096): 'sm80_bf16_tn_128x128x32_w2x4_s4_g8',
+    (128, 4096, 14336): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (128, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (128, 8192, 28672): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (512, 4096, 4096): 'sm80_bf16_tn_128x128x32_w2x4_s4_g8',
+    (512, 6144, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (512, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (512, 4096, 14336): 'sm80_bf16_tn_128x128x32_w2x4_s4_g8',
+    (512, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (512, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (1024, 4096, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (1024, 6144, 4096): 'sm80_bf16_tn_128x128x32_w2x4_s4_g8',
+    (1024, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (1024, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (1024, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (1024, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4096, 6144, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4096, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4096, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4096, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4096, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16384, 4096, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16384, 6144, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16384, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16384, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16384, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16384, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (1000, 1000, 1000): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+    (3000, 5000, 1000): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4097, 4095, 4104): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (127, 8191, 4096): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
+}
+
+
+def test_pinned_choices_for_benchmark_shapes_sm90_bf16_tn() -> None:
+    assert set(benchmark_shapes()) == set(PINNED_SM90_BF16_TN), "shapes.json changed: re-pin the dict"
+    chosen = {(m, n, k): Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).name for (m, n, k) in benchmark_shapes()}
+    assert chosen == PINNED_SM90_BF16_TN
+
+
+def test_choose_directly() -> None:
+    spec = arch_spec(80)
+    best, rejected = choose(DType.bf16, DType.bf16, parse_layout("tn"), spec, problem=Problem(16, 4096, 4096))
+    assert best.config.name == "sm80_bf16_tn_64x64x32_w2x2_s4_g8"
+    assert rejected == []
+    assert best.cost > 0
+    assert "tiles of 64x64" in best.reason
+
+
+def test_planner_drops_illegal_candidates_with_reasons() -> None:
+    """warps=(8, 1) fits some tiles and not others: the others are listed with their reason."""
+    p = plan(warps=(8, 1))
+    assert p.warps == (8, 1)
+    check_config(p.config)
+    assert p.rejected, "64x64 cannot take 8x1 warps, so something must have been dropped"
+    assert any("sm80_bf16_tn_64x64x32_w8x1" in line and "warp tile" in line for line in p.rejected)
+
+
+def test_planned_stages_fit_shared_memory() -> None:
+    for arch in (80, 86, 89, 90):
+        for m in (16, 1000, 4096):
+            cfg = plan(arch=arch, m=m).config
+            check_config(cfg)
+            assert 3 <= cfg.stages <= max_stages_that_fit(cfg.tile, cfg.dtype, ARCHS[arch])
+
+
+# -- print(plan) -----------------------------------------------------------------------------------
+
+
+def test_print_plan(capsys: pytest.CaptureFixture[str]) -> None:
+    p = plan(arch=90)
+    print(p)
+    out = capsys.readouterr().out
+    assert f"name:         {p.name}\n" in out
+    assert "name: " in out
+    assert "why:" in out
+    assert p.why in out
+    for key in ("tile:", "warps:", "stages:", "raster_group:", "layout:", "dtype:", "arch:"):
+        assert key in out
+    assert "128x256x32" in out
+    assert "98304 bytes of shared memory" in out
+    assert repr(p) == "Gemm(sm80_bf16_tn_128x256x32_w2x4_s4_g8)"
+
+
+def test_why_explains_the_estimate() -> None:
+    why = plan(arch=90).why
+    assert why == ("512 tiles of 128x256 in 4 wave(s) over 132 SMs x 1 block(s) (last wave 88% full), "
+                   "efficiency 1.00; 4 stages use 98304 of 232448 bytes of shared memory")
+
+
+# -- KernelConfig ---------------------------------------------------------------------------------
+
+
+def test_config_is_frozen_hashable_and_named() -> None:
+    cfg = plan().config
+    assert hash(cfg) == hash(plan().config)
+    assert {cfg, plan().config} == {cfg}
+    with pytest.raises(AttributeError):
+        cfg.stages = 3  # type: ignore[misc]
+    assert cfg.threads == 256
+    assert cfg.warp_tile == (64, 64)
+    assert cfg.stage_bytes == (128 + 256) * 32 * 2
+    assert cfg.smem_bytes == 4 * cfg.stage_bytes == 98304
+
+
+def test_name_spells_out_dtype_and_d_layout() -> None:
+    assert plan(out_dtype="fp32").name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8_ofp32"
+    assert plan(out_dtype="bf16").name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
+    assert plan(dtype="fp16", out_dtype="bf16").name == "sm80_fp16_tn_128x256x32_w2x4_s4_g8_obf16"
+    assert plan(layout_c="col").name == "sm80_bf16_tn_dcol_128x256x32_w2x4_s4_g8"
+    assert plan(layout="tn", layout_a="col").name == "sm80_bf16_nn_128x256x32_w2x4_s4_g8"
+    assert plan(layout_c="col").layout.c is Order.col
+
+
+# -- overrides that work --------------------------------------------------------------------------
+
+
+def test_overrides_are_honoured() -> None:
+    p = plan()
+    p.stages = 3
+    assert p.stages == 3 and p.name == "sm80_bf16_tn_128x256x32_w2x4_s3_g8"
+    p.tile_shape = (128, 128, 64)
+    assert p.name == "sm80_bf16_tn_128x128x64_w2x4_s3_g8"
+    p.tile_shape = "128x256x64"
+    assert p.tile_shape == (128, 256, 64)
+    p.warps = (4, 2)
+    p.raster_group = 4
+    assert p.name == "sm80_bf16_tn_128x256x64_w4x2_s3_g4"
+    p.out_dtype = "fp32"
+    assert p.name == "sm80_bf16_tn_128x256x64_w4x2_s3_g4_ofp32"
+
+
+def test_constructor_knobs_equal_assignments() -> None:
+    a = plan(tile_shape=(128, 128, 32), warps=(2, 2), stages=3, raster_group=2)
+    b = plan()
+    b.tile_shape = (128, 128, 32)
+    b.warps = (2, 2)
+    b.stages = 3
+    b.raster_group = 2
+    assert a.config == b.config
+    assert a.name == "sm80_bf16_tn_128x128x32_w2x2_s3_g2"
+
+
+def test_fixed_tile_keeps_the_hint_from_changing_it() -> None:
+    assert plan(m=16, tile_shape=(128, 256, 32)).tile_shape == (128, 256, 32)
+
+
+# -- refusals: the sentence, and the plan unchanged -------------------------------------------------
+
+SMEM_SENTENCE = ("stages=6 with tile 128x256x64 bf16 needs 294912 bytes of shared memory; sm80 allows 166912: "
+                 "use stages<=3 or tile 128x128x64")
+
+# (what to set up first, knob, value, exact message)
+REFUSED_ASSIGNMENTS = [
+    pytest.param({}, "tile_shape", (96, 128, 32),
+                 "tile 96x128x32 is not one the sm80 template builds: BM in (64, 128, 256), BN in (64, 128, 256), "
+                 "BK in (32, 64) (e.g. 128x128x32 or 128x256x64)", id="tile-not-allowed"),
+    pytest.param({}, "tile_shape", (128, 128, 16),
+                 "tile 128x128x16 is not one the sm80 template builds: BM in (64, 128, 256), BN in (64, 128, 256), "
+                 "BK in (32, 64) (e.g. 128x128x32 or 128x256x64)", id="tile-bk-not-allowed"),
+    pytest.param({"tile_shape": (128, 128, 32)}, "warps", (3, 1),
+                 "warps 3x1 cannot split tile 128x128: use 4 or 8 warps that divide it, e.g. warps=(2, 2) for "
+                 "128x128 or (2, 4) for 128x256", id="warps-count"),
+    pytest.param({"tile_shape": (128, 128, 32)}, "warps", (4, 4),
+                 "warps 4x4 cannot split tile 128x128: use 4 or 8 warps that divide it, e.g. warps=(2, 2) for "
+                 "128x128 or (2, 4) for 128x256", id="warps-too-many"),
+    pytest.param({"tile_shape": (64, 64, 32)}, "warps", (8, 1),
+                 "warps 8x1 give a 8x64 warp tile for tile 64x64; each warp needs a multiple of 16 rows and 16 "
+                 "columns: use fewer warps along the short side", id="warp-tile-not-mma-multiple"),
+    pytest.param({"tile_shape": (64, 64, 32)}, "warps", (1, 8),
+                 "warps 1x8 give a 64x8 warp tile for tile 64x64; each warp needs a multiple of 16 rows and 16 "
+                 "columns: use fewer warps along the short side", id="warp-tile-narrow"),
+    pytest.param({"tile_shape": (128, 256, 32)}, "warps", (2, 2),
+                 "warps 2x2 give a 64x128 warp tile for tile 128x256, which needs 256 accumulator registers per "
+                 "thread; at most 64x64 fits: use more warps (e.g. warps=(2, 4) if that is 4 or 8) or a smaller "
+                 "tile", id="warp-tile-too-large"),
+    pytest.param({"tile_shape": (128, 256, 64)}, "stages", 1,
+                 "stages=1: the multistage pipeline takes 2 to 8 stages", id="stages-too-few"),
+    pytest.param({"tile_shape": (64, 64, 32)}, "stages", 9,
+                 "stages=9: the multistage pipeline takes 2 to 8 stages", id="stages-too-many"),
+    pytest.param({"tile_shape": (128, 256, 64)}, "stages", 6, SMEM_SENTENCE, id="smem-overflow"),
+    pytest.param({"stages": 6}, "tile_shape", (128, 256, 64), SMEM_SENTENCE, id="smem-overflow-via-tile"),
+    pytest.param({"tile_shape": (256, 128, 64), "stages": 3}, "stages", 4,
+                 "stages=4 with tile 256x128x64 bf16 needs 196608 bytes of shared memory; sm80 allows 166912: "
+                 "use stages<=3 or tile 128x128x64", id="smem-overflow-tall"),
+    pytest.param({"tile_shape": (128, 128, 32)}, "raster_group", 3,
+                 "raster_group=3: use one of (1, 2, 4, 8, 16)", id="raster-group"),
+    pytest.param({}, "raster_group", "8", "raster_group='8': give an integer, e.g. raster_group=8",
+                 id="raster-group-type"),
+    pytest.param({}, "stages", "4", "stages='4': give an integer, e.g. stages=4", id="stages-type"),
+    pytest.param({}, "stages", True, "stages=True: give an integer, e.g. stages=4", id="stages-bool"),
+    pytest.param({}, "tile_shape", (128, 128),
+                 "tile_shape=(128, 128): give 3 positive integers, e.g. tile_shape=(128, 128, 32)",
+                 id="tile-shape-length"),
+    pytest.param({}, "tile_shape", None,
+                 "tile_shape=None: give 3 positive integers, e.g. tile_shape=(128, 128, 32)", id="tile-shape-none"),
+    pytest.param({}, "warps", (0, 4), "warps=(0, 4): give 2 positive integers, e.g. warps=(2, 2)",
+                 id="warps-zero"),
+    pytest.param({}, "out_dtype", "int8",
+                 "out_dtype='int8' is not a data type this generator knows; use one of 'fp16', 'bf16', 'fp32' "
+                 "(or the matching torch dtype)", id="out-dtype"),
+]
+
+
+@pytest.mark.parametrize("setup, knob, value, message", REFUSED_ASSIGNMENTS)
+def test_refused_assignment(setup: dict[str, object], knob: str, value: object, message: str) -> None:
+    p = plan(**setup)
+    before = snapshot(p)
+    with pytest.raises(ValueError) as err:
+        setattr(p, knob, value)
+    assert str(err.value) == message
+    assert snapshot(p) == before
+    # The refused value is forgotten: a later valid override does not resurrect it.
+    p.raster_group = 4 if p.raster_group != 4 else 2
+    assert getattr(p, knob) != value
+    check_config(p.config)
+
+
+def test_issue_example_smem_sentence() -> None:
+    p = Gemm(dtype="bf16", layout="tn", arch=80, tile_shape=(128, 256, 64))
+    before = snapshot(p)
+    assert p.name == "sm80_bf16_tn_128x256x64_w2x4_s3_g8"
+    with pytest.raises(ValueError, match="^" + SMEM_SENTENCE.replace("(", r"\(") + "$"):
+        p.stages = 6
+    assert snapshot(p) == before
+    assert p.stages == 3
+
+
+def test_smem_sentence_sm90() -> None:
+    p = Gemm(dtype="fp16", layout="nt", arch=90, tile_shape=(128, 256, 64))
+    assert p.stages == 4
+    with pytest.raises(ValueError) as err:
+        p.stages = 5
+    assert str(err.value) == ("stages=5 with tile 128x256x64 fp16 needs 245760 bytes of shared memory; "
+                              "sm90 allows 232448: use stages<=4 or tile 128x128x64")
+    assert p.stages == 4
+
+
+def test_refused_constructor_knob() -> None:
+    with pytest.raises(ValueError, match="^" + SMEM_SENTENCE.replace("(", r"\(") + "$"):
+        Gemm(dtype="bf16", layout="tn", arch=80, tile_shape=(128, 256, 64), stages=6)
+
+
+@pytest.mark.parametrize("knob, value, message", [
+    ("stages", 1, "stages=1: the multistage pipeline takes 2 to 8 stages"),
+    ("stages", 9, "stages=9: the multistage pipeline takes 2 to 8 stages"),
+    ("raster_group", 3, "raster_group=3: use one of (1, 2, 4, 8, 16)"),
+])
+def test_refused_with_free_tile_says_it_once(knob: str, value: object, message: str) -> None:
+    """With the tile left to the planner, a knob that fails the same way for every tile is refused with
+    that one sentence, not once per candidate."""
+    p = plan()
+    before = snapshot(p)
+    with pytest.raises(ValueError) as err:
+        setattr(p, knob, value)
+    assert str(err.value) == message
+    assert snapshot(p) == before
+
+
+def test_refused_with_free_tile_lists_every_candidate() -> None:
+    """Reasons that differ per tile are listed, one line per candidate."""
+    p = plan()
+    before = snapshot(p)
+    with pytest.raises(ValueError) as err:
+        p.warps = (3, 1)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "no config is legal for these knobs:"
+    tiles = ("128x256", "256x128", "128x128", "128x64", "64x128", "64x64")
+    assert len(lines) == 1 + len(tiles)
+    for line, tile in zip(lines[1:], tiles):
+        assert line == (f"  sm80_bf16_tn_{tile}x32_w3x1_s4_g8: warps 3x1 cannot split tile {tile}: use 4 or 8 warps "
+                        "that divide it, e.g. warps=(2, 2) for 128x128 or (2, 4) for 128x256")
+    assert snapshot(p) == before
+
+
+def test_256x256_tile_is_refused() -> None:
+    """256x256 passes the per-dimension check, but no 4- or 8-warp grid holds its accumulators."""
+    p = plan()
+    before = snapshot(p)
+    with pytest.raises(ValueError, match="the largest tiles are 128x256 and 256x128"):
+        p.tile_shape = (256, 256, 32)
+    assert snapshot(p) == before
+
+
+def test_chunk_count_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unreachable with today's 4/8-warp table (256 threads always divide the chunk count); allow 16 warps
+    to reach it and check the sentence."""
+    monkeypatch.setattr(config_module, "SM80_WARP_COUNTS", (4, 8, 16))
+    cfg = KernelConfig(arch=80, dtype=DType.bf16, out_dtype=DType.bf16, layout=parse_layout("tn"),
+                       tile=(64, 64, 32), warps=(4, 4), stages=3, raster_group=8)
+    with pytest.raises(ValueError) as err:
+        check_config(cfg)
+    assert str(err.value) == ("tile 64x64x32 with 512 threads: the smaller operand tile has 256 16-byte chunks, "
+                              "not a multiple of the thread count; use 4 warps or a larger tile")
+
+
+def test_out_dtype_refusal_in_check_config() -> None:
+    """check_config's last line of defence: an out_dtype outside fp16/bf16/fp32 (Gemm's parser refuses
+    it earlier, so build the config by hand)."""
+    fake = SimpleNamespace(value="int8")
+    cfg = KernelConfig(arch=80, dtype=DType.bf16, out_dtype=fake, layout=parse_layout("tn"),  # type: ignore[arg-type]
+                       tile=(128, 128, 32), warps=(2, 2), stages=3, raster_group=8)
+    with pytest.raises(ValueError) as err:
+        check_config(cfg)
+    assert str(err.value) == "out_dtype=int8: use fp16, bf16 or fp32"
+
+
+def test_out_dtype_refused_assignment_keeps_plan() -> None:
+    p = plan(out_dtype="fp32")
+    before = snapshot(p)
+    with pytest.raises(ValueError, match="out_dtype='fp64'"):
+        p.out_dtype = "fp64"
+    assert snapshot(p) == before
+    assert p.out_dtype is DType.fp32
+
+
+# -- refusals at construction ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    pytest.param(dict(dtype="int8"), "dtype='int8' is not a data type this generator knows; use one of 'fp16', "
+                 "'bf16' (or the matching torch dtype)", id="dtype"),
+    pytest.param(dict(dtype="torch.float32"), "dtype='fp32' is not supported here; supported: 'fp16', 'bf16'",
+                 id="dtype-fp32-input"),
+    pytest.param(dict(out_dtype="e4m3"), "out_dtype='e4m3' is not a data type this generator knows; use one of "
+                 "'fp16', 'bf16', 'fp32' (or the matching torch dtype)", id="out-dtype"),
+    pytest.param(dict(arch=70), "arch=70 is not an architecture this generator targets; use one of 80, 86, 89, 90",
+                 id="arch"),
+    pytest.param(dict(arch="sm_100a"), "arch='sm_100a' is not an architecture this generator targets; use one of "
+                 "80, 86, 89, 90", id="arch-string"),
+    pytest.param(dict(arch="hopper"), "arch='hopper' is not an architecture this generator targets; use one of "
+                 "80, 86, 89, 90", id="arch-word"),
+    pytest.param(dict(namespace="my-ns"), "namespace='my-ns' must be a Python identifier, e.g. 'gemmgen'",
+                 id="namespace"),
+    pytest.param(dict(namespace=""), "namespace='' must be a Python identifier, e.g. 'gemmgen'", id="namespace-empty"),
+    pytest.param(dict(m=0), "m=0: give a positive integer problem size, or leave it out", id="m-zero"),
+    pytest.param(dict(m=-5), "m=-5: give a positive integer problem size, or leave it out", id="m-negative"),
+    pytest.param(dict(n=1.5), "n=1.5: give a positive integer problem size, or leave it out", id="n-float"),
+    pytest.param(dict(k=True), "k=True: give a positive integer problem size, or leave it out", id="k-bool"),
+    pytest.param(dict(m="16"), "m='16': give a positive integer problem size, or leave it out", id="m-string"),
+    pytest.param(dict(layout="xy"), "layout='xy' is not one of 'nn', 'nt', 'tn', 'tt' (first letter A, second B; "
+                 "'t' = row-major, 'n' = column-major)", id="layout"),
+    pytest.param(dict(layout_b="diag"), "layout_b='diag' is not a storage order; use 'row' or 'col'",
+                 id="layout-b"),
+])
+def test_refused_construction(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError) as err:
+        plan(**kwargs)
+    assert str(err.value) == message
+
+
+def test_arch_none_without_gpu_says_what_to_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Make `import torch` fail, so the test means the same with or without a GPU.
+    monkeypatch.setitem(sys.modules, "torch", None)
+    with pytest.raises(RuntimeError) as err:
+        Gemm(dtype="bf16", layout="tn")
+    msg = str(err.value)
+    assert "torch is not installed" in msg
+    assert "pass arch=80 (Ampere) or arch=90 (Hopper)" in msg
+
+
+def test_arch_none_with_torch_but_no_gpu() -> None:
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: arch=None plans for it")
+    with pytest.raises(RuntimeError) as err:
+        Gemm(dtype="bf16", layout="tn")
+    assert str(err.value) == ("arch=None asks for the GPU's architecture, but no CUDA GPU is visible: pass arch=80 "
+                              "(Ampere) or arch=90 (Hopper) to plan for a GPU this machine does not have")
+
+
+def test_knobs_default() -> None:
+    assert Knobs() == Knobs(tile=None, warps=None, stages=None, raster_group=None)

@@ -1,0 +1,286 @@
+"""The renderer: pure and deterministic, readable output whose includes resolve under templates/, and PTX
+wrappers that cite the PTX ISA section they follow."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from generator import Gemm, KernelConfig
+from generator.render import _environment, included_headers, render, templates_dir
+from generator.shipped import SHIPPED_ARCHS, shipped_configs
+from generator.types import DType, parse_layout
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATES = templates_dir()
+INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+GLOBAL_FN = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\)\s*)?(\w+)\s*\(')
+
+CONFIGS = [
+    Gemm("bf16", "tn", arch=80).config,
+    Gemm("fp16", "nt", arch=90, m=16).config,
+    Gemm("bf16", "nn", arch=80, out_dtype="fp32", tile_shape=(128, 128, 64), stages=3).config,
+    Gemm("fp16", "tt", arch=80, layout_c="col", raster_group=1).config,
+]
+IDS = [c.name for c in CONFIGS]
+
+
+def only_source(cfg: KernelConfig) -> tuple[str, str]:
+    files = render(cfg)
+    assert list(files) == [f"{cfg.name}.cu"]
+    return next(iter(files.items()))
+
+
+# -- pure and deterministic ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_render_is_deterministic(cfg: KernelConfig) -> None:
+    first = render(cfg)
+    assert render(cfg) == first
+    assert render(replace(cfg)) == first          # an equal config, not the same object
+    _environment.cache_clear()                    # a fresh Jinja environment renders the same text
+    assert render(cfg) == first
+
+
+def test_render_is_the_same_in_another_process() -> None:
+    """No dependence on hash seeds, dict order or anything else that differs between processes."""
+    code = ("from generator import Gemm; from generator.render import render; "
+            "import sys; sys.stdout.write(render(Gemm('fp16', 'nt', arch=90, m=16).config)"
+            "['sm80_fp16_nt_64x64x32_w2x2_s4_g8.cu'])")
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    assert out == only_source(CONFIGS[1])[1]
+
+
+def test_render_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    before = {p: p.stat().st_mtime_ns for p in TEMPLATES.rglob("*")}
+    render(CONFIGS[0])
+    assert list(tmp_path.iterdir()) == []
+    assert {p: p.stat().st_mtime_ns for p in TEMPLATES.rglob("*")} == before
+
+
+def test_configs_that_differ_render_differently() -> None:
+    texts = [only_source(c)[1] for c in CONFIGS]
+    assert len(set(texts)) == len(texts)
+
+
+def test_render_refuses_an_illegal_config() -> None:
+    bad = replace(CONFIGS[0], tile=(96, 128, 32))
+    with pytest.raises(ValueError, match="tile 96x128x32 is not one the sm80 template builds"):
+        render(bad)
+
+
+def test_plan_render_is_render_of_its_config() -> None:
+    p = Gemm("bf16", "tn", arch=80)
+    assert p.render() == render(p.config)
+
+
+# -- what the generated file says ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_header_comment_states_the_config(cfg: KernelConfig) -> None:
+    _, text = only_source(cfg)
+    lines = text.splitlines()
+    assert lines[0] == f"// {cfg.name}"
+    header = []
+    for line in lines:
+        if not line.startswith("//"):
+            break
+        header.append(line)
+    comment = "\n".join(header)
+    for line in cfg.describe().splitlines():
+        assert f"//   {line}" in header, line
+    assert f"name:         {cfg.name}" in comment
+    bm, bn, bk = cfg.tile
+    assert f"tile:         {bm}x{bn}x{bk}" in comment
+    assert f"stages:       {cfg.stages}" in comment
+    assert f"arch:         sm_{cfg.arch}" in comment
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_kernel_name_is_the_global_function(cfg: KernelConfig) -> None:
+    _, text = only_source(cfg)
+    kernels = GLOBAL_FN.findall(text)
+    assert cfg.name in kernels
+    assert all(k.startswith(cfg.name) for k in kernels), kernels
+    assert f"{cfg.name}_launch(" in text
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_constants_substituted(cfg: KernelConfig) -> None:
+    _, text = only_source(cfg)
+    bm, bn, bk = cfg.tile
+    for const, value in (("kBlockM", bm), ("kBlockN", bn), ("kBlockK", bk), ("kWarpsM", cfg.warps[0]),
+                         ("kWarpsN", cfg.warps[1]), ("kStages", cfg.stages), ("kRasterGroup", cfg.raster_group)):
+        assert f"static constexpr int {const} = {value};" in text
+    assert f"using Elem = {cfg.dtype.cuda_type};" in text
+    assert f"using Out = {cfg.out_dtype.cuda_type};" in text
+    assert f"kAKMajor = {str(cfg.layout.a_k_major).lower()};" in text
+    assert f"kBKMajor = {str(cfg.layout.b_k_major).lower()};" in text
+    assert f"kDRowMajor = {str(cfg.layout.c.value == 'row').lower()};" in text
+
+
+def test_fp32_output_and_column_major_d() -> None:
+    _, text = only_source(CONFIGS[2])
+    assert "using Out = float;" in text and "using Elem = __nv_bfloat16;" in text
+    _, text = only_source(CONFIGS[3])
+    assert "kDRowMajor = false;" in text
+
+
+@pytest.mark.parametrize("arch", SHIPPED_ARCHS)
+def test_every_shipped_config_renders_readably(arch: int) -> None:
+    for cfg in shipped_configs(arch):
+        _, text = only_source(cfg)
+        assert text.startswith(f"// {cfg.name}\n")
+        assert text.endswith("\n") and not text.endswith("\n\n\n")
+        assert "\t" not in text
+        assert all(line == line.rstrip() for line in text.splitlines()), "trailing whitespace"
+        assert "{{" not in text and "{%" not in text, "unrendered Jinja"
+
+
+# -- includes resolve under templates/ --------------------------------------------------------------
+
+
+def _resolve(include: str, including_dir: Path | None) -> Path | None:
+    """Where nvcc finds `#include "include"`: beside the including file first, then -I templates/."""
+    for base in ([including_dir] if including_dir else []) + [TEMPLATES]:
+        path = (base / include).resolve()
+        if path.is_file():
+            return path
+    return None
+
+
+def _is_under_templates(path: Path) -> bool:
+    try:
+        path.relative_to(TEMPLATES.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def _closure(text: str, including_dir: Path | None) -> set[Path]:
+    """Every header reachable from `text` through quoted includes; fails on one that does not resolve."""
+    seen: set[Path] = set()
+    todo = [(text, including_dir, "<rendered>")]
+    while todo:
+        source, here, who = todo.pop()
+        for inc in INCLUDE.findall(source):
+            path = _resolve(inc, here)
+            assert path is not None, f'{who}: #include "{inc}" does not resolve under {TEMPLATES}'
+            assert _is_under_templates(path), f'{who}: #include "{inc}" resolves outside templates/: {path}'
+            if path not in seen:
+                seen.add(path)
+                todo.append((path.read_text(), path.parent, str(path.relative_to(TEMPLATES.resolve()))))
+    return seen
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_rendered_includes_resolve_under_templates(cfg: KernelConfig) -> None:
+    _, text = only_source(cfg)
+    assert INCLUDE.findall(text), "the kernel includes its headers"
+    reached = _closure(text, None)  # the rendered file is written elsewhere: only -I templates/ helps it
+    assert {p.relative_to(TEMPLATES.resolve()).as_posix() for p in reached} >= {
+        "common/launch.cuh", "sm80/gemm_kernel.cuh", "ptx/sm80.cuh"}
+    assert reached <= {p.resolve() for p in included_headers()}, "emit would not copy every included header"
+
+
+def test_every_header_include_resolves_under_templates() -> None:
+    headers = [p for p in TEMPLATES.rglob("*") if p.suffix in (".h", ".cuh", ".j2")]
+    assert headers
+    for header in headers:
+        _closure(header.read_text(), header.parent)
+
+
+def test_headers_have_pragma_once() -> None:
+    for header in included_headers():
+        assert "#pragma once" in header.read_text(), header
+
+
+# -- PTX wrappers cite the PTX ISA ---------------------------------------------------------------
+
+_TOP_LEVEL_DECL = re.compile(r"^(?:template\s*<[^>]*>\s*)?(?:struct\s+(\w+)|__device__\b[^(]*?\b(\w+)\s*\()")
+
+
+def _helper_name(lines: list[str], asm_line: int) -> tuple[str, int]:
+    """The top-level helper (function or struct) an `asm volatile` at asm_line belongs to."""
+    for i in range(asm_line, -1, -1):
+        line = lines[i]
+        if line and not line[0].isspace():
+            m = _TOP_LEVEL_DECL.match(line)
+            if m:
+                return m.group(1) or m.group(2), i
+    raise AssertionError(f"no helper function around line {asm_line + 1}")
+
+
+def _first_declaration(lines: list[str], name: str) -> int:
+    pattern = re.compile(rf"^(?:template\s*<[^>]*>\s*)?(?:struct\s+{name}\b|__device__\b[^(]*\b{name}\s*\()")
+    return next(i for i, line in enumerate(lines) if pattern.match(line))
+
+
+def _comment_above(lines: list[str], decl: int) -> list[str]:
+    i = decl - 1
+    while i >= 0 and lines[i].startswith("template"):
+        i -= 1
+    comment = []
+    while i >= 0 and lines[i].lstrip().startswith("//"):
+        comment.append(lines[i])
+        i -= 1
+    return comment[::-1]
+
+
+PTX_HEADERS = sorted((TEMPLATES / "ptx").glob("*.cuh"))
+
+
+def test_there_are_ptx_headers() -> None:
+    assert PTX_HEADERS
+
+
+@pytest.mark.parametrize("header", PTX_HEADERS, ids=[p.name for p in PTX_HEADERS])
+def test_each_ptx_wrapper_cites_the_ptx_isa(header: Path) -> None:
+    lines = header.read_text().splitlines()
+    asm_lines = [i for i, line in enumerate(lines) if "asm volatile" in line or re.search(r"\basm\s*\(", line)]
+    assert asm_lines, f"{header.name} wraps no PTX"
+    helpers = {}
+    for i in asm_lines:
+        name, _ = _helper_name(lines, i)
+        helpers[name] = _first_declaration(lines, name)
+    for name, decl in helpers.items():
+        comment = _comment_above(lines, decl)
+        assert any(re.search(r"PTX ISA §\d+(\.\d+)*", c) for c in comment), (
+            f"{header.name}: helper {name} (line {decl + 1}) has no 'PTX ISA §' citation in the comment above it")
+    # The sm80 family needs at least these wrappers.
+    if header.name == "sm80.cuh":
+        assert {"cp_async_16_zfill", "cp_async_commit", "cp_async_wait", "ldmatrix_x4", "ldmatrix_x4_trans",
+                "MmaM16N8K16"} <= set(helpers)
+
+
+def test_no_inline_ptx_outside_ptx_headers() -> None:
+    """Inline PTX lives in the cited wrappers, so every kernel reuses them."""
+    for path in TEMPLATES.rglob("*"):
+        if path.suffix in (".h", ".cuh", ".j2") and path.parent.name != "ptx":
+            assert "asm volatile" not in path.read_text() and not re.search(r"\basm\s*\(", path.read_text()), path
+
+
+def test_citation_checker_catches_a_missing_citation() -> None:
+    """The checker itself: a wrapper with a plain comment fails it."""
+    lines = ["// Just a comment.", "__device__ __forceinline__ void f() { asm volatile(\"exit;\"); }"]
+    name, _ = _helper_name(lines, 1)
+    assert name == "f"
+    assert not any("PTX ISA §" in c for c in _comment_above(lines, _first_declaration(lines, name)))
+
+
+def test_kernel_config_fields_reach_the_template() -> None:
+    cfg = KernelConfig(arch=80, dtype=DType.fp16, out_dtype=DType.bf16, layout=parse_layout("nt"),
+                       tile=(64, 128, 64), warps=(2, 2), stages=3, raster_group=16)
+    _, text = only_source(cfg)
+    assert cfg.name == "sm80_fp16_nt_64x128x64_w2x2_s3_g16_obf16"
+    assert "kAKMajor = false;" in text and "kBKMajor = false;" in text
