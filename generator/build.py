@@ -129,12 +129,22 @@ def ninja_path() -> str:
 
 @lru_cache(maxsize=None)
 def nvcc_version(nvcc: str) -> str:
-    """`nvcc --version`, once per process and nvcc: a new toolkit must not reuse old binaries."""
+    """`nvcc --version`, so that a new toolkit never reuses old binaries. Running nvcc costs ~0.1 s, a
+    fifth of the budget for loading a cached kernel, so the answer is kept in the cache folder, keyed by
+    the nvcc binary's path, size and modification time (a reinstall changes them)."""
+    stat = os.stat(os.path.realpath(nvcc))
+    stamp = hashlib.sha256(f"{os.path.realpath(nvcc)}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    memo = cache_root() / f"nvcc-version-{stamp}.txt"
+    if memo.is_file():
+        return memo.read_text()
     try:
         out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError) as exc:
         raise BuildError(f"`{nvcc} --version` failed: {exc}") from exc
-    return out.stdout.strip()
+    version = out.stdout.strip()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    _write_atomically(memo, version)
+    return version
 
 
 def nvcc_flags(req: BuildRequest) -> list[str]:
