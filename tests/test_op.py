@@ -1,0 +1,74 @@
+"""The op stage on a machine without a GPU: the kernel library builds, loads with ctypes, registers as a
+torch op with a fake implementation, and refuses bad operands before any launch."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from generator import Gemm  # noqa: E402
+from generator.build import BuildError, nvcc_path  # noqa: E402
+from generator.op import GemmArgsStruct, leading_dim  # noqa: E402
+from generator.types import Order  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory):
+    try:
+        nvcc_path()
+    except BuildError as err:
+        pytest.skip(f"no nvcc: {err}")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GEMMGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    try:
+        yield Gemm(dtype="bf16", layout="tn", arch=90).compile()
+    finally:
+        mp.undo()
+
+
+def test_library_loads_and_op_is_registered(op):
+    assert op.library.path.is_file()
+    assert getattr(torch.ops.gemmgen, op.name) is op.op
+    assert "bf16" in op.__doc__ and "row-major" in op.__doc__
+
+
+def test_cpu_tensors_are_refused_with_the_fix(op):
+    a = torch.randn(8, 16).bfloat16()
+    b = torch.randn(4, 16).bfloat16().t()
+    with pytest.raises(ValueError, match=r"A is on cpu; this op runs on CUDA tensors: pass A\.cuda\(\)"):
+        op(a, b)
+    with pytest.raises(ValueError, match="pass A.cuda()"):
+        getattr(torch.ops.gemmgen, op.name)(a, b)
+
+
+def test_non_tensor_is_a_type_error(op):
+    with pytest.raises(TypeError, match="B must be a torch.Tensor, got list"):
+        op(torch.randn(2, 2).bfloat16(), [[1.0]])
+
+
+def test_fake_tensors_give_the_output_shape(op):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        a = torch.empty(64, 32, dtype=torch.bfloat16, device="cuda")
+        b = torch.empty(48, 32, dtype=torch.bfloat16, device="cuda").t()
+        d = op(a, b)
+    assert tuple(d.shape) == (64, 48) and d.dtype == torch.bfloat16
+
+
+def test_args_struct_matches_the_c_header():
+    # templates/common/gemm_args.h: three pointers, then six int64 fields.
+    assert GemmArgsStruct.m.offset == 24 and GemmArgsStruct.ldd.offset == 64
+
+
+@pytest.mark.parametrize("shape, strides, order, expected", [
+    ((4, 8), (8, 1), Order.row, 8),
+    ((4, 8), (16, 1), Order.row, 16),      # a slice of a wider tensor
+    ((4, 8), (1, 4), Order.row, None),     # column-major is not row-major
+    ((4, 8), (1, 4), Order.col, 4),
+    ((1, 8), (99, 1), Order.row, 8),       # one row: its stride means nothing
+    ((4, 8), (2, 1), Order.row, None),     # rows overlap
+])
+def test_leading_dim(shape, strides, order, expected):
+    t = torch.empty_strided(shape, strides)
+    assert leading_dim(t, order) == expected
