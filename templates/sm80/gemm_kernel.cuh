@@ -91,10 +91,13 @@ struct TileLoader {
 
   // Issue the copies of one whole k tile (no clipping along K) into the stage at `stage_smem`.
   // This is the main loop's path, so it does the least work per chunk: one address, one select.
+  // EDGE: the block's tile crosses the end of M or N, so some of this thread's rows may lie outside
+  // the operand. Interior blocks (all but the last row and column of tiles) skip those selects.
+  template <bool EDGE>
   __device__ __forceinline__ void load_full(uint32_t stage_smem) {
 #pragma unroll
     for (int i = 0; i < kPerThread; ++i) {
-      const bool valid = (row_valid >> i) & 1u;
+      const bool valid = !(K_INNER && EDGE) || ((row_valid >> i) & 1u);
       ptx::cp_async_16_zfill(stage_smem + smem_offset(i), valid ? next + i * row_stride : base,
                              valid ? inner_bytes : 0);
     }
@@ -248,15 +251,63 @@ struct Kernel {
   }
 
   // Start the copies of k tile `tile` into one stage: whole tiles take the cheap path.
+  template <bool EDGE>
   __device__ __forceinline__ static void load_stage(ALoader& a, BLoader& b, uint32_t stage, int tile, int full_tiles,
                                                     int k_tiles, int K) {
     if (tile < full_tiles) {
-      a.load_full(stage);
-      b.load_full(stage + A_STAGE_BYTES);
+      a.template load_full<EDGE>(stage);
+      b.template load_full<EDGE>(stage + A_STAGE_BYTES);
     } else if (tile < k_tiles) {
       a.load_partial(stage, K - tile * BK);
       b.load_partial(stage + A_STAGE_BYTES, K - tile * BK);
     }
+  }
+
+  // The pipelined k loop for one block tile. Instantiated twice: interior blocks (EDGE = false) and
+  // blocks on the last row or column of tiles, so that the common case carries no edge predicates.
+  template <bool EDGE>
+  __device__ __forceinline__ static void mainloop(ALoader& a_loader, BLoader& b_loader, uint32_t smem_base, int K,
+                                                  int warp_m0, int warp_n0, int lane,
+                                                  float (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
+    const int k_tiles = (K + BK - 1) / BK;
+    const int full_tiles = K / BK;  // tiles that need no clipping along K
+    // Prologue: STAGES-1 tiles in flight, one commit group each (empty groups keep the count right).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      load_stage<EDGE>(a_loader, b_loader, smem_base + s * STAGE_BYTES, s, full_tiles, k_tiles, K);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    Fragments frag[2];
+    int read_stage = 0, write_stage = STAGES - 1, load_tile = STAGES - 1;
+    load_fragments(frag[0], smem_base, 0, warp_m0, warp_n0, lane);
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+#pragma unroll
+      for (int ks = 0; ks < K_STEPS; ++ks) {
+        if (ks == K_STEPS - 1) {
+          // The next tile must have landed, and every warp must be done with the stage the
+          // next load overwrites, before we read on.
+          ptx::cp_async_wait<STAGES - 2>();
+          __syncthreads();
+          read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+        }
+        load_fragments(frag[(ks + 1) % 2], smem_base + read_stage * STAGE_BYTES, (ks + 1) % K_STEPS, warp_m0,
+                       warp_n0, lane);
+        if (ks == 0) {
+          // Refill the stage every warp finished reading before the last barrier.
+          load_stage<EDGE>(a_loader, b_loader, smem_base + write_stage * STAGE_BYTES, load_tile, full_tiles,
+                           k_tiles, K);
+          ptx::cp_async_commit();
+          ++load_tile;
+          write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+        }
+        mma_all(acc, frag[ks % 2]);
+      }
+    }
+    ptx::cp_async_wait<0>();
   }
 
   __device__ __forceinline__ static void run(const GemmArgs& args, char* smem) {
@@ -283,45 +334,11 @@ struct Kernel {
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
 
-    const int k_tiles = (K + BK - 1) / BK;
-    const int full_tiles = K / BK;  // tiles that need no clipping along K
-    // Prologue: STAGES-1 tiles in flight, one commit group each (empty groups keep the count right).
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s) {
-      load_stage(a_loader, b_loader, smem_base + s * STAGE_BYTES, s, full_tiles, k_tiles, K);
-      ptx::cp_async_commit();
+    if (block_m0 + BM <= M && block_n0 + BN <= N) {
+      mainloop<false>(a_loader, b_loader, smem_base, K, warp_m0, warp_n0, lane, acc);
+    } else {
+      mainloop<true>(a_loader, b_loader, smem_base, K, warp_m0, warp_n0, lane, acc);
     }
-    ptx::cp_async_wait<STAGES - 2>();
-    __syncthreads();
-
-    Fragments frag[2];
-    int read_stage = 0, write_stage = STAGES - 1, load_tile = STAGES - 1;
-    load_fragments(frag[0], smem_base, 0, warp_m0, warp_n0, lane);
-
-    for (int kt = 0; kt < k_tiles; ++kt) {
-#pragma unroll
-      for (int ks = 0; ks < K_STEPS; ++ks) {
-        if (ks == K_STEPS - 1) {
-          // The next tile must have landed, and every warp must be done with the stage the
-          // next load overwrites, before we read on.
-          ptx::cp_async_wait<STAGES - 2>();
-          __syncthreads();
-          read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
-        }
-        load_fragments(frag[(ks + 1) % 2], smem_base + read_stage * STAGE_BYTES, (ks + 1) % K_STEPS, warp_m0,
-                       warp_n0, lane);
-        if (ks == 0) {
-          // Refill the stage every warp finished reading before the last barrier.
-          load_stage(a_loader, b_loader, smem_base + write_stage * STAGE_BYTES, load_tile, full_tiles, k_tiles, K);
-          ptx::cp_async_commit();
-          ++load_tile;
-          write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
-        }
-        mma_all(acc, frag[ks % 2]);
-      }
-    }
-    ptx::cp_async_wait<0>();
-
     store(args, acc, block_m0 + warp_m0, block_n0 + warp_n0, lane);
   }
 };
