@@ -10,7 +10,7 @@ replace the estimate; never the legality rules in config.check_config.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from .arch import ArchSpec
 from .config import KernelConfig, check_config, max_stages_that_fit
@@ -162,9 +162,3 @@ def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
         raise ValueError("no config is legal for these knobs:\n  " + "\n  ".join(rejected))
     return best, rejected
 
-
-def with_overrides(cfg: KernelConfig, **changes: object) -> KernelConfig:
-    """A copy of cfg with some fields replaced, checked."""
-    new = replace(cfg, **changes)
-    check_config(new)
-    return new
