@@ -3,7 +3,20 @@
 The kernel library is plain CUDA (no torch headers: a new kernel costs one nvcc run); it is loaded
 with ctypes and called with raw pointers on the operands' current stream. The op is registered as
 ``torch.ops.<namespace>.<kernel name>`` (default namespace ``gemmgen``) with two overloads,
-``(A, B) -> D`` and ``.out(A, B, *, out) -> out``, and a fake implementation for tracing.
+``(A, B) -> D`` and ``.out(A, B, *, out) -> out``.
+
+What each overload has, so that it behaves like a native op (see ``_register``):
+
+* default: the kernel under CompositeExplicitAutograd (every backend reaches our checks), a fake
+  (meta) implementation for FakeTensor / torch.compile, and an autograd formula whose dA and dB run
+  kernels from this generator (``generator.autograd``).
+* ``.out``: the kernel under CompositeExplicitAutograd (eager calls write straight into ``out``), a
+  CompositeImplicitAutograd decomposition (checks, the default overload, ``out.copy_``) that FakeTensor
+  and functionalization (torch.compile, AOTAutograd) use, since torch functionalizes a custom op whose
+  return aliases ``out`` only by decomposing it; and, like aten's out= ops, an Autograd kernel that
+  refuses inputs which require grad.
+* both: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
+  had when traced, i.e. the planned layout) and ``pt2_compliant_tag`` (opcheck passes).
 """
 from __future__ import annotations
 
@@ -88,6 +101,9 @@ def _other_layout(blas: str, operand: str) -> str:
 class GemmOp:
     """Callable op: ``op(A, B)`` or ``op(A, B, out=D)``; the same as ``torch.ops.<namespace>.<name>``."""
 
+    #: The device type whose tensors the kernel library takes.
+    device_type = "cuda"
+
     def __init__(self, config: KernelConfig, library: KernelLibrary, namespace: str) -> None:
         self.config = config
         self.library = library
@@ -104,6 +120,7 @@ class GemmOp:
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
         # The dispatcher would reject a non-tensor with a RuntimeError about the schema; say it plainly.
+        # Trace-safe: under torch.compile these are isinstance checks on FakeTensors, no graph break.
         for value, what in ((A, "A"), (B, "B"), (out, "out")):
             if value is not None and not isinstance(value, torch.Tensor):
                 raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
@@ -113,6 +130,14 @@ class GemmOp:
 
     def __repr__(self) -> str:
         return f"GemmOp(torch.ops.{self.namespace}.{self.name})"
+
+    def __deepcopy__(self, memo: dict) -> GemmOp:
+        # A handle to a registered op and a loaded library: copies of a model (EMA, checkpoints) share it.
+        return self
+
+    def __reduce__(self) -> tuple:
+        # Pickled as its config: unpickling builds (or loads from the cache) and registers the same op.
+        return (_load_op, (self.config, self.namespace))
 
     # -- checks -----------------------------------------------------------------------------------
 
@@ -126,7 +151,7 @@ class GemmOp:
         if t.dtype != self.dtype:
             raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
                             f"{what}.to({self.dtype}) or plan with dtype={str(t.dtype).removeprefix('torch.')!r}")
-        if t.device.type != "cuda":
+        if t.device.type != self.device_type:
             raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
         ld = leading_dim(t, order)
         if ld is None:
@@ -172,6 +197,40 @@ class GemmOp:
                              f"{order.value}-major: pass out={fix} or plan with layout_c={other!r}")
         return ld
 
+    def _check_meta(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> None:
+        """The checks a fake implementation can make without guarding on sizes or strides.
+
+        Types, ranks, dtypes and devices are static under torch.compile; K must agree (a
+        ``torch._check``, so a symbolic K adds a guard rather than failing). Strides and the int32
+        size limit are left to the real call: checking them here would specialize a dynamic M.
+        """
+        for t, what, shape in ((A, "A", "(M, K)"), (B, "B", "(K, N)")):
+            if t.dim() != 2:
+                raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
+            if t.dtype != self.dtype:
+                raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}")
+            if t.device.type != self.device_type:
+                raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+        if A.device != B.device:
+            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        torch._check_with(ValueError, A.shape[1] == B.shape[0],
+                          lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
+        if out is not None:
+            if out.dtype != self.out_dtype:
+                raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}")
+            if out.device != A.device:
+                raise ValueError(f"out is on {out.device} but A and B on {A.device}: allocate out on {A.device}")
+            if out.dim() != 2:
+                raise ValueError(f"out has shape {tuple(out.shape)}; D = A @ B is 2-D (M, N)")
+            for got, want in ((out.shape[0], A.shape[0]), (out.shape[1], B.shape[1])):
+                torch._check_with(ValueError, got == want,
+                                  lambda: f"out has shape {tuple(out.shape)}; D = A @ B is ({A.shape[0]}, {B.shape[1]})")
+
+    def derived(self, configs: list[KernelConfig]) -> list[GemmOp]:
+        """Other ops of this generator in this op's namespace, built in one ninja run (the backward
+        pass's dA and dB kernels, see ``generator.autograd``)."""
+        return compile_many(configs, namespace=self.namespace)
+
     def _empty_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         m, n = A.shape[0], B.shape[1]
         if self.config.layout.c is Order.row:
@@ -215,23 +274,56 @@ class GemmOp:
 _LIBRARIES: dict[str, tuple[torch.library.Library, GemmOp]] = {}
 
 
+def _define(lib: torch.library.Library, schema: str) -> None:
+    # needs_fixed_stride_order: under Inductor the operands keep the stride order they had when traced
+    # (a column-major B stays column-major), so the planned layout holds in compiled graphs too.
+    lib.define(schema, tags=(torch.Tag.needs_fixed_stride_order, torch.Tag.pt2_compliant_tag))
+
+
 def _register(op: GemmOp) -> None:
     qualname = f"{op.namespace}::{op.name}"
     if qualname in _LIBRARIES:  # the same kernel compiled again: the first registration serves it
         return
     lib = torch.library.Library(op.namespace, "FRAGMENT")
-    lib.define(f"{op.name}(Tensor A, Tensor B) -> Tensor")
-    lib.define(f"{op.name}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
+    _define(lib, f"{op.name}(Tensor A, Tensor B) -> Tensor")
+    _define(lib, f"{op.name}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
     # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
     # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
     lib.impl(op.name, lambda A, B: op.run(A, B, None), "CompositeExplicitAutograd")
     lib.impl(f"{op.name}.out", lambda A, B, out: op.run(A, B, out), "CompositeExplicitAutograd")
 
     def fake(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-        torch._check(A.shape[1] == B.shape[0], lambda: f"K must agree: A {tuple(A.shape)}, B {tuple(B.shape)}")
-        return op._empty_out(A, B)
+        op._check_meta(A, B)
+        return op._empty_out(A, B)  # the real output's strides: row-major D, or (1, M) for layout_c='col'
 
     torch.library.register_fake(qualname, fake, lib=lib)
+
+    # .out: eager calls take the CompositeExplicitAutograd kernel above (the dispatcher prefers it for
+    # the CPU/CUDA keys). FakeTensor and functionalization decompose through this kernel instead: torch
+    # cannot functionalize a custom op whose return aliases a mutated argument, and refuses a separate
+    # fake for an op that has a CompositeImplicitAutograd kernel (the decomposition is its fake).
+    default = getattr(getattr(torch.ops, op.namespace), op.name).default
+
+    def out_decomposition(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        op._check_meta(A, B, out)
+        return out.copy_(default(A, B))
+
+    lib.impl(f"{op.name}.out", out_decomposition, "CompositeImplicitAutograd")
+
+    def out_autograd(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        # As aten's out= ops: not differentiable, and said so at the call rather than at backward().
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (A, B, out) if isinstance(t, torch.Tensor)):
+            raise RuntimeError(f"{op.name}.out: functions with out=... arguments don't support automatic "
+                               "differentiation, but one of the arguments requires grad: call the op without "
+                               "out= (its backward is registered)")
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, out=out)
+
+    lib.impl(f"{op.name}.out", out_autograd, "Autograd")
+
+    from .autograd import register_autograd
+
+    register_autograd(op, lib)
     _LIBRARIES[qualname] = (lib, op)
 
 
@@ -257,6 +349,10 @@ def build_request(config: KernelConfig, target: int | None = None) -> BuildReque
 def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False) -> GemmOp:
     result = build(build_request(config), verbose=verbose)
     return GemmOp(config, KernelLibrary.load(result.library, config.name), namespace)
+
+
+def _load_op(config: KernelConfig, namespace: str) -> GemmOp:
+    return compile_op(config, namespace=namespace)
 
 
 def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False) -> list[GemmOp]:
