@@ -1,0 +1,430 @@
+"""torch integration without a GPU: fake tensors, backward layouts, and the op registration itself.
+
+Two kinds of op appear here:
+
+* real ops, built with nvcc for sm_90 (skipped without nvcc): their fake implementations run under
+  FakeTensorMode on cuda-device fake tensors, which needs no GPU;
+* ``ReferenceOp``: a GemmOp whose kernel library is replaced by ``torch.matmul`` on CPU tensors, registered
+  through exactly the same code (``op._register``: schemas, tags, fake, ``.out`` decomposition, autograd
+  formula with backward ops planned from the forward config). Its argument checks are the real ones, so
+  a backward operand in the wrong storage order fails here as it would on the GPU. It lets opcheck,
+  torch.compile and autograd exercise the registration on a machine without a GPU; the kernels
+  themselves are checked by tests/gpu/test_torch_integration.py (opcheck on real ops needs a GPU).
+"""
+from __future__ import annotations
+
+import copy
+import itertools
+import pickle
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from torch import nn  # noqa: E402
+
+from generator import Gemm, KernelConfig  # noqa: E402
+from generator.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
+from generator.build import BuildError, nvcc_path  # noqa: E402
+from generator.op import GemmOp  # noqa: E402
+from generator.types import DType, Order  # noqa: E402
+
+NAMESPACE = "gemmgen_reference"
+LAYOUTS = ("tn", "tt", "nn", "nt")
+BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+
+
+class ReferenceOp(GemmOp):
+    """The real GemmOp registration and checks, with torch.matmul on CPU in place of the kernel."""
+
+    device_type = "cpu"
+
+    def __init__(self, config: KernelConfig) -> None:
+        super().__init__(config, library=None, namespace=NAMESPACE)
+
+    def run(self, A, B, out):
+        self._check(A, B)                       # dtype, device, K, and the planned storage orders
+        if out is not None:
+            self._check_out(out, A, B)
+        D = self._empty_out(A, B) if out is None else out
+        D.copy_((A.float() @ B.float()).to(self.out_dtype))   # fp32 accumulation, one rounding: as the kernel
+        return D
+
+    def derived(self, configs):
+        return [ReferenceOp(c) for c in configs]
+
+
+def reference_op(layout="tn", dtype="bf16", **kw) -> ReferenceOp:
+    return ReferenceOp(Gemm(dtype=dtype, layout=layout, arch=90, **kw).config)
+
+
+def operand(rows, cols, order, dtype, device="cpu", requires_grad=False):
+    t = torch.randn(rows, cols, device=device) if order == "row" else torch.randn(cols, rows, device=device).t()
+    return t.to(dtype).requires_grad_(requires_grad)
+
+
+def operands(layout, m, n, k, dtype, **kw):
+    return (operand(m, k, "row" if layout[0] == "t" else "col", dtype, **kw),
+            operand(k, n, "row" if layout[1] == "t" else "col", dtype, **kw))
+
+
+def rel(got, ref) -> float:
+    ref = ref.double()
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+# -- backward layouts: a pure function -----------------------------------------------------------------
+
+@pytest.mark.parametrize("layout, grad_a, grad_b", [
+    # dA = dD @ B.t() written in A's order; dB = A.t() @ dD written in B's order; dD row-major.
+    ("tn", "tt", "nt_dcol"),     # x @ W.t(): dx = dy @ W (both row-major), dW.t() = x.t() @ dy
+    ("tt", "tn", "nt"),
+    ("nn", "tt_dcol", "tt_dcol"),
+    ("nt", "tn_dcol", "tt"),
+])
+def test_backward_layouts_for_a_row_major_gradient(layout, grad_a, grad_b):
+    got = backward_layouts(layout)
+    assert (got[0].tag, got[1].tag) == (grad_a, grad_b)
+    assert backward_layouts(layout, "row") == got
+
+
+@pytest.mark.parametrize("layout, grad_a, grad_b", [
+    ("tn", "nt", "nn_dcol"),
+    ("tt", "nn", "nn"),
+    ("nn", "nt_dcol", "tn_dcol"),
+    ("nt", "nn_dcol", "tn"),
+])
+def test_backward_layouts_for_a_column_major_gradient(layout, grad_a, grad_b):
+    got = backward_layouts(layout, Order.col)
+    assert (got[0].tag, got[1].tag) == (grad_a, grad_b)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_backward_layouts_follow_from_the_transposes(layout):
+    # Derive by hand from strides: B.t() flips B's order, A.t() flips A's; outputs keep A's and B's.
+    fwd = Gemm("bf16", layout, arch=80).layout
+    flip = {Order.row: Order.col, Order.col: Order.row}
+    for g in Order:
+        grad_a, grad_b = backward_layouts(fwd, g)
+        assert (grad_a.a, grad_a.b, grad_a.c) == (g, flip[fwd.b], fwd.a)
+        assert (grad_b.a, grad_b.b, grad_b.c) == (flip[fwd.a], g, fwd.b)
+
+
+def test_backward_configs_keep_dtype_and_arch_and_write_the_input_dtype():
+    fwd = Gemm("fp16", "tn", arch=80, out_dtype="fp32").config
+    grad_a, grad_b = backward_configs(fwd)
+    for cfg, tag in ((grad_a, "tt"), (grad_b, "nt_dcol")):
+        assert (cfg.arch, cfg.dtype, cfg.out_dtype, cfg.layout.tag) == (80, DType.fp16, DType.fp16, tag)
+        assert f"_fp16_{tag}_" in cfg.name
+
+
+# -- real ops: fake tensors on the cuda device ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_ops(tmp_path_factory):
+    try:
+        nvcc_path()
+    except BuildError as err:
+        pytest.skip(f"no nvcc: {err}")
+    from generator.op import compile_many
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GEMMGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    try:
+        plans = {"row": Gemm("bf16", "tn", arch=90), "col": Gemm("bf16", "nt", arch=90, layout_c="col")}
+        yield dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen")))
+    finally:
+        mp.undo()
+
+
+def test_fake_tensors_propagate_through_both_overloads(real_ops):
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    op = real_ops["row"]
+    with FakeTensorMode():
+        a, b = operands("tn", 100, 48, 32, torch.bfloat16, device="cuda")
+        d = op(a, b)
+        d_ops = getattr(torch.ops.gemmgen, op.name)(a, b)
+        out = torch.empty(100, 48, dtype=torch.bfloat16, device="cuda")
+        d_out = getattr(torch.ops.gemmgen, op.name).out(a, b, out=out)
+        d_call = op(a, b, out=out)
+    for t in (d, d_ops):
+        assert isinstance(t, FakeTensor) and t.device.type == "cuda"
+        assert (tuple(t.shape), t.stride(), t.dtype) == ((100, 48), (48, 1), torch.bfloat16)
+    assert d_out is out and d_call is out
+
+
+def test_fake_output_of_a_column_major_d_has_the_real_strides(real_ops):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = real_ops["col"]
+    with FakeTensorMode():
+        a, b = operands("nt", 100, 48, 32, torch.bfloat16, device="cuda")
+        d = op(a, b)
+        out = torch.empty(48, 100, dtype=torch.bfloat16, device="cuda").t()
+        assert op(a, b, out=out) is out
+    assert (tuple(d.shape), d.stride()) == ((100, 48), (1, 100))
+
+
+def test_fake_checks_refuse_what_the_kernel_would(real_ops):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = real_ops["row"]
+    with FakeTensorMode():
+        a, b = operands("tn", 64, 48, 32, torch.bfloat16, device="cuda")
+        with pytest.raises(ValueError, match="K must agree"):
+            op(a, b[:16])
+        with pytest.raises(TypeError, match="this plan computes bf16"):
+            op(a.half(), b)
+        with pytest.raises(ValueError, match="out has shape"):
+            op(a, b, out=torch.empty(64, 47, dtype=torch.bfloat16, device="cuda"))
+        with pytest.raises(TypeError, match="this plan writes bf16"):
+            op(a, b, out=torch.empty(64, 48, dtype=torch.float32, device="cuda"))
+
+
+def test_real_op_registration(real_ops):
+    op = real_ops["row"]
+    qualname = f"gemmgen::{op.name}"
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    assert has(qualname, "Autograd")                       # register_autograd on the default overload
+    assert has(f"{qualname}.out", "CompositeImplicitAutograd")  # the .out decomposition (fake, functionalization)
+    for overload in (op.op.default, op.op.out):
+        assert torch.Tag.needs_fixed_stride_order in overload.tags
+        assert torch.Tag.pt2_compliant_tag in overload.tags
+
+
+def test_op_copies_share_the_handle_and_pickle_by_config(real_ops):
+    op = real_ops["row"]
+    assert copy.deepcopy(op) is op
+    again = pickle.loads(pickle.dumps(op))   # rebuilds from the cache and finds the registered op
+    assert again.config == op.config and again.op is op.op
+
+
+# -- the registration, with torch.matmul in place of the kernel --------------------------------------------
+
+@pytest.mark.parametrize("layout, dtype", list(itertools.product(("tn", "nt"), (torch.bfloat16, torch.float16))))
+def test_opcheck_on_the_registration(layout, dtype):
+    # opcheck on the real kernels is in tests/gpu/test_torch_integration.py; this checks our use of
+    # torch.library (schema, fake, autograd registration, AOT dispatch) on CPU.
+    op = reference_op(layout, dtype)
+    for m, n, k in ((64, 48, 32), (127, 33, 65)):
+        a, b = operands(layout, m, n, k, dtype, requires_grad=True)
+        torch.library.opcheck(op.op.default, (a, b))
+        torch.library.opcheck(op.op.default, (a.detach(), b.detach()))
+        torch.library.opcheck(op.op.out, (a.detach(), b.detach()), {"out": torch.empty(m, n, dtype=dtype)})
+
+
+def test_opcheck_on_the_registration_col_major_d_and_fp32_out():
+    col = reference_op("tn", layout_c="col")
+    a, b = operands("tn", 65, 33, 40, torch.bfloat16, requires_grad=True)
+    torch.library.opcheck(col.op.default, (a, b))
+    torch.library.opcheck(col.op.out, (a.detach(), b.detach()), {"out": torch.empty(33, 65, dtype=torch.bfloat16).t()})
+    fp32 = reference_op("tn", out_dtype="fp32")
+    torch.library.opcheck(fp32.op.default, (a, b))
+
+
+class _Block(nn.Module):
+    def __init__(self, op, via):
+        super().__init__()
+        self.op, self.via = op, via
+        self.weight = nn.Parameter(torch.randn(48, 32, dtype=torch.bfloat16))
+
+    def forward(self, x):
+        if self.via == "call":
+            y = self.op(x, self.weight.t())
+        else:
+            y = getattr(torch.ops.gemmgen_reference, self.op.name)(x, self.weight.t())
+        return torch.nn.functional.gelu(y) * 2
+
+
+@pytest.mark.parametrize("via", ["call", "torch.ops"])
+def test_compile_fullgraph_dynamic_m_compiles_once(via):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    block = _Block(reference_op("tn"), via)
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(block, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        for m in (64, 100, 37):
+            x = torch.randn(m, 32, dtype=torch.bfloat16)
+            torch._dynamo.mark_dynamic(x, 0)
+            assert torch.equal(compiled(x), block(x))
+    assert counter.frame_count == 1
+    for m in (64, 100, 37):    # training: one more graph (joint forward/backward), again for every M
+        x = torch.randn(m, 32, dtype=torch.bfloat16, requires_grad=True)
+        torch._dynamo.mark_dynamic(x, 0)
+        x_eager = x.detach().clone().requires_grad_()
+        compiled(x).sum().backward()
+        grad_w = block.weight.grad
+        block.weight.grad = None
+        block(x_eager).sum().backward()
+        assert torch.equal(x.grad, x_eager.grad) and torch.equal(grad_w, block.weight.grad)
+        block.weight.grad = None
+    assert counter.frame_count == 2
+
+
+def test_compile_fullgraph_out_overload():
+    op = reference_op("tn")
+
+    def f(a, b):
+        out = torch.empty(a.shape[0], b.shape[1], dtype=torch.bfloat16)
+        op(a, b, out=out)
+        return out + 1
+
+    torch._dynamo.reset()
+    a, b = operands("tn", 40, 24, 16, torch.bfloat16)
+    assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(a, b), f(a, b))
+
+
+def test_out_overload_refuses_grad_like_aten():
+    op = reference_op("tn")
+    a, b = operands("tn", 8, 8, 8, torch.bfloat16, requires_grad=True)
+    with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
+        op(a, b, out=torch.empty(8, 8, dtype=torch.bfloat16))
+    with torch.no_grad():
+        op(a, b, out=torch.empty(8, 8, dtype=torch.bfloat16))
+
+
+GRADS = ("contiguous", "column-major", "sliced", "expanded")
+
+
+def _upstream(kind, m, n, dtype):
+    if kind == "contiguous":
+        return torch.randn(m, n).to(dtype)
+    if kind == "column-major":
+        return torch.randn(n, m).to(dtype).t()
+    if kind == "sliced":                      # row-major, leading dimension n + 3, odd offset: unaligned
+        return torch.randn(m, n + 3).to(dtype)[:, 1:n + 1]
+    return torch.randn(()).to(dtype).expand(m, n)   # strides (0, 0): neither order, made contiguous
+
+
+@pytest.mark.parametrize("layout, layout_c, out_dtype", list(itertools.product(LAYOUTS, ("row", "col"), (None, "fp32"))))
+def test_autograd_matches_float64(layout, layout_c, out_dtype):
+    # gradcheck needs float64 and the kernels take fp16/bf16 only: compare against a float64 reference.
+    dtype = torch.bfloat16
+    op = reference_op(layout, layout_c=layout_c, out_dtype=out_dtype)
+    for (m, n, k), kind in itertools.product(((64, 48, 32), (37, 19, 23), (1, 5, 7)), GRADS):
+        a, b = operands(layout, m, n, k, dtype, requires_grad=True)
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+        d = op(a, b)
+        g = _upstream(kind, m, n, d.dtype)
+        d.backward(g)
+        (a64 @ b64).backward(g.double())
+        for got, ref, t in ((a.grad, a64.grad, a), (b.grad, b64.grad, b)):
+            assert got.dtype == dtype and got.shape == t.shape
+            assert rel(got, ref) <= BOUND[dtype], (layout, layout_c, out_dtype, m, n, k, kind)
+
+
+def test_backward_ops_are_built_once_per_gradient_order():
+    op = reference_op("tt")
+    a, b = operands("tt", 16, 8, 8, torch.bfloat16, requires_grad=True)
+    op(a, b).backward(torch.ones(16, 8, dtype=torch.bfloat16))
+    first = grad_ops(op, Order.row)
+    op(a, b).backward(torch.ones(16, 8, dtype=torch.bfloat16))
+    assert grad_ops(op, Order.row) == first
+    assert [o.config.layout.tag for o in first] == ["tn", "nt"]
+
+
+def test_double_backward():
+    op = reference_op("tn")
+    a, b = operands("tn", 16, 8, 12, torch.bfloat16, requires_grad=True)
+    (grad_a,) = torch.autograd.grad(op(a, b).float().pow(2).sum(), a, create_graph=True)
+    grad_a.float().sum().backward()
+    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+    (g64,) = torch.autograd.grad((a64 @ b64).pow(2).sum(), a64, create_graph=True)
+    g64.sum().backward()
+    assert rel(b.grad, b64.grad) <= 2e-2
+
+
+# -- generator.nn with the reference op --------------------------------------------------------------------
+
+def _reference_linear(layer):
+    from generator.nn import Linear, plan_linear
+
+    return Linear(layer, op=ReferenceOp(plan_linear(layer, arch=90).config))
+
+
+def test_linear_shares_parameters_and_trains_like_nn_linear():
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 16, bias=False)).to(torch.bfloat16)
+    ours = copy.deepcopy(base)
+    ours[0], ours[2] = _reference_linear(ours[0]), _reference_linear(ours[2])
+    assert list(ours.state_dict()) == list(base.state_dict())
+    x = torch.randn(3, 5, 32, dtype=torch.bfloat16)
+    y, y_ref = ours(x), base(x)
+    assert y.shape == (3, 5, 16) and rel(y, y_ref) <= BOUND[torch.bfloat16]
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_ref.backward(g)
+    for p, p_ref in zip(ours.parameters(), base.parameters()):
+        assert rel(p.grad, p_ref.grad) <= 2 * BOUND[torch.bfloat16]
+
+
+def test_linear_wraps_the_same_parameter_objects():
+    layer = nn.Linear(8, 4).to(torch.bfloat16)
+    ours = _reference_linear(layer)
+    assert ours.weight is layer.weight and ours.bias is layer.bias
+    assert "op=sm80_bf16_tn_" in repr(ours)
+
+
+def test_linear_falls_back_with_one_warning():
+    from generator.nn import Linear, plan_linear
+
+    layer = nn.Linear(8, 4).to(torch.bfloat16)
+    real_like = Linear(layer, op=ReferenceOp(plan_linear(layer, arch=90).config))
+    real_like.op.device_type = "cuda"   # as a real op: CPU inputs are not its to take (instance attribute)
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = real_like(x)
+        real_like(x)
+    assert torch.equal(y, torch.nn.functional.linear(x, layer.weight, layer.bias))
+    assert len(caught) == 1 and "using torch.nn.functional.linear" in str(caught[0].message)
+
+
+def test_linear_refuses_fp32_weights_without_a_compute_dtype():
+    from generator.nn import plan_linear
+
+    with pytest.raises(ValueError, match="pass dtype=torch.bfloat16"):
+        plan_linear(nn.Linear(8, 4), arch=90)
+    assert plan_linear(nn.Linear(8, 4), arch=90, dtype="bf16").dtype is DType.bf16
+
+
+def test_replace_linear_swaps_every_plain_linear(monkeypatch):
+    import generator.nn as gnn
+
+    built = []
+
+    def fake_compile_many(configs, *, namespace, verbose=False):
+        built.append(list(configs))
+        return [ReferenceOp(c) for c in configs]
+
+    monkeypatch.setattr(gnn, "compile_many", fake_compile_many)
+
+    class Custom(nn.Linear):        # its own forward: left alone
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    shared = nn.Linear(16, 16)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), shared, nn.Sequential(shared, nn.Linear(16, 16)),
+                          Custom(16, 4)).to(torch.bfloat16)
+    weights = [model[0].weight, shared.weight]
+    assert gnn.replace_linear(model, arch=90) == 3
+    assert isinstance(model[0], gnn.Linear) and model[2] is model[3][0] and isinstance(model[3][1], gnn.Linear)
+    assert type(model[4]) is Custom
+    assert model[0].weight is weights[0] and model[2].weight is weights[1]
+    assert len(built) == 1 and len(built[0]) == len(set(built[0]))   # one build, each config once
+    assert model[2].op is model[3][1].op                 # equal shapes share one op
+    x = torch.randn(4, 8, dtype=torch.bfloat16)
+    assert model(x).shape == (4, 4)
+
+
+def test_replace_linear_checks_every_layer_before_swapping():
+    import generator.nn as gnn
+
+    model = nn.Sequential(nn.Linear(8, 8).to(torch.bfloat16), nn.Linear(8, 8))
+    with pytest.raises(ValueError, match="float32 weights"):
+        gnn.replace_linear(model, arch=90)
+    assert type(model[0]) is nn.Linear
