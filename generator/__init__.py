@@ -5,12 +5,14 @@ and call them as torch ops.
     plan = Gemm(dtype="bf16", layout="tn")
     op = plan.compile()
     D = op(A, B)        # also torch.ops.gemmgen.<plan.name>(A, B)
+    plan.emit("emitted/my_gemms")   # a pip-installable package; or emit([plan, ...], name=..., out=...)
 
-Planning and rendering need neither torch nor a GPU; ``compile`` needs torch and nvcc.
+Planning, rendering and emitting need neither torch nor a GPU; ``compile`` needs torch and nvcc.
 """
 from .config import KernelConfig, check_config
+from .emit import emit
 from .gemm import Gemm
 from .render import render
 from .types import DType, Layout, Order
 
-__all__ = ["Gemm", "KernelConfig", "check_config", "render", "DType", "Layout", "Order"]
+__all__ = ["Gemm", "KernelConfig", "check_config", "emit", "render", "DType", "Layout", "Order"]

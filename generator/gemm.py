@@ -7,7 +7,9 @@ assignment any override the template or the hardware cannot honour (the plan sta
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .arch import ArchSpec, arch_spec, detect_arch
@@ -195,3 +197,13 @@ class Gemm:
         from .op import compile_op
 
         return compile_op(self.config, namespace=self.namespace, verbose=verbose)
+
+    def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None) -> Path:
+        """Write a pip-installable package with this plan's op into the folder ``out`` (see generator.emit).
+
+        ``name`` (the package and torch.ops namespace) defaults to the folder's name; ``op_name`` to
+        ``gemm_<dtype>_<layout>``. Needs neither torch nor a GPU.
+        """
+        from .emit import default_package_name, emit
+
+        return emit(self, name=default_package_name(out) if name is None else name, out=out, op_names=[op_name])

@@ -1,0 +1,411 @@
+"""emit: one or more plans -> a standalone, pip-installable torch extension package.
+
+    from generator import Gemm, emit
+    emit([Gemm("bf16", "tn", arch=90), Gemm("fp16", "nn", arch=80)], name="my_gemms", out="emitted/my_gemms")
+    # shell: pip install --no-build-isolation ./emitted/my_gemms
+    # python: import my_gemms; D = my_gemms.gemm_bf16_tn(A, B)     (also torch.ops.my_gemms.gemm_bf16_tn)
+
+The package folder holds everything its build needs and nothing of this generator:
+
+    pyproject.toml, setup.py    torch.utils.cpp_extension (CUDAExtension, BuildExtension with ninja)
+    csrc/<kernel>.cu            the rendered kernels (plain CUDA, C interface), one per distinct config
+    csrc/common/..., ptx/, ...  every header the kernels may include, copied with its relative path
+    csrc/binding.cpp            the one file with torch headers: TORCH_LIBRARY(<name>) with the checks
+    <name>/__init__.py          loads the extension; one Python function per op, with a docstring
+    plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
+    README.md, MANIFEST.in, .gitignore
+
+Emitting is pure text generation: no torch, no GPU, no compiler. It is deterministic (the same plans
+give byte-identical files: sorted, no timestamps, no absolute paths), and no string from the user
+reaches generated code: the package name and op names must be plain lowercase identifiers, and
+everything else comes from validated configs.
+"""
+from __future__ import annotations
+
+import json
+import keyword
+import os
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+import jinja2
+
+from .config import KernelConfig
+from .render import included_headers, render, templates_dir
+from .types import DType, Order
+
+if TYPE_CHECKING:
+    from .gemm import Gemm
+
+#: The rule for the package name and every op name (also a C++/Python-safe token).
+IDENTIFIER_RULE = r"^[a-z_][a-z0-9_]*$"
+_IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")  # used with fullmatch: "$" alone would let "x\n" through
+#: The version written into every emitted package.
+PACKAGE_VERSION = "0.1.0"
+#: Marks a folder as written by emit, so that emitting again may replace it (and nothing else).
+MARKER = {"emitted_by": "gemmgen", "format": 1}
+PLANS_FILE = "plans.json"
+
+#: Package names that would shadow a module the package needs, or a torch.ops attribute / namespace.
+RESERVED_PACKAGE_NAMES = frozenset({
+    "torch", "generator", "gemmgen", "gemmgen_templates", "setuptools", "pip", "wheel", "ninja", "pkg_resources",
+    "aten", "prim", "prims", "quantized", "higher_order", "inductor", "profiler", "mkl", "mkldnn", "onednn",
+    "loaded_libraries", "load_library", "import_module", "c10", "c10d", "_c10d_functional",
+})
+#: Op names that torch.ops.<namespace> already uses for itself.
+RESERVED_OP_NAMES = frozenset({"name"})
+
+#: nvcc targets per planned architecture. sm_80/86/89 also carry PTX, so newer GPUs can JIT it;
+#: sm_90a (wgmma, setmaxnreg) has no forward-compatible PTX.
+GENCODE = {
+    80: "-gencode=arch=compute_80,code=[sm_80,compute_80]",
+    86: "-gencode=arch=compute_86,code=[sm_86,compute_86]",
+    89: "-gencode=arch=compute_89,code=[sm_89,compute_89]",
+    90: "-gencode=arch=compute_90a,code=sm_90a",
+}
+
+# C++ spellings of the element types (c10::ScalarType) and their torch names.
+_SCALAR_TYPE = {DType.fp16: "c10::ScalarType::Half", DType.bf16: "c10::ScalarType::BFloat16",
+                DType.fp32: "c10::ScalarType::Float"}
+
+
+_GPU_DOC = {90: "built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200)"}
+
+# How each operand is stored, for the docstrings: (operand, order) -> text.
+_OPERAND_DOC = {
+    ("A", Order.row): "row-major, strides (lda, 1) with lda >= K; e.g. a contiguous x of shape (M, K)",
+    ("A", Order.col): "column-major, strides (1, lda) with lda >= M; e.g. X.t() for a contiguous X of shape (K, M)",
+    ("B", Order.row): "row-major, strides (ldb, 1) with ldb >= N; e.g. a contiguous y of shape (K, N)",
+    ("B", Order.col): "column-major, strides (1, ldb) with ldb >= K; e.g. W.t() for a contiguous W of shape (N, K) "
+                      "(an nn.Linear weight)",
+    ("D", Order.row): "row-major, strides (N, 1): torch.empty(M, N)",
+    ("D", Order.col): "column-major, strides (1, M): torch.empty(N, M).t()",
+}
+
+
+# -- names --------------------------------------------------------------------------------------------
+
+def check_identifier(value: object, what: str, example: str) -> str:
+    """``value`` if it is a lowercase ASCII identifier (IDENTIFIER_RULE) and not a Python keyword."""
+    rule = (f"a lowercase ASCII identifier: letters a-z, digits and '_', not starting with a digit "
+            f"(regex {IDENTIFIER_RULE}), and not a Python keyword; e.g. {what}={example!r}")
+    if not isinstance(value, str):
+        raise ValueError(f"{what}={value!r} must be a string, {rule}")
+    if not _IDENTIFIER.fullmatch(value):
+        raise ValueError(f"{what}={value!r} is not allowed: it must be {rule}")
+    if keyword.iskeyword(value):
+        raise ValueError(f"{what}={value!r} is a Python keyword: it must be {rule}")
+    return value
+
+
+def check_package_name(name: object) -> str:
+    check_identifier(name, "name", "my_gemms")
+    stdlib = getattr(sys, "stdlib_module_names", frozenset())
+    if name in RESERVED_PACKAGE_NAMES or name in stdlib or name.startswith("__"):
+        raise ValueError(f"name={name!r} would shadow a module of that name (or a torch.ops namespace): "
+                         f"pick another package name, e.g. name='my_gemms'")
+    return name
+
+
+def check_op_name(op_name: object) -> str:
+    check_identifier(op_name, "op name", "gemm_bf16_tn")
+    if op_name.startswith("_"):
+        raise ValueError(f"op name {op_name!r} starts with '_': op names are the package's public functions "
+                         f"(its private helpers use that prefix); e.g. 'gemm_bf16_tn'")
+    if op_name in RESERVED_OP_NAMES:
+        raise ValueError(f"op name {op_name!r} is an attribute of every torch.ops namespace: pick another, "
+                         f"e.g. 'gemm_bf16_tn'")
+    return op_name
+
+
+def default_op_name(config: KernelConfig) -> str:
+    """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs, ``_dcol`` for a column-major D."""
+    out = "" if config.out_dtype == config.dtype else f"_o{config.out_dtype.value}"
+    dcol = "_dcol" if config.layout.c is Order.col else ""
+    return f"gemm_{config.dtype.value}_{config.layout.blas}{out}{dcol}"
+
+
+def default_package_name(out: str | os.PathLike[str]) -> str:
+    """The package name that ``plan.emit(out)`` uses: the folder's name, when it is a valid one."""
+    folder = Path(out).name
+    try:
+        return check_package_name(folder)
+    except ValueError as err:
+        raise ValueError(f"the folder name {folder!r} is not a valid package name, so pass name=...: {err}") from None
+
+
+# -- what gets emitted --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EmittedOp:
+    """One op of the package: its name and the kernel config behind it."""
+
+    name: str
+    config: KernelConfig
+
+    def context(self, package: str) -> dict[str, Any]:
+        cfg = self.config
+        layout = cfg.layout
+        flip = {"t": "n", "n": "t"}
+        return {
+            "name": self.name,
+            "qualname": f"torch.ops.{package}.{self.name}",
+            "kernel": cfg.name,
+            "arch": cfg.arch,
+            "gpu_doc": _GPU_DOC.get(cfg.arch, f"runs on GPUs of compute capability {cfg.arch // 10}.{cfg.arch % 10} "
+                                               "or newer (newer ones JIT its PTX)"),
+            "dtype": cfg.dtype.value,
+            "out_dtype": cfg.out_dtype.value,
+            "torch_dtype": f"torch.{cfg.dtype.torch_name}",
+            "torch_out_dtype": f"torch.{cfg.out_dtype.torch_name}",
+            "scalar_type": _SCALAR_TYPE[cfg.dtype],
+            "out_scalar_type": _SCALAR_TYPE[cfg.out_dtype],
+            "layout": layout.blas,
+            "layout_tag": layout.tag,
+            "layout_a": layout.a.value,
+            "layout_b": layout.b.value,
+            "layout_c": layout.c.value,
+            "a_row": layout.a is Order.row,
+            "b_row": layout.b is Order.row,
+            "d_row": layout.c is Order.row,
+            # the layout that would take A (or B) as it is, for the stride error's advice
+            "layout_a_flipped": flip[layout.blas[0]] + layout.blas[1],
+            "layout_b_flipped": layout.blas[0] + flip[layout.blas[1]],
+            "a_doc": _OPERAND_DOC["A", layout.a],
+            "b_doc": _OPERAND_DOC["B", layout.b],
+            "d_doc": _OPERAND_DOC["D", layout.c],
+            "tile": "x".join(map(str, cfg.tile)),
+            "warps": "x".join(map(str, cfg.warps)),
+            "stages": cfg.stages,
+            "raster_group": cfg.raster_group,
+        }
+
+    def plan_record(self) -> dict[str, Any]:
+        """Gemm keyword arguments that plan exactly this config again, plus the op and kernel names."""
+        cfg = self.config
+        return {
+            "op_name": self.name,
+            "kernel": cfg.name,
+            "dtype": cfg.dtype.value,
+            "out_dtype": cfg.out_dtype.value,
+            "layout": cfg.layout.blas,
+            "layout_c": cfg.layout.c.value,
+            "arch": cfg.arch,
+            "tile_shape": "x".join(map(str, cfg.tile)),
+            "warps": "x".join(map(str, cfg.warps)),
+            "stages": cfg.stages,
+            "raster_group": cfg.raster_group,
+        }
+
+
+def _configs(plans: object) -> list[KernelConfig]:
+    items = list(plans) if isinstance(plans, (list, tuple)) else [plans]
+    if not items:
+        raise ValueError("emit needs at least one plan, e.g. emit([Gemm('bf16', 'tn', arch=90)], name=..., out=...)")
+    configs = []
+    for i, item in enumerate(items):
+        config = item if isinstance(item, KernelConfig) else getattr(item, "config", None)
+        if not isinstance(config, KernelConfig):
+            raise TypeError(f"plans[{i}] is a {type(item).__name__}; pass Gemm plans (or KernelConfigs)")
+        configs.append(config)
+    return configs
+
+
+def resolve_ops(plans: object, op_names: Sequence[str | None] | None = None) -> list[EmittedOp]:
+    """Pair every plan with its op name (given, or the default where None), refusing bad and duplicate
+    names; sorted by op name."""
+    configs = _configs(plans)
+    if op_names is None:
+        op_names = [None] * len(configs)
+    if isinstance(op_names, str) or len(op_names) != len(configs):
+        raise ValueError(f"op_names must be a list with one name per plan ({len(configs)}), got {op_names!r}")
+    names = [default_op_name(c) if n is None else check_op_name(n) for n, c in zip(op_names, configs)]
+    seen: dict[str, int] = {}
+    for i, op_name in enumerate(names):
+        if op_name in seen:
+            j = seen[op_name]
+            clashing = [k for k, n in enumerate(names) if n == op_name]
+            by_arch = len({configs[k].arch for k in clashing}) == len(clashing)
+            suggestion = [(f"{n}_sm{c.arch}" if by_arch else f"{n}_{clashing.index(k) + 1}") if n == op_name else n
+                          for k, (n, c) in enumerate(zip(names, configs))]
+            raise ValueError(
+                f"plans {j} ({configs[j].name}, sm_{configs[j].arch}) and {i} ({configs[i].name}, "
+                f"sm_{configs[i].arch}) both map to the op name {op_name!r}: give one distinct op name per plan, "
+                f"e.g. op_names={suggestion!r} (on the command line: --op-name, or op_name= in a --plan)")
+        seen[op_name] = i
+    return sorted((EmittedOp(n, c) for n, c in zip(names, configs)), key=lambda op: op.name)
+
+
+# -- rendering ----------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(templates_dir() / "emit")),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def _render(template: str, **context: Any) -> str:
+    return _environment().get_template(template).render(**context)
+
+
+def package_files(ops: Sequence[EmittedOp], name: str) -> dict[str, bytes]:
+    """{relative path: content} of the package; pure (reads only the shipped templates and headers)."""
+    check_package_name(name)
+    for op in ops:
+        check_op_name(op.name)
+    files: dict[str, bytes] = {}
+    kernels: dict[str, KernelConfig] = {}
+    for op in ops:
+        kernels.setdefault(op.config.name, op.config)
+    for kernel in sorted(kernels):
+        for filename, text in render(kernels[kernel]).items():
+            files[f"csrc/{filename}"] = text.encode()
+    root = templates_dir()
+    for header in included_headers():
+        files[f"csrc/{header.relative_to(root).as_posix()}"] = header.read_bytes()
+    archs = sorted({op.config.arch for op in ops})
+    context = {
+        "name": name,
+        "version": PACKAGE_VERSION,
+        "ops": [op.context(name) for op in ops],
+        "kernels": sorted(kernels),
+        "archs": archs,
+        "gencodes": [GENCODE[a] for a in archs],
+        "sources": ["csrc/binding.cpp", *(f"csrc/{k}.cu" for k in sorted(kernels))],
+    }
+    files["csrc/binding.cpp"] = _render("binding.cpp.j2", **context).encode()
+    files[f"{name}/__init__.py"] = _render("__init__.py.j2", **context).encode()
+    files["setup.py"] = _render("setup.py.j2", **context).encode()
+    files["pyproject.toml"] = _render("pyproject.toml.j2", **context).encode()
+    files["README.md"] = _render("README.md.j2", **context).encode()
+    files["MANIFEST.in"] = _render("MANIFEST.in.j2", **context).encode()
+    files[".gitignore"] = _render("gitignore.j2", **context).encode()
+    record = {**MARKER, "name": name, "plans": [op.plan_record() for op in ops]}
+    files[PLANS_FILE] = (json.dumps(record, indent=2) + "\n").encode()
+    return dict(sorted(files.items()))
+
+
+# -- writing ------------------------------------------------------------------------------------------
+
+def _is_emitted_package(folder: Path) -> bool:
+    try:
+        record = json.loads((folder / PLANS_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(record, dict) and all(record.get(k) == v for k, v in MARKER.items())
+
+
+def write_package(files: dict[str, bytes], out: str | os.PathLike[str]) -> Path:
+    """Write ``files`` as the folder ``out``: built beside it, then moved into place.
+
+    ``out`` may be missing, an empty folder, or a package emitted before (replaced whole, build
+    outputs included); anything else is refused, so a typo cannot delete someone's folder.
+    """
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out={str(out)!r} is a file: give a folder to write the package into")
+    if out.is_dir() and any(out.iterdir()) and not _is_emitted_package(out):
+        raise ValueError(f"out={str(out)!r} is a folder that emit did not write (no {PLANS_FILE} from gemmgen): "
+                         f"give a new or empty folder, e.g. emitted/<name>")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.emit-", dir=out.parent))
+    try:
+        for rel, data in files.items():
+            path = staging / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+            os.chmod(path, 0o644)
+        os.chmod(staging, 0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def emit(plans: Gemm | KernelConfig | Sequence[Gemm | KernelConfig], name: str, out: str | os.PathLike[str], *,
+         op_names: Sequence[str | None] | None = None) -> Path:
+    """Write a pip-installable package ``name`` with one torch op per plan into the folder ``out``.
+
+    ``op_names`` (one per plan, in order; None for the default) default to ``gemm_<dtype>_<layout>``
+    (+ ``_o<out dtype>``, + ``_dcol``). A folder emitted before is replaced; any other non-empty folder
+    is refused. Returns ``out``. Needs neither torch nor a GPU; install the result with
+    ``pip install --no-build-isolation <out>`` (torch and nvcc needed there).
+    """
+    check_package_name(name)
+    ops = resolve_ops(plans, op_names)
+    return write_package(package_files(ops, name), out)
+
+
+# -- plans files (the CLI's --plans, and the plans.json that emit writes) ------------------------------
+
+#: Keys a plan entry may have: Gemm keyword arguments, plus its op name and (checked) kernel name.
+PLAN_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
+             "tile_shape", "warps", "stages", "raster_group")
+ENTRY_KEYS = ("op_name", "kernel")
+
+
+def plans_from_entries(entries: Iterable[dict[str, Any]], defaults: dict[str, Any] | None = None,
+                       where: str = "plan") -> tuple[list[Gemm], list[str | None]]:
+    """Gemm plans and their op names (None where an entry names none) from dicts of Gemm keyword arguments.
+
+    ``defaults`` fill keys an entry leaves out; an entry's ``kernel``, when present, must be what its
+    knobs plan (so a pinned record that no longer reproduces fails loudly instead of drifting).
+    """
+    from .gemm import Gemm
+
+    plans, names = [], []
+    for i, entry in enumerate(entries):
+        label = f"{where} {i}"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{label} is {entry!r}: each plan is an object of Gemm keyword arguments, "
+                             f"e.g. {{\"dtype\": \"bf16\", \"layout\": \"tn\", \"arch\": 90}}")
+        unknown = sorted(set(entry) - set(PLAN_KEYS) - set(ENTRY_KEYS))
+        if unknown:
+            raise ValueError(f"{label} has unknown key(s) {', '.join(map(repr, unknown))}; valid keys: "
+                             f"{', '.join(PLAN_KEYS + ENTRY_KEYS)}")
+        kwargs = {**(defaults or {}), **{k: v for k, v in entry.items() if k in PLAN_KEYS}}
+        kwargs = {k: v for k, v in kwargs.items() if v is not None}
+        try:
+            plan = Gemm(**kwargs)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{label}: {err}") from None
+        kernel = entry.get("kernel")
+        if kernel is not None and kernel != plan.name:
+            raise ValueError(f"{label} records kernel {kernel!r} but its knobs now plan {plan.name!r}: "
+                             "re-emit from the original plans, or drop the 'kernel' key to accept the new one")
+        plans.append(plan)
+        names.append(entry.get("op_name"))
+    return plans, names
+
+
+def load_plans_file(path: str | os.PathLike[str], defaults: dict[str, Any] | None = None
+                    ) -> tuple[list[Gemm], list[str | None]]:
+    """Plans from a JSON file: a list of Gemm-kwargs objects, or an object with such a list under "plans"
+    (the plans.json that emit writes)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read the plans file {str(path)!r}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
+    entries = data.get("plans") if isinstance(data, dict) else data
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{str(path)!r} must hold a non-empty JSON list of plans (objects of Gemm keyword "
+                         "arguments), or an object with such a list under \"plans\"")
+    return plans_from_entries(entries, defaults, where=f"{path.name} plan")
