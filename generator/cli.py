@@ -1,7 +1,8 @@
-"""The command line: ``python -m generator plan|render|bench ...`` (also installed as ``gemmgen``).
+"""The command line: ``python -m generator plan|render|emit|bench ...`` (also installed as ``gemmgen``).
 
-``plan`` and ``render`` take the knobs of the Python API and need neither torch nor a GPU (with
-``--arch``); ``bench`` runs ``benchmarks/bench.py`` of a source checkout. A bad option value exits
+``plan``, ``render`` and ``emit`` take the knobs of the Python API and need neither torch nor a GPU
+(with ``--arch``); ``emit`` also takes several plans (``--plan``, ``--plans FILE``); ``bench`` runs
+``benchmarks/bench.py`` of a source checkout. A bad option value exits
 with status 2 and a message on stderr that lists the valid choices, as does a knob the template or the
 hardware cannot honour.
 """
@@ -17,6 +18,10 @@ from .arch import ARCHS
 from .types import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Order
 
 PROG = "python -m generator"
+#: --plan keys: Gemm keyword arguments (tile/warps also under their option names) and the op name.
+PLAN_OPTION_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
+                    "tile", "warps", "stages", "raster_group", "op_name")
+
 BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
 
 TOP_EPILOG = f"""\
@@ -24,6 +29,7 @@ examples:
   {PROG} plan --dtype bf16 --layout tn --arch 80
   {PROG} plan --dtype fp16 --layout nn --arch 90 --m 8192 --n 8192 --k 8192 --verbose
   {PROG} render --dtype bf16 --layout tn --arch 80 --tile 128x128x32 --stages 4 --out build/kernels
+  {PROG} emit --dtype bf16 --layout tn --arch 90 --name my_gemms --out emitted/my_gemms
   {PROG} bench --set square --dtypes bf16
 
 Layouts: first letter A (M x K), second B (K x N); 't' = row-major, 'n' = column-major (BLAS).
@@ -44,6 +50,24 @@ examples:
 
 The .cu files include plain CUDA headers from the templates folder: compile them with
 nvcc -I <that folder> (render prints it on stderr).
+"""
+
+EMIT_EPILOG = f"""\
+examples:
+  {PROG} emit --dtype bf16 --layout tn --arch 90 --name my_gemms --out emitted/my_gemms
+  {PROG} emit --plan "dtype=bf16,layout=tn,arch=90" --plan "dtype=fp16,layout=nn,arch=80" \\
+      --name my_gemms --out emitted/my_gemms
+  {PROG} emit --arch 80 --plan dtype=bf16 --plan "dtype=fp16,out_dtype=fp32,op_name=mm_f32" --out emitted/mm80
+  {PROG} emit --plans plans.json --name my_gemms --out emitted/my_gemms
+
+Writes a pip-installable package (torch extension) with one op per plan into --out; then
+  pip install --no-build-isolation emitted/my_gemms
+  python -c "import my_gemms; help(my_gemms)"
+A --plan is comma-separated key=value pairs: {', '.join(PLAN_OPTION_KEYS)}
+(tile=128x128x32, warps=2x4). The knobs given as options (--arch, --dtype, ...) are the defaults of
+every --plan and --plans entry. --plans takes a JSON list of objects of Gemm keyword arguments (the
+plans.json that emit writes into a package is one). Op names default to gemm_<dtype>_<layout>
+(+ _o<out dtype>, + _dcol). --name defaults to the --out folder's name. Needs neither torch nor a GPU.
 """
 
 BENCH_EPILOG = f"""\
@@ -84,6 +108,49 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _plan_option(text: str) -> dict[str, object]:
+    """An argparse type for --plan "dtype=bf16,layout=tn,arch=90": a dict of Gemm keyword arguments
+    (plus op_name). Keys and choice-valued values are checked here, so a bad one exits 2 with the choices."""
+    choices: dict[str, list[str]] = {
+        "dtype": [d.value for d in INPUT_DTYPES], "out_dtype": [d.value for d in OUTPUT_DTYPES],
+        "layout": list(LAYOUTS), "layout_a": [o.value for o in Order], "layout_b": [o.value for o in Order],
+        "layout_c": [o.value for o in Order], "arch": [str(a) for a in sorted(ARCHS)],
+    }
+    shapes = {"tile": _shape(3, "128x128x32"), "warps": _shape(2, "2x2")}
+    entry: dict[str, object] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        key, value = key.strip().replace("-", "_"), value.strip()
+        if key == "tile_shape":
+            key = "tile"
+        if not sep or key not in PLAN_OPTION_KEYS:
+            raise argparse.ArgumentTypeError(
+                f"{item!r} is not key=value with a key of {', '.join(PLAN_OPTION_KEYS)} "
+                f"(e.g. --plan \"dtype=bf16,layout=tn,arch=90\")")
+        if key in entry:
+            raise argparse.ArgumentTypeError(f"{key!r} is given twice in {text!r}")
+        if key in choices and value not in choices[key]:
+            listed = ", ".join(repr(c) if key != "arch" else c for c in choices[key])
+            raise argparse.ArgumentTypeError(f"{key}={value!r} is not a valid choice (choose from {listed})")
+        if key in shapes:
+            entry["tile_shape" if key == "tile" else key] = shapes[key](value)
+        elif key in ("arch", "m", "n", "k"):
+            entry[key] = int(value) if key == "arch" else _positive_int(value)
+        elif key in ("stages", "raster_group"):
+            try:
+                entry[key] = int(value)
+            except ValueError:
+                raise argparse.ArgumentTypeError(f"{key}={value!r} is not an integer") from None
+        else:
+            entry[key] = value
+    if not entry:
+        raise argparse.ArgumentTypeError(f"{text!r} names no knob; e.g. --plan \"dtype=bf16,layout=tn,arch=90\"")
+    return entry
+
+
+_plan_option.__name__ = "plan"  # argparse says "invalid plan value"
+
+
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to compute")
     g.add_argument("--dtype", default="bf16", choices=[d.value for d in INPUT_DTYPES],
@@ -117,7 +184,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Plan, render and benchmark GEMM kernels (gemmgen).",
         epilog=TOP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{plan,render,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{plan,render,emit,bench}")
     sub.required = True
     plan = sub.add_parser("plan", help="print the planned kernel config and its name",
                           description="Print the config the planner picks (with a 'name: <kernel name>' line) "
@@ -132,6 +199,26 @@ def build_parser() -> argparse.ArgumentParser:
                             epilog=RENDER_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_plan_options(render)
     render.add_argument("--out", required=True, metavar="DIR", help="folder to write the sources into (created)")
+    emit = sub.add_parser("emit", help="write a pip-installable package (torch extension) with one op per plan",
+                          description="Write a standalone, pip-installable package into --out: the rendered "
+                                      "kernels, the headers they include, a torch extension binding with one op "
+                                      "per plan, setup.py and pyproject.toml. Needs neither torch nor a GPU when "
+                                      "every plan has an arch.",
+                          epilog=EMIT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_plan_options(emit)
+    many = emit.add_argument_group("several plans (the options above are their defaults)")
+    many.add_argument("--plan", action="append", type=_plan_option, default=None, metavar="K=V,...",
+                      help="one plan as key=value pairs, e.g. \"dtype=bf16,layout=tn,arch=90\"; repeat for more")
+    many.add_argument("--plans", default=None, metavar="FILE",
+                      help="a JSON file: a list of objects of Gemm keyword arguments (or emit's plans.json)")
+    out = emit.add_argument_group("output")
+    out.add_argument("--name", default=None, metavar="NAME",
+                     help="package name, also the torch.ops namespace: lowercase letters, digits, '_' "
+                          "(default: the --out folder's name)")
+    out.add_argument("--op-name", action="append", default=None, metavar="OP",
+                     help="op name, one per plan in order (default: gemm_<dtype>_<layout>...)")
+    out.add_argument("--out", required=True, metavar="DIR",
+                     help="folder to write the package into (created; a package emitted there before is replaced)")
     # bench's arguments belong to benchmarks/bench.py; main() forwards them before argparse sees them.
     sub.add_parser("bench", help="run benchmarks/bench.py (ours vs torch.matmul vs Triton); needs a GPU",
                    add_help=False, epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -145,18 +232,28 @@ def _error(message: str, status: int = 2) -> int:
     return status
 
 
+def _plan_kwargs(args: argparse.Namespace) -> dict[str, object]:
+    """The Gemm keyword arguments that the knob options give."""
+    return dict(dtype=args.dtype, layout=args.layout, arch=args.arch, out_dtype=args.out_dtype,
+                layout_a=args.layout_a, layout_b=args.layout_b, layout_c=args.layout_c,
+                m=args.m, n=args.n, k=args.k, tile_shape=args.tile, warps=args.warps,
+                stages=args.stages, raster_group=args.raster_group)
+
+
+def _no_gpu_hint(err: RuntimeError) -> RuntimeError:
+    """arch=None could not detect the GPU: say how to do without one on the command line."""
+    choices = " or ".join(f"--arch {a}" for a in (80, 90))
+    return RuntimeError(f"{err} (on the command line: {choices})")
+
+
 def _make_plan(args: argparse.Namespace):
     from .gemm import Gemm
 
     try:
-        return Gemm(args.dtype, args.layout, arch=args.arch, out_dtype=args.out_dtype,
-                    layout_a=args.layout_a, layout_b=args.layout_b, layout_c=args.layout_c,
-                    m=args.m, n=args.n, k=args.k, tile_shape=args.tile, warps=args.warps,
-                    stages=args.stages, raster_group=args.raster_group)
+        return Gemm(**_plan_kwargs(args))
     except RuntimeError as err:
-        if args.arch is None:  # the GPU could not be detected: say how to do without one
-            choices = " or ".join(f"--arch {a}" for a in (80, 90))
-            raise RuntimeError(f"{err} (on the command line: {choices})") from None
+        if args.arch is None:
+            raise _no_gpu_hint(err) from None
         raise
 
 
@@ -184,6 +281,37 @@ def cmd_render(args: argparse.Namespace) -> int:
         print(path)
     print(f"# {plan.name}: the sources include headers from {templates_dir()} (nvcc -I that folder)",
           file=sys.stderr)
+    return 0
+
+
+def cmd_emit(args: argparse.Namespace) -> int:
+    from .emit import default_package_name, emit, load_plans_file, plans_from_entries, resolve_ops
+
+    defaults = {k: v for k, v in _plan_kwargs(args).items() if v is not None}
+    plans, op_names = [], []
+    try:
+        if args.plans is not None:
+            plans, op_names = load_plans_file(args.plans, defaults)
+        if args.plan:
+            more, more_names = plans_from_entries(args.plan, defaults, where="--plan")
+            plans, op_names = plans + more, op_names + more_names
+        if not plans:
+            plans, op_names = [_make_plan(args)], [None]
+    except RuntimeError as err:
+        raise _no_gpu_hint(err) from None
+    if args.op_name is not None:
+        if len(args.op_name) != len(plans):
+            raise ValueError(f"--op-name is given {len(args.op_name)} time(s) for {len(plans)} plan(s): "
+                             "give one per plan, in order, or none")
+        op_names = args.op_name
+    name = args.name if args.name is not None else default_package_name(args.out)
+    ops = resolve_ops(plans, op_names)
+    out = emit(plans, name=name, out=args.out, op_names=op_names)
+    print(f"{out}: package {name}, {len(ops)} op(s):")
+    for op in ops:
+        print(f"  {name}.{op.name}  ({op.config.dtype.value} -> {op.config.out_dtype.value}, layout "
+              f"{op.config.layout.tag}, kernel {op.config.name}, sm_{op.config.arch})")
+    print(f"install: pip install --no-build-isolation {out}")
     return 0
 
 
@@ -226,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_plan(args)
         if args.command == "render":
             return cmd_render(args)
+        if args.command == "emit":
+            return cmd_emit(args)
     except (ValueError, RuntimeError) as err:
         return _error(str(err))
     except OSError as err:

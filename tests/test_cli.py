@@ -1,6 +1,8 @@
-"""The command line: python -m generator plan|render|bench, run as a user runs it (a subprocess)."""
+"""The command line: python -m generator plan|render|emit|bench, run as a user runs it (a subprocess)."""
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,7 +117,7 @@ def test_an_override_the_planner_refuses_exits_2_with_its_reason(args, message, 
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args", [(), ("plan",), ("render",), ("bench",)])
+@pytest.mark.parametrize("args", [(), ("plan",), ("render",), ("emit",), ("bench",)])
 def test_help(args):
     r = cli(*args, "--help")
     assert r.returncode == 0, r.stderr
@@ -125,15 +127,22 @@ def test_help(args):
 
 
 def test_help_shows_examples():
-    for args in ((), ("plan",), ("render",)):
+    for args in ((), ("plan",), ("render",), ("emit",)):
         r = cli(*args, "--help")
         assert "examples:" in r.stdout and "--arch 80" in r.stdout
+
+
+def test_top_level_help_lists_every_command():
+    r = cli("--help")
+    assert "{plan,render,emit,bench}" in r.stdout
+    for command in ("plan", "render", "emit", "bench"):
+        assert re.search(rf"^\s+{command}\s+\S", r.stdout, re.M), f"{command} is not listed with a summary"
 
 
 def test_no_command_exits_2():
     r = cli()
     assert r.returncode == 2
-    assert "plan" in r.stderr and "render" in r.stderr
+    assert "plan" in r.stderr and "render" in r.stderr and "emit" in r.stderr
 
 
 def test_plan_and_render_do_not_import_torch(tmp_path):
@@ -167,3 +176,95 @@ def test_bench_forwards_its_arguments(tmp_path, monkeypatch, capsys):
     assert cli_module.main(["bench", "--set", "square", "--no-triton"]) == 3
     out = capsys.readouterr().out
     assert "ARGS ['--set', 'square', '--no-triton'] python -m generator bench" in out
+
+
+# -- emit ---------------------------------------------------------------------------------------------
+
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_emit_one_plan_from_the_knobs(tmp_path):
+    from generator import Gemm, emit
+
+    out = tmp_path / "pkg"
+    r = cli("emit", "--dtype", "fp16", "--layout", "tt", "--arch", "80", "--stages", "3", "--name", "my_gemms",
+            "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "gemm_fp16_tt" in r.stdout and "pip install --no-build-isolation" in r.stdout
+    expected = emit([Gemm("fp16", "tt", arch=80, stages=3)], name="my_gemms", out=tmp_path / "api")
+    assert files_of(out) == files_of(expected)
+
+
+def test_emit_several_plans_and_op_names(tmp_path):
+    r = cli("emit", "--arch", "80", "--plan", "dtype=bf16", "--plan", "dtype=fp16,out_dtype=fp32,op_name=mm_f32",
+            "--plan", "layout=nt,layout_c=col,arch=90,tile=128x128x32,warps=2x2,stages=3,raster_group=4",
+            "--out", str(tmp_path / "mm"))
+    assert r.returncode == 0, r.stderr
+    plans = json.loads((tmp_path / "mm" / "plans.json").read_text())
+    assert plans["name"] == "mm"  # --name defaults to the folder's name
+    got = {p["op_name"]: (p["kernel"], p["arch"]) for p in plans["plans"]}
+    assert got == {"gemm_bf16_tn": ("sm80_bf16_tn_128x256x32_w2x4_s4_g8", 80),
+                   "mm_f32": ("sm80_fp16_tn_128x256x32_w2x4_s4_g8_ofp32", 80),
+                   "gemm_bf16_nt_dcol": ("sm80_bf16_nt_dcol_128x128x32_w2x2_s3_g4", 90)}
+    r = cli("emit", "--arch", "80", "--plan", "dtype=bf16", "--plan", "dtype=fp16", "--op-name", "a", "--op-name", "b",
+            "--name", "ab", "--out", str(tmp_path / "ab"))
+    assert r.returncode == 0, r.stderr
+    assert [p["op_name"] for p in json.loads((tmp_path / "ab" / "plans.json").read_text())["plans"]] == ["a", "b"]
+
+
+def test_emit_from_a_plans_file(tmp_path):
+    (tmp_path / "plans.json").write_text(json.dumps([{"dtype": "bf16", "layout": "tn", "arch": 90},
+                                                     {"dtype": "fp16", "layout": "nn", "arch": 80}]))
+    r = cli("emit", "--plans", str(tmp_path / "plans.json"), "--name", "my_gemms", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    # the plans.json that emit writes is a plans file too, and re-emits the same package
+    r = cli("emit", "--plans", str(tmp_path / "a" / "plans.json"), "--name", "my_gemms", "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--plan", "dtype=fp8"), "dtype='fp8' is not a valid choice (choose from 'fp16', 'bf16')"),
+    (("--plan", "layout=xy"), "layout='xy' is not a valid choice (choose from 'nn', 'nt', 'tn', 'tt')"),
+    (("--plan", "arch=70"), "arch='70' is not a valid choice (choose from 80, 86, 89, 90)"),
+    (("--plan", "colour=red"), "with a key of dtype, out_dtype, layout"),
+    (("--plan", "tile=128x128"), "3 positive integers joined by 'x'"),
+    (("--plan", "stages=9"), "stages=9: the multistage pipeline takes 2 to 8 stages"),
+    (("--layout", "xx"), "invalid choice: 'xx' (choose from 'nn', 'nt', 'tn', 'tt')"),
+    (("--name", "my-gemms"), "name='my-gemms' is not allowed"),
+    (("--name", "import"), "is a Python keyword"),
+    (("--name", "a;rm -rf"), "regex ^[a-z_][a-z0-9_]*$"),
+    (("--op-name", "Ab"), "op name='Ab' is not allowed"),
+    (("--op-name", "a", "--op-name", "b"), "--op-name is given 2 time(s) for 1 plan(s)"),
+    (("--plan", "dtype=bf16", "--plan", "dtype=bf16"), "both map to the op name 'gemm_bf16_tn'"),
+    (("--plans", "missing.json"), "cannot read the plans file"),
+])
+def test_emit_bad_values_exit_2(tmp_path, args, message):
+    if "--name" not in args:
+        args = (*args, "--name", "pkg")
+    r = cli("emit", "--arch", "80", *args, "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_emit_needs_out_and_refuses_a_folder_it_did_not_write(tmp_path):
+    r = cli("emit", "--arch", "80")
+    assert r.returncode == 2 and "--out" in r.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    r = cli("emit", "--arch", "80", "--name", "x", "--out", str(tmp_path / "mine"))
+    assert r.returncode == 2 and "emit did not write" in r.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_emit_does_not_import_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from generator.cli import main\n"
+        f"assert main(['emit', '--arch', '90', '--plan', 'dtype=fp16', '--plan', 'dtype=bf16', '--out', {str(tmp_path / 'p')!r}]) == 0\n"
+        "assert 'torch' not in sys.modules, 'emit imported torch'\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
