@@ -1,18 +1,64 @@
-"""The committed example under emitted/ equals a fresh rendering of its plan."""
+"""The committed example under emitted/ equals a fresh emit of its plans, byte for byte.
+
+A template, renderer, planner or emit change therefore shows up as a diff of emitted/gemmgen_example/
+in review; regenerate with the command in emitted/README.md (checked here to be the one that the test runs).
+"""
 from __future__ import annotations
 
-import json
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
-from generator import Gemm
+from generator import Gemm, emit
+from generator.emit import load_plans_file
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "emitted" / "example_sm80_bf16_tn"
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "emitted" / "gemmgen_example"
+NAME = "gemmgen_example"
+PLANS = ["dtype=bf16,layout=tn,arch=90", "dtype=fp16,layout=nn,arch=80"]
+REGENERATE = ["python", "-m", "generator", "emit", *(a for p in PLANS for a in ("--plan", p)), "--name", NAME,
+              "--out", "emitted/gemmgen_example"]
+HINT = "regenerate it with the command in emitted/README.md"
 
 
-def test_committed_example_matches_fresh_render():
-    plan = Gemm(**json.loads((EXAMPLE / "plan.json").read_text()))
-    fresh = plan.render()
-    committed = {p.name: p.read_text() for p in EXAMPLE.glob("*.cu")}
-    assert committed.keys() == fresh.keys(), "regenerate: see emitted/README.md"
-    for name, text in fresh.items():
-        assert committed[name] == text, f"{name} differs from a fresh render: see emitted/README.md"
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def assert_same_tree(fresh: Path) -> None:
+    committed, emitted = tree(EXAMPLE), tree(fresh)
+    assert sorted(committed) == sorted(emitted), f"the committed example has other files than a fresh emit: {HINT}"
+    for rel, data in emitted.items():
+        assert committed[rel] == data, f"emitted/gemmgen_example/{rel} differs from a fresh emit: {HINT}"
+
+
+def test_the_readme_gives_the_command_this_test_runs():
+    lines = [line.strip() for line in (ROOT / "emitted" / "README.md").read_text().splitlines()]
+    commands = [shlex.split(line) for line in lines if line.startswith("python -m generator emit")]
+    assert commands == [REGENERATE]
+
+
+def test_committed_example_matches_a_fresh_emit_from_the_command_line(tmp_path):
+    out = tmp_path / NAME
+    r = subprocess.run([sys.executable, *REGENERATE[1:-1], str(out)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert_same_tree(out)
+
+
+def test_committed_example_matches_a_fresh_emit_of_its_plans_json(tmp_path):
+    plans, op_names = load_plans_file(EXAMPLE / "plans.json")
+    out = emit(plans, name=NAME, out=tmp_path / "again", op_names=op_names)
+    assert_same_tree(out)
+
+
+def test_committed_example_holds_sources_only():
+    names = tree(EXAMPLE)
+    built = [n for n in names if n.endswith((".so", ".o", ".pyc", ".whl")) or n.startswith(("build/", "dist/"))
+             or ".egg-info" in n]
+    assert not built, f"build outputs are committed: {built}"
+    assert {"setup.py", "pyproject.toml", "README.md", "plans.json", f"{NAME}/__init__.py", "csrc/binding.cpp"} <= set(names)
+    kernels = sorted(n for n in names if n.endswith(".cu"))
+    assert kernels == sorted(f"csrc/{Gemm(**kw).name}.cu" for kw in (dict(dtype="bf16", layout="tn", arch=90),
+                                                                   dict(dtype="fp16", layout="nn", arch=80)))

@@ -1,0 +1,44 @@
+// Conversions from fp32 accumulators to the output element type, one overload per type.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace gemmgen {
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <typename T>
+__device__ __forceinline__ float to_float(T x);
+template <>
+__device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+// Two neighbouring outputs stored with one access (4 bytes for 16-bit types, 8 for fp32).
+template <typename T>
+struct Pair;
+template <>
+struct Pair<float> {
+  using type = float2;
+  __device__ __forceinline__ static float2 make(float x, float y) { return make_float2(x, y); }
+};
+template <>
+struct Pair<__half> {
+  using type = __half2;
+  __device__ __forceinline__ static __half2 make(float x, float y) { return __floats2half2_rn(x, y); }
+};
+template <>
+struct Pair<__nv_bfloat16> {
+  using type = __nv_bfloat162;
+  __device__ __forceinline__ static __nv_bfloat162 make(float x, float y) { return __floats2bfloat162_rn(x, y); }
+};
+
+}  // namespace gemmgen

@@ -1,0 +1,51 @@
+// Host side of a generated kernel library: pick the kernel an operand set allows, size the grid,
+// raise the shared-memory limit once per device, launch on the caller's stream.
+#pragma once
+
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include "gemm_args.h"
+#include "gemm_unaligned.cuh"
+
+namespace gemmgen {
+
+constexpr int kMaxDevices = 64;
+constexpr int kFastAlignBytes = 16;  // cp.async moves 16-byte chunks
+
+// The fast kernels copy 16-byte chunks: each operand's base address and leading dimension must
+// keep every chunk 16-byte aligned. Anything else takes the unaligned kernel.
+template <class Cfg>
+inline GemmPath choose_path(const GemmArgs& args) {
+  const int64_t elem = sizeof(typename Cfg::Elem);
+  const bool a_ok = reinterpret_cast<uintptr_t>(args.a) % kFastAlignBytes == 0 && (args.lda * elem) % kFastAlignBytes == 0;
+  const bool b_ok = reinterpret_cast<uintptr_t>(args.b) % kFastAlignBytes == 0 && (args.ldb * elem) % kFastAlignBytes == 0;
+  return a_ok && b_ok ? GEMM_PATH_FAST : GEMM_PATH_UNALIGNED;
+}
+
+template <class Cfg>
+inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), int smem_bytes, const GemmArgs* args,
+                  cudaStream_t stream) {
+  if (args->m <= 0 || args->n <= 0) return 0;
+  if (choose_path<Cfg>(*args) == GEMM_PATH_UNALIGNED) {
+    const int64_t tiles = ((args->m + unaligned::kTile - 1) / unaligned::kTile) *
+                          ((args->n + unaligned::kTile - 1) / unaligned::kTile);
+    slow<<<static_cast<unsigned>(tiles), unaligned::kThreads, 0, stream>>>(*args);
+    return static_cast<int>(cudaGetLastError());
+  }
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  // Kernels may ask for more than 48 KB of shared memory only after opting in, once per device.
+  static bool smem_raised[kMaxDevices] = {};
+  if (device >= kMaxDevices || !smem_raised[device]) {
+    err = cudaFuncSetAttribute(fast, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    if (device < kMaxDevices) smem_raised[device] = true;
+  }
+  const int64_t tiles = ((args->m + Cfg::kBlockM - 1) / Cfg::kBlockM) * ((args->n + Cfg::kBlockN - 1) / Cfg::kBlockN);
+  fast<<<static_cast<unsigned>(tiles), Cfg::kThreads, smem_bytes, stream>>>(*args);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace gemmgen

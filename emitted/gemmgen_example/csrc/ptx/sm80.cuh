@@ -1,0 +1,82 @@
+// PTX wrappers for the sm80 GEMM family: cp.async, ldmatrix, mma.sync.
+// One small __device__ helper per instruction, each naming the PTX ISA section it follows
+// (section numbers as in the PTX ISA 8.x/9.0 manuals, titles given so they survive renumbering).
+#pragma once
+
+#include <cstdint>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace gemmgen {
+namespace ptx {
+
+// Shared-memory pointer as the 32-bit address the .shared state space instructions take.
+// PTX ISA §9.7.9.21 "Data Movement and Conversion Instructions: cvta".
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// 16-byte global -> shared copy that bypasses L1 (.cg), zero-filling the bytes past `src_bytes`.
+// src_bytes = 0 copies nothing and writes 16 zero bytes: this is how ragged edges are predicated.
+// PTX ISA §9.7.9.25.3.1 "Data Movement and Conversion Instructions: cp.async".
+__device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
+               : "memory");
+}
+
+// Close the group of cp.async issued so far by this thread.
+// PTX ISA §9.7.9.25.3.2 "Data Movement and Conversion Instructions: cp.async.commit_group".
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N of this thread's committed groups are still in flight.
+// PTX ISA §9.7.9.25.3.3 "Data Movement and Conversion Instructions: cp.async.wait_group".
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices from shared memory; lane i supplies the row address of matrix i/8, row i%8.
+// PTX ISA §9.7.14.5.15 "Warp-level matrix load instruction: ldmatrix".
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The same, transposed: lane t receives column t/4 of each stored 8x8 matrix (rows 2*(t%4), +1).
+// PTX ISA §9.7.14.5.15 "Warp-level matrix load instruction: ldmatrix" (.trans).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// D = A * B + D for one m16n8k16 tile, A row fragment, B column fragment, fp32 accumulators.
+// PTX ISA §9.7.14.5.14 "Multiply-and-Accumulate Instruction: mma" (shape .m16n8k16).
+template <typename T>
+struct MmaM16N8K16;
+
+template <>
+struct MmaM16N8K16<__half> {
+  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+template <>
+struct MmaM16N8K16<__nv_bfloat16> {
+  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+}  // namespace ptx
+}  // namespace gemmgen

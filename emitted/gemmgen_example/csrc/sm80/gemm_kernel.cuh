@@ -1,0 +1,347 @@
+// The sm80 GEMM family: a multistage cp.async pipeline into XOR-swizzled shared memory,
+// ldmatrix(.trans) to registers and mma.sync m16n8k16 with fp32 accumulators.
+//
+// A generated kernel supplies a Config struct of compile-time constants (see sm80/gemm.cu.j2)
+// and calls gemm_block<Config>. Everything below is ordinary C++ over those constants.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "../common/convert.cuh"
+#include "../common/gemm_args.h"
+#include "../ptx/sm80.cuh"
+
+namespace gemmgen {
+namespace sm80 {
+
+constexpr int kChunkBytes = 16;  // one cp.async and one ldmatrix row
+constexpr int kLineBytes = 128;  // 32 banks x 4 bytes: the span a conflict-free access must cover
+constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
+
+// An operand tile of ROWS x COLS 16-bit elements in shared memory, COLS contiguous, stored as
+// 16-byte chunks whose position within their row is XOR-ed with the row's index. The eight
+// addresses of one ldmatrix phase (eight consecutive rows, one logical chunk) and the eight chunks
+// a cp.async phase writes then fall in eight different 16-byte bank groups: no bank conflicts.
+template <int ROWS, int COLS>
+struct SwizzledTile {
+  static constexpr int kChunkElems = kChunkBytes / 2;
+  static constexpr int kChunksPerRow = COLS / kChunkElems;
+  static constexpr int kRowsPerLine = kChunksPerRow >= 8 ? 1 : 8 / kChunksPerRow;
+  static constexpr int kSwizzleSpan = kChunksPerRow >= 8 ? 8 : kChunksPerRow;
+  static constexpr int kElems = ROWS * COLS;
+  static_assert(COLS * 2 >= 64, "rows of at least 64 bytes keep the swizzle conflict-free");
+
+  // Byte offset of chunk `chunk` of row `row`.
+  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    const int physical = chunk ^ ((row / kRowsPerLine) % kSwizzleSpan);
+    return static_cast<uint32_t>((row * COLS + physical * kChunkElems) * 2);
+  }
+};
+
+// Copies one operand's slice of a block tile from global to shared memory, one k tile at a time.
+// The shared tile is OUTER x INNER with INNER contiguous in both memories. K_INNER: K is the inner
+// dimension (a K-major operand: rows are M or N); otherwise K is the outer one (an M/N-major operand).
+// Every thread owns the chunks tid, tid + THREADS, ...: they share one inner position and step
+// through rows, so one base pointer and one validity value per thread describe them all.
+template <typename Elem, int OUTER, int INNER, bool K_INNER, int THREADS>
+struct TileLoader {
+  using Tile = SwizzledTile<OUTER, INNER>;
+  static constexpr int kChunkElems = Tile::kChunkElems;
+  static constexpr int kChunks = OUTER * INNER / kChunkElems;
+  static constexpr int kPerThread = kChunks / THREADS;
+  static constexpr int kRowStep = THREADS / Tile::kChunksPerRow;  // rows between a thread's chunks
+  static constexpr int kBlockK = K_INNER ? INNER : OUTER;
+  static_assert(kChunks % THREADS == 0, "each thread copies a whole number of chunks");
+  static_assert(THREADS % Tile::kChunksPerRow == 0, "a thread's chunks share one inner position");
+
+  const Elem* base;       // the operand itself: a safe address for copies that read nothing
+  const Elem* next;       // this thread's first chunk in the next k tile
+  int64_t row_stride;     // elements between this thread's consecutive chunks
+  int64_t k_tile_stride;  // elements from one k tile to the next
+  int row0, chunk;        // this thread's first row and its chunk within the row
+  int inner_bytes;        // K_INNER: unused; else bytes of the chunk inside M (or N)
+  uint32_t row_valid;     // K_INNER: bit i set when chunk i's row lies inside M (or N)
+
+  // mn0: the block's first row (A) or column (B); mn_extent: M or N; ld: leading dimension.
+  __device__ __forceinline__ void init(const Elem* operand, int64_t ld, int mn0, int mn_extent, int tid) {
+    base = operand;
+    row0 = tid / Tile::kChunksPerRow;
+    chunk = tid % Tile::kChunksPerRow;
+    row_stride = kRowStep * ld;
+    if (K_INNER) {
+      k_tile_stride = kBlockK;
+      row_valid = 0;
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i)
+        row_valid |= (mn0 + row0 + i * kRowStep < mn_extent ? 1u : 0u) << i;
+      // Rows past the edge read nothing; point them at row 0 so no address leaves the operand.
+      const int first_row = mn0 + row0 < mn_extent ? mn0 + row0 : 0;
+      next = operand + first_row * ld + chunk * kChunkElems;
+      inner_bytes = kChunkBytes;
+    } else {
+      k_tile_stride = kBlockK * ld;
+      const int mn = mn0 + chunk * kChunkElems;
+      const int left = mn_extent - mn;
+      inner_bytes = left <= 0 ? 0 : (left >= kChunkElems ? kChunkBytes : left * 2);
+      row_valid = ~0u;
+      next = operand + row0 * ld + (inner_bytes ? mn : 0);
+    }
+  }
+
+  // Issue the copies of one whole k tile (no clipping along K) into the stage at `stage_smem`.
+  // This is the main loop's path, so it does the least work per chunk: one address, one select.
+  // EDGE: the block's tile crosses the end of M or N, so some of this thread's rows may lie outside
+  // the operand. Interior blocks (all but the last row and column of tiles) skip those selects.
+  template <bool EDGE>
+  __device__ __forceinline__ void load_full(uint32_t stage_smem) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const bool valid = !(K_INNER && EDGE) || ((row_valid >> i) & 1u);
+      ptx::cp_async_16_zfill(stage_smem + smem_offset(i), valid ? next + i * row_stride : base,
+                             valid ? inner_bytes : 0);
+    }
+    next += k_tile_stride;
+  }
+
+  // The last, ragged k tile: clip along K as well. k_left = K - (first k of the tile) < kBlockK.
+  __device__ __forceinline__ void load_partial(uint32_t stage_smem, int k_left) {
+#pragma unroll
+    for (int i = 0; i < kPerThread; ++i) {
+      const int row = row0 + i * kRowStep;
+      int bytes = (row_valid >> i) & 1u ? inner_bytes : 0;
+      if (K_INNER) {
+        const int k_elems = k_left - chunk * kChunkElems;
+        bytes = k_elems <= 0 ? 0 : (k_elems >= kChunkElems ? bytes : (bytes ? k_elems * 2 : 0));
+      } else if (row >= k_left) {
+        bytes = 0;
+      }
+      // A copy that reads nothing still needs an address inside the operand.
+      ptx::cp_async_16_zfill(stage_smem + smem_offset(i), bytes ? next + i * row_stride : base, bytes);
+    }
+    next += k_tile_stride;
+  }
+
+  // Shared-memory byte offset of chunk i; a compile-time stride from chunk 0 when the rows between a
+  // thread's chunks span whole swizzle periods (the usual case), so the copies use immediate offsets.
+  __device__ __forceinline__ uint32_t smem_offset(int i) const {
+    constexpr int kSwizzlePeriod = Tile::kRowsPerLine * Tile::kSwizzleSpan;
+    if (kRowStep % kSwizzlePeriod == 0) return Tile::offset(row0, chunk) + i * kRowStep * INNER * 2;
+    return Tile::offset(row0 + i * kRowStep, chunk);
+  }
+};
+
+// Which output tile this block computes: blocks walk GROUP_M tile rows together, column by column,
+// so that consecutive blocks share A rows and B columns in L2 (Triton's grouped ordering).
+template <int GROUP_M>
+__device__ __forceinline__ void raster_tile(int block, int tiles_m, int tiles_n, int& tile_m, int& tile_n) {
+  const int per_group = GROUP_M * tiles_n;
+  const int group = block / per_group;
+  const int first_m = group * GROUP_M;
+  const int rows = min(tiles_m - first_m, GROUP_M);
+  const int in_group = block - group * per_group;
+  tile_m = first_m + in_group % rows;
+  tile_n = in_group / rows;
+}
+
+template <class Cfg>
+struct Kernel {
+  using Elem = typename Cfg::Elem;
+  using Out = typename Cfg::Out;
+  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, BK = Cfg::kBlockK;
+  static constexpr int WARPS_M = Cfg::kWarpsM, WARPS_N = Cfg::kWarpsN;
+  static constexpr int STAGES = Cfg::kStages;
+  static constexpr int THREADS = WARPS_M * WARPS_N * 32;
+  static constexpr int WARP_M = BM / WARPS_M, WARP_N = BN / WARPS_N;
+  static constexpr int MMA_TILES_M = WARP_M / kMmaM, MMA_TILES_N = WARP_N / kMmaN;
+  static constexpr int K_STEPS = BK / kMmaK;
+  static constexpr bool A_K_MAJOR = Cfg::kAKMajor, B_K_MAJOR = Cfg::kBKMajor, D_ROW_MAJOR = Cfg::kDRowMajor;
+
+  using ATile = std::conditional_t<A_K_MAJOR, SwizzledTile<BM, BK>, SwizzledTile<BK, BM>>;
+  using BTile = std::conditional_t<B_K_MAJOR, SwizzledTile<BN, BK>, SwizzledTile<BK, BN>>;
+  using ALoader = TileLoader<Elem, (A_K_MAJOR ? BM : BK), (A_K_MAJOR ? BK : BM), A_K_MAJOR, THREADS>;
+  using BLoader = TileLoader<Elem, (B_K_MAJOR ? BN : BK), (B_K_MAJOR ? BK : BN), B_K_MAJOR, THREADS>;
+  static constexpr uint32_t A_STAGE_BYTES = ATile::kElems * 2, B_STAGE_BYTES = BTile::kElems * 2;
+  static constexpr uint32_t STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
+  static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+  static_assert(K_STEPS >= 2, "the fragment double buffer assumes at least two k steps per tile");
+  static_assert(MMA_TILES_N % 2 == 0, "B fragments are loaded two n8 tiles at a time");
+
+  // Registers holding one k step's operands for the warp's whole tile.
+  struct Fragments {
+    uint32_t a[MMA_TILES_M][4];
+    uint32_t b[MMA_TILES_N][2];
+  };
+
+  __device__ __forceinline__ static void load_fragments(Fragments& f, uint32_t stage, int ks, int warp_m0,
+                                                        int warp_n0, int lane) {
+    const uint32_t a_smem = stage, b_smem = stage + A_STAGE_BYTES;
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt) {
+      const int m = warp_m0 + mt * kMmaM;
+      if (A_K_MAJOR) {  // rows are m: matrices (m0-7,k0-7) (m8-15,k0-7) (m0-7,k8-15) (m8-15,k8-15)
+        const int row = m + (lane % 8) + 8 * ((lane / 8) % 2);
+        ptx::ldmatrix_x4(f.a[mt], a_smem + ATile::offset(row, ks * 2 + lane / 16));
+      } else {  // rows are k: the same four matrices, read transposed
+        const int row = ks * kMmaK + (lane % 8) + 8 * (lane / 16);
+        ptx::ldmatrix_x4_trans(f.a[mt], a_smem + ATile::offset(row, m / 8 + (lane / 8) % 2));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < MMA_TILES_N / 2; ++np) {
+      const int n = warp_n0 + np * 2 * kMmaN;
+      uint32_t r[4];
+      if (B_K_MAJOR) {  // rows are n: matrices (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15)
+        const int row = n + (lane % 8) + 8 * (lane / 16);
+        ptx::ldmatrix_x4(r, b_smem + BTile::offset(row, ks * 2 + (lane / 8) % 2));
+      } else {  // rows are k: the same four matrices, read transposed
+        const int row = ks * kMmaK + (lane % 8) + 8 * ((lane / 8) % 2);
+        ptx::ldmatrix_x4_trans(r, b_smem + BTile::offset(row, n / 8 + lane / 16));
+      }
+      f.b[2 * np][0] = r[0];
+      f.b[2 * np][1] = r[1];
+      f.b[2 * np + 1][0] = r[2];
+      f.b[2 * np + 1][1] = r[3];
+    }
+  }
+
+  __device__ __forceinline__ static void mma_all(float (&acc)[MMA_TILES_M][MMA_TILES_N][4], const Fragments& f) {
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < MMA_TILES_N; ++nt) {
+        // Serpentine order along n reuses the last B fragment between rows.
+        const int n = (mt % 2) ? MMA_TILES_N - 1 - nt : nt;
+        ptx::MmaM16N8K16<Elem>::run(acc[mt][n], f.a[mt], f.b[n]);
+      }
+  }
+
+  // fp32 accumulators -> D, clipped to M x N. Row-major D stores neighbouring columns in pairs.
+  __device__ __forceinline__ static void store(const GemmArgs& args, const float (&acc)[MMA_TILES_M][MMA_TILES_N][4],
+                                               int row_base, int col_base, int lane) {
+    Out* d = static_cast<Out*>(args.d);
+    const int M = static_cast<int>(args.m), N = static_cast<int>(args.n);
+    const int64_t ldd = args.ldd;
+    using Pair = gemmgen::Pair<Out>;
+    const bool pairs_aligned =
+        reinterpret_cast<uintptr_t>(d) % sizeof(typename Pair::type) == 0 && ldd % 2 == 0;
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < MMA_TILES_N; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = row_base + mt * kMmaM + lane / 4 + half * 8;
+          const int col = col_base + nt * kMmaN + (lane % 4) * 2;
+          const float v0 = acc[mt][nt][2 * half], v1 = acc[mt][nt][2 * half + 1];
+          if (row >= M) continue;
+          if (D_ROW_MAJOR) {
+            Out* p = d + row * ldd + col;
+            if (pairs_aligned && col + 1 < N) {
+              *reinterpret_cast<typename Pair::type*>(p) = Pair::make(v0, v1);
+            } else {
+              if (col < N) p[0] = from_float<Out>(v0);
+              if (col + 1 < N) p[1] = from_float<Out>(v1);
+            }
+          } else {
+            if (col < N) d[col * ldd + row] = from_float<Out>(v0);
+            if (col + 1 < N) d[(col + 1) * ldd + row] = from_float<Out>(v1);
+          }
+        }
+  }
+
+  // Start the copies of k tile `tile` into one stage: whole tiles take the cheap path.
+  template <bool EDGE>
+  __device__ __forceinline__ static void load_stage(ALoader& a, BLoader& b, uint32_t stage, int tile, int full_tiles,
+                                                    int k_tiles, int K) {
+    if (tile < full_tiles) {
+      a.template load_full<EDGE>(stage);
+      b.template load_full<EDGE>(stage + A_STAGE_BYTES);
+    } else if (tile < k_tiles) {
+      a.load_partial(stage, K - tile * BK);
+      b.load_partial(stage + A_STAGE_BYTES, K - tile * BK);
+    }
+  }
+
+  // The pipelined k loop for one block tile. Instantiated twice: interior blocks (EDGE = false) and
+  // blocks on the last row or column of tiles, so that the common case carries no edge predicates.
+  template <bool EDGE>
+  __device__ __forceinline__ static void mainloop(ALoader& a_loader, BLoader& b_loader, uint32_t smem_base, int K,
+                                                  int warp_m0, int warp_n0, int lane,
+                                                  float (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
+    const int k_tiles = (K + BK - 1) / BK;
+    const int full_tiles = K / BK;  // tiles that need no clipping along K
+    // Prologue: STAGES-1 tiles in flight, one commit group each (empty groups keep the count right).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+      load_stage<EDGE>(a_loader, b_loader, smem_base + s * STAGE_BYTES, s, full_tiles, k_tiles, K);
+      ptx::cp_async_commit();
+    }
+    ptx::cp_async_wait<STAGES - 2>();
+    __syncthreads();
+
+    Fragments frag[2];
+    int read_stage = 0, write_stage = STAGES - 1, load_tile = STAGES - 1;
+    load_fragments(frag[0], smem_base, 0, warp_m0, warp_n0, lane);
+
+    for (int kt = 0; kt < k_tiles; ++kt) {
+#pragma unroll
+      for (int ks = 0; ks < K_STEPS; ++ks) {
+        if (ks == K_STEPS - 1) {
+          // The next tile must have landed, and every warp must be done with the stage the
+          // next load overwrites, before we read on.
+          ptx::cp_async_wait<STAGES - 2>();
+          __syncthreads();
+          read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
+        }
+        load_fragments(frag[(ks + 1) % 2], smem_base + read_stage * STAGE_BYTES, (ks + 1) % K_STEPS, warp_m0,
+                       warp_n0, lane);
+        if (ks == 0) {
+          // Refill the stage every warp finished reading before the last barrier.
+          load_stage<EDGE>(a_loader, b_loader, smem_base + write_stage * STAGE_BYTES, load_tile, full_tiles,
+                           k_tiles, K);
+          ptx::cp_async_commit();
+          ++load_tile;
+          write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
+        }
+        mma_all(acc, frag[ks % 2]);
+      }
+    }
+    ptx::cp_async_wait<0>();
+  }
+
+  __device__ __forceinline__ static void run(const GemmArgs& args, char* smem) {
+    const int M = static_cast<int>(args.m), N = static_cast<int>(args.n), K = static_cast<int>(args.k);
+    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
+    int tile_m, tile_n;
+    raster_tile<Cfg::kRasterGroup>(blockIdx.x, tiles_m, tiles_n, tile_m, tile_n);
+    const int block_m0 = tile_m * BM, block_n0 = tile_n * BN;
+
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int warp_m0 = (warp / WARPS_N) * WARP_M, warp_n0 = (warp % WARPS_N) * WARP_N;
+
+    ALoader a_loader;
+    BLoader b_loader;
+    a_loader.init(static_cast<const Elem*>(args.a), args.lda, block_m0, M, tid);
+    b_loader.init(static_cast<const Elem*>(args.b), args.ldb, block_n0, N, tid);
+    const uint32_t smem_base = ptx::smem_addr(smem);
+
+    float acc[MMA_TILES_M][MMA_TILES_N][4];
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < MMA_TILES_N; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+
+    if (block_m0 + BM <= M && block_n0 + BN <= N) {
+      mainloop<false>(a_loader, b_loader, smem_base, K, warp_m0, warp_n0, lane, acc);
+    } else {
+      mainloop<true>(a_loader, b_loader, smem_base, K, warp_m0, warp_n0, lane, acc);
+    }
+    store(args, acc, block_m0 + warp_m0, block_n0 + warp_n0, lane);
+  }
+};
+
+}  // namespace sm80
+}  // namespace gemmgen
