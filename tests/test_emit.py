@@ -1,0 +1,436 @@
+"""emit: the package it writes, its determinism, the names it refuses, and (one build per session) the
+wheel that the package builds on a machine without a GPU, installed and imported where gemmgen is not."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from generator import Gemm, emit
+from generator.emit import GENCODE, load_plans_file, resolve_ops
+from generator.render import included_headers, templates_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def two_plans() -> list[Gemm]:
+    return [Gemm("bf16", "tn", arch=90), Gemm("fp16", "nt", arch=80, out_dtype="fp32", layout_c="col")]
+
+
+# -- what emit writes -------------------------------------------------------------------------------
+
+def test_emit_writes_a_complete_package(tmp_path):
+    plans = two_plans()
+    out = emit(plans, name="my_gemms", out=tmp_path / "pkg")
+    assert out == tmp_path / "pkg"
+    files = tree(out)
+    headers = {f"csrc/{h.relative_to(templates_dir()).as_posix()}": h.read_bytes() for h in included_headers()}
+    kernels = {f"csrc/{name}": text.encode() for p in plans for name, text in p.render().items()}
+    expected = {".gitignore", "MANIFEST.in", "README.md", "plans.json", "pyproject.toml", "setup.py",
+                "csrc/binding.cpp", "my_gemms/__init__.py", *headers, *kernels}
+    assert set(files) == expected
+    for rel, data in {**headers, **kernels}.items():  # kernels as rendered, headers copied byte for byte
+        assert files[rel] == data, rel
+    assert "csrc/common/gemm_args.h" in files and "csrc/sm80/gemm_kernel.cuh" in files
+
+
+def test_the_ops_and_their_names(tmp_path):
+    out = emit(two_plans(), name="my_gemms", out=tmp_path / "pkg")
+    binding = (out / "csrc" / "binding.cpp").read_text()
+    init = (out / "my_gemms" / "__init__.py").read_text()
+    ops = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]
+    assert "TORCH_LIBRARY(my_gemms, m)" in binding
+    assert "TORCH_LIBRARY_IMPL(my_gemms, Meta, m)" in binding
+    for op in ops:
+        assert f'm.def("{op}(Tensor A, Tensor B) -> Tensor");' in binding
+        assert f'm.def("{op}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)");' in binding
+        assert f"def {op}(A, B, *, out=None):" in init
+        assert f"_OPS.{op}.default(A, B)" in init
+    assert "from . import _C" in init and '__all__ = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]' in init
+    for plan in two_plans():  # every kernel's C entry points are declared and used
+        assert f"int {plan.name}_launch(const GemmArgs* args, void* stream);" in binding
+        assert f"/*launch=*/{plan.name}_launch," in binding
+    # the docstrings state dtype, out dtype, storage with shapes and strides, kernel and arch
+    doc = init.split("def gemm_fp16_nt_ofp32_dcol")[1]
+    assert "fp16 (torch.float16) inputs, fp32 (torch.float32) output" in doc
+    assert "A:   (M, K) torch.float16, column-major, strides (1, lda)" in doc
+    assert "B:   (K, N) torch.float16, row-major, strides (ldb, 1)" in doc
+    assert "D:   (M, N) torch.float32, column-major, strides (1, M): torch.empty(N, M).t()" in doc
+    assert "Kernel sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8_ofp32" in doc and "planned for sm_80" in doc
+
+
+def test_build_files(tmp_path):
+    out = emit(two_plans(), name="my_gemms", out=tmp_path / "pkg")
+    setup = (out / "setup.py").read_text()
+    pyproject = (out / "pyproject.toml").read_text()
+    assert 'requires = ["setuptools>=64", "wheel", "torch", "ninja"]' in pyproject
+    assert 'name = "my_gemms"' in pyproject and 'version = "0.1.0"' in pyproject
+    assert 'dependencies = ["torch"]' in pyproject
+    assert "from torch.utils.cpp_extension import BuildExtension, CUDAExtension" in setup
+    assert 'CUDAExtension(\n            name="my_gemms._C"' in setup
+    assert "BuildExtension.with_options(use_ninja=True)" in setup
+    assert '"-O3",\n    "-std=c++17",' in setup
+    assert '"csrc/binding.cpp",' in setup and '"csrc/sm80_bf16_tn_128x256x32_w2x4_s4_g8.cu",' in setup
+    gencodes = re.findall(r'"(-gencode=[^"]+)"', setup)
+    assert gencodes == ["-gencode=arch=compute_80,code=[sm_80,compute_80]", "-gencode=arch=compute_90a,code=sm_90a"]
+    assert "include_dirs=[str(CSRC)]" in setup and 'CSRC = Path(__file__).resolve().parent / "csrc"' in setup
+    compile(setup, "setup.py", "exec")
+    compile((out / "my_gemms" / "__init__.py").read_text(), "__init__.py", "exec")
+    readme = (out / "README.md").read_text()
+    assert "pip install --no-build-isolation ." in readme and "import my_gemms" in readme
+
+
+@pytest.mark.parametrize("arch, gencode", [
+    (80, "-gencode=arch=compute_80,code=[sm_80,compute_80]"),
+    (86, "-gencode=arch=compute_86,code=[sm_86,compute_86]"),
+    (89, "-gencode=arch=compute_89,code=[sm_89,compute_89]"),
+    (90, "-gencode=arch=compute_90a,code=sm_90a"),
+])
+def test_one_gencode_per_distinct_arch(tmp_path, arch, gencode):
+    assert GENCODE[arch] == gencode
+    out = emit([Gemm("bf16", "tn", arch=arch), Gemm("fp16", "tn", arch=arch)], name="g", out=tmp_path / "g")
+    assert re.findall(r'"(-gencode=[^"]+)"', (out / "setup.py").read_text()) == [gencode]
+
+
+def test_plans_json_records_pinned_plans_that_replan_the_same_kernels(tmp_path):
+    plans = two_plans()
+    out = emit(plans, name="my_gemms", out=tmp_path / "pkg", op_names=["mm", None])
+    record = json.loads((out / "plans.json").read_text())
+    assert record["name"] == "my_gemms" and record["emitted_by"] == "gemmgen"
+    assert [p["op_name"] for p in record["plans"]] == ["gemm_fp16_nt_ofp32_dcol", "mm"]  # sorted by op name
+    again, names = load_plans_file(out / "plans.json")
+    assert {p.config for p in again} == {p.config for p in plans}
+    assert names == ["gemm_fp16_nt_ofp32_dcol", "mm"]
+    # a record whose knobs no longer plan its kernel fails loudly instead of drifting
+    record["plans"][0]["kernel"] = "sm80_something_else"
+    (tmp_path / "stale.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="records kernel 'sm80_something_else' but its knobs now plan"):
+        load_plans_file(tmp_path / "stale.json")
+    (tmp_path / "bad.json").write_text(json.dumps([{"dtype": "bf16", "arch": 80, "tile": "128x128x32"}]))
+    with pytest.raises(ValueError, match="unknown key.*'tile'.*valid keys: dtype"):
+        load_plans_file(tmp_path / "bad.json")
+
+
+def test_plan_emit_names_the_package_after_the_folder(tmp_path):
+    out = Gemm("bf16", "tn", arch=80).emit(tmp_path / "my_gemm")
+    assert (out / "my_gemm" / "__init__.py").is_file()
+    assert "def gemm_bf16_tn(" in (out / "my_gemm" / "__init__.py").read_text()
+    out = Gemm("bf16", "tn", arch=80).emit(tmp_path / "x", name="other", op_name="mm")
+    assert "def mm(" in (out / "other" / "__init__.py").read_text()
+    with pytest.raises(ValueError, match="folder name 'my-gemm' is not a valid package name, so pass name="):
+        Gemm("bf16", "tn", arch=80).emit(tmp_path / "my-gemm")
+
+
+# -- determinism ------------------------------------------------------------------------------------
+
+def test_emitting_twice_gives_identical_bytes(tmp_path):
+    first = tree(emit(two_plans(), name="my_gemms", out=tmp_path / "a" / "my_gemms"))
+    second = tree(emit(two_plans(), name="my_gemms", out=tmp_path / "b" / "my_gemms"))
+    assert first == second
+    reordered = tree(emit(two_plans()[::-1], name="my_gemms", out=tmp_path / "c" / "my_gemms"))
+    assert reordered == first  # the order of the plans does not matter: everything is sorted
+
+
+def test_no_absolute_paths_timestamps_or_generator_imports(tmp_path):
+    out = emit(two_plans(), name="my_gemms", out=tmp_path / "pkg")
+    for rel, data in tree(out).items():
+        text = data.decode()
+        for path in (str(tmp_path), str(ROOT), str(templates_dir()), os.path.expanduser("~")):
+            assert path not in text, f"{rel} contains the path {path}"
+        assert not re.search(r"\d{4}-\d\d-\d\d|\d\d:\d\d:\d\d", text), f"{rel} contains a date or time"
+        if rel.endswith(".py"):
+            # the package must not need gemmgen at install or run time
+            assert not re.search(r"^\s*(import|from)\s+(generator|gemmgen\w*)\b", text, re.M), rel
+    assert re.search(r"^from torch\.utils\.cpp_extension import", (out / "setup.py").read_text(), re.M)
+
+
+def test_emitting_again_replaces_the_package(tmp_path):
+    out = tmp_path / "pkg"
+    emit(two_plans(), name="my_gemms", out=out)
+    (out / "build").mkdir()
+    (out / "build" / "stale.o").write_text("x")
+    emit([Gemm("bf16", "tn", arch=80)], name="other", out=out)
+    files = tree(out)
+    assert "build/stale.o" not in files and "my_gemms/__init__.py" not in files
+    assert "other/__init__.py" in files
+    assert not [p for p in tmp_path.iterdir() if p.name != "pkg"], "a staging folder was left behind"
+
+
+def test_refuses_a_folder_it_did_not_write(tmp_path):
+    keep = tmp_path / "mine"
+    keep.mkdir()
+    (keep / "notes.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="is a folder that emit did not write"):
+        emit(two_plans(), name="my_gemms", out=keep)
+    assert tree(keep) == {"notes.txt": b"keep me"}
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file"):
+        emit(two_plans(), name="my_gemms", out=tmp_path / "file")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (emit(two_plans(), name="my_gemms", out=empty) / "setup.py").is_file()
+
+
+# -- names ------------------------------------------------------------------------------------------
+
+BAD_NAMES = {
+    "my-gemms": "regex", "import": "Python keyword", "Ab": "regex", "a;rm -rf": "regex", "": "regex",
+    "1abc": "regex", "caf\u00e9": "regex", "a b": "regex", "x\n": "regex", "../x": "regex", "class": "Python keyword",
+}
+
+
+@pytest.mark.parametrize("bad", BAD_NAMES)
+def test_bad_package_names_are_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match=BAD_NAMES[bad]) as err:
+        emit(two_plans(), name=bad, out=tmp_path / "pkg")
+    assert "e.g. name='my_gemms'" in str(err.value)
+    assert not (tmp_path / "pkg").exists()
+
+
+@pytest.mark.parametrize("bad", ["torch", "generator", "gemmgen", "aten", "json", "os"])
+def test_package_names_that_would_shadow_a_module_are_refused(tmp_path, bad):
+    with pytest.raises(ValueError, match="would shadow"):
+        emit(two_plans(), name=bad, out=tmp_path / "pkg")
+
+
+@pytest.mark.parametrize("bad", [*BAD_NAMES, "_private", "name", None, 3])
+def test_bad_op_names_are_refused(tmp_path, bad):
+    if bad is None:  # None means "the default name": fine for one plan; a non-string is not
+        emit([Gemm("bf16", "tn", arch=80)], name="g", out=tmp_path / "ok", op_names=[bad])
+        return
+    with pytest.raises(ValueError, match="op name"):
+        emit([Gemm("bf16", "tn", arch=80)], name="g", out=tmp_path / "pkg", op_names=[bad])
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_duplicate_op_names_are_refused_with_a_suggestion(tmp_path):
+    p80, p90 = Gemm("bf16", "tn", arch=80), Gemm("bf16", "tn", arch=90)
+    with pytest.raises(ValueError, match=r"both map to the op name 'gemm_bf16_tn'.*"
+                                         r"op_names=\['gemm_bf16_tn_sm80', 'gemm_bf16_tn_sm90'\]"):
+        emit([p80, p90], name="g", out=tmp_path / "pkg")
+    with pytest.raises(ValueError, match="both map to the op name 'mm'"):
+        emit([p80, p90], name="g", out=tmp_path / "pkg", op_names=["mm", "mm"])
+    with pytest.raises(ValueError, match="one name per plan"):
+        emit([p80, p90], name="g", out=tmp_path / "pkg", op_names=["mm"])
+    assert not (tmp_path / "pkg").exists()
+    out = emit([p80, p90], name="g", out=tmp_path / "pkg", op_names=["mm80", "mm90"])
+    assert "def mm80(" in (out / "g" / "__init__.py").read_text()
+    # one kernel serving two ops is written once
+    ops = resolve_ops([p80, p80], ["a", "b"])
+    assert [o.config for o in ops] == [p80.config, p80.config]
+    out = emit([p80, p80], name="g", out=tmp_path / "pkg", op_names=["a", "b"])
+    assert sum(1 for rel in tree(out) if rel.endswith(".cu")) == 1
+
+
+def test_emit_needs_plans(tmp_path):
+    with pytest.raises(ValueError, match="at least one plan"):
+        emit([], name="g", out=tmp_path / "pkg")
+    with pytest.raises(TypeError, match="pass Gemm plans"):
+        emit(["bf16"], name="g", out=tmp_path / "pkg")
+
+
+# -- without torch ----------------------------------------------------------------------------------
+
+@pytest.fixture
+def no_torch_env(tmp_path):
+    """An environment in which `import torch` raises ImportError (as in tests/test_no_torch.py)."""
+    fake = tmp_path / "fake_site" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("torch is hidden for this test")\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(fake.parent), str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def test_emit_works_without_torch(no_torch_env, tmp_path):
+    code = textwrap.dedent(f"""
+        import sys
+        from generator import Gemm, emit
+        emit([Gemm("bf16", "tn", arch=90), Gemm("fp16", "nn", arch=80)], name="my_gemms", out={str(tmp_path / "api")!r})
+        Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "one")!r})
+        assert "torch" not in sys.modules
+        try:
+            import torch
+        except ImportError:
+            print("torch hidden")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=no_torch_env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "torch hidden" in r.stdout
+    assert (tmp_path / "api" / "csrc" / "binding.cpp").is_file() and (tmp_path / "one" / "one" / "__init__.py").is_file()
+    r = subprocess.run([sys.executable, "-m", "generator", "emit", "--plan", "dtype=bf16,layout=tn,arch=90",
+                        "--plan", "dtype=fp16,layout=nn,arch=80", "--name", "my_gemms", "--out", str(tmp_path / "cli")],
+                       cwd=ROOT, env=no_torch_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "cli") == tree(tmp_path / "api")
+
+
+# -- the wheel: built once per session, without a GPU ---------------------------------------------------
+
+WHEEL_PACKAGE = "gemmgen_wheel_test"
+# Both arch 80 (one gencode keeps the build short): a row-major-D op and an fp32, column-major-D op.
+WHEEL_PLANS = [dict(dtype="bf16", layout="tn", arch=80),
+               dict(dtype="fp16", layout="nt", arch=80, out_dtype="fp32", layout_c="col")]
+
+
+def find_cuda_home() -> Path | None:
+    """The CUDA toolkit root, with bin/nvcc and include/cuda_runtime.h (torch's own guess may take a wrapper's folder)."""
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for c in filter(None, candidates):
+        if (Path(c) / "bin" / "nvcc").is_file() and (Path(c) / "include" / "cuda_runtime.h").is_file():
+            return Path(c)
+    return None
+
+
+def report_line(request, line: str) -> None:
+    """Write one line to the terminal now, past pytest's output capture (the build time belongs in the log)."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is None or capture is None:
+        return
+    with capture.global_and_fixture_disabled():
+        reporter.write_line("")
+        reporter.write_line(line)
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory, request):
+    """Emit WHEEL_PLANS, `pip wheel` the package (MAX_JOBS=2, no GPU needed), install it into a target folder."""
+    cuda_home = find_cuda_home()
+    if cuda_home is None:
+        pytest.skip("nvcc not found (set CUDA_HOME or put nvcc on PATH): cannot build the emitted package's wheel")
+    try:
+        import torch  # noqa: F401
+        import torch.utils.cpp_extension  # noqa: F401
+    except ImportError:
+        pytest.skip("torch is not installed: the emitted package builds with torch.utils.cpp_extension")
+    root = tmp_path_factory.mktemp("wheel")
+    plans = [Gemm(**kw) for kw in WHEEL_PLANS]
+    pkg = emit(plans, name=WHEEL_PACKAGE, out=root / WHEEL_PACKAGE)
+    env = dict(os.environ, MAX_JOBS="2", CUDA_HOME=str(cuda_home), PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
+                        str(root / "dist"), str(pkg)], cwd=root, env=env, capture_output=True, text=True, timeout=1800)
+    seconds = time.perf_counter() - start
+    assert r.returncode == 0, f"pip wheel failed after {seconds:.0f} s:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}"
+    wheels = sorted((root / "dist").glob("*.whl"))
+    assert len(wheels) == 1, wheels
+    report_line(request, f"[test_emit] pip wheel of the emitted package ({len(plans)} kernels + binding, "
+                         f"MAX_JOBS=2): {seconds:.1f} s -> {wheels[0].name}")
+    site = root / "site"
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "--target", str(site),
+                        str(wheels[0])], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return {"wheel": wheels[0], "site": site, "seconds": seconds, "plans": plans, "root": root}
+
+
+def run_installed(built: dict, code: str) -> subprocess.CompletedProcess:
+    """Run ``code`` where the installed package is importable and gemmgen is not (a fake `generator` refuses)."""
+    fake = built["root"] / "no_generator" / "generator"
+    fake.mkdir(parents=True, exist_ok=True)
+    (fake / "__init__.py").write_text('raise ImportError("generator is hidden for this test")\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(built["site"]), str(fake.parent)])
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=built["root"], env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_wheel_builds_without_a_gpu(built_wheel):
+    name = built_wheel["wheel"].name
+    assert name.startswith(f"{WHEEL_PACKAGE}-0.1.0-") and name.endswith(".whl")
+    assert "abi3" in name  # the binding uses Python's stable ABI only
+    installed = sorted(p.relative_to(built_wheel["site"]).as_posix() for p in built_wheel["site"].rglob("*")
+                       if p.is_file() and "dist-info" not in p.as_posix())
+    assert f"{WHEEL_PACKAGE}/__init__.py" in installed
+    assert any(re.fullmatch(rf"{WHEEL_PACKAGE}/_C\..*so", p) for p in installed), installed
+
+
+def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel):
+    r = run_installed(built_wheel, f"""
+        import sys
+        import torch
+        import {WHEEL_PACKAGE} as pkg
+        assert "generator" not in sys.modules
+        ops = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]
+        assert pkg.__all__ == ops, pkg.__all__
+        for op in ops:
+            packet = getattr(torch.ops.{WHEEL_PACKAGE}, op)
+            assert sorted(packet.overloads()) == ["default", "out"], packet.overloads()
+            assert "Kernel sm80_" in getattr(pkg, op).__doc__
+        A = torch.randn(64, 32).bfloat16()
+        B = torch.randn(48, 32).bfloat16().t()
+        for call in (lambda: pkg.gemm_bf16_tn(A, B), lambda: torch.ops.{WHEEL_PACKAGE}.gemm_bf16_tn(A, B),
+                     lambda: pkg.gemm_bf16_tn(A, B, out=torch.empty(64, 48).bfloat16())):
+            try:
+                call()
+            except ValueError as err:
+                assert "A is on cpu; this op runs on CUDA tensors: pass A.cuda()" == str(err), str(err)
+            else:
+                raise SystemExit("a CPU tensor was accepted")
+        for call, error, message in [
+            (lambda: pkg.gemm_bf16_tn(A.float(), B), TypeError,
+             "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float32'"),
+            (lambda: pkg.gemm_bf16_tn(A[None], B), ValueError, "A must be 2-D (M, K); got shape (1, 64, 32)"),
+            (lambda: pkg.gemm_bf16_tn([[1.0]], B), TypeError, "A must be a torch.Tensor, got list"),
+            (lambda: pkg.gemm_bf16_tn(A, B, out=3), TypeError, "out must be a torch.Tensor, got int"),
+        ]:
+            try:
+                call()
+            except error as err:
+                assert str(err) == message, str(err)
+            else:
+                raise SystemExit(f"no {{error.__name__}}: {{message}}")
+        print("CHECKS OK")
+    """)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "CHECKS OK" in r.stdout
+
+
+def test_installed_package_meta_shapes(built_wheel):
+    r = run_installed(built_wheel, f"""
+        import torch
+        import {WHEEL_PACKAGE} as pkg
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        meta = dict(device="meta")
+        A = torch.empty(100, 32, dtype=torch.bfloat16, **meta)
+        B = torch.empty(48, 32, dtype=torch.bfloat16, **meta).t()
+        D = pkg.gemm_bf16_tn(A, B)
+        assert (tuple(D.shape), D.stride(), D.dtype, D.device.type) == ((100, 48), (48, 1), torch.bfloat16, "meta"), D
+        # fp16 nt with an fp32, column-major D
+        A2 = torch.empty(32, 100, dtype=torch.float16, **meta).t()
+        B2 = torch.empty(32, 48, dtype=torch.float16, **meta)
+        D2 = torch.ops.{WHEEL_PACKAGE}.gemm_fp16_nt_ofp32_dcol(A2, B2)
+        assert (tuple(D2.shape), D2.stride(), D2.dtype) == ((100, 48), (1, 100), torch.float32), (D2.shape, D2.stride())
+        out = torch.empty(48, 100, dtype=torch.float32, **meta).t()
+        assert pkg.gemm_fp16_nt_ofp32_dcol(A2, B2, out=out) is out
+        try:
+            pkg.gemm_bf16_tn(A, B[:16])
+        except ValueError as err:
+            assert "K must agree" in str(err), str(err)
+        else:
+            raise SystemExit("K mismatch accepted")
+        with FakeTensorMode():  # what torch.compile traces with: CUDA fake tensors, no GPU needed
+            a = torch.empty(7, 32, dtype=torch.bfloat16, device="cuda")
+            b = torch.empty(48, 32, dtype=torch.bfloat16, device="cuda").t()
+            d = pkg.gemm_bf16_tn(a, b)
+            assert (tuple(d.shape), d.stride(), d.device.type) == ((7, 48), (48, 1), "cuda")
+        print("META OK")
+    """)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "META OK" in r.stdout
