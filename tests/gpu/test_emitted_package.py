@@ -1,0 +1,227 @@
+"""An emitted package on the GPU: emit plans for the visible GPU, pip-install the package
+(--no-build-isolation --no-deps, timed: one op must install in <= 60 s on the 16-core GPU machine), import
+it, and check every op: numerics against a float32 reference on fresh random inputs with ragged sizes and
+NaN-poisoned out, bit-equality with the JIT-built op of the same plan, the same error messages as the JIT op,
+opcheck and torch.compile(fullgraph=True).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from generator import Gemm, emit  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+PACKAGE = "gemmgen_gpu_emitted"
+#: The plans, for the visible GPU's architecture: row-major D, column-major D with an fp32 output, fp16.
+PLANS = {
+    "gemm_bf16_tn": dict(dtype="bf16", layout="tn"),
+    "gemm_fp16_nn": dict(dtype="fp16", layout="nn"),
+    "gemm_bf16_tt_ofp32_dcol": dict(dtype="bf16", layout="tt", out_dtype="fp32", layout_c="col"),
+}
+INSTALL_LIMIT_S = float(os.environ.get("GEMMGEN_EMIT_INSTALL_LIMIT_S", "60"))
+BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+RAGGED = [(1, 1, 1), (127, 65, 33), (256, 384, 64), (1000, 1500, 333), (3, 515, 1029), (4097, 63, 8),
+          (1024, 1024, 1024), (129, 2049, 4095)]
+
+
+def find_cuda_home() -> Path | None:
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(str(Path(nvcc).resolve().parent.parent))
+    for c in filter(None, candidates):
+        if (Path(c) / "bin" / "nvcc").is_file() and (Path(c) / "include" / "cuda_runtime.h").is_file():
+            return Path(c)
+    return None
+
+
+def report(request, line: str) -> None:
+    """One line on the terminal past pytest's capture, so the install time lands in the log."""
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    if reporter is not None and capture is not None:
+        with capture.global_and_fixture_disabled():
+            reporter.write_line("")
+            reporter.write_line(line)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, request):
+    """Emit PLANS for this GPU, pip install the package into a target folder, import it; also the JIT ops."""
+    cuda_home = find_cuda_home()
+    if cuda_home is None:
+        pytest.skip("nvcc not found (set CUDA_HOME): cannot build the emitted package")
+    root = tmp_path_factory.mktemp("emitted")
+    plans = {op: Gemm(**kw) for op, kw in PLANS.items()}
+    start = time.perf_counter()
+    pkg = emit(list(plans.values()), name=PACKAGE, out=root / PACKAGE, op_names=list(plans))
+    emit_s = time.perf_counter() - start
+    site = root / "site"
+    env = dict(os.environ, CUDA_HOME=str(cuda_home), PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    start = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--target",
+                        str(site), str(pkg)], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+    install_s = time.perf_counter() - start
+    assert r.returncode == 0, f"pip install failed after {install_s:.0f} s:\n{r.stdout[-8000:]}\n{r.stderr[-8000:]}"
+    report(request, f"[emitted package] {len(plans)} ops for sm_{next(iter(plans.values())).arch}: emit "
+                    f"{emit_s * 1000:.0f} ms, pip install --no-build-isolation {install_s:.1f} s "
+                    f"({os.cpu_count()} CPUs)")
+    sys.path.insert(0, str(site))
+    try:
+        module = importlib.import_module(PACKAGE)
+    finally:
+        sys.path.remove(str(site))
+    jit = {op: plan.compile() for op, plan in plans.items()}
+    return {"module": module, "plans": plans, "jit": jit, "install_s": install_s}
+
+
+def operands(plan: Gemm, m: int, n: int, k: int, *, pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh random A (M, K) and B (K, N) stored as the plan's layout says; pad > 0 widens the leading dimension."""
+    dtype = TORCH_DTYPE[plan.dtype.value]
+    a_row, b_row = plan.layout.a.value == "row", plan.layout.b.value == "row"
+    # convert first, slice second: .to() of a sliced view would make it contiguous again
+    a = (torch.randn(m, k + pad, device="cuda").to(dtype)[:, :k] if a_row
+         else torch.randn(k, m + pad, device="cuda").to(dtype)[:, :m].t())
+    b = (torch.randn(k, n + pad, device="cuda").to(dtype)[:, :n] if b_row
+         else torch.randn(n, k + pad, device="cuda").to(dtype)[:, :k].t())
+    return a, b
+
+
+def poisoned_out(plan: Gemm, m: int, n: int) -> torch.Tensor:
+    dtype = TORCH_DTYPE[plan.out_dtype.value]
+    if plan.layout.c.value == "row":
+        return torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+    return torch.full((n, m), float("nan"), dtype=dtype, device="cuda").t()
+
+
+def rel_error(d: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> float:
+    ref = a.float() @ b.float()
+    return ((d.float() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def test_install_time(installed):
+    assert installed["install_s"] <= INSTALL_LIMIT_S, (
+        f"pip install of the emitted package took {installed['install_s']:.1f} s; the bound is {INSTALL_LIMIT_S} s")
+
+
+def test_ops_are_registered_with_docstrings(installed):
+    pkg = installed["module"]
+    assert sorted(pkg.__all__) == sorted(PLANS)
+    for op, plan in installed["plans"].items():
+        assert hasattr(getattr(torch.ops, PACKAGE), op)
+        assert plan.name in getattr(pkg, op).__doc__
+        assert pkg.PLANS[op]["kernel"] == plan.name and pkg.PLANS[op]["arch"] == plan.arch
+
+
+@pytest.mark.parametrize("op", PLANS)
+def test_numerics_ragged_with_poisoned_out(installed, op):
+    plan, fn, jit = installed["plans"][op], getattr(installed["module"], op), installed["jit"][op]
+    bound = BOUND[TORCH_DTYPE[plan.dtype.value]]
+    for i, (m, n, k) in enumerate(RAGGED):
+        a, b = operands(plan, m, n, k, pad=8 if i % 2 else 0)
+        out = poisoned_out(plan, m, n)
+        d = fn(a, b, out=out)
+        assert d is out
+        assert not torch.isnan(d).any(), f"{op} {m}x{n}x{k}: NaN left in out"
+        err = rel_error(d, a, b)
+        assert err <= bound, f"{op} {m}x{n}x{k}: relative error {err:.2e} > {bound}"
+        fresh = fn(a, b)
+        assert fresh.dtype == TORCH_DTYPE[plan.out_dtype.value] and fresh.stride() == jit(a, b).stride()
+        assert torch.equal(fresh, d), f"{op} {m}x{n}x{k}: out= and allocating calls differ"
+        assert torch.equal(fresh, jit(a, b)), f"{op} {m}x{n}x{k}: the installed op differs from the JIT op"
+        assert torch.equal(getattr(getattr(torch.ops, PACKAGE), op)(a, b), fresh)
+
+
+@pytest.mark.parametrize("op", PLANS)
+def test_unaligned_empty_and_zero_k(installed, op):
+    plan, fn, jit = installed["plans"][op], getattr(installed["module"], op), installed["jit"][op]
+    bound = BOUND[TORCH_DTYPE[plan.dtype.value]]
+    a, b = operands(plan, 300, 200, 129, pad=1)   # leading dimensions off the 16-byte rule: the unaligned kernel
+    assert jit.path(a, b) == "unaligned"
+    assert rel_error(fn(a, b), a, b) <= bound
+    assert torch.equal(fn(a, b), jit(a, b))
+    a, b = operands(plan, 65, 33, 0)
+    assert torch.count_nonzero(fn(a, b, out=poisoned_out(plan, 65, 33))) == 0
+    for m, n in ((0, 64), (64, 0)):
+        a, b = operands(plan, m, n, 32)
+        assert tuple(fn(a, b).shape) == (m, n)
+
+
+def test_current_stream(installed):
+    plan, fn = installed["plans"]["gemm_bf16_tn"], installed["module"].gemm_bf16_tn
+    a, b = operands(plan, 2048, 2048, 2048)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        d = fn(a, b)
+    stream.synchronize()
+    assert rel_error(d, a, b) <= BOUND[torch.bfloat16]
+
+
+def bad_calls(plan: Gemm):
+    """(label, A, B, out) with one thing wrong each."""
+    a, b = operands(plan, 256, 128, 64)
+    other = torch.float16 if plan.dtype.value == "bf16" else torch.bfloat16
+    flip = lambda t: t.t().contiguous().t() if t.stride(-1) == 1 else t.contiguous()  # noqa: E731
+    out = poisoned_out(plan, 256, 128)
+    return [
+        ("A on CPU", a.cpu(), b, None),
+        ("B wrong dtype", a, b.to(other), None),
+        ("A 3-D", a[None], b, None),
+        ("A other order", flip(a), b, None),
+        ("B other order", a, flip(b), None),
+        ("A neither order", torch.randn(512, 256, device="cuda").to(a.dtype)[::2, ::4], b, None),
+        ("K mismatch", a, operands(plan, 256, 128, 32)[1], None),
+        ("out shape", a, b, out[:10]),
+        ("out dtype", a, b, out.to(torch.float64)),
+        ("out on CPU", a, b, out.cpu()),
+        ("out other order", a, b, flip(out)),
+    ]
+
+
+@pytest.mark.parametrize("op", PLANS)
+def test_errors_match_the_jit_op(installed, op):
+    plan, fn, jit = installed["plans"][op], getattr(installed["module"], op), installed["jit"][op]
+    for label, a, b, out in bad_calls(plan):
+        with pytest.raises((TypeError, ValueError)) as ours:
+            fn(a, b, out=out)
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            jit(a, b, out=out)
+        assert (type(ours.value), str(ours.value)) == (type(theirs.value), str(theirs.value)), label
+    a, b = operands(plan, 333, 222, 111)  # still right after the errors
+    assert rel_error(fn(a, b), a, b) <= BOUND[TORCH_DTYPE[plan.dtype.value]]
+
+
+@pytest.mark.parametrize("op", PLANS)
+def test_opcheck(installed, op):
+    plan = installed["plans"][op]
+    packet = getattr(getattr(torch.ops, PACKAGE), op)
+    a, b = operands(plan, 257, 129, 65)
+    torch.library.opcheck(packet.default, (a, b))
+    torch.library.opcheck(packet.out, (a, b), {"out": poisoned_out(plan, 257, 129)})
+
+
+@pytest.mark.parametrize("op", PLANS)
+def test_torch_compile_fullgraph(installed, op):
+    plan, fn = installed["plans"][op], getattr(installed["module"], op)
+    torch._dynamo.reset()
+
+    def f(a, b):
+        return fn(a, b).float() * 2.0 + 1.0
+
+    compiled = torch.compile(f, fullgraph=True)
+    for m in (128, 300, 77):
+        a, b = operands(plan, m, 96, 64)
+        assert torch.equal(compiled(a, b), f(a, b))
