@@ -54,8 +54,8 @@ def test_the_ops_and_their_names(tmp_path):
     assert "TORCH_LIBRARY(my_gemms, m)" in binding
     assert "TORCH_LIBRARY_IMPL(my_gemms, Meta, m)" in binding
     for op in ops:
-        assert f'm.def("{op}(Tensor A, Tensor B) -> Tensor");' in binding
-        assert f'm.def("{op}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)");' in binding
+        assert f'm.def("{op}(Tensor A, Tensor B) -> Tensor", kTags);' in binding
+        assert f'm.def("{op}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);' in binding
         assert f"def {op}(A, B, *, out=None):" in init
         assert f"_OPS.{op}.default(A, B)" in init
     assert "from . import _C" in init and '__all__ = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]' in init
@@ -372,6 +372,9 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
         for op in ops:
             packet = getattr(torch.ops.{WHEEL_PACKAGE}, op)
             assert sorted(packet.overloads()) == ["default", "out"], packet.overloads()
+            for overload in (packet.default, packet.out):
+                assert torch.Tag.needs_fixed_stride_order in overload.tags, overload.tags
+                assert torch.Tag.pt2_compliant_tag in overload.tags, overload.tags
             assert "Kernel sm80_" in getattr(pkg, op).__doc__
         A = torch.randn(64, 32).bfloat16()
         B = torch.randn(48, 32).bfloat16().t()

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -318,13 +319,18 @@ at::Tensor& meta_gemm_fp16_nn_out(const at::Tensor& A, const at::Tensor& B, at::
   return gemm_out_meta(k_gemm_fp16_nn, A, B, out);
 }
 
+// As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
+// column-major B stays column-major, so the op's layout holds in compiled graphs), and the ops are
+// pt2-compliant (meta implementations, no data-dependent output shapes).
+const std::vector<at::Tag> kTags = {at::Tag::needs_fixed_stride_order, at::Tag::pt2_compliant_tag};
+
 }  // namespace
 
 TORCH_LIBRARY(gemmgen_example, m) {
-  m.def("gemm_bf16_tn(Tensor A, Tensor B) -> Tensor");
-  m.def("gemm_bf16_tn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)");
-  m.def("gemm_fp16_nn(Tensor A, Tensor B) -> Tensor");
-  m.def("gemm_fp16_nn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("gemm_bf16_tn(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("gemm_bf16_tn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("gemm_fp16_nn(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("gemm_fp16_nn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
 }
 
 // CompositeExplicitAutograd: one implementation for every backend (as gemmgen's JIT ops), so that a
