@@ -29,10 +29,13 @@ operands whose order matches are taken as they are: the ops accept any leading d
 unaligned ones run the slower unaligned kernel. A gradient of another dtype than the inputs' (an op
 with ``out_dtype=fp32``) is cast to the input dtype, because the kernels take fp16/bf16 operands.
 
-The backward kernels are built lazily, on the first backward that needs them, two at a time in one
-ninja run, and cached per forward op and gradient order (the build cache makes a rebuild in a new
-process a load). Their dtype and architecture are the forward op's; their output dtype is the input
-dtype; they are themselves registered ops with this formula, so double backward works too.
+The backward ops are planned and registered together with the forward op (both gradient orders:
+planning is pure Python and cheap), so that a compiled backward graph loaded from torch.compile's
+cache in a new process finds them; their kernels are built lazily, on their first launch (the build
+cache makes that a load in later processes). Their dtype and architecture are the forward op's;
+their output dtype is the input dtype; they are registered ops with this same formula, so double
+backward works too (the layouts of dA, dB, their dA and dB, ... form a small closed set, at most
+eight per dtype and architecture, all registered at once).
 """
 from __future__ import annotations
 
@@ -78,11 +81,14 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tu
 
 # (namespace, forward op name, gradient order) -> (dA op, dB op)
 _GRAD_OPS: dict[tuple[str, str, Order], tuple[GemmOp, GemmOp]] = {}
-_GRAD_OPS_LOCK = threading.Lock()
+_GRAD_OPS_LOCK = threading.RLock()  # re-entered: registering a backward op registers its backward ops
 
 
 def grad_ops(op: GemmOp, grad_order: Order = Order.row) -> tuple[GemmOp, GemmOp]:
-    """The ops computing dA and dB for ``op`` with a gradient stored in ``grad_order``; built on first use."""
+    """The ops computing dA and dB for ``op`` with a gradient stored in ``grad_order``.
+
+    Registered on first request (``register_autograd`` asks for both orders); each builds its kernel
+    on its first launch."""
     key = (op.namespace, op.name, grad_order)
     ops = _GRAD_OPS.get(key)
     if ops is None:
@@ -135,3 +141,5 @@ def register_autograd(op: GemmOp, lib: torch.library.Library) -> None:
         return grad_a, grad_b
 
     torch.library.register_autograd(f"{op.namespace}::{op.name}", backward, setup_context=setup_context, lib=lib)
+    for order in Order:
+        grad_ops(op, order)

@@ -21,6 +21,7 @@ What each overload has, so that it behaves like a native op (see ``_register``):
 from __future__ import annotations
 
 import ctypes
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,9 +105,10 @@ class GemmOp:
     #: The device type whose tensors the kernel library takes.
     device_type = "cuda"
 
-    def __init__(self, config: KernelConfig, library: KernelLibrary, namespace: str) -> None:
+    def __init__(self, config: KernelConfig, library: KernelLibrary | None, namespace: str) -> None:
         self.config = config
-        self.library = library
+        self._library = library
+        self._library_lock = threading.Lock()
         self.namespace = namespace
         self.name = config.name
         self.dtype = TORCH_DTYPES[config.dtype]
@@ -130,6 +132,21 @@ class GemmOp:
 
     def __repr__(self) -> str:
         return f"GemmOp(torch.ops.{self.namespace}.{self.name})"
+
+    @property
+    def library(self) -> KernelLibrary:
+        """The loaded kernel library. An op registered without one (the backward pass's ops, see
+        ``generator.autograd``) builds it, or loads it from the build cache, on its first launch."""
+        if self._library is None:
+            with self._library_lock:
+                if self._library is None:
+                    self._library = load_library(self.config)
+        return self._library
+
+    @property
+    def built(self) -> bool:
+        """Whether the kernel library is loaded (False for a registered op not launched yet)."""
+        return self._library is not None
 
     def __deepcopy__(self, memo: dict) -> GemmOp:
         # A handle to a registered op and a loaded library: copies of a model (EMA, checkpoints) share it.
@@ -227,9 +244,9 @@ class GemmOp:
                                   lambda: f"out has shape {tuple(out.shape)}; D = A @ B is ({A.shape[0]}, {B.shape[1]})")
 
     def derived(self, configs: list[KernelConfig]) -> list[GemmOp]:
-        """Other ops of this generator in this op's namespace, built in one ninja run (the backward
-        pass's dA and dB kernels, see ``generator.autograd``)."""
-        return compile_many(configs, namespace=self.namespace)
+        """Other ops of this generator in this op's namespace, registered now and built on their first
+        launch (the backward pass's dA and dB kernels, see ``generator.autograd``)."""
+        return [registered_op(c, self.namespace) for c in configs]
 
     def _empty_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         m, n = A.shape[0], B.shape[1]
@@ -280,51 +297,66 @@ def _define(lib: torch.library.Library, schema: str) -> None:
     lib.define(schema, tags=(torch.Tag.needs_fixed_stride_order, torch.Tag.pt2_compliant_tag))
 
 
+def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
+    """The op registered for ``config`` in ``namespace``; registered now, unbuilt, if there is none."""
+    entry = _LIBRARIES.get(f"{namespace}::{config.name}")
+    return entry[1] if entry is not None else GemmOp(config, None, namespace)
+
+
 def _register(op: GemmOp) -> None:
     qualname = f"{op.namespace}::{op.name}"
     if qualname in _LIBRARIES:  # the same kernel compiled again: the first registration serves it
+        first = _LIBRARIES[qualname][1]
+        if first._library is None and op._library is not None:
+            first._library = op._library   # registered unbuilt (a backward op), now built by compile()
         return
     lib = torch.library.Library(op.namespace, "FRAGMENT")
-    _define(lib, f"{op.name}(Tensor A, Tensor B) -> Tensor")
-    _define(lib, f"{op.name}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
-    # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
-    # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
-    lib.impl(op.name, lambda A, B: op.run(A, B, None), "CompositeExplicitAutograd")
-    lib.impl(f"{op.name}.out", lambda A, B, out: op.run(A, B, out), "CompositeExplicitAutograd")
-
-    def fake(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-        op._check_meta(A, B)
-        return op._empty_out(A, B)  # the real output's strides: row-major D, or (1, M) for layout_c='col'
-
-    torch.library.register_fake(qualname, fake, lib=lib)
-
-    # .out: eager calls take the CompositeExplicitAutograd kernel above (the dispatcher prefers it for
-    # the CPU/CUDA keys). FakeTensor and functionalization decompose through this kernel instead: torch
-    # cannot functionalize a custom op whose return aliases a mutated argument, and refuses a separate
-    # fake for an op that has a CompositeImplicitAutograd kernel (the decomposition is its fake).
-    default = getattr(getattr(torch.ops, op.namespace), op.name).default
-
-    def out_decomposition(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        op._check_meta(A, B, out)
-        return out.copy_(default(A, B))
-
-    lib.impl(f"{op.name}.out", out_decomposition, "CompositeImplicitAutograd")
-
-    def out_autograd(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        # As aten's out= ops: not differentiable, and said so at the call rather than at backward().
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (A, B, out) if isinstance(t, torch.Tensor)):
-            raise RuntimeError(f"{op.name}.out: functions with out=... arguments don't support automatic "
-                               "differentiation, but one of the arguments requires grad: call the op without "
-                               "out= (its backward is registered)")
-        with torch._C._AutoDispatchBelowAutograd():
-            return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, out=out)
-
-    lib.impl(f"{op.name}.out", out_autograd, "Autograd")
-
-    from .autograd import register_autograd
-
-    register_autograd(op, lib)
+    # Recorded first: registering the autograd formula registers the backward ops, whose own formulas
+    # may come back to this op (the layouts of dA and dB of dA ... form a small closed set).
     _LIBRARIES[qualname] = (lib, op)
+    try:
+        _define(lib, f"{op.name}(Tensor A, Tensor B) -> Tensor")
+        _define(lib, f"{op.name}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
+        # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
+        # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
+        lib.impl(op.name, lambda A, B: op.run(A, B, None), "CompositeExplicitAutograd")
+        lib.impl(f"{op.name}.out", lambda A, B, out: op.run(A, B, out), "CompositeExplicitAutograd")
+
+        def fake(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+            op._check_meta(A, B)
+            return op._empty_out(A, B)  # the real output's strides: row-major D, or (1, M) for layout_c='col'
+
+        torch.library.register_fake(qualname, fake, lib=lib)
+
+        # .out: eager calls take the CompositeExplicitAutograd kernel above (the dispatcher prefers it for
+        # the CPU/CUDA keys). FakeTensor and functionalization decompose through this kernel instead: torch
+        # cannot functionalize a custom op whose return aliases a mutated argument, and refuses a separate
+        # fake for an op that has a CompositeImplicitAutograd kernel (the decomposition is its fake).
+        default = getattr(getattr(torch.ops, op.namespace), op.name).default
+
+        def out_decomposition(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            op._check_meta(A, B, out)
+            return out.copy_(default(A, B))
+
+        lib.impl(f"{op.name}.out", out_decomposition, "CompositeImplicitAutograd")
+
+        def out_autograd(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            # As aten's out= ops: not differentiable, and said so at the call rather than at backward().
+            if torch.is_grad_enabled() and any(t.requires_grad for t in (A, B, out) if isinstance(t, torch.Tensor)):
+                raise RuntimeError(f"{op.name}.out: functions with out=... arguments don't support automatic "
+                                   "differentiation, but one of the arguments requires grad: call the op without "
+                                   "out= (its backward is registered)")
+            with torch._C._AutoDispatchBelowAutograd():
+                return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, out=out)
+
+        lib.impl(f"{op.name}.out", out_autograd, "Autograd")
+
+        from .autograd import register_autograd
+
+        register_autograd(op, lib)
+    except BaseException:
+        del _LIBRARIES[qualname]
+        raise
 
 
 def build_target(config: KernelConfig) -> int:
@@ -346,9 +378,14 @@ def build_request(config: KernelConfig, target: int | None = None) -> BuildReque
                         include_dirs=(str(templates_dir()),))
 
 
-def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False) -> GemmOp:
+def load_library(config: KernelConfig, *, verbose: bool = False) -> KernelLibrary:
+    """Build ``config``'s kernel library (or find it in the build cache) and load it."""
     result = build(build_request(config), verbose=verbose)
-    return GemmOp(config, KernelLibrary.load(result.library, config.name), namespace)
+    return KernelLibrary.load(result.library, config.name)
+
+
+def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False) -> GemmOp:
+    return GemmOp(config, load_library(config, verbose=verbose), namespace)
 
 
 def _load_op(config: KernelConfig, namespace: str) -> GemmOp:

@@ -194,6 +194,29 @@ def test_real_op_registration(real_ops):
         assert torch.Tag.pt2_compliant_tag in overload.tags
 
 
+def test_backward_ops_are_registered_with_the_forward_op(real_ops):
+    # Registered now (a compiled backward loaded from torch.compile's cache in a new process calls them
+    # by name), built on their first launch.
+    for op in real_ops.values():
+        for order in Order:
+            for grad_op in grad_ops(op, order):
+                assert grad_op.config.dtype is op.config.dtype and grad_op.config.arch == op.config.arch
+                assert hasattr(torch.ops.gemmgen, grad_op.name)
+                assert torch._C._dispatch_has_kernel_for_dispatch_key(f"gemmgen::{grad_op.name}", "Autograd")
+
+
+def test_an_op_registered_unbuilt_builds_on_first_use(real_ops, monkeypatch, tmp_path):
+    from generator.op import registered_op
+
+    monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
+    op = registered_op(Gemm("fp16", "tt", arch=90).config, "gemmgen_lazy")
+    assert not op.built and hasattr(torch.ops.gemmgen_lazy, op.name)
+    assert registered_op(op.config, "gemmgen_lazy") is op
+    assert op.library.path.is_file() and op.built
+    again = Gemm("fp16", "tt", arch=90, namespace="gemmgen_lazy").compile()
+    assert again.op is op.op
+
+
 def test_op_copies_share_the_handle_and_pickle_by_config(real_ops):
     op = real_ops["row"]
     assert copy.deepcopy(op) is op
@@ -317,11 +340,11 @@ def test_autograd_matches_float64(layout, layout_c, out_dtype):
             assert rel(got, ref) <= BOUND[dtype], (layout, layout_c, out_dtype, m, n, k, kind)
 
 
-def test_backward_ops_are_built_once_per_gradient_order():
+def test_backward_ops_are_made_once_per_gradient_order():
     op = reference_op("tt")
+    first = grad_ops(op, Order.row)
     a, b = operands("tt", 16, 8, 8, torch.bfloat16, requires_grad=True)
     op(a, b).backward(torch.ones(16, 8, dtype=torch.bfloat16))
-    first = grad_ops(op, Order.row)
     op(a, b).backward(torch.ones(16, 8, dtype=torch.bfloat16))
     assert grad_ops(op, Order.row) == first
     assert [o.config.layout.tag for o in first] == ["tn", "nt"]
