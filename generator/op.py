@@ -226,7 +226,7 @@ class GemmOp:
                 raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
             if t.dtype != self.dtype:
                 raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}")
-            if t.device.type != self.device_type:
+            if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
                 raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
         if A.device != B.device:
             raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
@@ -268,6 +268,11 @@ class GemmOp:
         return PATHS[self.library.choose_path(ctypes.byref(args))]
 
     def run(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(A, torch.Tensor) and A.device.type == "meta":
+            # Shape inference on meta tensors: .out reaches here (the default overload has its fake as
+            # its Meta kernel, but .out's CompositeImplicitAutograd decomposition rules out a Meta kernel).
+            self._check_meta(A, B, out)
+            return self._empty_out(A, B) if out is None else out
         lda, ldb = self._check(A, B)
         D = self._empty_out(A, B) if out is None else out
         ldd = self._check_out(D, A, B) if out is not None else leading_dim(D, self.config.layout.c)

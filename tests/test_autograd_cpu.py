@@ -167,6 +167,15 @@ def test_fake_output_of_a_column_major_d_has_the_real_strides(real_ops):
     assert (tuple(d.shape), d.stride()) == ((100, 48), (1, 100))
 
 
+def test_meta_tensors_give_the_output_shape(real_ops):
+    op = real_ops["col"]
+    a, b = operands("nt", 100, 48, 32, torch.bfloat16, device="meta")
+    d = op(a, b)
+    assert d.device.type == "meta" and (tuple(d.shape), d.stride()) == ((100, 48), (1, 100))
+    out = torch.empty(48, 100, dtype=torch.bfloat16, device="meta").t()
+    assert op(a, b, out=out) is out
+
+
 def test_fake_checks_refuse_what_the_kernel_would(real_ops):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
