@@ -433,6 +433,15 @@ def test_installed_package_meta_shapes(built_wheel):
             b = torch.empty(48, 32, dtype=torch.bfloat16, device="cuda").t()
             d = pkg.gemm_bf16_tn(a, b)
             assert (tuple(d.shape), d.stride(), d.device.type) == ((7, 48), (48, 1), "cuda")
+        # .out traced and functionalized on fake tensors (as AOTAutograd does under torch.compile): it
+        # decomposes into the default overload and a copy; the kernel never runs (these are CPU tensors)
+        class M(torch.nn.Module):
+            def forward(self, a, b, out):
+                return pkg.gemm_bf16_tn(a, b, out=out)
+
+        a, b, out = torch.randn(64, 32).bfloat16(), torch.randn(48, 32).bfloat16().t(), torch.empty(64, 48).bfloat16()
+        code = torch.export.export(M(), (a, b, out)).run_decompositions().graph_module.code
+        assert "{WHEEL_PACKAGE}.gemm_bf16_tn.default(a, b)" in code and "aten.copy.default(out" in code, code
         print("META OK")
     """)
     assert r.returncode == 0, r.stdout + r.stderr

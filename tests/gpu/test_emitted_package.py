@@ -221,7 +221,14 @@ def test_torch_compile_fullgraph(installed, op):
     def f(a, b):
         return fn(a, b).float() * 2.0 + 1.0
 
-    compiled = torch.compile(f, fullgraph=True)
+    def g(a, b, out):  # .out under torch.compile: functionalized through its decomposition
+        fn(a, b, out=out)
+        return out.float() * 2.0
+
+    compiled, compiled_out = torch.compile(f, fullgraph=True), torch.compile(g, fullgraph=True)
     for m in (128, 300, 77):
         a, b = operands(plan, m, 96, 64)
         assert torch.equal(compiled(a, b), f(a, b))
+        out1, out2 = poisoned_out(plan, m, 96), poisoned_out(plan, m, 96)
+        assert torch.equal(compiled_out(a, b, out1), g(a, b, out2))
+        assert torch.equal(out1, out2)

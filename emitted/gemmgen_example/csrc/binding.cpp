@@ -263,6 +263,25 @@ at::Tensor& gemm_out_meta(const OpSpec& op, const at::Tensor& A, const at::Tenso
   return out;
 }
 
+using DefaultOp = c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)>;
+
+// .out under FakeTensor and functionalization (torch.compile, AOTAutograd): torch functionalizes a custom
+// op whose return aliases a mutated argument only by decomposing it, so .out also has this
+// CompositeImplicitAutograd kernel: the checks, the default overload, a copy into out. Eager calls keep
+// the CompositeExplicitAutograd kernel, which writes straight into out (as gemmgen's JIT ops).
+at::Tensor& gemm_out_decomposition(const OpSpec& op, const DefaultOp& default_op, const at::Tensor& A,
+                                   const at::Tensor& B, at::Tensor& out) {
+  check_rank_and_dtype(op, A, "A");
+  check_rank_and_dtype(op, B, "B");
+  check_k(A, B);
+  check_out_shape_and_dtype(op, out, A, B);
+  return out.copy_(default_op.call(A, B));
+}
+
+DefaultOp find_default(const char* qualname) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(qualname, "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
+}
+
 // -- the ops -----------------------------------------------------------------------------------------
 
 // gemm_bf16_tn: bf16 -> bf16; A (M, K) row-major, B (K, N) col-major, D (M, N) row-major.
@@ -291,6 +310,10 @@ at::Tensor meta_gemm_bf16_tn(const at::Tensor& A, const at::Tensor& B) { return 
 at::Tensor& meta_gemm_bf16_tn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
   return gemm_out_meta(k_gemm_bf16_tn, A, B, out);
 }
+at::Tensor& decomposed_gemm_bf16_tn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
+  static const DefaultOp default_op = find_default("gemmgen_example::gemm_bf16_tn");
+  return gemm_out_decomposition(k_gemm_bf16_tn, default_op, A, B, out);
+}
 
 // gemm_fp16_nn: fp16 -> fp16; A (M, K) col-major, B (K, N) col-major, D (M, N) row-major.
 const OpSpec k_gemm_fp16_nn = {
@@ -318,6 +341,10 @@ at::Tensor meta_gemm_fp16_nn(const at::Tensor& A, const at::Tensor& B) { return 
 at::Tensor& meta_gemm_fp16_nn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
   return gemm_out_meta(k_gemm_fp16_nn, A, B, out);
 }
+at::Tensor& decomposed_gemm_fp16_nn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
+  static const DefaultOp default_op = find_default("gemmgen_example::gemm_fp16_nn");
+  return gemm_out_decomposition(k_gemm_fp16_nn, default_op, A, B, out);
+}
 
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
 // column-major B stays column-major, so the op's layout holds in compiled graphs), and the ops are
@@ -342,6 +369,12 @@ TORCH_LIBRARY_IMPL(gemmgen_example, CompositeExplicitAutograd, m) {
   m.impl("gemm_fp16_nn.out", TORCH_FN(op_gemm_fp16_nn_out));
 }
 
+TORCH_LIBRARY_IMPL(gemmgen_example, CompositeImplicitAutograd, m) {
+  m.impl("gemm_bf16_tn.out", TORCH_FN(decomposed_gemm_bf16_tn_out));
+  m.impl("gemm_fp16_nn.out", TORCH_FN(decomposed_gemm_fp16_nn_out));
+}
+
+// Meta tensors in eager mode (FakeTensor decomposes .out, see gemm_out_decomposition).
 TORCH_LIBRARY_IMPL(gemmgen_example, Meta, m) {
   m.impl("gemm_bf16_tn", TORCH_FN(meta_gemm_bf16_tn));
   m.impl("gemm_bf16_tn.out", TORCH_FN(meta_gemm_bf16_tn_out));
