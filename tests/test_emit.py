@@ -442,6 +442,15 @@ def test_installed_package_meta_shapes(built_wheel):
         a, b, out = torch.randn(64, 32).bfloat16(), torch.randn(48, 32).bfloat16().t(), torch.empty(64, 48).bfloat16()
         code = torch.export.export(M(), (a, b, out)).run_decompositions().graph_module.code
         assert "{WHEEL_PACKAGE}.gemm_bf16_tn.default(a, b)" in code and "aten.copy.default(out" in code, code
+
+        # a dynamic M: the meta implementation keeps it symbolic (no guard, no specialization)
+        class N(torch.nn.Module):
+            def forward(self, a, b):
+                return pkg.gemm_bf16_tn(a, b)
+
+        ep = torch.export.export(N(), (a, b), dynamic_shapes={{"a": {{0: torch.export.Dim("m")}}, "b": None}})
+        shape = ep.graph_module.graph.find_nodes(op="output")[0].args[0][0].meta["val"].shape
+        assert not str(shape[0]).isdigit(), f"M was specialized: {{shape}}"
         print("META OK")
     """)
     assert r.returncode == 0, r.stdout + r.stderr
