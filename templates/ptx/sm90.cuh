@@ -175,6 +175,12 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrive at barrier `id` without waiting: the other side of a producer/consumer hand-over.
+// PTX ISA, "Parallel Synchronization and Communication Instructions: bar/barrier" (bar.arrive).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // ---- warpgroups: wgmma ordering and register reallocation ----------------------------------------
 
 // Order this warpgroup's register and shared-memory accesses before the wgmma.mma_async that follow.

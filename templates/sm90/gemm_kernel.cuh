@@ -275,18 +275,39 @@ struct Kernel {
     int local = 0;  // this CTA's work units so far
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
       if (PINGPONG && (local & 1) != consumer) continue;
+      const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
       int m0, n0;
       tile_origin(p, unit, rank, m0, n0);
-      if (p.k_tiles == 0) {  // K = 0: D = 0. A separate path: zeroing the wgmma accumulators would
-        const float zeros[MMA_BLOCKS_M][ACCUM] = {};  // merge two register assignments of them
+      if (PINGPONG && local > 0) wait_turn(consumer);
+      if (p.k_tiles == 0) {
+        // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two
+        // register assignments of them (ptxas then spills).
+        if (PINGPONG && next_exists) pass_turn(consumer);
+        const float zeros[MMA_BLOCKS_M][ACCUM] = {};
         store(args, p, zeros, m0 + row_in_tile, n0);
         continue;
       }
       float acc[MMA_BLOCKS_M][ACCUM];
       mainloop(p, smem, acc, row_in_tile, pos, rank);
-      if (PINGPONG) pos.advance(p.k_tiles);  // skip the other warpgroup's next tile
+      if (PINGPONG) {
+        if (next_exists) pass_turn(consumer);
+        pos.advance(p.k_tiles);  // skip the other warpgroup's tile
+      }
       store(args, p, acc, m0 + row_in_tile, n0);
     }
+  }
+
+  // Pingpong turns: the mainloops of the two consumers run one after the other, in tile order, so that
+  // one's epilogue overlaps the other's mainloop, and so that a consumer waiting for its first slot
+  // is never more than one phase behind the ring (a parity wait cannot tell phases further apart).
+  // Warpgroup w waits on named barrier kTurnBarrier + w; the other warpgroup arrives there when done.
+  static constexpr uint32_t kTurnBarrier = 1;  // 0 is __syncthreads
+  static constexpr uint32_t kTurnThreads = 2 * kWarpgroupThreads;
+  __device__ __forceinline__ static void wait_turn(int consumer) {
+    ptx::named_barrier_sync(kTurnBarrier + consumer, kTurnThreads);
+  }
+  __device__ __forceinline__ static void pass_turn(int consumer) {
+    ptx::named_barrier_arrive(kTurnBarrier + (consumer ^ 1), kTurnThreads);
   }
 
   // Accumulate one tile over all k tiles (k_tiles >= 1), consuming k_tiles slots of the ring from `pos` on.
