@@ -3,6 +3,7 @@
 #   STEPS="timing tests bench" gpu/run_all.sh          (default: all three)
 #   STEPS=sweep SWEEP_ARGS="--dtype fp16" gpu/run_all.sh   (explicit configs, for the planner's tables)
 #   BENCH_ARGS="--set square --dtypes bf16" STEPS=bench gpu/run_all.sh
+#   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -21,6 +22,14 @@ for step in $STEPS; do
     tests)  python3 -m pytest tests -q -x -m gpu ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sweep)  python3 benchmarks/sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    sanitize)
+      python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer
+      for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool python3 gpu/sanitize.py 2>&1 | tail -12 | tee "$OUT/sanitize_$tool.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      done ;;
+    sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    probe)  python3 gpu/sm90_probe.py --json "$OUT/sm90_probe.json" ${PROBE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/probe.log" || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
   esac
 done

@@ -45,7 +45,7 @@ def kernels(quick: bool) -> list[dict]:
     main = [((128, 256), 4, (2, 1), "cooperative"), ((128, 256), 4, (1, 1), "cooperative"),
             ((128, 256), 4, (1, 2), "cooperative"), ((128, 128), 6, (1, 1), "ws"),
             ((64, 256), 4, (1, 1), "pingpong"), ((128, 128), 6, (2, 1), "pingpong"),
-            ((256, 128), 4, (1, 1), "cooperative"), ((128, 192), 5, (2, 1), "cooperative")]
+            ((256, 128), 4, (1, 1), "cooperative"), ((128, 192), 4, (2, 1), "cooperative")]
     if quick:
         main = main[:1]
     for tile, stages, cluster, schedule in main:
@@ -54,6 +54,8 @@ def kernels(quick: bool) -> list[dict]:
     out.append(context("fp16", "fp32", "tn", (128, 256), 4, (2, 1), "cooperative"))
     out.append(context("fp16", "fp16", "nt", (128, 256), 4, (2, 1), "cooperative", d_row=False))
     out.append(context("bf16", "bf16", "tn", (128, 256), 4, (2, 1), "cooperative", raster="n"))
+    for group in (4, 16):
+        out.append(context("bf16", "bf16", "tn", (128, 256), 4, (2, 1), "cooperative", group=group))
     return out
 
 

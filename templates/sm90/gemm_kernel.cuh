@@ -138,7 +138,15 @@ struct Kernel {
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   static constexpr int BARRIER_BYTES = 2 * STAGES * 8;
-  static constexpr int SMEM_BYTES = RING_BYTES + kSmemAlignSlack;
+  // Epilogue staging for the TMA store of a row-major D: per consumer warpgroup two buffers of one
+  // subtile, 64 rows x 128 bytes (64 16-bit or 32 fp32 columns) in the 128-byte swizzle, so that the
+  // fragment writes are free of bank conflicts; while TMA stores one buffer, the other is filled.
+  static constexpr int kEpiRows = 64;
+  static constexpr int kEpiCols = kSwizzleRowBytes / static_cast<int>(sizeof(Out));
+  static constexpr int kEpiBufferBytes = kEpiRows * kSwizzleRowBytes;
+  static constexpr int kEpiBuffers = 2;
+  static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
+  static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
   static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
 
   // A consumer warpgroup's share of a tile: rows [wg_row0, wg_row0 + WG_M), all BN columns.
@@ -185,10 +193,14 @@ struct Kernel {
     uint32_t ring;   // stage s: A at ring + s * STAGE_BYTES, B right after it
     uint32_t full;   // STAGES barriers of 8 bytes
     uint32_t empty;
+    uint32_t epilogue;  // kConsumerWarpgroups x kEpiBuffers staging buffers
     __device__ __forceinline__ uint32_t a(int s) const { return ring + s * STAGE_BYTES; }
     __device__ __forceinline__ uint32_t b(int s) const { return ring + s * STAGE_BYTES + TileA::kBytes; }
     __device__ __forceinline__ uint32_t full_bar(int s) const { return full + s * 8; }
     __device__ __forceinline__ uint32_t empty_bar(int s) const { return empty + s * 8; }
+    __device__ __forceinline__ uint32_t epi_buffer(int consumer, int b) const {
+      return epilogue + (consumer * kEpiBuffers + b) * kEpiBufferBytes;
+    }
   };
 
   // A position in the ring of stages: slot and the parity of the phase to wait for.
@@ -204,11 +216,13 @@ struct Kernel {
     }
   };
 
-  __device__ static void run(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const GemmArgs& args, char* smem_raw) {
+  __device__ static void run(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_d,
+                             const GemmArgs& args, char* smem_raw) {
     const uint32_t raw = ptx::smem_u32(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
-    Smem smem{aligned, aligned + RING_BYTES, aligned + RING_BYTES + STAGES * 8};
+    const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
+    Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES};
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const uint32_t rank = CLUSTER > 1 ? ptx::cluster_ctarank() : 0;
 
@@ -233,7 +247,7 @@ struct Kernel {
       __syncwarp();
     } else {
       ptx::setmaxnreg_inc<kConsumerRegisters>();
-      consume(p, smem, args, rank, warpgroup - 1);
+      consume(p, smem, args, tmap_d, rank, warpgroup - 1);
     }
     // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
     if constexpr (CLUSTER > 1) ptx::cluster_sync();
@@ -267,8 +281,9 @@ struct Kernel {
     }
   }
 
-  __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, uint32_t rank,
-                                 int consumer) {
+  __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
+                                 uint32_t rank, int consumer) {
+    Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args)};
     const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
     RingPos pos;
     if (PINGPONG && consumer == 1) pos.advance(p.k_tiles);  // the first tile is the other warpgroup's
@@ -284,7 +299,7 @@ struct Kernel {
         // register assignments of them (ptxas then spills).
         if (PINGPONG && next_exists) pass_turn(consumer);
         const float zeros[MMA_BLOCKS_M][ACCUM] = {};
-        store(args, p, zeros, m0 + row_in_tile, n0);
+        epi.store(args, p, zeros, m0 + row_in_tile, n0);
         continue;
       }
       float acc[MMA_BLOCKS_M][ACCUM];
@@ -293,8 +308,9 @@ struct Kernel {
         if (next_exists) pass_turn(consumer);
         pos.advance(p.k_tiles);  // skip the other warpgroup's tile
       }
-      store(args, p, acc, m0 + row_in_tile, n0);
+      epi.store(args, p, acc, m0 + row_in_tile, n0);
     }
+    epi.finish();
   }
 
   // Pingpong turns: the mainloops of the two consumers run one after the other, in tile order, so that
@@ -363,7 +379,7 @@ struct Kernel {
   // Accumulators -> D, bounded by M and N. wgmma's fp32 layout: in m64 block i, warp w of the
   // warpgroup owns rows 16w .. 16w + 15; lane l holds rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1}
   // at acc[i][4j + {0, 1}] and acc[i][4j + {2, 3}].
-  __device__ __forceinline__ static void store(const GemmArgs& args, const Problem& p,
+  __device__ __forceinline__ static void store_direct(const GemmArgs& args, const Problem& p,
                                                const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
     Out* d = static_cast<Out*>(args.d);
     const int64_t ldd = args.ldd;
@@ -398,6 +414,77 @@ struct Kernel {
       }
     }
   }
+
+  // The same through shared memory and TMA stores, 64 x kEpiCols subtiles at a time (row-major D with
+  // a 16-byte-aligned base and row pitch); TMA clips the parts outside M and N.
+  __host__ __device__ __forceinline__ static bool tma_store_possible(const GemmArgs& args) {
+    return Cfg::kDRowMajor && reinterpret_cast<uintptr_t>(args.d) % 16 == 0 &&
+           (args.ldd * static_cast<int64_t>(sizeof(Out))) % 16 == 0;
+  }
+
+  static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns
+
+  struct Epilogue {
+    const Smem& smem;
+    const CUtensorMap* tmap_d;
+    int consumer;
+    int buffer;       // the staging buffer to fill next
+    bool use_tma;
+
+    __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p,
+                                          const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
+      if (!Cfg::kDRowMajor || !use_tma) {
+        store_direct(args, p, acc, m0, n0);
+        return;
+      }
+      const int t = threadIdx.x % kWarpgroupThreads;
+      const int warp = t / 32, lane = t % 32;
+      constexpr int kBlocksPerSubtile = kEpiCols / 8;  // n8 blocks of the accumulator layout
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+#pragma unroll
+        for (int sub = 0; sub < BN / kEpiCols; ++sub) {
+          const uint32_t buf = smem.epi_buffer(consumer, buffer);
+          // The store that last read this buffer (two subtiles ago) must be done reading it.
+          if (t == 0) ptx::tma_store_wait_read<kEpiBuffers - 1>();
+          ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+#pragma unroll
+          for (int jj = 0; jj < kBlocksPerSubtile; ++jj) {
+            const int j = sub * kBlocksPerSubtile + jj;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int row = warp * 16 + lane / 4 + 8 * h;
+              const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
+              const int chunk = (byte / 16) ^ (row % 8);  // the 128-byte swizzle TMA undoes
+              const uint32_t at = buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16;
+              st_shared_pair(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+            }
+          }
+          ptx::fence_proxy_async_smem();  // the generic-proxy writes, before TMA (async proxy) reads them
+          ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+          if (t == 0) {
+            ptx::tma_store_2d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM);
+            ptx::tma_store_commit();
+          }
+          buffer ^= 1;
+        }
+      }
+    }
+
+    // Before the CTA exits: every TMA store of this warpgroup performed.
+    __device__ __forceinline__ void finish() {
+      if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();
+    }
+
+    __device__ __forceinline__ static void st_shared_pair(uint32_t at, float x, float y) {
+      if constexpr (sizeof(Out) == 4) {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+      } else {
+        const typename Pair<Out>::type v = Pair<Out>::make(x, y);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+      }
+    }
+  };
 };
 
 }  // namespace sm90

@@ -43,6 +43,12 @@ template <>
 struct TensorMapType<__nv_bfloat16> {
   static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
 };
+template <>
+struct TensorMapType<float> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+};
+
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs);
 
 // What a tensor map encodes; equal keys give equal maps, so a launch with the same operand as the
 // last one (the common case: a layer's weight) skips the encoding.
@@ -60,7 +66,7 @@ struct CachedMap {
   bool valid = false;
 };
 
-// A 2-D map over a matrix of 16-bit elements whose `inner` dimension is contiguous and whose rows
+// A 2-D map over a matrix whose `inner` dimension is contiguous and whose rows
 // (the `outer` dimension) are `ld` elements apart; boxes of box_inner x box_outer, 128-byte swizzle,
 // zeros outside the matrix. Sizes of 0 (K = 0) are encoded as 1: no box is ever loaded then.
 template <typename Elem, int BOX_INNER, int BOX_OUTER>
@@ -84,7 +90,7 @@ inline cudaError_t tensor_map(CachedMap& cache, const void* base, int64_t inner,
 
 // How many clusters of this kernel can be resident at once (the persistent grid), per device.
 template <class K>
-inline cudaError_t resident_clusters(void (*kernel)(CUtensorMap, CUtensorMap, GemmArgs), int device, int* clusters) {
+inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
   static int known[kMaxDevices] = {};
   if (device < kMaxDevices && known[device] > 0) {
     *clusters = known[device];
@@ -111,8 +117,7 @@ inline cudaError_t resident_clusters(void (*kernel)(CUtensorMap, CUtensorMap, Ge
 }
 
 template <class Cfg>
-inline int launch(void (*fast)(CUtensorMap, CUtensorMap, GemmArgs), void (*slow)(GemmArgs), const GemmArgs* args,
-                  cudaStream_t stream) {
+inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
   using K = Kernel<Cfg>;
   using Elem = typename Cfg::Elem;
   if (args->m <= 0 || args->n <= 0) return 0;
@@ -131,6 +136,15 @@ inline int launch(void (*fast)(CUtensorMap, CUtensorMap, GemmArgs), void (*slow)
   err = Cfg::kBKMajor ? tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->k, args->n, args->ldb)
                       : tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->n, args->k, args->ldb);
   if (err != cudaSuccess) return static_cast<int>(err);
+  // D through TMA stores when its base and row pitch allow (the kernel makes the same test); an
+  // unused map stays zero.
+  thread_local CachedMap map_d;
+  if (K::tma_store_possible(*args)) {
+    err = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  } else {
+    map_d = CachedMap{};
+  }
 
   const int64_t units = ((args->m + Cfg::kBlockM * K::CM - 1) / (Cfg::kBlockM * K::CM)) *
                         ((args->n + Cfg::kBlockN * K::CN - 1) / (Cfg::kBlockN * K::CN));
@@ -157,7 +171,7 @@ inline int launch(void (*fast)(CUtensorMap, CUtensorMap, GemmArgs), void (*slow)
   attr.val.clusterDim.z = 1;
   config.attrs = &attr;
   config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, fast, map_a.map, map_b.map, *args);
+  err = cudaLaunchKernelEx(&config, fast, map_a.map, map_b.map, map_d.map, *args);
   if (err != cudaSuccess) return static_cast<int>(err);
   return static_cast<int>(cudaGetLastError());
 }

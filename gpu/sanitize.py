@@ -1,0 +1,57 @@
+"""One small ragged problem per sm90 schedule (and cluster shape), for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
+    compute-sanitizer --tool racecheck python3 gpu/sanitize.py
+
+Kernels are built before the checked launches (a build launches nothing). Exits non-zero when a
+result is wrong; the sanitizer's own summary says whether it found errors.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from generator import Gemm  # noqa: E402
+from generator.op import compile_many  # noqa: E402
+
+# (schedule, tile, cluster, layout): each schedule, each cluster shape, K-major and M/N-major operands.
+CASES = (
+    ("cooperative", (128, 256, 64), (2, 1), "tn"),
+    ("cooperative", (128, 128, 64), (1, 2), "nt"),
+    ("ws", (128, 128, 64), (1, 1), "nn"),
+    ("pingpong", (64, 256, 64), (1, 1), "tt"),
+    ("pingpong", (128, 128, 64), (2, 1), "tn"),
+)
+M, N, K = 193, 321, 200   # ragged in all three, several tiles and k tiles, pingpong turns taken
+
+
+def operand(rows: int, cols: int, row_major: bool) -> torch.Tensor:
+    if row_major:
+        return torch.randn(rows, -(-cols // 8) * 8, device="cuda").bfloat16()[:, :cols]
+    return torch.randn(cols, -(-rows // 8) * 8, device="cuda").bfloat16()[:, :rows].t()
+
+
+def main() -> int:
+    configs = [Gemm("bf16", lay, schedule=s, tile_shape=t, cluster_shape=c).config for s, t, c, lay in CASES]
+    ops = compile_many(configs, namespace="gemmgen_sanitize")
+    failures = 0
+    for op, (_, _, _, layout) in zip(ops, CASES):
+        a = operand(M, K, layout[0] == "t")
+        b = operand(K, N, layout[1] == "t")
+        assert op.path(a, b) == "fast"
+        d = op(a, b)
+        torch.cuda.synchronize()
+        ref = a.double() @ b.double()
+        err = ((d.double() - ref).norm() / ref.norm()).item()
+        ok = err <= 1e-2
+        failures += not ok
+        print(f"{op.name}: {M}x{N}x{K} rel error {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""GPU numerics of the sm90 family (TMA, mbarrier ring, wgmma; warp-specialized) on Hopper.
+
+Every schedule and cluster shape the templates offer, with all 4 layouts x 2 input dtypes x 3 output
+dtypes, against a float64 reference on fresh random inputs, output poisoned with NaN first. Ragged
+sizes use operands whose leading dimension is padded to 16 bytes, so they take the TMA path (its
+out-of-bounds zero fill and the bounded stores are what is under test); the unaligned path has its
+own tests in test_numerics.py.
+"""
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from generator import Gemm  # noqa: E402
+from generator.op import compile_many  # noqa: E402
+from generator.shipped import shipped_configs  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+LAYOUTS = ("nn", "nt", "tn", "tt")
+RAGGED = (1, 7, 8, 63, 64, 65, 127, 129, 1000, 4097)
+# (schedule, tile, cluster): every schedule, every cluster shape, both consumer splits.
+VARIANTS = (
+    ("cooperative", (128, 256, 64), (2, 1)),
+    ("cooperative", (128, 256, 64), (1, 1)),
+    ("cooperative", (128, 256, 64), (1, 2)),
+    ("cooperative", (256, 128, 64), (2, 1)),
+    ("cooperative", (128, 128, 64), (1, 2)),
+    ("ws", (128, 128, 64), (1, 1)),
+    ("ws", (128, 256, 64), (2, 1)),
+    ("pingpong", (64, 256, 64), (1, 1)),
+    ("pingpong", (128, 128, 64), (2, 1)),
+    ("pingpong", (64, 128, 64), (1, 2)),
+)
+
+
+def _is_hopper() -> bool:
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+if not _is_hopper():
+    pytestmark = [pytest.mark.gpu, pytest.mark.skip(reason="the sm90 family needs a Hopper GPU (sm_90)")]
+
+
+def variant_id(v: tuple) -> str:
+    schedule, tile, cluster = v
+    return f"{schedule}-{tile[0]}x{tile[1]}-c{cluster[0]}x{cluster[1]}"
+
+
+def operand(rows: int, cols: int, order: str, dtype: torch.dtype) -> torch.Tensor:
+    """Random (rows, cols) stored row- or column-major, leading dimension padded to 16 bytes."""
+    if order == "row":
+        ld = -(-cols // 8) * 8
+        return torch.randn(rows, ld, device="cuda").to(dtype)[:, :cols]
+    ld = -(-rows // 8) * 8
+    return torch.randn(cols, ld, device="cuda").to(dtype)[:, :rows].t()
+
+
+def operands(layout: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    a_order = "row" if layout[0] == "t" else "col"
+    b_order = "row" if layout[1] == "t" else "col"
+    return operand(m, k, a_order, dtype), operand(k, n, b_order, dtype)
+
+
+def poisoned_out(m: int, n: int, dtype: torch.dtype, col_major: bool) -> torch.Tensor:
+    if col_major:
+        return torch.full((n, -(-m // 8) * 8), float("nan"), dtype=dtype, device="cuda")[:, :m].t()
+    return torch.full((m, -(-n // 8) * 8), float("nan"), dtype=dtype, device="cuda")[:, :n]
+
+
+def check(op, layout: str, m: int, n: int, k: int, col_major: bool = False) -> None:
+    dtype = op.dtype
+    a, b = operands(layout, m, n, k, dtype)
+    out = poisoned_out(m, n, op.out_dtype, col_major)
+    assert op.path(a, b) == "fast", f"{op.name}: {m}x{n}x{k} should take the TMA path"
+    d = op(a, b, out=out)
+    ref = a.double() @ b.double()
+    if k == 0:
+        assert torch.count_nonzero(d) == 0 and not torch.isnan(d).any()
+        return
+    diff = (d.double() - ref).norm()
+    err = (diff / ref.norm().clamp_min(1e-30)).item() if torch.isfinite(diff) else float("inf")
+    assert err <= BOUND[dtype], f"{op.name} {layout} M={m} N={n} K={k}: rel error {err:.3g}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def exact_reference():
+    torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+
+
+@pytest.fixture(scope="session")
+def variant_ops():
+    """One op per (variant, layout, dtype, out dtype), all built in one parallel ninja run."""
+    keys = list(itertools.product(VARIANTS, LAYOUTS, DTYPES, OUT_DTYPES))
+    configs = [Gemm(dtype=dt, layout=lay, out_dtype=od, schedule=s, tile_shape=t, cluster_shape=c).config
+               for (s, t, c), lay, dt, od in keys]
+    return dict(zip(keys, compile_many(configs, namespace="gemmgen_sm90")))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_matrix_ragged(variant_ops, variant, layout):
+    """4 layouts x 2 dtypes x 3 output dtypes, ragged M, N, K drawn from RAGGED, for every variant."""
+    for dt, od in itertools.product(DTYPES, OUT_DTYPES):
+        op = variant_ops[(variant, layout, dt, od)]
+        assert op.config.family == "sm90"
+        rng = random.Random(f"{variant}{layout}{dt}{od}")
+        shapes = [tuple(rng.choice(RAGGED) for _ in range(3)) for _ in range(6)] + [(1, 1, 1), (65, 129, 63)]
+        for m, n, k in shapes:
+            check(op, layout, m, n, k)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_all_ragged_combinations_bf16(variant_ops, variant):
+    """Every (M, N, K) of RAGGED (but the largest corners), bf16, layout tn and nt."""
+    for layout in ("tn", "nt"):
+        op = variant_ops[(variant, layout, "bf16", "bf16")]
+        for m, n, k in itertools.product(RAGGED, repeat=3):
+            if m * n * k > 2 * 10**9:
+                continue
+            check(op, layout, m, n, k)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_large_and_repeatable(variant_ops, variant):
+    """Large ragged problems; the same inputs give bit-identical outputs over 10 runs (a race would not)."""
+    op = variant_ops[(variant, "tn", "bf16", "bf16")]
+    for m, n, k in ((4097, 4095, 4104), (3000, 5000, 1000), (127, 8191, 4096), (8192, 1024, 2048)):
+        check(op, "tn", m, n, k)
+    a, b = operands("tn", 2000, 3000, 1000, torch.bfloat16)
+    first = op(a, b)
+    for _ in range(10):
+        assert torch.equal(op(a, b), first)
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
+def test_zero_k_and_empty(variant_ops, variant):
+    op = variant_ops[(variant, "nt", "fp16", "fp32")]
+    check(op, "nt", 300, 200, 0)
+    a, b = operands("nt", 0, 64, 32, torch.float16)
+    assert op(a, b).shape == (0, 64)
+
+
+@pytest.mark.parametrize("schedule", ["cooperative", "pingpong", "ws"])
+def test_column_major_output(schedule):
+    tile = (64, 128, 64) if schedule == "pingpong" else (128, 128, 64)
+    op = Gemm(dtype="fp16", layout="nt", layout_c="col", schedule=schedule, tile_shape=tile,
+              cluster_shape=(2, 1), namespace="gemmgen_sm90").compile()
+    for m, n, k in ((1000, 1000, 1000), (7, 129, 65), (4097, 63, 8), (130, 4100, 4096)):
+        check(op, "nt", m, n, k, col_major=True)
+
+
+def test_unaligned_operands_fall_back():
+    """Strides TMA cannot take run the unaligned kernel, correctly; the plan says so."""
+    plan = Gemm(dtype="bf16", layout="tn")
+    assert plan.config.family == "sm90"
+    op = plan.compile()
+    m, n, k = 300, 200, 129
+    a = torch.randn(m, k + 1, device="cuda").bfloat16()[:, :k]   # lda = 130: 260 bytes
+    b = torch.randn(n, k, device="cuda").bfloat16().t()          # ldb = 129
+    assert op.path(a, b) == "unaligned"
+    d = op(a, b)
+    err = ((d.double() - a.double() @ b.double()).norm() / (a.double() @ b.double()).norm()).item()
+    assert err <= BOUND[torch.bfloat16]
+
+
+def test_every_shipped_config():
+    """Each kernel the planner ships for arch 90 (benchmarks/shapes.json), on a ragged and a square problem."""
+    configs = shipped_configs(90)
+    ops = compile_many(configs, namespace="gemmgen_shipped")
+    for op in ops:
+        layout = op.config.layout.blas
+        for m, n, k in ((1000, 1000, 1000), (257, 513, 129)):
+            check(op, layout, m, n, k, col_major=op.config.layout.c.value == "col")
