@@ -14,7 +14,7 @@ import jinja2
 from .config import KernelConfig, check_config
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
-FAMILY_TEMPLATES = {"sm80": "sm80/gemm.cu.j2"}
+FAMILY_TEMPLATES = {"sm80": "sm80/gemm.cu.j2", "sm90": "sm90/gemm.cu.j2"}
 
 
 def templates_dir() -> Path:
@@ -40,20 +40,29 @@ def _environment() -> jinja2.Environment:
 
 
 def template_context(cfg: KernelConfig) -> dict[str, object]:
+    """The constants the family's template substitutes (the contract between Python and CUDA sides)."""
     bm, bn, bk = cfg.tile
-    return {
+    common = {
         "name": cfg.name,
         "description": cfg.describe().splitlines(),
         "elem_cuda": cfg.dtype.cuda_type,
         "out_cuda": cfg.out_dtype.cuda_type,
         "bm": bm, "bn": bn, "bk": bk,
-        "wm": cfg.warps[0], "wn": cfg.warps[1],
         "stages": cfg.stages,
-        "raster_group": cfg.raster_group,
+    }
+    layout = {
         "a_k_major": cfg.layout.a_k_major,
         "b_k_major": cfg.layout.b_k_major,
         "d_row_major": cfg.layout.c.value == "row",
     }
+    if cfg.family == "sm90":
+        return {**common,
+                "cluster_m": cfg.cluster[0], "cluster_n": cfg.cluster[1],
+                "schedule": cfg.schedule,           # "ws" | "cooperative" | "pingpong"
+                "raster": cfg.raster,               # "m" | "n"
+                "raster_group": cfg.raster_group,
+                **layout}
+    return {**common, "wm": cfg.warps[0], "wn": cfg.warps[1], "raster_group": cfg.raster_group, **layout}
 
 
 def render(cfg: KernelConfig) -> dict[str, str]:

@@ -6,6 +6,7 @@ of names; update the pins in the same change, with the reason in its message.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from generator import Gemm, KernelConfig, check_config
 from generator import config as config_module
 from generator.arch import ARCHS, arch_spec
-from generator.config import max_stages_that_fit
+from generator.config import max_stages_that_fit, sm90_smem_bytes
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
 from generator.shipped import benchmark_shapes
 from generator.types import DType, Order, parse_layout
@@ -504,3 +505,61 @@ def test_arch_none_with_torch_but_no_gpu() -> None:
 
 def test_knobs_default() -> None:
     assert Knobs() == Knobs(tile=None, warps=None, stages=None, raster_group=None)
+
+
+# -- the sm90 family's configs ----------------------------------------------------------------------
+
+
+def test_sm90_config_name_and_fields() -> None:
+    cfg = KernelConfig(arch=90, dtype=DType.fp16, out_dtype=DType.fp32, layout=parse_layout("nt", layout_c="col"),
+                       tile=(64, 128, 64), warps=None, stages=6, raster_group=16, family="sm90", cluster=(1, 2),
+                       schedule="pingpong", raster="n")
+    check_config(cfg)
+    assert cfg.name == "sm90_fp16_nt_dcol_64x128x64_c1x2_s6_pp_g16n_ofp32"
+    assert cfg.threads == 384
+    assert cfg.consumer_rows == 64 and cfg.accumulators_per_thread == 64
+    assert cfg.smem_bytes == sm90_smem_bytes(cfg) == 6 * (64 + 128) * 64 * 2 + 32768 + 1024
+    with pytest.raises(ValueError, match="no warp grid"):
+        cfg.warp_tile
+    ws = replace(cfg, tile=(256, 128, 64), schedule="ws", cluster=(2, 1), raster="m", raster_group=8, stages=3,
+                 out_dtype=DType.fp16)
+    assert ws.name == "sm90_fp16_nt_dcol_256x128x64_c2x1_s3_ws_g8m"
+    assert ws.consumer_rows == 128 and ws.accumulators_per_thread == 128
+
+
+@pytest.mark.parametrize("field_name, value, knob", [("schedule", "cooperative", "schedule"),
+                                                     ("cluster", (2, 1), "cluster_shape"), ("raster", "n", "raster")])
+def test_sm80_config_refuses_sm90_fields(field_name: str, value: object, knob: str) -> None:
+    cfg = plan().config
+    with pytest.raises(ValueError) as err:
+        check_config(replace(cfg, **{field_name: value}))
+    assert str(err.value) == f"{knob}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"
+
+
+def test_sm90_config_refusals() -> None:
+    cfg = KernelConfig(arch=90, dtype=DType.bf16, out_dtype=DType.bf16, layout=parse_layout("tn"),
+                       tile=(128, 256, 64), warps=None, stages=4, raster_group=8, family="sm90", cluster=(2, 1),
+                       schedule="cooperative", raster="m")
+    check_config(cfg)
+    assert cfg.name == "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"
+    assert cfg.smem_bytes == 4 * 49152 + 32768 + 1024
+    for change, message in (
+            (dict(arch=80), "arch=80: the sm90 family uses wgmma and TMA, which exist only on sm_90a: plan with "
+                            "arch=90, or family='sm80'"),
+            (dict(stages=5), "stages=5 with tile 128x256x64 bf16 needs 279552 bytes of shared memory (5 x 49152 "
+                             "operand tiles + 32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use "
+                             "stages<=4 or tile 128x128x64"),
+            (dict(tile=(128, 256, 32)), "tile 128x256x32: the sm90 family needs BK=64 (one 128-byte swizzle row of "
+                                        "16-bit elements): use tile 128x256x64"),
+            (dict(schedule="pingpong"), "tile 128x256x64 with schedule 'pingpong' needs 256 fp32 accumulators per "
+                                        "consumer thread (a warpgroup holds 128x256); at most 128 fit in registers: "
+                                        "use schedule='cooperative' (two warpgroups split it) or tile 64x256x64 or "
+                                        "128x128x64"),
+            (dict(cluster=(2, 2)), "cluster 2x2 is not one the sm90 template launches: use (1, 1), (2, 1) (two "
+                                   "blocks along M share B) or (1, 2) (two blocks along N share A)"),
+            (dict(warps=(2, 4)), "warps= is a knob of the sm80 family (cp.async + mma.sync, arch=80 and newer); "
+                                 "this plan is sm90, whose 384 threads are fixed (1 producer + 2 consumer "
+                                 "warpgroups): plan with family='sm80'")):
+        with pytest.raises(ValueError) as err:
+            check_config(replace(cfg, **change))
+        assert str(err.value) == message

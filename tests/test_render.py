@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm, KernelConfig
-from generator.render import _environment, included_headers, render, templates_dir
+from generator.render import FAMILY_TEMPLATES, _environment, included_headers, render, template_context, templates_dir
 from generator.shipped import SHIPPED_ARCHS, shipped_configs
 from generator.types import DType, parse_layout
 
@@ -284,3 +284,23 @@ def test_kernel_config_fields_reach_the_template() -> None:
     _, text = only_source(cfg)
     assert cfg.name == "sm80_fp16_nt_64x128x64_w2x2_s3_g16_obf16"
     assert "kAKMajor = false;" in text and "kBKMajor = false;" in text
+
+
+def test_sm90_kernel_config_fields_reach_the_template() -> None:
+    cfg = KernelConfig(arch=90, dtype=DType.fp16, out_dtype=DType.bf16, layout=parse_layout("nt"),
+                       tile=(64, 128, 64), warps=None, stages=3, raster_group=16, family="sm90", cluster=(1, 2),
+                       schedule="pingpong", raster="n")
+    _, text = only_source(cfg)
+    assert cfg.name == "sm90_fp16_nt_64x128x64_c1x2_s3_pp_g16n_obf16"
+    assert "kAKMajor = false;" in text and "kBKMajor = false;" in text
+    assert "kClusterN = 2;" in text and "kRasterGroup = 16;" in text and "kRasterAlongM = false;" in text
+
+
+def test_sm90_template_context_is_the_contract() -> None:
+    cfg = KernelConfig(arch=90, dtype=DType.bf16, out_dtype=DType.fp32, layout=parse_layout("tn"),
+                       tile=(128, 256, 64), warps=None, stages=4, raster_group=8, family="sm90", cluster=(2, 1),
+                       schedule="cooperative", raster="m")
+    assert set(template_context(cfg)) == {
+        "name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
+        "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major"}
+    assert FAMILY_TEMPLATES["sm90"] == "sm90/gemm.cu.j2"
