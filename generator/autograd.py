@@ -32,7 +32,7 @@ with ``out_dtype=fp32``) is cast to the input dtype, because the kernels take fp
 The backward ops are planned and registered together with the forward op (both gradient orders:
 planning is pure Python and cheap), so that a compiled backward graph loaded from torch.compile's
 cache in a new process finds them; their kernels are built lazily, on their first launch (the build
-cache makes that a load in later processes). Their dtype and architecture are the forward op's;
+cache makes that a load in later processes). Their dtype, architecture and family are the forward op's;
 their output dtype is the input dtype; they are registered ops with this same formula, so double
 backward works too (the layouts of dA, dB, their dA and dB, ... form a small closed set, at most
 eight per dtype and architecture, all registered at once).
@@ -67,7 +67,8 @@ def backward_layouts(layout: object, grad_order: object = Order.row) -> tuple[La
 
 
 def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tuple[KernelConfig, KernelConfig]:
-    """Planned configs for dA and dB: the forward op's dtype and architecture, output dtype = input dtype.
+    """Planned configs for dA and dB: the forward op's dtype, architecture and kernel family, output
+    dtype = input dtype.
 
     Planned without problem hints (a large problem), like a forward plan without hints: the kernel
     is chosen once per forward op, not per call, so one compiled graph serves every M.
@@ -75,7 +76,8 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tu
     from .gemm import Gemm
 
     layouts = backward_layouts(config.layout, grad_order)
-    grad_a, grad_b = (Gemm(dtype=config.dtype, layout=lay, arch=config.arch).config for lay in layouts)
+    grad_a, grad_b = (Gemm(dtype=config.dtype, layout=lay, arch=config.arch, family=config.family).config
+                      for lay in layouts)
     return grad_a, grad_b
 
 

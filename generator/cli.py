@@ -15,18 +15,22 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from .arch import ARCHS
+from .config import FAMILIES, RASTERS, SM90_SCHEDULES
 from .types import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Order
 
 PROG = "python -m generator"
-#: --plan keys: Gemm keyword arguments (tile/warps also under their option names) and the op name.
+#: --plan keys: Gemm keyword arguments (tile, cluster also under their option names) and the op name.
 PLAN_OPTION_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
-                    "tile", "warps", "stages", "raster_group", "op_name")
+                    "family", "tile", "warps", "stages", "raster_group", "schedule", "cluster", "raster", "op_name")
+#: --plan keys spelled as their Gemm keyword argument.
+_PLAN_KEY_ALIASES = {"tile_shape": "tile", "cluster_shape": "cluster"}
 
 BENCH_SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench.py"
 
 TOP_EPILOG = f"""\
 examples:
   {PROG} plan --dtype bf16 --layout tn --arch 80
+  {PROG} plan --dtype bf16 --layout tn --arch 90
   {PROG} plan --dtype fp16 --layout nn --arch 90 --m 8192 --n 8192 --k 8192 --verbose
   {PROG} render --dtype bf16 --layout tn --arch 80 --tile 128x128x32 --stages 4 --out build/kernels
   {PROG} emit --dtype bf16 --layout tn --arch 90 --name my_gemms --out emitted/my_gemms
@@ -40,13 +44,19 @@ PLAN_EPILOG = f"""\
 examples:
   {PROG} plan --dtype bf16 --layout tn --arch 80
   {PROG} plan --dtype bf16 --layout tn --arch 80 --m 128 --n 4096 --k 4096 --verbose
-  {PROG} plan --dtype fp16 --out-dtype fp32 --layout tt --arch 90 --tile 128x256x32 --warps 2x4 --stages 3
+  {PROG} plan --dtype bf16 --layout tn --arch 90            (sm90 family: TMA, wgmma, clusters)
+  {PROG} plan --arch 90 --tile 128x128x64 --schedule pingpong --cluster 1x2 --raster n --m 4096 --n 8192
+  {PROG} plan --dtype fp16 --out-dtype fp32 --layout tt --arch 90 --family sm80 --tile 128x256x32 --warps 2x4 --stages 3
+
+At --arch 90 the sm90 family is planned (knobs --schedule, --cluster, --raster); --family sm80 plans
+the cp.async/mma.sync family there instead (knob --warps).
 """
 
 RENDER_EPILOG = f"""\
 examples:
   {PROG} render --dtype bf16 --layout tn --arch 80 --out build/kernels
   {PROG} render --dtype fp16 --layout nt --arch 90 --tile 128x128x64 --stages 4 --out /tmp/k
+  {PROG} render --dtype bf16 --layout tn --arch 90 --schedule pingpong --cluster 1x1 --out /tmp/k
 
 The .cu files include plain CUDA headers from the templates folder: compile them with
 nvcc -I <that folder> (render prints it on stderr).
@@ -58,13 +68,14 @@ examples:
   {PROG} emit --plan "dtype=bf16,layout=tn,arch=90" --plan "dtype=fp16,layout=nn,arch=80" \\
       --name my_gemms --out emitted/my_gemms
   {PROG} emit --arch 80 --plan dtype=bf16 --plan "dtype=fp16,out_dtype=fp32,op_name=mm_f32" --out emitted/mm80
+  {PROG} emit --arch 90 --plan "schedule=pingpong,cluster=1x1" --plan "family=sm80,layout=nt" --out emitted/mm90
   {PROG} emit --plans plans.json --name my_gemms --out emitted/my_gemms
 
 Writes a pip-installable package (torch extension) with one op per plan into --out; then
   pip install --no-build-isolation emitted/my_gemms
   python -c "import my_gemms; help(my_gemms)"
 A --plan is comma-separated key=value pairs: {', '.join(PLAN_OPTION_KEYS)}
-(tile=128x128x32, warps=2x4). The knobs given as options (--arch, --dtype, ...) are the defaults of
+(tile=128x128x32, warps=2x4, cluster=2x1). The knobs given as options (--arch, --dtype, ...) are the defaults of
 every --plan and --plans entry. --plans takes a JSON list of objects of Gemm keyword arguments (the
 plans.json that emit writes into a package is one). Op names default to gemm_<dtype>_<layout>
 (+ _o<out dtype>, + _dcol). --name defaults to the --out folder's name. Needs neither torch nor a GPU.
@@ -115,14 +126,14 @@ def _plan_option(text: str) -> dict[str, object]:
         "dtype": [d.value for d in INPUT_DTYPES], "out_dtype": [d.value for d in OUTPUT_DTYPES],
         "layout": list(LAYOUTS), "layout_a": [o.value for o in Order], "layout_b": [o.value for o in Order],
         "layout_c": [o.value for o in Order], "arch": [str(a) for a in sorted(ARCHS)],
+        "family": list(FAMILIES), "schedule": list(SM90_SCHEDULES), "raster": list(RASTERS),
     }
-    shapes = {"tile": _shape(3, "128x128x32"), "warps": _shape(2, "2x2")}
+    shapes = {"tile": _shape(3, "128x128x32"), "warps": _shape(2, "2x2"), "cluster": _shape(2, "2x1")}
     entry: dict[str, object] = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
         key, value = key.strip().replace("-", "_"), value.strip()
-        if key == "tile_shape":
-            key = "tile"
+        key = _PLAN_KEY_ALIASES.get(key, key)
         if not sep or key not in PLAN_OPTION_KEYS:
             raise argparse.ArgumentTypeError(
                 f"{item!r} is not key=value with a key of {', '.join(PLAN_OPTION_KEYS)} "
@@ -133,7 +144,7 @@ def _plan_option(text: str) -> dict[str, object]:
             listed = ", ".join(repr(c) if key != "arch" else c for c in choices[key])
             raise argparse.ArgumentTypeError(f"{key}={value!r} is not a valid choice (choose from {listed})")
         if key in shapes:
-            entry["tile_shape" if key == "tile" else key] = shapes[key](value)
+            entry[{"tile": "tile_shape", "cluster": "cluster_shape"}.get(key, key)] = shapes[key](value)
         elif key in ("arch", "m", "n", "k"):
             entry[key] = int(value) if key == "arch" else _positive_int(value)
         elif key in ("stages", "raster_group"):
@@ -171,13 +182,24 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--n", type=_positive_int, default=None, metavar="N", help="problem size hint: columns of B and D")
     g.add_argument("--k", type=_positive_int, default=None, metavar="K", help="problem size hint: the reduction length")
     k = p.add_argument_group("knobs (each left to the planner unless given)")
+    k.add_argument("--family", default=None, choices=list(FAMILIES),
+                   help="kernel family: sm80 (cp.async, mma.sync; arch 80 and newer) or sm90 (TMA, wgmma; "
+                        "arch 90); default: sm90 at --arch 90, sm80 below")
     k.add_argument("--tile", type=_shape(3, "128x128x32"), default=None, metavar="MxNxK",
-                   help="thread-block tile BMxBNxBK, e.g. 128x128x32")
+                   help="thread-block tile BMxBNxBK, e.g. 128x128x32 (sm80) or 128x256x64 (sm90)")
     k.add_argument("--warps", type=_shape(2, "2x2"), default=None, metavar="MxN",
-                   help="warp grid WMxWN, e.g. 2x2 (4 warps) or 2x4 (8 warps)")
+                   help="sm80: warp grid WMxWN, e.g. 2x2 (4 warps) or 2x4 (8 warps)")
     k.add_argument("--stages", type=int, default=None, metavar="S", help="shared-memory pipeline stages, e.g. 4")
     k.add_argument("--raster-group", type=int, default=None, metavar="G",
-                   help="block rows walked together for L2 reuse, e.g. 8")
+                   help="tile rows (sm90 --raster n: columns) walked together for L2 reuse, e.g. 8")
+    k.add_argument("--schedule", default=None, choices=list(SM90_SCHEDULES),
+                   help="sm90: ws (one tile per block), cooperative (persistent, two warpgroups per tile) or "
+                        "pingpong (persistent, warpgroups on alternate tiles)")
+    k.add_argument("--cluster", type=_shape(2, "2x1"), default=None, metavar="MxN",
+                   help="sm90: thread-block cluster, 1x1, 2x1 (blocks along M share B) or 1x2 (share A)")
+    k.add_argument("--raster", default=None, choices=list(RASTERS),
+                   help="sm90: tile order, m (down M through --raster-group rows, then along N) or n "
+                        "(along N through --raster-group columns, then down M)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,8 +258,9 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, object]:
     """The Gemm keyword arguments that the knob options give."""
     return dict(dtype=args.dtype, layout=args.layout, arch=args.arch, out_dtype=args.out_dtype,
                 layout_a=args.layout_a, layout_b=args.layout_b, layout_c=args.layout_c,
-                m=args.m, n=args.n, k=args.k, tile_shape=args.tile, warps=args.warps,
-                stages=args.stages, raster_group=args.raster_group)
+                m=args.m, n=args.n, k=args.k, family=args.family, tile_shape=args.tile, warps=args.warps,
+                stages=args.stages, raster_group=args.raster_group, schedule=args.schedule,
+                cluster_shape=args.cluster, raster=args.raster)
 
 
 def _no_gpu_hint(err: RuntimeError) -> RuntimeError:

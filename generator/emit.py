@@ -180,16 +180,13 @@ class EmittedOp:
             "a_doc": _OPERAND_DOC["A", layout.a],
             "b_doc": _OPERAND_DOC["B", layout.b],
             "d_doc": _OPERAND_DOC["D", layout.c],
-            "tile": "x".join(map(str, cfg.tile)),
-            "warps": "x".join(map(str, cfg.warps)),
-            "stages": cfg.stages,
-            "raster_group": cfg.raster_group,
+            "knobs": _knobs_doc(cfg),
         }
 
     def plan_record(self) -> dict[str, Any]:
         """Gemm keyword arguments that plan exactly this config again, plus the op and kernel names."""
         cfg = self.config
-        return {
+        record: dict[str, Any] = {
             "op_name": self.name,
             "kernel": cfg.name,
             "dtype": cfg.dtype.value,
@@ -197,11 +194,24 @@ class EmittedOp:
             "layout": cfg.layout.blas,
             "layout_c": cfg.layout.c.value,
             "arch": cfg.arch,
+            "family": cfg.family,
             "tile_shape": "x".join(map(str, cfg.tile)),
-            "warps": "x".join(map(str, cfg.warps)),
-            "stages": cfg.stages,
-            "raster_group": cfg.raster_group,
         }
+        if cfg.family == "sm90":
+            record.update(schedule=cfg.schedule, cluster_shape="x".join(map(str, cfg.cluster)), raster=cfg.raster)
+        else:
+            record["warps"] = "x".join(map(str, cfg.warps))
+        record.update(stages=cfg.stages, raster_group=cfg.raster_group)
+        return record
+
+
+def _knobs_doc(cfg: KernelConfig) -> str:
+    """The knobs that shape the kernel, for its op's docstring: 'tile ..., warps ..., N stages'."""
+    tile = "x".join(map(str, cfg.tile))
+    if cfg.family == "sm90":
+        cluster = "x".join(map(str, cfg.cluster))
+        return f"tile {tile}, {cfg.schedule} schedule, cluster {cluster}, {cfg.stages} stages"
+    return f"tile {tile}, warps {'x'.join(map(str, cfg.warps))}, {cfg.stages} stages"
 
 
 def _configs(plans: object) -> list[KernelConfig]:
@@ -355,7 +365,7 @@ def emit(plans: Gemm | KernelConfig | Sequence[Gemm | KernelConfig], name: str, 
 
 #: Keys a plan entry may have: Gemm keyword arguments, plus its op name and (checked) kernel name.
 PLAN_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
-             "tile_shape", "warps", "stages", "raster_group")
+             "family", "tile_shape", "warps", "stages", "raster_group", "schedule", "cluster_shape", "raster")
 ENTRY_KEYS = ("op_name", "kernel")
 
 

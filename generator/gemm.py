@@ -4,16 +4,19 @@ assignment any override the template or the hardware cannot honour (the plan sta
     plan = Gemm(dtype="bf16", layout="tn", arch=80)
     plan.stages = 3          # re-planned and checked now, not at compile time
     op = plan.compile()      # render -> build (cached) -> torch op
+
+At arch 90 the plan is of the sm90 family (TMA, wgmma) unless ``family="sm80"`` is given; its knobs
+are ``schedule``, ``cluster_shape`` and ``raster`` instead of ``warps``.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .arch import ArchSpec, arch_spec, detect_arch
-from .config import KernelConfig
+from .config import FAMILIES, RASTERS, SM90_SCHEDULES, KernelConfig
 from .planner import Estimate, Knobs, Problem, choose
 from .render import render
 from .types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_layout
@@ -43,6 +46,40 @@ def _int_tuple(value: object, length: int, what: str, example: str) -> tuple[int
     return items
 
 
+def _int_or_none(value: object, what: str, example: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{what}={value!r}: give an integer, e.g. {what}={example}")
+    return value
+
+
+def _choice(value: object, what: str, choices: tuple[str, ...]) -> str:
+    """A string knob; its value is judged by the planner (check_config), type errors here."""
+    if not isinstance(value, str):
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{what}={value!r}: give one of {listed}")
+    return value
+
+
+def _family(value: object) -> str | None:
+    if value is not None and value not in FAMILIES:
+        raise ValueError(f"family={value!r}: use 'sm80' (cp.async + mma.sync, arch 80 and newer), 'sm90' "
+                         f"(TMA + wgmma, arch 90) or None (the architecture's default)")
+    return value  # type: ignore[return-value]
+
+
+# Gemm keyword / property name -> (Knobs field, parser of the user's value).
+_KNOB_PARSERS: dict[str, tuple[str, Callable[[object], object]]] = {
+    "family": ("family", _family),
+    "tile_shape": ("tile", lambda v: _int_tuple(v, 3, "tile_shape", "(128, 128, 32)")),
+    "warps": ("warps", lambda v: _int_tuple(v, 2, "warps", "(2, 2)")),
+    "stages": ("stages", lambda v: _int_or_none(v, "stages", "4")),
+    "raster_group": ("raster_group", lambda v: _int_or_none(v, "raster_group", "8")),
+    "schedule": ("schedule", lambda v: _choice(v, "schedule", SM90_SCHEDULES)),
+    "cluster_shape": ("cluster", lambda v: _int_tuple(v, 2, "cluster_shape", "(2, 1)")),
+    "raster": ("raster", lambda v: _choice(v, "raster", RASTERS)),
+}
+
+
 @dataclass(frozen=True)
 class _Request:
     """Everything the user asked for; the config is a pure function of this."""
@@ -59,15 +96,19 @@ class _Request:
 class Gemm:
     """A planned GEMM, D = A @ B. See the README for layouts; every knob below may be overridden.
 
-    Knobs: ``tile_shape`` (BM, BN, BK), ``warps`` (WM, WN), ``stages``, ``raster_group``,
-    ``out_dtype``. ``arch=None`` plans for the visible GPU.
+    Knobs: ``tile_shape`` (BM, BN, BK), ``stages``, ``raster_group``, ``out_dtype``, ``family``
+    ("sm80" / "sm90"; default: sm90 at arch 90, sm80 below); sm80 only: ``warps`` (WM, WN); sm90
+    only: ``schedule`` ("ws" / "cooperative" / "pingpong"), ``cluster_shape`` (e.g. (2, 1) or "2x1"),
+    ``raster`` ("m" / "n"). ``arch=None`` plans for the visible GPU.
     """
 
     def __init__(self, dtype: object = "bf16", layout: object = "tn", *, arch: object = None,
                  out_dtype: object = None, layout_a: object = None, layout_b: object = None,
                  layout_c: object = None, m: int | None = None, n: int | None = None, k: int | None = None,
                  tile_shape: object = None, warps: object = None, stages: int | None = None,
-                 raster_group: int | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
+                 raster_group: int | None = None, family: str | None = None, schedule: str | None = None,
+                 cluster_shape: object = None, raster: str | None = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -79,16 +120,17 @@ class Gemm:
         if not isinstance(namespace, str) or not namespace.isidentifier():
             raise ValueError(f"namespace={namespace!r} must be a Python identifier, e.g. 'gemmgen'")
         self.namespace = namespace
+        given = dict(family=family, tile_shape=tile_shape, warps=warps, stages=stages, raster_group=raster_group,
+                     schedule=schedule, cluster_shape=cluster_shape, raster=raster)
+        # All knobs at once: a combination is judged as a whole (schedule="pingpong" with a tile that
+        # only pingpong takes is fine, whatever the order of the keywords).
+        knobs = Knobs(**{_KNOB_PARSERS[k][0]: _KNOB_PARSERS[k][1](v) for k, v in given.items() if v is not None})
         request = _Request(
             dtype=dtype_,
             out_dtype=parse_dtype(out_dtype, what="out_dtype", allowed=OUTPUT_DTYPES) if out_dtype else dtype_,
             layout=parse_layout(layout, layout_a=layout_a, layout_b=layout_b, layout_c=layout_c),
-            spec=spec, sm_count=sm_count, problem=problem, knobs=Knobs())
+            spec=spec, sm_count=sm_count, problem=problem, knobs=knobs)
         self._set_request(request)
-        for knob, value in (("tile_shape", tile_shape), ("warps", warps), ("stages", stages),
-                            ("raster_group", raster_group)):
-            if value is not None:
-                setattr(self, knob, value)
 
     # -- planning -------------------------------------------------------------------------------
 
@@ -100,6 +142,10 @@ class Gemm:
 
     def _with_knobs(self, **changes: object) -> None:
         self._set_request(replace(self._request, knobs=replace(self._request.knobs, **changes)))
+
+    def _set_knob(self, knob: str, value: object) -> None:
+        field_name, parse = _KNOB_PARSERS[knob]
+        self._with_knobs(**{field_name: parse(value)})
 
     @property
     def config(self) -> KernelConfig:
@@ -145,20 +191,30 @@ class Gemm:
         self._set_request(replace(self._request, out_dtype=parse_dtype(value, what="out_dtype", allowed=OUTPUT_DTYPES)))
 
     @property
+    def family(self) -> str:
+        """"sm80" or "sm90". Assign None to go back to the architecture's default."""
+        return self.config.family
+
+    @family.setter
+    def family(self, value: str | None) -> None:
+        self._set_knob("family", value)
+
+    @property
     def tile_shape(self) -> tuple[int, int, int]:
         return self.config.tile
 
     @tile_shape.setter
     def tile_shape(self, value: object) -> None:
-        self._with_knobs(tile=_int_tuple(value, 3, "tile_shape", "(128, 128, 32)"))
+        self._set_knob("tile_shape", value)
 
     @property
-    def warps(self) -> tuple[int, int]:
+    def warps(self) -> tuple[int, int] | None:
+        """sm80: the warp grid (WM, WN); None for the sm90 family (3 warpgroups, fixed)."""
         return self.config.warps
 
     @warps.setter
     def warps(self, value: object) -> None:
-        self._with_knobs(warps=_int_tuple(value, 2, "warps", "(2, 2)"))
+        self._set_knob("warps", value)
 
     @property
     def stages(self) -> int:
@@ -166,9 +222,7 @@ class Gemm:
 
     @stages.setter
     def stages(self, value: int) -> None:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"stages={value!r}: give an integer, e.g. stages=4")
-        self._with_knobs(stages=value)
+        self._set_knob("stages", value)
 
     @property
     def raster_group(self) -> int:
@@ -176,9 +230,34 @@ class Gemm:
 
     @raster_group.setter
     def raster_group(self, value: int) -> None:
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ValueError(f"raster_group={value!r}: give an integer, e.g. raster_group=8")
-        self._with_knobs(raster_group=value)
+        self._set_knob("raster_group", value)
+
+    @property
+    def schedule(self) -> str:
+        """sm90: "ws", "cooperative" or "pingpong"; "" for the sm80 family."""
+        return self.config.schedule
+
+    @schedule.setter
+    def schedule(self, value: str) -> None:
+        self._set_knob("schedule", value)
+
+    @property
+    def cluster_shape(self) -> tuple[int, int]:
+        """sm90: the thread-block cluster (along M, along N); (1, 1) for the sm80 family."""
+        return self.config.cluster
+
+    @cluster_shape.setter
+    def cluster_shape(self, value: object) -> None:
+        self._set_knob("cluster_shape", value)
+
+    @property
+    def raster(self) -> str:
+        """sm90: the order tiles are walked in, "m" or "n" (see README); "m" for the sm80 family."""
+        return self.config.raster
+
+    @raster.setter
+    def raster(self, value: str) -> None:
+        self._set_knob("raster", value)
 
     # -- output -----------------------------------------------------------------------------------
 

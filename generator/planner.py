@@ -1,7 +1,11 @@
 """The planner: enumerate the legal configs for an architecture, dtype and layout, estimate each one's
 time with a small analytic model, keep the cheapest. Every choice is explainable in one line.
 
-The model (relative units, not seconds):
+The kernel family follows the architecture (sm90 at arch 90, sm80 below it) unless the user fixes it;
+this module plans the sm80 family and holds what both share (Problem, Knobs, the choice itself);
+planner_sm90 plans the sm90 family.
+
+The sm80 model (relative units, not seconds):
     time = waves * blocks_per_sm * tile_flops / (tile_efficiency * sm_rate)
 where waves = ceil(tiles / (sms * blocks_per_sm)). Big tiles reuse each loaded byte more (higher
 efficiency) but quantize worse on small problems; the model trades the two. Measured tuning may later
@@ -13,7 +17,10 @@ import math
 from dataclasses import dataclass
 
 from .arch import ArchSpec
-from .config import KernelConfig, check_config, max_stages_that_fit
+from typing import Callable, Sequence
+
+from .config import (FAMILIES, KernelConfig, check_config, max_stages_that_fit, sm80_knob_sentence,
+                     sm90_knob_sentence)
 from .types import DType, Layout
 
 # Tile -> (warps, relative per-SM efficiency). Efficiency follows arithmetic intensity per k step:
@@ -63,9 +70,33 @@ class Knobs:
     """What the user fixed; None leaves the choice to the planner."""
 
     tile: tuple[int, int, int] | None = None
-    warps: tuple[int, int] | None = None
+    warps: tuple[int, int] | None = None          # sm80 only
     stages: int | None = None
     raster_group: int | None = None
+    family: str | None = None                     # None: the architecture's default family
+    schedule: str | None = None                   # sm90 only
+    cluster: tuple[int, int] | None = None        # sm90 only
+    raster: str | None = None                     # sm90 only
+
+
+def default_family(spec: ArchSpec) -> str:
+    """sm90 (TMA, wgmma) where it exists, i.e. on sm_90a; sm80 (cp.async, mma.sync) everywhere else."""
+    return "sm90" if spec.cc == 90 else "sm80"
+
+
+def resolve_family(knobs: Knobs, spec: ArchSpec) -> str:
+    """The family to plan, refusing a fixed knob that belongs to the other family."""
+    family = knobs.family or default_family(spec)
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r}: use 'sm80' (cp.async + mma.sync, arch 80 and newer), 'sm90' "
+                         f"(TMA + wgmma, arch 90) or None (the architecture's default)")
+    if family == "sm80":
+        for knob, value in (("schedule", knobs.schedule), ("cluster_shape", knobs.cluster), ("raster", knobs.raster)):
+            if value is not None:
+                raise ValueError(sm90_knob_sentence(knob, spec.cc))
+    elif knobs.warps is not None:
+        raise ValueError(sm80_knob_sentence("warps"))
+    return family
 
 
 def default_warps(tile: tuple[int, int, int]) -> tuple[int, int]:
@@ -125,10 +156,12 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
     configs = []
     for tile in tiles:
         warps = knobs.warps or default_warps(tile)
-        stages = knobs.stages or default_stages(tile, warps, dtype, spec)
+        # "is None", not "or": a fixed stages=0 or raster_group=0 is judged (and refused), not replaced.
+        stages = knobs.stages if knobs.stages is not None else default_stages(tile, warps, dtype, spec)
+        group = knobs.raster_group if knobs.raster_group is not None else DEFAULT_RASTER_GROUP
         configs.append(KernelConfig(
             arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=warps,
-            stages=stages, raster_group=knobs.raster_group or DEFAULT_RASTER_GROUP))
+            stages=stages, raster_group=group))
     return configs
 
 
@@ -138,27 +171,45 @@ def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
 
     With every knob of a candidate fixed by the user, an illegal combination raises ValueError
     (check_config's sentence); otherwise illegal candidates are dropped with their reason.
+    ``problem`` None plans for a large square problem (the user gave no size hints).
     """
-    problem = problem or Problem(*DEFAULT_PROBLEM)
     sm_count = sm_count or spec.sm_count
+    if resolve_family(knobs, spec) == "sm90":
+        from . import planner_sm90  # it builds on this module's Problem, Knobs and pick
+
+        return planner_sm90.choose_sm90(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem,
+                                        sm_count=sm_count)
+    problem = problem or Problem(*DEFAULT_PROBLEM)
+    configs = candidates(dtype, out_dtype, layout, spec, knobs)
+    return pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem))
+
+
+def pick(configs: Sequence[KernelConfig], estimate_fn: Callable[[KernelConfig], Estimate],
+         refuse: Callable[[KernelConfig], str | None] = lambda cfg: None) -> tuple[Estimate, list[str]]:
+    """The cheapest of ``configs`` that check_config (and ``refuse``, a planner-level rule) accepts; the
+    first one wins a tie, so candidates come in order of preference.
+
+    A single candidate (every knob fixed) raises its refusal as it is; when every candidate is refused
+    for the same reason, that reason is raised once; otherwise all of them, one line each."""
     rejected: list[str] = []
     best: Estimate | None = None
-    configs = candidates(dtype, out_dtype, layout, spec, knobs)
     for cfg in configs:
         try:
             check_config(cfg)
+            reason = refuse(cfg)
+            if reason is not None:
+                raise ValueError(reason)
         except ValueError as err:
             if len(configs) == 1:
                 raise
             rejected.append(f"{cfg.name}: {err}")
             continue
-        est = estimate(cfg, spec, sm_count, problem)
+        est = estimate_fn(cfg)
         if best is None or est.cost < best.cost:
             best = est
     if best is None:
-        reasons = {line.split(": ", 1)[1] for line in rejected}
+        reasons = list(dict.fromkeys(line.split(": ", 1)[1] for line in rejected))
         if len(reasons) == 1:  # the same knob failed everywhere (e.g. stages=9): say it once
-            raise ValueError(reasons.pop())
+            raise ValueError(reasons[0])
         raise ValueError("no config is legal for these knobs:\n  " + "\n  ".join(rejected))
     return best, rejected
-

@@ -2,7 +2,9 @@
 
 These are the kernels CI compiles with nvcc (ptxas must report no spills) and the ones a user gets
 without overriding a knob for the shapes the project measures. The list is a pure function of the
-planner and ``benchmarks/shapes.json``; it needs neither torch nor a GPU.
+planner and ``benchmarks/shapes.json``; it needs neither torch nor a GPU. At arch 90 that is the sm90
+family; ``family="sm80"`` gives the sm80 kernels planned for arch 90 (what ``Gemm(..., family="sm80")``
+builds there).
 """
 from __future__ import annotations
 
@@ -35,14 +37,15 @@ def benchmark_shapes() -> tuple[tuple[int, int, int], ...]:
     return tuple(shapes)
 
 
-def shipped_configs(arch: int) -> list[KernelConfig]:
+def shipped_configs(arch: int, family: str | None = None) -> list[KernelConfig]:
     """The planner's choices for each benchmark shape and for no hint, for fp16 and bf16 inputs
-    (output dtype = input dtype) and all four layouts; deduplicated, sorted by kernel name."""
+    (output dtype = input dtype) and all four layouts; deduplicated, sorted by kernel name.
+    ``family`` None: the architecture's default family."""
     problems: list[dict[str, int]] = [{}] + [dict(m=m, n=n, k=k) for m, n, k in benchmark_shapes()]
     found: dict[str, KernelConfig] = {}
     for dtype in INPUT_DTYPES:
         for layout in LAYOUTS:
             for hints in problems:
-                cfg = Gemm(dtype, layout, arch=arch, **hints).config
+                cfg = Gemm(dtype, layout, arch=arch, family=family, **hints).config
                 found[cfg.name] = cfg
     return [found[name] for name in sorted(found)]

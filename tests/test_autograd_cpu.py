@@ -119,6 +119,15 @@ def test_backward_configs_keep_dtype_and_arch_and_write_the_input_dtype():
         assert f"_fp16_{tag}_" in cfg.name
 
 
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+def test_backward_configs_keep_the_family(family):
+    """At arch 90 the backward kernels are of the forward op's family, also when it was forced to sm80."""
+    fwd = Gemm("bf16", "tn", arch=90, family=family, schedule="pingpong" if family == "sm90" else None).config
+    for cfg in (*backward_configs(fwd), *backward_configs(fwd, Order.col)):
+        assert (cfg.arch, cfg.family) == (90, family)
+        assert cfg.name.startswith(f"{family}_bf16_")
+
+
 # -- real ops: fake tensors on the cuda device ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -398,7 +407,7 @@ def test_linear_wraps_the_same_parameter_objects():
     layer = nn.Linear(8, 4).to(torch.bfloat16)
     ours = _reference_linear(layer)
     assert ours.weight is layer.weight and ours.bias is layer.bias
-    assert "op=sm80_bf16_tn_" in repr(ours)
+    assert "op=sm90_bf16_tn_" in repr(ours)  # planned for arch 90: the sm90 family
 
 
 def test_linear_falls_back_with_one_warning():

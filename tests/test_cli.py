@@ -26,11 +26,32 @@ def test_plan_prints_the_config_with_its_name():
 
 def test_plan_honours_every_knob():
     r = cli("plan", "--dtype", "fp16", "--out-dtype", "fp32", "--layout", "nt", "--layout-c", "col", "--arch", "90",
-            "--m", "512", "--n", "512", "--k", "1024", "--tile", "128x128x32", "--warps", "2x2", "--stages", "3",
-            "--raster-group", "4")
+            "--family", "sm80", "--m", "512", "--n", "512", "--k", "1024", "--tile", "128x128x32", "--warps", "2x2",
+            "--stages", "3", "--raster-group", "4")
     assert r.returncode == 0, r.stderr
     assert "name:         sm80_fp16_nt_dcol_128x128x32_w2x2_s3_g4_ofp32\n" in r.stdout
     assert "arch:         sm_90" in r.stdout
+
+
+def test_plan_honours_every_sm90_knob():
+    r = cli("plan", "--dtype", "fp16", "--out-dtype", "fp32", "--layout", "nt", "--layout-c", "col", "--arch", "90",
+            "--m", "512", "--n", "512", "--k", "1024", "--tile", "128x128x64", "--schedule", "pingpong",
+            "--cluster", "1x2", "--raster", "n", "--stages", "3", "--raster-group", "4")
+    assert r.returncode == 0, r.stderr
+    assert "name:         sm90_fp16_nt_dcol_128x128x64_c1x2_s3_pp_g4n_ofp32\n" in r.stdout
+    assert "schedule:     pingpong" in r.stdout and "cluster:      1x2" in r.stdout
+    r = cli("plan", "--arch", "90", "--family", "sm90", "--schedule", "ws", "--cluster", "2x1")
+    assert r.returncode == 0, r.stderr
+    assert "_c2x1_" in r.stdout and "_ws_" in r.stdout
+
+
+def test_plan_at_arch_90_is_the_sm90_family_by_default():
+    r = cli("plan", "--dtype", "bf16", "--layout", "tn", "--arch", "90")
+    assert r.returncode == 0, r.stderr
+    from generator import Gemm
+
+    assert r.stdout == str(Gemm("bf16", "tn", arch=90)) + "\n"
+    assert "name:         sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m\n" in r.stdout
 
 
 def test_per_operand_layouts_override_the_letters():
@@ -78,6 +99,9 @@ def test_render_needs_out():
     ("--out-dtype", "int8", "'fp16', 'bf16', 'fp32'"),
     ("--layout-b", "diag", "'row', 'col'"),
     ("--arch", "70", "80, 86, 89, 90"),
+    ("--family", "sm70", "'sm80', 'sm90'"),
+    ("--schedule", "fast", "'ws', 'cooperative', 'pingpong'"),
+    ("--raster", "x", "'m', 'n'"),
 ])
 def test_a_bad_choice_exits_2_listing_the_choices(option, value, choices):
     r = cli("plan", "--arch", "80", option, value)
@@ -92,6 +116,7 @@ def test_a_bad_choice_exits_2_listing_the_choices(option, value, choices):
     (("--warps", "2by2"), "2 positive integers joined by 'x'"),
     (("--m", "0"), "not a positive integer"),
     (("--stages", "four"), "invalid int value"),
+    (("--cluster", "2by1"), "2 positive integers joined by 'x', e.g. 2x1"),
 ])
 def test_a_malformed_value_exits_2(args, message):
     r = cli("plan", "--arch", "80", *args)
@@ -117,6 +142,40 @@ def test_an_override_the_planner_refuses_exits_2_with_its_reason(args, message, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("args, message", [
+    (("--arch", "90", "--cluster", "2x2"), "error: cluster 2x2 is not one the sm90 template launches"),
+    (("--arch", "90", "--tile", "128x256x64", "--stages", "5"),
+     "needs 279552 bytes of shared memory (5 x 49152 operand tiles + 32768 epilogue + 1024 barriers and alignment); "
+     "sm90 allows 232448: use stages<=4 or tile 128x128x64"),
+    (("--arch", "90", "--tile", "128x128x32"), "the sm90 family needs BK=64"),
+    (("--arch", "90", "--warps", "2x4"), "error: warps= is a knob of the sm80 family"),
+    (("--arch", "80", "--schedule", "pingpong"),
+     "error: schedule= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"),
+    (("--arch", "80", "--cluster", "2x1"), "error: cluster_shape= is a knob of the sm90 family"),
+    (("--arch", "80", "--family", "sm90"),
+     "error: arch=80: the sm90 family uses wgmma and TMA, which exist only on sm_90a: plan with arch=90, or "
+     "family='sm80'"),
+    (("--arch", "90", "--m", "16", "--cluster", "2x1"),
+     "error: cluster 2x1 is larger than the tile grid (1 tile along M for M=16): use cluster 1x1"),
+])
+def test_sm90_refusals_exit_2_with_their_reason(args, message, tmp_path):
+    r = cli("plan", *args)
+    assert r.returncode == 2 and message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = cli("render", "--out", str(tmp_path / "out"), *args)
+    assert r.returncode == 2 and message in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_render_sm90(tmp_path):
+    from generator import Gemm
+
+    r = cli("render", "--arch", "90", "--schedule", "pingpong", "--cluster", "1x1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    expected = Gemm("bf16", "tn", arch=90, schedule="pingpong", cluster_shape=(1, 1)).render()
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == expected
+    assert next(iter(expected)).startswith("sm90_bf16_tn_") and "_c1x1_" in next(iter(expected))
+
+
 @pytest.mark.parametrize("args", [(), ("plan",), ("render",), ("emit",), ("bench",)])
 def test_help(args):
     r = cli(*args, "--help")
@@ -130,6 +189,11 @@ def test_help_shows_examples():
     for args in ((), ("plan",), ("render",), ("emit",)):
         r = cli(*args, "--help")
         assert "examples:" in r.stdout and "--arch 80" in r.stdout
+        assert "--arch 90" in r.stdout
+    r = cli("plan", "--help")
+    for option in ("--family {sm80,sm90}", "--schedule {ws,cooperative,pingpong}", "--cluster MxN", "--raster {m,n}"):
+        assert option in r.stdout
+    assert "--schedule pingpong --cluster 1x2 --raster n" in r.stdout  # an sm90 example
 
 
 def test_top_level_help_lists_every_command():
@@ -198,7 +262,9 @@ def test_emit_one_plan_from_the_knobs(tmp_path):
 
 def test_emit_several_plans_and_op_names(tmp_path):
     r = cli("emit", "--arch", "80", "--plan", "dtype=bf16", "--plan", "dtype=fp16,out_dtype=fp32,op_name=mm_f32",
-            "--plan", "layout=nt,layout_c=col,arch=90,tile=128x128x32,warps=2x2,stages=3,raster_group=4",
+            "--plan", "layout=nt,layout_c=col,arch=90,family=sm80,tile=128x128x32,warps=2x2,stages=3,raster_group=4",
+            "--plan", "layout=tt,arch=90,schedule=pingpong,cluster=1x2,raster=n,tile_shape=64x128x64",
+            "--plan", "layout=nn,arch=90,family=sm90,cluster_shape=1x1",
             "--out", str(tmp_path / "mm"))
     assert r.returncode == 0, r.stderr
     plans = json.loads((tmp_path / "mm" / "plans.json").read_text())
@@ -206,7 +272,9 @@ def test_emit_several_plans_and_op_names(tmp_path):
     got = {p["op_name"]: (p["kernel"], p["arch"]) for p in plans["plans"]}
     assert got == {"gemm_bf16_tn": ("sm80_bf16_tn_128x256x32_w2x4_s4_g8", 80),
                    "mm_f32": ("sm80_fp16_tn_128x256x32_w2x4_s4_g8_ofp32", 80),
-                   "gemm_bf16_nt_dcol": ("sm80_bf16_nt_dcol_128x128x32_w2x2_s3_g4", 90)}
+                   "gemm_bf16_nt_dcol": ("sm80_bf16_nt_dcol_128x128x32_w2x2_s3_g4", 90),
+                   "gemm_bf16_tt": ("sm90_bf16_tt_64x128x64_c1x2_s8_pp_g8n", 90),
+                   "gemm_bf16_nn": ("sm90_bf16_nn_128x256x64_c1x1_s4_coop_g8n", 90)}
     r = cli("emit", "--arch", "80", "--plan", "dtype=bf16", "--plan", "dtype=fp16", "--op-name", "a", "--op-name", "b",
             "--name", "ab", "--out", str(tmp_path / "ab"))
     assert r.returncode == 0, r.stderr
@@ -231,6 +299,13 @@ def test_emit_from_a_plans_file(tmp_path):
     (("--plan", "colour=red"), "with a key of dtype, out_dtype, layout"),
     (("--plan", "tile=128x128"), "3 positive integers joined by 'x'"),
     (("--plan", "stages=9"), "stages=9: the multistage pipeline takes 2 to 8 stages"),
+    (("--plan", "schedule=fast"), "schedule='fast' is not a valid choice (choose from 'ws', 'cooperative', 'pingpong')"),
+    (("--plan", "family=sm70"), "family='sm70' is not a valid choice (choose from 'sm80', 'sm90')"),
+    (("--plan", "raster=x"), "raster='x' is not a valid choice (choose from 'm', 'n')"),
+    (("--plan", "cluster=2"), "2 positive integers joined by 'x'"),
+    (("--plan", "arch=90,warps=2x4"), "plan 0: warps= is a knob of the sm80 family"),
+    (("--plan", "schedule=pingpong"), "plan 0: schedule= is a knob of the sm90 family (Hopper, arch=90); this plan is "
+                                      "sm80: plan with arch=90"),
     (("--layout", "xx"), "invalid choice: 'xx' (choose from 'nn', 'nt', 'tn', 'tt')"),
     (("--name", "my-gemms"), "name='my-gemms' is not allowed"),
     (("--name", "import"), "is a Python keyword"),

@@ -69,6 +69,11 @@ def test_the_ops_and_their_names(tmp_path):
     assert "B:   (K, N) torch.float16, row-major, strides (ldb, 1)" in doc
     assert "D:   (M, N) torch.float32, column-major, strides (1, M): torch.empty(N, M).t()" in doc
     assert "Kernel sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8_ofp32" in doc and "planned for sm_80" in doc
+    assert "(tile 128x256x32, warps 2x4, 4 stages)" in doc
+    doc = init.split("def gemm_bf16_tn")[1].split("def gemm_fp16_nt_ofp32_dcol")[0]
+    assert ("Kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (tile 128x256x64, cooperative schedule, cluster 2x1, "
+            "4 stages), planned for sm_90:") in doc
+    assert "built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200)" in doc
 
 
 def test_build_files(tmp_path):
@@ -82,7 +87,8 @@ def test_build_files(tmp_path):
     assert 'CUDAExtension(\n            name="my_gemms._C"' in setup
     assert "BuildExtension.with_options(use_ninja=True)" in setup
     assert '"-O3",\n    "-std=c++17",' in setup
-    assert '"csrc/binding.cpp",' in setup and '"csrc/sm80_bf16_tn_128x256x32_w2x4_s4_g8.cu",' in setup
+    assert '"csrc/binding.cpp",' in setup and '"csrc/sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m.cu",' in setup
+    assert '"csrc/sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8_ofp32.cu",' in setup
     gencodes = re.findall(r'"(-gencode=[^"]+)"', setup)
     assert gencodes == ["-gencode=arch=compute_80,code=[sm_80,compute_80]", "-gencode=arch=compute_90a,code=sm_90a"]
     assert "include_dirs=[str(CSRC)]" in setup and 'CSRC = Path(__file__).resolve().parent / "csrc"' in setup
@@ -118,6 +124,13 @@ def test_plans_json_records_pinned_plans_that_replan_the_same_kernels(tmp_path):
     (tmp_path / "stale.json").write_text(json.dumps(record))
     with pytest.raises(ValueError, match="records kernel 'sm80_something_else' but its knobs now plan"):
         load_plans_file(tmp_path / "stale.json")
+    by_op = {p["op_name"]: p for p in record["plans"]}
+    assert by_op["mm"] == {"op_name": "mm", "kernel": "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", "dtype": "bf16",
+                           "out_dtype": "bf16", "layout": "tn", "layout_c": "row", "arch": 90, "family": "sm90",
+                           "tile_shape": "128x256x64", "schedule": "cooperative", "cluster_shape": "2x1", "raster": "m",
+                           "stages": 4, "raster_group": 8}
+    sm80 = by_op["gemm_fp16_nt_ofp32_dcol"]
+    assert sm80["family"] == "sm80" and sm80["warps"] == "2x4" and "schedule" not in sm80 and "cluster_shape" not in sm80
     (tmp_path / "bad.json").write_text(json.dumps([{"dtype": "bf16", "arch": 80, "tile": "128x128x32"}]))
     with pytest.raises(ValueError, match="unknown key.*'tile'.*valid keys: dtype"):
         load_plans_file(tmp_path / "bad.json")

@@ -1,5 +1,6 @@
-"""nvcc compiles the rendered kernel of every shipped config, for sm_80 and for sm_90a, and ptxas reports no
-spills and no stack frame in any entry function.
+"""nvcc compiles the rendered kernel of every shipped config, and ptxas reports no spills and no stack frame
+in any entry function: the sm80 family for sm_80 (planned for arch 80) and for sm_90a (planned for arch 90
+with family="sm80"), the sm90 family for sm_90a only (wgmma and TMA exist nowhere else).
 
 CPU only (ptxas needs no GPU). The compiles run in parallel, one nvcc per kernel straight to a .cubin:
 the point is ptxas's resource report, and a cubin skips the host compiler and the linker that a
@@ -43,7 +44,12 @@ def find_nvcc() -> str | None:
 NVCC = find_nvcc()
 NO_NVCC = "nvcc not found (set CUDA_HOME or put nvcc on PATH): cannot compile the shipped kernels"
 
+# (target arch, config): the architecture's default family, plus the sm80 family where another is the default.
 CASES = [(arch, cfg) for arch in SHIPPED_ARCHS for cfg in shipped_configs(arch)]
+CASES += [(arch, cfg) for arch in SHIPPED_ARCHS if shipped_configs(arch)[0].family != "sm80"
+          for cfg in shipped_configs(arch, family="sm80")]
+#: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core).
+MAX_SHIPPED = {"sm80": 64, "sm90": 96}
 
 
 # -- the ptxas report ------------------------------------------------------------------------------
@@ -138,10 +144,18 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], 
 def test_shipped_configs_are_few_enough_for_ci() -> None:
     """Each shipped config is one nvcc run here; a planner change that multiplies them should be seen."""
     for arch in SHIPPED_ARCHS:
-        configs = shipped_configs(arch)
-        assert 1 <= len(configs) <= 64, f"sm{arch}: {len(configs)} shipped configs"
-        assert [c.name for c in configs] == sorted({c.name for c in configs})
-        assert all(c.arch == arch for c in configs)
+        for family in (None, "sm80"):
+            configs = shipped_configs(arch, family=family)
+            family = family or configs[0].family
+            assert 1 <= len(configs) <= MAX_SHIPPED[family], f"sm{arch} {family}: {len(configs)} shipped configs"
+            assert [c.name for c in configs] == sorted({c.name for c in configs})
+            assert all(c.arch == arch and c.family == family for c in configs)
+    assert {c.family for c in shipped_configs(90)} == {"sm90"}
+    assert {c.family for c in shipped_configs(80)} == {"sm80"}
+
+
+def test_sm90_kernels_compile_for_sm90a_only() -> None:
+    assert {(arch, cfg.family) for arch, cfg in CASES} == {(80, "sm80"), (90, "sm80"), (90, "sm90")}
 
 
 @pytest.mark.parametrize("arch, cfg", CASES, ids=[f"sm{arch}-{cfg.name}" for arch, cfg in CASES])

@@ -14,7 +14,7 @@ import pytest
 from generator import Gemm, KernelConfig, check_config
 from generator import config as config_module
 from generator.arch import ARCHS, arch_spec
-from generator.config import max_stages_that_fit, sm90_smem_bytes
+from generator.config import max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
 from generator.shipped import benchmark_shapes
 from generator.types import DType, Order, parse_layout
@@ -37,12 +37,30 @@ def snapshot(p: Gemm) -> tuple[object, ...]:
 
 
 def test_default_plan_sm90() -> None:
+    """At arch 90 the default family is sm90: cooperative 128x256x64, B multicast over a 2x1 cluster."""
     p = Gemm(dtype="bf16", layout="tn", arch=90)
+    assert p.name == "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"
+    assert p.config == KernelConfig(arch=90, dtype=DType.bf16, out_dtype=DType.bf16, layout=parse_layout("tn"),
+                                    tile=(128, 256, 64), warps=None, stages=4, raster_group=8, family="sm90",
+                                    cluster=(2, 1), schedule="cooperative", raster="m")
+    assert (p.arch, p.family, p.schedule, p.cluster_shape, p.raster, p.warps) == (90, "sm90", "cooperative", (2, 1),
+                                                                                "m", None)
+    assert p.rejected == []
+
+
+def test_default_plan_sm80_family_at_arch_90() -> None:
+    """family="sm80" at arch 90 plans the sm80 family for the H100's 132 SMs (for comparison)."""
+    p = Gemm(dtype="bf16", layout="tn", arch=90, family="sm80")
     assert p.name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
     assert p.config == KernelConfig(arch=90, dtype=DType.bf16, out_dtype=DType.bf16, layout=parse_layout("tn"),
                                     tile=(128, 256, 32), warps=(2, 4), stages=4, raster_group=8)
-    assert p.arch == 90
+    assert (p.family, p.schedule, p.cluster_shape, p.raster) == ("sm80", "", (1, 1), "m")
     assert p.rejected == []
+
+
+@pytest.mark.parametrize("arch", [80, 86, 89])
+def test_sm80_is_the_family_below_arch_90(arch: int) -> None:
+    assert Gemm(dtype="bf16", layout="tn", arch=arch).family == "sm80"
 
 
 def test_default_plan_sm80() -> None:
@@ -87,6 +105,7 @@ def test_arch_spellings_90(arch: object) -> None:
 # -- hints ---------------------------------------------------------------------------------------
 
 
+# The sm80 family's choices, at arch 80 (108 SMs) and at arch 90 with family="sm80" (132 SMs).
 @pytest.mark.parametrize("arch, hints, name", [
     (80, dict(m=16, n=4096, k=4096), "sm80_bf16_tn_64x64x32_w2x2_s4_g8"),
     (90, dict(m=16, n=4096, k=4096), "sm80_bf16_tn_64x64x32_w2x2_s4_g8"),
@@ -100,26 +119,59 @@ def test_arch_spellings_90(arch: object) -> None:
     (90, dict(m=8192, n=8192, k=8192), "sm80_bf16_tn_128x256x32_w2x4_s4_g8"),
 ])
 def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
-    assert plan(arch=arch, **hints).name == name
+    assert plan(arch=arch, family="sm80", **hints).name == name
+    if arch == 80:
+        assert plan(arch=arch, **hints).name == name  # the default family there
+
+
+@pytest.mark.parametrize("hints, name", [
+    (dict(), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+    (dict(m=4096, n=4096, k=4096), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+    (dict(m=8192, n=8192, k=8192), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+    (dict(m=1024, n=4096, k=4096), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),   # 128 tiles: one wave
+    (dict(m=128, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x2_s8_coop_g1m"),     # 64 tiles, A shared
+    (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),      # one row: nothing to share
+    (dict(m=16), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),                      # n, k default to 4096
+    (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),            # K=1: the epilogue is all
+    (dict(m=8192, n=8192, k=512), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # short K: pingpong
+    (dict(m=4097, n=4095, k=4104), "sm90_bf16_tn_128x256x64_c1x2_s4_coop_g8n"),   # 1x2 fills 4 waves exactly
+])
+def test_hints_sm90(hints: dict[str, int], name: str) -> None:
+    assert plan(arch=90, **hints).name == name
 
 
 def test_small_m_gets_a_small_tile() -> None:
-    big = plan(arch=90).tile_shape
-    small = plan(arch=90, m=16).tile_shape
+    big = plan(arch=90, family="sm80").tile_shape
+    small = plan(arch=90, family="sm80", m=16).tile_shape
     assert small[0] * small[1] < big[0] * big[1]
     assert small[0] == 64
 
 
-def test_fp16_hints_match_bf16() -> None:
+@pytest.mark.parametrize("m", [16, 128])
+def test_small_m_gets_a_small_tile_sm90(m: int) -> None:
+    """Few rows: a tile with 64 rows, or 128x64, so that more SMs get a tile than 128x256 would give."""
+    small = plan(arch=90, m=m, n=4096, k=4096).config
+    assert small.tile[:2] in ((64, 128), (64, 256), (128, 64))
+    assert small.tile[0] * small.tile[1] < 128 * 256
+
+
+def test_pingpong_for_short_k_cooperative_for_long_k() -> None:
+    """A cooperative tile's epilogue is not hidden behind math; with a short K it is a larger share."""
+    assert plan(arch=90, m=8192, n=8192, k=512).schedule == "pingpong"
+    assert plan(arch=90, m=8192, n=8192, k=8192).schedule == "cooperative"
+
+
+@pytest.mark.parametrize("arch, family", [(80, None), (90, "sm80"), (90, None)])
+def test_fp16_hints_match_bf16(arch: int, family: str | None) -> None:
     for m, n, k in [(16, 4096, 4096), (1000, 1000, 1000), (4096, 4096, 4096)]:
-        bf = plan(arch=90, m=m, n=n, k=k).name
-        fp = plan(arch=90, dtype="fp16", m=m, n=n, k=k).name
+        bf = plan(arch=arch, family=family, m=m, n=n, k=k).name
+        fp = plan(arch=arch, family=family, dtype="fp16", m=m, n=n, k=k).name
         assert fp == bf.replace("_bf16_", "_fp16_")
 
 
-# The planner's pick for every shape of benchmarks/shapes.json, sm90, bf16, layout tn (generated by
-# running the planner, then pasted: a heuristic change shows as a diff here).
-PINNED_SM90_BF16_TN = {
+# The sm80 family's pick for every shape of benchmarks/shapes.json at arch 90 (family="sm80"), bf16,
+# layout tn (generated by running the planner, then pasted: a heuristic change shows as a diff here).
+PINNED_SM80_AT_90_BF16_TN = {
     (1024, 1024, 1024): 'sm80_bf16_tn_64x64x32_w2x2_s4_g8',
     (2048, 2048, 2048): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (4096, 4096, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
@@ -166,6 +218,62 @@ PINNED_SM90_BF16_TN = {
 }
 
 
+def test_pinned_choices_for_benchmark_shapes_sm80_at_90_bf16_tn() -> None:
+    assert set(benchmark_shapes()) == set(PINNED_SM80_AT_90_BF16_TN), "shapes.json changed: re-pin the dict"
+    chosen = {(m, n, k): Gemm("bf16", "tn", arch=90, family="sm80", m=m, n=n, k=k).name
+              for (m, n, k) in benchmark_shapes()}
+    assert chosen == PINNED_SM80_AT_90_BF16_TN
+
+
+# The planner's pick for every shape of benchmarks/shapes.json at arch 90 (the sm90 family), bf16, layout
+# tn (generated by running the planner, then pasted: a heuristic change shows as a diff here).
+PINNED_SM90_BF16_TN = {
+    (1024, 1024, 1024): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g8m',
+    (2048, 2048, 2048): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (4096, 4096, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (8192, 8192, 8192): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (16, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (16, 6144, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (16, 14336, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
+    (16, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (16, 28672, 8192): 'sm90_bf16_tn_64x256x64_c1x1_s4_pp_g1m',
+    (16, 8192, 28672): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (128, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g1m',
+    (128, 6144, 4096): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g1m',
+    (128, 14336, 4096): 'sm90_bf16_tn_128x128x64_c1x2_s6_pp_g1m',
+    (128, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g1m',
+    (128, 28672, 8192): 'sm90_bf16_tn_128x256x64_c1x2_s4_coop_g1m',
+    (128, 8192, 28672): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g1m',
+    (512, 4096, 4096): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
+    (512, 6144, 4096): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g8m',
+    (512, 14336, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (512, 4096, 14336): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
+    (512, 28672, 8192): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
+    (512, 8192, 28672): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (1024, 4096, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (1024, 6144, 4096): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
+    (1024, 14336, 4096): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
+    (1024, 4096, 14336): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (1024, 28672, 8192): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (1024, 8192, 28672): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (4096, 6144, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (4096, 14336, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (4096, 4096, 14336): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (4096, 28672, 8192): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (4096, 8192, 28672): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (16384, 4096, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (16384, 6144, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (16384, 14336, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (16384, 4096, 14336): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (16384, 28672, 8192): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (16384, 8192, 28672): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (1000, 1000, 1000): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g8m',
+    (3000, 5000, 1000): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (4097, 4095, 4104): 'sm90_bf16_tn_128x256x64_c1x2_s4_coop_g8n',
+    (127, 8191, 4096): 'sm90_bf16_tn_128x64x64_c1x2_s8_coop_g1m',
+}
+
+
 def test_pinned_choices_for_benchmark_shapes_sm90_bf16_tn() -> None:
     assert set(benchmark_shapes()) == set(PINNED_SM90_BF16_TN), "shapes.json changed: re-pin the dict"
     chosen = {(m, n, k): Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).name for (m, n, k) in benchmark_shapes()}
@@ -193,16 +301,28 @@ def test_planner_drops_illegal_candidates_with_reasons() -> None:
 def test_planned_stages_fit_shared_memory() -> None:
     for arch in (80, 86, 89, 90):
         for m in (16, 1000, 4096):
-            cfg = plan(arch=arch, m=m).config
+            cfg = plan(arch=arch, family="sm80", m=m).config
             check_config(cfg)
             assert 3 <= cfg.stages <= max_stages_that_fit(cfg.tile, cfg.dtype, ARCHS[arch])
+
+
+def test_planned_stages_sm90_are_as_many_as_fit() -> None:
+    for m in (16, 128, 1000, 4096):
+        cfg = plan(arch=90, m=m).config
+        check_config(cfg)
+        assert 2 <= cfg.stages == sm90_max_stages_that_fit(cfg) <= 8
+        assert cfg.smem_bytes <= ARCHS[90].smem_per_block < sm90_smem_bytes(replace(cfg, stages=cfg.stages + 1)) \
+            or cfg.stages == 8
+    assert plan(arch=90, tile_shape=(128, 256, 64)).stages == 4      # 4 x 48 KB + 32 KB epilogue + 1 KB
+    assert plan(arch=90, tile_shape=(128, 128, 64)).stages == 6
+    assert plan(arch=90, tile_shape=(64, 128, 64)).stages == 8       # 9 would fit: 8 is the most
 
 
 # -- print(plan) -----------------------------------------------------------------------------------
 
 
 def test_print_plan(capsys: pytest.CaptureFixture[str]) -> None:
-    p = plan(arch=90)
+    p = plan(arch=90, family="sm80")
     print(p)
     out = capsys.readouterr().out
     assert f"name:         {p.name}\n" in out
@@ -217,9 +337,56 @@ def test_print_plan(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_why_explains_the_estimate() -> None:
-    why = plan(arch=90).why
+    why = plan(arch=90, family="sm80").why
     assert why == ("512 tiles of 128x256 in 4 wave(s) over 132 SMs x 1 block(s) (last wave 88% full), "
                    "efficiency 1.00; 4 stages use 98304 of 232448 bytes of shared memory")
+
+
+SM90_DEFAULT_TEXT = """\
+name:         sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m
+family:       sm90 (TMA, mbarrier pipeline, wgmma m64nNk16, warp-specialized, fp32 accumulate)
+arch:         sm_90
+dtype:        bf16 -> bf16
+layout:       tn (A row-major, B col-major, D row-major)
+tile:         128x256x64
+schedule:     cooperative (persistent: two consumer warpgroups split each tile along M, 64x256 each)
+cluster:      2x1 (2 blocks along M share each B tile: TMA multicasts B to both)
+stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 epilogue + 1024 barriers and \
+alignment)
+raster:       m, group 8 (bands of 8 rows of 2x1 clusters, each walked down M then along N: Triton's GROUP_M order)
+threads:      384 (1 producer warpgroup + 2 consumer warpgroups)
+why:          512 tiles of 128x256 in 4 wave(s) over 132 SMs (last wave 88% full), cooperative (persistent); \
+cluster 2x1 multicasts B (0.67x the L2->SM bytes of no cluster); efficiency 0.75; 4 stages use 230400 of 232448 \
+bytes of shared memory"""
+
+
+def test_print_plan_sm90(capsys: pytest.CaptureFixture[str]) -> None:
+    p = plan(arch=90)
+    print(p)
+    assert capsys.readouterr().out == SM90_DEFAULT_TEXT + "\n"
+    assert repr(p) == "Gemm(sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m)"
+    assert p.why == SM90_DEFAULT_TEXT.split("why:          ")[1]
+
+
+@pytest.mark.parametrize("knobs, lines", [
+    (dict(schedule="pingpong", tile_shape=(128, 128, 64), cluster_shape=(1, 2), raster="n"), [
+        "schedule:     pingpong (persistent: the two consumer warpgroups take alternate tiles, 128x128 each, one's "
+        "epilogue overlapping the other's math)",
+        "cluster:      1x2 (2 blocks along N share each A tile: TMA multicasts A to both)",
+        "stages:       6 (230400 bytes of shared memory: 6 x 32768 operand tiles + 32768 epilogue + 1024 barriers "
+        "and alignment)",
+        "raster:       n, group 8 (bands of 8 columns of 1x2 clusters, each walked along N then down M)",
+    ]),
+    (dict(schedule="ws", tile_shape=(256, 128, 64), cluster_shape=(1, 1), raster="m", raster_group=1), [
+        "schedule:     ws (one tile per block: two consumer warpgroups split it along M, 128x128 each)",
+        "cluster:      1x1 (no cluster: each block loads its own A and B tiles)",
+        "raster:       m, group 1 (one tile row at a time, along N)",
+    ]),
+])
+def test_describe_sm90_knobs(knobs: dict[str, object], lines: list[str]) -> None:
+    text = plan(arch=90, **knobs).config.describe()
+    for line in lines:
+        assert line in text.splitlines()
 
 
 # -- KernelConfig ---------------------------------------------------------------------------------
@@ -360,8 +527,8 @@ def test_issue_example_smem_sentence() -> None:
     assert p.stages == 3
 
 
-def test_smem_sentence_sm90() -> None:
-    p = Gemm(dtype="fp16", layout="nt", arch=90, tile_shape=(128, 256, 64))
+def test_smem_sentence_sm80_family_at_arch_90() -> None:
+    p = Gemm(dtype="fp16", layout="nt", arch=90, family="sm80", tile_shape=(128, 256, 64))
     assert p.stages == 4
     with pytest.raises(ValueError) as err:
         p.stages = 5
@@ -507,7 +674,175 @@ def test_knobs_default() -> None:
     assert Knobs() == Knobs(tile=None, warps=None, stages=None, raster_group=None)
 
 
-# -- the sm90 family's configs ----------------------------------------------------------------------
+# -- the sm90 family: knobs, refusals, the raster walk -----------------------------------------------
+
+SM90_SMEM_SENTENCE = ("stages=5 with tile 128x256x64 bf16 needs 279552 bytes of shared memory (5 x 49152 operand "
+                      "tiles + 32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use stages<=4 or "
+                      "tile 128x128x64")
+SM90_BAD_TILE = ("tile {} is not one the sm90 template builds: BM in (64, 128, 256) (64 with schedule 'pingpong' "
+                 "only, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256), BK = 64 (e.g. 128x256x64 or "
+                 "128x128x64)")
+SM90_ONLY = "{}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"
+
+# (plan keyword arguments, knob, value, exact message)
+REFUSED_SM90_ASSIGNMENTS = [
+    pytest.param(dict(arch=80), "family", "sm90",
+                 "arch=80: the sm90 family uses wgmma and TMA, which exist only on sm_90a: plan with arch=90, "
+                 "or family='sm80'", id="family-sm90-at-arch-80"),
+    pytest.param(dict(arch=90), "family", "sm70",
+                 "family='sm70': use 'sm80' (cp.async + mma.sync, arch 80 and newer), 'sm90' (TMA + wgmma, arch 90) "
+                 "or None (the architecture's default)", id="family-unknown"),
+    pytest.param(dict(arch=90), "tile_shape", (128, 128, 32),
+                 "tile 128x128x32: the sm90 family needs BK=64 (one 128-byte swizzle row of 16-bit elements): use "
+                 "tile 128x128x64", id="bk"),
+    pytest.param(dict(arch=90), "tile_shape", (96, 128, 64), SM90_BAD_TILE.format("96x128x64"), id="bm"),
+    pytest.param(dict(arch=90), "tile_shape", (128, 96, 64), SM90_BAD_TILE.format("128x96x64"), id="bn"),
+    pytest.param(dict(arch=90), "tile_shape", (256, 256, 64),
+                 "tile 256x256x64 needs more accumulator registers than two consumer warpgroups have (256 per "
+                 "thread, at most 128): the largest sm90 tiles are 128x256 and 256x128", id="tile-too-large"),
+    pytest.param(dict(arch=90), "schedule", "fast",
+                 "schedule='fast' is not an sm90 schedule: use 'ws' (one tile per block), 'cooperative' "
+                 "(persistent, two warpgroups per tile) or 'pingpong' (persistent, warpgroups on alternate tiles)",
+                 id="schedule"),
+    pytest.param(dict(arch=90), "schedule", 3, "schedule=3: give one of 'ws', 'cooperative', 'pingpong'",
+                 id="schedule-type"),
+    pytest.param(dict(arch=90, schedule="cooperative"), "tile_shape", (64, 128, 64),
+                 "tile 64x128x64 with schedule 'cooperative': BM must be one of (128, 256) (its two consumer "
+                 "warpgroups split the tile along M into whole 64-row wgmma blocks): use schedule='pingpong' for "
+                 "BM=64, or tile 128x128x64", id="cooperative-bm"),
+    pytest.param(dict(arch=90, schedule="ws"), "tile_shape", (64, 256, 64),
+                 "tile 64x256x64 with schedule 'ws': BM must be one of (128, 256) (its two consumer warpgroups split "
+                 "the tile along M into whole 64-row wgmma blocks): use schedule='pingpong' for BM=64, or tile "
+                 "128x256x64", id="ws-bm"),
+    pytest.param(dict(arch=90, tile_shape=(256, 128, 64)), "schedule", "pingpong",
+                 "tile 256x128x64 with schedule 'pingpong': BM must be one of (64, 128) (one consumer warpgroup "
+                 "holds the whole tile): use schedule='cooperative' for BM=256, or tile 128x128x64", id="pingpong-bm"),
+    pytest.param(dict(arch=90, schedule="pingpong"), "tile_shape", (128, 256, 64),
+                 "tile 128x256x64 with schedule 'pingpong' needs 256 fp32 accumulators per consumer thread (a "
+                 "warpgroup holds 128x256); at most 128 fit in registers: use schedule='cooperative' (two warpgroups "
+                 "split it) or tile 64x256x64 or 128x128x64", id="pingpong-accumulators"),
+    pytest.param(dict(arch=90), "cluster_shape", (2, 2),
+                 "cluster 2x2 is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks along M share B) "
+                 "or (1, 2) (two blocks along N share A)", id="cluster"),
+    pytest.param(dict(arch=90), "cluster_shape", "4x1",
+                 "cluster 4x1 is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks along M share B) "
+                 "or (1, 2) (two blocks along N share A)", id="cluster-string"),
+    pytest.param(dict(arch=90), "cluster_shape", (2,),
+                 "cluster_shape=(2,): give 2 positive integers, e.g. cluster_shape=(2, 1)", id="cluster-length"),
+    pytest.param(dict(arch=90), "stages", 1, "stages=1: the TMA pipeline takes 2 to 8 stages", id="stages-few"),
+    pytest.param(dict(arch=90), "stages", 9, "stages=9: the TMA pipeline takes 2 to 8 stages", id="stages-many"),
+    pytest.param(dict(arch=90), "stages", 0, "stages=0: the TMA pipeline takes 2 to 8 stages", id="stages-zero"),
+    pytest.param(dict(arch=90, tile_shape=(128, 256, 64)), "stages", 5, SM90_SMEM_SENTENCE, id="smem"),
+    pytest.param(dict(arch=90, stages=5), "tile_shape", (128, 256, 64), SM90_SMEM_SENTENCE, id="smem-via-tile"),
+    pytest.param(dict(arch=90, tile_shape=(128, 192, 64)), "stages", 5,
+                 "stages=5 with tile 128x192x64 bf16 needs 238592 bytes of shared memory (5 x 40960 operand tiles + "
+                 "32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use stages<=4 or tile 128x128x64",
+                 id="smem-192"),
+    pytest.param(dict(arch=90), "raster", "x",
+                 "raster='x': use 'm' (tiles run down M through raster_group tile rows, then along N) or 'n' (along "
+                 "N through raster_group tile columns, then down M)", id="raster"),
+    pytest.param(dict(arch=90), "raster", 3, "raster=3: give one of 'm', 'n'", id="raster-type"),
+    pytest.param(dict(arch=90), "raster_group", 3, "raster_group=3: use one of (1, 2, 4, 8, 16)", id="raster-group"),
+    pytest.param(dict(arch=90), "warps", (2, 4),
+                 "warps= is a knob of the sm80 family (cp.async + mma.sync, arch=80 and newer); this plan is sm90, "
+                 "whose 384 threads are fixed (1 producer + 2 consumer warpgroups): plan with family='sm80'",
+                 id="warps-on-sm90"),
+    pytest.param(dict(arch=80), "schedule", "pingpong", SM90_ONLY.format("schedule"), id="schedule-on-sm80"),
+    pytest.param(dict(arch=80), "cluster_shape", (2, 1), SM90_ONLY.format("cluster_shape"), id="cluster-on-sm80"),
+    pytest.param(dict(arch=86), "raster", "n", SM90_ONLY.format("raster"), id="raster-on-sm80"),
+    pytest.param(dict(arch=90, family="sm80"), "schedule", "cooperative",
+                 "schedule= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with "
+                 "family='sm90' (or family=None)", id="schedule-on-sm80-at-arch-90"),
+    pytest.param(dict(arch=90, schedule="pingpong"), "family", "sm80",
+                 "schedule= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with "
+                 "family='sm90' (or family=None)", id="family-sm80-with-schedule"),
+    pytest.param(dict(arch=90, m=16), "cluster_shape", (2, 1),
+                 "cluster 2x1 is larger than the tile grid (1 tile along M for M=16): use cluster 1x1",
+                 id="cluster-larger-than-grid-m"),
+    pytest.param(dict(arch=90, m=16, n=64), "cluster_shape", (1, 2),
+                 "cluster 1x2 is larger than the tile grid (1 tile along N for N=64): use cluster 1x1",
+                 id="cluster-larger-than-grid-n"),
+]
+
+
+@pytest.mark.parametrize("setup, knob, value, message", REFUSED_SM90_ASSIGNMENTS)
+def test_refused_sm90_assignment(setup: dict[str, object], knob: str, value: object, message: str) -> None:
+    p = plan(**setup)
+    before = snapshot(p)
+    with pytest.raises(ValueError) as err:
+        setattr(p, knob, value)
+    assert str(err.value) == message
+    assert snapshot(p) == before
+    # The same knob in the constructor is refused with the same sentence.
+    with pytest.raises(ValueError) as err:
+        plan(**setup, **{knob: value})
+    assert str(err.value) == message
+
+
+def test_cluster_larger_than_the_grid_is_only_refused_when_fixed_with_hints() -> None:
+    assert plan(arch=90, cluster_shape=(2, 1)).cluster_shape == (2, 1)          # no hints: a large problem
+    assert plan(arch=90, m=16).cluster_shape == (1, 1)                          # free: the planner avoids it
+    # M=100: BM=64 gives 2 tiles along M, so a 2x1 cluster fits the 64-row tiles; 128-row ones are dropped.
+    p = plan(arch=90, m=100, cluster_shape=(2, 1))
+    assert p.tile_shape[0] == 64 and p.cluster_shape == (2, 1)
+    assert any("cluster 2x1 is larger than the tile grid (1 tile along M for M=100)" in r for r in p.rejected)
+
+
+def test_sm90_overrides_are_honoured_and_refused_in_order() -> None:
+    p = plan(arch=90)
+    p.schedule = "pingpong"
+    assert p.schedule == "pingpong" and p.tile_shape[0] * p.tile_shape[1] <= 128 * 128
+    p.tile_shape = (64, 256, 64)
+    p.cluster_shape = "1x2"
+    p.raster = "n"
+    p.raster_group = 4
+    p.stages = 3
+    assert p.name == "sm90_bf16_tn_64x256x64_c1x2_s3_pp_g4n"
+    p.out_dtype = "fp32"
+    assert p.name == "sm90_bf16_tn_64x256x64_c1x2_s3_pp_g4n_ofp32"
+    with pytest.raises(ValueError, match="with schedule 'ws': BM must be one of"):
+        p.schedule = "ws"                  # 64 rows cannot be split between two warpgroups
+    assert p.schedule == "pingpong"
+
+
+def test_sm90_constructor_knobs_equal_assignments() -> None:
+    kwargs = dict(tile_shape=(128, 128, 64), schedule="cooperative", cluster_shape=(1, 2), stages=5, raster="n",
+                  raster_group=2)
+    a = plan(arch=90, **kwargs)
+    b = plan(arch=90)
+    for knob, value in kwargs.items():
+        setattr(b, knob, value)
+    assert a.config == b.config
+    assert a.name == "sm90_bf16_tn_128x128x64_c1x2_s5_coop_g2n"
+
+
+def test_constructor_knobs_are_judged_together() -> None:
+    """A tile that only pingpong takes, with schedule="pingpong": fine in either keyword order."""
+    assert plan(arch=90, tile_shape=(64, 256, 64), schedule="pingpong").name.startswith("sm90_bf16_tn_64x256x64")
+    assert plan(arch=90, schedule="pingpong", tile_shape=(64, 256, 64)).schedule == "pingpong"
+    # and family="sm80" with an sm80 tile, whatever comes first
+    assert plan(arch=90, tile_shape=(128, 128, 32), family="sm80", warps=(2, 2)).name.startswith("sm80_")
+
+
+def test_a_fixed_tile_weighs_both_persistent_schedules() -> None:
+    assert plan(arch=90, tile_shape=(256, 128, 64)).schedule == "cooperative"   # pingpong cannot hold it
+    p = plan(arch=90, tile_shape=(64, 128, 64))
+    assert p.schedule == "pingpong"
+    assert p.rejected and all("with schedule 'cooperative': BM must be one of (128, 256)" in r for r in p.rejected)
+
+
+def test_family_switches_and_back() -> None:
+    p = plan(arch=90)
+    p.family = "sm80"
+    assert p.name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
+    p.warps = (4, 2)
+    with pytest.raises(ValueError, match="^warps= is a knob of the sm80 family"):
+        p.family = "sm90"
+    p.warps = (4, 2)  # still sm80
+    assert p.family == "sm80" and p.warps == (4, 2)
+    q = plan(arch=90, family="sm80")
+    q.family = None
+    assert q.config == plan(arch=90).config
 
 
 def test_sm90_config_name_and_fields() -> None:
@@ -527,39 +862,51 @@ def test_sm90_config_name_and_fields() -> None:
     assert ws.consumer_rows == 128 and ws.accumulators_per_thread == 128
 
 
-@pytest.mark.parametrize("field_name, value, knob", [("schedule", "cooperative", "schedule"),
-                                                     ("cluster", (2, 1), "cluster_shape"), ("raster", "n", "raster")])
-def test_sm80_config_refuses_sm90_fields(field_name: str, value: object, knob: str) -> None:
-    cfg = plan().config
-    with pytest.raises(ValueError) as err:
-        check_config(replace(cfg, **{field_name: value}))
-    assert str(err.value) == f"{knob}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"
-
-
-def test_sm90_config_refusals() -> None:
-    cfg = KernelConfig(arch=90, dtype=DType.bf16, out_dtype=DType.bf16, layout=parse_layout("tn"),
-                       tile=(128, 256, 64), warps=None, stages=4, raster_group=8, family="sm90", cluster=(2, 1),
-                       schedule="cooperative", raster="m")
-    check_config(cfg)
-    assert cfg.name == "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"
-    assert cfg.smem_bytes == 4 * 49152 + 32768 + 1024
-    for change, message in (
-            (dict(arch=80), "arch=80: the sm90 family uses wgmma and TMA, which exist only on sm_90a: plan with "
-                            "arch=90, or family='sm80'"),
-            (dict(stages=5), "stages=5 with tile 128x256x64 bf16 needs 279552 bytes of shared memory (5 x 49152 "
-                             "operand tiles + 32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use "
-                             "stages<=4 or tile 128x128x64"),
-            (dict(tile=(128, 256, 32)), "tile 128x256x32: the sm90 family needs BK=64 (one 128-byte swizzle row of "
-                                        "16-bit elements): use tile 128x256x64"),
-            (dict(schedule="pingpong"), "tile 128x256x64 with schedule 'pingpong' needs 256 fp32 accumulators per "
-                                        "consumer thread (a warpgroup holds 128x256); at most 128 fit in registers: "
-                                        "use schedule='cooperative' (two warpgroups split it) or tile 64x256x64 or "
-                                        "128x128x64"),
-            (dict(cluster=(2, 2)), "cluster 2x2 is not one the sm90 template launches: use (1, 1), (2, 1) (two "
-                                   "blocks along M share B) or (1, 2) (two blocks along N share A)"),
-            (dict(warps=(2, 4)), "warps= is a knob of the sm80 family (cp.async + mma.sync, arch=80 and newer); "
-                                 "this plan is sm90, whose 384 threads are fixed (1 producer + 2 consumer "
-                                 "warpgroups): plan with family='sm80'")):
+def test_sm80_config_refuses_sm90_fields() -> None:
+    cfg = plan(arch=90, family="sm80").config
+    for field_name, value, knob in (("schedule", "cooperative", "schedule"), ("cluster", (2, 1), "cluster_shape"),
+                                    ("raster", "n", "raster")):
         with pytest.raises(ValueError) as err:
-            check_config(replace(cfg, **change))
-        assert str(err.value) == message
+            check_config(replace(cfg, **{field_name: value}))
+        assert str(err.value) == (f"{knob}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan "
+                                  f"with family='sm90' (or family=None)")
+    with pytest.raises(ValueError, match="the sm80 family needs warps"):
+        check_config(replace(cfg, warps=None))
+    with pytest.raises(ValueError, match="family='sm70': use 'sm80'"):
+        check_config(replace(cfg, family="sm70"))
+
+
+def test_raster_walk_is_triton_group_m_order_for_m() -> None:
+    from generator.planner_sm90 import raster_coords
+
+    # raster m, group 2 over a 3 x 3 grid: rows 0-1 walked down M, column by column, then row 2.
+    walk = [raster_coords(u, 3, 3, "m", 2) for u in range(9)]
+    assert walk == [(0, 0), (1, 0), (0, 1), (1, 1), (0, 2), (1, 2), (2, 0), (2, 1), (2, 2)]
+    walk = [raster_coords(u, 3, 3, "n", 2) for u in range(9)]
+    assert walk == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (0, 2), (1, 2), (2, 2)]
+    assert [raster_coords(u, 2, 3, "m", 1) for u in range(6)] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+
+
+@pytest.mark.parametrize("raster", ["m", "n"])
+@pytest.mark.parametrize("group", [1, 2, 8, 16])
+def test_raster_walk_visits_every_unit_once(raster: str, group: int) -> None:
+    from generator.planner_sm90 import raster_coords
+
+    for units_m, units_n in ((1, 1), (1, 7), (7, 1), (5, 13), (16, 16), (33, 8)):
+        seen = [raster_coords(u, units_m, units_n, raster, group) for u in range(units_m * units_n)]
+        assert sorted(seen) == [(i, j) for i in range(units_m) for j in range(units_n)]
+
+
+def test_knob_properties_of_the_other_family() -> None:
+    p = plan(arch=80)
+    assert (p.family, p.schedule, p.cluster_shape, p.raster) == ("sm80", "", (1, 1), "m")
+    q = plan(arch=90)
+    assert q.warps is None
+
+
+def test_choose_sm90_directly() -> None:
+    spec = arch_spec(90)
+    best, rejected = choose(DType.bf16, DType.bf16, parse_layout("tn"), spec, problem=Problem(4096, 4096, 4096))
+    assert best.config == plan(arch=90).config and rejected == []
+    best, _ = choose(DType.bf16, DType.bf16, parse_layout("tn"), spec, knobs=Knobs(family="sm80"))
+    assert best.config.name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"

@@ -23,10 +23,24 @@ GLOBAL_FN = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\([^)]*\
 
 CONFIGS = [
     Gemm("bf16", "tn", arch=80).config,
-    Gemm("fp16", "nt", arch=90, m=16).config,
+    Gemm("fp16", "nt", arch=90, family="sm80", m=16).config,
     Gemm("bf16", "nn", arch=80, out_dtype="fp32", tile_shape=(128, 128, 64), stages=3).config,
     Gemm("fp16", "tt", arch=80, layout_c="col", raster_group=1).config,
+    Gemm("bf16", "tn", arch=90).config,
+    Gemm("fp16", "nt", arch=90, m=16).config,
+    Gemm("bf16", "nn", arch=90, out_dtype="fp32", schedule="pingpong", cluster_shape=(1, 2), raster="n").config,
+    Gemm("fp16", "tt", arch=90, layout_c="col", schedule="ws", tile_shape=(256, 128, 64), raster_group=1).config,
 ]
+# What each family's rendered kernel includes, at least.
+FAMILY_HEADERS = {"sm80": {"common/launch.cuh", "sm80/gemm_kernel.cuh", "ptx/sm80.cuh"},
+                  "sm90": {"common/launch.cuh", "sm90/launch.cuh", "sm90/gemm_kernel.cuh", "ptx/sm90.cuh"}}
+# The Jinja context of each family: the contract between the Python side and the templates.
+CONTEXT_KEYS = {
+    "sm80": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "wm", "wn", "stages", "raster_group",
+             "a_k_major", "b_k_major", "d_row_major"},
+    "sm90": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
+             "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major"},
+}
 IDS = [c.name for c in CONFIGS]
 
 
@@ -50,13 +64,13 @@ def test_render_is_deterministic(cfg: KernelConfig) -> None:
 
 def test_render_is_the_same_in_another_process() -> None:
     """No dependence on hash seeds, dict order or anything else that differs between processes."""
-    code = ("from generator import Gemm; from generator.render import render; "
-            "import sys; sys.stdout.write(render(Gemm('fp16', 'nt', arch=90, m=16).config)"
-            "['sm80_fp16_nt_64x64x32_w2x2_s4_g8.cu'])")
+    code = ("from generator import Gemm; from generator.render import render; import sys; "
+            "cfgs = [Gemm('fp16', 'nt', arch=90, family='sm80', m=16).config, Gemm('fp16', 'nt', arch=90, m=16).config]; "
+            "sys.stdout.write(''.join(render(c)[c.name + '.cu'] for c in cfgs))")
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120, check=True).stdout
-    assert out == only_source(CONFIGS[1])[1]
+    assert out == only_source(CONFIGS[1])[1] + only_source(CONFIGS[5])[1]
 
 
 def test_render_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,8 +133,15 @@ def test_kernel_name_is_the_global_function(cfg: KernelConfig) -> None:
 def test_constants_substituted(cfg: KernelConfig) -> None:
     _, text = only_source(cfg)
     bm, bn, bk = cfg.tile
-    for const, value in (("kBlockM", bm), ("kBlockN", bn), ("kBlockK", bk), ("kWarpsM", cfg.warps[0]),
-                         ("kWarpsN", cfg.warps[1]), ("kStages", cfg.stages), ("kRasterGroup", cfg.raster_group)):
+    if cfg.family == "sm90":
+        family = (("kClusterM", cfg.cluster[0]), ("kClusterN", cfg.cluster[1]))
+        schedule = {"ws": "kWarpSpecialized", "cooperative": "kCooperative", "pingpong": "kPingpong"}[cfg.schedule]
+        assert f"kSchedule = gemmgen::sm90::Schedule::{schedule};" in text
+        assert f"kRasterAlongM = {str(cfg.raster == 'm').lower()};" in text
+    else:
+        family = (("kWarpsM", cfg.warps[0]), ("kWarpsN", cfg.warps[1]))
+    for const, value in (("kBlockM", bm), ("kBlockN", bn), ("kBlockK", bk), *family, ("kStages", cfg.stages),
+                         ("kRasterGroup", cfg.raster_group)):
         assert f"static constexpr int {const} = {value};" in text
     assert f"using Elem = {cfg.dtype.cuda_type};" in text
     assert f"using Out = {cfg.out_dtype.cuda_type};" in text
@@ -130,10 +151,32 @@ def test_constants_substituted(cfg: KernelConfig) -> None:
 
 
 def test_fp32_output_and_column_major_d() -> None:
-    _, text = only_source(CONFIGS[2])
-    assert "using Out = float;" in text and "using Elem = __nv_bfloat16;" in text
-    _, text = only_source(CONFIGS[3])
-    assert "kDRowMajor = false;" in text
+    for fp32_out, col_d in ((CONFIGS[2], CONFIGS[3]), (CONFIGS[6], CONFIGS[7])):
+        _, text = only_source(fp32_out)
+        assert "using Out = float;" in text and "using Elem = __nv_bfloat16;" in text
+        _, text = only_source(col_d)
+        assert "kDRowMajor = false;" in text
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=IDS)
+def test_template_context_is_the_contract(cfg: KernelConfig) -> None:
+    context = template_context(cfg)
+    assert set(context) == CONTEXT_KEYS[cfg.family]
+    assert context["description"] == cfg.describe().splitlines()
+    if cfg.family == "sm90":
+        assert (context["cluster_m"], context["cluster_n"]) == cfg.cluster
+        assert context["schedule"] in ("ws", "cooperative", "pingpong") and context["raster"] in ("m", "n")
+        assert FAMILY_TEMPLATES["sm90"] == "sm90/gemm.cu.j2"
+
+
+def test_sm90_context_values() -> None:
+    cfg = CONFIGS[6]
+    context = template_context(cfg)
+    assert {k: context[k] for k in ("bm", "bn", "bk", "cluster_m", "cluster_n", "schedule", "raster", "elem_cuda",
+                                    "out_cuda", "a_k_major", "b_k_major", "d_row_major")} == {
+        "bm": cfg.tile[0], "bn": cfg.tile[1], "bk": 64, "cluster_m": 1, "cluster_n": 2, "schedule": "pingpong",
+        "raster": "n", "elem_cuda": "__nv_bfloat16", "out_cuda": "float", "a_k_major": False, "b_k_major": True,
+        "d_row_major": True}
 
 
 @pytest.mark.parametrize("arch", SHIPPED_ARCHS)
@@ -188,8 +231,7 @@ def test_rendered_includes_resolve_under_templates(cfg: KernelConfig) -> None:
     _, text = only_source(cfg)
     assert INCLUDE.findall(text), "the kernel includes its headers"
     reached = _closure(text, None)  # the rendered file is written elsewhere: only -I templates/ helps it
-    assert {p.relative_to(TEMPLATES.resolve()).as_posix() for p in reached} >= {
-        "common/launch.cuh", "sm80/gemm_kernel.cuh", "ptx/sm80.cuh"}
+    assert {p.relative_to(TEMPLATES.resolve()).as_posix() for p in reached} >= FAMILY_HEADERS[cfg.family]
     assert reached <= {p.resolve() for p in included_headers()}, "emit would not copy every included header"
 
 
@@ -294,13 +336,3 @@ def test_sm90_kernel_config_fields_reach_the_template() -> None:
     assert cfg.name == "sm90_fp16_nt_64x128x64_c1x2_s3_pp_g16n_obf16"
     assert "kAKMajor = false;" in text and "kBKMajor = false;" in text
     assert "kClusterN = 2;" in text and "kRasterGroup = 16;" in text and "kRasterAlongM = false;" in text
-
-
-def test_sm90_template_context_is_the_contract() -> None:
-    cfg = KernelConfig(arch=90, dtype=DType.bf16, out_dtype=DType.fp32, layout=parse_layout("tn"),
-                       tile=(128, 256, 64), warps=None, stages=4, raster_group=8, family="sm90", cluster=(2, 1),
-                       schedule="cooperative", raster="m")
-    assert set(template_context(cfg)) == {
-        "name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
-        "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major"}
-    assert FAMILY_TEMPLATES["sm90"] == "sm90/gemm.cu.j2"

@@ -1,4 +1,5 @@
-"""GPU numerics of the sm80 family against a float32 torch reference (TF32 off).
+"""GPU numerics of the sm80 family against a float32 torch reference (TF32 off). Plans pass family="sm80",
+so that they test that family on Hopper too (where sm90 is the default; see test_sm90.py for it).
 
 Every check draws fresh random inputs and poisons the output with NaN first, so an element the
 kernel never wrote fails. Error is ||D - ref|| / ||ref||, bounded per input dtype.
@@ -74,14 +75,14 @@ def exact_reference():
 def matrix_ops():
     """One op per (layout, dtype, out dtype), planned without hints, built in one parallel run."""
     keys = list(itertools.product(LAYOUTS, DTYPES, OUT_DTYPES))
-    plans = [Gemm(dtype=dt, layout=lay, out_dtype=od) for lay, dt, od in keys]
+    plans = [Gemm(dtype=dt, layout=lay, out_dtype=od, family="sm80") for lay, dt, od in keys]
     return dict(zip(keys, compile_many([p.config for p in plans], namespace="gemmgen")))
 
 
 @pytest.fixture(scope="session")
 def tile_ops():
     keys = list(itertools.product(LAYOUTS, TILES))
-    plans = [Gemm(dtype="bf16", layout=lay, tile_shape=tile) for lay, tile in keys]
+    plans = [Gemm(dtype="bf16", layout=lay, tile_shape=tile, family="sm80") for lay, tile in keys]
     return dict(zip(keys, compile_many([p.config for p in plans], namespace="gemmgen")))
 
 
@@ -123,7 +124,7 @@ def test_every_tile(tile_ops, layout, tile):
 
 
 def test_column_major_output():
-    op = Gemm(dtype="bf16", layout="tn", layout_c="col").compile()
+    op = Gemm(dtype="bf16", layout="tn", layout_c="col", family="sm80").compile()
     for m, n, k in ((1000, 1000, 1000), (7, 129, 65), (4097, 63, 8)):
         check(op, "tn", m, n, k, torch.bfloat16, torch.bfloat16, col_major_out=True)
     d = op(*operands("tn", 100, 60, 30, torch.bfloat16))

@@ -5,7 +5,7 @@ torch.ops.gemmgen_example.<op>(A, B) and torch.ops.gemmgen_example.<op>.out(A, B
 implementation (torch.compile traces it). A is (M, K), B is (K, N), D is (M, N); see each op's docstring
 for the storage order it takes.
 
-    gemm_bf16_tn: bf16 -> bf16, layout tn, kernel sm80_bf16_tn_128x256x32_w2x4_s4_g8 (sm_90)
+    gemm_bf16_tn: bf16 -> bf16, layout tn, kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90)
     gemm_fp16_nn: fp16 -> fp16, layout nn, kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80)
 """
 import torch as _torch
@@ -25,7 +25,7 @@ __all__ = ["gemm_bf16_tn", "gemm_fp16_nn"]
 #: What each op computes: op name -> plan (kernel, planned arch, dtypes, storage orders).
 PLANS = {
     "gemm_bf16_tn": {
-        "kernel": "sm80_bf16_tn_128x256x32_w2x4_s4_g8",
+        "kernel": "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m",
         "arch": 90,
         "dtype": "bf16",
         "out_dtype": "bf16",
@@ -66,7 +66,7 @@ def gemm_bf16_tn(A, B, *, out=None):
 
     All on one CUDA device; runs on its current stream. Operands whose base address or leading dimension
     is not 16-byte aligned take a slower kernel with the same result. K = 0 gives zeros.
-    Kernel sm80_bf16_tn_128x256x32_w2x4_s4_g8 (tile 128x256x32, warps 2x4, 4 stages), planned for sm_90:
+    Kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (tile 128x256x64, cooperative schedule, cluster 2x1, 4 stages), planned for sm_90:
     built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200).
     Also torch.ops.gemmgen_example.gemm_bf16_tn(A, B) and torch.ops.gemmgen_example.gemm_bf16_tn.out(A, B, out=D).
     """

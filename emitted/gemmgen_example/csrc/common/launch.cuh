@@ -11,10 +11,11 @@
 namespace gemmgen {
 
 constexpr int kMaxDevices = 64;
-constexpr int kFastAlignBytes = 16;  // cp.async moves 16-byte chunks
+constexpr int kFastAlignBytes = 16;  // cp.async moves 16-byte chunks; TMA wants 16-byte bases and strides
 
-// The fast kernels copy 16-byte chunks: each operand's base address and leading dimension must
-// keep every chunk 16-byte aligned. Anything else takes the unaligned kernel.
+// The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
+// 16-byte-aligned base addresses and strides): each operand's base address and leading dimension
+// must keep every chunk 16-byte aligned. Anything else takes the unaligned kernel.
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
   const int64_t elem = sizeof(typename Cfg::Elem);
@@ -23,26 +24,35 @@ inline GemmPath choose_path(const GemmArgs& args) {
   return a_ok && b_ok ? GEMM_PATH_FAST : GEMM_PATH_UNALIGNED;
 }
 
+// The always-correct kernel of common/gemm_unaligned.cuh, for operands the fast kernel cannot take.
+inline int launch_unaligned(void (*slow)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
+  const int64_t tiles = ((args->m + unaligned::kTile - 1) / unaligned::kTile) *
+                        ((args->n + unaligned::kTile - 1) / unaligned::kTile);
+  slow<<<static_cast<unsigned>(tiles), unaligned::kThreads, 0, stream>>>(*args);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// Kernels may ask for more than 48 KB of shared memory only after opting in, once per device;
+// `raised` is the caller's (one per kernel) record of the devices done.
+inline cudaError_t raise_smem_limit(const void* kernel, int smem_bytes, bool (&raised)[kMaxDevices], int* device_out) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  if (device_out != nullptr) *device_out = device;
+  if (device < kMaxDevices && raised[device]) return cudaSuccess;
+  err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err == cudaSuccess && device < kMaxDevices) raised[device] = true;
+  return err;
+}
+
 template <class Cfg>
 inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), int smem_bytes, const GemmArgs* args,
                   cudaStream_t stream) {
   if (args->m <= 0 || args->n <= 0) return 0;
-  if (choose_path<Cfg>(*args) == GEMM_PATH_UNALIGNED) {
-    const int64_t tiles = ((args->m + unaligned::kTile - 1) / unaligned::kTile) *
-                          ((args->n + unaligned::kTile - 1) / unaligned::kTile);
-    slow<<<static_cast<unsigned>(tiles), unaligned::kThreads, 0, stream>>>(*args);
-    return static_cast<int>(cudaGetLastError());
-  }
-  int device = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  // Kernels may ask for more than 48 KB of shared memory only after opting in, once per device.
+  if (choose_path<Cfg>(*args) == GEMM_PATH_UNALIGNED) return launch_unaligned(slow, args, stream);
   static bool smem_raised[kMaxDevices] = {};
-  if (device >= kMaxDevices || !smem_raised[device]) {
-    err = cudaFuncSetAttribute(fast, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-    if (err != cudaSuccess) return static_cast<int>(err);
-    if (device < kMaxDevices) smem_raised[device] = true;
-  }
+  const cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), smem_bytes, smem_raised, nullptr);
+  if (err != cudaSuccess) return static_cast<int>(err);
   const int64_t tiles = ((args->m + Cfg::kBlockM - 1) / Cfg::kBlockM) * ((args->n + Cfg::kBlockN - 1) / Cfg::kBlockN);
   fast<<<static_cast<unsigned>(tiles), Cfg::kThreads, smem_bytes, stream>>>(*args);
   return static_cast<int>(cudaGetLastError());

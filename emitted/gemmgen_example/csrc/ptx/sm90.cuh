@@ -1,0 +1,234 @@
+// PTX wrappers for the sm90 GEMM family: mbarrier, TMA (cp.async.bulk.tensor), thread-block
+// clusters, wgmma synchronization and matrix descriptors, setmaxnreg, proxy fences.
+// One small __device__ helper per instruction, each naming the PTX ISA section it follows
+// (by section title in the PTX ISA 8.x/9.0 manuals: the numbers move between releases).
+// Everything here needs sm_90a (wgmma, setmaxnreg) or sm_90 (the rest).
+#pragma once
+
+#include <cstdint>
+
+#include "sm90_wgmma.cuh"
+
+namespace gemmgen {
+namespace ptx {
+
+// Shared-memory pointer as the 32-bit address the .shared state space instructions take.
+// PTX ISA, "Data Movement and Conversion Instructions: cvta".
+__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+
+// ---- mbarrier ---------------------------------------------------------------------------------
+
+// Initialize a barrier that completes a phase after `count` arrivals (and all expected tx bytes).
+// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.init".
+__device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// Make barrier initializations visible to the async proxy (TMA) and to the other CTAs of the cluster.
+// PTX ISA, "Parallel Synchronization and Communication Instructions: membar/fence"
+// (fence.mbarrier_init).
+__device__ __forceinline__ void fence_mbarrier_init_cluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrive once and add `bytes` to the transaction count the current phase waits for (the producer,
+// before issuing the TMA loads that will complete those bytes).
+// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.arrive"
+// (.expect_tx).
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+
+// Arrive once on a barrier of this CTA.
+// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.arrive".
+__device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Arrive once on the barrier at the same shared-memory offset in CTA `cta` of this cluster. Default
+// semantics (release at CTA scope), as for a local arrive: the slot's readers are wgmma operations that
+// wgmma.wait_group has already seen complete.
+// PTX ISA, "Data Movement and Conversion Instructions: mapa" and "Parallel Synchronization and
+// Communication Instructions: mbarrier.arrive" (.shared::cluster).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t cta) {
+  asm volatile(
+      "{\n"
+      ".reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n"
+      "}\n" ::"r"(bar),
+      "r"(cta)
+      : "memory");
+}
+
+// Non-blocking test whether the phase with parity `parity` has completed.
+// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.test_wait/try_wait"
+// (try_wait.parity; the instruction itself may suspend the thread for a system-defined time).
+__device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+// Block until the phase with parity `parity` has completed. A fresh barrier is in phase 0, so waiting
+// for parity 1 (the phase "before" it) returns at once: that is how a producer starts on empty slots.
+__device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
+  while (!mbarrier_try_wait(bar, parity)) {
+  }
+}
+
+// ---- TMA (the tensor memory accelerator) ---------------------------------------------------------
+
+// Hint the TMA unit to fetch a tensor map (a __grid_constant__ kernel parameter) ahead of first use.
+// PTX ISA, "Data Movement and Conversion Instructions: prefetch" (prefetch.tensormap).
+__device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
+
+// 2-D tile global -> shared of this CTA, completing `bytes` on barrier `bar`. Coordinates are in
+// elements, innermost first; parts of the box outside the tensor are filled with zeros.
+// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.tensor".
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0, int32_t c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1)
+      : "memory");
+}
+
+// The same tile written to the same shared-memory offset of every CTA in `cta_mask` (bit i: cluster
+// rank i), each completing the bytes on its own barrier at offset `bar`.
+// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.multicast::cluster).
+__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0,
+                                                      int32_t c1, uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+      : "memory");
+}
+
+// 2-D tile shared -> global; the parts of the box outside the tensor are not written.
+// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.global.shared::cta).
+__device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int32_t c0, int32_t c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(tmap)),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+
+// Close the group of bulk stores issued so far by this thread.
+// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.commit_group".
+__device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Wait until at most N bulk store groups still read their shared-memory source.
+// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.wait_group" (.read).
+template <int N>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+
+// Wait until at most N bulk store groups are incomplete (their writes performed).
+// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.wait_group".
+template <int N>
+__device__ __forceinline__ void tma_store_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Order this thread's generic-proxy shared-memory writes before later async-proxy (TMA) reads.
+// PTX ISA, "Parallel Synchronization and Communication Instructions: membar/fence" (fence.proxy.async).
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// ---- clusters -----------------------------------------------------------------------------------
+
+// This CTA's rank in its cluster.
+// PTX ISA, "Special Registers: %cluster_ctarank".
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// All threads of all CTAs in the cluster meet here; release/acquire orders memory around it.
+// PTX ISA, "Parallel Synchronization and Communication Instructions: barrier.cluster".
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// ---- named barriers -------------------------------------------------------------------------------
+
+// Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
+// PTX ISA, "Parallel Synchronization and Communication Instructions: bar/barrier" (bar.sync).
+__device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Arrive at barrier `id` without waiting: the other side of a producer/consumer hand-over.
+// PTX ISA, "Parallel Synchronization and Communication Instructions: bar/barrier" (bar.arrive).
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// ---- warpgroups: wgmma ordering and register reallocation ----------------------------------------
+
+// Order this warpgroup's register and shared-memory accesses before the wgmma.mma_async that follow.
+// PTX ISA, "Asynchronous Warpgroup Level Matrix Instructions: wgmma.fence".
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+
+// Close the group of wgmma.mma_async issued so far by this warpgroup.
+// PTX ISA, "Asynchronous Warpgroup Level Matrix Instructions: wgmma.commit_group".
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+
+// Wait until at most N wgmma groups of this warpgroup are pending.
+// PTX ISA, "Asynchronous Warpgroup Level Matrix Instructions: wgmma.wait_group".
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+// Keep the compiler from moving accumulator reads/writes across wgmma fences and waits: the
+// accumulators are written asynchronously, which the compiler cannot see.
+__device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
+
+// Grow (INC) or shrink this warpgroup's per-thread register budget to REGS.
+// PTX ISA, "Miscellaneous Instructions: setmaxnreg".
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+template <int REGS>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
+}
+
+// ---- shared-memory matrix descriptors --------------------------------------------------------------
+
+// The 64-bit descriptor wgmma reads a shared-memory operand through, for the 128-byte swizzle mode:
+//   bits  0-13  start address >> 4
+//   bits 16-29  leading-dimension byte offset >> 4
+//   bits 32-45  stride-dimension byte offset >> 4
+//   bits 62-63  swizzle mode (1 = 128-byte swizzle)
+// K-major operand: rows of 64 16-bit elements (128 bytes), 8-row groups 1024 bytes apart (stride
+// offset); the leading offset is unused. M/N-major: 64 M/N-elements per 128-byte row, one row per k,
+// 8-k groups `stride` bytes apart, 64-element M/N chunks `leading` bytes apart.
+// PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory Layout: Matrix Descriptor Format".
+constexpr uint64_t kDescSwizzle128 = 1ull << 62;
+__device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
+  return kDescSwizzle128 | (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) |
+         (static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16) | static_cast<uint64_t>((addr >> 4) & 0x3FFF);
+}
+
+}  // namespace ptx
+}  // namespace gemmgen

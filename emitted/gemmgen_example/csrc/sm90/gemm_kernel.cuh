@@ -1,0 +1,491 @@
+// The sm90 GEMM family: TMA loads into 128-byte-swizzled shared memory, completing on mbarriers,
+// wgmma from shared-memory descriptors, warp-specialized (one producer warpgroup, two consumer
+// warpgroups), persistent tile schedules, thread-block clusters with TMA multicast.
+//
+// A generated kernel supplies a Config struct of compile-time constants (see sm90/gemm.cu.j2) and
+// calls Kernel<Config>::run. Everything below is ordinary C++ over those constants.
+//
+// Roles (384 threads = 3 warpgroups):
+//   warpgroup 0, the producer: one thread walks the CTA's tiles and k tiles, waits for a free slot of
+//     the shared-memory ring ("empty" barrier), arms the slot's "full" barrier with the bytes to come
+//     and issues the TMA loads of A and B; the other 127 threads only give their registers away.
+//   warpgroups 1 and 2, the consumers: wait on "full", issue wgmma on the slot, keep one wgmma group
+//     in flight, free the previous slot on "empty" (in every CTA that wrote into it), and store the
+//     accumulators. cooperative / ws: both consumers share each tile (each owns half its rows);
+//     pingpong: they take alternate tiles, so one's epilogue overlaps the other's mainloop.
+//
+// Clusters: a 2x1 cluster is two CTAs on neighbouring M tiles of one N tile; they need the same B
+// tile, so each loads half of it and multicasts it to both. 1x2: the same with A. Each CTA's "full"
+// barrier then expects the whole stage (its own loads and the peer's multicast), and each slot is
+// free only when the consumers of both CTAs have released it.
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>  // CUtensorMap (a type only: nothing links against the driver)
+
+#include "../common/convert.cuh"
+#include "../common/gemm_args.h"
+#include "../ptx/sm90.cuh"
+
+namespace gemmgen {
+namespace sm90 {
+
+enum class Schedule { kWarpSpecialized, kCooperative, kPingpong };
+
+constexpr int kBlockK = 64;              // one 128-byte swizzle row of 16-bit elements
+constexpr int kSwizzleRowBytes = 128;    // the span of the 128-byte swizzle pattern
+constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes: the unit the pattern repeats in
+constexpr int kMmaM = 64, kMmaK = 16;    // wgmma m64nNk16
+constexpr int kWarpgroupThreads = 128;
+constexpr int kConsumerWarpgroups = 2;
+constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
+// setmaxnreg budgets: 40 + 2 x 232 registers x 128 threads = 64512 of the SM's 65536.
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up to a swizzle atom
+
+// One operand's tile of one pipeline stage in shared memory: ROWS (M or N) x kBlockK, as TMA writes
+// it with the 128-byte swizzle.
+//   K-major (K contiguous in global memory): ROWS rows of 64 k values, 128 bytes each.
+//   M/N-major: ROWS/64 chunks; each chunk is 64 rows (one per k) of 64 M/N values.
+// SPLIT: the operand is shared by the two CTAs of a cluster; each loads half and multicasts it
+// (K-major: half the rows; M/N-major: half the k rows of every chunk).
+template <int ROWS, bool K_MAJOR, bool SPLIT>
+struct OperandTile {
+  static constexpr int kBytes = ROWS * kBlockK * 2;
+  static constexpr int kChunkBytes = kBlockK * kSwizzleRowBytes;  // M/N-major: 64 x 64 elements
+  static constexpr int kChunks = K_MAJOR ? 1 : ROWS / 64;
+  // The TMA box (innermost first) the host must encode for this operand.
+  static constexpr int kBoxInner = 64;
+  static constexpr int kBoxOuter = K_MAJOR ? (SPLIT ? ROWS / 2 : ROWS) : (SPLIT ? kBlockK / 2 : kBlockK);
+  static_assert(ROWS % 64 == 0, "operand tiles are whole 64-row chunks");
+  static_assert(kBoxOuter <= 256, "a TMA box is at most 256 elements along each dimension");
+
+  // Issue this CTA's loads of the stage: rows [mn0, mn0 + ROWS), k values [k0, k0 + kBlockK).
+  // `half` is this CTA's rank along the sharing direction (only with SPLIT).
+  __device__ __forceinline__ static void load(const void* tmap, uint32_t dst, uint32_t full_bar, int mn0, int k0,
+                                              int half) {
+    constexpr uint16_t kBothCtas = 0b11;
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      if constexpr (K_MAJOR) {
+        const int offset_rows = SPLIT ? half * (ROWS / 2) : 0;
+        const uint32_t to = dst + offset_rows * kSwizzleRowBytes;
+        if constexpr (SPLIT) {
+          ptx::tma_load_2d_multicast(to, tmap, full_bar, k0, mn0 + offset_rows, kBothCtas);
+        } else {
+          ptx::tma_load_2d(to, tmap, full_bar, k0, mn0);
+        }
+      } else {
+        const int offset_k = SPLIT ? half * (kBlockK / 2) : 0;
+        const uint32_t to = dst + c * kChunkBytes + offset_k * kSwizzleRowBytes;
+        if constexpr (SPLIT) {
+          ptx::tma_load_2d_multicast(to, tmap, full_bar, mn0 + c * 64, k0 + offset_k, kBothCtas);
+        } else {
+          ptx::tma_load_2d(to, tmap, full_bar, mn0 + c * 64, k0);
+        }
+      }
+    }
+  }
+
+  // wgmma descriptor of rows [row0, row0 + extent) at k step `kk` (k values 16*kk .. 16*kk + 15).
+  // K-major: a k step moves 32 bytes along the 128-byte row (the swizzle is applied by hardware on
+  // the final address); M/N-major: a k step is 16 rows of 128 bytes = two swizzle atoms.
+  __device__ __forceinline__ static uint64_t descriptor(uint32_t base, int row0, int kk) {
+    if constexpr (K_MAJOR) {
+      return ptx::smem_descriptor(base + row0 * kSwizzleRowBytes + kk * kMmaK * 2, /*leading (unused)=*/16,
+                                  /*stride: 8-row groups=*/kSwizzleAtomBytes);
+    } else {
+      return ptx::smem_descriptor(base + (row0 / 64) * kChunkBytes + kk * kMmaK * kSwizzleRowBytes,
+                                  /*leading: 64-element chunks=*/kChunkBytes, /*stride: 8-k groups=*/kSwizzleAtomBytes);
+    }
+  }
+};
+
+// Maps a linear work-unit index to a (cluster-sized) block of tiles, walking along M or N in groups
+// of RASTER_GROUP units so that consecutive units reuse A or B tiles from L2 (Triton's GROUP_M order).
+template <bool ALONG_M, int RASTER_GROUP>
+struct Raster {
+  __device__ __forceinline__ static void coords(int unit, int units_m, int units_n, int& um, int& un) {
+    const int fast = ALONG_M ? units_m : units_n;  // the direction a group walks first
+    const int slow = ALONG_M ? units_n : units_m;
+    const int per_group = RASTER_GROUP * slow;
+    const int group = unit / per_group;
+    const int first = group * RASTER_GROUP;
+    const int size = min(fast - first, RASTER_GROUP);
+    const int within = unit - group * per_group;
+    const int f = first + within % size, s = within / size;
+    um = ALONG_M ? f : s;
+    un = ALONG_M ? s : f;
+  }
+};
+
+template <class Cfg>
+struct Kernel {
+  using Elem = typename Cfg::Elem;
+  using Out = typename Cfg::Out;
+  static constexpr int BM = Cfg::kBlockM, BN = Cfg::kBlockN, STAGES = Cfg::kStages;
+  static constexpr int CM = Cfg::kClusterM, CN = Cfg::kClusterN, CLUSTER = CM * CN;
+  static constexpr Schedule SCHEDULE = Cfg::kSchedule;
+  static constexpr bool PINGPONG = SCHEDULE == Schedule::kPingpong;
+  static constexpr bool PERSISTENT = SCHEDULE != Schedule::kWarpSpecialized;
+  static_assert(Cfg::kBlockK == kBlockK, "the sm90 templates take BK = 64");
+  static_assert(CLUSTER <= 2 && (CM == 1 || CN == 1), "clusters are 1x1, 2x1 or 1x2");
+
+  // 2x1 clusters share B (split and multicast), 1x2 clusters share A.
+  using TileA = OperandTile<BM, Cfg::kAKMajor, (CN == 2)>;
+  using TileB = OperandTile<BN, Cfg::kBKMajor, (CM == 2)>;
+  static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
+  static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
+  static constexpr int BARRIER_BYTES = 2 * STAGES * 8;
+  // Epilogue staging for the TMA store of a row-major D: per consumer warpgroup two buffers of one
+  // subtile, 64 rows x 128 bytes (64 16-bit or 32 fp32 columns) in the 128-byte swizzle, so that the
+  // fragment writes are free of bank conflicts; while TMA stores one buffer, the other is filled.
+  static constexpr int kEpiRows = 64;
+  static constexpr int kEpiCols = kSwizzleRowBytes / static_cast<int>(sizeof(Out));
+  static constexpr int kEpiBufferBytes = kEpiRows * kSwizzleRowBytes;
+  static constexpr int kEpiBuffers = 2;
+  static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
+  static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
+  static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
+
+  // A consumer warpgroup's share of a tile: rows [wg_row0, wg_row0 + WG_M), all BN columns.
+  static constexpr int WG_M = PINGPONG ? BM : BM / kConsumerWarpgroups;
+  static constexpr int MMA_BLOCKS_M = WG_M / kMmaM;
+  static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
+  using Mma = ptx::Wgmma<BN, Elem, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1>;
+  static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
+  static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
+  static_assert(MMA_BLOCKS_M * ACCUM <= 128, "accumulators beyond 128 registers per thread would spill");
+
+  struct Problem {
+    int m, n, k;
+    int tiles_m, tiles_n;  // CTA tiles
+    int units_m, units_n;  // cluster-sized blocks of tiles
+    int units;
+    int k_tiles;
+  };
+
+  __device__ __forceinline__ static Problem problem(const GemmArgs& args) {
+    Problem p;
+    p.m = static_cast<int>(args.m);
+    p.n = static_cast<int>(args.n);
+    p.k = static_cast<int>(args.k);
+    p.tiles_m = (p.m + BM - 1) / BM;
+    p.tiles_n = (p.n + BN - 1) / BN;
+    p.units_m = (p.tiles_m + CM - 1) / CM;
+    p.units_n = (p.tiles_n + CN - 1) / CN;
+    p.units = p.units_m * p.units_n;
+    p.k_tiles = (p.k + kBlockK - 1) / kBlockK;
+    return p;
+  }
+
+  // The tile (m0, n0 in elements) this CTA computes for work unit `unit`.
+  __device__ __forceinline__ static void tile_origin(const Problem& p, int unit, uint32_t rank, int& m0, int& n0) {
+    int um, un;
+    Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(unit, p.units_m, p.units_n, um, un);
+    const int rm = static_cast<int>(rank) % CM, rn = static_cast<int>(rank) / CM;
+    m0 = (um * CM + rm) * BM;
+    n0 = (un * CN + rn) * BN;
+  }
+
+  struct Smem {
+    uint32_t ring;   // stage s: A at ring + s * STAGE_BYTES, B right after it
+    uint32_t full;   // STAGES barriers of 8 bytes
+    uint32_t empty;
+    uint32_t epilogue;  // kConsumerWarpgroups x kEpiBuffers staging buffers
+    __device__ __forceinline__ uint32_t a(int s) const { return ring + s * STAGE_BYTES; }
+    __device__ __forceinline__ uint32_t b(int s) const { return ring + s * STAGE_BYTES + TileA::kBytes; }
+    __device__ __forceinline__ uint32_t full_bar(int s) const { return full + s * 8; }
+    __device__ __forceinline__ uint32_t empty_bar(int s) const { return empty + s * 8; }
+    __device__ __forceinline__ uint32_t epi_buffer(int consumer, int b) const {
+      return epilogue + (consumer * kEpiBuffers + b) * kEpiBufferBytes;
+    }
+  };
+
+  // A position in the ring of stages: slot and the parity of the phase to wait for.
+  struct RingPos {
+    int stage = 0;
+    uint32_t phase = 0;
+    __device__ __forceinline__ void advance(int steps = 1) {
+      stage += steps;
+      while (stage >= STAGES) {
+        stage -= STAGES;
+        phase ^= 1;
+      }
+    }
+  };
+
+  __device__ static void run(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_d,
+                             const GemmArgs& args, char* smem_raw) {
+    const uint32_t raw = ptx::smem_u32(smem_raw);
+    const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
+    if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
+    const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
+    Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES};
+    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    const uint32_t rank = CLUSTER > 1 ? ptx::cluster_ctarank() : 0;
+
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < STAGES; ++s) {
+        ptx::mbarrier_init(smem.full_bar(s), 1);
+        ptx::mbarrier_init(smem.empty_bar(s), CONSUMERS_PER_STAGE * CLUSTER);
+      }
+      ptx::fence_mbarrier_init_cluster();
+    }
+    // Barriers initialized before any CTA of the cluster loads into them or arrives on them.
+    if constexpr (CLUSTER > 1) {
+      ptx::cluster_sync();
+    } else {
+      __syncthreads();
+    }
+
+    const Problem p = problem(args);
+    if (warpgroup == 0) {
+      ptx::setmaxnreg_dec<kProducerRegisters>();
+      if (threadIdx.x == 0) produce(p, smem, tmap_a, tmap_b, rank);
+      __syncwarp();
+    } else {
+      ptx::setmaxnreg_inc<kConsumerRegisters>();
+      consume(p, smem, args, tmap_d, rank, warpgroup - 1);
+    }
+    // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
+    if constexpr (CLUSTER > 1) ptx::cluster_sync();
+  }
+
+  // Work units of this CTA's cluster: persistent schedules stride over all units by the number of
+  // clusters in the grid; ws launches one cluster per unit, so its loop runs once.
+  __device__ __forceinline__ static int first_unit() { return blockIdx.x / CLUSTER; }
+  __device__ __forceinline__ static int unit_stride(const Problem& p) {
+    return PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : p.units;
+  }
+
+  __device__ static void produce(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
+                                 const CUtensorMap* tmap_b, uint32_t rank) {
+    ptx::prefetch_tensormap(tmap_a);
+    ptx::prefetch_tensormap(tmap_b);
+    const int half_a = CN == 2 ? static_cast<int>(rank) : 0;  // 1x2: A is split along the N-direction pair
+    const int half_b = CM == 2 ? static_cast<int>(rank) : 0;
+    RingPos pos;
+    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p)) {
+      int m0, n0;
+      tile_origin(p, unit, rank, m0, n0);
+      for (int kt = 0; kt < p.k_tiles; ++kt) {
+        ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
+        const uint32_t full = smem.full_bar(pos.stage);
+        ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
+        TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, half_a);
+        TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, half_b);
+        pos.advance();
+      }
+    }
+  }
+
+  __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
+                                 uint32_t rank, int consumer) {
+    Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args)};
+    const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
+    RingPos pos;
+    if (PINGPONG && consumer == 1) pos.advance(p.k_tiles);  // the first tile is the other warpgroup's
+    int local = 0;  // this CTA's work units so far
+    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
+      if (PINGPONG && (local & 1) != consumer) continue;
+      const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
+      int m0, n0;
+      tile_origin(p, unit, rank, m0, n0);
+      if (PINGPONG && local > 0) wait_turn(consumer);
+      if (p.k_tiles == 0) {
+        // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two
+        // register assignments of them (ptxas then spills).
+        if (PINGPONG && next_exists) pass_turn(consumer);
+        const float zeros[MMA_BLOCKS_M][ACCUM] = {};
+        epi.store(args, p, zeros, m0 + row_in_tile, n0);
+        continue;
+      }
+      float acc[MMA_BLOCKS_M][ACCUM];
+      mainloop(p, smem, acc, row_in_tile, pos, rank);
+      if (PINGPONG) {
+        if (next_exists) pass_turn(consumer);
+        pos.advance(p.k_tiles);  // skip the other warpgroup's tile
+      }
+      epi.store(args, p, acc, m0 + row_in_tile, n0);
+    }
+    epi.finish();
+  }
+
+  // Pingpong turns: the mainloops of the two consumers run one after the other, in tile order, so that
+  // one's epilogue overlaps the other's mainloop, and so that a consumer waiting for its first slot
+  // is never more than one phase behind the ring (a parity wait cannot tell phases further apart).
+  // Warpgroup w waits on named barrier kTurnBarrier + w; the other warpgroup arrives there when done.
+  static constexpr uint32_t kTurnBarrier = 1;  // 0 is __syncthreads
+  static constexpr uint32_t kTurnThreads = 2 * kWarpgroupThreads;
+  __device__ __forceinline__ static void wait_turn(int consumer) {
+    ptx::named_barrier_sync(kTurnBarrier + consumer, kTurnThreads);
+  }
+  __device__ __forceinline__ static void pass_turn(int consumer) {
+    ptx::named_barrier_arrive(kTurnBarrier + (consumer ^ 1), kTurnThreads);
+  }
+
+  // Accumulate one tile over all k tiles (k_tiles >= 1), consuming k_tiles slots of the ring from `pos` on.
+  __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, float (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                  int row_in_tile, RingPos& pos, uint32_t rank) {
+    int previous = -1;
+    for (int kt = 0; kt < p.k_tiles; ++kt) {
+      ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
+      ptx::wgmma_fence();
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
+        const uint64_t desc_b = TileB::descriptor(smem.b(pos.stage), 0, kk);
+#pragma unroll
+        for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+          const uint64_t desc_a = TileA::descriptor(smem.a(pos.stage), row_in_tile + i * kMmaM, kk);
+          Mma::run(acc[i], desc_a, desc_b, (kt > 0 || kk > 0) ? 1 : 0);
+        }
+      }
+      ptx::wgmma_commit();
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
+      // Keep this k tile's wgmma in flight; the previous one has finished reading its slot.
+      ptx::wgmma_wait<1>();
+      if (previous >= 0) release(smem, previous, rank);
+      previous = pos.stage;
+      pos.advance();
+    }
+    ptx::wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
+    release(smem, previous, rank);
+  }
+
+  // One thread of the warpgroup frees the slot in every CTA of the cluster that wrote into it: this
+// one and, in a 2-CTA cluster, the peer (which multicast its half of the shared operand into it).
+  __device__ __forceinline__ static uint32_t peer_rank(uint32_t rank) { return rank ^ 1; }
+
+  __device__ __forceinline__ static void release(const Smem& smem, int stage, uint32_t rank) {
+    if (threadIdx.x % kWarpgroupThreads == 0) {
+      ptx::mbarrier_arrive(smem.empty_bar(stage));
+      if constexpr (CLUSTER > 1) ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), peer_rank(rank));
+    }
+  }
+
+  // Accumulators -> D, bounded by M and N. wgmma's fp32 layout: in m64 block i, warp w of the
+  // warpgroup owns rows 16w .. 16w + 15; lane l holds rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1}
+  // at acc[i][4j + {0, 1}] and acc[i][4j + {2, 3}].
+  __device__ __forceinline__ static void store_direct(const GemmArgs& args, const Problem& p,
+                                               const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
+    Out* d = static_cast<Out*>(args.d);
+    const int64_t ldd = args.ldd;
+    const int t = threadIdx.x % kWarpgroupThreads;
+    const int warp = t / 32, lane = t % 32;
+    // Pairs of row-neighbours go out as one access when D's rows keep them aligned.
+    const bool pairs = Cfg::kDRowMajor && ldd % 2 == 0 &&
+                       reinterpret_cast<uintptr_t>(d) % (2 * sizeof(Out)) == 0;
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
+        if (row >= p.m) continue;
+#pragma unroll
+        for (int j = 0; j < BN / 8; ++j) {
+          const int col = n0 + j * 8 + 2 * (lane % 4);
+          const float x = acc[i][4 * j + 2 * h], y = acc[i][4 * j + 2 * h + 1];
+          if constexpr (Cfg::kDRowMajor) {
+            Out* at = d + static_cast<int64_t>(row) * ldd + col;
+            if (pairs && col + 1 < p.n) {
+              *reinterpret_cast<typename Pair<Out>::type*>(at) = Pair<Out>::make(x, y);
+            } else {
+              if (col < p.n) at[0] = from_float<Out>(x);
+              if (col + 1 < p.n) at[1] = from_float<Out>(y);
+            }
+          } else {
+            if (col < p.n) d[static_cast<int64_t>(col) * ldd + row] = from_float<Out>(x);
+            if (col + 1 < p.n) d[static_cast<int64_t>(col + 1) * ldd + row] = from_float<Out>(y);
+          }
+        }
+      }
+    }
+  }
+
+  // The same through shared memory and TMA stores, 64 x kEpiCols subtiles at a time (row-major D with
+  // a 16-byte-aligned base and row pitch); TMA clips the parts outside M and N.
+  __host__ __device__ __forceinline__ static bool tma_store_possible(const GemmArgs& args) {
+    return Cfg::kDRowMajor && reinterpret_cast<uintptr_t>(args.d) % 16 == 0 &&
+           (args.ldd * static_cast<int64_t>(sizeof(Out))) % 16 == 0;
+  }
+
+  static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns
+
+  struct Epilogue {
+    const Smem& smem;
+    const CUtensorMap* tmap_d;
+    int consumer;
+    int buffer;       // the staging buffer to fill next
+    bool use_tma;
+
+    __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p,
+                                          const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
+      if (!Cfg::kDRowMajor || !use_tma) {
+        store_direct(args, p, acc, m0, n0);
+        return;
+      }
+      const int t = threadIdx.x % kWarpgroupThreads;
+      const int warp = t / 32, lane = t % 32;
+      constexpr int kBlocksPerSubtile = kEpiCols / 8;  // n8 blocks of the accumulator layout
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+#pragma unroll
+        for (int sub = 0; sub < BN / kEpiCols; ++sub) {
+          const uint32_t buf = smem.epi_buffer(consumer, buffer);
+          // The store that last read this buffer (two subtiles ago) must be done reading it.
+          if (t == 0) ptx::tma_store_wait_read<kEpiBuffers - 1>();
+          ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+#pragma unroll
+          for (int jj = 0; jj < kBlocksPerSubtile; ++jj) {
+            const int j = sub * kBlocksPerSubtile + jj;
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int row = warp * 16 + lane / 4 + 8 * h;
+              const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
+              const int chunk = (byte / 16) ^ (row % 8);  // the 128-byte swizzle TMA undoes
+              const uint32_t at = buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16;
+              st_shared_pair(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+            }
+          }
+          ptx::fence_proxy_async_smem();  // the generic-proxy writes, before TMA (async proxy) reads them
+          ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+          if (t == 0) {
+            ptx::tma_store_2d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM);
+            ptx::tma_store_commit();
+          }
+          buffer ^= 1;
+        }
+      }
+    }
+
+    // Before the CTA exits: every TMA store of this warpgroup performed.
+    __device__ __forceinline__ void finish() {
+      if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();
+    }
+
+    __device__ __forceinline__ static void st_shared_pair(uint32_t at, float x, float y) {
+      if constexpr (sizeof(Out) == 4) {
+        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+      } else {
+        const typename Pair<Out>::type v = Pair<Out>::make(x, y);
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+      }
+    }
+  };
+};
+
+}  // namespace sm90
+}  // namespace gemmgen

@@ -1,0 +1,180 @@
+// Host side of an sm90 kernel library: encode the TMA tensor maps, size the grid (persistent
+// schedules: as many clusters as fit on the GPU at once), launch with the cluster shape.
+//
+// The tensor-map encoder is a driver function. It is looked up at run time through the runtime's
+// cudaGetDriverEntryPointByVersion, so the library never links libcuda and loads (and its Python
+// side imports) on a machine without a GPU driver.
+#pragma once
+
+#include <cstdint>
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include "../common/gemm_args.h"
+#include "../common/launch.cuh"
+#include "gemm_kernel.cuh"
+
+namespace gemmgen {
+namespace sm90 {
+
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
+constexpr unsigned kEncodeTiledVersion = 12000;  // the CUDA version whose signature EncodeTiledFn is
+
+// cuTensorMapEncodeTiled, or nullptr when the driver does not have it (looked up once per process).
+inline EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = []() -> EncodeTiledFn {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, kEncodeTiledVersion, cudaEnableDefault, &status);
+    return err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(ptr) : nullptr;
+  }();
+  return fn;
+}
+
+template <typename T>
+struct TensorMapType;
+template <>
+struct TensorMapType<__half> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+};
+template <>
+struct TensorMapType<__nv_bfloat16> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+};
+template <>
+struct TensorMapType<float> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
+};
+
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs);
+
+// What a tensor map encodes; equal keys give equal maps, so a launch with the same operand as the
+// last one (the common case: a layer's weight) skips the encoding.
+struct OperandKey {
+  const void* base = nullptr;
+  uint64_t inner = 0, outer = 0, ld = 0;
+  bool operator==(const OperandKey& o) const {
+    return base == o.base && inner == o.inner && outer == o.outer && ld == o.ld;
+  }
+};
+
+struct CachedMap {
+  OperandKey key;
+  CUtensorMap map;
+  bool valid = false;
+};
+
+// A 2-D map over a matrix whose `inner` dimension is contiguous and whose rows
+// (the `outer` dimension) are `ld` elements apart; boxes of box_inner x box_outer, 128-byte swizzle,
+// zeros outside the matrix. Sizes of 0 (K = 0) are encoded as 1: no box is ever loaded then.
+template <typename Elem, int BOX_INNER, int BOX_OUTER>
+inline cudaError_t tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t outer, int64_t ld) {
+  const OperandKey key{base, static_cast<uint64_t>(inner > 0 ? inner : 1), static_cast<uint64_t>(outer > 0 ? outer : 1),
+                       static_cast<uint64_t>(ld > 0 ? ld : 1)};
+  if (cache.valid && cache.key == key) return cudaSuccess;
+  const EncodeTiledFn encode = encode_tiled();
+  if (encode == nullptr) return cudaErrorInsufficientDriver;
+  const cuuint64_t dims[2] = {key.inner, key.outer};
+  const cuuint64_t strides[1] = {key.ld * sizeof(Elem)};  // bytes between rows; dimension 0 is contiguous
+  const cuuint32_t box[2] = {BOX_INNER, BOX_OUTER};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult res = encode(&cache.map, TensorMapType<Elem>::kValue, 2, const_cast<void*>(base), dims, strides, box,
+                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  cache.valid = res == CUDA_SUCCESS;
+  if (cache.valid) cache.key = key;
+  return cache.valid ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+// How many clusters of this kernel can be resident at once (the persistent grid), per device.
+template <class K>
+inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
+  static int known[kMaxDevices] = {};
+  if (device < kMaxDevices && known[device] > 0) {
+    *clusters = known[device];
+    return cudaSuccess;
+  }
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(K::CLUSTER, 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = K::SMEM_BYTES;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = K::CLUSTER;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  int n = 0;
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &config);
+  if (err != cudaSuccess) return err;
+  if (n < 1) n = 1;
+  if (device < kMaxDevices) known[device] = n;
+  *clusters = n;
+  return cudaSuccess;
+}
+
+template <class Cfg>
+inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
+  using K = Kernel<Cfg>;
+  using Elem = typename Cfg::Elem;
+  if (args->m <= 0 || args->n <= 0) return 0;
+  if (choose_path<Cfg>(*args) == GEMM_PATH_UNALIGNED) return launch_unaligned(slow, args, stream);
+
+  static bool smem_raised[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), K::SMEM_BYTES, smem_raised, &device);
+  if (err != cudaSuccess) return static_cast<int>(err);
+
+  // A (M x K): K-major = row-major (inner K); M-major = column-major (inner M). B (K x N) likewise.
+  thread_local CachedMap map_a, map_b;
+  err = Cfg::kAKMajor ? tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->k, args->m, args->lda)
+                      : tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->m, args->k, args->lda);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  err = Cfg::kBKMajor ? tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->k, args->n, args->ldb)
+                      : tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->n, args->k, args->ldb);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  // D through TMA stores when its base and row pitch allow (the kernel makes the same test); an
+  // unused map stays zero.
+  thread_local CachedMap map_d;
+  if (K::tma_store_possible(*args)) {
+    err = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd);
+    if (err != cudaSuccess) return static_cast<int>(err);
+  } else {
+    map_d = CachedMap{};
+  }
+
+  const int64_t units = ((args->m + Cfg::kBlockM * K::CM - 1) / (Cfg::kBlockM * K::CM)) *
+                        ((args->n + Cfg::kBlockN * K::CN - 1) / (Cfg::kBlockN * K::CN));
+  int64_t clusters = units;
+  if (K::PERSISTENT) {
+    int resident = 0;
+    err = resident_clusters<K>(fast, device, &resident);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    // Pingpong: two tiles per CTA at a time, so fewer clusters than units keep every warpgroup busy.
+    const int64_t per_cluster = K::PINGPONG ? 2 : 1;
+    const int64_t wanted = (units + per_cluster - 1) / per_cluster;
+    clusters = wanted < resident ? wanted : resident;
+  }
+
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(clusters * K::CLUSTER), 1, 1);
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = K::SMEM_BYTES;
+  config.stream = stream;
+  cudaLaunchAttribute attr;
+  attr.id = cudaLaunchAttributeClusterDimension;
+  attr.val.clusterDim.x = K::CLUSTER;
+  attr.val.clusterDim.y = 1;
+  attr.val.clusterDim.z = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, fast, map_a.map, map_b.map, map_d.map, *args);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace sm90
+}  // namespace gemmgen
