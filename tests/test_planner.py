@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -358,6 +359,12 @@ threads:      384 (1 producer warpgroup + 2 consumer warpgroups)
 why:          512 tiles of 128x256 in 4 wave(s) over 132 SMs (last wave 88% full), cooperative (persistent); \
 cluster 2x1 multicasts B (0.67x the L2->SM bytes of no cluster); efficiency 0.75; 4 stages use 230400 of 232448 \
 bytes of shared memory"""
+
+
+def test_readme_shows_the_current_sm90_plan() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("On an H100 (or with `arch=90`):\n\n```text\n")[1].split("```")[0]
+    assert block == SM90_DEFAULT_TEXT + "\n", "README.md's print(plan) example is out of date"
 
 
 def test_print_plan_sm90(capsys: pytest.CaptureFixture[str]) -> None:
