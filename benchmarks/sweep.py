@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     for tile, warps, stages, group in VARIANTS:
         try:
             plans.append(Gemm(dtype=args.dtype, layout=args.layout, tile_shape=tile, warps=warps, stages=stages,
-                              raster_group=group))
+                              raster_group=group, family="sm80"))  # an sm80 sweep, also on Hopper
         except ValueError as err:
             print(f"skip {tile} {warps} s{stages}: {err}")
     ops = compile_many([p.config for p in plans], namespace="gemmgen")

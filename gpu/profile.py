@@ -1,5 +1,6 @@
 """Run one planned kernel a few times on one shape, for ncu:
-    ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/profile.py --tile 128x256x32 --stages 4
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/profile.py --schedule pingpong --cluster 1x1
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/profile.py --family sm80 --tile 128x256x32
 """
 from __future__ import annotations
 
@@ -18,10 +19,15 @@ def main() -> None:
     parser.add_argument("--tile", default=None)
     parser.add_argument("--warps", default=None)
     parser.add_argument("--stages", type=int, default=None)
+    parser.add_argument("--family", default=None, choices=["sm80", "sm90"])
+    parser.add_argument("--schedule", default=None)
+    parser.add_argument("--cluster", default=None)
+    parser.add_argument("--raster", default=None)
     args = parser.parse_args()
     m, n, k = (int(x) for x in args.shape.split("x"))
     plan = Gemm(dtype=args.dtype, layout=args.layout, m=m, n=n, k=k, tile_shape=args.tile, warps=args.warps,
-                stages=args.stages)
+                stages=args.stages, family=args.family, schedule=args.schedule, cluster_shape=args.cluster,
+                raster=args.raster)
     op = plan.compile()
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     a = torch.randn(m, k, device="cuda").to(dtype)
