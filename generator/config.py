@@ -180,12 +180,13 @@ def describe_raster(cfg: KernelConfig) -> str:
     The walk steps over cluster-sized units of tiles: one tile with cluster 1x1, two with 2x1 or 1x2."""
     group, (cm, cn) = cfg.raster_group, cfg.cluster
     if cfg.raster == "m":
-        one, many = ("tile row", "tile rows") if cm == 1 else (f"row of {cm}x{cn} clusters", f"rows of {cm}x{cn} clusters")
+        clusters = f"{cm}x{cn} clusters"
+        one, many = ("tile row", "tile rows") if cm == 1 else (f"row of {clusters}", f"rows of {clusters}")
         if group == 1:
             return f"m, group 1 (one {one} at a time, along N)"
         return f"m, group {group} (bands of {group} {many}, each walked down M then along N: Triton's GROUP_M order)"
-    one, many = ("tile column", "tile columns") if cn == 1 else (f"column of {cm}x{cn} clusters",
-                                                               f"columns of {cm}x{cn} clusters")
+    clusters = f"{cm}x{cn} clusters"
+    one, many = ("tile column", "tile columns") if cn == 1 else (f"column of {clusters}", f"columns of {clusters}")
     if group == 1:
         return f"n, group 1 (one {one} at a time, down M)"
     return f"n, group {group} (bands of {group} {many}, each walked along N then down M)"

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .arch import ArchSpec, arch_spec, detect_arch
-from .config import FAMILIES, RASTERS, SM90_SCHEDULES, KernelConfig
-from .planner import Estimate, Knobs, Problem, choose
+from .config import RASTERS, SM90_SCHEDULES, KernelConfig
+from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
 from .types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_layout
 
@@ -46,7 +46,7 @@ def _int_tuple(value: object, length: int, what: str, example: str) -> tuple[int
     return items
 
 
-def _int_or_none(value: object, what: str, example: str) -> int:
+def _integer(value: object, what: str, example: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{what}={value!r}: give an integer, e.g. {what}={example}")
     return value
@@ -60,20 +60,13 @@ def _choice(value: object, what: str, choices: tuple[str, ...]) -> str:
     return value
 
 
-def _family(value: object) -> str | None:
-    if value is not None and value not in FAMILIES:
-        raise ValueError(f"family={value!r}: use 'sm80' (cp.async + mma.sync, arch 80 and newer), 'sm90' "
-                         f"(TMA + wgmma, arch 90) or None (the architecture's default)")
-    return value  # type: ignore[return-value]
-
-
 # Gemm keyword / property name -> (Knobs field, parser of the user's value).
 _KNOB_PARSERS: dict[str, tuple[str, Callable[[object], object]]] = {
-    "family": ("family", _family),
+    "family": ("family", check_family),
     "tile_shape": ("tile", lambda v: _int_tuple(v, 3, "tile_shape", "(128, 128, 32)")),
     "warps": ("warps", lambda v: _int_tuple(v, 2, "warps", "(2, 2)")),
-    "stages": ("stages", lambda v: _int_or_none(v, "stages", "4")),
-    "raster_group": ("raster_group", lambda v: _int_or_none(v, "raster_group", "8")),
+    "stages": ("stages", lambda v: _integer(v, "stages", "4")),
+    "raster_group": ("raster_group", lambda v: _integer(v, "raster_group", "8")),
     "schedule": ("schedule", lambda v: _choice(v, "schedule", SM90_SCHEDULES)),
     "cluster_shape": ("cluster", lambda v: _int_tuple(v, 2, "cluster_shape", "(2, 1)")),
     "raster": ("raster", lambda v: _choice(v, "raster", RASTERS)),

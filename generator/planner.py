@@ -84,12 +84,17 @@ def default_family(spec: ArchSpec) -> str:
     return "sm90" if spec.cc == 90 else "sm80"
 
 
+def check_family(value: object) -> str | None:
+    """A family knob as the user may give it: "sm80", "sm90" or None (the architecture's default)."""
+    if value is not None and value not in FAMILIES:
+        raise ValueError(f"family={value!r}: use 'sm80' (cp.async + mma.sync, arch 80 and newer), 'sm90' "
+                         f"(TMA + wgmma, arch 90) or None (the architecture's default)")
+    return value  # type: ignore[return-value]
+
+
 def resolve_family(knobs: Knobs, spec: ArchSpec) -> str:
     """The family to plan, refusing a fixed knob that belongs to the other family."""
-    family = knobs.family or default_family(spec)
-    if family not in FAMILIES:
-        raise ValueError(f"family={family!r}: use 'sm80' (cp.async + mma.sync, arch 80 and newer), 'sm90' "
-                         f"(TMA + wgmma, arch 90) or None (the architecture's default)")
+    family = check_family(knobs.family) or default_family(spec)
     if family == "sm80":
         for knob, value in (("schedule", knobs.schedule), ("cluster_shape", knobs.cluster), ("raster", knobs.raster)):
             if value is not None:

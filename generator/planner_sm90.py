@@ -50,7 +50,8 @@ import math
 from dataclasses import replace
 
 from .arch import ArchSpec
-from .config import MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_K, SM90_CLUSTERS, KernelConfig, sm90_max_stages_that_fit
+from .config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_K, SM90_CLUSTERS, KernelConfig,
+                     sm90_max_stages_that_fit)
 from .planner import DEFAULT_PROBLEM, Estimate, Knobs, Problem, pick
 from .types import DType, Layout
 

@@ -130,7 +130,8 @@ def test_plans_json_records_pinned_plans_that_replan_the_same_kernels(tmp_path):
                            "tile_shape": "128x256x64", "schedule": "cooperative", "cluster_shape": "2x1", "raster": "m",
                            "stages": 4, "raster_group": 8}
     sm80 = by_op["gemm_fp16_nt_ofp32_dcol"]
-    assert sm80["family"] == "sm80" and sm80["warps"] == "2x4" and "schedule" not in sm80 and "cluster_shape" not in sm80
+    assert sm80["family"] == "sm80" and sm80["warps"] == "2x4"
+    assert "schedule" not in sm80 and "cluster_shape" not in sm80
     (tmp_path / "bad.json").write_text(json.dumps([{"dtype": "bf16", "arch": 80, "tile": "128x128x32"}]))
     with pytest.raises(ValueError, match="unknown key.*'tile'.*valid keys: dtype"):
         load_plans_file(tmp_path / "bad.json")

@@ -65,7 +65,8 @@ def test_render_is_deterministic(cfg: KernelConfig) -> None:
 def test_render_is_the_same_in_another_process() -> None:
     """No dependence on hash seeds, dict order or anything else that differs between processes."""
     code = ("from generator import Gemm; from generator.render import render; import sys; "
-            "cfgs = [Gemm('fp16', 'nt', arch=90, family='sm80', m=16).config, Gemm('fp16', 'nt', arch=90, m=16).config]; "
+            "cfgs = [Gemm('fp16', 'nt', arch=90, family='sm80', m=16).config, "
+            "Gemm('fp16', 'nt', arch=90, m=16).config]; "
             "sys.stdout.write(''.join(render(c)[c.name + '.cu'] for c in cfgs))")
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
