@@ -6,7 +6,7 @@ NS = (64, 128, 192, 256)  # every N a shipped tile uses (BN of one consumer warp
 out = []
 out.append('''// wgmma.mma_async wrappers, one per N the sm90 templates use: D(64xN, fp32) (+)= A(64x16) * B(16xN),
 // A and B from shared-memory matrix descriptors.
-// PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 //
 // The operand lists are long (N/2 accumulators per thread), so this file is written out by
 // templates/ptx/make_sm90_wgmma.py: edit the pattern there and run it. The pattern is the same for
@@ -22,6 +22,7 @@ out.append('''// wgmma.mma_async wrappers, one per N the sm90 templates use: D(6
 namespace gemmgen {
 namespace ptx {
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int N, typename T, int TRANS_A, int TRANS_B>
 struct Wgmma;
 ''')
@@ -30,6 +31,7 @@ for n in NS:
     for tname, ptx in (("__half", "f16"), ("__nv_bfloat16", "bf16")):
         dl = ", ".join(f"%{i}" for i in range(regs))
         body = []
+        body.append('// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".')
         body.append(f"template <int TRANS_A, int TRANS_B>")
         body.append(f"struct Wgmma<{n}, {tname}, TRANS_A, TRANS_B> {{")
         body.append(f"  static constexpr int kAccum = {regs};")

@@ -1,7 +1,8 @@
 // PTX wrappers for the sm90 GEMM family: mbarrier, TMA (cp.async.bulk.tensor), thread-block
 // clusters, wgmma synchronization and matrix descriptors, setmaxnreg, proxy fences.
-// One small __device__ helper per instruction, each naming the PTX ISA section it follows
-// (by section title in the PTX ISA 8.x/9.0 manuals: the numbers move between releases).
+// One small __device__ helper per instruction, each naming the PTX ISA section it follows: the
+// chapter number of the PTX ISA 9.0 manual (deeper numbers move between releases) and the exact
+// section title.
 // Everything here needs sm_90a (wgmma, setmaxnreg) or sm_90 (the rest).
 #pragma once
 
@@ -13,7 +14,7 @@ namespace gemmgen {
 namespace ptx {
 
 // Shared-memory pointer as the 32-bit address the .shared state space instructions take.
-// PTX ISA, "Data Movement and Conversion Instructions: cvta".
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cvta".
 __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
@@ -21,13 +22,13 @@ __device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
 // ---- mbarrier ---------------------------------------------------------------------------------
 
 // Initialize a barrier that completes a phase after `count` arrivals (and all expected tx bytes).
-// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.init".
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: mbarrier.init".
 __device__ __forceinline__ void mbarrier_init(uint32_t bar, uint32_t count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 
 // Make barrier initializations visible to the async proxy (TMA) and to the other CTAs of the cluster.
-// PTX ISA, "Parallel Synchronization and Communication Instructions: membar/fence"
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: membar/fence"
 // (fence.mbarrier_init).
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
@@ -35,14 +36,14 @@ __device__ __forceinline__ void fence_mbarrier_init_cluster() {
 
 // Arrive once and add `bytes` to the transaction count the current phase waits for (the producer,
 // before issuing the TMA loads that will complete those bytes).
-// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.arrive"
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: mbarrier.arrive"
 // (.expect_tx).
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
 // Arrive once on a barrier of this CTA.
-// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.arrive".
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: mbarrier.arrive".
 __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
@@ -50,7 +51,7 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t bar) {
 // Arrive once on the barrier at the same shared-memory offset in CTA `cta` of this cluster. Default
 // semantics (release at CTA scope), as for a local arrive: the slot's readers are wgmma operations that
 // wgmma.wait_group has already seen complete.
-// PTX ISA, "Data Movement and Conversion Instructions: mapa" and "Parallel Synchronization and
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: mapa" and "Parallel Synchronization and
 // Communication Instructions: mbarrier.arrive" (.shared::cluster).
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t cta) {
   asm volatile(
@@ -64,7 +65,7 @@ __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t c
 }
 
 // Non-blocking test whether the phase with parity `parity` has completed.
-// PTX ISA, "Parallel Synchronization and Communication Instructions: mbarrier.test_wait/try_wait"
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: mbarrier.test_wait/try_wait"
 // (try_wait.parity; the instruction itself may suspend the thread for a system-defined time).
 __device__ __forceinline__ bool mbarrier_try_wait(uint32_t bar, uint32_t parity) {
   uint32_t done;
@@ -90,14 +91,14 @@ __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
 // ---- TMA (the tensor memory accelerator) ---------------------------------------------------------
 
 // Hint the TMA unit to fetch a tensor map (a __grid_constant__ kernel parameter) ahead of first use.
-// PTX ISA, "Data Movement and Conversion Instructions: prefetch" (prefetch.tensormap).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: prefetch" (prefetch.tensormap).
 __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 
 // 2-D tile global -> shared of this CTA, completing `bytes` on barrier `bar`. Coordinates are in
 // elements, innermost first; parts of the box outside the tensor are filled with zeros.
-// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.tensor".
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor".
 __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0, int32_t c1) {
   asm volatile(
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
@@ -107,7 +108,7 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint
 
 // The same tile written to the same shared-memory offset of every CTA in `cta_mask` (bit i: cluster
 // rank i), each completing the bytes on its own barrier at offset `bar`.
-// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.multicast::cluster).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.multicast::cluster).
 __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0,
                                                       int32_t c1, uint16_t cta_mask) {
   asm volatile(
@@ -118,7 +119,7 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* 
 }
 
 // 2-D tile shared -> global; the parts of the box outside the tensor are not written.
-// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.global.shared::cta).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.global.shared::cta).
 __device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int32_t c0, int32_t c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(tmap)),
@@ -127,33 +128,43 @@ __device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int
 }
 
 // Close the group of bulk stores issued so far by this thread.
-// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.commit_group".
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.commit_group".
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 
 // Wait until at most N bulk store groups still read their shared-memory source.
-// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.wait_group" (.read).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.wait_group" (.read).
 template <int N>
 __device__ __forceinline__ void tma_store_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
 }
 
 // Wait until at most N bulk store groups are incomplete (their writes performed).
-// PTX ISA, "Data Movement and Conversion Instructions: cp.async.bulk.wait_group".
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.wait_group".
 template <int N>
 __device__ __forceinline__ void tma_store_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Order this thread's generic-proxy shared-memory writes before later async-proxy (TMA) reads.
-// PTX ISA, "Parallel Synchronization and Communication Instructions: membar/fence" (fence.proxy.async).
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: membar/fence" (fence.proxy.async).
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Store two fp32 values (8 bytes) or one 32-bit word to shared memory (the epilogue's staging).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
+__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
+__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // ---- clusters -----------------------------------------------------------------------------------
 
 // This CTA's rank in its cluster.
-// PTX ISA, "Special Registers: %cluster_ctarank".
+// PTX ISA §10 "Special Registers: %cluster_ctarank".
 __device__ __forceinline__ uint32_t cluster_ctarank() {
   uint32_t rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
@@ -161,7 +172,7 @@ __device__ __forceinline__ uint32_t cluster_ctarank() {
 }
 
 // All threads of all CTAs in the cluster meet here; release/acquire orders memory around it.
-// PTX ISA, "Parallel Synchronization and Communication Instructions: barrier.cluster".
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: barrier.cluster".
 __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -170,13 +181,13 @@ __device__ __forceinline__ void cluster_sync() {
 // ---- named barriers -------------------------------------------------------------------------------
 
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).
-// PTX ISA, "Parallel Synchronization and Communication Instructions: bar/barrier" (bar.sync).
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: bar/barrier" (bar.sync).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // Arrive at barrier `id` without waiting: the other side of a producer/consumer hand-over.
-// PTX ISA, "Parallel Synchronization and Communication Instructions: bar/barrier" (bar.arrive).
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: bar/barrier" (bar.arrive).
 __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
@@ -184,30 +195,33 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
 // ---- warpgroups: wgmma ordering and register reallocation ----------------------------------------
 
 // Order this warpgroup's register and shared-memory accesses before the wgmma.mma_async that follow.
-// PTX ISA, "Asynchronous Warpgroup Level Matrix Instructions: wgmma.fence".
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Instructions: wgmma.fence".
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 
 // Close the group of wgmma.mma_async issued so far by this warpgroup.
-// PTX ISA, "Asynchronous Warpgroup Level Matrix Instructions: wgmma.commit_group".
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Instructions: wgmma.commit_group".
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 
 // Wait until at most N wgmma groups of this warpgroup are pending.
-// PTX ISA, "Asynchronous Warpgroup Level Matrix Instructions: wgmma.wait_group".
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Instructions: wgmma.wait_group".
 template <int N>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
 
 // Keep the compiler from moving accumulator reads/writes across wgmma fences and waits: the
-// accumulators are written asynchronously, which the compiler cannot see.
+// accumulators are written asynchronously, which the compiler cannot see. No instruction: it keeps
+// the register accesses where PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Instructions:
+// wgmma.fence" requires them (between the fence and the wait).
 __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
 
 // Grow (INC) or shrink this warpgroup's per-thread register budget to REGS.
-// PTX ISA, "Miscellaneous Instructions: setmaxnreg".
+// PTX ISA §9.7.19 "Miscellaneous Instructions: setmaxnreg".
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(REGS));
 }
+// PTX ISA §9.7.19 "Miscellaneous Instructions: setmaxnreg" (.dec).
 template <int REGS>
 __device__ __forceinline__ void setmaxnreg_dec() {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(REGS));
@@ -223,7 +237,7 @@ __device__ __forceinline__ void setmaxnreg_dec() {
 // K-major operand: rows of 64 16-bit elements (128 bytes), 8-row groups 1024 bytes apart (stride
 // offset); the leading offset is unused. M/N-major: 64 M/N-elements per 128-byte row, one row per k,
 // 8-k groups `stride` bytes apart, 64-element M/N chunks `leading` bytes apart.
-// PTX ISA, "Asynchronous Warpgroup Level Matrix Shared Memory Layout: Matrix Descriptor Format".
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Shared Memory Layout: Matrix Descriptor Format".
 constexpr uint64_t kDescSwizzle128 = 1ull << 62;
 __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   return kDescSwizzle128 | (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) |

@@ -1,6 +1,6 @@
 // wgmma.mma_async wrappers, one per N the sm90 templates use: D(64xN, fp32) (+)= A(64x16) * B(16xN),
 // A and B from shared-memory matrix descriptors.
-// PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 //
 // The operand lists are long (N/2 accumulators per thread), so this file is written out by
 // templates/ptx/make_sm90_wgmma.py: edit the pattern there and run it. The pattern is the same for
@@ -16,9 +16,11 @@
 namespace gemmgen {
 namespace ptx {
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int N, typename T, int TRANS_A, int TRANS_B>
 struct Wgmma;
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<64, __half, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 32;
@@ -40,6 +42,7 @@ struct Wgmma<64, __half, TRANS_A, TRANS_B> {
   }
 };
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<64, __nv_bfloat16, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 32;
@@ -61,6 +64,7 @@ struct Wgmma<64, __nv_bfloat16, TRANS_A, TRANS_B> {
   }
 };
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<128, __half, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 64;
@@ -88,6 +92,7 @@ struct Wgmma<128, __half, TRANS_A, TRANS_B> {
   }
 };
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<128, __nv_bfloat16, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 64;
@@ -115,6 +120,7 @@ struct Wgmma<128, __nv_bfloat16, TRANS_A, TRANS_B> {
   }
 };
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<192, __half, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 96;
@@ -148,6 +154,7 @@ struct Wgmma<192, __half, TRANS_A, TRANS_B> {
   }
 };
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<192, __nv_bfloat16, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 96;
@@ -181,6 +188,7 @@ struct Wgmma<192, __nv_bfloat16, TRANS_A, TRANS_B> {
   }
 };
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<256, __half, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 128;
@@ -220,6 +228,7 @@ struct Wgmma<256, __half, TRANS_A, TRANS_B> {
   }
 };
 
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 template <int TRANS_A, int TRANS_B>
 struct Wgmma<256, __nv_bfloat16, TRANS_A, TRANS_B> {
   static constexpr int kAccum = 128;

@@ -478,10 +478,10 @@ struct Kernel {
 
     __device__ __forceinline__ static void st_shared_pair(uint32_t at, float x, float y) {
       if constexpr (sizeof(Out) == 4) {
-        asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(at), "f"(x), "f"(y) : "memory");
+        ptx::st_shared_v2_f32(at, x, y);
       } else {
         const typename Pair<Out>::type v = Pair<Out>::make(x, y);
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(at), "r"(*reinterpret_cast<const uint32_t*>(&v)) : "memory");
+        ptx::st_shared_b32(at, *reinterpret_cast<const uint32_t*>(&v));
       }
     }
   };
