@@ -405,6 +405,9 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
             (lambda: pkg.gemm_bf16_tn(A.float(), B), TypeError,
              "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float32'"),
             (lambda: pkg.gemm_bf16_tn(A[None], B), ValueError, "A must be 2-D (M, K); got shape (1, 64, 32)"),
+            (lambda: pkg.gemm_bf16_tn(A.to("meta"), B.to("meta"), out=torch.empty(3, 5, device="meta").bfloat16()),
+             ValueError, "out has shape (3, 5); D = A @ B is (64, 48): pass torch.empty(64, 48, "
+                         "dtype=torch.bfloat16, device='meta')"),
             (lambda: pkg.gemm_bf16_tn([[1.0]], B), TypeError, "A must be a torch.Tensor, got list"),
             (lambda: pkg.gemm_bf16_tn(A, B, out=3), TypeError, "out must be a torch.Tensor, got int"),
         ]:

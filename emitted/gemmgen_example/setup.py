@@ -39,6 +39,9 @@ setup(
             sources=SOURCES,
             include_dirs=[str(CSRC)],
             extra_compile_args={"cxx": ["-O3"], "nvcc": NVCC_FLAGS},
+            # A compiler that links its C++ runtime statically would otherwise export that runtime's
+            # symbols from _C next to the libstdc++ that torch uses.
+            extra_link_args=["-Wl,--exclude-libs,ALL"],
             # binding.cpp needs only Python's stable ABI: the wheel serves this CPython and newer ones
             py_limited_api=True,
         ),

@@ -66,6 +66,15 @@ struct OpSpec {
 constexpr int64_t kInt32Max = 2147483647;
 constexpr int kMaxDevices = 64;
 
+// A size as text. Never through c10's operator<<(std::ostream&, const SymInt&): that one lives in libc10
+// and would write into a stream of this library, and where the compiler links its C++ runtime statically
+// (some GCC builds do) the two runtimes' streams are incompatible: a segfault instead of a message.
+std::string size_str(int64_t v) { return std::to_string(v); }
+std::string size_str(const c10::SymInt& v) {
+  if (const auto concrete = v.maybe_as_int()) return std::to_string(*concrete);
+  return v.toSymNode()->str();  // a symbolic size (torch.compile), e.g. "s0"
+}
+
 // Python's repr of a tuple: (2, 3), (5,), ().
 template <class Values>
 std::string tuple_str(const Values& values) {
@@ -74,7 +83,7 @@ std::string tuple_str(const Values& values) {
   size_t count = 0;
   for (const auto& v : values) {
     if (count++) s << ", ";
-    s << v;
+    s << size_str(v);
   }
   if (count == 1) s << ",";
   s << ")";
@@ -183,9 +192,9 @@ void check_out_shape_and_dtype(const OpSpec& op, const at::Tensor& out, const at
   const c10::SymInt m = A.sym_size(0), n = B.sym_size(1);
   TORCH_CHECK_VALUE(out.dim() == 2 && out.sym_size(0).sym_eq(m).expect_true(__FILE__, __LINE__) &&
                         out.sym_size(1).sym_eq(n).expect_true(__FILE__, __LINE__),
-                    "out has shape ", tuple_str(out.sym_sizes()), "; D = A @ B is (", m, ", ", n,
-                    "): pass torch.empty(", m, ", ", n, ", dtype=", torch_dtype(op.out_dtype), ", device='",
-                    A.device().str(), "')");
+                    "out has shape ", tuple_str(out.sym_sizes()), "; D = A @ B is (", size_str(m), ", ",
+                    size_str(n), "): pass torch.empty(", size_str(m), ", ", size_str(n),
+                    ", dtype=", torch_dtype(op.out_dtype), ", device='", A.device().str(), "')");
   TORCH_CHECK_TYPE(out.scalar_type() == op.out_dtype, "out is ", torch_dtype(out.scalar_type()),
                    "; this plan writes ", op.out_dtype_name, ": pass an out of dtype ", torch_dtype(op.out_dtype),
                    " or plan with out_dtype='", dtype_name(out.scalar_type()), "'");
