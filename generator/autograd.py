@@ -1,33 +1,13 @@
 """Autograd for the generated ops: dA = dD @ B^T and dB = A^T @ dD, each computed by a kernel of this
 generator, planned from the forward op's config and built on the first backward.
 
-Layouts. The forward op computes D (M, N) = A (M, K) @ B (K, N) with A, B, D each stored row- or
-column-major (``Layout``). Let dD be stored in ``grad_order``. Then
-
-* dA (M, K) = dD (M, N) @ B.t() (N, K): the first operand is dD, in ``grad_order``; the second is
-  B.t(), a view of B with the storage order flipped (B column-major -> B.t() row-major); dA is
-  written in A's order, so that it lands in A's strides without a copy.
-* dB (K, N) = A.t() (K, M) @ dD (M, N): A.t() flips A's order; dD as above; dB is written in B's
-  order (for ``x @ W.t()`` that makes dB.t(), the weight's gradient, contiguous like W).
-
-With a row-major dD (the usual contiguous gradient), in the two-letter names ('t' = row-major,
-'n' = column-major, first A then B; ``_dcol`` for a column-major output):
-
-=========  ===========  ===========
-forward    dA           dB
-=========  ===========  ===========
-``tn``     ``tt``       ``nt_dcol``
-``tt``     ``tn``       ``nt``
-``nn``     ``tt_dcol``  ``tt_dcol``
-``nt``     ``tn_dcol``  ``tt``
-=========  ===========  ===========
-
-A column-major dD (e.g. the gradient of a ``layout_c='col'`` output passed through elementwise ops)
-gets its own pair of kernels (first letter of dA and second of dB become 'n'); a gradient stored in
-neither order (an expanded ``sum()`` gradient has strides (0, 0)) is made contiguous first. Strided
-operands whose order matches are taken as they are: the ops accept any leading dimension, and
-unaligned ones run the slower unaligned kernel. A gradient of another dtype than the inputs' (an op
-with ``out_dtype=fp32``) is cast to the input dtype, because the kernels take fp16/bf16 operands.
+Which kernels (their layouts for a row- or column-major dD, and why) is pure planning, shared with
+emitted packages: see ``generator.backward`` (``backward_layouts``, ``backward_configs``, re-exported
+here). A gradient stored in neither order (an expanded ``sum()`` gradient has strides (0, 0)) is made
+contiguous first. Strided operands whose order matches are taken as they are: the ops accept any
+leading dimension, and unaligned ones run the slower unaligned kernel. A gradient of another dtype
+than the inputs' (an op with ``out_dtype=fp32``) is cast to the input dtype, because the kernels take
+fp16/bf16 operands.
 
 The backward ops are planned and registered together with the forward op (both gradient orders:
 planning is pure Python and cheap), so that a compiled backward graph loaded from torch.compile's
@@ -44,42 +24,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .config import KernelConfig
-from .types import Layout, Order, parse_layout, parse_order
+from .backward import backward_configs, backward_layouts
+from .types import Order
 
 if TYPE_CHECKING:
     from .op import GemmOp
 
-_FLIP = {Order.row: Order.col, Order.col: Order.row}
-
-
-def backward_layouts(layout: object, grad_order: object = Order.row) -> tuple[Layout, Layout]:
-    """The layouts of the kernels computing dA = dD @ B.t() and dB = A.t() @ dD.
-
-    ``layout``: the forward op's layout (a ``Layout`` or a string such as ``"tn"``); ``grad_order``:
-    the storage order of dD ("row" or "col"). See the module docstring for the derivation.
-    """
-    fwd = layout if isinstance(layout, Layout) else parse_layout(layout)
-    g = parse_order(grad_order, what="grad_order")
-    grad_a = Layout(a=g, b=_FLIP[fwd.b], c=fwd.a)
-    grad_b = Layout(a=_FLIP[fwd.a], b=g, c=fwd.b)
-    return grad_a, grad_b
-
-
-def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tuple[KernelConfig, KernelConfig]:
-    """Planned configs for dA and dB: the forward op's dtype, architecture and kernel family, output
-    dtype = input dtype.
-
-    Planned without problem hints (a large problem), like a forward plan without hints: the kernel
-    is chosen once per forward op, not per call, so one compiled graph serves every M.
-    """
-    from .gemm import Gemm
-
-    layouts = backward_layouts(config.layout, grad_order)
-    grad_a, grad_b = (Gemm(dtype=config.dtype, layout=lay, arch=config.arch, family=config.family).config
-                      for lay in layouts)
-    return grad_a, grad_b
-
+__all__ = ["backward_configs", "backward_layouts", "grad_ops", "register_autograd"]
 
 # (namespace, forward op name, gradient order) -> (dA op, dB op)
 _GRAD_OPS: dict[tuple[str, str, Order], tuple[GemmOp, GemmOp]] = {}
