@@ -66,6 +66,8 @@ CANDIDATE_TILES: tuple[tuple[str, tuple[int, int]], ...] = (
     ("pingpong", (128, 128)),
     ("pingpong", (64, 128)),        # small M: 64 rows waste less of the tile than 128
 )
+# The narrow tile's N (128x64 cooperative: see candidate_shapes).
+NARROW_BN = 64
 # The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
 PLANNED_SCHEDULES = ("cooperative", "pingpong")
 
@@ -153,25 +155,44 @@ def choose_raster(cfg: KernelConfig, problem: Problem, sm_count: int, knobs: Kno
 
 # -- candidates ------------------------------------------------------------------------------------------
 
-def candidate_shapes(knobs: Knobs) -> list[tuple[str, tuple[int, int, int]]]:
-    """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule."""
+def candidate_shapes(knobs: Knobs, problem: Problem) -> list[tuple[str, tuple[int, int, int]]]:
+    """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule.
+
+    The narrow cooperative tile (128x64) only where M fits one 128-row tile: there it is the way to put
+    enough N tiles on the SMs (128x4096x4096: 0.88x cuBLAS, the best measured), but with more rows its
+    m64n64 wgmmas lose to the big tiles by far more than the model's reuse terms say (512x6144x4096:
+    0.63-0.75x against 0.84x for 128x256; benchmarks/sweep_sm90.py, NOTES.md sm90 v3)."""
     if knobs.tile is not None:
         schedules = [knobs.schedule] if knobs.schedule else list(PLANNED_SCHEDULES)
         return [(schedule, knobs.tile) for schedule in schedules]
     wanted = "cooperative" if knobs.schedule == "ws" else knobs.schedule  # ws builds cooperative's tiles
     shapes = [(knobs.schedule or schedule, (bm, bn, SM90_BLOCK_K)) for schedule, (bm, bn) in CANDIDATE_TILES
-              if wanted is None or schedule == wanted]
+              if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and problem.m > bm)]
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
     return shapes or [(str(knobs.schedule), (128, 256, SM90_BLOCK_K))]
+
+
+def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Problem,
+                       sm_count: int) -> list[tuple[int, int]]:
+    """The cluster shapes to weigh for ``tile``: all of them, or 1x1 alone when the tiles fit one wave.
+
+    Multicast saves L2 -> SM bytes, which only limit a block that runs tile after tile; when every
+    tile has its own SM the two blocks of a cluster just wait for each other. Measured (3-round
+    medians, benchmarks/sweep_sm90.py, NOTES.md sm90 v3): one wave, 1x1 won by 4-7 % (2048^3,
+    1024^3, 128x6144x4096) and a 2x1 over a single tile row lost 20 %; several waves, 2x1 won
+    (4096^3 +4 %, 512x28672x8192 +20 %)."""
+    if knobs.cluster:
+        return [knobs.cluster]
+    tiles = math.ceil(problem.m / tile[0]) * math.ceil(problem.n / tile[1])
+    return [(1, 1)] if tiles <= sm_count else list(SM90_CLUSTERS)
 
 
 def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, knobs: Knobs,
                problem: Problem, sm_count: int) -> list[KernelConfig]:
     """Every sm90 config the planner would consider, in order of preference (checked later by check_config)."""
     configs = []
-    clusters = [knobs.cluster] if knobs.cluster else list(SM90_CLUSTERS)
-    for schedule, tile in candidate_shapes(knobs):
-        for cluster in clusters:
+    for schedule, tile in candidate_shapes(knobs, problem):
+        for cluster in cluster_candidates(tile, knobs, problem, sm_count):
             cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=None,
                                stages=MIN_STAGES if knobs.stages is None else knobs.stages, raster_group=1,
                                family="sm90", cluster=cluster, schedule=schedule)
