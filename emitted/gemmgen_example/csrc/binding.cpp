@@ -272,24 +272,53 @@ at::Tensor& gemm_out_meta(const OpSpec& op, const at::Tensor& A, const at::Tenso
   return out;
 }
 
-using DefaultOp = c10::TypedOperatorHandle<at::Tensor(const at::Tensor&, const at::Tensor&)>;
-
 // .out under FakeTensor and functionalization (torch.compile, AOTAutograd): torch functionalizes a custom
 // op whose return aliases a mutated argument only by decomposing it, so .out also has this
 // CompositeImplicitAutograd kernel: the checks, the default overload, a copy into out. Eager calls keep
 // the CompositeExplicitAutograd kernel, which writes straight into out (as gemmgen's JIT ops).
-at::Tensor& gemm_out_decomposition(const OpSpec& op, const DefaultOp& default_op, const at::Tensor& A,
-                                   const at::Tensor& B, at::Tensor& out) {
+at::Tensor& gemm_out_decomposition(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
   check_rank_and_dtype(op, A, "A");
   check_rank_and_dtype(op, B, "B");
   check_k(A, B);
   check_out_shape_and_dtype(op, out, A, B);
+  // looked up per call: this kernel runs while tracing, not in eager calls
+  const auto default_op = c10::Dispatcher::singleton()
+                              .findSchemaOrThrow((std::string("gemmgen_example::") + op.op).c_str(), "")
+                              .typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
   return out.copy_(default_op.call(A, B));
 }
 
-DefaultOp find_default(const char* qualname) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(qualname, "").typed<at::Tensor(const at::Tensor&, const at::Tensor&)>();
-}
+// -- the kernels registered with the dispatcher ------------------------------------------------------
+
+// One functor type per overload and dispatch key, holding its op's OpSpec. The dispatcher's boxing
+// wrappers are template instances per kernel type, so types shared by every op keep this file's compile
+// time (the longest job of the package's build) nearly flat in the number of ops.
+struct GemmKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B) const { return gemm(*op, A, B); }
+};
+struct GemmOutKernel {
+  const OpSpec* op;
+  at::Tensor& operator()(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) const {
+    return gemm_out(*op, A, B, out);
+  }
+};
+struct GemmMetaKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B) const { return gemm_meta(*op, A, B); }
+};
+struct GemmOutMetaKernel {
+  const OpSpec* op;
+  at::Tensor& operator()(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) const {
+    return gemm_out_meta(*op, A, B, out);
+  }
+};
+struct GemmOutDecompositionKernel {
+  const OpSpec* op;
+  at::Tensor& operator()(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) const {
+    return gemm_out_decomposition(*op, A, B, out);
+  }
+};
 
 // -- the ops -----------------------------------------------------------------------------------------
 
@@ -311,19 +340,6 @@ const OpSpec k_gemm_bf16_tn = {
     /*error_string=*/sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string,
 };
 
-at::Tensor op_gemm_bf16_tn(const at::Tensor& A, const at::Tensor& B) { return gemm(k_gemm_bf16_tn, A, B); }
-at::Tensor& op_gemm_bf16_tn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
-  return gemm_out(k_gemm_bf16_tn, A, B, out);
-}
-at::Tensor meta_gemm_bf16_tn(const at::Tensor& A, const at::Tensor& B) { return gemm_meta(k_gemm_bf16_tn, A, B); }
-at::Tensor& meta_gemm_bf16_tn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
-  return gemm_out_meta(k_gemm_bf16_tn, A, B, out);
-}
-at::Tensor& decomposed_gemm_bf16_tn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
-  static const DefaultOp default_op = find_default("gemmgen_example::gemm_bf16_tn");
-  return gemm_out_decomposition(k_gemm_bf16_tn, default_op, A, B, out);
-}
-
 // gemm_fp16_nn: fp16 -> fp16; A (M, K) col-major, B (K, N) col-major, D (M, N) row-major.
 const OpSpec k_gemm_fp16_nn = {
     /*op=*/"gemm_fp16_nn",
@@ -342,19 +358,6 @@ const OpSpec k_gemm_fp16_nn = {
     /*error_string=*/sm80_fp16_nn_128x256x32_w2x4_s4_g8_error_string,
 };
 
-at::Tensor op_gemm_fp16_nn(const at::Tensor& A, const at::Tensor& B) { return gemm(k_gemm_fp16_nn, A, B); }
-at::Tensor& op_gemm_fp16_nn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
-  return gemm_out(k_gemm_fp16_nn, A, B, out);
-}
-at::Tensor meta_gemm_fp16_nn(const at::Tensor& A, const at::Tensor& B) { return gemm_meta(k_gemm_fp16_nn, A, B); }
-at::Tensor& meta_gemm_fp16_nn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
-  return gemm_out_meta(k_gemm_fp16_nn, A, B, out);
-}
-at::Tensor& decomposed_gemm_fp16_nn_out(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
-  static const DefaultOp default_op = find_default("gemmgen_example::gemm_fp16_nn");
-  return gemm_out_decomposition(k_gemm_fp16_nn, default_op, A, B, out);
-}
-
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
 // column-major B stays column-major, so the op's layout holds in compiled graphs), and the ops are
 // pt2-compliant (meta implementations, no data-dependent output shapes).
@@ -372,21 +375,21 @@ TORCH_LIBRARY(gemmgen_example, m) {
 // CompositeExplicitAutograd: one implementation for every backend (as gemmgen's JIT ops), so that a
 // CPU tensor reaches the checks and hears "pass A.cuda()" instead of the dispatcher's "no kernel for CPU".
 TORCH_LIBRARY_IMPL(gemmgen_example, CompositeExplicitAutograd, m) {
-  m.impl("gemm_bf16_tn", TORCH_FN(op_gemm_bf16_tn));
-  m.impl("gemm_bf16_tn.out", TORCH_FN(op_gemm_bf16_tn_out));
-  m.impl("gemm_fp16_nn", TORCH_FN(op_gemm_fp16_nn));
-  m.impl("gemm_fp16_nn.out", TORCH_FN(op_gemm_fp16_nn_out));
+  m.impl("gemm_bf16_tn", GemmKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.out", GemmOutKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_fp16_nn", GemmKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.out", GemmOutKernel{&k_gemm_fp16_nn});
 }
 
 TORCH_LIBRARY_IMPL(gemmgen_example, CompositeImplicitAutograd, m) {
-  m.impl("gemm_bf16_tn.out", TORCH_FN(decomposed_gemm_bf16_tn_out));
-  m.impl("gemm_fp16_nn.out", TORCH_FN(decomposed_gemm_fp16_nn_out));
+  m.impl("gemm_bf16_tn.out", GemmOutDecompositionKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_fp16_nn.out", GemmOutDecompositionKernel{&k_gemm_fp16_nn});
 }
 
 // Meta tensors in eager mode (FakeTensor decomposes .out, see gemm_out_decomposition).
 TORCH_LIBRARY_IMPL(gemmgen_example, Meta, m) {
-  m.impl("gemm_bf16_tn", TORCH_FN(meta_gemm_bf16_tn));
-  m.impl("gemm_bf16_tn.out", TORCH_FN(meta_gemm_bf16_tn_out));
-  m.impl("gemm_fp16_nn", TORCH_FN(meta_gemm_fp16_nn));
-  m.impl("gemm_fp16_nn.out", TORCH_FN(meta_gemm_fp16_nn_out));
+  m.impl("gemm_bf16_tn", GemmMetaKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.out", GemmOutMetaKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_fp16_nn", GemmMetaKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.out", GemmOutMetaKernel{&k_gemm_fp16_nn});
 }
