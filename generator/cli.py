@@ -78,7 +78,8 @@ A --plan is comma-separated key=value pairs: {', '.join(PLAN_OPTION_KEYS)}
 (tile=128x128x32, warps=2x4, cluster=2x1). The knobs given as options (--arch, --dtype, ...) are the defaults of
 every --plan and --plans entry. --plans takes a JSON list of objects of Gemm keyword arguments (the
 plans.json that emit writes into a package is one). Op names default to gemm_<dtype>_<layout>
-(+ _o<out dtype>, + _dcol). --name defaults to the --out folder's name. Needs neither torch nor a GPU.
+(+ _o<out dtype>, + _dcol). --name defaults to the --out folder's name. The ops are differentiable
+(the package also holds the backward kernels); --no-autograd leaves that out. Needs neither torch nor a GPU.
 """
 
 BENCH_EPILOG = f"""\
@@ -241,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="op name, one per plan in order (default: gemm_<dtype>_<layout>...)")
     out.add_argument("--out", required=True, metavar="DIR",
                      help="folder to write the package into (created; a package emitted there before is replaced)")
+    out.add_argument("--no-autograd", dest="autograd", action="store_false",
+                     help="leave out the backward pass: the ops are not differentiable, and the package builds "
+                          "only the planned kernels (by default it also builds up to 8 backward kernels per dtype "
+                          "and arch)")
     # bench's arguments belong to benchmarks/bench.py; main() forwards them before argparse sees them.
     sub.add_parser("bench", help="run benchmarks/bench.py (ours vs torch.matmul vs Triton); needs a GPU",
                    add_help=False, epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -308,7 +313,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-    from .emit import default_package_name, emit, load_plans_file, plans_from_entries, resolve_ops
+    from .emit import backward_ops, default_package_name, emit, load_plans_file, plans_from_entries, resolve_ops
 
     defaults = {k: v for k, v in _plan_kwargs(args).items() if v is not None}
     plans, op_names = [], []
@@ -329,11 +334,16 @@ def cmd_emit(args: argparse.Namespace) -> int:
         op_names = args.op_name
     name = args.name if args.name is not None else default_package_name(args.out)
     ops = resolve_ops(plans, op_names)
-    out = emit(plans, name=name, out=args.out, op_names=op_names)
+    out = emit(plans, name=name, out=args.out, op_names=op_names, autograd=args.autograd)
     print(f"{out}: package {name}, {len(ops)} op(s):")
     for op in ops:
         print(f"  {name}.{op.name}  ({op.config.dtype.value} -> {op.config.out_dtype.value}, layout "
               f"{op.config.layout.tag}, kernel {op.config.name}, sm_{op.config.arch})")
+    if args.autograd:
+        print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
+              "(--no-autograd leaves them out)")
+    else:
+        print("autograd: none (--no-autograd): the ops are not differentiable")
     print(f"install: pip install --no-build-isolation {out}")
     return 0
 

@@ -8,12 +8,20 @@
 The package folder holds everything its build needs and nothing of this generator:
 
     pyproject.toml, setup.py    torch.utils.cpp_extension (CUDAExtension, BuildExtension with ninja)
-    csrc/<kernel>.cu            the rendered kernels (plain CUDA, C interface), one per distinct config
+    csrc/<kernel>.cu            the rendered kernels (plain CUDA, C interface), one per distinct config,
+                                the backward pass's kernels included
     csrc/common/..., ptx/, ...  every header the kernels may include, copied with its relative path
     csrc/binding.cpp            the one file with torch headers: TORCH_LIBRARY(<name>) with the checks
-    <name>/__init__.py          loads the extension; one Python function per op, with a docstring
+    <name>/__init__.py          loads the extension; one Python function per op, with a docstring; the
+                                autograd formula of every op
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
     README.md, MANIFEST.in, .gitignore
+
+Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.autograd``): dA = dD @ B.t()
+and dB = A.t() @ dD by kernels of the package, with the layouts ``generator.backward`` derives for a
+row-major and a column-major dD. Those kernels are private ops of the package (``_grad_<kernel>``), and
+so are the kernels of their own backward (double backward): ``backward_closure``, at most eight kernels
+per dtype, architecture and family, deduplicated by kernel name.
 
 Emitting is pure text generation: no torch, no GPU, no compiler. It is deterministic (the same plans
 give byte-identical files: sorted, no timestamps, no absolute paths), and no string from the user
@@ -36,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import jinja2
 
+from .backward import backward_closure, backward_configs
 from .config import KernelConfig
 from .render import included_headers, render, templates_dir
 from .types import DType, Order
@@ -124,6 +133,11 @@ def check_op_name(op_name: object) -> str:
     return op_name
 
 
+def grad_op_name(config: KernelConfig) -> str:
+    """The private op that runs ``config``'s kernel in the backward pass: ``_grad_<kernel name>``."""
+    return check_identifier(f"_grad_{config.name}", "backward op name", "_grad_sm80_bf16_tt_128x128x32_w2x2_s4_g8")
+
+
 def default_op_name(config: KernelConfig) -> str:
     """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs, ``_dcol`` for a column-major D."""
     out = "" if config.out_dtype == config.dtype else f"_o{config.out_dtype.value}"
@@ -149,12 +163,14 @@ class EmittedOp:
     name: str
     config: KernelConfig
 
-    def context(self, package: str) -> dict[str, Any]:
+    def context(self, package: str, autograd: bool) -> dict[str, Any]:
         cfg = self.config
         layout = cfg.layout
         flip = {"t": "n", "n": "t"}
         return {
             "name": self.name,
+            # op names of dA and dB per storage order of dD, for the autograd table of __init__.py
+            "grads": _grad_op_names(cfg) if autograd else None,
             "qualname": f"torch.ops.{package}.{self.name}",
             "kernel": cfg.name,
             "arch": cfg.arch,
@@ -203,6 +219,17 @@ class EmittedOp:
             record["warps"] = "x".join(map(str, cfg.warps))
         record.update(stages=cfg.stages, raster_group=cfg.raster_group)
         return record
+
+
+def _grad_op_names(cfg: KernelConfig) -> dict[str, tuple[str, str]]:
+    """{"row" | "col": (the op computing dA, the op computing dB)} for a dD stored in that order."""
+    return {order.value: tuple(grad_op_name(c) for c in backward_configs(cfg, order)) for order in Order}
+
+
+def backward_ops(ops: Sequence[EmittedOp]) -> list[EmittedOp]:
+    """The package's private backward ops: one per kernel that the backward of ``ops`` needs, double
+    backward included (``backward_closure``); sorted by name."""
+    return [EmittedOp(grad_op_name(cfg), cfg) for cfg in backward_closure(op.config for op in ops).values()]
 
 
 def _knobs_doc(cfg: KernelConfig) -> str:
@@ -270,14 +297,17 @@ def _render(template: str, **context: Any) -> str:
     return _environment().get_template(template).render(**context)
 
 
-def package_files(ops: Sequence[EmittedOp], name: str) -> dict[str, bytes]:
-    """{relative path: content} of the package; pure (reads only the shipped templates and headers)."""
+def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) -> dict[str, bytes]:
+    """{relative path: content} of the package; pure (reads only the shipped templates and headers).
+
+    ``ops`` are the public ops; with ``autograd``, their backward ops join them in the binding."""
     check_package_name(name)
     for op in ops:
         check_op_name(op.name)
+    grads = backward_ops(ops) if autograd else []
     files: dict[str, bytes] = {}
     kernels: dict[str, KernelConfig] = {}
-    for op in ops:
+    for op in [*ops, *grads]:
         kernels.setdefault(op.config.name, op.config)
     for kernel in sorted(kernels):
         for filename, text in render(kernels[kernel]).items():
@@ -289,22 +319,33 @@ def package_files(ops: Sequence[EmittedOp], name: str) -> dict[str, bytes]:
     context = {
         "name": name,
         "version": PACKAGE_VERSION,
-        "ops": [op.context(name) for op in ops],
+        "autograd": autograd,
+        "ops": [op.context(name, autograd) for op in ops],            # public: functions of __init__.py
+        "backward_ops": [op.context(name, autograd) for op in grads],  # private: torch.ops.<name>._grad_*
         "kernels": sorted(kernels),
         "archs": archs,
         "gencodes": [GENCODE[a] for a in archs],
         "sources": ["csrc/binding.cpp", *(f"csrc/{k}.cu" for k in sorted(kernels))],
     }
-    files["csrc/binding.cpp"] = _render("binding.cpp.j2", **context).encode()
-    files[f"{name}/__init__.py"] = _render("__init__.py.j2", **context).encode()
-    files["setup.py"] = _render("setup.py.j2", **context).encode()
-    files["pyproject.toml"] = _render("pyproject.toml.j2", **context).encode()
-    files["README.md"] = _render("README.md.j2", **context).encode()
-    files["MANIFEST.in"] = _render("MANIFEST.in.j2", **context).encode()
-    files[".gitignore"] = _render("gitignore.j2", **context).encode()
-    record = {**MARKER, "name": name, "plans": [op.plan_record() for op in ops]}
+    context["all_ops"] = context["ops"] + context["backward_ops"]
+    for template, path in _PACKAGE_TEMPLATES:
+        files[path.format(name=name)] = _render(template, **context).encode()
+    record = {**MARKER, "name": name, "autograd": autograd, "plans": [op.plan_record() for op in ops],
+              "backward_kernels": [op.config.name for op in grads]}
     files[PLANS_FILE] = (json.dumps(record, indent=2) + "\n").encode()
     return dict(sorted(files.items()))
+
+
+#: (template in templates/emit, path in the package) of the files rendered from the package's context.
+_PACKAGE_TEMPLATES = (
+    ("binding.cpp.j2", "csrc/binding.cpp"),
+    ("__init__.py.j2", "{name}/__init__.py"),
+    ("setup.py.j2", "setup.py"),
+    ("pyproject.toml.j2", "pyproject.toml"),
+    ("README.md.j2", "README.md"),
+    ("MANIFEST.in.j2", "MANIFEST.in"),
+    ("gitignore.j2", ".gitignore"),
+)
 
 
 # -- writing ------------------------------------------------------------------------------------------
@@ -348,17 +389,21 @@ def write_package(files: dict[str, bytes], out: str | os.PathLike[str]) -> Path:
 
 
 def emit(plans: Gemm | KernelConfig | Sequence[Gemm | KernelConfig], name: str, out: str | os.PathLike[str], *,
-         op_names: Sequence[str | None] | None = None) -> Path:
+         op_names: Sequence[str | None] | None = None, autograd: bool = True) -> Path:
     """Write a pip-installable package ``name`` with one torch op per plan into the folder ``out``.
 
     ``op_names`` (one per plan, in order; None for the default) default to ``gemm_<dtype>_<layout>``
-    (+ ``_o<out dtype>``, + ``_dcol``). A folder emitted before is replaced; any other non-empty folder
-    is refused. Returns ``out``. Needs neither torch nor a GPU; install the result with
+    (+ ``_o<out dtype>``, + ``_dcol``). ``autograd`` (default True) makes the ops differentiable, with
+    the backward kernels in the package (up to 8 per dtype and architecture: a longer build); False
+    leaves them out. A folder emitted before is replaced; any other non-empty folder is refused.
+    Returns ``out``. Needs neither torch nor a GPU; install the result with
     ``pip install --no-build-isolation <out>`` (torch and nvcc needed there).
     """
     check_package_name(name)
+    if not isinstance(autograd, bool):
+        raise TypeError(f"autograd={autograd!r} must be True or False")
     ops = resolve_ops(plans, op_names)
-    return write_package(package_files(ops, name), out)
+    return write_package(package_files(ops, name, autograd), out)
 
 
 # -- plans files (the CLI's --plans, and the plans.json that emit writes) ------------------------------

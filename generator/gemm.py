@@ -270,12 +270,15 @@ class Gemm:
 
         return compile_op(self.config, namespace=self.namespace, verbose=verbose)
 
-    def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None) -> Path:
+    def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None,
+             autograd: bool = True) -> Path:
         """Write a pip-installable package with this plan's op into the folder ``out`` (see generator.emit).
 
         ``name`` (the package and torch.ops namespace) defaults to the folder's name; ``op_name`` to
-        ``gemm_<dtype>_<layout>``. Needs neither torch nor a GPU.
+        ``gemm_<dtype>_<layout>``; ``autograd=False`` leaves out the backward kernels (the op is then not
+        differentiable). Needs neither torch nor a GPU.
         """
         from .emit import default_package_name, emit
 
-        return emit(self, name=default_package_name(out) if name is None else name, out=out, op_names=[op_name])
+        name = default_package_name(out) if name is None else name
+        return emit(self, name=name, out=out, op_names=[op_name], autograd=autograd)

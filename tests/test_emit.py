@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm, emit
-from generator.emit import GENCODE, load_plans_file, resolve_ops
-from generator.render import included_headers, templates_dir
+from generator.backward import backward_closure, backward_configs
+from generator.emit import GENCODE, backward_ops, load_plans_file, resolve_ops
+from generator.render import included_headers, render, templates_dir
+from generator.types import Order
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,6 +40,8 @@ def test_emit_writes_a_complete_package(tmp_path):
     files = tree(out)
     headers = {f"csrc/{h.relative_to(templates_dir()).as_posix()}": h.read_bytes() for h in included_headers()}
     kernels = {f"csrc/{name}": text.encode() for p in plans for name, text in p.render().items()}
+    for cfg in backward_closure(p.config for p in plans).values():  # autograd (the default): backward kernels
+        kernels.update({f"csrc/{name}": text.encode() for name, text in render(cfg).items()})
     expected = {".gitignore", "MANIFEST.in", "README.md", "plans.json", "pyproject.toml", "setup.py",
                 "csrc/binding.cpp", "my_gemms/__init__.py", *headers, *kernels}
     assert set(files) == expected
@@ -244,7 +248,7 @@ def test_duplicate_op_names_are_refused_with_a_suggestion(tmp_path):
     # one kernel serving two ops is written once
     ops = resolve_ops([p80, p80], ["a", "b"])
     assert [o.config for o in ops] == [p80.config, p80.config]
-    out = emit([p80, p80], name="g", out=tmp_path / "pkg", op_names=["a", "b"])
+    out = emit([p80, p80], name="g", out=tmp_path / "pkg", op_names=["a", "b"], autograd=False)
     assert sum(1 for rel in tree(out) if rel.endswith(".cu")) == 1
 
 
@@ -253,6 +257,237 @@ def test_emit_needs_plans(tmp_path):
         emit([], name="g", out=tmp_path / "pkg")
     with pytest.raises(TypeError, match="pass Gemm plans"):
         emit(["bf16"], name="g", out=tmp_path / "pkg")
+
+
+# -- autograd -----------------------------------------------------------------------------------------
+
+def grads_table(init_text: str) -> dict[str, tuple[str, dict[str, tuple[str, str]]]]:
+    """The _GRADS table of an emitted __init__.py, evaluated with dtype names for torch's dtypes."""
+    import ast
+    from types import SimpleNamespace
+
+    node = next(n for n in ast.parse(init_text).body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "_GRADS")
+    dtypes = SimpleNamespace(bfloat16="bf16", float16="fp16")
+    return eval(compile(ast.Expression(node.value), "_GRADS", "eval"), {"_torch": dtypes})  # noqa: S307
+
+
+def test_backward_ops_are_emitted_for_both_gradient_orders_and_double_backward(tmp_path):
+    plans = two_plans()
+    out = emit(plans, name="my_gemms", out=tmp_path / "pkg")
+    files = tree(out)
+    closure = backward_closure(p.config for p in plans)
+    # the closure: at most the 8 layouts (A, B, D orders) per dtype, arch and family, each kernel written once
+    assert len(closure) == 16 and {(c.dtype.value, c.arch) for c in closure.values()} == {("bf16", 90), ("fp16", 80)}
+    assert all(c.out_dtype == c.dtype for c in closure.values())
+    cu = sorted(rel for rel in files if rel.endswith(".cu"))
+    assert cu == sorted({f"csrc/{k}.cu" for k in [*closure, *(p.name for p in plans)]})
+    binding = files["csrc/binding.cpp"].decode()
+    for kernel in closure:
+        op = f"_grad_{kernel}"
+        assert f'm.def("{op}(Tensor A, Tensor B) -> Tensor", kTags);' in binding
+        assert f'm.def("{op}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);' in binding
+        assert f'm.impl("{op}", GemmMetaKernel{{&k_{op}}});' in binding
+        assert f"/*launch=*/{kernel}_launch," in binding
+    init = files["my_gemms/__init__.py"].decode()
+    assert "AUTOGRAD = True" in init and '__all__ = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]' in init
+    assert "_torch.library.register_autograd(" in init
+    table = grads_table(init)
+    # every op is differentiable, the backward ops too (double backward), with gemmgen's layouts
+    assert set(table) == {"gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol", *(f"_grad_{k}" for k in closure)}
+    configs = {"gemm_bf16_tn": plans[0].config, "gemm_fp16_nt_ofp32_dcol": plans[1].config,
+               **{f"_grad_{k}": c for k, c in closure.items()}}
+    for op, (dtype, grads) in table.items():
+        assert dtype == configs[op].dtype.value
+        for order in Order:
+            assert grads[order.value] == tuple(f"_grad_{c.name}" for c in backward_configs(configs[op], order)), op
+    record = json.loads(files["plans.json"])
+    assert record["autograd"] is True and record["backward_kernels"] == sorted(closure)
+    readme = files["README.md"].decode()
+    assert "## Autograd" in readme and "double backward works" in readme
+    assert all(f"- `{k}`" in readme for k in closure)
+
+
+def test_a_kernel_shared_by_an_op_and_the_backward_is_written_once(tmp_path):
+    plan = Gemm("bf16", "tt", arch=80)   # tt is also the dA kernel of tn, and in its own closure
+    ops = resolve_ops([plan])
+    grads = backward_ops(ops)
+    assert plan.name in {op.config.name for op in grads} and len(grads) == 8
+    files = tree(emit([plan], name="g", out=tmp_path / "g"))
+    assert sum(1 for rel in files if rel.endswith(".cu")) == 8
+    # the public op and its private twin share the kernel, not the op
+    binding = files["csrc/binding.cpp"].decode()
+    assert binding.count(f"/*launch=*/{plan.name}_launch,") == 2
+
+
+def test_no_autograd_leaves_the_backward_out(tmp_path):
+    plans = two_plans()
+    out = emit(plans, name="my_gemms", out=tmp_path / "api", autograd=False)
+    files = tree(out)
+    assert sorted(rel for rel in files if rel.endswith(".cu")) == sorted(f"csrc/{p.name}.cu" for p in plans)
+    assert not [rel for rel, data in files.items() if b"_grad_" in data], "backward ops in a --no-autograd package"
+    init = files["my_gemms/__init__.py"].decode()
+    assert "AUTOGRAD = False" in init and "register_autograd" not in init
+    compile(init, "__init__.py", "exec")
+    record = json.loads(files["plans.json"])
+    assert record["autograd"] is False and record["backward_kernels"] == []
+    assert "emitted without autograd" in files["README.md"].decode()
+    assert "--no-autograd --out <folder>" in files["README.md"].decode()
+    # the command line's --no-autograd writes the same package
+    args = [a for p in ("dtype=bf16,layout=tn,arch=90", "dtype=fp16,layout=nt,arch=80,out_dtype=fp32,layout_c=col")
+            for a in ("--plan", p)]
+    r = subprocess.run([sys.executable, "-m", "generator", "emit", *args, "--name", "my_gemms", "--no-autograd",
+                        "--out", str(tmp_path / "cli")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "autograd: none (--no-autograd)" in r.stdout
+    assert tree(tmp_path / "cli") == files
+    assert tree(emit(plans, name="my_gemms", out=tmp_path / "again", autograd=False)) == files  # deterministic
+    with pytest.raises(TypeError, match="autograd='no' must be True or False"):
+        emit(plans, name="my_gemms", out=tmp_path / "bad", autograd="no")
+
+
+#: The compiled extension's stand-in for test_autograd_formula_on_cpu: the same schemas, torch.matmul on CPU in
+#: place of the kernels, and the kernels' dtype and storage-order checks, so a backward op called with an operand
+#: in the wrong order (or dtype) fails as it would on the GPU.
+STAND_IN = '''
+import torch
+
+SPECS = {specs!r}  # op -> (dtype, out dtype, A order, B order, D order)
+DTYPES = {{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}}
+_LIB = torch.library.Library({name!r}, "DEF")
+
+
+def _stored(t, order):
+    rows, cols = t.shape
+    if order == "row":
+        return (cols <= 1 or t.stride(1) == 1) and (rows <= 1 or t.stride(0) >= max(cols, 1))
+    return (rows <= 1 or t.stride(0) == 1) and (cols <= 1 or t.stride(1) >= max(rows, 1))
+
+
+def _run(op, A, B):
+    dtype, out_dtype, a_order, b_order, d_order = SPECS[op]
+    for t, order, what in ((A, a_order, "A"), (B, b_order, "B")):
+        if t.dtype != DTYPES[dtype]:
+            raise TypeError(f"{{op}}: {{what}} is {{t.dtype}}, the op takes {{dtype}}")
+        if not _stored(t, order):
+            raise ValueError(f"{{op}}: {{what}} has strides {{t.stride()}}, the op takes {{order}}-major")
+    D = (A.float() @ B.float()).to(DTYPES[out_dtype])  # fp32 accumulation, one rounding: as the kernels
+    return D.contiguous() if d_order == "row" else D.t().contiguous().t()
+
+
+for _op in SPECS:
+    _LIB.define(f"{{_op}}(Tensor A, Tensor B) -> Tensor")
+    _LIB.define(f"{{_op}}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
+    _LIB.impl(_op, (lambda op: lambda A, B: _run(op, A, B))(_op), "CompositeExplicitAutograd")
+    _LIB.impl(f"{{_op}}.out", (lambda op: lambda A, B, out: out.copy_(_run(op, A, B)))(_op),
+              "CompositeExplicitAutograd")
+'''
+
+AUTOGRAD_CHECK = '''
+import itertools
+import sys
+
+import torch
+import {name} as pkg
+
+assert "generator" not in sys.modules and pkg.AUTOGRAD is True
+has = torch._C._dispatch_has_kernel_for_dispatch_key
+for op in pkg._GRADS:  # every op, the private backward ops included, has the formula; .out refuses grad
+    assert has("{name}::" + op, "Autograd") and has("{name}::" + op + ".out", "Autograd"), op
+BOUND = {{torch.bfloat16: 1e-2, torch.float16: 5e-3}}
+DTYPES = {{"bf16": torch.bfloat16, "fp16": torch.float16}}
+
+
+def operand(rows, cols, order, dtype):
+    t = torch.randn(rows, cols) if order == "row" else torch.randn(cols, rows).t()
+    return t.to(dtype).requires_grad_()
+
+
+def rel(got, ref):
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def stored(t, order):
+    return t.stride(1 if order == "row" else 0) == 1 or min(t.shape) <= 1
+
+
+def upstream(kind, m, n, dtype):
+    if kind == "row":
+        return torch.randn(m, n).to(dtype)
+    if kind == "col":
+        return torch.randn(n, m).to(dtype).t()
+    return torch.randn(m, n + 3).to(dtype)[:, 1:n + 1]  # sliced: a leading dimension of its own
+
+
+torch.manual_seed(0)
+for op, plan in pkg.PLANS.items():
+    fn, dtype = getattr(pkg, op), DTYPES[plan["dtype"]]
+    for (m, n, k), kind in itertools.product(((64, 48, 32), (33, 17, 65), (1, 5, 7), (30, 1, 40)),
+                                             ("row", "col", "sliced", "expanded")):
+        a, b = operand(m, k, plan["layout_a"], dtype), operand(k, n, plan["layout_b"], dtype)
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+        d = fn(a, b)
+        if kind == "expanded":  # dD of strides (0, 0)
+            d.sum().backward()
+            (a64 @ b64).sum().backward()
+        else:
+            g = upstream(kind, m, n, d.dtype)
+            d.backward(g)
+            (a64 @ b64).backward(g.double())
+        for got, ref, t, order in ((a.grad, a64.grad, a, plan["layout_a"]), (b.grad, b64.grad, b, plan["layout_b"])):
+            assert got.dtype == dtype and got.shape == t.shape and stored(got, order), (op, got.stride())
+            assert rel(got, ref) <= BOUND[dtype], (op, m, n, k, kind, rel(got, ref))
+
+    # double backward: the gradients' own gradients, by the backward ops' formula
+    a, b = operand(40, 24, plan["layout_a"], dtype), operand(24, 56, plan["layout_b"], dtype)
+    d = fn(a, b)
+    g = torch.randn(40, 56).to(d.dtype).requires_grad_()
+    ga, gb = torch.autograd.grad(d, (a, b), g, create_graph=True)
+    w1, w2 = torch.randn(40, 24).to(dtype).float(), torch.randn(24, 56).to(dtype).float()
+    ((ga.float() * w1).sum() + (gb.float() * w2).sum()).backward()
+    a64, b64, g64 = (t.detach().double().requires_grad_() for t in (a, b, g))
+    ga64, gb64 = torch.autograd.grad(a64 @ b64, (a64, b64), g64, create_graph=True)
+    ((ga64 * w1.double()).sum() + (gb64 * w2.double()).sum()).backward()
+    for got, ref, what in ((a.grad, a64.grad, "A"), (b.grad, b64.grad, "B"), (g.grad, g64.grad, "dD")):
+        assert rel(got, ref) <= BOUND[dtype], (op, "double backward", what, rel(got, ref))
+
+    # out= is not differentiable (as torch's out= ops), and says so at the call
+    out = d.detach().clone()
+    try:
+        fn(a, b, out=out)
+    except RuntimeError as err:
+        assert "out=... arguments don't support automatic differentiation" in str(err), str(err)
+    else:
+        raise SystemExit(op + ".out accepted inputs that require grad")
+    with torch.no_grad():
+        assert fn(a, b, out=out) is out
+print("AUTOGRAD OK")
+'''
+
+
+def test_autograd_formula_on_cpu(tmp_path):
+    """The emitted __init__.py's autograd registration, run with stand-in kernels on CPU: every op and backward op
+    gets an Autograd kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward
+    match float64; .out refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
+    pytest.importorskip("torch")
+    name = "gemmgen_autograd_cpu"
+    plans = [*two_plans(), Gemm("bf16", "nn", arch=80), Gemm("fp16", "tt", arch=90)]
+    ops = resolve_ops(plans)
+    pkg = emit(plans, name=name, out=tmp_path / "pkg")
+    site = tmp_path / "site" / name
+    site.mkdir(parents=True)
+    shutil.copy(pkg / name / "__init__.py", site / "__init__.py")
+    specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
+                       op.config.layout.b.value, op.config.layout.c.value) for op in [*ops, *backward_ops(ops)]}
+    (site / "_C.py").write_text(STAND_IN.format(specs=specs, name=name))
+    fake = tmp_path / "no_generator" / "generator"   # the package must not need gemmgen
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("generator is hidden for this test")\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site.parent), str(fake.parent)]))
+    r = subprocess.run([sys.executable, "-c", AUTOGRAD_CHECK.format(name=name)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "AUTOGRAD OK" in r.stdout
 
 
 # -- without torch ----------------------------------------------------------------------------------
@@ -274,6 +509,9 @@ def test_emit_works_without_torch(no_torch_env, tmp_path):
         from generator import Gemm, emit
         emit([Gemm("bf16", "tn", arch=90), Gemm("fp16", "nn", arch=80)], name="my_gemms", out={str(tmp_path / "api")!r})
         Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "one")!r})
+        Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "noag")!r}, autograd=False)
+        from generator.backward import backward_closure  # the backward kernels are planned without torch too
+        assert len(backward_closure([Gemm("bf16", "tn", arch=90).config])) == 8
         assert "torch" not in sys.modules
         try:
             import torch
@@ -285,6 +523,8 @@ def test_emit_works_without_torch(no_torch_env, tmp_path):
     assert r.returncode == 0, r.stderr
     assert "torch hidden" in r.stdout
     assert (tmp_path / "api" / "csrc" / "binding.cpp").is_file() and (tmp_path / "one" / "one" / "__init__.py").is_file()
+    assert "_grad_sm80_fp16_tn_" in (tmp_path / "api" / "csrc" / "binding.cpp").read_text()
+    assert "AUTOGRAD = False" in (tmp_path / "noag" / "noag" / "__init__.py").read_text()
     r = subprocess.run([sys.executable, "-m", "generator", "emit", "--plan", "dtype=bf16,layout=tn,arch=90",
                         "--plan", "dtype=fp16,layout=nn,arch=80", "--name", "my_gemms", "--out", str(tmp_path / "cli")],
                        cwd=ROOT, env=no_torch_env, capture_output=True, text=True, timeout=120)
@@ -297,6 +537,10 @@ def test_emit_works_without_torch(no_torch_env, tmp_path):
 WHEEL_PACKAGE = "gemmgen_wheel_test"
 # A row-major-D sm80 op and an fp32, column-major-D sm90 op: one package with two gencodes compiles every
 # kernel for both targets (nvcc flags are per package), so the sm90 kernel must build for compute_80 too.
+# Emitted with autograd=False: the backward kernels (17 here, each for both targets) would more than double
+# the build on 2 cores. The autograd registration of __init__.py is checked by test_autograd_formula_on_cpu,
+# and on the GPU with a real build (tests/gpu/test_emitted_package.py).
+WHEEL_AUTOGRAD = False
 WHEEL_PLANS = [dict(dtype="bf16", layout="tn", arch=80),
                dict(dtype="fp16", layout="nt", arch=90, out_dtype="fp32", layout_c="col")]
 
@@ -337,7 +581,7 @@ def built_wheel(tmp_path_factory, request):
         pytest.skip("torch is not installed: the emitted package builds with torch.utils.cpp_extension")
     root = tmp_path_factory.mktemp("wheel")
     plans = [Gemm(**kw) for kw in WHEEL_PLANS]
-    pkg = emit(plans, name=WHEEL_PACKAGE, out=root / WHEEL_PACKAGE)
+    pkg = emit(plans, name=WHEEL_PACKAGE, out=root / WHEEL_PACKAGE, autograd=WHEEL_AUTOGRAD)
     env = dict(os.environ, MAX_JOBS="2", CUDA_HOME=str(cuda_home), PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
     start = time.perf_counter()
     r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation", "--no-deps", "-w",
@@ -384,6 +628,9 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
         assert "generator" not in sys.modules
         ops = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]
         assert pkg.__all__ == ops, pkg.__all__
+        assert pkg.AUTOGRAD is {WHEEL_AUTOGRAD}
+        has = torch._C._dispatch_has_kernel_for_dispatch_key
+        assert all(has("{WHEEL_PACKAGE}::" + op, "Autograd") is {WHEEL_AUTOGRAD} for op in ops)
         for op in ops:
             packet = getattr(torch.ops.{WHEEL_PACKAGE}, op)
             assert sorted(packet.overloads()) == ["default", "out"], packet.overloads()

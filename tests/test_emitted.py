@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from generator import Gemm, emit
+from generator.backward import backward_closure
 from generator.emit import load_plans_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,5 +72,6 @@ def test_committed_example_holds_sources_only():
         assert sorted(tracked) == sorted(names), "the example's files are not all committed (git add them)"
     assert {"setup.py", "pyproject.toml", "README.md", "plans.json", f"{NAME}/__init__.py", "csrc/binding.cpp"} <= set(names)
     kernels = sorted(n for n in names if n.endswith(".cu"))
-    assert kernels == sorted(f"csrc/{Gemm(**kw).name}.cu" for kw in (dict(dtype="bf16", layout="tn", arch=90),
-                                                                   dict(dtype="fp16", layout="nn", arch=80)))
+    plans = [Gemm(**kw) for kw in (dict(dtype="bf16", layout="tn", arch=90), dict(dtype="fp16", layout="nn", arch=80))]
+    backward = backward_closure(p.config for p in plans)   # emitted with autograd: the backward kernels too
+    assert kernels == sorted({f"csrc/{k}.cu" for k in [*(p.name for p in plans), *backward]})

@@ -5,6 +5,25 @@
 //   gemm_bf16_tn: kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90), bf16 -> bf16, A row-major, B col-major, D row-major
 //   gemm_fp16_nn: kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80), fp16 -> fp16, A col-major, B col-major, D row-major
 //
+// The backward pass's ops (private: gemmgen_example/__init__.py registers the autograd formula that calls them),
+// one per kernel that dA, dB and their own backward need:
+//   _grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8: A col-major, B col-major, D row-major
+//   _grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8: A col-major, B col-major, D col-major
+//   _grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8: A col-major, B row-major, D row-major
+//   _grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8: A col-major, B row-major, D col-major
+//   _grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8: A row-major, B col-major, D row-major
+//   _grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8: A row-major, B col-major, D col-major
+//   _grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8: A row-major, B row-major, D row-major
+//   _grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8: A row-major, B row-major, D col-major
+//   _grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m: A col-major, B col-major, D row-major
+//   _grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m: A col-major, B col-major, D col-major
+//   _grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m: A col-major, B row-major, D row-major
+//   _grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m: A col-major, B row-major, D col-major
+//   _grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m: A row-major, B col-major, D row-major
+//   _grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m: A row-major, B col-major, D col-major
+//   _grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m: A row-major, B row-major, D row-major
+//   _grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m: A row-major, B row-major, D col-major
+//
 // The kernels (csrc/<kernel>.cu) are plain CUDA with a C interface; this is the only file that
 // includes torch headers, and only the few it needs. Every operand is checked before a launch, with
 // the same messages as gemmgen's JIT-built ops.
@@ -31,8 +50,36 @@
 extern "C" {
 int sm80_fp16_nn_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
 const char* sm80_fp16_nn_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
+const char* sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm80_fp16_nt_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
+const char* sm80_fp16_nt_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
+const char* sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm80_fp16_tn_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
+const char* sm80_fp16_tn_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
+const char* sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm80_fp16_tt_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
+const char* sm80_fp16_tt_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream);
+const char* sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8_error_string(int code);
+int sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
+const char* sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
+int sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
+const char* sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
+int sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
+const char* sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
+int sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
+const char* sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
 int sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
 const char* sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
+int sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
+const char* sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
+int sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
+const char* sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
+int sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream);
+const char* sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m_error_string(int code);
 }
 
 // `import gemmgen_example._C` loads this library, which runs the TORCH_LIBRARY registrations below; the
@@ -358,6 +405,294 @@ const OpSpec k_gemm_fp16_nn = {
     /*error_string=*/sm80_fp16_nn_128x256x32_w2x4_s4_g8_error_string,
 };
 
+// _grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) col-major, B (K, N) col-major, D (M, N) row-major.
+const OpSpec k__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_nn_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/false,
+    /*b_row=*/false,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"tn",
+    /*layout_b_flipped=*/"nt",
+    /*launch=*/sm80_fp16_nn_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_nn_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) col-major, B (K, N) col-major, D (M, N) col-major.
+const OpSpec k__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/false,
+    /*b_row=*/false,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"tn",
+    /*layout_b_flipped=*/"nt",
+    /*launch=*/sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) col-major, B (K, N) row-major, D (M, N) row-major.
+const OpSpec k__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_nt_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/false,
+    /*b_row=*/true,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"tt",
+    /*layout_b_flipped=*/"nn",
+    /*launch=*/sm80_fp16_nt_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_nt_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) col-major, B (K, N) row-major, D (M, N) col-major.
+const OpSpec k__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/false,
+    /*b_row=*/true,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"tt",
+    /*layout_b_flipped=*/"nn",
+    /*launch=*/sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) row-major, B (K, N) col-major, D (M, N) row-major.
+const OpSpec k__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_tn_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/true,
+    /*b_row=*/false,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"nn",
+    /*layout_b_flipped=*/"tt",
+    /*launch=*/sm80_fp16_tn_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_tn_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) row-major, B (K, N) col-major, D (M, N) col-major.
+const OpSpec k__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/true,
+    /*b_row=*/false,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"nn",
+    /*layout_b_flipped=*/"tt",
+    /*launch=*/sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) row-major, B (K, N) row-major, D (M, N) row-major.
+const OpSpec k__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_tt_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/true,
+    /*b_row=*/true,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"nt",
+    /*layout_b_flipped=*/"tn",
+    /*launch=*/sm80_fp16_tt_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_tt_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8: fp16 -> fp16; A (M, K) row-major, B (K, N) row-major, D (M, N) col-major.
+const OpSpec k__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8 = {
+    /*op=*/"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8",
+    /*kernel=*/"sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8",
+    /*arch=*/80,
+    /*dtype=*/c10::ScalarType::Half,
+    /*dtype_name=*/"fp16",
+    /*out_dtype=*/c10::ScalarType::Half,
+    /*out_dtype_name=*/"fp16",
+    /*a_row=*/true,
+    /*b_row=*/true,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"nt",
+    /*layout_b_flipped=*/"tn",
+    /*launch=*/sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8_launch,
+    /*error_string=*/sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8_error_string,
+};
+
+// _grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) col-major, B (K, N) col-major, D (M, N) row-major.
+const OpSpec k__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/false,
+    /*b_row=*/false,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"tn",
+    /*layout_b_flipped=*/"nt",
+    /*launch=*/sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
+// _grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) col-major, B (K, N) col-major, D (M, N) col-major.
+const OpSpec k__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/false,
+    /*b_row=*/false,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"tn",
+    /*layout_b_flipped=*/"nt",
+    /*launch=*/sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
+// _grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) col-major, B (K, N) row-major, D (M, N) row-major.
+const OpSpec k__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/false,
+    /*b_row=*/true,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"tt",
+    /*layout_b_flipped=*/"nn",
+    /*launch=*/sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
+// _grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) col-major, B (K, N) row-major, D (M, N) col-major.
+const OpSpec k__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/false,
+    /*b_row=*/true,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"tt",
+    /*layout_b_flipped=*/"nn",
+    /*launch=*/sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
+// _grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) row-major, B (K, N) col-major, D (M, N) row-major.
+const OpSpec k__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/true,
+    /*b_row=*/false,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"nn",
+    /*layout_b_flipped=*/"tt",
+    /*launch=*/sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
+// _grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) row-major, B (K, N) col-major, D (M, N) col-major.
+const OpSpec k__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/true,
+    /*b_row=*/false,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"nn",
+    /*layout_b_flipped=*/"tt",
+    /*launch=*/sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
+// _grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) row-major, B (K, N) row-major, D (M, N) row-major.
+const OpSpec k__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/true,
+    /*b_row=*/true,
+    /*d_row=*/true,
+    /*layout_a_flipped=*/"nt",
+    /*layout_b_flipped=*/"tn",
+    /*launch=*/sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
+// _grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m: bf16 -> bf16; A (M, K) row-major, B (K, N) row-major, D (M, N) col-major.
+const OpSpec k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*op=*/"_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*kernel=*/"sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*arch=*/90,
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*dtype_name=*/"bf16",
+    /*out_dtype=*/c10::ScalarType::BFloat16,
+    /*out_dtype_name=*/"bf16",
+    /*a_row=*/true,
+    /*b_row=*/true,
+    /*d_row=*/false,
+    /*layout_a_flipped=*/"nt",
+    /*layout_b_flipped=*/"tn",
+    /*launch=*/sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m_launch,
+    /*error_string=*/sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m_error_string,
+};
+
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
 // column-major B stays column-major, so the op's layout holds in compiled graphs), and the ops are
 // pt2-compliant (meta implementations, no data-dependent output shapes).
@@ -370,6 +705,38 @@ TORCH_LIBRARY(gemmgen_example, m) {
   m.def("gemm_bf16_tn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
   m.def("gemm_fp16_nn(Tensor A, Tensor B) -> Tensor", kTags);
   m.def("gemm_fp16_nn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m(Tensor A, Tensor B) -> Tensor", kTags);
+  m.def("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
 }
 
 // CompositeExplicitAutograd: one implementation for every backend (as gemmgen's JIT ops), so that a
@@ -379,11 +746,59 @@ TORCH_LIBRARY_IMPL(gemmgen_example, CompositeExplicitAutograd, m) {
   m.impl("gemm_bf16_tn.out", GemmOutKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutKernel{&k_gemm_fp16_nn});
+  m.impl("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", GemmKernel{&k__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutKernel{&k__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", GemmKernel{&k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutKernel{&k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
 }
 
 TORCH_LIBRARY_IMPL(gemmgen_example, CompositeImplicitAutograd, m) {
   m.impl("gemm_bf16_tn.out", GemmOutDecompositionKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn.out", GemmOutDecompositionKernel{&k_gemm_fp16_nn});
+  m.impl("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutDecompositionKernel{&k__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutDecompositionKernel{&k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
 }
 
 // Meta tensors in eager mode (FakeTensor decomposes .out, see gemm_out_decomposition).
@@ -392,4 +807,36 @@ TORCH_LIBRARY_IMPL(gemmgen_example, Meta, m) {
   m.impl("gemm_bf16_tn.out", GemmOutMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmMetaKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutMetaKernel{&k_gemm_fp16_nn});
+  m.impl("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", GemmMetaKernel{&k__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutMetaKernel{&k__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
 }

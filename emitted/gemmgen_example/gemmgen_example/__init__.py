@@ -5,6 +5,9 @@ torch.ops.gemmgen_example.<op>(A, B) and torch.ops.gemmgen_example.<op>.out(A, B
 implementation (torch.compile traces it). A is (M, K), B is (K, N), D is (M, N); see each op's docstring
 for the storage order it takes.
 
+The ops are differentiable: dA = dD @ B.t() and dB = A.t() @ dD run kernels of this package (its private
+ops torch.ops.gemmgen_example._grad_<kernel>, which are differentiable too: double backward works); out= is not.
+
     gemm_bf16_tn: bf16 -> bf16, layout tn, kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90)
     gemm_fp16_nn: fp16 -> fp16, layout nn, kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80)
 """
@@ -20,6 +23,8 @@ except ImportError as _err:
     ) from _err
 
 __version__ = "0.1.0"
+#: Whether the ops are differentiable (gemmgen's emit(..., autograd=True), the default).
+AUTOGRAD = True
 __all__ = ["gemm_bf16_tn", "gemm_fp16_nn"]
 
 #: What each op computes: op name -> plan (kernel, planned arch, dtypes, storage orders).
@@ -94,3 +99,177 @@ def gemm_fp16_nn(A, B, *, out=None):
     if out is None:
         return _OPS.gemm_fp16_nn.default(A, B)
     return _OPS.gemm_fp16_nn.out(A, B, out=out)
+
+
+# -- autograd (gemmgen's formula, as its JIT ops have it) -----------------------------------------------
+# dA = dD @ B.t() and dB = A.t() @ dD, each by an op of this package whose layouts take the operands as they
+# are stored: dD row- or column-major (one pair of ops per order; a dD in neither order, such as the
+# expanded gradient of out.sum(), is copied to row-major), B.t() and A.t() in the flipped order of B and A.
+# dA and dB come out in A's and B's storage order. The backward ops have this formula too (double backward).
+
+#: op -> (dtype of A and B, {storage order of dD: (op computing dA, op computing dB)})
+_GRADS = {
+    "gemm_bf16_tn": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "gemm_fp16_nn": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8": (_torch.float16, {
+        "row": ("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8"),
+        "col": ("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8"),
+    }),
+    "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+    "_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m": (_torch.bfloat16, {
+        "row": ("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m"),
+        "col": ("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m"),
+    }),
+}
+
+#: op -> storage orders ("row" or "col") of the A and B it takes
+_ORDERS = {
+    "gemm_bf16_tn": ("row", "col"),
+    "gemm_fp16_nn": ("col", "col"),
+    "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8": ("col", "col"),
+    "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8": ("col", "col"),
+    "_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8": ("col", "row"),
+    "_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8": ("col", "row"),
+    "_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8": ("row", "col"),
+    "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8": ("row", "col"),
+    "_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8": ("row", "row"),
+    "_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8": ("row", "row"),
+    "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m": ("col", "col"),
+    "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m": ("col", "col"),
+    "_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m": ("col", "row"),
+    "_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m": ("col", "row"),
+    "_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m": ("row", "col"),
+    "_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m": ("row", "col"),
+    "_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m": ("row", "row"),
+    "_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m": ("row", "row"),
+}
+
+
+def _leading_dim(t, order):
+    # As the ops' own check: the leading dimension of t stored in order, or None; a dimension of size 1
+    # has no meaningful stride.
+    rows, cols = t.shape
+    if order == "row":
+        inner_ok = cols <= 1 or t.stride(1) == 1
+        ld = t.stride(0) if rows > 1 else max(cols, 1)
+        return ld if inner_ok and ld >= max(cols, 1) else None
+    inner_ok = rows <= 1 or t.stride(0) == 1
+    ld = t.stride(1) if cols > 1 else max(rows, 1)
+    return ld if inner_ok and ld >= max(rows, 1) else None
+
+
+def _in_order(t, order):
+    """t when it is stored in order (any leading dimension), else a copy that is."""
+    if _leading_dim(t, order) is not None:
+        return t
+    return t.contiguous() if order == "row" else t.t().contiguous().t()
+
+
+def _save_inputs(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _backward_of(op):
+    dtype, grad_ops = _GRADS[op]
+
+    def backward(ctx, grad):
+        A, B = ctx.saved_tensors
+        if grad.dtype != dtype:  # the gradient of an fp32 output: the kernels take A's and B's dtype
+            grad = grad.to(dtype)
+        order = "row" if _leading_dim(grad, "row") is not None else "col"
+        if _leading_dim(grad, order) is None:
+            grad, order = grad.contiguous(), "row"
+        grad_a, grad_b = grad_ops[order]
+        dA = dB = None
+        if ctx.needs_input_grad[0]:
+            dA = getattr(_OPS, grad_a).default(grad, _in_order(B.t(), _ORDERS[grad_a][1]))
+        if ctx.needs_input_grad[1]:
+            dB = getattr(_OPS, grad_b).default(_in_order(A.t(), _ORDERS[grad_b][0]), grad)
+        return dA, dB
+
+    return backward
+
+
+def _out_not_differentiable(op):
+    out_overload = getattr(_OPS, op).out
+
+    def out_autograd(A, B, out):
+        # As torch's out= ops: not differentiable, and said so at the call rather than at backward().
+        if _torch.is_grad_enabled() and any(t.requires_grad for t in (A, B, out)):
+            raise RuntimeError(f"{op}.out: functions with out=... arguments don't support automatic "
+                               "differentiation, but one of the arguments requires grad: call the op without "
+                               "out= (its backward is registered)")
+        with _torch._C._AutoDispatchBelowAutograd():
+            return out_overload(A, B, out=out)
+
+    return out_autograd
+
+
+# The registrations live as long as this library object: the module's lifetime.
+_AUTOGRAD_LIB = _torch.library.Library("gemmgen_example", "FRAGMENT")
+for _op in _GRADS:
+    _torch.library.register_autograd(f"gemmgen_example::{_op}", _backward_of(_op), setup_context=_save_inputs,
+                                     lib=_AUTOGRAD_LIB)
+    _AUTOGRAD_LIB.impl(f"{_op}.out", _out_not_differentiable(_op), "Autograd")
+del _op
