@@ -5,13 +5,13 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
+#include "alignment.cuh"
 #include "gemm_args.h"
 #include "gemm_unaligned.cuh"
 
 namespace gemmgen {
 
 constexpr int kMaxDevices = 64;
-constexpr int kFastAlignBytes = 16;  // cp.async moves 16-byte chunks; TMA wants 16-byte bases and strides
 
 // The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
 // 16-byte-aligned base addresses and strides): each operand's base address and leading dimension
@@ -19,9 +19,8 @@ constexpr int kFastAlignBytes = 16;  // cp.async moves 16-byte chunks; TMA wants
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
   const int64_t elem = sizeof(typename Cfg::Elem);
-  const bool a_ok = reinterpret_cast<uintptr_t>(args.a) % kFastAlignBytes == 0 && (args.lda * elem) % kFastAlignBytes == 0;
-  const bool b_ok = reinterpret_cast<uintptr_t>(args.b) % kFastAlignBytes == 0 && (args.ldb * elem) % kFastAlignBytes == 0;
-  return a_ok && b_ok ? GEMM_PATH_FAST : GEMM_PATH_UNALIGNED;
+  return fast_aligned(args.a, args.lda, elem) && fast_aligned(args.b, args.ldb, elem) ? GEMM_PATH_FAST
+                                                                                      : GEMM_PATH_UNALIGNED;
 }
 
 // The always-correct kernel of common/gemm_unaligned.cuh, for operands the fast kernel cannot take.

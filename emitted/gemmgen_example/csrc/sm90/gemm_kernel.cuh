@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cuda.h>  // CUtensorMap (a type only: nothing links against the driver)
 
+#include "../common/alignment.cuh"
 #include "../common/convert.cuh"
 #include "../common/gemm_args.h"
 #include "../ptx/sm90.cuh"
@@ -166,7 +167,8 @@ struct Kernel {
     int k_tiles;
   };
 
-  __device__ __forceinline__ static Problem problem(const GemmArgs& args) {
+  // Also the host's (launch.cuh: the persistent grid is sized by p.units).
+  __host__ __device__ __forceinline__ static Problem problem(const GemmArgs& args) {
     Problem p;
     p.m = static_cast<int>(args.m);
     p.n = static_cast<int>(args.n);
@@ -418,8 +420,7 @@ struct Kernel {
   // The same through shared memory and TMA stores, 64 x kEpiCols subtiles at a time (row-major D with
   // a 16-byte-aligned base and row pitch); TMA clips the parts outside M and N.
   __host__ __device__ __forceinline__ static bool tma_store_possible(const GemmArgs& args) {
-    return Cfg::kDRowMajor && reinterpret_cast<uintptr_t>(args.d) % 16 == 0 &&
-           (args.ldd * static_cast<int64_t>(sizeof(Out))) % 16 == 0;
+    return Cfg::kDRowMajor && fast_aligned(args.d, args.ldd, sizeof(Out));
   }
 
   static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns

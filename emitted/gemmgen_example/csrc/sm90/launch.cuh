@@ -146,8 +146,7 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
     map_d = CachedMap{};
   }
 
-  const int64_t units = ((args->m + Cfg::kBlockM * K::CM - 1) / (Cfg::kBlockM * K::CM)) *
-                        ((args->n + Cfg::kBlockN * K::CN - 1) / (Cfg::kBlockN * K::CN));
+  const int64_t units = K::problem(*args).units;
   int64_t clusters = units;
   if (K::PERSISTENT) {
     int resident = 0;
