@@ -57,9 +57,10 @@ def main() -> None:
         b = torch.randn(n, k, device="cuda").bfloat16().t()
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         args = op._args(a, b, d, leading_dim(a, plan.layout.a), leading_dim(b, plan.layout.b), n)
-        stream = torch.cuda.current_stream().cuda_stream
         launch = op.library.launch
-        raw = lambda: launch(ctypes.byref(args), stream)  # noqa: E731
+        # The stream is looked up per call: do_bench_cudagraph captures on a stream of its own, and a
+        # launch on a stream fixed beforehand would run outside the graph (and time nothing).
+        raw = lambda: launch(ctypes.byref(args), torch.cuda.current_stream().cuda_stream)  # noqa: E731
         assert torch.equal(op(a, b), emitted(a, b))
         calls = {"torch.matmul": lambda: torch.matmul(a, b), "jit op": lambda: op(a, b),
                  "emitted op": lambda: emitted(a, b), "emitted .out": lambda: emitted(a, b, out=d),
