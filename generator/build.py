@@ -40,6 +40,8 @@ RECIPE_VERSION = "gemmgen-build-1"
 NINJA_FILE = "build.ninja"
 PTXAS_LOG = "ptxas.log"
 HEADER_SUFFIXES = (".h", ".cuh")
+#: What a translation unit may be: CUDA, or host-only C++ (nvcc hands it to the host compiler).
+SOURCE_SUFFIXES = (".cu", ".cpp")
 #: A build slower than this gets a progress line on stderr.
 SLOW_BUILD_S = 1.0
 
@@ -58,6 +60,9 @@ class BuildRequest:
     sources: dict[str, str]        # {"<name>.cu": text}; exactly the rendered translation units
     gencode: str                   # e.g. "-gencode=arch=compute_90a,code=sm_90a"
     include_dirs: tuple[str, ...]  # e.g. (str(templates_dir()),)
+    # more nvcc flags, after the others (the JIT runtime's torch include paths and libraries)
+    extra_flags: tuple[str, ...] = ()
+    cxx_std: str = "c++17"         # the language standard (torch's headers want c++20 in torch >= 2.12)
 
     def __post_init__(self) -> None:
         # Names become file names and shell words: reject anything that could escape the cache dir.
@@ -66,9 +71,10 @@ class BuildRequest:
         if not self.sources:
             raise ValueError(f"BuildRequest {self.name!r} has no sources")
         for file_name in self.sources:
-            if Path(file_name).name != file_name or not file_name.endswith(".cu") or file_name.startswith("."):
-                raise ValueError(f"source names must be plain '.cu' file names, got {file_name!r}")
+            if Path(file_name).name != file_name or not file_name.endswith(SOURCE_SUFFIXES) or file_name.startswith("."):
+                raise ValueError(f"source names must be plain '.cu' or '.cpp' file names, got {file_name!r}")
         object.__setattr__(self, "include_dirs", tuple(str(d) for d in self.include_dirs))
+        object.__setattr__(self, "extra_flags", tuple(self.extra_flags))
 
 
 @dataclass(frozen=True)
@@ -150,8 +156,8 @@ def nvcc_version(nvcc: str) -> str:
 def nvcc_flags(req: BuildRequest) -> list[str]:
     """Everything after `nvcc` but the output and inputs. -Xptxas -v: the register/spill report goes to
     ptxas.log; -lineinfo: profilers can map SASS back to template lines at no runtime cost."""
-    return ["-O3", "-std=c++17", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v", "-lineinfo",
-            *shlex.split(req.gencode), *(f"-I{d}" for d in req.include_dirs)]
+    return ["-O3", f"-std={req.cxx_std}", "-shared", "-Xcompiler", "-fPIC", "-Xptxas", "-v", "-lineinfo",
+            *shlex.split(req.gencode), *(f"-I{d}" for d in req.include_dirs), *req.extra_flags]
 
 
 def _torch_version() -> str:

@@ -242,10 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="op name, one per plan in order (default: gemm_<dtype>_<layout>...)")
     out.add_argument("--out", required=True, metavar="DIR",
                      help="folder to write the package into (created; a package emitted there before is replaced)")
-    out.add_argument("--no-autograd", dest="autograd", action="store_false",
+    out.add_argument("--no-autograd", dest="autograd", action="store_false", default=None,
                      help="leave out the backward pass: the ops are not differentiable, and the package builds "
                           "only the planned kernels (by default it also builds up to 8 backward kernels per dtype "
-                          "and arch)")
+                          "and arch; a --plans file written by emit keeps its own choice)")
     # bench's arguments belong to benchmarks/bench.py; main() forwards them before argparse sees them.
     sub.add_parser("bench", help="run benchmarks/bench.py (ours vs torch.matmul vs Triton); needs a GPU",
                    add_help=False, epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -313,7 +313,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-    from .emit import backward_ops, default_package_name, emit, load_plans_file, plans_from_entries, resolve_ops
+    from .emit import (backward_ops, default_package_name, emit, load_plans_file, plans_file_autograd,
+                       plans_from_entries, resolve_ops)
 
     defaults = {k: v for k, v in _plan_kwargs(args).items() if v is not None}
     plans, op_names = [], []
@@ -334,16 +335,21 @@ def cmd_emit(args: argparse.Namespace) -> int:
         op_names = args.op_name
     name = args.name if args.name is not None else default_package_name(args.out)
     ops = resolve_ops(plans, op_names)
-    out = emit(plans, name=name, out=args.out, op_names=op_names, autograd=args.autograd)
+    autograd = args.autograd
+    if autograd is None:   # no --no-autograd: what the plans file says (emit's plans.json does), else True
+        autograd = plans_file_autograd(args.plans) if args.plans is not None else None
+        autograd = True if autograd is None else autograd
+    out = emit(plans, name=name, out=args.out, op_names=op_names, autograd=autograd)
     print(f"{out}: package {name}, {len(ops)} op(s):")
     for op in ops:
         print(f"  {name}.{op.name}  ({op.config.dtype.value} -> {op.config.out_dtype.value}, layout "
               f"{op.config.layout.tag}, kernel {op.config.name}, sm_{op.config.arch})")
-    if args.autograd:
+    if autograd:
         print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
               "(--no-autograd leaves them out)")
     else:
-        print("autograd: none (--no-autograd): the ops are not differentiable")
+        why = "--no-autograd" if args.autograd is False else 'the plans file says "autograd": false'
+        print(f"autograd: none ({why}): the ops are not differentiable")
     print(f"install: pip install --no-build-isolation {out}")
     return 0
 

@@ -448,17 +448,31 @@ def plans_from_entries(entries: Iterable[dict[str, Any]], defaults: dict[str, An
     return plans, names
 
 
+def _read_plans_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as err:
+        raise ValueError(f"cannot read the plans file {str(path)!r}: {err.strerror}") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
+
+
+def plans_file_autograd(path: str | os.PathLike[str]) -> bool | None:
+    """The "autograd" of a plans file (emit's plans.json records it), or None where it says nothing."""
+    path = Path(path)
+    data = _read_plans_file(path)
+    value = data.get("autograd") if isinstance(data, dict) else None
+    if value is not None and not isinstance(value, bool):
+        raise ValueError(f"{str(path)!r}: \"autograd\" must be true or false, got {value!r}")
+    return value
+
+
 def load_plans_file(path: str | os.PathLike[str], defaults: dict[str, Any] | None = None
                     ) -> tuple[list[Gemm], list[str | None]]:
     """Plans from a JSON file: a list of Gemm-kwargs objects, or an object with such a list under "plans"
     (the plans.json that emit writes)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        raise ValueError(f"cannot read the plans file {str(path)!r}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
+    data = _read_plans_file(path)
     entries = data.get("plans") if isinstance(data, dict) else data
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{str(path)!r} must hold a non-empty JSON list of plans (objects of Gemm keyword "

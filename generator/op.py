@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from .arch import ARCHS
-from .build import BuildRequest, build
+from .build import BuildError, BuildRequest, build_many
 from .config import KernelConfig
 from .render import render, templates_dir
 from .types import DType, Order
@@ -107,13 +107,15 @@ class GemmOp:
 
     def __init__(self, config: KernelConfig, library: KernelLibrary | None, namespace: str) -> None:
         self.config = config
-        self._library = library
+        self._library: KernelLibrary | None = None
         self._library_lock = threading.Lock()
+        #: Whether CUDA calls reach the C++ kernel of the JIT runtime (else this class's Python path).
+        self.cpp_kernel = False
         self.namespace = namespace
         self.name = config.name
         self.dtype = TORCH_DTYPES[config.dtype]
         self.out_dtype = TORCH_DTYPES[config.out_dtype]
-        _register(self)
+        _register(self, library)
         self.op = getattr(getattr(torch.ops, namespace), self.name)
         self.__doc__ = (f"D = A @ B with {config.dtype.value} inputs and {config.out_dtype.value} output; "
                         f"A (M, K) {config.layout.a.value}-major, B (K, N) {config.layout.b.value}-major, "
@@ -140,8 +142,17 @@ class GemmOp:
         if self._library is None:
             with self._library_lock:
                 if self._library is None:
-                    self._library = load_library(self.config)
+                    self._attach(load_library(self.config))
         return self._library
+
+    def _attach(self, library: KernelLibrary) -> None:
+        """Take ``library`` as this op's kernels: the ctypes path, and the C++ CUDA kernel of the JIT
+        runtime where there is one (``generator.jit_runtime``). Once per registered op."""
+        self._library = library
+        if self.device_type == "cuda":
+            from .jit_runtime import RUNTIME
+
+            self.cpp_kernel = RUNTIME.register(self, library)
 
     @property
     def built(self) -> bool:
@@ -308,12 +319,15 @@ def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
     return entry[1] if entry is not None else GemmOp(config, None, namespace)
 
 
-def _register(op: GemmOp) -> None:
+def _register(op: GemmOp, library: KernelLibrary | None) -> None:
     qualname = f"{op.namespace}::{op.name}"
     if qualname in _LIBRARIES:  # the same kernel compiled again: the first registration serves it
         first = _LIBRARIES[qualname][1]
-        if first._library is None and op._library is not None:
-            first._library = op._library   # registered unbuilt (a backward op), now built by compile()
+        if library is not None:
+            with first._library_lock:
+                if first._library is None:
+                    first._attach(library)   # registered unbuilt (a backward op), now built by compile()
+        op._library, op.cpp_kernel = first._library, first.cpp_kernel
         return
     lib = torch.library.Library(op.namespace, "FRAGMENT")
     # Recorded first: registering the autograd formula registers the backward ops, whose own formulas
@@ -359,6 +373,8 @@ def _register(op: GemmOp) -> None:
         from .autograd import register_autograd
 
         register_autograd(op, lib)
+        if library is not None:
+            op._attach(library)
     except BaseException:
         del _LIBRARIES[qualname]
         raise
@@ -383,10 +399,30 @@ def build_request(config: KernelConfig, target: int | None = None) -> BuildReque
                         include_dirs=(str(templates_dir()),))
 
 
+def _build_libraries(configs: list[KernelConfig], *, verbose: bool) -> list[KernelLibrary]:
+    """Build the kernel libraries of ``configs`` (or find them in the build cache) and load them; the
+    JIT runtime, while it is not loaded, joins the same parallel ninja run (so it costs no extra time
+    in the first build ever). A runtime that fails to build costs a warning, never the kernels."""
+    from .jit_runtime import RUNTIME, runtime_request
+
+    requests = [build_request(c) for c in configs]
+    with_runtime = RUNTIME.wanted()
+    try:
+        results = build_many(requests + [runtime_request()] if with_runtime else requests, verbose=verbose)
+    except BuildError as exc:
+        if not with_runtime:
+            raise
+        results = build_many(requests, verbose=verbose)  # the kernels' own errors, if they have any
+        RUNTIME.fail(str(exc))
+    else:
+        if with_runtime:
+            RUNTIME.load(results[-1].library)
+    return [KernelLibrary.load(r.library, c.name) for c, r in zip(configs, results)]
+
+
 def load_library(config: KernelConfig, *, verbose: bool = False) -> KernelLibrary:
     """Build ``config``'s kernel library (or find it in the build cache) and load it."""
-    result = build(build_request(config), verbose=verbose)
-    return KernelLibrary.load(result.library, config.name)
+    return _build_libraries([config], verbose=verbose)[0]
 
 
 def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False) -> GemmOp:
@@ -399,7 +435,5 @@ def _load_op(config: KernelConfig, namespace: str) -> GemmOp:
 
 def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False) -> list[GemmOp]:
     """Build several kernels in one parallel ninja run; ops in the order of ``configs``."""
-    from .build import build_many
-
-    results = build_many([build_request(c) for c in configs], verbose=verbose)
-    return [GemmOp(c, KernelLibrary.load(r.library, c.name), namespace) for c, r in zip(configs, results)]
+    libraries = _build_libraries(configs, verbose=verbose)
+    return [GemmOp(c, library, namespace) for c, library in zip(configs, libraries)]

@@ -292,6 +292,19 @@ def test_emit_from_a_plans_file(tmp_path):
     assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
 
 
+def test_a_package_without_autograd_re_emits_without_autograd(tmp_path):
+    r = cli("emit", "--dtype", "bf16", "--layout", "tn", "--arch", "90", "--no-autograd", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    # its plans.json says "autograd": false, and re-emitting from it keeps that without --no-autograd
+    r = cli("emit", "--plans", str(tmp_path / "a" / "plans.json"), "--name", "a", "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert "autograd: none (the plans file says" in r.stdout
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+    (tmp_path / "bad.json").write_text(json.dumps({"autograd": "yes", "plans": [{"dtype": "bf16", "arch": 90}]}))
+    r = cli("emit", "--plans", str(tmp_path / "bad.json"), "--out", str(tmp_path / "c"))
+    assert r.returncode == 2 and '"autograd" must be true or false' in r.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (("--plan", "dtype=fp8"), "dtype='fp8' is not a valid choice (choose from 'fp16', 'bf16')"),
     (("--plan", "layout=xy"), "layout='xy' is not a valid choice (choose from 'nn', 'nt', 'tn', 'tt')"),

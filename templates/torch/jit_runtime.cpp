@@ -1,0 +1,99 @@
+// gemmgen's JIT runtime: gives each JIT-built op a C++ CUDA kernel in the dispatcher.
+//
+// A JIT op's kernel library is plain CUDA (no torch headers: a new kernel costs one nvcc run) and was
+// first called from Python through ctypes, which cost 20-30 us of host time per call (the dispatcher's
+// Python kernel, the checks in Python, ctypes). This library is built once per torch version and
+// compiler (generator/jit_runtime.py) and loaded with ctypes; for every kernel library loaded,
+// generator.op calls gemmgen_register_cuda_kernels, which registers templates/torch/gemm_op.h's kernels
+// (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
+// fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
+// Python (generator/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
+#include <cstddef>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "torch/gemm_op.h"
+
+namespace {
+
+// What generator/jit_runtime.py passes for one op (its ctypes mirror is JitOpSpec there).
+struct JitOpSpec {
+  const char* ns;                // namespace of torch.ops.<ns>.<op>
+  const char* op;                // op name (the kernel's name for JIT ops)
+  const char* kernel;            // kernel name (<kernel>_launch, <kernel>_error_string)
+  int arch;                      // the compute capability the kernel was planned for
+  const char* dtype;             // of A and B: "fp16" | "bf16"
+  const char* out_dtype;         // of D: "fp16" | "bf16" | "fp32"
+  int a_row, b_row, d_row;       // storage orders: 1 = row-major, 0 = column-major
+  const char* layout_a_flipped;  // the layout that would take A in the other order (for the advice)
+  const char* layout_b_flipped;
+  void* launch;                  // the kernel library's <kernel>_launch
+  void* error_string;            // and <kernel>_error_string
+};
+
+// An OpSpec and the strings it points to, and the registration that uses them.
+struct RegisteredOp {
+  std::string ns, op, kernel, dtype_name, out_dtype_name, layout_a_flipped, layout_b_flipped;
+  gemmgen::OpSpec spec{};
+  torch::Library* library = nullptr;
+};
+
+c10::ScalarType scalar_type(const std::string& name) {
+  if (name == "fp16") return c10::ScalarType::Half;
+  if (name == "bf16") return c10::ScalarType::BFloat16;
+  if (name == "fp32") return c10::ScalarType::Float;
+  TORCH_CHECK_VALUE(false, "gemmgen JIT runtime: unknown dtype '", name, "' (fp16, bf16 or fp32)");
+}
+
+void register_op(const JitOpSpec& in) {
+  TORCH_CHECK_VALUE(in.ns && in.op && in.kernel && in.dtype && in.out_dtype && in.layout_a_flipped &&
+                        in.layout_b_flipped && in.launch && in.error_string,
+                    "gemmgen JIT runtime: incomplete op spec");
+  // Never freed: the dispatcher keeps pointers to the kernels (and they to the spec) until the process
+  // ends, and a torch::Library destroyed at exit would deregister from a dispatcher that may be gone.
+  auto* entry = new RegisteredOp{in.ns, in.op, in.kernel, in.dtype, in.out_dtype, in.layout_a_flipped,
+                                 in.layout_b_flipped};
+  gemmgen::OpSpec& spec = entry->spec;
+  spec.ns = entry->ns.c_str();
+  spec.op = entry->op.c_str();
+  spec.kernel = entry->kernel.c_str();
+  spec.arch = in.arch;
+  spec.dtype = scalar_type(entry->dtype_name);
+  spec.dtype_name = entry->dtype_name.c_str();
+  spec.out_dtype = scalar_type(entry->out_dtype_name);
+  spec.out_dtype_name = entry->out_dtype_name.c_str();
+  spec.a_row = in.a_row != 0;
+  spec.b_row = in.b_row != 0;
+  spec.d_row = in.d_row != 0;
+  spec.layout_a_flipped = entry->layout_a_flipped.c_str();
+  spec.layout_b_flipped = entry->layout_b_flipped.c_str();
+  spec.launch = reinterpret_cast<gemmgen::LaunchFn>(in.launch);
+  spec.error_string = reinterpret_cast<gemmgen::ErrorStringFn>(in.error_string);
+  entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
+  entry->library->impl(entry->op.c_str(), gemmgen::GemmKernel{&spec});
+  entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});
+}
+
+}  // namespace
+
+extern "C" {
+
+// Registers the CUDA kernels of torch.ops.<ns>.<op> and .out (the schemas must be defined already).
+// Returns 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
+__attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const JitOpSpec* spec, char* error,
+                                                                          size_t error_size) {
+  try {
+    TORCH_CHECK_VALUE(spec != nullptr, "gemmgen JIT runtime: no op spec");
+    register_op(*spec);
+    return 0;
+  } catch (const c10::Error& e) {
+    std::strncpy(error, e.what_without_backtrace(), error_size);
+  } catch (const std::exception& e) {
+    std::strncpy(error, e.what(), error_size);
+  }
+  if (error_size > 0) error[error_size - 1] = '\0';
+  return 1;
+}
+
+}  // extern "C"
