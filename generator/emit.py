@@ -11,7 +11,8 @@ The package folder holds everything its build needs and nothing of this generato
     csrc/<kernel>.cu            the rendered kernels (plain CUDA, C interface), one per distinct config,
                                 the backward pass's kernels included
     csrc/common/..., ptx/, ...  every header the kernels may include, copied with its relative path
-    csrc/binding.cpp            the one file with torch headers: TORCH_LIBRARY(<name>) with the checks
+    csrc/binding.cpp            the one file compiled with torch headers: TORCH_LIBRARY(<name>); its checks,
+                                launch and Meta kernels are csrc/torch/gemm_op.h (as the JIT runtime's)
     <name>/__init__.py          loads the extension; one Python function per op, with a docstring; the
                                 autograd formula of every op
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)

@@ -4,6 +4,7 @@
 #   STEPS=sweep SWEEP_ARGS="--dtype fp16" gpu/run_all.sh   (explicit configs, for the planner's tables)
 #   BENCH_ARGS="--set square --dtypes bf16" STEPS=bench gpu/run_all.sh
 #   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
+#   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -28,6 +29,7 @@ for step in $STEPS; do
         compute-sanitizer --tool $tool python3 gpu/sanitize.py 2>&1 | tail -12 | tee "$OUT/sanitize_$tool.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
       done ;;
+    overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     probe)  python3 gpu/sm90_probe.py --json "$OUT/sm90_probe.json" ${PROBE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/probe.log" || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;

@@ -19,3 +19,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def build_cache(tmp_path_factory: pytest.TempPathFactory):
+    """A fresh build cache ($GEMMGEN_CACHE_DIR) for a module that builds kernels; skips without nvcc."""
+    from generator.build import BuildError, nvcc_path
+
+    try:
+        nvcc_path()
+    except BuildError as err:
+        pytest.skip(f"no nvcc: {err}")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("GEMMGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    try:
+        yield
+    finally:
+        mp.undo()

@@ -26,7 +26,6 @@ from torch import nn  # noqa: E402
 
 from generator import Gemm, KernelConfig  # noqa: E402
 from generator.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
-from generator.build import BuildError, nvcc_path  # noqa: E402
 from generator.op import GemmOp  # noqa: E402
 from generator.types import DType, Order  # noqa: E402
 
@@ -131,20 +130,11 @@ def test_backward_configs_keep_the_family(family):
 # -- real ops: fake tensors on the cuda device ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def real_ops(tmp_path_factory):
-    try:
-        nvcc_path()
-    except BuildError as err:
-        pytest.skip(f"no nvcc: {err}")
+def real_ops(build_cache):
     from generator.op import compile_many
 
-    mp = pytest.MonkeyPatch()
-    mp.setenv("GEMMGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    try:
-        plans = {"row": Gemm("bf16", "tn", arch=90), "col": Gemm("bf16", "nt", arch=90, layout_c="col")}
-        yield dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen")))
-    finally:
-        mp.undo()
+    plans = {"row": Gemm("bf16", "tn", arch=90), "col": Gemm("bf16", "nt", arch=90, layout_c="col")}
+    return dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen")))
 
 
 def test_fake_tensors_propagate_through_both_overloads(real_ops):

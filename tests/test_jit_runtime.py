@@ -14,28 +14,13 @@ torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
 from generator import jit_runtime  # noqa: E402
-from generator.build import BuildError, nvcc_path  # noqa: E402
 from generator.op import compile_op, registered_op  # noqa: E402
 
 CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory):
-    try:
-        nvcc_path()
-    except BuildError as err:
-        pytest.skip(f"no nvcc: {err}")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("GEMMGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    try:
-        yield
-    finally:
-        mp.undo()
-
-
-@pytest.fixture(scope="module")
-def op(cache):
+def op(build_cache):
     return Gemm(dtype="bf16", layout="tn", arch=90, namespace="gemmgen_rt").compile()
 
 
@@ -88,7 +73,7 @@ def test_an_op_built_on_first_use_gets_its_cpp_kernel_then(op):
     assert again.cpp_kernel and again.op is lazy.op
 
 
-def test_without_the_runtime_ops_still_work_and_a_warning_says_why(cache, monkeypatch):
+def test_without_the_runtime_ops_still_work_and_a_warning_says_why(build_cache, monkeypatch):
     broken = jit_runtime._Runtime()
     monkeypatch.setattr(jit_runtime, "RUNTIME", broken)
     request = jit_runtime.runtime_request()

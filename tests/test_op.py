@@ -7,23 +7,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
-from generator.build import BuildError, nvcc_path  # noqa: E402
 from generator.op import GemmArgsStruct, leading_dim  # noqa: E402
 from generator.types import Order  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def op(tmp_path_factory):
-    try:
-        nvcc_path()
-    except BuildError as err:
-        pytest.skip(f"no nvcc: {err}")
-    mp = pytest.MonkeyPatch()
-    mp.setenv("GEMMGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
-    try:
-        yield Gemm(dtype="bf16", layout="tn", arch=90).compile()
-    finally:
-        mp.undo()
+def op(build_cache):
+    return Gemm(dtype="bf16", layout="tn", arch=90).compile()
 
 
 def test_library_loads_and_op_is_registered(op):

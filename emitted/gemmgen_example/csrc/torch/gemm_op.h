@@ -25,7 +25,11 @@
 
 #include "common/gemm_args.h"
 
-namespace gemmgen {
+// Hidden: an emitted package and the JIT runtime (or two packages emitted by different gemmgen versions)
+// may be loaded into one process, each with its own copy of these inline functions and of the
+// dispatcher's templates instantiated for the kernel types below; hidden symbols are never shared
+// between libraries, so each library runs its own copy.
+namespace __attribute__((visibility("hidden"))) gemmgen {
 
 using LaunchFn = int (*)(const GemmArgs*, void*);
 using ErrorStringFn = const char* (*)(int);
