@@ -149,6 +149,15 @@ class GemmOp:
         """Take ``library`` as this op's kernels: the ctypes path, and the C++ CUDA kernel of the JIT
         runtime where there is one (``generator.jit_runtime``). Once per registered op."""
         self._library = library
+        first = _LIBRARIES.get(f"{self.namespace}::{self.name}", (None, None))[1]
+        if first is not None and first is not self:
+            # A second handle of a registered op (GemmOp built again for the same kernel): the dispatcher
+            # has one CUDA kernel per op, registered through the first handle.
+            with first._library_lock:
+                if first._library is None:
+                    first._attach(library)
+            self.cpp_kernel = first.cpp_kernel
+            return
         if self.device_type == "cuda":
             from .jit_runtime import RUNTIME
 
@@ -322,12 +331,8 @@ def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
 def _register(op: GemmOp, library: KernelLibrary | None) -> None:
     qualname = f"{op.namespace}::{op.name}"
     if qualname in _LIBRARIES:  # the same kernel compiled again: the first registration serves it
-        first = _LIBRARIES[qualname][1]
         if library is not None:
-            with first._library_lock:
-                if first._library is None:
-                    first._attach(library)   # registered unbuilt (a backward op), now built by compile()
-        op._library, op.cpp_kernel = first._library, first.cpp_kernel
+            op._attach(library)   # and the first handle, if it was registered unbuilt (a backward op)
         return
     lib = torch.library.Library(op.namespace, "FRAGMENT")
     # Recorded first: registering the autograd formula registers the backward ops, whose own formulas

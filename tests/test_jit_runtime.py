@@ -73,6 +73,19 @@ def test_an_op_built_on_first_use_gets_its_cpp_kernel_then(op):
     assert again.cpp_kernel and again.op is lazy.op
 
 
+def test_a_second_handle_built_first_registers_through_the_registered_one(op, recwarn):
+    from generator.op import GemmOp
+
+    config = Gemm("bf16", "tt", arch=90).config
+    registered = registered_op(config, "gemmgen_rt")            # registered, not built
+    second = GemmOp(config, None, "gemmgen_rt")                  # another handle of the same op
+    second.library  # noqa: B018  (built through the second handle)
+    assert second.cpp_kernel and registered.cpp_kernel and registered.built
+    dump = torch._C._dispatch_dump(f"gemmgen_rt::{config.name}")
+    assert dump.count("CUDA: registered at ") == 1 and "jit_runtime.cpp" in dump
+    assert not [w for w in recwarn if "Overriding" in str(w.message)]
+
+
 def test_without_the_runtime_ops_still_work_and_a_warning_says_why(build_cache, monkeypatch):
     broken = jit_runtime._Runtime()
     monkeypatch.setattr(jit_runtime, "RUNTIME", broken)
