@@ -88,6 +88,29 @@ inline cudaError_t tensor_map(CachedMap& cache, const void* base, int64_t inner,
   return cache.valid ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+// The launch configuration of `blocks` blocks of kernel K, in clusters of K::CLUSTER blocks along x.
+// Not copyable: config.attrs points at attr, beside it.
+template <class K>
+struct ClusterLaunchConfig {
+  cudaLaunchAttribute attr = {};
+  cudaLaunchConfig_t config = {};
+
+  ClusterLaunchConfig(unsigned blocks, cudaStream_t stream) {
+    config.gridDim = dim3(blocks, 1, 1);
+    config.blockDim = dim3(kThreads, 1, 1);
+    config.dynamicSmemBytes = K::SMEM_BYTES;
+    config.stream = stream;
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = K::CLUSTER;
+    attr.val.clusterDim.y = 1;
+    attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+  }
+  ClusterLaunchConfig(const ClusterLaunchConfig&) = delete;
+  ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
+};
+
 // How many clusters of this kernel can be resident at once (the persistent grid), per device.
 template <class K>
 inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
@@ -96,19 +119,9 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
     *clusters = known[device];
     return cudaSuccess;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(K::CLUSTER, 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = K::SMEM_BYTES;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = K::CLUSTER;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
+  const ClusterLaunchConfig<K> cluster_launch(K::CLUSTER, nullptr);
   int n = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &config);
+  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config);
   if (err != cudaSuccess) return err;
   if (n < 1) n = 1;
   if (device < kMaxDevices) known[device] = n;
@@ -159,19 +172,8 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
     clusters = units < resident ? units : resident;
   }
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(clusters * K::CLUSTER), 1, 1);
-  config.blockDim = dim3(kThreads, 1, 1);
-  config.dynamicSmemBytes = K::SMEM_BYTES;
-  config.stream = stream;
-  cudaLaunchAttribute attr;
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = K::CLUSTER;
-  attr.val.clusterDim.y = 1;
-  attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, fast, map_a.map, map_b.map, map_d.map, *args);
+  const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
+  err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_b.map, map_d.map, *args);
   if (err != cudaSuccess) return static_cast<int>(err);
   return static_cast<int>(cudaGetLastError());
 }
