@@ -12,6 +12,12 @@
 #include "../common/gemm_args.h"
 #include "../ptx/sm80.cuh"
 
+// Experiment switch for A/B runs on the GPU (gpu/ab_variants.py): 0 runs every k tile through the
+// branching refill, as v4 did. To be removed once measured (NOTES.md, sm80 v6).
+#ifndef GEMMGEN_SM80_STEADY_LOOP
+#define GEMMGEN_SM80_STEADY_LOOP 1
+#endif
+
 namespace gemmgen {
 namespace sm80 {
 
@@ -30,12 +36,22 @@ struct SwizzledTile {
   static constexpr int kRowsPerLine = kChunksPerRow >= 8 ? 1 : 8 / kChunksPerRow;
   static constexpr int kSwizzleSpan = kChunksPerRow >= 8 ? 8 : kChunksPerRow;
   static constexpr int kElems = ROWS * COLS;
+  static constexpr int kRowBytes = COLS * 2;
+  // The XOR pattern repeats every kPeriodRows rows (8 for every COLS here).
+  static constexpr int kPeriodRows = kRowsPerLine * kSwizzleSpan;
   static_assert(COLS * 2 >= 64, "rows of at least 64 bytes keep the swizzle conflict-free");
 
   // Byte offset of chunk `chunk` of row `row`.
-  __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+  __host__ __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
     const int physical = chunk ^ ((row / kRowsPerLine) % kSwizzleSpan);
     return static_cast<uint32_t>((row * COLS + physical * kChunkElems) * 2);
+  }
+
+  // Byte offset of chunk `chunk` of row `row + shift`, where `shift` is a multiple of kPeriodRows: the
+  // swizzle sees only `row`, so `shift` adds to the address. Warp-uniform and compile-time shifts then
+  // fold into one base register and immediate offsets instead of one register per address.
+  __host__ __device__ __forceinline__ static uint32_t offset(int row, int chunk, int shift) {
+    return offset(row, chunk) + static_cast<uint32_t>(shift * kRowBytes);
   }
 };
 
@@ -125,8 +141,7 @@ struct TileLoader {
   // Shared-memory byte offset of chunk i; a compile-time stride from chunk 0 when the rows between a
   // thread's chunks span whole swizzle periods (the usual case), so the copies use immediate offsets.
   __device__ __forceinline__ uint32_t smem_offset(int i) const {
-    constexpr int kSwizzlePeriod = Tile::kRowsPerLine * Tile::kSwizzleSpan;
-    if (kRowStep % kSwizzlePeriod == 0) return Tile::offset(row0, chunk) + i * kRowStep * INNER * 2;
+    if (kRowStep % Tile::kPeriodRows == 0) return Tile::offset(row0, chunk, i * kRowStep);
     return Tile::offset(row0 + i * kRowStep, chunk);
   }
 };
@@ -173,6 +188,14 @@ struct Kernel {
     uint32_t b[MMA_TILES_N][2];
   };
 
+  // The shifts below (warp_m0, warp_n0, mma tiles, k steps) are multiples of the swizzle period.
+  static_assert(kMmaM % ATile::kPeriodRows == 0 && kMmaK % ATile::kPeriodRows == 0 &&
+                    2 * kMmaN % BTile::kPeriodRows == 0 && kMmaK % BTile::kPeriodRows == 0,
+                "ldmatrix addresses move by whole swizzle periods");
+
+  // One k step's fragments. Each address is a per-lane swizzled offset plus a shift along whole swizzle
+  // periods: K-major operands shift by the warp's and the mma tile's rows (a register per k step,
+  // immediates across mma tiles), M/N-major ones by the k step's rows (a register per mma tile).
   __device__ __forceinline__ static void load_fragments(Fragments& f, uint32_t stage, int ks, int warp_m0,
                                                         int warp_n0, int lane) {
     const uint32_t a_smem = stage, b_smem = stage + A_STAGE_BYTES;
@@ -180,11 +203,11 @@ struct Kernel {
     for (int mt = 0; mt < MMA_TILES_M; ++mt) {
       const int m = warp_m0 + mt * kMmaM;
       if (A_K_MAJOR) {  // rows are m: matrices (m0-7,k0-7) (m8-15,k0-7) (m0-7,k8-15) (m8-15,k8-15)
-        const int row = m + (lane % 8) + 8 * ((lane / 8) % 2);
-        ptx::ldmatrix_x4(f.a[mt], a_smem + ATile::offset(row, ks * 2 + lane / 16));
+        const int row = (lane % 8) + 8 * ((lane / 8) % 2);
+        ptx::ldmatrix_x4(f.a[mt], a_smem + ATile::offset(row, ks * 2 + lane / 16, m));
       } else {  // rows are k: the same four matrices, read transposed
-        const int row = ks * kMmaK + (lane % 8) + 8 * (lane / 16);
-        ptx::ldmatrix_x4_trans(f.a[mt], a_smem + ATile::offset(row, m / 8 + (lane / 8) % 2));
+        const int row = (lane % 8) + 8 * (lane / 16);
+        ptx::ldmatrix_x4_trans(f.a[mt], a_smem + ATile::offset(row, m / 8 + (lane / 8) % 2, ks * kMmaK));
       }
     }
 #pragma unroll
@@ -192,11 +215,11 @@ struct Kernel {
       const int n = warp_n0 + np * 2 * kMmaN;
       uint32_t r[4];
       if (B_K_MAJOR) {  // rows are n: matrices (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15)
-        const int row = n + (lane % 8) + 8 * (lane / 16);
-        ptx::ldmatrix_x4(r, b_smem + BTile::offset(row, ks * 2 + (lane / 8) % 2));
+        const int row = (lane % 8) + 8 * (lane / 16);
+        ptx::ldmatrix_x4(r, b_smem + BTile::offset(row, ks * 2 + (lane / 8) % 2, n));
       } else {  // rows are k: the same four matrices, read transposed
-        const int row = ks * kMmaK + (lane % 8) + 8 * ((lane / 8) % 2);
-        ptx::ldmatrix_x4_trans(r, b_smem + BTile::offset(row, n / 8 + lane / 16));
+        const int row = (lane % 8) + 8 * ((lane / 8) % 2);
+        ptx::ldmatrix_x4_trans(r, b_smem + BTile::offset(row, n / 8 + lane / 16, ks * kMmaK));
       }
       f.b[2 * np][0] = r[0];
       f.b[2 * np][1] = r[1];
@@ -263,6 +286,53 @@ struct Kernel {
     }
   }
 
+  // Where the k loop stands: the fragment double buffer, the stage read next, the stage and k tile
+  // loaded next.
+  struct Pipeline {
+    Fragments frag[2];
+    int read_stage, write_stage, load_tile;
+  };
+
+  // BK = 64 tiles (four k steps, twice the copies per tile) keep the branching refill everywhere: with
+  // the steady loop ptxas spills them (72 bytes for 128x256x64, 260 for 128x128x64, sm_90a).
+  static constexpr bool kSteadyLoop = GEMMGEN_SM80_STEADY_LOOP && K_STEPS == 2;
+
+  // One k tile of the pipelined loop. STEADY: the tile it loads is a whole one, known at compile time,
+  // so the copies need no branch. A branch would split the loop body into basic blocks, and ptxas then
+  // issues all the copies in one burst between the HMMAs of two tiles (the tensor pipe drains while
+  // both warps of a scheduler compute addresses) instead of spreading them through the HMMA stream.
+  template <bool EDGE, bool STEADY>
+  __device__ __forceinline__ static void k_tile(Pipeline& p, ALoader& a_loader, BLoader& b_loader, uint32_t smem_base,
+                                                int full_tiles, int k_tiles, int K, int warp_m0, int warp_n0,
+                                                int lane, float (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
+#pragma unroll
+    for (int ks = 0; ks < K_STEPS; ++ks) {
+      if (ks == K_STEPS - 1) {
+        // The next tile must have landed, and every warp must be done with the stage the
+        // next load overwrites, before we read on.
+        ptx::cp_async_wait<STAGES - 2>();
+        __syncthreads();
+        p.read_stage = p.read_stage + 1 == STAGES ? 0 : p.read_stage + 1;
+      }
+      load_fragments(p.frag[(ks + 1) % 2], smem_base + p.read_stage * STAGE_BYTES, (ks + 1) % K_STEPS, warp_m0,
+                     warp_n0, lane);
+      if (ks == 0) {
+        // Refill the stage every warp finished reading before the last barrier.
+        const uint32_t stage = smem_base + p.write_stage * STAGE_BYTES;
+        if (STEADY) {
+          a_loader.template load_full<EDGE>(stage);
+          b_loader.template load_full<EDGE>(stage + A_STAGE_BYTES);
+        } else {
+          load_stage<EDGE>(a_loader, b_loader, stage, p.load_tile, full_tiles, k_tiles, K);
+        }
+        ptx::cp_async_commit();
+        ++p.load_tile;
+        p.write_stage = p.write_stage + 1 == STAGES ? 0 : p.write_stage + 1;
+      }
+      mma_all(acc, p.frag[ks % 2]);
+    }
+  }
+
   // The pipelined k loop for one block tile. Instantiated twice: interior blocks (EDGE = false) and
   // blocks on the last row or column of tiles, so that the common case carries no edge predicates.
   template <bool EDGE>
@@ -280,52 +350,40 @@ struct Kernel {
     ptx::cp_async_wait<STAGES - 2>();
     __syncthreads();
 
-    Fragments frag[2];
-    int read_stage = 0, write_stage = STAGES - 1, load_tile = STAGES - 1;
-    load_fragments(frag[0], smem_base, 0, warp_m0, warp_n0, lane);
+    Pipeline p;
+    p.read_stage = 0;
+    p.write_stage = STAGES - 1;
+    p.load_tile = STAGES - 1;
+    load_fragments(p.frag[0], smem_base, 0, warp_m0, warp_n0, lane);
 
-    for (int kt = 0; kt < k_tiles; ++kt) {
-#pragma unroll
-      for (int ks = 0; ks < K_STEPS; ++ks) {
-        if (ks == K_STEPS - 1) {
-          // The next tile must have landed, and every warp must be done with the stage the
-          // next load overwrites, before we read on.
-          ptx::cp_async_wait<STAGES - 2>();
-          __syncthreads();
-          read_stage = read_stage + 1 == STAGES ? 0 : read_stage + 1;
-        }
-        load_fragments(frag[(ks + 1) % 2], smem_base + read_stage * STAGE_BYTES, (ks + 1) % K_STEPS, warp_m0,
-                       warp_n0, lane);
-        if (ks == 0) {
-          // Refill the stage every warp finished reading before the last barrier.
-          load_stage<EDGE>(a_loader, b_loader, smem_base + write_stage * STAGE_BYTES, load_tile, full_tiles,
-                           k_tiles, K);
-          ptx::cp_async_commit();
-          ++load_tile;
-          write_stage = write_stage + 1 == STAGES ? 0 : write_stage + 1;
-        }
-        mma_all(acc, frag[ks % 2]);
-      }
-    }
+    // k tile kt loads tile kt + STAGES - 1: whole for every kt below full_tiles - (STAGES - 1).
+    const int steady_tiles = kSteadyLoop ? full_tiles - (STAGES - 1) : 0;
+    int kt = 0;
+    for (; kt < steady_tiles; ++kt)
+      k_tile<EDGE, true>(p, a_loader, b_loader, smem_base, full_tiles, k_tiles, K, warp_m0, warp_n0, lane, acc);
+    for (; kt < k_tiles; ++kt)
+      k_tile<EDGE, false>(p, a_loader, b_loader, smem_base, full_tiles, k_tiles, K, warp_m0, warp_n0, lane, acc);
     ptx::cp_async_wait<0>();
   }
 
+  // Where a thread's work lies: its block's first row and column of D, its warp's offsets in the block.
+  struct Coords {
+    int block_m0, block_n0, warp_m0, warp_n0, lane;
+
+    __device__ __forceinline__ Coords(int block, int tid, int M, int N) {
+      int tile_m, tile_n;
+      raster_tile<Cfg::kRasterGroup>(block, (M + BM - 1) / BM, (N + BN - 1) / BN, tile_m, tile_n);
+      block_m0 = tile_m * BM;
+      block_n0 = tile_n * BN;
+      const int warp = tid / 32;
+      warp_m0 = (warp / WARPS_N) * WARP_M;
+      warp_n0 = (warp % WARPS_N) * WARP_N;
+      lane = tid % 32;
+    }
+  };
+
   __device__ __forceinline__ static void run(const GemmArgs& args, char* smem) {
     const int M = static_cast<int>(args.m), N = static_cast<int>(args.n), K = static_cast<int>(args.k);
-    const int tiles_m = (M + BM - 1) / BM, tiles_n = (N + BN - 1) / BN;
-    int tile_m, tile_n;
-    raster_tile<Cfg::kRasterGroup>(blockIdx.x, tiles_m, tiles_n, tile_m, tile_n);
-    const int block_m0 = tile_m * BM, block_n0 = tile_n * BN;
-
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    const int warp_m0 = (warp / WARPS_N) * WARP_M, warp_n0 = (warp % WARPS_N) * WARP_N;
-
-    ALoader a_loader;
-    BLoader b_loader;
-    a_loader.init(static_cast<const Elem*>(args.a), args.lda, block_m0, M, tid);
-    b_loader.init(static_cast<const Elem*>(args.b), args.ldb, block_n0, N, tid);
-    const uint32_t smem_base = ptx::smem_addr(smem);
-
     float acc[MMA_TILES_M][MMA_TILES_N][4];
 #pragma unroll
     for (int mt = 0; mt < MMA_TILES_M; ++mt)
@@ -333,13 +391,24 @@ struct Kernel {
       for (int nt = 0; nt < MMA_TILES_N; ++nt)
 #pragma unroll
         for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
-
-    if (block_m0 + BM <= M && block_n0 + BN <= N) {
-      mainloop<false>(a_loader, b_loader, smem_base, K, warp_m0, warp_n0, lane, acc);
-    } else {
-      mainloop<true>(a_loader, b_loader, smem_base, K, warp_m0, warp_n0, lane, acc);
+    {
+      const int tid = threadIdx.x;
+      const Coords at(blockIdx.x, tid, M, N);
+      ALoader a_loader;
+      BLoader b_loader;
+      a_loader.init(static_cast<const Elem*>(args.a), args.lda, at.block_m0, M, tid);
+      b_loader.init(static_cast<const Elem*>(args.b), args.ldb, at.block_n0, N, tid);
+      const uint32_t smem_base = ptx::smem_addr(smem);
+      if (at.block_m0 + BM <= M && at.block_n0 + BN <= N) {
+        mainloop<false>(a_loader, b_loader, smem_base, K, at.warp_m0, at.warp_n0, at.lane, acc);
+      } else {
+        mainloop<true>(a_loader, b_loader, smem_base, K, at.warp_m0, at.warp_n0, at.lane, acc);
+      }
     }
-    store(args, acc, block_m0 + warp_m0, block_n0 + warp_n0, lane);
+    // The epilogue's coordinates, derived again: every register the main loop can have is one
+    // fewer it spills (a few integer operations once per block).
+    const Coords at(ptx::ctaid_x_fresh(), ptx::tid_x_fresh(), M, N);
+    store(args, acc, at.block_m0 + at.warp_m0, at.block_n0 + at.warp_n0, at.lane);
   }
 };
 

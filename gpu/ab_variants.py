@@ -1,0 +1,169 @@
+"""A/B runs of template variants: the same planned configs built with different preprocessor switches
+(experiment macros in the templates), checked and timed side by side in one run, next to torch.matmul.
+
+    python3 gpu/ab_variants.py --variant v4=-DGEMMGEN_SM80_STEADY_LOOP=0 --variant v6= \\
+        [--configs sm80] [--shapes 4096x4096x4096,8192x8192x8192] [--dtype bf16] [--json $OUT/ab.json]
+
+Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
+alternates the variants (A B A B ...) so that clock drift during the run hits both alike; each
+figure is the best of the rounds' do_bench medians.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from generator import Gemm  # noqa: E402
+from generator.build import build_many, spill_report  # noqa: E402
+from generator.config import KernelConfig  # noqa: E402
+from generator.op import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
+
+TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+BOUND = {"bf16": 1e-2, "fp16": 5e-3}
+RAGGED = [(1, 1, 1), (7, 8, 63), (65, 129, 127), (1000, 4097, 129), (4097, 63, 1000), (129, 7, 4097),
+          (3000, 5000, 1000)]
+
+# (tile, warps, stages): the sm80 configs the sweep found best at 4096^3 / 8192^3 (NOTES.md, v4).
+SM80_CONFIGS = [((128, 256, 32), (2, 4), 4), ((128, 256, 32), (2, 4), 3), ((128, 256, 32), (2, 4), 5),
+                ((128, 256, 64), (2, 4), 3), ((256, 128, 32), (4, 2), 4), ((128, 128, 64), (2, 2), 3)]
+
+
+def sm80_configs(dtype: str, layout: str, arch: int | None) -> list[KernelConfig]:
+    return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, warps=w, stages=s, family="sm80").config
+            for t, w, s in SM80_CONFIGS]
+
+
+def operand(rows: int, cols: int, row_major: bool, dtype: torch.dtype) -> torch.Tensor:
+    """Random (rows, cols), row- or column-major, leading dimension padded to 8 (the fast path)."""
+    if row_major:
+        return torch.randn(rows, (cols + 7) // 8 * 8, device="cuda").to(dtype)[:, :cols]
+    return torch.randn(cols, (rows + 7) // 8 * 8, device="cuda").to(dtype)[:, :rows].t()
+
+
+def launch(lib: KernelLibrary, cfg: KernelConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> None:
+    row = {"row": True, "col": False}
+    lda = a.stride(0) if row[cfg.layout.a.value] else a.stride(1)
+    ldb = b.stride(0) if row[cfg.layout.b.value] else b.stride(1)
+    ldd = d.stride(0) if row[cfg.layout.c.value] else d.stride(1)
+    args = GemmArgsStruct(a.data_ptr(), b.data_ptr(), d.data_ptr(), a.shape[0], b.shape[1], a.shape[1],
+                          max(lda, 1), max(ldb, 1), max(ldd, 1))
+    code = lib.launch(ctypes.byref(args), torch.cuda.current_stream().cuda_stream)
+    if code:
+        raise RuntimeError(f"{cfg.name}: launch error {code} {lib.error_string(code).decode()}")
+
+
+def inputs(cfg: KernelConfig, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    dt = TORCH[cfg.dtype.value]
+    a = operand(m, k, cfg.layout.a.value == "row", dt)
+    b = operand(k, n, cfg.layout.b.value == "row", dt)
+    d = operand(m, n, cfg.layout.c.value == "row", TORCH[cfg.out_dtype.value]).fill_(float("nan"))
+    return a, b, d
+
+
+def rel_error(lib: KernelLibrary, cfg: KernelConfig, m: int, n: int, k: int) -> float:
+    a, b, d = inputs(cfg, m, n, k)
+    launch(lib, cfg, a, b, d)
+    ref = a.double() @ b.double()
+    diff = (d.double() - ref).norm()
+    return float("inf") if not torch.isfinite(diff) else (diff / ref.norm().clamp_min(1e-30)).item()
+
+
+def repeatable(lib: KernelLibrary, cfg: KernelConfig) -> bool:
+    a, b, d = inputs(cfg, 1000, 1000, 1032)
+    outs = []
+    for _ in range(10):
+        launch(lib, cfg, a, b, d)
+        outs.append(d.clone())
+    return all(torch.equal(outs[0], o) for o in outs[1:])
+
+
+def bench_ms(fn) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=50, rep=200, return_mode="median"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--variant", action="append", required=True, metavar="NAME=FLAGS",
+                    help="a variant: a name and its space-separated nvcc flags (may be empty); at least two")
+    ap.add_argument("--configs", default="sm80", choices=["sm80"])
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
+    ap.add_argument("--shapes", default="4096x4096x4096,8192x8192x8192")
+    ap.add_argument("--arch", type=int, choices=[80, 90], help="default: the GPU's")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--build-only", action="store_true", help="build and print the ptxas reports (no GPU needed)")
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "ab_variants.json"))
+    args = ap.parse_args(argv)
+    variants = dict(v.split("=", 1) for v in args.variant)
+    if len(variants) < 2:
+        ap.error("give at least two --variant NAME=FLAGS")
+    torch.backends.cuda.matmul.allow_tf32 = False
+
+    configs = sm80_configs(args.dtype, args.layout, args.arch)
+    requests = [dataclasses.replace(build_request(c), extra_flags=tuple(flags.split()))
+                for flags in variants.values() for c in configs]
+    t0 = time.time()
+    results = build_many(requests)
+    print(f"built {len(requests)} kernels in {time.time() - t0:.1f} s", flush=True)
+    if args.build_only:
+        for req, res in zip(requests, results):
+            ptxas = spill_report(res.ptxas_log).get(req.name, {})
+            print(f"{' '.join(req.extra_flags) or '(no flags)':>32} {req.name}: {ptxas}")
+        return 0
+    libs: dict[tuple[str, str], KernelLibrary] = {}
+    report: dict = {"variants": variants, "kernels": [], "bench": []}
+    failures = 0
+    for i, (variant, res) in enumerate(zip([v for v in variants for _ in configs], results)):
+        cfg = configs[i % len(configs)]
+        lib = libs[variant, cfg.name] = KernelLibrary.load(res.library, cfg.name)
+        ptxas = spill_report(res.ptxas_log).get(cfg.name, {})
+        worst = max(rel_error(lib, cfg, m, n, k) for m, n, k in RAGGED)
+        same = repeatable(lib, cfg)
+        ok = worst <= BOUND[args.dtype] and same
+        failures += not ok
+        report["kernels"].append({"variant": variant, "kernel": cfg.name, "worst_rel_error": worst,
+                                  "repeatable": same, "ptxas": ptxas})
+        print(f"{variant:>6} {cfg.name}: regs {ptxas.get('registers')} spills {ptxas.get('spill_stores')} "
+              f"worst err {worst:.2e} repeatable {same}{'' if ok else '  FAIL'}", flush=True)
+
+    for shape in args.shapes.split(","):
+        m, n, k = (int(x) for x in shape.split("x"))
+        flop = 2.0 * m * n * k
+        cfg0 = configs[0]
+        a, b, d = inputs(cfg0, m, n, k)
+        ref = a.float() @ b.float()
+        cublas = min(bench_ms(lambda: torch.matmul(a, b)) for _ in range(args.rounds))
+        print(f"{shape}: cuBLAS {flop / cublas / 1e9:.1f} TFLOP/s", flush=True)
+        for cfg in configs:
+            best = {v: float("inf") for v in variants}
+            for _ in range(args.rounds):
+                for v in variants:
+                    lib = libs[v, cfg.name]
+                    best[v] = min(best[v], bench_ms(lambda: launch(lib, cfg, a, b, d)))
+            for v in variants:
+                launch(libs[v, cfg.name], cfg, a, b, d)
+                err = ((d.float() - ref).norm() / ref.norm()).item()
+                failures += not err <= BOUND[args.dtype]
+                row = {"shape": shape, "kernel": cfg.name, "variant": v, "ms": best[v],
+                       "tflops": flop / best[v] / 1e9, "cublas_tflops": flop / cublas / 1e9, "rel_error": err}
+                report["bench"].append(row)
+                print(f"  {cfg.name:<40} {v:>6} {row['tflops']:7.1f}  err {err:.1e}", flush=True)
+    Path(args.json).write_text(json.dumps(report, indent=1))
+    print(f"failures: {failures}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

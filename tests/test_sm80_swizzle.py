@@ -1,0 +1,85 @@
+"""The sm80 family's shared-memory addressing, checked on the host: templates/sm80/gemm_kernel.cuh's
+SwizzledTile compiled by nvcc into a small host program (CPU only, no GPU).
+
+The kernels rely on two properties of the swizzle that no GPU test would pin down by itself:
+- a shift by whole swizzle periods only adds to the address (load_fragments and TileLoader fold warp,
+  mma-tile and k-step offsets into immediates this way), for every tile shape the planner can pick;
+- the eight row addresses of one ldmatrix phase, and the chunks one cp.async phase writes, land in
+  eight different 16-byte bank groups (no bank conflicts).
+"""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from generator.config import SM80_BLOCK_K, SM80_BLOCK_M, SM80_BLOCK_N
+from generator.render import templates_dir
+
+from test_nvcc_compile import NO_NVCC, NVCC
+
+# (ROWS, COLS) of every operand tile the sm80 planner allows: K-major tiles are (BM or BN) x BK,
+# M/N-major ones BK x (BM or BN).
+TILES = sorted({(r, c) for mn in {*SM80_BLOCK_M, *SM80_BLOCK_N} for bk in SM80_BLOCK_K
+                for r, c in ((mn, bk), (bk, mn))})
+
+PROGRAM = r"""
+#include <cstdio>
+#include "sm80/gemm_kernel.cuh"
+
+using gemmgen::sm80::SwizzledTile;
+static int failures = 0;
+
+template <int ROWS, int COLS>
+void check() {
+  using Tile = SwizzledTile<ROWS, COLS>;
+  // A shift by whole periods adds shift * row bytes, whatever the row and chunk.
+  for (int shift = 0; shift < ROWS; shift += Tile::kPeriodRows)
+    for (int row = 0; row + shift < ROWS; ++row)
+      for (int chunk = 0; chunk < Tile::kChunksPerRow; ++chunk)
+        if (Tile::offset(row + shift, chunk) != Tile::offset(row, chunk, shift)) {
+          if (failures++ < 10)
+            std::printf("SwizzledTile<%d,%d>: offset(%d + %d, %d) = %u but offset(%d, %d, %d) = %u\n", ROWS, COLS,
+                        row, shift, chunk, Tile::offset(row + shift, chunk), row, chunk, shift,
+                        Tile::offset(row, chunk, shift));
+        }
+  // Eight consecutive rows at one logical chunk (an ldmatrix phase), and eight consecutive chunks of
+  // a row-major walk (a cp.async phase), each cover the eight 16-byte bank groups of a 128-byte line.
+  for (int row0 = 0; row0 + 8 <= ROWS; row0 += 8)
+    for (int chunk = 0; chunk < Tile::kChunksPerRow; ++chunk) {
+      unsigned groups = 0;
+      for (int r = 0; r < 8; ++r) groups |= 1u << ((Tile::offset(row0 + r, chunk) / 16) % 8);
+      if (groups != 0xffu && failures++ < 10)
+        std::printf("SwizzledTile<%d,%d>: ldmatrix rows %d..%d chunk %d hit bank groups %#x\n", ROWS, COLS, row0,
+                    row0 + 7, chunk, groups);
+    }
+  for (int first = 0; first + 8 <= ROWS * Tile::kChunksPerRow; first += 8) {
+    unsigned groups = 0;
+    for (int i = first; i < first + 8; ++i)
+      groups |= 1u << ((Tile::offset(i / Tile::kChunksPerRow, i % Tile::kChunksPerRow) / 16) % 8);
+    if (groups != 0xffu && failures++ < 10)
+      std::printf("SwizzledTile<%d,%d>: copy chunks %d..%d hit bank groups %#x\n", ROWS, COLS, first, first + 7,
+                  groups);
+  }
+}
+
+int main() {
+  %CHECKS%
+  std::printf("%d failures\n", failures);
+  return failures != 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_swizzle_shifts_fold_and_phases_are_conflict_free(tmp_path) -> None:
+    checks = "\n  ".join(f"check<{r}, {c}>();" for r, c in TILES)
+    source = tmp_path / "swizzle_check.cu"
+    source.write_text(PROGRAM.replace("%CHECKS%", checks))
+    exe = tmp_path / "swizzle_check"
+    build = subprocess.run([NVCC, "-std=c++17", "-I", str(templates_dir()), "-o", str(exe), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == "0 failures"
