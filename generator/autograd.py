@@ -74,8 +74,19 @@ def _in_order(t: torch.Tensor, order: Order) -> torch.Tensor:
 
 
 def register_autograd(op: GemmOp, lib: torch.library.Library) -> None:
-    """Register dA/dB for the default overload of ``op`` (``.out`` is not differentiable, as in aten)."""
+    """Register dA/dB for the default overload of ``op``, and for ``.out`` a refusal of grad (not
+    differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_op.h) where it is
+    built, so that calls needing no gradient skip Python; else this module's, in Python."""
+    from .jit_runtime import RUNTIME
 
+    op.cpp_autograd = RUNTIME.register_autograd(op)
+    if not op.cpp_autograd:
+        _register_python_formula(op, lib)
+    for order in Order:
+        grad_ops(op, order)
+
+
+def _register_python_formula(op: GemmOp, lib: torch.library.Library) -> None:
     def setup_context(ctx, inputs, output) -> None:
         A, B = inputs
         ctx.save_for_backward(A, B)
@@ -94,5 +105,14 @@ def register_autograd(op: GemmOp, lib: torch.library.Library) -> None:
         return grad_a, grad_b
 
     torch.library.register_autograd(f"{op.namespace}::{op.name}", backward, setup_context=setup_context, lib=lib)
-    for order in Order:
-        grad_ops(op, order)
+
+    def out_autograd(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        # As aten's out= ops: not differentiable, and said so at the call rather than at backward().
+        if torch.is_grad_enabled() and any(t.requires_grad for t in (A, B, out) if isinstance(t, torch.Tensor)):
+            raise RuntimeError(f"{op.name}.out: functions with out=... arguments don't support automatic "
+                               "differentiation, but one of the arguments requires grad: call the op without "
+                               "out= (its backward is registered)")
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, out=out)
+
+    lib.impl(f"{op.name}.out", out_autograd, "Autograd")

@@ -12,14 +12,14 @@ The package folder holds everything its build needs and nothing of this generato
                                 the backward pass's kernels included
     csrc/common/..., ptx/, ...  every header the kernels may include, copied with its relative path
     csrc/binding.cpp            the one file compiled with torch headers: TORCH_LIBRARY(<name>); its checks,
-                                launch and Meta kernels are csrc/torch/gemm_op.h (as the JIT runtime's)
-    <name>/__init__.py          loads the extension; one Python function per op, with a docstring; the
-                                autograd formula of every op
+                                launch, Meta and Autograd kernels are csrc/torch/gemm_op.h (as the JIT
+                                runtime's)
+    <name>/__init__.py          loads the extension; one Python function per op, with a docstring
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
     README.md, MANIFEST.in, .gitignore
 
-Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.autograd``): dA = dD @ B.t()
-and dB = A.t() @ dD by kernels of the package, with the layouts ``generator.backward`` derives for a
+Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.autograd``, in C++ in
+gemm_op.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels of the package, with the layouts ``generator.backward`` derives for a
 row-major and a column-major dD. Those kernels are private ops of the package (``_grad_<kernel>``), and
 so are the kernels of their own backward (double backward): ``backward_closure``, at most eight kernels
 per dtype, architecture and family, deduplicated by kernel name.
@@ -170,8 +170,8 @@ class EmittedOp:
         flip = {"t": "n", "n": "t"}
         return {
             "name": self.name,
-            # op names of dA and dB per storage order of dD, for the autograd table of __init__.py
-            "grads": _grad_op_names(cfg) if autograd else None,
+            # per storage order of dD: the ops computing dA and dB, for the autograd specs of binding.cpp
+            "grads": _grads(cfg) if autograd else None,
             "qualname": f"torch.ops.{package}.{self.name}",
             "kernel": cfg.name,
             "arch": cfg.arch,
@@ -222,9 +222,15 @@ class EmittedOp:
         return record
 
 
-def _grad_op_names(cfg: KernelConfig) -> dict[str, tuple[str, str]]:
-    """{"row" | "col": (the op computing dA, the op computing dB)} for a dD stored in that order."""
-    return {order.value: tuple(grad_op_name(c) for c in backward_configs(cfg, order)) for order in Order}
+def _grads(cfg: KernelConfig) -> dict[str, dict[str, Any]]:
+    """{"row" | "col": the op computing dA ("a") and dB ("b") for a dD stored in that order, and the
+    storage orders in which they take B.t() ("a_b_row") and A.t() ("b_a_row"): True = row-major}."""
+    grads: dict[str, dict[str, Any]] = {}
+    for order in Order:
+        grad_a, grad_b = backward_configs(cfg, order)
+        grads[order.value] = {"a": grad_op_name(grad_a), "b": grad_op_name(grad_b),
+                              "a_b_row": grad_a.layout.b is Order.row, "b_a_row": grad_b.layout.a is Order.row}
+    return grads
 
 
 def backward_ops(ops: Sequence[EmittedOp]) -> list[EmittedOp]:

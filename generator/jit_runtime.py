@@ -44,6 +44,15 @@ class JitOpSpec(ctypes.Structure):
                 ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p)]
 
 
+class JitAutogradSpec(ctypes.Structure):
+    """Mirror of ``JitAutogradSpec`` in templates/torch/jit_runtime.cpp. Index 0 of each pair: a
+    row-major dD; 1: column-major."""
+
+    _fields_ = [("ns", ctypes.c_char_p), ("op", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
+                ("grad_a", ctypes.c_char_p * 2), ("grad_b", ctypes.c_char_p * 2),
+                ("grad_a_b_row", ctypes.c_int * 2), ("grad_b_a_row", ctypes.c_int * 2)]
+
+
 def torch_flags() -> tuple[str, ...]:
     """nvcc flags to compile and link C++ against the installed torch (what torch.utils.cpp_extension
     would add, without importing it): its headers, its C++ ABI, its libraries and an rpath to them."""
@@ -72,16 +81,19 @@ class _Runtime:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._register: ctypes._CFuncPtr | None = None
+        self._register_autograd: ctypes._CFuncPtr | None = None
         self.failure: str | None = None
 
     def load(self, library: Path) -> None:
         """Load the built runtime (idempotent)."""
         with self._lock:
             if self._register is None:
-                register = ctypes.CDLL(str(library))["gemmgen_register_cuda_kernels"]
+                dll = ctypes.CDLL(str(library))
+                register, register_autograd = dll["gemmgen_register_cuda_kernels"], dll["gemmgen_register_autograd"]
                 register.argtypes = [ctypes.POINTER(JitOpSpec), ctypes.c_char_p, ctypes.c_size_t]
-                register.restype = ctypes.c_int
-                self._register = register
+                register_autograd.argtypes = [ctypes.POINTER(JitAutogradSpec), ctypes.c_char_p, ctypes.c_size_t]
+                register.restype = register_autograd.restype = ctypes.c_int
+                self._register, self._register_autograd = register, register_autograd
                 self.failure = None
 
     def fail(self, reason: str) -> None:
@@ -125,11 +137,32 @@ class _Runtime:
             layout_b_flipped=_other_layout(cfg.layout.blas, "B").encode(),
             launch=ctypes.cast(library.launch, ctypes.c_void_p).value,
             error_string=ctypes.cast(library.error_string, ctypes.c_void_p).value)
-        error = ctypes.create_string_buffer(ERROR_BUFFER_BYTES)
-        if self._register(ctypes.byref(spec), error, ERROR_BUFFER_BYTES) != 0:
-            raise RuntimeError(f"gemmgen JIT runtime: registering {op.namespace}::{op.name} failed: "
-                               f"{error.value.decode(errors='replace')}")
+        _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
+
+    def register_autograd(self, op: GemmOp) -> bool:
+        """Register gemm_op.h's autograd formula as ``op``'s Autograd kernel (and .out's refusal of grad),
+        with the backward ops of ``generator.backward``; False if there is no runtime."""
+        if not self.ensure():
+            return False
+        from .backward import backward_configs
+        from .types import Order
+
+        pairs = [backward_configs(op.config, order) for order in (Order.row, Order.col)]
+        spec = JitAutogradSpec(
+            ns=op.namespace.encode(), op=op.name.encode(), dtype=op.config.dtype.value.encode(),
+            grad_a=(ctypes.c_char_p * 2)(*(a.name.encode() for a, _ in pairs)),
+            grad_b=(ctypes.c_char_p * 2)(*(b.name.encode() for _, b in pairs)),
+            grad_a_b_row=(ctypes.c_int * 2)(*(int(a.layout.b is Order.row) for a, _ in pairs)),
+            grad_b_a_row=(ctypes.c_int * 2)(*(int(b.layout.a is Order.row) for _, b in pairs)))
+        _call(self._register_autograd, spec, f"registering the autograd formula of {op.namespace}::{op.name}")
+        return True
+
+
+def _call(register: ctypes._CFuncPtr, spec: ctypes.Structure, what: str) -> None:
+    error = ctypes.create_string_buffer(ERROR_BUFFER_BYTES)
+    if register(ctypes.byref(spec), error, ERROR_BUFFER_BYTES) != 0:
+        raise RuntimeError(f"gemmgen JIT runtime: {what} failed: {error.value.decode(errors='replace')}")
 
 
 RUNTIME = _Runtime()

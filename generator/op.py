@@ -111,6 +111,8 @@ class GemmOp:
         self._library_lock = threading.Lock()
         #: Whether CUDA calls reach the C++ kernel of the JIT runtime (else this class's Python path).
         self.cpp_kernel = False
+        #: Whether its autograd formula is the JIT runtime's C++ one (else generator.autograd's Python one).
+        self.cpp_autograd = False
         self.namespace = namespace
         self.name = config.name
         self.dtype = TORCH_DTYPES[config.dtype]
@@ -331,6 +333,7 @@ def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
 def _register(op: GemmOp, library: KernelLibrary | None) -> None:
     qualname = f"{op.namespace}::{op.name}"
     if qualname in _LIBRARIES:  # the same kernel compiled again: the first registration serves it
+        op.cpp_autograd = _LIBRARIES[qualname][1].cpp_autograd
         if library is not None:
             op._attach(library)   # and the first handle, if it was registered unbuilt (a backward op)
         return
@@ -363,17 +366,6 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
             return out.copy_(default(A, B))
 
         lib.impl(f"{op.name}.out", out_decomposition, "CompositeImplicitAutograd")
-
-        def out_autograd(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-            # As aten's out= ops: not differentiable, and said so at the call rather than at backward().
-            if torch.is_grad_enabled() and any(t.requires_grad for t in (A, B, out) if isinstance(t, torch.Tensor)):
-                raise RuntimeError(f"{op.name}.out: functions with out=... arguments don't support automatic "
-                                   "differentiation, but one of the arguments requires grad: call the op without "
-                                   "out= (its backward is registered)")
-            with torch._C._AutoDispatchBelowAutograd():
-                return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, out=out)
-
-        lib.impl(f"{op.name}.out", out_autograd, "Autograd")
 
         from .autograd import register_autograd
 

@@ -1,5 +1,5 @@
-"""Where the time of a small GEMM goes: the JIT op (the JIT runtime's C++ checks, and its Python path:
-checks + ctypes), the emitted op (the same C++ checks), the kernel library called directly, and the
+"""Where the time of a small GEMM goes: the JIT op (the JIT runtime's C++ checks and autograd kernel, also
+recording a graph node, and its Python path: checks + ctypes), the emitted op (the same C++ checks), the kernel library called directly, and the
 kernel alone (CUDA graph replay), next to torch.matmul. Writes $OUT/overhead.json.
 
     python3 gpu/overhead.py
@@ -62,8 +62,11 @@ def main() -> None:
         # launch on a stream fixed beforehand would run outside the graph (and time nothing).
         raw = lambda: launch(ctypes.byref(args), torch.cuda.current_stream().cuda_stream)  # noqa: E731
         assert torch.equal(op(a, b), emitted(a, b))
-        assert op.cpp_kernel, "the JIT runtime did not load: the jit op column would time the Python path"
+        assert op.cpp_kernel and op.cpp_autograd, "the JIT runtime did not load: the jit op column would time Python"
+        a_grad = a.detach().requires_grad_()
         calls = {"torch.matmul": lambda: torch.matmul(a, b), "jit op": lambda: op(a, b),
+                 # a forward that records the autograd node (training)
+                 "jit op, A requires grad": lambda: op(a_grad, b),
                  # the Python path that serves when the JIT runtime is missing (checks + ctypes, no dispatcher)
                  "jit python path": lambda: op.run(a, b, None),
                  "emitted op": lambda: emitted(a, b), "emitted .out": lambda: emitted(a, b, out=d),

@@ -6,7 +6,9 @@ Two kinds of op appear here:
   FakeTensorMode on cuda-device fake tensors, which needs no GPU;
 * ``ReferenceOp``: a GemmOp whose kernel library is replaced by ``torch.matmul`` on CPU tensors, registered
   through exactly the same code (``op._register``: schemas, tags, fake, ``.out`` decomposition, autograd
-  formula with backward ops planned from the forward config). Its argument checks are the real ones, so
+  formula with backward ops planned from the forward config). The formula is the JIT runtime's C++ one
+  (templates/torch/gemm_op.h, built here with nvcc) or, where the runtime is missing, generator.autograd's
+  Python one: the ``formula`` fixture runs the tests that differentiate through both. Its argument checks are the real ones, so
   a backward operand in the wrong storage order fails here as it would on the GPU. It lets opcheck,
   torch.compile and autograd exercise the registration on a machine without a GPU; the kernels
   themselves are checked by tests/gpu/test_torch_integration.py (opcheck on real ops needs a GPU).
@@ -24,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from generator import Gemm, KernelConfig  # noqa: E402
+from generator import Gemm, KernelConfig, jit_runtime  # noqa: E402
 from generator.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
 from generator.op import GemmOp  # noqa: E402
 from generator.types import DType, Order  # noqa: E402
@@ -39,8 +41,8 @@ class ReferenceOp(GemmOp):
 
     device_type = "cpu"
 
-    def __init__(self, config: KernelConfig) -> None:
-        super().__init__(config, library=None, namespace=NAMESPACE)
+    def __init__(self, config: KernelConfig, namespace: str = NAMESPACE) -> None:
+        super().__init__(config, library=None, namespace=namespace)
 
     def run(self, A, B, out):
         self._check(A, B)                       # dtype, device, K, and the planned storage orders
@@ -51,11 +53,28 @@ class ReferenceOp(GemmOp):
         return D
 
     def derived(self, configs):
-        return [ReferenceOp(c) for c in configs]
+        return [ReferenceOp(c, self.namespace) for c in configs]
 
 
-def reference_op(layout="tn", dtype="bf16", **kw) -> ReferenceOp:
-    return ReferenceOp(Gemm(dtype=dtype, layout=layout, arch=90, **kw).config)
+def reference_op(layout="tn", dtype="bf16", namespace=NAMESPACE, **kw) -> ReferenceOp:
+    return ReferenceOp(Gemm(dtype=dtype, layout=layout, arch=90, **kw).config, namespace)
+
+
+@pytest.fixture(params=["cpp", "python"])
+def formula(request, monkeypatch):
+    """The namespace of reference ops whose autograd formula is the C++ one or the Python fallback."""
+    if request.param == "python":
+        monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op: False)
+        return NAMESPACE + "_py"
+    if not jit_runtime.RUNTIME.ensure():
+        pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
+    return NAMESPACE
+
+
+def formula_op(namespace, layout="tn", **kw) -> ReferenceOp:
+    op = reference_op(layout, namespace=namespace, **kw)
+    assert op.cpp_autograd == (namespace == NAMESPACE)
+    return op
 
 
 def operand(rows, cols, order, dtype, device="cpu", requires_grad=False):
@@ -235,10 +254,10 @@ def test_op_copies_share_the_handle_and_pickle_by_config(real_ops):
 # -- the registration, with torch.matmul in place of the kernel --------------------------------------------
 
 @pytest.mark.parametrize("layout, dtype", list(itertools.product(("tn", "nt"), (torch.bfloat16, torch.float16))))
-def test_opcheck_on_the_registration(layout, dtype):
+def test_opcheck_on_the_registration(layout, dtype, formula):
     # opcheck on the real kernels is in tests/gpu/test_torch_integration.py; this checks our use of
     # torch.library (schema, fake, autograd registration, AOT dispatch) on CPU.
-    op = reference_op(layout, dtype)
+    op = formula_op(formula, layout, dtype=dtype)
     for m, n, k in ((64, 48, 32), (127, 33, 65)):
         a, b = operands(layout, m, n, k, dtype, requires_grad=True)
         torch.library.opcheck(op.op.default, (a, b))
@@ -265,16 +284,16 @@ class _Block(nn.Module):
         if self.via == "call":
             y = self.op(x, self.weight.t())
         else:
-            y = getattr(torch.ops.gemmgen_reference, self.op.name)(x, self.weight.t())
+            y = getattr(getattr(torch.ops, self.op.namespace), self.op.name)(x, self.weight.t())
         return torch.nn.functional.gelu(y) * 2
 
 
 @pytest.mark.parametrize("via", ["call", "torch.ops"])
-def test_compile_fullgraph_dynamic_m_compiles_once(via):
+def test_compile_fullgraph_dynamic_m_compiles_once(via, formula):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     torch._dynamo.reset()
-    block = _Block(reference_op("tn"), via)
+    block = _Block(formula_op(formula, "tn"), via)
     counter = CompileCounterWithBackend("aot_eager")
     compiled = torch.compile(block, backend=counter, fullgraph=True)
     with torch.no_grad():
@@ -309,8 +328,8 @@ def test_compile_fullgraph_out_overload():
     assert torch.equal(torch.compile(f, backend="aot_eager", fullgraph=True)(a, b), f(a, b))
 
 
-def test_out_overload_refuses_grad_like_aten():
-    op = reference_op("tn")
+def test_out_overload_refuses_grad_like_aten(formula):
+    op = formula_op(formula, "tn")
     a, b = operands("tn", 8, 8, 8, torch.bfloat16, requires_grad=True)
     with pytest.raises(RuntimeError, match="don't support automatic differentiation"):
         op(a, b, out=torch.empty(8, 8, dtype=torch.bfloat16))
@@ -332,10 +351,10 @@ def _upstream(kind, m, n, dtype):
 
 
 @pytest.mark.parametrize("layout, layout_c, out_dtype", list(itertools.product(LAYOUTS, ("row", "col"), (None, "fp32"))))
-def test_autograd_matches_float64(layout, layout_c, out_dtype):
+def test_autograd_matches_float64(layout, layout_c, out_dtype, formula):
     # gradcheck needs float64 and the kernels take fp16/bf16 only: compare against a float64 reference.
     dtype = torch.bfloat16
-    op = reference_op(layout, layout_c=layout_c, out_dtype=out_dtype)
+    op = formula_op(formula, layout, layout_c=layout_c, out_dtype=out_dtype)
     for (m, n, k), kind in itertools.product(((64, 48, 32), (37, 19, 23), (1, 5, 7)), GRADS):
         a, b = operands(layout, m, n, k, dtype, requires_grad=True)
         a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
@@ -348,6 +367,19 @@ def test_autograd_matches_float64(layout, layout_c, out_dtype):
             assert rel(got, ref) <= BOUND[dtype], (layout, layout_c, out_dtype, m, n, k, kind)
 
 
+def test_a_graph_node_only_where_a_gradient_is_wanted(formula):
+    op = formula_op(formula, "tn")
+    a, b = operands("tn", 8, 6, 4, torch.bfloat16, requires_grad=True)
+    node = op(a, b).grad_fn
+    assert node is not None and (formula != NAMESPACE or "GemmFunction" in node.name())
+    with torch.no_grad():
+        assert op(a, b).grad_fn is None
+    assert op(a.detach(), b.detach()).grad_fn is None
+    only_b = op(a.detach(), b)
+    only_b.float().sum().backward()
+    assert b.grad is not None and b.grad.shape == b.shape
+
+
 def test_backward_ops_are_made_once_per_gradient_order():
     op = reference_op("tt")
     first = grad_ops(op, Order.row)
@@ -358,8 +390,8 @@ def test_backward_ops_are_made_once_per_gradient_order():
     assert [o.config.layout.tag for o in first] == ["tn", "nt"]
 
 
-def test_double_backward():
-    op = reference_op("tn")
+def test_double_backward(formula):
+    op = formula_op(formula, "tn")
     a, b = operands("tn", 16, 8, 12, torch.bfloat16, requires_grad=True)
     (grad_a,) = torch.autograd.grad(op(a, b).float().pow(2).sum(), a, create_graph=True)
     grad_a.float().sum().backward()

@@ -261,15 +261,24 @@ def test_emit_needs_plans(tmp_path):
 
 # -- autograd -----------------------------------------------------------------------------------------
 
-def grads_table(init_text: str) -> dict[str, tuple[str, dict[str, tuple[str, str]]]]:
-    """The _GRADS table of an emitted __init__.py, evaluated with dtype names for torch's dtypes."""
-    import ast
-    from types import SimpleNamespace
+_AUTOGRAD_SPEC = re.compile(
+    r'const AutogradSpec kgrad_(\w+) = \{\n\s+/\*ns=\*/"(\w+)",\n\s+/\*op=\*/"(\w+)",\n'
+    r'\s+/\*dtype=\*/c10::ScalarType::(\w+),\n'
+    r'\s+/\*grad_a=\*/\{"(\w+)", "(\w+)"\},\n\s+/\*grad_b=\*/\{"(\w+)", "(\w+)"\},\n'
+    r'\s+/\*grad_a_b_row=\*/\{(true|false), (true|false)\},\n\s+/\*grad_b_a_row=\*/\{(true|false), (true|false)\},\n\};')
 
-    node = next(n for n in ast.parse(init_text).body
-                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "_GRADS")
-    dtypes = SimpleNamespace(bfloat16="bf16", float16="fp16")
-    return eval(compile(ast.Expression(node.value), "_GRADS", "eval"), {"_torch": dtypes})  # noqa: S307
+
+def autograd_specs(binding: str) -> dict[str, dict]:
+    """The AutogradSpec table of an emitted binding.cpp: op -> dtype, and per storage order of dD the ops
+    computing dA and dB with the orders they take B.t() and A.t() in."""
+    specs = {}
+    for m in _AUTOGRAD_SPEC.finditer(binding):
+        var, _ns, op, dtype, ga_row, ga_col, gb_row, gb_col, abr_row, abr_col, bar_row, bar_col = m.groups()
+        assert var == op
+        specs[op] = {"dtype": {"BFloat16": "bf16", "Half": "fp16"}[dtype],
+                     "row": (ga_row, gb_row, abr_row == "true", bar_row == "true"),
+                     "col": (ga_col, gb_col, abr_col == "true", bar_col == "true")}
+    return specs
 
 
 def test_backward_ops_are_emitted_for_both_gradient_orders_and_double_backward(tmp_path):
@@ -291,16 +300,19 @@ def test_backward_ops_are_emitted_for_both_gradient_orders_and_double_backward(t
         assert f"/*launch=*/{kernel}_launch," in binding
     init = files["my_gemms/__init__.py"].decode()
     assert "AUTOGRAD = True" in init and '__all__ = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]' in init
-    assert "_torch.library.register_autograd(" in init
-    table = grads_table(init)
+    table = autograd_specs(binding)
     # every op is differentiable, the backward ops too (double backward), with gemmgen's layouts
     assert set(table) == {"gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol", *(f"_grad_{k}" for k in closure)}
     configs = {"gemm_bf16_tn": plans[0].config, "gemm_fp16_nt_ofp32_dcol": plans[1].config,
                **{f"_grad_{k}": c for k, c in closure.items()}}
-    for op, (dtype, grads) in table.items():
-        assert dtype == configs[op].dtype.value
+    for op, spec in table.items():
+        assert spec["dtype"] == configs[op].dtype.value
         for order in Order:
-            assert grads[order.value] == tuple(f"_grad_{c.name}" for c in backward_configs(configs[op], order)), op
+            grad_a, grad_b = backward_configs(configs[op], order)
+            assert spec[order.value] == (f"_grad_{grad_a.name}", f"_grad_{grad_b.name}", grad_a.layout.b is Order.row,
+                                         grad_b.layout.a is Order.row), (op, order)
+        assert f'm.impl("{op}", GemmAutogradKernel{{&kgrad_{op}}});' in binding
+        assert f'm.impl("{op}.out", GemmOutAutogradKernel{{&kgrad_{op}}});' in binding
     record = json.loads(files["plans.json"])
     assert record["autograd"] is True and record["backward_kernels"] == sorted(closure)
     readme = files["README.md"].decode()
@@ -327,7 +339,8 @@ def test_no_autograd_leaves_the_backward_out(tmp_path):
     assert sorted(rel for rel in files if rel.endswith(".cu")) == sorted(f"csrc/{p.name}.cu" for p in plans)
     assert not [rel for rel, data in files.items() if b"_grad_" in data], "backward ops in a --no-autograd package"
     init = files["my_gemms/__init__.py"].decode()
-    assert "AUTOGRAD = False" in init and "register_autograd" not in init
+    binding = files["csrc/binding.cpp"].decode()
+    assert "AUTOGRAD = False" in init and "AutogradSpec" not in binding and ", Autograd, m)" not in binding
     compile(init, "__init__.py", "exec")
     record = json.loads(files["plans.json"])
     assert record["autograd"] is False and record["backward_kernels"] == []
@@ -346,15 +359,24 @@ def test_no_autograd_leaves_the_backward_out(tmp_path):
         emit(plans, name="my_gemms", out=tmp_path / "bad", autograd="no")
 
 
-#: The compiled extension's stand-in for test_autograd_formula_on_cpu: the same schemas, torch.matmul on CPU in
-#: place of the kernels, and the kernels' dtype and storage-order checks, so a backward op called with an operand
-#: in the wrong order (or dtype) fails as it would on the GPU.
-STAND_IN = '''
-import torch
+#: Kernel entry points for a binding built without its kernels: every launch fails, so a CUDA call would say so;
+#: the CPU kernels below stand in for them.
+STUB_KERNELS = """#include "common/gemm_args.h"
+extern "C" {{
+{stubs}
+}}
+"""
+STUB_KERNEL = ('int {k}_launch(const GemmArgs*, void*) {{ return 1; }}\n'
+               'const char* {k}_error_string(int) {{ return "a stub kernel (test_emit)"; }}')
 
+#: After `import <package>` (the real binding, stub kernels): CPU kernels with torch.matmul in place of the
+#: kernels, and the kernels' dtype and storage-order checks, so a backward op called with an operand in the
+#: wrong order (or dtype) fails as it would on the GPU. The CPU key takes CPU tensors before the binding's
+#: CompositeExplicitAutograd kernel; the Autograd kernels stay the binding's.
+CPU_KERNELS = '''
 SPECS = {specs!r}  # op -> (dtype, out dtype, A order, B order, D order)
 DTYPES = {{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}}
-_LIB = torch.library.Library({name!r}, "DEF")
+_LIB = torch.library.Library({name!r}, "IMPL")
 
 
 def _stored(t, order):
@@ -376,11 +398,8 @@ def _run(op, A, B):
 
 
 for _op in SPECS:
-    _LIB.define(f"{{_op}}(Tensor A, Tensor B) -> Tensor")
-    _LIB.define(f"{{_op}}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
-    _LIB.impl(_op, (lambda op: lambda A, B: _run(op, A, B))(_op), "CompositeExplicitAutograd")
-    _LIB.impl(f"{{_op}}.out", (lambda op: lambda A, B, out: out.copy_(_run(op, A, B)))(_op),
-              "CompositeExplicitAutograd")
+    _LIB.impl(_op, (lambda op: lambda A, B: _run(op, A, B))(_op), "CPU")
+    _LIB.impl(f"{{_op}}.out", (lambda op: lambda A, B, out: out.copy_(_run(op, A, B)))(_op), "CPU")
 '''
 
 AUTOGRAD_CHECK = '''
@@ -391,11 +410,13 @@ import torch
 import {name} as pkg
 
 assert "generator" not in sys.modules and pkg.AUTOGRAD is True
-has = torch._C._dispatch_has_kernel_for_dispatch_key
-for op in pkg._GRADS:  # every op, the private backward ops included, has the formula; .out refuses grad
-    assert has("{name}::" + op, "Autograd") and has("{name}::" + op + ".out", "Autograd"), op
+{cpu_kernels}
+dump = torch._C._dispatch_dump
+for op in SPECS:  # every op, the private backward ops included, has the binding's formula; .out refuses grad
+    for overload in (op, op + ".out"):
+        assert "Autograd[alias]: registered at" in dump("{name}::" + overload), dump("{name}::" + overload)
+        assert "binding.cpp" in dump("{name}::" + overload).split("Autograd[alias]: registered at")[1].split("\\n")[0]
 BOUND = {{torch.bfloat16: 1e-2, torch.float16: 5e-3}}
-DTYPES = {{"bf16": torch.bfloat16, "fp16": torch.float16}}
 
 
 def operand(rows, cols, order, dtype):
@@ -461,31 +482,49 @@ for op, plan in pkg.PLANS.items():
         raise SystemExit(op + ".out accepted inputs that require grad")
     with torch.no_grad():
         assert fn(a, b, out=out) is out
+        assert fn(a, b).grad_fn is None
 print("AUTOGRAD OK")
 '''
 
 
-def test_autograd_formula_on_cpu(tmp_path):
-    """The emitted __init__.py's autograd registration, run with stand-in kernels on CPU: every op and backward op
-    gets an Autograd kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward
-    match float64; .out refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
+def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
+    """The emitted binding's autograd (gemm_op.h's C++ formula, registered by binding.cpp for every op), built here
+    with stub kernels and run with CPU stand-in kernels: every op and backward op gets the binding's Autograd
+    kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward match float64; .out
+    refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
     pytest.importorskip("torch")
+    from generator.build import BuildError, nvcc_path
+    from generator.jit_runtime import torch_flags
+
+    try:
+        nvcc = nvcc_path()
+    except BuildError as err:
+        pytest.skip(f"no nvcc to build the binding: {err}")
+    import sysconfig
+
     name = "gemmgen_autograd_cpu"
     plans = [*two_plans(), Gemm("bf16", "nn", arch=80), Gemm("fp16", "tt", arch=90)]
     ops = resolve_ops(plans)
+    all_ops = [*ops, *backward_ops(ops)]
     pkg = emit(plans, name=name, out=tmp_path / "pkg")
     site = tmp_path / "site" / name
     site.mkdir(parents=True)
     shutil.copy(pkg / name / "__init__.py", site / "__init__.py")
+    kernels = sorted({op.config.name for op in all_ops})
+    (pkg / "csrc" / "stubs.cpp").write_text(STUB_KERNELS.format(stubs="\n".join(STUB_KERNEL.format(k=k) for k in kernels)))
+    build = subprocess.run([nvcc, "-std=c++20", "-shared", "-Xcompiler", "-fPIC", f"-I{pkg / 'csrc'}",
+                            f"-I{sysconfig.get_paths()['include']}", *torch_flags(), str(pkg / "csrc" / "binding.cpp"),
+                            str(pkg / "csrc" / "stubs.cpp"), "-o", str(site / "_C.so")],
+                           capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
     specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
-                       op.config.layout.b.value, op.config.layout.c.value) for op in [*ops, *backward_ops(ops)]}
-    (site / "_C.py").write_text(STAND_IN.format(specs=specs, name=name))
+                       op.config.layout.b.value, op.config.layout.c.value) for op in all_ops}
     fake = tmp_path / "no_generator" / "generator"   # the package must not need gemmgen
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('raise ImportError("generator is hidden for this test")\n')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site.parent), str(fake.parent)]))
-    r = subprocess.run([sys.executable, "-c", AUTOGRAD_CHECK.format(name=name)], cwd=tmp_path, env=env,
-                       capture_output=True, text=True, timeout=300)
+    code = AUTOGRAD_CHECK.format(name=name, cpu_kernels=CPU_KERNELS.format(specs=specs, name=name))
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "AUTOGRAD OK" in r.stdout
 

@@ -1,6 +1,7 @@
 """The JIT runtime on a machine without a GPU: it builds with the first kernel, registers each JIT op's
-C++ CUDA kernel (templates/torch/gemm_op.h, the emitted packages' code) beside the Python path, says the
-same as the Python checks, and its absence costs a warning, never an op.
+C++ CUDA kernel and autograd formula (templates/torch/gemm_op.h, the emitted packages' code) beside the
+Python path, says the same as the Python checks, and its absence costs a warning, never an op. (The C++
+formula itself is run by tests/test_autograd_cpu.py, on CPU stand-in kernels.)
 
 The C++ kernel is reached without a GPU by redispatching straight to the CUDA key with CPU tensors: its
 checks run A's rank, dtype and device first, so those are exercised here (B's checks and the rest come
@@ -24,19 +25,21 @@ def op(build_cache):
     return Gemm(dtype="bf16", layout="tn", arch=90, namespace="gemmgen_rt").compile()
 
 
-def cuda_kernel_source(qualname: str) -> str | None:
-    """The file that registered the op's CUDA kernel, from the dispatcher's own table."""
+def cuda_kernel_source(qualname: str, key: str = "CUDA") -> str | None:
+    """The file that registered the op's kernel for ``key`` (CUDA, or Autograd[alias]), from the
+    dispatcher's own table."""
     for line in torch._C._dispatch_dump(qualname).splitlines():
-        if line.startswith("CUDA: registered at "):
-            return line.removeprefix("CUDA: registered at ")
+        if line.startswith(f"{key}: registered at "):
+            return line.removeprefix(f"{key}: registered at ")
     return None
 
 
-def test_compile_registers_the_cpp_cuda_kernel(op):
-    assert op.cpp_kernel and jit_runtime.RUNTIME.failure is None
+def test_compile_registers_the_cpp_cuda_kernel_and_autograd(op):
+    assert op.cpp_kernel and op.cpp_autograd and jit_runtime.RUNTIME.failure is None
     for overload in ("", ".out"):
-        where = cuda_kernel_source(f"gemmgen_rt::{op.name}{overload}")
-        assert where is not None and "jit_runtime.cpp" in where, where
+        for key in ("CUDA", "Autograd[alias]"):
+            where = cuda_kernel_source(f"gemmgen_rt::{op.name}{overload}", key)
+            assert where is not None and "jit_runtime.cpp" in where, (key, where)
     # the other keys stay Python's: CPU tensors hear the Python checks, meta tensors the fake
     assert "op.py" in torch._C._dispatch_dump(f"gemmgen_rt::{op.name}").split("CompositeExplicitAutograd")[1]
 
@@ -67,6 +70,7 @@ def test_cpp_checks_say_what_the_python_checks_say(op, case):
 def test_an_op_built_on_first_use_gets_its_cpp_kernel_then(op):
     lazy = registered_op(Gemm("bf16", "nt", arch=90).config, "gemmgen_rt")
     assert not lazy.built and not lazy.cpp_kernel and cuda_kernel_source(f"gemmgen_rt::{lazy.name}") is None
+    assert lazy.cpp_autograd   # the formula is registered with the op, before any build
     lazy.library  # noqa: B018  (the first launch's build)
     assert lazy.cpp_kernel and "jit_runtime.cpp" in cuda_kernel_source(f"gemmgen_rt::{lazy.name}")
     again = compile_op(lazy.config, namespace="gemmgen_rt")   # a second compile registers nothing twice
@@ -95,7 +99,9 @@ def test_without_the_runtime_ops_still_work_and_a_warning_says_why(build_cache, 
     monkeypatch.setattr(jit_runtime, "runtime_request", lambda: bad)
     with pytest.warns(RuntimeWarning, match="JIT runtime .* did not build.*results are the same"):
         op = Gemm(dtype="fp16", layout="tn", arch=90, namespace="gemmgen_rt_none").compile()
-    assert not op.cpp_kernel and op.built and "#error no" in broken.failure
+    assert not op.cpp_kernel and not op.cpp_autograd and op.built and "#error no" in broken.failure
     assert cuda_kernel_source(f"gemmgen_rt_none::{op.name}") is None
+    autograd = cuda_kernel_source(f"gemmgen_rt_none::{op.name}", "Autograd[alias]")
+    assert autograd is not None and "jit_runtime.cpp" not in autograd   # the Python formula
     with pytest.raises(ValueError, match=r"pass A\.cuda\(\)"):   # the Python path serves every key
         op(torch.randn(4, 8).half(), torch.randn(4, 8).half().t())

@@ -8,6 +8,8 @@
 // (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
 // fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
 // Python (generator/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
+// gemmgen_register_autograd likewise registers gemm_op.h's autograd formula for every op when it is
+// defined, so a call that needs no gradient does not go through Python either.
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -75,17 +77,48 @@ void register_op(const JitOpSpec& in) {
   entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});
 }
 
-}  // namespace
+// What generator/jit_runtime.py passes for one op's autograd formula (its mirror is JitAutogradSpec).
+struct JitAutogradSpec {
+  const char* ns;
+  const char* op;
+  const char* dtype;      // of A and B: "fp16" | "bf16"
+  const char* grad_a[2];  // per storage order of dD (row, col): the op computing dA
+  const char* grad_b[2];  // and dB
+  int grad_a_b_row[2];    // the storage order in which grad_a takes B.t(): 1 = row-major
+  int grad_b_a_row[2];    // and grad_b A.t()
+};
 
-extern "C" {
+struct RegisteredAutograd {
+  std::string ns, op, grad_a[2], grad_b[2];
+  gemmgen::AutogradSpec spec{};
+  torch::Library* library = nullptr;
+};
 
-// Registers the CUDA kernels of torch.ops.<ns>.<op> and .out (the schemas must be defined already).
-// Returns 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
-__attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const JitOpSpec* spec, char* error,
-                                                                          size_t error_size) {
+void register_autograd(const JitAutogradSpec& in) {
+  TORCH_CHECK_VALUE(in.ns && in.op && in.dtype && in.grad_a[0] && in.grad_a[1] && in.grad_b[0] && in.grad_b[1],
+                    "gemmgen JIT runtime: incomplete autograd spec");
+  // Never freed, as the kernels' specs (see register_op).
+  auto* entry = new RegisteredAutograd{in.ns, in.op, {in.grad_a[0], in.grad_a[1]}, {in.grad_b[0], in.grad_b[1]}};
+  gemmgen::AutogradSpec& spec = entry->spec;
+  spec.ns = entry->ns.c_str();
+  spec.op = entry->op.c_str();
+  spec.dtype = scalar_type(in.dtype);
+  for (int order = 0; order < 2; ++order) {
+    spec.grad_a[order] = entry->grad_a[order].c_str();
+    spec.grad_b[order] = entry->grad_b[order].c_str();
+    spec.grad_a_b_row[order] = in.grad_a_b_row[order] != 0;
+    spec.grad_b_a_row[order] = in.grad_b_a_row[order] != 0;
+  }
+  entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::Autograd, __FILE__, __LINE__);
+  entry->library->impl(entry->op.c_str(), gemmgen::GemmAutogradKernel{&spec});
+  entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutAutogradKernel{&spec});
+}
+
+// Runs one registration; 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
+template <class Registration>
+int report_errors(Registration&& registration, char* error, size_t error_size) {
   try {
-    TORCH_CHECK_VALUE(spec != nullptr, "gemmgen JIT runtime: no op spec");
-    register_op(*spec);
+    registration();
     return 0;
   } catch (const c10::Error& e) {
     std::strncpy(error, e.what_without_backtrace(), error_size);
@@ -94,6 +127,34 @@ __attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const J
   }
   if (error_size > 0) error[error_size - 1] = '\0';
   return 1;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Registers the CUDA kernels of torch.ops.<ns>.<op> and .out (the schemas must be defined already).
+// Returns 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
+__attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const JitOpSpec* spec, char* error,
+                                                                          size_t error_size) {
+  return report_errors(
+      [spec] {
+        TORCH_CHECK_VALUE(spec != nullptr, "gemmgen JIT runtime: no op spec");
+        register_op(*spec);
+      },
+      error, error_size);
+}
+
+// Registers the Autograd kernels of torch.ops.<ns>.<op> (the formula) and .out (refuses grad), as
+// gemmgen_register_cuda_kernels does the CUDA ones.
+__attribute__((visibility("default"))) int gemmgen_register_autograd(const JitAutogradSpec* spec, char* error,
+                                                                      size_t error_size) {
+  return report_errors(
+      [spec] {
+        TORCH_CHECK_VALUE(spec != nullptr, "gemmgen JIT runtime: no autograd spec");
+        register_autograd(*spec);
+      },
+      error, error_size);
 }
 
 }  // extern "C"

@@ -71,3 +71,29 @@ def test_cpp_kernel_says_what_the_python_path_says(ops):
     }
     for case, out in bad_outs.items():
         assert _error(lambda: op(a, b, out=out)) == _error(lambda: op.run(a, b, out)), case
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_cpp_autograd_matches_the_python_formula(ops, layout, monkeypatch):
+    """The C++ formula (gemm_op.h) and generator.autograd's Python fallback run the same kernels on the same
+    operands: bit-equal gradients, for a row-major, a column-major and an expanded dD."""
+    from generator import jit_runtime
+    from generator.op import compile_op
+
+    op = ops[layout]
+    assert op.cpp_autograd
+    monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op: False)
+    python = compile_op(op.config, namespace="gemmgen_python_formula")
+    assert not python.cpp_autograd
+    a_row, b_row = op.config.layout.a.value == "row", op.config.layout.b.value == "row"
+    m, n, k = 333, 200, 96
+    for kind in ("row", "col", "expanded"):
+        a, b = operand(m, k, a_row), operand(k, n, b_row)
+        g = {"row": torch.randn(m, n, device="cuda"), "col": torch.randn(n, m, device="cuda").t(),
+             "expanded": torch.randn((), device="cuda").expand(m, n)}[kind].bfloat16()
+        grads = []
+        for which in (op, python):
+            x, y = a.clone().requires_grad_(), b.clone().requires_grad_()
+            which(x, y).backward(g)
+            grads.append((x.grad, y.grad))
+        assert torch.equal(grads[0][0], grads[1][0]) and torch.equal(grads[0][1], grads[1][1]), (layout, kind)

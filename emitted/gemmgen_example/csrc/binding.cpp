@@ -5,8 +5,8 @@
 //   gemm_bf16_tn: kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90), bf16 -> bf16, A row-major, B col-major, D row-major
 //   gemm_fp16_nn: kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80), fp16 -> fp16, A col-major, B col-major, D row-major
 //
-// The backward pass's ops (private: gemmgen_example/__init__.py registers the autograd formula that calls them),
-// one per kernel that dA, dB and their own backward need:
+// The backward pass's ops (private: the autograd formula below calls them), one per kernel that dA, dB
+// and their own backward need:
 //   _grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8: A col-major, B col-major, D row-major
 //   _grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8: A col-major, B col-major, D col-major
 //   _grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8: A col-major, B row-major, D row-major
@@ -24,9 +24,9 @@
 //   _grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m: A row-major, B row-major, D row-major
 //   _grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m: A row-major, B row-major, D col-major
 //
-// The kernels (csrc/<kernel>.cu) are plain CUDA with a C interface; the checks, the launch and the
-// dispatcher kernels are gemmgen's (csrc/torch/gemm_op.h, shared with its JIT-built ops), so every
-// operand is checked before a launch, with the same messages.
+// The kernels (csrc/<kernel>.cu) are plain CUDA with a C interface; the checks, the launch, the
+// dispatcher kernels and the autograd formula are gemmgen's (csrc/torch/gemm_op.h, shared with its JIT-built
+// ops), so every operand is checked before a launch, with the same messages.
 #include <Python.h>
 
 #include "torch/gemm_op.h"
@@ -76,6 +76,9 @@ PyMODINIT_FUNC PyInit__C(void) {
 
 namespace {
 
+using gemmgen::AutogradSpec;
+using gemmgen::GemmAutogradKernel;
+using gemmgen::GemmOutAutogradKernel;
 using gemmgen::GemmKernel;
 using gemmgen::GemmMetaKernel;
 using gemmgen::GemmOutDecompositionKernel;
@@ -427,6 +430,189 @@ const OpSpec k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m = {
     /*error_string=*/sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m_error_string,
 };
 
+
+// -- autograd: dA = dD @ B.t() and dB = A.t() @ dD by the ops below, per storage order of dD (row, col) --
+
+const AutogradSpec kgrad_gemm_bf16_tn = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"gemm_bf16_tn",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad_gemm_fp16_nn = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"gemm_fp16_nn",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8 = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8",
+    /*dtype=*/c10::ScalarType::Half,
+    /*grad_a=*/{"_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8"},
+    /*grad_b=*/{"_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8", "_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{true, true},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{true, true},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{false, false},
+};
+
+const AutogradSpec kgrad__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m = {
+    /*ns=*/"gemmgen_example",
+    /*op=*/"_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m",
+    /*dtype=*/c10::ScalarType::BFloat16,
+    /*grad_a=*/{"_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_b=*/{"_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", "_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m"},
+    /*grad_a_b_row=*/{false, false},
+    /*grad_b_a_row=*/{false, false},
+};
+
 // The ops' tags (as gemmgen's JIT ops): needs_fixed_stride_order, pt2_compliant_tag.
 const std::vector<at::Tag>& kTags = gemmgen::op_tags();
 
@@ -571,4 +757,44 @@ TORCH_LIBRARY_IMPL(gemmgen_example, Meta, m) {
   m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
   m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", GemmMetaKernel{&k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
   m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutMetaKernel{&k__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
+}
+
+// The formula for every op (the backward ops too: double backward); .out refuses grad, as aten's out= ops.
+TORCH_LIBRARY_IMPL(gemmgen_example, Autograd, m) {
+  m.impl("gemm_bf16_tn", GemmAutogradKernel{&kgrad_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.out", GemmOutAutogradKernel{&kgrad_gemm_bf16_tn});
+  m.impl("gemm_fp16_nn", GemmAutogradKernel{&kgrad_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.out", GemmOutAutogradKernel{&kgrad_gemm_fp16_nn});
+  m.impl("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_nn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_nt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_tn_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_tt_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8", GemmAutogradKernel{&kgrad__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8.out", GemmOutAutogradKernel{&kgrad__grad_sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8});
+  m.impl("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m", GemmAutogradKernel{&kgrad__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
+  m.impl("_grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m.out", GemmOutAutogradKernel{&kgrad__grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m});
 }
