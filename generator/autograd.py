@@ -75,7 +75,7 @@ def _in_order(t: torch.Tensor, order: Order) -> torch.Tensor:
 
 def register_autograd(op: GemmOp, lib: torch.library.Library) -> None:
     """Register dA/dB for the default overload of ``op``, and for ``.out`` a refusal of grad (not
-    differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_op.h) where it is
+    differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_autograd.h) where it is
     built, so that calls needing no gradient skip Python; else this module's, in Python."""
     from .jit_runtime import RUNTIME
 

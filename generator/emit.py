@@ -12,14 +12,14 @@ The package folder holds everything its build needs and nothing of this generato
                                 the backward pass's kernels included
     csrc/common/..., ptx/, ...  every header the kernels may include, copied with its relative path
     csrc/binding.cpp            the one file compiled with torch headers: TORCH_LIBRARY(<name>); its checks,
-                                launch, Meta and Autograd kernels are csrc/torch/gemm_op.h (as the JIT
-                                runtime's)
+                                launch and Meta kernels are csrc/torch/gemm_op.h, its Autograd kernels
+                                csrc/torch/gemm_autograd.h (as the JIT runtime's)
     <name>/__init__.py          loads the extension; one Python function per op, with a docstring
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
     README.md, MANIFEST.in, .gitignore
 
 Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.autograd``, in C++ in
-gemm_op.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels of the package, with the layouts ``generator.backward`` derives for a
+gemm_autograd.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels of the package, with the layouts ``generator.backward`` derives for a
 row-major and a column-major dD. Those kernels are private ops of the package (``_grad_<kernel>``), and
 so are the kernels of their own backward (double backward): ``backward_closure``, at most eight kernels
 per dtype, architecture and family, deduplicated by kernel name.

@@ -67,7 +67,7 @@ def torch_flags() -> tuple[str, ...]:
 
 
 def runtime_request() -> BuildRequest:
-    """The runtime's build: host C++ only (no gencode), keyed by its source, gemm_op.h and torch.
+    """The runtime's build: host C++ only (no gencode), keyed by its source, the headers and torch.
     C++20, as torch builds its extensions (its headers need it from torch 2.12 on)."""
     source = (templates_dir() / SOURCE).read_text()
     return BuildRequest(name=NAME, sources={Path(SOURCE).name: source}, gencode="",
@@ -141,7 +141,7 @@ class _Runtime:
         return True
 
     def register_autograd(self, op: GemmOp) -> bool:
-        """Register gemm_op.h's autograd formula as ``op``'s Autograd kernel (and .out's refusal of grad),
+        """Register gemm_autograd.h's formula as ``op``'s Autograd kernel (and .out's refusal of grad),
         with the backward ops of ``generator.backward``; False if there is no runtime."""
         if not self.ensure():
             return False

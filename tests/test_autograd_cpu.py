@@ -7,7 +7,7 @@ Two kinds of op appear here:
 * ``ReferenceOp``: a GemmOp whose kernel library is replaced by ``torch.matmul`` on CPU tensors, registered
   through exactly the same code (``op._register``: schemas, tags, fake, ``.out`` decomposition, autograd
   formula with backward ops planned from the forward config). The formula is the JIT runtime's C++ one
-  (templates/torch/gemm_op.h, built here with nvcc) or, where the runtime is missing, generator.autograd's
+  (templates/torch/gemm_autograd.h, built here with nvcc) or, where the runtime is missing, generator.autograd's
   Python one: the ``formula`` fixture runs the tests that differentiate through both. Its argument checks are the real ones, so
   a backward operand in the wrong storage order fails here as it would on the GPU. It lets opcheck,
   torch.compile and autograd exercise the registration on a machine without a GPU; the kernels

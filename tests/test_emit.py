@@ -488,7 +488,7 @@ print("AUTOGRAD OK")
 
 
 def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
-    """The emitted binding's autograd (gemm_op.h's C++ formula, registered by binding.cpp for every op), built here
+    """The emitted binding's autograd (gemm_autograd.h's C++ formula, registered by binding.cpp for every op), built here
     with stub kernels and run with CPU stand-in kernels: every op and backward op gets the binding's Autograd
     kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward match float64; .out
     refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""

@@ -1,7 +1,8 @@
 """The JIT runtime on a machine without a GPU: it builds with the first kernel, registers each JIT op's
-C++ CUDA kernel and autograd formula (templates/torch/gemm_op.h, the emitted packages' code) beside the
-Python path, says the same as the Python checks, and its absence costs a warning, never an op. (The C++
-formula itself is run by tests/test_autograd_cpu.py, on CPU stand-in kernels.)
+C++ CUDA kernel and autograd formula (templates/torch/gemm_op.h and gemm_autograd.h, the emitted
+packages' code) beside the Python path, says the same as the Python checks, and its absence costs a
+warning, never an op. (The C++ formula itself is run by tests/test_autograd_cpu.py, on CPU stand-in
+kernels.)
 
 The C++ kernel is reached without a GPU by redispatching straight to the CUDA key with CPU tensors: its
 checks run A's rank, dtype and device first, so those are exercised here (B's checks and the rest come

@@ -8,13 +8,14 @@
 // (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
 // fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
 // Python (generator/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
-// gemmgen_register_autograd likewise registers gemm_op.h's autograd formula for every op when it is
+// gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
 // defined, so a call that needs no gradient does not go through Python either.
 #include <cstddef>
 #include <cstring>
 #include <exception>
 #include <string>
 
+#include "torch/gemm_autograd.h"
 #include "torch/gemm_op.h"
 
 namespace {

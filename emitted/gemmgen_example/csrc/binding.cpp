@@ -25,11 +25,12 @@
 //   _grad_sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m: A row-major, B row-major, D col-major
 //
 // The kernels (csrc/<kernel>.cu) are plain CUDA with a C interface; the checks, the launch, the
-// dispatcher kernels and the autograd formula are gemmgen's (csrc/torch/gemm_op.h, shared with its JIT-built
-// ops), so every operand is checked before a launch, with the same messages.
+// dispatcher kernels are gemmgen's (csrc/torch/gemm_op.h, the autograd formula csrc/torch/gemm_autograd.h, shared with
+// its JIT-built ops), so every operand is checked before a launch, with the same messages.
 #include <Python.h>
 
 #include "torch/gemm_op.h"
+#include "torch/gemm_autograd.h"
 
 // The kernels' entry points (csrc/<kernel>.cu).
 extern "C" {
