@@ -502,6 +502,9 @@ def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
         pytest.skip(f"no nvcc to build the binding: {err}")
     import sysconfig
 
+    python_include = Path(sysconfig.get_paths()["include"])
+    if not (python_include / "Python.h").is_file():
+        pytest.skip(f"no Python.h under {python_include} (the binding includes it): install Python's headers")
     name = "gemmgen_autograd_cpu"
     plans = [*two_plans(), Gemm("bf16", "nn", arch=80), Gemm("fp16", "tt", arch=90)]
     ops = resolve_ops(plans)
@@ -513,7 +516,7 @@ def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
     kernels = sorted({op.config.name for op in all_ops})
     (pkg / "csrc" / "stubs.cpp").write_text(STUB_KERNELS.format(stubs="\n".join(STUB_KERNEL.format(k=k) for k in kernels)))
     build = subprocess.run([nvcc, "-std=c++20", "-shared", "-Xcompiler", "-fPIC", f"-I{pkg / 'csrc'}",
-                            f"-I{sysconfig.get_paths()['include']}", *torch_flags(), str(pkg / "csrc" / "binding.cpp"),
+                            f"-I{python_include}", *torch_flags(), str(pkg / "csrc" / "binding.cpp"),
                             str(pkg / "csrc" / "stubs.cpp"), "-o", str(site / "_C.so")],
                            capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
