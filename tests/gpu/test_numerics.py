@@ -16,13 +16,10 @@ torch = pytest.importorskip("torch")
 from generator import Gemm  # noqa: E402
 from generator.op import compile_many  # noqa: E402
 
+from gpu_cases import BOUND, DTYPES, LAYOUTS, OUT_DTYPES, RAGGED  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LAYOUTS = ("nn", "nt", "tn", "tt")
-RAGGED = (1, 7, 8, 63, 64, 65, 127, 129, 1000, 4097)
 LARGE = ((4096, 4096, 4096), (3000, 5000, 1000), (4097, 4095, 4104), (127, 8191, 4096), (8192, 1024, 2048))
 # Tiles the planner may choose (see planner.SM80_TILES), each checked with every layout.
 TILES = ((128, 256, 32), (256, 128, 32), (128, 128, 32), (128, 64, 32), (64, 128, 32), (64, 64, 32),

@@ -19,13 +19,10 @@ from generator import Gemm  # noqa: E402
 from generator.op import compile_many  # noqa: E402
 from generator.shipped import shipped_configs  # noqa: E402
 
+from gpu_cases import BOUND, DTYPES, LAYOUTS, OUT_DTYPES, RAGGED  # noqa: E402
+
 pytestmark = pytest.mark.gpu
 
-BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-OUT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-LAYOUTS = ("nn", "nt", "tn", "tt")
-RAGGED = (1, 7, 8, 63, 64, 65, 127, 129, 1000, 4097)
 # (schedule, tile, cluster): every schedule, every cluster shape, both consumer splits.
 VARIANTS = (
     ("cooperative", (128, 256, 64), (2, 1)),
