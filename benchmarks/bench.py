@@ -3,7 +3,8 @@
     python benchmarks/bench.py [--set square,llm,ragged] [--dtypes bf16,fp16] [--layout tn] [--json out.json]
     python -m generator bench ...   (the same)
 
-Times are triton.testing.do_bench medians (ms) on fresh random data; TFLOP/s = 2*M*N*K / time.
+Times are triton.testing.do_bench medians (ms) on fresh random data, measured --rounds times per row in
+alternating column order (the table has the median of the rounds); TFLOP/s = 2*M*N*K / time.
 Each shape is also checked against a float32 reference, so a fast wrong kernel cannot hide here.
 """
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -82,7 +84,17 @@ def warm_up_gpu(seconds: float = 2.0) -> None:
         torch.cuda.synchronize()
 
 
-def run(shapes, dtypes, layout, with_triton: bool) -> list[Row]:
+def timed_rounds(fns: dict, rounds: int) -> dict[str, float]:
+    """The median over ``rounds`` of each function's do_bench median, measured in alternating order
+    (A B C, then C B A, ...) so that a clock or temperature drift during a row hits every column alike."""
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+            times[name].append(bench_ms(fns[name]))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2) -> list[Row]:
     plans = {(s, d): Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2]) for s in shapes for d in dtypes}
     unique = {p.name: p.config for p in plans.values()}
     start = time.perf_counter()
@@ -100,9 +112,11 @@ def run(shapes, dtypes, layout, with_triton: bool) -> list[Row]:
         d = op(a, b)
         ref = a.float() @ b.float()
         err = ((d.float() - ref).norm() / ref.norm()).item()
-        ours = bench_ms(lambda: op(a, b))
-        cublas = bench_ms(lambda: torch.matmul(a, b))
-        tri = bench_ms(lambda: triton_matmul(a, b)) if with_triton else None
+        timed = {"ours": lambda: op(a, b), "cublas": lambda: torch.matmul(a, b)}
+        if with_triton:
+            timed["triton"] = lambda: triton_matmul(a, b)
+        ms = timed_rounds(timed, rounds)
+        ours, cublas, tri = ms["ours"], ms["cublas"], ms.get("triton")
         row = Row(m, n, k, dname, layout, plan.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),
                   tflops(m, n, k, tri) if tri else None, cublas / ours, (tri / ours) if tri else None, err)
         rows.append(row)
@@ -131,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma list of bf16, fp16")
     parser.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton column")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="do_bench medians per column and row, in alternating order; the table has their median")
     parser.add_argument("--json", default=None, help="where to write the JSON (default $OUT/bench.json or ./bench.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -145,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("TFLOP/s (do_bench median, random data)")
     print(HEADER)
-    rows = run(shapes, dtypes, args.layout, not args.no_triton)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds)
     print("\n" + HEADER)
     for r in rows:
         print(format_row(r))
