@@ -3,6 +3,7 @@
 
     python3 gpu/ab_variants.py --variant v4=-DGEMMGEN_SM80_STEADY_LOOP=0 --variant v6= \\
         [--configs sm80] [--shapes 4096x4096x4096,8192x8192x8192] [--dtype bf16] [--json $OUT/ab.json]
+    python3 gpu/ab_variants.py --configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1
 
 Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
 alternates the variants (A B A B ...) so that clock drift during the run hits both alike; each
@@ -31,16 +32,24 @@ from generator.op import GemmArgsStruct, KernelLibrary, build_request  # noqa: E
 TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 BOUND = {"bf16": 1e-2, "fp16": 5e-3}
 RAGGED = [(1, 1, 1), (7, 8, 63), (65, 129, 127), (1000, 4097, 129), (4097, 63, 1000), (129, 7, 4097),
-          (3000, 5000, 1000)]
+          (3000, 5000, 1000), (4097, 4095, 4104), (256, 512, 0)]
 
 # (tile, warps, stages): the sm80 configs the sweep found best at 4096^3 / 8192^3 (NOTES.md, v4).
 SM80_CONFIGS = [((128, 256, 32), (2, 4), 4), ((128, 256, 32), (2, 4), 3), ((128, 256, 32), (2, 4), 5),
                 ((128, 256, 64), (2, 4), 3), ((256, 128, 32), (4, 2), 4), ((128, 128, 64), (2, 2), 3)]
 
 
-def sm80_configs(dtype: str, layout: str, arch: int | None) -> list[KernelConfig]:
-    return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, warps=w, stages=s, family="sm80").config
-            for t, w, s in SM80_CONFIGS]
+# (tile, cluster, schedule, stages): the sm90 kernels the sweeps found best at 4096^3 / 8192^3 (NOTES.md, v3).
+SM90_CONFIGS = [((128, 256, 64), (2, 1), "cooperative", 4), ((128, 256, 64), (1, 2), "cooperative", 4),
+                ((256, 128, 64), (1, 2), "cooperative", 4), ((128, 256, 64), (1, 1), "cooperative", 4)]
+
+
+def family_configs(family: str, dtype: str, layout: str, arch: int | None) -> list[KernelConfig]:
+    if family == "sm80":
+        return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, warps=w, stages=s, family="sm80").config
+                for t, w, s in SM80_CONFIGS]
+    return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, cluster_shape=c, schedule=sched, stages=s,
+                 family="sm90").config for t, c, sched, s in SM90_CONFIGS]
 
 
 def operand(rows: int, cols: int, row_major: bool, dtype: torch.dtype) -> torch.Tensor:
@@ -97,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", action="append", required=True, metavar="NAME=FLAGS",
                     help="a variant: a name and its space-separated nvcc flags (may be empty); at least two")
-    ap.add_argument("--configs", default="sm80", choices=["sm80"])
+    ap.add_argument("--configs", default="sm80", choices=["sm80", "sm90"], help="which family's configs")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
     ap.add_argument("--shapes", default="4096x4096x4096,8192x8192x8192")
@@ -111,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give at least two --variant NAME=FLAGS")
     torch.backends.cuda.matmul.allow_tf32 = False
 
-    configs = sm80_configs(args.dtype, args.layout, args.arch)
+    configs = family_configs(args.configs, args.dtype, args.layout, args.arch)
     requests = [dataclasses.replace(build_request(c), extra_flags=tuple(flags.split()))
                 for flags in variants.values() for c in configs]
     t0 = time.time()

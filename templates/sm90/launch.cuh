@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -48,7 +49,7 @@ struct TensorMapType<float> {
   static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 };
 
-using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs);
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, float*);
 
 // What a tensor map encodes; equal keys give equal maps, so a launch with the same operand as the
 // last one (the common case: a layer's weight) skips the encoding.
@@ -129,6 +130,32 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
   return cudaSuccess;
 }
 
+// The stream-K workspace's memory pool on `device`: one of this library's own, which keeps up to
+// kWorkspacePoolKeepBytes between launches instead of handing memory back to the driver at every
+// synchronization (the default pool's behaviour), and leaves the process's default pool alone.
+constexpr uint64_t kWorkspacePoolKeepBytes = uint64_t(256) << 20;
+inline cudaError_t workspace_pool(int device, cudaMemPool_t* pool) {
+  static std::mutex mutex;
+  static cudaMemPool_t pools[kMaxDevices] = {};
+  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (pools[device] == nullptr) {
+    cudaMemPoolProps props = {};
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t created = nullptr;
+    cudaError_t err = cudaMemPoolCreate(&created, &props);
+    if (err != cudaSuccess) return err;
+    uint64_t keep = kWorkspacePoolKeepBytes;
+    err = cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &keep);
+    if (err != cudaSuccess) return err;
+    pools[device] = created;
+  }
+  *pool = pools[device];
+  return cudaSuccess;
+}
+
 template <class Cfg>
 inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
   using K = Kernel<Cfg>;
@@ -159,8 +186,11 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
     map_d = CachedMap{};
   }
 
-  const int64_t units = K::problem(*args).units;
-  int64_t clusters = units;
+  const auto problem = K::problem(*args);
+  const bool stream_k = K::STREAM_K && problem.k_tiles > 0;
+  // The work a cluster can take: a unit, or under stream-K one (unit, k tile) iteration.
+  const int64_t work = stream_k ? static_cast<int64_t>(problem.units) * problem.k_tiles : problem.units;
+  int64_t clusters = work;
   if (K::PERSISTENT) {
     int resident = 0;
     err = resident_clusters<K>(fast, device, &resident);
@@ -169,11 +199,30 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
     // alternate tiles. Halving its grid to give both consumers a tile leaves SMs idle whenever there
     // are fewer units than twice the SMs (512x4096 with 128x128 tiles ran on 64 of 132 SMs), and the
     // consumers of one SM share its tensor cores anyway.
-    clusters = units < resident ? units : resident;
+    clusters = work < resident ? work : resident;
   }
+  const unsigned ctas = static_cast<unsigned>(clusters * K::CLUSTER);
 
-  const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
-  err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_b.map, map_d.map, *args);
+  // Stream-K's partial sums and flags, stream-ordered: allocated, flags zeroed, used and freed in the
+  // launch's stream, so concurrent launches on other streams never share them.
+  float* workspace = nullptr;
+  if (stream_k) {
+    const size_t bytes = K::workspace_bytes(static_cast<int>(ctas));
+    cudaMemPool_t pool = nullptr;
+    err = workspace_pool(device, &pool);
+    if (err == cudaSuccess) err = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&workspace), bytes, pool, stream);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    const size_t partials = K::workspace_partials_bytes(static_cast<int>(ctas));
+    err = cudaMemsetAsync(reinterpret_cast<char*>(workspace) + partials, 0, bytes - partials, stream);
+  }
+  if (err == cudaSuccess) {
+    const ClusterLaunchConfig<K> cluster_launch(ctas, stream);
+    err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_b.map, map_d.map, *args, workspace);
+  }
+  if (workspace != nullptr) {
+    const cudaError_t freed = cudaFreeAsync(workspace, stream);
+    if (err == cudaSuccess) err = freed;
+  }
   if (err != cudaSuccess) return static_cast<int>(err);
   return static_cast<int>(cudaGetLastError());
 }

@@ -192,6 +192,23 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// ---- hand-over between CTAs through global memory (stream-K partial sums) -------------------------
+
+// Publish `value` at `flag` after every write this thread made, or observed, before it (release at
+// GPU scope: another CTA that acquires the value sees those writes).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st" (st.release.gpu).
+__device__ __forceinline__ void st_release_gpu(int* flag, int value) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(flag), "r"(value) : "memory");
+}
+
+// Read `flag`; writes published before the value it returns are visible after it (acquire, GPU scope).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld" (ld.acquire.gpu).
+__device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(flag) : "memory");
+  return value;
+}
+
 // ---- warpgroups: wgmma ordering and register reallocation ----------------------------------------
 
 // Order this warpgroup's register and shared-memory accesses before the wgmma.mma_async that follow.

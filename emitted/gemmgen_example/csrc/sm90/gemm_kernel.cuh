@@ -28,8 +28,49 @@
 #include "../common/gemm_args.h"
 #include "../ptx/sm90.cuh"
 
+// Experiment switch for A/B runs on the GPU (gpu/ab_variants.py): 1 gives the cooperative schedule a
+// stream-K partition of the work (NOTES.md, sm90 "Wave quantization"). Not yet measured; off by default.
+#ifndef GEMMGEN_SM90_STREAM_K
+#define GEMMGEN_SM90_STREAM_K 0
+#endif
+
 namespace gemmgen {
 namespace sm90 {
+
+// Stream-K: the units x k_tiles (work unit, k tile) iterations in unit-major order, cut into one
+// contiguous share per cluster. A unit cut between clusters is finished by the cluster holding its
+// k = 0 iteration, its "owner" (there the unit is the last of its share); every other cluster with a
+// part of it is a "contributor" (there the unit is the first of its share): it leaves fp32 partial sums
+// in a workspace and raises a flag before anything else, so the owner only ever waits for work that
+// was queued ahead of its own. Needs at least as many iterations as clusters (no empty share).
+struct StreamK {
+  struct Segment {
+    int unit, kt_begin, kt_end;  // k tiles [kt_begin, kt_end) of work unit `unit`
+  };
+
+  // The first iteration of cluster `cluster`'s share (the share ends where the next one begins).
+  __host__ __device__ __forceinline__ static int64_t share_begin(int units, int k_tiles, int cluster, int clusters) {
+    return static_cast<int64_t>(units) * k_tiles * cluster / clusters;
+  }
+
+  // Whether the share of cluster `c` begins inside `unit` (after its k = 0 iteration): then its first
+  // segment is a part of the unit that the unit's owner must add. The owner's contributors are the
+  // clusters after it for which this holds, consecutively.
+  __host__ __device__ __forceinline__ static bool begins_inside(int units, int k_tiles, int c, int clusters, int unit) {
+    const int64_t begin = share_begin(units, k_tiles, c, clusters);
+    return begin > static_cast<int64_t>(unit) * k_tiles && begin < static_cast<int64_t>(unit + 1) * k_tiles;
+  }
+
+  // The segment that starts at iteration `it` of a share ending at `end`.
+  __host__ __device__ __forceinline__ static Segment segment(int k_tiles, int64_t it, int64_t end) {
+    Segment s;
+    s.unit = static_cast<int>(it / k_tiles);
+    s.kt_begin = static_cast<int>(it % k_tiles);
+    const int64_t stop = s.kt_begin + (end - it);
+    s.kt_end = stop < k_tiles ? static_cast<int>(stop) : k_tiles;
+    return s;
+  }
+};
 
 enum class Schedule { kWarpSpecialized, kCooperative, kPingpong };
 
@@ -159,6 +200,18 @@ struct Kernel {
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
   static_assert(MMA_BLOCKS_M * ACCUM <= 128, "accumulators beyond 128 registers per thread would spill");
 
+  static constexpr bool STREAM_K = GEMMGEN_SM90_STREAM_K && SCHEDULE == Schedule::kCooperative;
+  // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
+  // order: register r of thread t at r * 128 + t, so each access is coalesced), then a flag each.
+  static constexpr int kPartialFloats = WG_M * BN;
+  static_assert(ACCUM % 4 == 0, "partial sums move as float4");
+  __host__ __device__ __forceinline__ static size_t workspace_partials_bytes(int ctas) {
+    return static_cast<size_t>(ctas) * kConsumerWarpgroups * kPartialFloats * sizeof(float);
+  }
+  __host__ __device__ __forceinline__ static size_t workspace_bytes(int ctas) {
+    return workspace_partials_bytes(ctas) + static_cast<size_t>(ctas) * kConsumerWarpgroups * sizeof(int);
+  }
+
   struct Problem {
     int m, n, k;
     int tiles_m, tiles_n;  // CTA tiles
@@ -218,8 +271,9 @@ struct Kernel {
     }
   };
 
+  // workspace: the stream-K partial sums and flags (flags zeroed by the host); unused otherwise.
   __device__ static void run(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_d,
-                             const GemmArgs& args, char* smem_raw) {
+                             const GemmArgs& args, float* workspace, char* smem_raw) {
     const uint32_t raw = ptx::smem_u32(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
@@ -249,7 +303,11 @@ struct Kernel {
       __syncwarp();
     } else {
       ptx::setmaxnreg_inc<kConsumerRegisters>();
-      consume(p, smem, args, tmap_d, rank, warpgroup - 1);
+      if (STREAM_K && p.k_tiles > 0) {
+        consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
+      } else {
+        consume(p, smem, args, tmap_d, rank, warpgroup - 1);
+      }
     }
     // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
     if constexpr (CLUSTER > 1) ptx::cluster_sync();
@@ -269,6 +327,25 @@ struct Kernel {
     const int half_a = CN == 2 ? static_cast<int>(rank) : 0;  // 1x2: A is split along the N-direction pair
     const int half_b = CM == 2 ? static_cast<int>(rank) : 0;
     RingPos pos;
+    if (STREAM_K && p.k_tiles > 0) {
+      const int clusters = static_cast<int>(gridDim.x) / CLUSTER, cluster = first_unit();
+      const int64_t end = StreamK::share_begin(p.units, p.k_tiles, cluster + 1, clusters);
+      for (int64_t it = StreamK::share_begin(p.units, p.k_tiles, cluster, clusters); it < end;) {
+        const StreamK::Segment s = StreamK::segment(p.k_tiles, it, end);
+        int m0, n0;
+        tile_origin(p, s.unit, rank, m0, n0);
+        for (int kt = s.kt_begin; kt < s.kt_end; ++kt) {
+          ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
+          const uint32_t full = smem.full_bar(pos.stage);
+          ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
+          TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, half_a);
+          TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, half_b);
+          pos.advance();
+        }
+        it += s.kt_end - s.kt_begin;
+      }
+      return;
+    }
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p)) {
       int m0, n0;
       tile_origin(p, unit, rank, m0, n0);
@@ -305,7 +382,7 @@ struct Kernel {
         continue;
       }
       float acc[MMA_BLOCKS_M][ACCUM];
-      mainloop(p, smem, acc, row_in_tile, pos, rank);
+      mainloop(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles);
       if (PINGPONG) {
         if (next_exists) pass_turn(consumer);
         pos.advance(p.k_tiles);  // skip the other warpgroup's tile
@@ -313,6 +390,87 @@ struct Kernel {
       epi.store(args, p, acc, m0 + row_in_tile, n0);
     }
     epi.finish();
+  }
+
+  // The cooperative consumers under stream-K: the segments of this cluster's share, each a whole unit
+  // (stored as usual), a contributor's part (left in the workspace) or an owner's part (completed with
+  // the contributors' parts, in cluster order: the sum does not depend on timing, then stored).
+  __device__ static void consume_stream_k(const Problem& p, const Smem& smem, const GemmArgs& args,
+                                          const CUtensorMap* tmap_d, uint32_t rank, int consumer, float* workspace) {
+    Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args)};
+    int* flags = reinterpret_cast<int*>(reinterpret_cast<char*>(workspace) + workspace_partials_bytes(gridDim.x));
+    const int row_in_tile = consumer * WG_M;
+    const int clusters = static_cast<int>(gridDim.x) / CLUSTER, cluster = first_unit();
+    const int64_t end = StreamK::share_begin(p.units, p.k_tiles, cluster + 1, clusters);
+    RingPos pos;
+    for (int64_t it = StreamK::share_begin(p.units, p.k_tiles, cluster, clusters); it < end;) {
+      const StreamK::Segment s = StreamK::segment(p.k_tiles, it, end);
+      it += s.kt_end - s.kt_begin;
+      int m0, n0;
+      tile_origin(p, s.unit, rank, m0, n0);
+      float acc[MMA_BLOCKS_M][ACCUM];
+      mainloop(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end);
+      if (s.kt_begin > 0) {  // a contributor: the owner adds this part and stores the tile
+        const int slot = partial_slot(cluster, rank, consumer);
+        store_partial(workspace, slot, acc);
+        publish_partial(flags + slot, consumer);
+        continue;
+      }
+      if (s.kt_end < p.k_tiles) {  // the owner of a cut unit: every cluster whose share begins inside it
+        for (int c = cluster + 1; c < clusters && StreamK::begins_inside(p.units, p.k_tiles, c, clusters, s.unit); ++c) {
+          const int slot = partial_slot(c, rank, consumer);
+          await_partial(flags + slot, consumer);
+          add_partial(workspace, slot, acc);
+        }
+      }
+      epi.store(args, p, acc, m0 + row_in_tile, n0);
+    }
+    epi.finish();
+  }
+
+  __device__ __forceinline__ static int partial_slot(int cluster, uint32_t rank, int consumer) {
+    return (cluster * CLUSTER + static_cast<int>(rank)) * kConsumerWarpgroups + consumer;
+  }
+
+  __device__ __forceinline__ static void store_partial(float* workspace, int slot, const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+    const int t = threadIdx.x % kWarpgroupThreads;
+    float4* part = reinterpret_cast<float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; r += 4)
+        part[((i * ACCUM + r) / 4) * kWarpgroupThreads + t] = make_float4(acc[i][r], acc[i][r + 1], acc[i][r + 2], acc[i][r + 3]);
+  }
+
+  // Every thread's partial sums written, then the flag raised (release at GPU scope).
+  __device__ __forceinline__ static void publish_partial(int* flag, int consumer) {
+    __threadfence();
+    ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+    if (threadIdx.x % kWarpgroupThreads == 0) ptx::st_release_gpu(flag, 1);
+  }
+
+  // One thread acquires the flag; the barrier hands what it saw to the rest of the warpgroup.
+  __device__ __forceinline__ static void await_partial(const int* flag, int consumer) {
+    if (threadIdx.x % kWarpgroupThreads == 0) {
+      while (ptx::ld_acquire_gpu(flag) == 0) {
+      }
+    }
+    ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+  }
+
+  __device__ __forceinline__ static void add_partial(const float* workspace, int slot, float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+    const int t = threadIdx.x % kWarpgroupThreads;
+    const float4* part = reinterpret_cast<const float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; r += 4) {
+        const float4 v = __ldcg(part + ((i * ACCUM + r) / 4) * kWarpgroupThreads + t);  // L2: written by another SM
+        acc[i][r] += v.x;
+        acc[i][r + 1] += v.y;
+        acc[i][r + 2] += v.z;
+        acc[i][r + 3] += v.w;
+      }
   }
 
   // Pingpong turns: the mainloops of the two consumers run one after the other, in tile order, so that
@@ -328,11 +486,13 @@ struct Kernel {
     ptx::named_barrier_arrive(kTurnBarrier + (consumer ^ 1), kTurnThreads);
   }
 
-  // Accumulate one tile over all k tiles (k_tiles >= 1), consuming k_tiles slots of the ring from `pos` on.
+  // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
+  // ring from `pos` on; the first k tile overwrites acc.
   __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, float (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                  int row_in_tile, RingPos& pos, uint32_t rank) {
+                                                  int row_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
+                                                  int kt_end) {
     int previous = -1;
-    for (int kt = 0; kt < p.k_tiles; ++kt) {
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i)
@@ -345,7 +505,7 @@ struct Kernel {
 #pragma unroll
         for (int i = 0; i < MMA_BLOCKS_M; ++i) {
           const uint64_t desc_a = TileA::descriptor(smem.a(pos.stage), row_in_tile + i * kMmaM, kk);
-          Mma::run(acc[i], desc_a, desc_b, (kt > 0 || kk > 0) ? 1 : 0);
+          Mma::run(acc[i], desc_a, desc_b, (kt > kt_begin || kk > 0) ? 1 : 0);
         }
       }
       ptx::wgmma_commit();

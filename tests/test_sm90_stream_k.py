@@ -1,0 +1,94 @@
+"""The sm90 stream-K partition (templates/sm90/gemm_kernel.cuh, StreamK), checked on the host: the
+struct compiled by nvcc into a small host program (CPU only, no GPU).
+
+What the kernel relies on, for every problem size and grid: the clusters' shares cover each (work unit,
+k tile) iteration exactly once and none is empty; a unit cut between clusters has exactly one owner (the
+cluster with its k = 0 iteration, for which it is the last segment) and its other parts are the first
+segments of the clusters the owner waits for (those whose share begins inside the unit), so no owner
+waits for a part queued behind its own work.
+"""
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+from generator.render import templates_dir
+
+from test_nvcc_compile import NO_NVCC, NVCC
+
+PROGRAM = r"""
+#include <cstdio>
+#include <vector>
+#include "sm90/gemm_kernel.cuh"
+
+using gemmgen::sm90::StreamK;
+static int failures = 0;
+#define CHECK(cond, ...) do { if (!(cond) && failures++ < 10) { std::printf(__VA_ARGS__); std::printf("\n"); } } while (0)
+
+void check(int units, int k_tiles, int clusters) {
+  std::vector<int> covered(static_cast<size_t>(units) * k_tiles, 0);
+  std::vector<int> owner(units, -1);
+  std::vector<std::vector<int>> parts(units);  // clusters holding a part of each unit (other than its owner)
+  for (int c = 0; c < clusters; ++c) {
+    const int64_t begin = StreamK::share_begin(units, k_tiles, c, clusters);
+    const int64_t end = StreamK::share_begin(units, k_tiles, c + 1, clusters);
+    CHECK(begin < end, "U=%d K=%d G=%d: cluster %d has an empty share", units, k_tiles, clusters, c);
+    int segment = 0;
+    for (int64_t it = begin; it < end; ++segment) {
+      const StreamK::Segment s = StreamK::segment(k_tiles, it, end);
+      CHECK(s.kt_begin < s.kt_end && s.kt_end <= k_tiles, "U=%d K=%d G=%d: bad segment", units, k_tiles, clusters);
+      for (int kt = s.kt_begin; kt < s.kt_end; ++kt) ++covered[static_cast<size_t>(s.unit) * k_tiles + kt];
+      it += s.kt_end - s.kt_begin;
+      const bool last = it == end;
+      if (s.kt_begin > 0) {  // a contributor: only ever the share's first segment
+        CHECK(segment == 0, "U=%d K=%d G=%d: cluster %d contributes to unit %d mid-share", units, k_tiles, clusters, c, s.unit);
+        parts[s.unit].push_back(c);
+      } else if (s.kt_end < k_tiles) {  // the owner of a cut unit: only ever the share's last segment
+        CHECK(last, "U=%d K=%d G=%d: cluster %d owns unit %d mid-share", units, k_tiles, clusters, c, s.unit);
+        CHECK(owner[s.unit] < 0, "U=%d K=%d G=%d: unit %d has two owners", units, k_tiles, clusters, s.unit);
+        owner[s.unit] = c;
+      }
+    }
+  }
+  for (size_t i = 0; i < covered.size(); ++i)
+    CHECK(covered[i] == 1, "U=%d K=%d G=%d: iteration %zu covered %d times", units, k_tiles, clusters, i, covered[i]);
+  for (int u = 0; u < units; ++u) {
+    if (parts[u].empty()) continue;
+    CHECK(owner[u] >= 0, "U=%d K=%d G=%d: unit %d is cut but has no owner", units, k_tiles, clusters, u);
+    // the owner's rule (consume_stream_k): clusters after it whose share begins inside the unit
+    std::vector<int> waited;
+    for (int c = owner[u] + 1; c < clusters && StreamK::begins_inside(units, k_tiles, c, clusters, u); ++c)
+      waited.push_back(c);
+    CHECK(waited == parts[u], "U=%d K=%d G=%d: unit %d: the owner waits for %zu clusters, %zu hold parts", units,
+          k_tiles, clusters, u, waited.size(), parts[u].size());
+  }
+}
+
+int main() {
+  // The 4096^3 and 8192^3 kernels (128x256, cluster 2x1: 66 clusters), then small and lopsided grids.
+  check(256, 64, 66);
+  check(1024, 128, 66);
+  check(1, 1, 1);
+  check(1, 7, 7);
+  check(3, 5, 15);
+  for (int units = 1; units <= 12; ++units)
+    for (int k_tiles = 1; k_tiles <= 9; ++k_tiles)
+      for (int clusters = 1; clusters <= units * k_tiles && clusters <= 40; ++clusters) check(units, k_tiles, clusters);
+  std::printf("%d failures\n", failures);
+  return failures != 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_stream_k_partition(tmp_path) -> None:
+    source = tmp_path / "stream_k_check.cu"
+    source.write_text(PROGRAM)
+    exe = tmp_path / "stream_k_check"
+    build = subprocess.run([NVCC, "-std=c++17", "-I", str(templates_dir()), "-o", str(exe), str(source)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip() == "0 failures"
