@@ -1,9 +1,9 @@
 """A/B runs of template variants: the same planned configs built with different preprocessor switches
 (experiment macros in the templates), checked and timed side by side in one run, next to torch.matmul.
 
-    python3 gpu/ab_variants.py --variant v4=-DGEMMGEN_SM80_STEADY_LOOP=0 --variant v6= \\
-        [--configs sm80] [--shapes 4096x4096x4096,8192x8192x8192] [--dtype bf16] [--json $OUT/ab.json]
-    python3 gpu/ab_variants.py --configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1
+    python3 gpu/ab_variants.py --configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1 \\
+        [--shapes 4096x4096x4096,8192x8192x8192] [--json $OUT/ab.json]
+    python3 gpu/ab_variants.py --configs sm80 --variant a= --variant b=-DSOME_SWITCH=1   (a switch in the templates)
 
 Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
 alternates the variants (A B A B ...) so that clock drift during the run hits both alike; each

@@ -5,7 +5,7 @@
 #   BENCH_ARGS="--set square --dtypes bf16" STEPS=bench gpu/run_all.sh
 #   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
-#   STEPS=ab gpu/run_all.sh                            (template variants A/B, default: sm80 steady loop, L2 prefetch)
+#   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -23,7 +23,8 @@ for step in $STEPS; do
   case $step in
     timing) python3 gpu/build_timing.py 2>&1 | tee "$OUT/build_timing.log" || status=1 ;;
     tests)  python3 -m pytest tests -q -x -m gpu ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    ab)     python3 gpu/ab_variants.py --json "$OUT/ab_variants.json" ${AB_ARGS:---variant v4=-DGEMMGEN_SM80_STEADY_LOOP=0 --variant v6= --variant v6_l2_256=-DGEMMGEN_SM80_L2_PREFETCH=256} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/ab_variants.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    ab)     if [ -z "${AB_ARGS:-}" ]; then echo "ab: set AB_ARGS, e.g. AB_ARGS='--configs sm80 --variant a= --variant b=-DSWITCH=1'"; status=2; else
+              python3 gpu/ab_variants.py --json "$OUT/ab_variants.json" $AB_ARGS 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/ab_variants.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1; fi ;;
     ab90)   python3 gpu/ab_variants.py --json "$OUT/ab_variants_sm90.json" ${AB90_ARGS:---configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/ab_variants_sm90.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sweep)  python3 benchmarks/sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;

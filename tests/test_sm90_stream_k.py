@@ -1,11 +1,11 @@
 """The sm90 stream-K partition (templates/sm90/gemm_kernel.cuh, StreamK), checked on the host: the
 struct compiled by nvcc into a small host program (CPU only, no GPU).
 
-What the kernel relies on, for every problem size and grid: the clusters' shares cover each (work unit,
-k tile) iteration exactly once and none is empty; a unit cut between clusters has exactly one owner (the
-cluster with its k = 0 iteration, for which it is the last segment) and its other parts are the first
-segments of the clusters the owner waits for (those whose share begins inside the unit), so no owner
-waits for a part queued behind its own work.
+What the kernel relies on, for every problem size and grid: whole units (in waves) and the shares of the
+cut tail cover each (work unit, k tile) iteration exactly once; no share of a cut tail is empty; a unit
+cut between clusters has exactly one owner (the cluster with its k = 0 iteration, for which it is the
+last segment) and its other parts are the first segments of the clusters the owner waits for (those
+whose share begins inside the unit), so no owner waits for a part queued behind its own work.
 """
 from __future__ import annotations
 
@@ -27,16 +27,24 @@ static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond) && failures++ < 10) { std::printf(__VA_ARGS__); std::printf("\n"); } } while (0)
 
 void check(int units, int k_tiles, int clusters) {
+  const StreamK sk(units, k_tiles, clusters);
   std::vector<int> covered(static_cast<size_t>(units) * k_tiles, 0);
   std::vector<int> owner(units, -1);
   std::vector<std::vector<int>> parts(units);  // clusters holding a part of each unit (other than its owner)
+  std::vector<int> whole(clusters, 0);
   for (int c = 0; c < clusters; ++c) {
-    const int64_t begin = StreamK::share_begin(units, k_tiles, c, clusters);
-    const int64_t end = StreamK::share_begin(units, k_tiles, c + 1, clusters);
-    CHECK(begin < end, "U=%d K=%d G=%d: cluster %d has an empty share", units, k_tiles, clusters, c);
+    for (int w = 0; sk.whole_unit(c, w) >= 0; ++w, ++whole[c]) {
+      const int u = sk.whole_unit(c, w);
+      CHECK(u == c + w * clusters, "U=%d K=%d G=%d: wave %d of cluster %d is unit %d", units, k_tiles, clusters, w, c, u);
+      for (int kt = 0; kt < k_tiles; ++kt) ++covered[static_cast<size_t>(u) * k_tiles + kt];
+    }
+    const int64_t begin = sk.share_begin(c), end = sk.share_begin(c + 1);
+    const bool has_tail = sk.tail_begin < static_cast<int64_t>(units) * k_tiles;
+    CHECK(!has_tail || begin < end, "U=%d K=%d G=%d: cluster %d has an empty share of the tail", units, k_tiles,
+          clusters, c);
     int segment = 0;
     for (int64_t it = begin; it < end; ++segment) {
-      const StreamK::Segment s = StreamK::segment(k_tiles, it, end);
+      const StreamK::Segment s = sk.segment(it, end);
       CHECK(s.kt_begin < s.kt_end && s.kt_end <= k_tiles, "U=%d K=%d G=%d: bad segment", units, k_tiles, clusters);
       for (int kt = s.kt_begin; kt < s.kt_end; ++kt) ++covered[static_cast<size_t>(s.unit) * k_tiles + kt];
       it += s.kt_end - s.kt_begin;
@@ -53,13 +61,16 @@ void check(int units, int k_tiles, int clusters) {
   }
   for (size_t i = 0; i < covered.size(); ++i)
     CHECK(covered[i] == 1, "U=%d K=%d G=%d: iteration %zu covered %d times", units, k_tiles, clusters, i, covered[i]);
+  // whole units first, in waves: every cluster has as many, or one fewer when the tail is not cut
+  for (int c = 1; c < clusters; ++c)
+    CHECK(whole[c] <= whole[0] && whole[c] >= whole[0] - 1, "U=%d K=%d G=%d: cluster %d has %d whole units, cluster 0 %d",
+          units, k_tiles, clusters, c, whole[c], whole[0]);
   for (int u = 0; u < units; ++u) {
     if (parts[u].empty()) continue;
     CHECK(owner[u] >= 0, "U=%d K=%d G=%d: unit %d is cut but has no owner", units, k_tiles, clusters, u);
     // the owner's rule (consume_stream_k): clusters after it whose share begins inside the unit
     std::vector<int> waited;
-    for (int c = owner[u] + 1; c < clusters && StreamK::begins_inside(units, k_tiles, c, clusters, u); ++c)
-      waited.push_back(c);
+    for (int c = owner[u] + 1; c < clusters && sk.begins_inside(c, u); ++c) waited.push_back(c);
     CHECK(waited == parts[u], "U=%d K=%d G=%d: unit %d: the owner waits for %zu clusters, %zu hold parts", units,
           k_tiles, clusters, u, waited.size(), parts[u].size());
   }
@@ -69,6 +80,9 @@ int main() {
   // The 4096^3 and 8192^3 kernels (128x256, cluster 2x1: 66 clusters), then small and lopsided grids.
   check(256, 64, 66);
   check(1024, 128, 66);
+  const StreamK square(256, 64, 66);  // 3 whole waves (198 units), the last 58 units cut into 66 shares
+  CHECK(square.whole_waves == 3 && square.tail_begin == 198 * 64, "4096^3: %d whole waves, tail at %lld",
+        square.whole_waves, static_cast<long long>(square.tail_begin));
   check(1, 1, 1);
   check(1, 7, 7);
   check(3, 5, 15);

@@ -34,29 +34,11 @@ __device__ __forceinline__ int ctaid_x_fresh() {
   return r;
 }
 
-// Experiment switch for A/B runs on the GPU (gpu/ab_variants.py): the L2 prefetch size of each copy in
-// bytes (0: none; 64, 128 or 256: the .level::prefetch_size qualifier). To be settled by measurement
-// (NOTES.md, sm80 v6) and then removed.
-#ifndef GEMMGEN_SM80_L2_PREFETCH
-#define GEMMGEN_SM80_L2_PREFETCH 0
-#endif
-#if GEMMGEN_SM80_L2_PREFETCH == 0
-#define GEMMGEN_CP_ASYNC_CG "cp.async.cg.shared.global"
-#elif GEMMGEN_SM80_L2_PREFETCH == 64
-#define GEMMGEN_CP_ASYNC_CG "cp.async.cg.shared.global.L2::64B"
-#elif GEMMGEN_SM80_L2_PREFETCH == 128
-#define GEMMGEN_CP_ASYNC_CG "cp.async.cg.shared.global.L2::128B"
-#elif GEMMGEN_SM80_L2_PREFETCH == 256
-#define GEMMGEN_CP_ASYNC_CG "cp.async.cg.shared.global.L2::256B"
-#else
-#error "GEMMGEN_SM80_L2_PREFETCH must be 0, 64, 128 or 256"
-#endif
-
 // 16-byte global -> shared copy that bypasses L1 (.cg), zero-filling the bytes past `src_bytes`.
 // src_bytes = 0 copies nothing and writes 16 zero bytes: this is how ragged edges are predicated.
 // PTX ISA §9.7.9.25.3.1 "Data Movement and Conversion Instructions: cp.async".
 __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile(GEMMGEN_CP_ASYNC_CG " [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
 // Close the group of cp.async issued so far by this thread.

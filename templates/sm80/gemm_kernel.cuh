@@ -12,12 +12,6 @@
 #include "../common/gemm_args.h"
 #include "../ptx/sm80.cuh"
 
-// Experiment switch for A/B runs on the GPU (gpu/ab_variants.py): 0 runs every k tile through the
-// branching refill, as v4 did. To be removed once measured (NOTES.md, sm80 v6).
-#ifndef GEMMGEN_SM80_STEADY_LOOP
-#define GEMMGEN_SM80_STEADY_LOOP 1
-#endif
-
 namespace gemmgen {
 namespace sm80 {
 
@@ -293,15 +287,10 @@ struct Kernel {
     int read_stage, write_stage, load_tile;
   };
 
-  // BK = 64 tiles (four k steps, twice the copies per tile) keep the branching refill everywhere: with
-  // the steady loop ptxas spills them (72 bytes for 128x256x64, 260 for 128x128x64, sm_90a).
-  static constexpr bool kSteadyLoop = GEMMGEN_SM80_STEADY_LOOP && K_STEPS == 2;
-
-  // One k tile of the pipelined loop. STEADY: the tile it loads is a whole one, known at compile time,
-  // so the copies need no branch. A branch would split the loop body into basic blocks, and ptxas then
-  // issues all the copies in one burst between the HMMAs of two tiles (the tensor pipe drains while
-  // both warps of a scheduler compute addresses) instead of spreading them through the HMMA stream.
-  template <bool EDGE, bool STEADY>
+  // One k tile of the pipelined loop: the fragments of the next k step are loaded while this one's HMMAs
+  // run, and the stage that every warp finished reading before the last barrier is refilled. (A variant
+  // whose whole-tile refills skipped the branch, v6 in NOTES.md, was 8 % slower on the H100.)
+  template <bool EDGE>
   __device__ __forceinline__ static void k_tile(Pipeline& p, ALoader& a_loader, BLoader& b_loader, uint32_t smem_base,
                                                 int full_tiles, int k_tiles, int K, int warp_m0, int warp_n0,
                                                 int lane, float (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
@@ -317,14 +306,8 @@ struct Kernel {
       load_fragments(p.frag[(ks + 1) % 2], smem_base + p.read_stage * STAGE_BYTES, (ks + 1) % K_STEPS, warp_m0,
                      warp_n0, lane);
       if (ks == 0) {
-        // Refill the stage every warp finished reading before the last barrier.
-        const uint32_t stage = smem_base + p.write_stage * STAGE_BYTES;
-        if (STEADY) {
-          a_loader.template load_full<EDGE>(stage);
-          b_loader.template load_full<EDGE>(stage + A_STAGE_BYTES);
-        } else {
-          load_stage<EDGE>(a_loader, b_loader, stage, p.load_tile, full_tiles, k_tiles, K);
-        }
+        load_stage<EDGE>(a_loader, b_loader, smem_base + p.write_stage * STAGE_BYTES, p.load_tile, full_tiles,
+                         k_tiles, K);
         ptx::cp_async_commit();
         ++p.load_tile;
         p.write_stage = p.write_stage + 1 == STAGES ? 0 : p.write_stage + 1;
@@ -356,13 +339,8 @@ struct Kernel {
     p.load_tile = STAGES - 1;
     load_fragments(p.frag[0], smem_base, 0, warp_m0, warp_n0, lane);
 
-    // k tile kt loads tile kt + STAGES - 1: whole for every kt below full_tiles - (STAGES - 1).
-    const int steady_tiles = kSteadyLoop ? full_tiles - (STAGES - 1) : 0;
-    int kt = 0;
-    for (; kt < steady_tiles; ++kt)
-      k_tile<EDGE, true>(p, a_loader, b_loader, smem_base, full_tiles, k_tiles, K, warp_m0, warp_n0, lane, acc);
-    for (; kt < k_tiles; ++kt)
-      k_tile<EDGE, false>(p, a_loader, b_loader, smem_base, full_tiles, k_tiles, K, warp_m0, warp_n0, lane, acc);
+    for (int kt = 0; kt < k_tiles; ++kt)
+      k_tile<EDGE>(p, a_loader, b_loader, smem_base, full_tiles, k_tiles, K, warp_m0, warp_n0, lane, acc);
     ptx::cp_async_wait<0>();
   }
 

@@ -37,32 +37,57 @@
 namespace gemmgen {
 namespace sm90 {
 
-// Stream-K: the units x k_tiles (work unit, k tile) iterations in unit-major order, cut into one
-// contiguous share per cluster. A unit cut between clusters is finished by the cluster holding its
-// k = 0 iteration, its "owner" (there the unit is the last of its share); every other cluster with a
-// part of it is a "contributor" (there the unit is the first of its share): it leaves fp32 partial sums
-// in a workspace and raises a flag before anything else, so the owner only ever waits for work that
-// was queued ahead of its own. Needs at least as many iterations as clusters (no empty share).
+// Stream-K, hybrid with data-parallel waves: with G clusters and U work units of K k tiles, the first
+// floor(U / G) waves of units go whole to the clusters in raster order (unit c + w * G for cluster c,
+// as the data-parallel schedule; consecutive clusters work on neighbouring tiles, which share A and B
+// in L2), and only the last U mod G units are cut: their iterations, in unit-major order, are dealt out
+// in G contiguous shares, one per cluster, after its whole units. A cut unit is finished by the cluster
+// holding its k = 0 iteration, its "owner" (there it is the last segment of the share); every other
+// cluster with a part of it is a "contributor" (there it is the first segment): it leaves fp32 partial
+// sums in a workspace and raises a flag before anything else of its share, so the owner only waits for
+// work queued ahead of its own. (Cutting every unit into equal shares instead, v1 of this experiment,
+// ran 25-55 % slower: each cluster walked its own stretch of the matrix, and L2 reuse was lost.)
+// A tail of fewer iterations than clusters (an empty share could not be told from a missing part)
+// stays data-parallel.
 struct StreamK {
   struct Segment {
     int unit, kt_begin, kt_end;  // k tiles [kt_begin, kt_end) of work unit `unit`
   };
 
-  // The first iteration of cluster `cluster`'s share (the share ends where the next one begins).
-  __host__ __device__ __forceinline__ static int64_t share_begin(int units, int k_tiles, int cluster, int clusters) {
-    return static_cast<int64_t>(units) * k_tiles * cluster / clusters;
+  int units, k_tiles, clusters;
+  int whole_waves;    // waves of whole units before the cut tail
+  int64_t tail_begin; // the first iteration of the cut tail (unit-major)
+
+  __host__ __device__ __forceinline__ StreamK(int units_, int k_tiles_, int clusters_)
+      : units(units_), k_tiles(k_tiles_), clusters(clusters_) {
+    const int rest = units % clusters;
+    const bool cut = rest > 0 && units > clusters && static_cast<int64_t>(rest) * k_tiles >= clusters;
+    whole_waves = cut ? units / clusters : (units + clusters - 1) / clusters;
+    tail_begin = static_cast<int64_t>(cut ? units - rest : units) * k_tiles;
   }
 
-  // Whether the share of cluster `c` begins inside `unit` (after its k = 0 iteration): then its first
-  // segment is a part of the unit that the unit's owner must add. The owner's contributors are the
-  // clusters after it for which this holds, consecutively.
-  __host__ __device__ __forceinline__ static bool begins_inside(int units, int k_tiles, int c, int clusters, int unit) {
-    const int64_t begin = share_begin(units, k_tiles, c, clusters);
+  // Whole unit of wave w for cluster c, or -1 past the end.
+  __host__ __device__ __forceinline__ int whole_unit(int c, int w) const {
+    const int unit = c + w * clusters;
+    return static_cast<int64_t>(unit) * k_tiles < tail_begin ? unit : -1;
+  }
+
+  // The first iteration of cluster c's share of the cut tail (it ends where the next one begins).
+  __host__ __device__ __forceinline__ int64_t share_begin(int c) const {
+    const int64_t tail = static_cast<int64_t>(units) * k_tiles - tail_begin;
+    return tail_begin + tail * c / clusters;
+  }
+
+  // Whether cluster c's share begins inside `unit` (after its k = 0 iteration): then its first segment
+  // is a part of the unit that the unit's owner must add. The owner's contributors are the clusters
+  // after it for which this holds, consecutively.
+  __host__ __device__ __forceinline__ bool begins_inside(int c, int unit) const {
+    const int64_t begin = share_begin(c);
     return begin > static_cast<int64_t>(unit) * k_tiles && begin < static_cast<int64_t>(unit + 1) * k_tiles;
   }
 
   // The segment that starts at iteration `it` of a share ending at `end`.
-  __host__ __device__ __forceinline__ static Segment segment(int k_tiles, int64_t it, int64_t end) {
+  __host__ __device__ __forceinline__ Segment segment(int64_t it, int64_t end) const {
     Segment s;
     s.unit = static_cast<int>(it / k_tiles);
     s.kt_begin = static_cast<int>(it % k_tiles);
@@ -328,10 +353,9 @@ struct Kernel {
     const int half_b = CM == 2 ? static_cast<int>(rank) : 0;
     RingPos pos;
     if (STREAM_K && p.k_tiles > 0) {
-      const int clusters = static_cast<int>(gridDim.x) / CLUSTER, cluster = first_unit();
-      const int64_t end = StreamK::share_begin(p.units, p.k_tiles, cluster + 1, clusters);
-      for (int64_t it = StreamK::share_begin(p.units, p.k_tiles, cluster, clusters); it < end;) {
-        const StreamK::Segment s = StreamK::segment(p.k_tiles, it, end);
+      const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
+      const int cluster = first_unit();
+      auto load = [&](const StreamK::Segment& s) {
         int m0, n0;
         tile_origin(p, s.unit, rank, m0, n0);
         for (int kt = s.kt_begin; kt < s.kt_end; ++kt) {
@@ -342,6 +366,12 @@ struct Kernel {
           TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, half_b);
           pos.advance();
         }
+      };
+      for (int w = 0; sk.whole_unit(cluster, w) >= 0; ++w) load(StreamK::Segment{sk.whole_unit(cluster, w), 0, p.k_tiles});
+      const int64_t end = sk.share_begin(cluster + 1);
+      for (int64_t it = sk.share_begin(cluster); it < end;) {
+        const StreamK::Segment s = sk.segment(it, end);
+        load(s);
         it += s.kt_end - s.kt_begin;
       }
       return;
@@ -392,20 +422,19 @@ struct Kernel {
     epi.finish();
   }
 
-  // The cooperative consumers under stream-K: the segments of this cluster's share, each a whole unit
-  // (stored as usual), a contributor's part (left in the workspace) or an owner's part (completed with
-  // the contributors' parts, in cluster order: the sum does not depend on timing, then stored).
+  // The cooperative consumers under stream-K: this cluster's whole units (stored as usual), then the
+  // segments of its share of the cut tail: a contributor's part (left in the workspace) or an owner's
+  // part (completed with the contributors' parts, in cluster order, so the sum does not depend on
+  // timing, then stored).
   __device__ static void consume_stream_k(const Problem& p, const Smem& smem, const GemmArgs& args,
                                           const CUtensorMap* tmap_d, uint32_t rank, int consumer, float* workspace) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args)};
     int* flags = reinterpret_cast<int*>(reinterpret_cast<char*>(workspace) + workspace_partials_bytes(gridDim.x));
     const int row_in_tile = consumer * WG_M;
-    const int clusters = static_cast<int>(gridDim.x) / CLUSTER, cluster = first_unit();
-    const int64_t end = StreamK::share_begin(p.units, p.k_tiles, cluster + 1, clusters);
+    const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
+    const int cluster = first_unit();
     RingPos pos;
-    for (int64_t it = StreamK::share_begin(p.units, p.k_tiles, cluster, clusters); it < end;) {
-      const StreamK::Segment s = StreamK::segment(p.k_tiles, it, end);
-      it += s.kt_end - s.kt_begin;
+    auto compute = [&](const StreamK::Segment& s) {
       int m0, n0;
       tile_origin(p, s.unit, rank, m0, n0);
       float acc[MMA_BLOCKS_M][ACCUM];
@@ -414,16 +443,23 @@ struct Kernel {
         const int slot = partial_slot(cluster, rank, consumer);
         store_partial(workspace, slot, acc);
         publish_partial(flags + slot, consumer);
-        continue;
+        return;
       }
       if (s.kt_end < p.k_tiles) {  // the owner of a cut unit: every cluster whose share begins inside it
-        for (int c = cluster + 1; c < clusters && StreamK::begins_inside(p.units, p.k_tiles, c, clusters, s.unit); ++c) {
+        for (int c = cluster + 1; c < sk.clusters && sk.begins_inside(c, s.unit); ++c) {
           const int slot = partial_slot(c, rank, consumer);
           await_partial(flags + slot, consumer);
           add_partial(workspace, slot, acc);
         }
       }
       epi.store(args, p, acc, m0 + row_in_tile, n0);
+    };
+    for (int w = 0; sk.whole_unit(cluster, w) >= 0; ++w) compute(StreamK::Segment{sk.whole_unit(cluster, w), 0, p.k_tiles});
+    const int64_t end = sk.share_begin(cluster + 1);
+    for (int64_t it = sk.share_begin(cluster); it < end;) {
+      const StreamK::Segment s = sk.segment(it, end);
+      compute(s);
+      it += s.kt_end - s.kt_begin;
     }
     epi.finish();
   }

@@ -188,8 +188,7 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
 
   const auto problem = K::problem(*args);
   const bool stream_k = K::STREAM_K && problem.k_tiles > 0;
-  // The work a cluster can take: a unit, or under stream-K one (unit, k tile) iteration.
-  const int64_t work = stream_k ? static_cast<int64_t>(problem.units) * problem.k_tiles : problem.units;
+  const int64_t work = problem.units;  // stream-K too: it cuts only the last, partial wave of units
   int64_t clusters = work;
   if (K::PERSISTENT) {
     int resident = 0;
