@@ -95,6 +95,18 @@ struct StreamK {
     s.kt_end = stop < k_tiles ? static_cast<int>(stop) : k_tiles;
     return s;
   }
+
+  // Calls f(segment) for cluster c's work in order: its whole units, then the segments of its share.
+  template <class F>
+  __host__ __device__ __forceinline__ void for_each_segment(int c, F&& f) const {
+    for (int w = 0; whole_unit(c, w) >= 0; ++w) f(Segment{whole_unit(c, w), 0, k_tiles});
+    const int64_t end = share_begin(c + 1);
+    for (int64_t it = share_begin(c); it < end;) {
+      const Segment s = segment(it, end);
+      f(s);
+      it += s.kt_end - s.kt_begin;
+    }
+  }
 };
 
 enum class Schedule { kWarpSpecialized, kCooperative, kPingpong };
@@ -354,39 +366,28 @@ struct Kernel {
     RingPos pos;
     if (STREAM_K && p.k_tiles > 0) {
       const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
-      const int cluster = first_unit();
-      auto load = [&](const StreamK::Segment& s) {
-        int m0, n0;
-        tile_origin(p, s.unit, rank, m0, n0);
-        for (int kt = s.kt_begin; kt < s.kt_end; ++kt) {
-          ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
-          const uint32_t full = smem.full_bar(pos.stage);
-          ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
-          TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, half_a);
-          TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, half_b);
-          pos.advance();
-        }
-      };
-      for (int w = 0; sk.whole_unit(cluster, w) >= 0; ++w) load(StreamK::Segment{sk.whole_unit(cluster, w), 0, p.k_tiles});
-      const int64_t end = sk.share_begin(cluster + 1);
-      for (int64_t it = sk.share_begin(cluster); it < end;) {
-        const StreamK::Segment s = sk.segment(it, end);
-        load(s);
-        it += s.kt_end - s.kt_begin;
-      }
+      sk.for_each_segment(first_unit(), [&](const StreamK::Segment& s) {
+        load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, s.unit, s.kt_begin, s.kt_end, half_a, half_b);
+      });
       return;
     }
-    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p)) {
-      int m0, n0;
-      tile_origin(p, unit, rank, m0, n0);
-      for (int kt = 0; kt < p.k_tiles; ++kt) {
-        ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
-        const uint32_t full = smem.full_bar(pos.stage);
-        ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
-        TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, half_a);
-        TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, half_b);
-        pos.advance();
-      }
+    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p))
+      load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, unit, 0, p.k_tiles, half_a, half_b);
+  }
+
+  // The producer's TMA loads of k tiles [kt_begin, kt_end) of work unit `unit`, one ring slot each.
+  __device__ __forceinline__ static void load_k_tiles(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
+                                                      const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos, int unit,
+                                                      int kt_begin, int kt_end, int half_a, int half_b) {
+    int m0, n0;
+    tile_origin(p, unit, rank, m0, n0);
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+      ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
+      const uint32_t full = smem.full_bar(pos.stage);
+      ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
+      TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, half_a);
+      TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, half_b);
+      pos.advance();
     }
   }
 
@@ -454,13 +455,7 @@ struct Kernel {
       }
       epi.store(args, p, acc, m0 + row_in_tile, n0);
     };
-    for (int w = 0; sk.whole_unit(cluster, w) >= 0; ++w) compute(StreamK::Segment{sk.whole_unit(cluster, w), 0, p.k_tiles});
-    const int64_t end = sk.share_begin(cluster + 1);
-    for (int64_t it = sk.share_begin(cluster); it < end;) {
-      const StreamK::Segment s = sk.segment(it, end);
-      compute(s);
-      it += s.kt_end - s.kt_begin;
-    }
+    sk.for_each_segment(cluster, compute);
     epi.finish();
   }
 
