@@ -52,6 +52,20 @@ CASES += [(arch, cfg) for arch in SHIPPED_ARCHS if shipped_configs(arch)[0].fami
 MAX_SHIPPED = {"sm80": 64, "sm90": 96}
 
 
+def run_host_program(source: str, folder: Path) -> str:
+    """Compile ``source`` (CUDA C++ including templates/ headers) with nvcc into a host program, run it,
+    and return its output; fails the calling test if either step fails. For checks of the templates'
+    host-callable logic (test_sm80_swizzle.py, test_sm90_stream_k.py)."""
+    cu, exe = folder / "check.cu", folder / "check"
+    cu.write_text(source)
+    build = subprocess.run([NVCC, "-std=c++17", "-I", str(templates_dir()), "-o", str(exe), str(cu)],
+                           capture_output=True, text=True, timeout=300)
+    assert build.returncode == 0, build.stdout + build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return run.stdout
+
+
 # -- the ptxas report ------------------------------------------------------------------------------
 
 _ENTRY = re.compile(r"Compiling entry function '([^']+)' for '([^']+)'")

@@ -9,14 +9,11 @@ The kernels rely on two properties of the swizzle that no GPU test would pin dow
 """
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
 from generator.config import SM80_BLOCK_K, SM80_BLOCK_M, SM80_BLOCK_N
-from generator.render import templates_dir
 
-from test_nvcc_compile import NO_NVCC, NVCC
+from test_nvcc_compile import NO_NVCC, NVCC, run_host_program
 
 # (ROWS, COLS) of every operand tile the sm80 planner allows: K-major tiles are (BM or BN) x BK,
 # M/N-major ones BK x (BM or BN).
@@ -74,12 +71,4 @@ int main() {
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_swizzle_shifts_fold_and_phases_are_conflict_free(tmp_path) -> None:
     checks = "\n  ".join(f"check<{r}, {c}>();" for r, c in TILES)
-    source = tmp_path / "swizzle_check.cu"
-    source.write_text(PROGRAM.replace("%CHECKS%", checks))
-    exe = tmp_path / "swizzle_check"
-    build = subprocess.run([NVCC, "-std=c++17", "-I", str(templates_dir()), "-o", str(exe), str(source)],
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip() == "0 failures"
+    assert run_host_program(PROGRAM.replace("%CHECKS%", checks), tmp_path).strip() == "0 failures"

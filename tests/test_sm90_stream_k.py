@@ -9,13 +9,10 @@ whose share begins inside the unit), so no owner waits for a part queued behind 
 """
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 
-from generator.render import templates_dir
 
-from test_nvcc_compile import NO_NVCC, NVCC
+from test_nvcc_compile import NO_NVCC, NVCC, run_host_program
 
 PROGRAM = r"""
 #include <cstdio>
@@ -97,12 +94,4 @@ int main() {
 
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_stream_k_partition(tmp_path) -> None:
-    source = tmp_path / "stream_k_check.cu"
-    source.write_text(PROGRAM)
-    exe = tmp_path / "stream_k_check"
-    build = subprocess.run([NVCC, "-std=c++17", "-I", str(templates_dir()), "-o", str(exe), str(source)],
-                           capture_output=True, text=True, timeout=300)
-    assert build.returncode == 0, build.stdout + build.stderr
-    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stdout + run.stderr
-    assert run.stdout.strip() == "0 failures"
+    assert run_host_program(PROGRAM, tmp_path).strip() == "0 failures"
