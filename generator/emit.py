@@ -18,11 +18,12 @@ The package folder holds everything its build needs and nothing of this generato
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
     README.md, MANIFEST.in, .gitignore
 
-Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.autograd``, in C++ in
-gemm_autograd.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels of the package, with the layouts ``generator.backward`` derives for a
-row-major and a column-major dD. Those kernels are private ops of the package (``_grad_<kernel>``), and
-so are the kernels of their own backward (double backward): ``backward_closure``, at most eight kernels
-per dtype, architecture and family, deduplicated by kernel name.
+Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.autograd``; in C++ in
+gemm_autograd.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels
+of the package, with the layouts ``generator.backward`` derives for a row-major and a column-major dD.
+Those kernels are private ops of the package (``_grad_<kernel>``), and so are the kernels of their own
+backward (double backward): ``backward_closure``, at most eight kernels per dtype, architecture and
+family, deduplicated by kernel name.
 
 Emitting is pure text generation: no torch, no GPU, no compiler. It is deterministic (the same plans
 give byte-identical files: sorted, no timestamps, no absolute paths), and no string from the user

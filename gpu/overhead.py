@@ -1,6 +1,7 @@
 """Where the time of a small GEMM goes: the JIT op (the JIT runtime's C++ checks and autograd kernel, also
-recording a graph node, and its Python path: checks + ctypes), the emitted op (the same C++ checks), the kernel library called directly, and the
-kernel alone (CUDA graph replay), next to torch.matmul. Writes $OUT/overhead.json.
+recording a graph node, and its Python path: checks + ctypes), the emitted op (the same C++ checks), the
+kernel library called directly, and the kernel alone (CUDA graph replay), next to torch.matmul. Writes
+$OUT/overhead.json.
 
     python3 gpu/overhead.py
 """
