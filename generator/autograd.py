@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from .backward import backward_configs, backward_layouts
+from .config import KernelConfig
 from .types import Order
 
 if TYPE_CHECKING:
@@ -37,18 +38,20 @@ _GRAD_OPS: dict[tuple[str, str, Order], tuple[GemmOp, GemmOp]] = {}
 _GRAD_OPS_LOCK = threading.RLock()  # re-entered: registering a backward op registers its backward ops
 
 
-def grad_ops(op: GemmOp, grad_order: Order = Order.row) -> tuple[GemmOp, GemmOp]:
+def grad_ops(op: GemmOp, grad_order: Order = Order.row,
+             configs: tuple[KernelConfig, KernelConfig] | None = None) -> tuple[GemmOp, GemmOp]:
     """The ops computing dA and dB for ``op`` with a gradient stored in ``grad_order``.
 
-    Registered on first request (``register_autograd`` asks for both orders); each builds its kernel
-    on its first launch."""
+    Registered on first request (``register_autograd`` asks for both orders, passing the ``configs``
+    it planned already); each builds its kernel on its first launch."""
     key = (op.namespace, op.name, grad_order)
     ops = _GRAD_OPS.get(key)
     if ops is None:
         with _GRAD_OPS_LOCK:
             ops = _GRAD_OPS.get(key)
             if ops is None:
-                grad_a, grad_b = op.derived(list(backward_configs(op.config, grad_order)))
+                planned = configs if configs is not None else backward_configs(op.config, grad_order)
+                grad_a, grad_b = op.derived(list(planned))
                 ops = _GRAD_OPS[key] = (grad_a, grad_b)
     return ops
 
@@ -79,11 +82,14 @@ def register_autograd(op: GemmOp, lib: torch.library.Library) -> None:
     built, so that calls needing no gradient skip Python; else this module's, in Python."""
     from .jit_runtime import RUNTIME
 
-    op.cpp_autograd = RUNTIME.register_autograd(op)
+    # Planned once here for both the formula and the backward ops' registration (planning is most of the
+    # time it takes to load a cached op: an op and its backward closure plan 32 configs).
+    configs = {order: backward_configs(op.config, order) for order in Order}
+    op.cpp_autograd = RUNTIME.register_autograd(op, configs)
     if not op.cpp_autograd:
         _register_python_formula(op, lib)
     for order in Order:
-        grad_ops(op, order)
+        grad_ops(op, order, configs[order])
 
 
 def _register_python_formula(op: GemmOp, lib: torch.library.Library) -> None:

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from .build import BuildError, BuildRequest, build
+from .config import KernelConfig
 from .render import templates_dir
+from .types import Order
 
 if TYPE_CHECKING:
     from .op import GemmOp, KernelLibrary
@@ -140,15 +142,13 @@ class _Runtime:
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 
-    def register_autograd(self, op: GemmOp) -> bool:
+    def register_autograd(self, op: GemmOp, configs: dict[Order, tuple[KernelConfig, KernelConfig]]) -> bool:
         """Register gemm_autograd.h's formula as ``op``'s Autograd kernel (and .out's refusal of grad),
-        with the backward ops of ``generator.backward``; False if there is no runtime."""
+        with ``configs``, the (dA, dB) kernels of ``generator.backward`` per storage order of dD; False
+        if there is no runtime."""
         if not self.ensure():
             return False
-        from .backward import backward_configs
-        from .types import Order
-
-        pairs = [backward_configs(op.config, order) for order in (Order.row, Order.col)]
+        pairs = [configs[Order.row], configs[Order.col]]
         spec = JitAutogradSpec(
             ns=op.namespace.encode(), op=op.name.encode(), dtype=op.config.dtype.value.encode(),
             grad_a=(ctypes.c_char_p * 2)(*(a.name.encode() for a, _ in pairs)),

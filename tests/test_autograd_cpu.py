@@ -64,7 +64,7 @@ def reference_op(layout="tn", dtype="bf16", namespace=NAMESPACE, **kw) -> Refere
 def formula(request, monkeypatch):
     """The namespace of reference ops whose autograd formula is the C++ one or the Python fallback."""
     if request.param == "python":
-        monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op: False)
+        monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs: False)
         return NAMESPACE + "_py"
     if not jit_runtime.RUNTIME.ensure():
         pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
