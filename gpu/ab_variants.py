@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sm90_probe beside this file
 
 import torch  # noqa: E402
 
@@ -28,9 +29,8 @@ from generator import Gemm  # noqa: E402
 from generator.build import build_many, spill_report  # noqa: E402
 from generator.config import KernelConfig  # noqa: E402
 from generator.op import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
+from sm90_probe import BOUND, TORCH, operand  # noqa: E402  (the probe's dtypes, bounds and padded operands)
 
-TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-BOUND = {"bf16": 1e-2, "fp16": 5e-3}
 RAGGED = [(1, 1, 1), (7, 8, 63), (65, 129, 127), (1000, 4097, 129), (4097, 63, 1000), (129, 7, 4097),
           (3000, 5000, 1000), (4097, 4095, 4104), (256, 512, 0)]
 
@@ -50,13 +50,6 @@ def family_configs(family: str, dtype: str, layout: str, arch: int | None) -> li
                 for t, w, s in SM80_CONFIGS]
     return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, cluster_shape=c, schedule=sched, stages=s,
                  family="sm90").config for t, c, sched, s in SM90_CONFIGS]
-
-
-def operand(rows: int, cols: int, row_major: bool, dtype: torch.dtype) -> torch.Tensor:
-    """Random (rows, cols), row- or column-major, leading dimension padded to 8 (the fast path)."""
-    if row_major:
-        return torch.randn(rows, (cols + 7) // 8 * 8, device="cuda").to(dtype)[:, :cols]
-    return torch.randn(cols, (rows + 7) // 8 * 8, device="cuda").to(dtype)[:, :rows].t()
 
 
 def launch(lib: KernelLibrary, cfg: KernelConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> None:
