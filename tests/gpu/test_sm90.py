@@ -170,6 +170,36 @@ def test_unaligned_operands_fall_back():
     assert err <= BOUND[torch.bfloat16]
 
 
+def test_first_launch_in_a_new_thread():
+    """A thread that has made no CUDA call yet has no current driver context, which the tensor-map encoder
+    needs (torch's autograd worker threads are such threads: a backward op's first launch there failed with
+    'invalid argument'). The first launch in a fresh thread, through the C++ and the Python path, is right."""
+    import threading
+
+    op = Gemm(dtype="bf16", layout="tn", namespace="gemmgen_sm90").compile()
+    assert op.cpp_kernel
+    m, n, k = 333, 200, 96
+    a, b = operands("tn", m, n, k, torch.bfloat16)
+    ref = op(a, b)
+    for path in ("cpp", "python"):
+        # out= allocated here, so that nothing in the thread binds the context before our launch does
+        out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        errors: list[BaseException] = []
+
+        def first_call() -> None:
+            try:
+                op(a, b, out=out) if path == "cpp" else op.run(a, b, out)
+                torch.cuda.current_stream().synchronize()
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread
+                errors.append(e)
+
+        thread = threading.Thread(target=first_call)
+        thread.start()
+        thread.join()
+        assert not errors, (path, errors)
+        assert torch.equal(out, ref), path
+
+
 def test_every_shipped_config():
     """Each kernel the planner ships for arch 90 (benchmarks/shapes.json), on a ragged and a square problem."""
     configs = shipped_configs(90)

@@ -81,9 +81,20 @@ inline cudaError_t tensor_map(CachedMap& cache, const void* base, int64_t inner,
   const cuuint64_t strides[1] = {key.ld * sizeof(Elem)};  // bytes between rows; dimension 0 is contiguous
   const cuuint32_t box[2] = {BOX_INNER, BOX_OUTER};
   const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult res = encode(&cache.map, TensorMapType<Elem>::kValue, 2, const_cast<void*>(base), dims, strides, box,
-                              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                              CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const auto encode_map = [&] {
+    return encode(&cache.map, TensorMapType<Elem>::kValue, 2, const_cast<void*>(base), dims, strides, box,
+                  element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  CUresult res = encode_map();
+  if (res == CUDA_ERROR_INVALID_CONTEXT) {
+    // The encoder is a driver call and wants a current context, which a thread that has made only runtime
+    // calls may lack: torch's autograd worker threads, or any new thread, set the device without binding
+    // its context (c10 skips cudaSetDevice when the device is already the current one). cudaSetDevice
+    // binds the device's primary context to this thread; the retry happens once per such thread.
+    int device = 0;
+    if (cudaGetDevice(&device) == cudaSuccess && cudaSetDevice(device) == cudaSuccess) res = encode_map();
+  }
   cache.valid = res == CUDA_SUCCESS;
   if (cache.valid) cache.key = key;
   return cache.valid ? cudaSuccess : cudaErrorInvalidValue;
