@@ -4,6 +4,8 @@
 #   STEPS=sweep SWEEP_ARGS="--dtype fp16" gpu/run_all.sh   (explicit configs, for the planner's tables)
 #   BENCH_ARGS="--set square --dtypes bf16" STEPS=bench gpu/run_all.sh
 #   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
+#   STEPS=inductor gpu/run_all.sh                      (ours, cuBLAS and torch.compile max-autotune; what Inductor picked)
+#   STEPS=power POWER_ARGS="--variant g16=raster_group:16" gpu/run_all.sh   (steady-state TFLOP/s, SM clock, power)
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
 #   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
@@ -27,6 +29,8 @@ for step in $STEPS; do
               python3 gpu/ab_variants.py --json "$OUT/ab_variants.json" $AB_ARGS 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/ab_variants.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1; fi ;;
     ab90)   python3 gpu/ab_variants.py --json "$OUT/ab_variants_sm90.json" ${AB90_ARGS:---configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/ab_variants_sm90.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sweep)  python3 benchmarks/sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
+    inductor) python3 benchmarks/inductor_compare.py --json "$OUT/inductor_compare.json" ${INDUCTOR_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/inductor_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    power)  python3 gpu/power_probe.py --json "$OUT/power_probe.json" ${POWER_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/power_probe.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer

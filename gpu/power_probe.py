@@ -1,0 +1,149 @@
+"""Steady-state throughput, SM clock and power of our kernels next to cuBLAS (GPU machine).
+
+do_bench's 100 ms windows read the same cuBLAS kernel 2-3 % apart from run to run (inductor_compare.py
+measured max-autotune, which picks that very kernel, at 0.98-1.02x of itself). This probe runs each
+candidate back to back for --seconds (after a warm-up), in alternating order over --rounds, times the
+whole stretch with CUDA events and samples the SM clock and board power meanwhile (nvidia-smi -lms).
+TFLOP/s per GHz separates what the kernel does per clock from what the power limit lets the clock do.
+
+    python3 gpu/power_probe.py [--shapes 8192x8192x8192,4096x4096x4096] [--dtype bf16]
+        [--variant name=key:value,...]   (Gemm overrides, e.g. g16=raster_group:16  n8=raster:n)
+        [--seconds 2] [--rounds 3] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench import DTYPES, operands, tflops, warm_up_gpu  # noqa: E402
+from generator import Gemm  # noqa: E402
+
+
+class Sampler:
+    """nvidia-smi's SM clock (MHz) and power (W) every ~50 ms, each stamped with the host's monotonic clock."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float, float]] = []
+        self.proc = subprocess.Popen(
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
+            stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                clock, power = (float(v) for v in line.split(","))
+            except ValueError:
+                continue
+            self.samples.append((time.monotonic(), clock, power))
+
+    def between(self, start: float, end: float) -> tuple[float, float]:
+        window = [(c, p) for t, c, p in self.samples if start <= t <= end]
+        if not window:
+            return float("nan"), float("nan")
+        return statistics.median(c for c, _ in window), statistics.median(p for _, p in window)
+
+    def stop(self) -> None:
+        self.proc.terminate()
+
+
+def steady_ms(fn, seconds: float) -> tuple[float, float, float]:
+    """Milliseconds per call over a stretch of about ``seconds`` of back-to-back calls; the host's
+    monotonic start and end of the timed stretch."""
+    start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    calls = max(10, int(seconds / max(time.perf_counter() - t0, 1e-6)))
+    for _ in range(max(1, calls // 4)):  # a quarter of the stretch untimed: clocks settle per kernel
+        fn()
+    torch.cuda.synchronize()
+    host_start = time.monotonic()
+    start_ev.record()
+    for _ in range(calls):
+        fn()
+    end_ev.record()
+    end_ev.synchronize()
+    return start_ev.elapsed_time(end_ev) / calls, host_start, time.monotonic()
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    name, _, spec = text.partition("=")
+    overrides = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition(":")
+        overrides[key] = int(value) if value.isdigit() else value
+    return name, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shapes", default="8192x8192x8192,4096x4096x4096")
+    ap.add_argument("--dtype", default="bf16")
+    ap.add_argument("--variant", action="append", default=[], help="name=key:value,... (Gemm overrides)")
+    ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    dtype = DTYPES[args.dtype]
+    variants = [("planner", {})] + [parse_variant(v) for v in args.variant]
+    sampler = Sampler()
+    rows = []
+    try:
+        for shape in args.shapes.split(","):
+            m, n, k = (int(v) for v in shape.split("x"))
+            a, b = operands("tn", m, n, k, dtype)
+            ref = a.float() @ b.float()
+            fns = {"cublas": lambda: torch.matmul(a, b)}
+            kernels = {"cublas": "cuBLAS"}
+            for name, overrides in variants:
+                plan = Gemm(dtype=dtype, layout="tn", m=m, n=n, k=k)
+                for key, value in overrides.items():
+                    setattr(plan, key, value)
+                op = plan.compile()
+                err = ((op(a, b).float() - ref).norm() / ref.norm()).item()
+                assert err < 1e-2, (name, err)
+                fns[name], kernels[name] = (lambda op=op: op(a, b)), op.name
+            warm_up_gpu()
+            runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in fns}
+            for r in range(args.rounds):
+                for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+                    ms, t0, t1 = steady_ms(fns[name], args.seconds)
+                    runs[name].append((ms, *sampler.between(t0, t1)))
+            base = statistics.median(ms for ms, _, _ in runs["cublas"])
+            for name, samples in runs.items():
+                ms = statistics.median(s[0] for s in samples)
+                mhz = statistics.median(s[1] for s in samples)
+                watts = statistics.median(s[2] for s in samples)
+                tf = tflops(m, n, k, ms)
+                row = {"shape": [m, n, k], "dtype": args.dtype, "name": name, "kernel": kernels[name],
+                       "tflops": round(tf, 1), "vs_cublas": round(base / ms, 3), "sm_mhz": mhz, "watts": watts,
+                       "tflops_per_ghz": round(tf / (mhz / 1000), 1) if mhz == mhz else None,
+                       "rounds_ms": [round(s[0], 4) for s in samples]}
+                rows.append(row)
+                print(f"{m}x{n}x{k} {args.dtype} {name:>10} {tf:7.1f} TFLOP/s  {base / ms:6.3f}x cuBLAS  "
+                      f"{mhz:6.0f} MHz {watts:6.1f} W  {row['tflops_per_ghz']} TFLOP/s/GHz  {kernels[name]}",
+                      flush=True)
+    finally:
+        sampler.stop()
+    if args.json:
+        args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
