@@ -418,7 +418,13 @@ struct Kernel {
         if (next_exists) pass_turn(consumer);
         pos.advance(p.k_tiles);  // skip the other warpgroup's tile
       }
+#if GEMMGEN_SM90_EXPERIMENT_NO_EPILOGUE
+      // Timing experiment only, wrong results: what the epilogue costs (NOTES.md, session 11). The
+      // never-taken branch keeps the accumulators live.
+      if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);
+#else
       epi.store(args, p, acc, m0 + row_in_tile, n0);
+#endif
     }
     epi.finish();
   }
