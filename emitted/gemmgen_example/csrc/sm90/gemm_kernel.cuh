@@ -660,10 +660,12 @@ struct Kernel {
           }
           ptx::fence_proxy_async_smem();  // the generic-proxy writes, before TMA (async proxy) reads them
           ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+#if !GEMMGEN_SM90_EXPERIMENT_NO_TMA_STORE  // timing experiment only, wrong results: stage, never store
           if (t == 0) {
             ptx::tma_store_2d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM);
             ptx::tma_store_commit();
           }
+#endif
           buffer ^= 1;
         }
       }
