@@ -49,6 +49,15 @@ class Row:
     rel_error: float
 
 
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """"4096x4096x4096,8192x8192x8192" -> [(4096, 4096, 4096), (8192, 8192, 8192)] (the scripts' --shapes)."""
+    shapes = []
+    for item in text.split(","):
+        m, n, k = (int(v) for v in item.lower().split("x"))
+        shapes.append((m, n, k))
+    return shapes
+
+
 def load_shapes(sets: list[str]) -> list[tuple[int, int, int]]:
     data = json.loads((HERE / "shapes.json").read_text())
     shapes: list[tuple[int, int, int]] = []

@@ -21,13 +21,8 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench import DTYPES, operands, tflops, timed_rounds, warm_up_gpu  # noqa: E402
+from bench import DTYPES, operands, parse_shapes, tflops, timed_rounds, warm_up_gpu  # noqa: E402
 from generator import Gemm  # noqa: E402
-
-
-def parse_shape(text: str) -> tuple[int, int, int]:
-    m, n, k = (int(v) for v in text.lower().split("x"))
-    return m, n, k
 
 
 def compiled_matmul():
@@ -44,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
-    shapes = [parse_shape(s) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes)
     rows = []
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]

@@ -14,7 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import DTYPES, bench_ms, operands, tflops  # noqa: E402
+from bench import DTYPES, bench_ms, operands, parse_shapes, tflops  # noqa: E402
 
 from generator import Gemm  # noqa: E402
 from generator.op import compile_many  # noqa: E402
@@ -53,8 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"skip {tile} {warps} s{stages}: {err}")
     ops = compile_many([p.config for p in plans], namespace="gemmgen")
     rows = []
-    for shape in args.shapes.split(","):
-        m, n, k = (int(x) for x in shape.split("x"))
+    for m, n, k in parse_shapes(args.shapes):
         a, b = operands(args.layout, m, n, k, DTYPES[args.dtype])
         ref = a.float() @ b.float()
         cublas = tflops(m, n, k, bench_ms(lambda: torch.matmul(a, b)))

@@ -17,7 +17,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench import DTYPES, bench_ms, operands, tflops, warm_up_gpu  # noqa: E402
+from bench import DTYPES, bench_ms, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
 
 from generator import Gemm  # noqa: E402
 from generator.arch import ARCHS  # noqa: E402
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=str(Path(os.environ.get("OUT", ".")) / "sweep_sm90.json"))
     args = parser.parse_args(argv)
     torch.backends.cuda.matmul.allow_tf32 = False
-    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    shapes = parse_shapes(args.shapes)
     per_shape = {s: ranked_candidates(args.dtype, args.layout, s, args.top) for s in shapes}
     chosen = {s: Gemm(dtype=args.dtype, layout=args.layout, arch=90, m=s[0], n=s[1], k=s[2]).name for s in shapes}
     configs = {c.name: c for ranked in per_shape.values() for c, _ in ranked}

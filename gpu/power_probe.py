@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench import DTYPES, operands, tflops, warm_up_gpu  # noqa: E402
+from bench import DTYPES, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
 from generator import Gemm  # noqa: E402
 
 
@@ -104,8 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     sampler = Sampler()
     rows = []
     try:
-        for shape in args.shapes.split(","):
-            m, n, k = (int(v) for v in shape.split("x"))
+        for m, n, k in parse_shapes(args.shapes):
             a, b = operands("tn", m, n, k, dtype)
             ref = a.float() @ b.float()
             fns = {"cublas": lambda: torch.matmul(a, b)}

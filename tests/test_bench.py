@@ -33,14 +33,14 @@ def test_rounds_alternate_and_the_median_is_reported(monkeypatch):
     assert bench.timed_rounds(fns, 1) == {"ours": 7.0, "cublas": 8.0, "triton": 9.0}
 
 
-def test_power_probe_variants_and_inductor_shapes_parse():
-    """gpu/power_probe.py's --variant and benchmarks/inductor_compare.py's --shapes, as the device runs take them."""
+def test_power_probe_variants_and_benchmark_shapes_parse():
+    """gpu/power_probe.py's --variant and the benchmark scripts' --shapes, as the device runs take them."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
-    import inductor_compare
     import power_probe
 
     assert power_probe.parse_variant("g16=raster_group:16,raster:n") == ("g16", {"raster_group": 16, "raster": "n"})
     assert power_probe.parse_variant("planner=") == ("planner", {})
-    assert inductor_compare.parse_shape("4096x14336x4096") == (4096, 14336, 4096)
+    assert bench.parse_shapes("4096x14336x4096") == [(4096, 14336, 4096)]
+    assert bench.parse_shapes("1024X1024X1024,128x4096x4096") == [(1024, 1024, 1024), (128, 4096, 4096)]
     with pytest.raises(ValueError):
-        inductor_compare.parse_shape("4096x4096")
+        bench.parse_shapes("4096x4096")
