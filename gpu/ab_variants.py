@@ -4,6 +4,7 @@
     python3 gpu/ab_variants.py --configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1 \\
         [--shapes 4096x4096x4096,8192x8192x8192] [--json $OUT/ab.json]
     python3 gpu/ab_variants.py --configs sm80 --variant a= --variant b=-DSOME_SWITCH=1   (a switch in the templates)
+    python3 gpu/ab_variants.py --configs sm90 --kernel 128x256x64:2x1:cooperative:3 --variant a= --variant b=...
 
 Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
 alternates the variants (A B A B ...) so that clock drift during the run hits both alike; each
@@ -44,12 +45,24 @@ SM90_CONFIGS = [((128, 256, 64), (2, 1), "cooperative", 4), ((128, 256, 64), (1,
                 ((256, 128, 64), (1, 2), "cooperative", 4), ((128, 256, 64), (1, 1), "cooperative", 4)]
 
 
-def family_configs(family: str, dtype: str, layout: str, arch: int | None) -> list[KernelConfig]:
+def family_configs(family: str, dtype: str, layout: str, arch: int | None,
+                   sm90_kernels: list[tuple] | None = None) -> list[KernelConfig]:
     if family == "sm80":
         return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, warps=w, stages=s, family="sm80").config
                 for t, w, s in SM80_CONFIGS]
     return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, cluster_shape=c, schedule=sched, stages=s,
-                 family="sm90").config for t, c, sched, s in SM90_CONFIGS]
+                 family="sm90").config for t, c, sched, s in (sm90_kernels or SM90_CONFIGS)]
+
+
+def parse_sm90_kernel(text: str) -> tuple:
+    """"TILE:CLUSTER:SCHEDULE:STAGES", e.g. "128x256x64:2x1:cooperative:3", as an SM90_CONFIGS entry."""
+    try:
+        tile, cluster, schedule, stages = text.split(":")
+        return (tuple(int(x) for x in tile.split("x")), tuple(int(x) for x in cluster.split("x")), schedule,
+                int(stages))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TILE:CLUSTER:SCHEDULE:STAGES, "
+                                         "e.g. 128x256x64:2x1:cooperative:3") from None
 
 
 def launch(lib: KernelLibrary, cfg: KernelConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> None:
@@ -100,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", action="append", required=True, metavar="NAME=FLAGS",
                     help="a variant: a name and its space-separated nvcc flags (may be empty); at least two")
     ap.add_argument("--configs", default="sm80", choices=["sm80", "sm90"], help="which family's configs")
+    ap.add_argument("--kernel", action="append", type=parse_sm90_kernel, metavar="TILE:CLUSTER:SCHEDULE:STAGES",
+                    help="with --configs sm90: run these kernels instead of SM90_CONFIGS (repeatable)")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
     ap.add_argument("--shapes", default="4096x4096x4096,8192x8192x8192")
@@ -113,7 +128,9 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("give at least two --variant NAME=FLAGS")
     torch.backends.cuda.matmul.allow_tf32 = False
 
-    configs = family_configs(args.configs, args.dtype, args.layout, args.arch)
+    if args.kernel and args.configs != "sm90":
+        ap.error("--kernel takes sm90 kernels: add --configs sm90")
+    configs = family_configs(args.configs, args.dtype, args.layout, args.arch, args.kernel)
     requests = [dataclasses.replace(build_request(c), extra_flags=tuple(flags.split()))
                 for flags in variants.values() for c in configs]
     t0 = time.time()
