@@ -6,6 +6,7 @@
 #   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
 #   STEPS=inductor gpu/run_all.sh                      (ours, cuBLAS and torch.compile max-autotune; what Inductor picked)
 #   STEPS=power POWER_ARGS="--variant g16=raster_group:16" gpu/run_all.sh   (steady-state TFLOP/s, SM clock, power)
+#   STEPS=ceiling CEILING_ARGS="--dtype fp16" gpu/run_all.sh   (mma.sync ceiling per clock next to the sm80 kernel)
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
 #   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
@@ -31,6 +32,7 @@ for step in $STEPS; do
     sweep)  python3 benchmarks/sweep.py ${SWEEP_ARGS:-} 2>&1 | tee "$OUT/sweep.log" || status=1 ;;
     inductor) python3 benchmarks/inductor_compare.py --json "$OUT/inductor_compare.json" ${INDUCTOR_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/inductor_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     power)  python3 gpu/power_probe.py --json "$OUT/power_probe.json" ${POWER_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/power_probe.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    ceiling) python3 gpu/mma_ceiling.py --json "$OUT/mma_ceiling.json" ${CEILING_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/mma_ceiling.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer

@@ -6,11 +6,20 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>  // memcpy: a chunk's 16-bit element as Out
 #include <type_traits>
 
+#include "../common/alignment.cuh"
 #include "../common/convert.cuh"
 #include "../common/gemm_args.h"
 #include "../ptx/sm80.cuh"
+#include "../ptx/smem.cuh"
+
+// Experiment switch for A/B runs on the GPU (gpu/ab_variants.py): 1 sends a row-major D through shared
+// memory, so that each warp writes whole 16-byte chunks of its rows (NOTES.md, session 12).
+#ifndef GEMMGEN_SM80_STAGED_EPILOGUE
+#define GEMMGEN_SM80_STAGED_EPILOGUE 0
+#endif
 
 namespace gemmgen {
 namespace sm80 {
@@ -267,6 +276,76 @@ struct Kernel {
         }
   }
 
+  // The staged epilogue: each warp passes its tile through its own shared-memory slab of one mma row
+  // (16 rows x WARP_N), written from the fragments and read back as 16-byte chunks, so that 8 (fp32: 16)
+  // lanes store one whole 128-byte (256-byte) row segment instead of 4-byte pieces of 8 rows. The slabs
+  // reuse the operand ring, free once the main loop is done.
+  static constexpr int kSlabRowBytes = WARP_N * static_cast<int>(sizeof(Out));
+  static constexpr int kSlabChunks = kSlabRowBytes / kChunkBytes;  // 16-byte chunks per slab row
+  static constexpr int kSlabBytes = kMmaM * kSlabRowBytes;
+  static constexpr int kChunkElems = kChunkBytes / static_cast<int>(sizeof(Out));
+  static constexpr bool STAGED_EPILOGUE = GEMMGEN_SM80_STAGED_EPILOGUE && D_ROW_MAJOR &&
+                                          kSlabRowBytes % kChunkBytes == 0 && (kSlabChunks & (kSlabChunks - 1)) == 0 &&
+                                          WARPS_M * WARPS_N * kSlabBytes <= SMEM_BYTES;
+
+  // Where chunk `chunk` of slab row `row` lies: XOR-swizzled so that both the fragment writes (8 rows,
+  // one chunk column) and the chunk reads (whole rows) touch every bank once per 128 bytes.
+  __device__ __forceinline__ static uint32_t slab_offset(int row, int chunk) {
+    constexpr int kRowsPerLine = kSlabChunks >= 8 ? 1 : 8 / kSlabChunks;
+    constexpr int kSwizzle = kSlabChunks >= 8 ? 8 : kSlabChunks;
+    return row * kSlabRowBytes + ((chunk ^ ((row / kRowsPerLine) % kSwizzle)) * kChunkBytes);
+  }
+
+  // Element j (a constant once unrolled) of a 16-byte chunk held as four words.
+  __device__ __forceinline__ static Out chunk_element(const uint32_t (&words)[4], int j) {
+    if constexpr (sizeof(Out) == 4) {
+      return __uint_as_float(words[j]);
+    } else {
+      const unsigned short bits = static_cast<unsigned short>(words[j / 2] >> (16 * (j % 2)));
+      Out x;
+      memcpy(&x, &bits, sizeof(x));
+      return x;
+    }
+  }
+
+  __device__ __forceinline__ static void store_staged(const GemmArgs& args,
+                                                      const float (&acc)[MMA_TILES_M][MMA_TILES_N][4], int row_base,
+                                                      int col_base, int lane, uint32_t slab) {
+    Out* d = static_cast<Out*>(args.d);
+    const int M = static_cast<int>(args.m), N = static_cast<int>(args.n);
+    const int64_t ldd = args.ldd;
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < MMA_TILES_N; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int row = lane / 4 + half * 8;
+          const int byte = (nt * kMmaN + (lane % 4) * 2) * static_cast<int>(sizeof(Out));
+          ptx::st_shared_pair<Out>(slab + slab_offset(row, byte / kChunkBytes) + byte % kChunkBytes,
+                                   acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
+        }
+      __syncwarp();
+#pragma unroll
+      for (int i = lane; i < kMmaM * kSlabChunks; i += 32) {
+        const int row = i / kSlabChunks, chunk = i % kSlabChunks;
+        const uint4 v = ptx::ld_shared_v4_b32(slab + slab_offset(row, chunk));
+        const int grow = row_base + mt * kMmaM + row, gcol = col_base + chunk * kChunkElems;
+        if (grow >= M) continue;
+        Out* p = d + grow * ldd + gcol;
+        if (gcol + kChunkElems <= N) {
+          *reinterpret_cast<uint4*>(p) = v;
+        } else {  // the chunk crosses N: element by element
+          const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+          for (int j = 0; j < kChunkElems; ++j)
+            if (gcol + j < N) p[j] = chunk_element(words, j);
+        }
+      }
+      __syncwarp();  // the slab is read before the next mma row overwrites it
+    }
+  }
+
   // Start the copies of k tile `tile` into one stage: whole tiles take the cheap path.
   template <bool EDGE>
   __device__ __forceinline__ static void load_stage(ALoader& a, BLoader& b, uint32_t stage, int tile, int full_tiles,
@@ -386,6 +465,14 @@ struct Kernel {
     // The epilogue's coordinates, derived again: every register the main loop can have is one
     // fewer it spills (a few integer operations once per block).
     const Coords at(ptx::ctaid_x_fresh(), ptx::tid_x_fresh(), M, N);
+    if constexpr (STAGED_EPILOGUE) {
+      if (fast_aligned(args.d, args.ldd, sizeof(Out))) {
+        __syncthreads();  // every warp is done reading the ring the slabs overwrite
+        const uint32_t slab = ptx::smem_addr(smem) + (threadIdx.x / 32) * kSlabBytes;
+        store_staged(args, acc, at.block_m0 + at.warp_m0, at.block_n0 + at.warp_n0, at.lane, slab);
+        return;
+      }
+    }
     store(args, acc, at.block_m0 + at.warp_m0, at.block_n0 + at.warp_n0, at.lane);
   }
 };

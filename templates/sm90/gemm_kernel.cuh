@@ -709,7 +709,7 @@ struct Kernel {
           const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
           const int chunk = (byte / 16) ^ (row % 8);  // the 128-byte swizzle TMA undoes
           const uint32_t at = buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16;
-          st_shared_pair(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+          ptx::st_shared_pair<Out>(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
         }
       }
     }
@@ -723,15 +723,6 @@ struct Kernel {
     // Before the CTA exits: every TMA store of this warpgroup performed.
     __device__ __forceinline__ void finish() {
       if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();
-    }
-
-    __device__ __forceinline__ static void st_shared_pair(uint32_t at, float x, float y) {
-      if constexpr (sizeof(Out) == 4) {
-        ptx::st_shared_v2_f32(at, x, y);
-      } else {
-        const typename Pair<Out>::type v = Pair<Out>::make(x, y);
-        ptx::st_shared_b32(at, *reinterpret_cast<const uint32_t*>(&v));
-      }
     }
   };
 };
