@@ -1,6 +1,7 @@
 """Benchmark: our planned kernel next to torch.matmul (cuBLAS) and a Triton matmul, side by side in one run.
 
-    python benchmarks/bench.py [--set square,llm,ragged] [--dtypes bf16,fp16] [--layout tn] [--json out.json]
+    python benchmarks/bench.py [--set square,llm,ragged] [--dtypes bf16,fp16] [--layout tn] [--family sm80]
+        [--json out.json]
     python -m generator bench ...   (the same)
 
 Times are triton.testing.do_bench medians (ms) on fresh random data, measured --rounds times per row in
@@ -103,8 +104,10 @@ def timed_rounds(fns: dict, rounds: int) -> dict[str, float]:
     return {name: statistics.median(t) for name, t in times.items()}
 
 
-def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2) -> list[Row]:
-    plans = {(s, d): Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2]) for s in shapes for d in dtypes}
+def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None) -> list[Row]:
+    family_arg = {"family": family} if family else {}
+    plans = {(s, d): Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2], **family_arg) for s in shapes
+             for d in dtypes}
     unique = {p.name: p.config for p in plans.values()}
     start = time.perf_counter()
     ops = dict(zip(unique, compile_many(list(unique.values()), namespace="gemmgen")))
@@ -153,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", default="square,llm,ragged", help="comma list of shapes.json sets")
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma list of bf16, fp16")
     parser.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
+    parser.add_argument("--family", choices=["sm80", "sm90"], default=None,
+                        help="kernel family to plan (default: the planner's choice for the GPU, sm90 on Hopper)")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton column")
     parser.add_argument("--rounds", type=int, default=2,
                         help="do_bench medians per column and row, in alternating order; the table has their median")
@@ -172,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds)
+    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds, args.family)
     print("\n" + HEADER)
     for r in rows:
         print(format_row(r))

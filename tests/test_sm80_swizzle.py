@@ -72,3 +72,68 @@ int main() {
 def test_swizzle_shifts_fold_and_phases_are_conflict_free(tmp_path) -> None:
     checks = "\n  ".join(f"check<{r}, {c}>();" for r, c in TILES)
     assert run_host_program(PROGRAM.replace("%CHECKS%", checks), tmp_path).strip() == "0 failures"
+
+
+# The staged epilogue's slab (EpilogueSlab<ROW_BYTES>, ROW_BYTES = WARP_N x sizeof(Out)): every row
+# width a warp tile can have, for 16-bit and fp32 outputs.
+SLAB_PROGRAM = r"""
+#include <cstdio>
+#include "sm80/gemm_kernel.cuh"
+
+static int failures = 0;
+
+static void report(const char* what, int row_bytes, int a, int b, const int (&hits)[8], int want) {
+  for (int g = 0; g < 8; ++g)
+    if (hits[g] != want) {
+      if (failures++ < 10) std::printf("slab %d B: %s %d/%d: bank group %d hit %d times, want %d\n", row_bytes, what, a, b, g, hits[g], want);
+      return;
+    }
+}
+
+template <int ROW_BYTES>
+void check(int out_bytes) {
+  using Slab = gemmgen::sm80::EpilogueSlab<ROW_BYTES>;
+  constexpr int kRows = gemmgen::sm80::kMmaM;
+  // A bijection onto the slab's 16-byte chunks.
+  static bool seen[kRows * Slab::kChunks];
+  for (bool& s : seen) s = false;
+  for (int r = 0; r < kRows; ++r)
+    for (int c = 0; c < Slab::kChunks; ++c) {
+      const unsigned at = Slab::offset(r, c);
+      if (at % 16 != 0 || at / 16 >= kRows * Slab::kChunks || seen[at / 16]) {
+        if (failures++ < 10) std::printf("slab %d B: chunk (%d, %d) at %u collides or leaves the slab\n", ROW_BYTES, r, c, at);
+      } else {
+        seen[at / 16] = true;
+      }
+    }
+  // A fragment write: 8 rows x the chunks of one n8 column (8 outputs of out_bytes), each bank group
+  // as often as any other.
+  const int column_bytes = 8 * out_bytes;
+  for (int nt = 0; nt < ROW_BYTES / column_bytes; ++nt)
+    for (int half = 0; half < 2; ++half) {
+      int hits[8] = {};
+      for (int r = 8 * half; r < 8 * half + 8; ++r)
+        for (int c = nt * column_bytes / 16; c < (nt + 1) * column_bytes / 16; ++c) ++hits[(Slab::offset(r, c) / 16) % 8];
+      report("write of column, half", ROW_BYTES, nt, half, hits, column_bytes / 16);
+    }
+  // A read: 32 lanes, consecutive chunks row by row: 4 per bank group, the least 512 bytes can take.
+  for (int step = 0; step < kRows * Slab::kChunks / 32; ++step) {
+    int hits[8] = {};
+    for (int i = 32 * step; i < 32 * step + 32; ++i) ++hits[(Slab::offset(i / Slab::kChunks, i % Slab::kChunks) / 16) % 8];
+    report("read step", ROW_BYTES, step, 0, hits, 4);
+  }
+}
+
+int main() {
+  %CHECKS%
+  std::printf("%d failures\n", failures);
+  return failures != 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_epilogue_slab_is_a_conflict_free_bijection(tmp_path) -> None:
+    warp_ns = (16, 32, 64, 128)  # WARP_N = BN / WARPS_N: at least two n8 tiles, at most 128
+    checks = "\n  ".join(f"check<{wn * out}>({out});" for wn in warp_ns for out in (2, 4))
+    assert run_host_program(SLAB_PROGRAM.replace("%CHECKS%", checks), tmp_path).strip() == "0 failures"

@@ -15,12 +15,6 @@
 #include "../ptx/sm80.cuh"
 #include "../ptx/smem.cuh"
 
-// Experiment switch for A/B runs on the GPU (gpu/ab_variants.py): 1 sends a row-major D through shared
-// memory, so that each warp writes whole 16-byte chunks of its rows (NOTES.md, session 12).
-#ifndef GEMMGEN_SM80_STAGED_EPILOGUE
-#define GEMMGEN_SM80_STAGED_EPILOGUE 0
-#endif
-
 namespace gemmgen {
 namespace sm80 {
 
@@ -146,6 +140,22 @@ struct TileLoader {
   __device__ __forceinline__ uint32_t smem_offset(int i) const {
     if (kRowStep % Tile::kPeriodRows == 0) return Tile::offset(row0, chunk, i * kRowStep);
     return Tile::offset(row0 + i * kRowStep, chunk);
+  }
+};
+
+// The staged epilogue's slab: rows of ROW_BYTES (a power of two, at least two 16-byte chunks) in which
+// chunk c of row r lies at chunk c ^ f(r), so that both of its accesses are free of bank conflicts:
+// the fragment writes (8 consecutive rows, the chunk or two of one n8 column) and the 16-byte reads
+// (consecutive chunks, row by row) touch each 16-byte bank group equally often.
+template <int ROW_BYTES>
+struct EpilogueSlab {
+  static constexpr int kChunks = ROW_BYTES / kChunkBytes;
+  static_assert(kChunks >= 2 && (kChunks & (kChunks - 1)) == 0, "slab rows are a power of two of chunks");
+  static constexpr int kRowsPerLine = kChunks >= 8 ? 1 : 8 / kChunks;  // rows sharing one 128-byte line
+  static constexpr int kSwizzle = kChunks >= 8 ? 8 : kChunks;
+
+  __host__ __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
+    return row * ROW_BYTES + (chunk ^ ((row / kRowsPerLine) % kSwizzle)) * kChunkBytes;
   }
 };
 
@@ -279,22 +289,14 @@ struct Kernel {
   // The staged epilogue: each warp passes its tile through its own shared-memory slab of one mma row
   // (16 rows x WARP_N), written from the fragments and read back as 16-byte chunks, so that 8 (fp32: 16)
   // lanes store one whole 128-byte (256-byte) row segment instead of 4-byte pieces of 8 rows. The slabs
-  // reuse the operand ring, free once the main loop is done.
+  // reuse the operand ring, free once the main loop is done. Measured on the H100 against the 4-byte
+  // stores: +4-7 % at 4096^3, +1-3 % at 8192^3 (NOTES.md, session 12). Column-major or unaligned D
+  // keeps the direct stores.
   static constexpr int kSlabRowBytes = WARP_N * static_cast<int>(sizeof(Out));
-  static constexpr int kSlabChunks = kSlabRowBytes / kChunkBytes;  // 16-byte chunks per slab row
   static constexpr int kSlabBytes = kMmaM * kSlabRowBytes;
   static constexpr int kChunkElems = kChunkBytes / static_cast<int>(sizeof(Out));
-  static constexpr bool STAGED_EPILOGUE = GEMMGEN_SM80_STAGED_EPILOGUE && D_ROW_MAJOR &&
-                                          kSlabRowBytes % kChunkBytes == 0 && (kSlabChunks & (kSlabChunks - 1)) == 0 &&
-                                          WARPS_M * WARPS_N * kSlabBytes <= SMEM_BYTES;
-
-  // Where chunk `chunk` of slab row `row` lies: XOR-swizzled so that both the fragment writes (8 rows,
-  // one chunk column) and the chunk reads (whole rows) touch every bank once per 128 bytes.
-  __device__ __forceinline__ static uint32_t slab_offset(int row, int chunk) {
-    constexpr int kRowsPerLine = kSlabChunks >= 8 ? 1 : 8 / kSlabChunks;
-    constexpr int kSwizzle = kSlabChunks >= 8 ? 8 : kSlabChunks;
-    return row * kSlabRowBytes + ((chunk ^ ((row / kRowsPerLine) % kSwizzle)) * kChunkBytes);
-  }
+  using Slab = EpilogueSlab<kSlabRowBytes>;
+  static constexpr bool STAGED_EPILOGUE = D_ROW_MAJOR && WARPS_M * WARPS_N * kSlabBytes <= SMEM_BYTES;
 
   // Element j (a constant once unrolled) of a 16-byte chunk held as four words.
   __device__ __forceinline__ static Out chunk_element(const uint32_t (&words)[4], int j) {
@@ -322,14 +324,14 @@ struct Kernel {
         for (int half = 0; half < 2; ++half) {
           const int row = lane / 4 + half * 8;
           const int byte = (nt * kMmaN + (lane % 4) * 2) * static_cast<int>(sizeof(Out));
-          ptx::st_shared_pair<Out>(slab + slab_offset(row, byte / kChunkBytes) + byte % kChunkBytes,
+          ptx::st_shared_pair<Out>(slab + Slab::offset(row, byte / kChunkBytes) + byte % kChunkBytes,
                                    acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
         }
       __syncwarp();
 #pragma unroll
-      for (int i = lane; i < kMmaM * kSlabChunks; i += 32) {
-        const int row = i / kSlabChunks, chunk = i % kSlabChunks;
-        const uint4 v = ptx::ld_shared_v4_b32(slab + slab_offset(row, chunk));
+      for (int step = 0; step < kMmaM * Slab::kChunks / 32; ++step) {
+        const int row = (step * 32 + lane) / Slab::kChunks, chunk = (step * 32 + lane) % Slab::kChunks;
+        const uint4 v = ptx::ld_shared_v4_b32(slab + Slab::offset(row, chunk));
         const int grow = row_base + mt * kMmaM + row, gcol = col_base + chunk * kChunkElems;
         if (grow >= M) continue;
         Out* p = d + grow * ldd + gcol;

@@ -195,3 +195,20 @@ def test_current_stream_is_used(matrix_ops):
         d = op(a, b)
     stream.synchronize()
     assert rel_error(d, a, b) <= BOUND[torch.bfloat16]
+
+
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES)
+def test_padded_output_rows_ragged_n(matrix_ops, out_dtype):
+    """A row-major D whose pitch keeps the 16-byte rule while N does not: the staged epilogue stores whole
+    16-byte chunks and, at the end of each row, element by element. The padding past N must stay as it
+    was (NaN), every element up to N must be written."""
+    op = matrix_ops[("tn", "bf16", out_dtype)]
+    per_chunk = 16 // torch.empty((), dtype=OUT_DTYPES[out_dtype]).element_size()
+    for m, n, k in ((1000, 1001, 64), (65, 7, 129), (129, 4097, 100), (300, 63, 1000), (17, 1, 33)):
+        pitch = (n + per_chunk - 1) // per_chunk * per_chunk + per_chunk
+        buf = torch.full((m, pitch), float("nan"), dtype=OUT_DTYPES[out_dtype], device="cuda")
+        a, b = operands("tn", m, n, k, torch.bfloat16)
+        d = op(a, b, out=buf[:, :n])
+        err = rel_error(d, a, b)
+        assert err <= BOUND[torch.bfloat16], f"{op.name} M={m} N={n} K={k} pitch {pitch}: rel error {err:.3g}"
+        assert torch.isnan(buf[:, n:]).all(), f"{op.name} M={m} N={n}: wrote past N into the row padding"

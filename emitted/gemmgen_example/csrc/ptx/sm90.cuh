@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "smem.cuh"  // the epilogue's staging stores
 #include "sm90_wgmma.cuh"
 
 namespace gemmgen {
@@ -149,16 +150,6 @@ __device__ __forceinline__ void tma_store_wait() {
 // PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: membar/fence" (fence.proxy.async).
 __device__ __forceinline__ void fence_proxy_async_smem() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// Store two fp32 values (8 bytes) or one 32-bit word to shared memory (the epilogue's staging).
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
-__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
-__device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
 // ---- clusters -----------------------------------------------------------------------------------

@@ -33,6 +33,12 @@
 #ifndef GEMMGEN_SM90_STREAM_K
 #define GEMMGEN_SM90_STREAM_K 0
 #endif
+// Experiment switch (gpu/ab_variants.py): 1 stages a consumer warpgroup's whole tile for the TMA store
+// when the ring leaves room for it, so the epilogue never waits for a store to finish reading its
+// buffer (NOTES.md, session 12). Off by default.
+#ifndef GEMMGEN_SM90_EPI_WHOLE_TILE
+#define GEMMGEN_SM90_EPI_WHOLE_TILE 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -122,6 +128,7 @@ constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up to a swizzle atom
+constexpr int kMaxSmemBytes = 232448;    // sm_90's opt-in limit of dynamic shared memory per block
 
 // One operand's tile of one pipeline stage in shared memory: ROWS (M or N) x kBlockK, as TMA writes
 // it with the 128-byte swizzle.
@@ -223,14 +230,18 @@ struct Kernel {
   static constexpr int kEpiRows = 64;
   static constexpr int kEpiCols = kSwizzleRowBytes / static_cast<int>(sizeof(Out));
   static constexpr int kEpiBufferBytes = kEpiRows * kSwizzleRowBytes;
-  static constexpr int kEpiBuffers = 2;
-  static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
-  static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
-  static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
-
   // A consumer warpgroup's share of a tile: rows [wg_row0, wg_row0 + WG_M), all BN columns.
   static constexpr int WG_M = PINGPONG ? BM : BM / kConsumerWarpgroups;
   static constexpr int MMA_BLOCKS_M = WG_M / kMmaM;
+  static constexpr int kEpiSubtiles = MMA_BLOCKS_M * (BN / kEpiCols);  // of one warpgroup's tile
+  static constexpr bool kEpiWholeTile =
+      GEMMGEN_SM90_EPI_WHOLE_TILE &&
+      RING_BYTES + kConsumerWarpgroups * kEpiSubtiles * kEpiBufferBytes + kSmemAlignSlack <= kMaxSmemBytes;
+  static constexpr int kEpiBuffers = kEpiWholeTile ? kEpiSubtiles : 2;
+  static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
+  static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
+  static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
+  static_assert(SMEM_BYTES <= kMaxSmemBytes, "the planner keeps the ring within sm_90's shared memory");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
   using Mma = ptx::Wgmma<BN, Elem, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1>;
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
@@ -635,9 +646,11 @@ struct Kernel {
         store_direct(args, p, acc, m0, n0);
         return;
       }
+      if constexpr (kEpiWholeTile) {
+        store_whole_tile(acc, m0, n0);
+        return;
+      }
       const int t = threadIdx.x % kWarpgroupThreads;
-      const int warp = t / 32, lane = t % 32;
-      constexpr int kBlocksPerSubtile = kEpiCols / 8;  // n8 blocks of the accumulator layout
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
 #pragma unroll
@@ -646,43 +659,70 @@ struct Kernel {
           // The store that last read this buffer (two subtiles ago) must be done reading it.
           if (t == 0) ptx::tma_store_wait_read<kEpiBuffers - 1>();
           ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-#pragma unroll
-          for (int jj = 0; jj < kBlocksPerSubtile; ++jj) {
-            const int j = sub * kBlocksPerSubtile + jj;
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int row = warp * 16 + lane / 4 + 8 * h;
-              const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
-              const int chunk = (byte / 16) ^ (row % 8);  // the 128-byte swizzle TMA undoes
-              const uint32_t at = buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16;
-              st_shared_pair(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
-            }
-          }
+          stage_subtile(acc, i, sub, buf);
           ptx::fence_proxy_async_smem();  // the generic-proxy writes, before TMA (async proxy) reads them
           ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-#if !GEMMGEN_SM90_EXPERIMENT_NO_TMA_STORE  // timing experiment only, wrong results: stage, never store
           if (t == 0) {
-            ptx::tma_store_2d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM);
+            store_subtile(buf, i, sub, m0, n0);
             ptx::tma_store_commit();
           }
-#endif
           buffer ^= 1;
         }
       }
     }
 
+    // The whole tile at once, one buffer per subtile: the stores of the previous tile finished reading
+    // their buffers during this tile's mainloop, so nothing here waits on TMA, and two barriers suffice.
+    __device__ __forceinline__ void store_whole_tile(const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
+      const int t = threadIdx.x % kWarpgroupThreads;
+      if (t == 0) ptx::tma_store_wait_read<0>();
+      ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int sub = 0; sub < BN / kEpiCols; ++sub)
+          stage_subtile(acc, i, sub, smem.epi_buffer(consumer, i * (BN / kEpiCols) + sub));
+      ptx::fence_proxy_async_smem();  // the generic-proxy writes, before TMA (async proxy) reads them
+      ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+      if (t == 0) {
+#pragma unroll
+        for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+          for (int sub = 0; sub < BN / kEpiCols; ++sub)
+            store_subtile(smem.epi_buffer(consumer, i * (BN / kEpiCols) + sub), i, sub, m0, n0);
+        ptx::tma_store_commit();
+      }
+    }
+
+    // Subtile (i, sub) of the accumulators into the staging buffer at `buf`, in the 128-byte swizzle.
+    __device__ __forceinline__ static void stage_subtile(const float (&acc)[MMA_BLOCKS_M][ACCUM], int i, int sub,
+                                                         uint32_t buf) {
+      const int t = threadIdx.x % kWarpgroupThreads;
+      const int warp = t / 32, lane = t % 32;
+      constexpr int kBlocksPerSubtile = kEpiCols / 8;  // n8 blocks of the accumulator layout
+#pragma unroll
+      for (int jj = 0; jj < kBlocksPerSubtile; ++jj) {
+        const int j = sub * kBlocksPerSubtile + jj;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = warp * 16 + lane / 4 + 8 * h;
+          const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
+          const int chunk = (byte / 16) ^ (row % 8);  // the 128-byte swizzle TMA undoes
+          const uint32_t at = buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16;
+          ptx::st_shared_pair<Out>(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        }
+      }
+    }
+
+    __device__ __forceinline__ void store_subtile(uint32_t buf, int i, int sub, int m0, int n0) const {
+#if !GEMMGEN_SM90_EXPERIMENT_NO_TMA_STORE  // timing experiment only, wrong results: stage, never store
+      ptx::tma_store_2d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM);
+#endif
+    }
+
     // Before the CTA exits: every TMA store of this warpgroup performed.
     __device__ __forceinline__ void finish() {
       if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();
-    }
-
-    __device__ __forceinline__ static void st_shared_pair(uint32_t at, float x, float y) {
-      if constexpr (sizeof(Out) == 4) {
-        ptx::st_shared_v2_f32(at, x, y);
-      } else {
-        const typename Pair<Out>::type v = Pair<Out>::make(x, y);
-        ptx::st_shared_b32(at, *reinterpret_cast<const uint32_t*>(&v));
-      }
     }
   };
 };
