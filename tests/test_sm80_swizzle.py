@@ -59,19 +59,18 @@ void check() {
                   groups);
   }
 }
-
-int main() {
-  %CHECKS%
-  std::printf("%d failures\n", failures);
-  return failures != 0;
-}
 """
+
+
+def run_checks(program: str, checks: list[str], tmp_path) -> str:
+    """Compile and run a host program made of ``program`` and a main() that calls ``checks``; its last line."""
+    main = "int main() {\n  " + "\n  ".join(checks) + '\n  std::printf("%d failures\\n", failures);\n  return failures != 0;\n}\n'
+    return run_host_program(program + main, tmp_path).strip()
 
 
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_swizzle_shifts_fold_and_phases_are_conflict_free(tmp_path) -> None:
-    checks = "\n  ".join(f"check<{r}, {c}>();" for r, c in TILES)
-    assert run_host_program(PROGRAM.replace("%CHECKS%", checks), tmp_path).strip() == "0 failures"
+    assert run_checks(PROGRAM, [f"check<{r}, {c}>();" for r, c in TILES], tmp_path) == "0 failures"
 
 
 # The staged epilogue's slab (EpilogueSlab<ROW_BYTES>, ROW_BYTES = WARP_N x sizeof(Out)): every row
@@ -123,17 +122,11 @@ void check(int out_bytes) {
     report("read step", ROW_BYTES, step, 0, hits, 4);
   }
 }
-
-int main() {
-  %CHECKS%
-  std::printf("%d failures\n", failures);
-  return failures != 0;
-}
 """
 
 
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_epilogue_slab_is_a_conflict_free_bijection(tmp_path) -> None:
     warp_ns = (16, 32, 64, 128)  # WARP_N = BN / WARPS_N: at least two n8 tiles, at most 128
-    checks = "\n  ".join(f"check<{wn * out}>({out});" for wn in warp_ns for out in (2, 4))
-    assert run_host_program(SLAB_PROGRAM.replace("%CHECKS%", checks), tmp_path).strip() == "0 failures"
+    checks = [f"check<{wn * out}>({out});" for wn in warp_ns for out in (2, 4)]
+    assert run_checks(SLAB_PROGRAM, checks, tmp_path) == "0 failures"
