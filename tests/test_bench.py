@@ -44,3 +44,35 @@ def test_power_probe_variants_and_benchmark_shapes_parse():
     assert bench.parse_shapes("1024X1024X1024,128x4096x4096") == [(1024, 1024, 1024), (128, 4096, 4096)]
     with pytest.raises(ValueError):
         bench.parse_shapes("4096x4096")
+
+
+def test_ab_variants_takes_explicit_sm90_kernels():
+    """gpu/ab_variants.py --kernel TILE:CLUSTER:SCHEDULE:STAGES, as the device runs give it."""
+    import argparse
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+    import ab_variants
+
+    spec = ab_variants.parse_sm90_kernel("128x256x64:2x1:cooperative:3")
+    assert spec == ((128, 256, 64), (2, 1), "cooperative", 3)
+    names = [c.name for c in ab_variants.family_configs("sm90", "bf16", "tn", 90, [spec])]
+    assert names == ["sm90_bf16_tn_128x256x64_c2x1_s3_coop_g8m"]
+    for bad in ("128x256x64:2x1:cooperative", "128x256:2x1:cooperative:x"):
+        with pytest.raises(argparse.ArgumentTypeError, match="TILE:CLUSTER:SCHEDULE:STAGES"):
+            ab_variants.parse_sm90_kernel(bad)
+
+
+def test_mma_ceiling_kernel_compiles(tmp_path):
+    """gpu/mma_ceiling.cu (the device's per-clock ceiling probe) still builds against the PTX helpers."""
+    import subprocess
+
+    from test_nvcc_compile import NO_NVCC, NVCC
+
+    if NVCC is None:
+        pytest.skip(NO_NVCC)
+    root = Path(__file__).resolve().parent.parent
+    cmd = [NVCC, "-O3", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a", "-Xptxas", "-v", "-c",
+           str(root / "gpu" / "mma_ceiling.cu"), "-o", str(tmp_path / "mma_ceiling.o")]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "0 bytes spill stores" in done.stderr
