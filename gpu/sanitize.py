@@ -1,10 +1,13 @@
-"""One small ragged problem per sm90 schedule (and cluster shape), for compute-sanitizer:
+"""One small ragged problem per sm90 schedule (and cluster shape), and per sm80 epilogue, for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
     compute-sanitizer --tool racecheck python3 gpu/sanitize.py
 
-Kernels are built before the checked launches (a build launches nothing). Exits non-zero when a
-result is wrong; the sanitizer's own summary says whether it found errors.
+Kernels are built before the checked launches (a build launches nothing). D is written into a
+NaN-poisoned buffer whose row pitch keeps the 16-byte rule, so that the epilogues through shared memory
+(sm90's TMA stores, sm80's staged 16-byte stores) are what runs, and once more contiguous (pitch N, the
+direct stores). Exits non-zero when a result is wrong; the sanitizer's own summary says whether it found
+errors.
 """
 from __future__ import annotations
 
@@ -35,21 +38,31 @@ def operand(rows: int, cols: int, row_major: bool) -> torch.Tensor:
     return torch.randn(cols, -(-rows // 8) * 8, device="cuda").bfloat16()[:, :rows].t()
 
 
+# (tile, warps, layout): the sm80 family, 16-bit and fp32 output through the staged epilogue.
+SM80_CASES = (((128, 256, 32), (2, 4), "tn", "bf16"), ((64, 64, 32), (2, 2), "nn", "fp32"))
+
+
 def main() -> int:
     configs = [Gemm("bf16", lay, schedule=s, tile_shape=t, cluster_shape=c).config for s, t, c, lay in CASES]
+    configs += [Gemm("bf16", lay, family="sm80", tile_shape=t, warps=w, out_dtype=od).config
+                for t, w, lay, od in SM80_CASES]
+    layouts = [case[-1] for case in CASES] + [case[2] for case in SM80_CASES]
     ops = compile_many(configs, namespace="gemmgen_sanitize")
     failures = 0
-    for op, (_, _, _, layout) in zip(ops, CASES):
+    for op, cfg, layout in zip(ops, configs, layouts):
         a = operand(M, K, layout[0] == "t")
         b = operand(K, N, layout[1] == "t")
         assert op.path(a, b) == "fast"
-        d = op(a, b)
-        torch.cuda.synchronize()
+        out_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cfg.out_dtype.value]
         ref = a.double() @ b.double()
-        err = ((d.double() - ref).norm() / ref.norm()).item()
-        ok = err <= 1e-2
-        failures += not ok
-        print(f"{op.name}: {M}x{N}x{K} rel error {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+        for pitch in (-(-N // 8) * 8 + 8, N):
+            buf = torch.full((M, pitch), float("nan"), dtype=out_dtype, device="cuda")
+            d = op(a, b, out=buf[:, :N])
+            torch.cuda.synchronize()
+            err = ((d.double() - ref).norm() / ref.norm()).item()
+            ok = err <= 1e-2 and bool(torch.isnan(buf[:, N:]).all())
+            failures += not ok
+            print(f"{op.name}: {M}x{N}x{K} D pitch {pitch} rel error {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
     return 1 if failures else 0
 
 

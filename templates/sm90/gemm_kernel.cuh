@@ -632,6 +632,7 @@ struct Kernel {
   }
 
   static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns
+  static constexpr int kStoreChunkElems = 16 / static_cast<int>(sizeof(Out));  // TMA's store granularity
 
   struct Epilogue {
     const Smem& smem;
@@ -642,7 +643,11 @@ struct Kernel {
 
     __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p,
                                           const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
-      if (!Cfg::kDRowMajor || !use_tma) {
+      // TMA clips a store to the matrix only to 16-byte granularity along the contiguous dimension:
+      // measured on the H100, a row's last partial chunk is written whole, zeros past N included
+      // (gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
+      const bool partial_chunk_at_n = n0 + BN > p.n && p.n % kStoreChunkElems != 0;
+      if (!Cfg::kDRowMajor || !use_tma || partial_chunk_at_n) {
         store_direct(args, p, acc, m0, n0);
         return;
       }

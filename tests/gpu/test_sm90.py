@@ -66,19 +66,23 @@ def operands(layout: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[t
     return operand(m, k, a_order, dtype), operand(k, n, b_order, dtype)
 
 
-def poisoned_out(m: int, n: int, dtype: torch.dtype, col_major: bool) -> torch.Tensor:
+def poisoned_out(m: int, n: int, dtype: torch.dtype, col_major: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """D as a view into a NaN buffer whose rows (columns) are padded to 16 bytes; also the padding."""
     if col_major:
-        return torch.full((n, -(-m // 8) * 8), float("nan"), dtype=dtype, device="cuda")[:, :m].t()
-    return torch.full((m, -(-n // 8) * 8), float("nan"), dtype=dtype, device="cuda")[:, :n]
+        buf = torch.full((n, -(-m // 8) * 8), float("nan"), dtype=dtype, device="cuda")
+        return buf[:, :m].t(), buf[:, m:]
+    buf = torch.full((m, -(-n // 8) * 8), float("nan"), dtype=dtype, device="cuda")
+    return buf[:, :n], buf[:, n:]
 
 
 def check(op, layout: str, m: int, n: int, k: int, col_major: bool = False) -> None:
     dtype = op.dtype
     a, b = operands(layout, m, n, k, dtype)
-    out = poisoned_out(m, n, op.out_dtype, col_major)
+    out, padding = poisoned_out(m, n, op.out_dtype, col_major)
     if min(m, n, k) > 1:  # a size of 0 or 1 makes the other size the leading dimension (unpadded)
         assert op.path(a, b) == "fast", f"{op.name}: {m}x{n}x{k} should take the TMA path"
     d = op(a, b, out=out)
+    assert torch.isnan(padding).all(), f"{op.name} {layout} M={m} N={n} K={k}: wrote past D into its padding"
     ref = a.double() @ b.double()
     if k == 0:
         assert torch.count_nonzero(d) == 0 and not torch.isnan(d).any()
