@@ -33,12 +33,6 @@
 #ifndef GEMMGEN_SM90_STREAM_K
 #define GEMMGEN_SM90_STREAM_K 0
 #endif
-// Experiment switch (gpu/ab_variants.py): 1 stages a consumer warpgroup's whole tile for the TMA store
-// when the ring leaves room for it, so the epilogue never waits for a store to finish reading its
-// buffer (NOTES.md, session 12). Off by default.
-#ifndef GEMMGEN_SM90_EPI_WHOLE_TILE
-#define GEMMGEN_SM90_EPI_WHOLE_TILE 0
-#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -233,11 +227,9 @@ struct Kernel {
   // A consumer warpgroup's share of a tile: rows [wg_row0, wg_row0 + WG_M), all BN columns.
   static constexpr int WG_M = PINGPONG ? BM : BM / kConsumerWarpgroups;
   static constexpr int MMA_BLOCKS_M = WG_M / kMmaM;
-  static constexpr int kEpiSubtiles = MMA_BLOCKS_M * (BN / kEpiCols);  // of one warpgroup's tile
-  static constexpr bool kEpiWholeTile =
-      GEMMGEN_SM90_EPI_WHOLE_TILE &&
-      RING_BYTES + kConsumerWarpgroups * kEpiSubtiles * kEpiBufferBytes + kSmemAlignSlack <= kMaxSmemBytes;
-  static constexpr int kEpiBuffers = kEpiWholeTile ? kEpiSubtiles : 2;
+  // (One buffer per subtile, so that no store is waited for inside a tile, measured no faster: NOTES.md,
+  // session 12.)
+  static constexpr int kEpiBuffers = 2;
   static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
   static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
   static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
@@ -651,10 +643,6 @@ struct Kernel {
         store_direct(args, p, acc, m0, n0);
         return;
       }
-      if constexpr (kEpiWholeTile) {
-        store_whole_tile(acc, m0, n0);
-        return;
-      }
       const int t = threadIdx.x % kWarpgroupThreads;
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
@@ -673,29 +661,6 @@ struct Kernel {
           }
           buffer ^= 1;
         }
-      }
-    }
-
-    // The whole tile at once, one buffer per subtile: the stores of the previous tile finished reading
-    // their buffers during this tile's mainloop, so nothing here waits on TMA, and two barriers suffice.
-    __device__ __forceinline__ void store_whole_tile(const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
-      const int t = threadIdx.x % kWarpgroupThreads;
-      if (t == 0) ptx::tma_store_wait_read<0>();
-      ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-#pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-        for (int sub = 0; sub < BN / kEpiCols; ++sub)
-          stage_subtile(acc, i, sub, smem.epi_buffer(consumer, i * (BN / kEpiCols) + sub));
-      ptx::fence_proxy_async_smem();  // the generic-proxy writes, before TMA (async proxy) reads them
-      ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-      if (t == 0) {
-#pragma unroll
-        for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-          for (int sub = 0; sub < BN / kEpiCols; ++sub)
-            store_subtile(smem.epi_buffer(consumer, i * (BN / kEpiCols) + sub), i, sub, m0, n0);
-        ptx::tma_store_commit();
       }
     }
 
