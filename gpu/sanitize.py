@@ -38,7 +38,7 @@ def operand(rows: int, cols: int, row_major: bool) -> torch.Tensor:
     return torch.randn(cols, -(-rows // 8) * 8, device="cuda").bfloat16()[:, :rows].t()
 
 
-# (tile, warps, layout): the sm80 family, 16-bit and fp32 output through the staged epilogue.
+# (tile, warps, layout, output dtype): the sm80 family, 16-bit and fp32 output through the staged epilogue.
 SM80_CASES = (((128, 256, 32), (2, 4), "tn", "bf16"), ((64, 64, 32), (2, 2), "nn", "fp32"))
 
 
@@ -46,17 +46,15 @@ def main() -> int:
     configs = [Gemm("bf16", lay, schedule=s, tile_shape=t, cluster_shape=c).config for s, t, c, lay in CASES]
     configs += [Gemm("bf16", lay, family="sm80", tile_shape=t, warps=w, out_dtype=od).config
                 for t, w, lay, od in SM80_CASES]
-    layouts = [case[-1] for case in CASES] + [case[2] for case in SM80_CASES]
     ops = compile_many(configs, namespace="gemmgen_sanitize")
     failures = 0
-    for op, cfg, layout in zip(ops, configs, layouts):
-        a = operand(M, K, layout[0] == "t")
-        b = operand(K, N, layout[1] == "t")
+    for op, cfg in zip(ops, configs):
+        a = operand(M, K, cfg.layout.a.value == "row")
+        b = operand(K, N, cfg.layout.b.value == "row")
         assert op.path(a, b) == "fast"
-        out_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[cfg.out_dtype.value]
         ref = a.double() @ b.double()
         for pitch in (-(-N // 8) * 8 + 8, N):
-            buf = torch.full((M, pitch), float("nan"), dtype=out_dtype, device="cuda")
+            buf = torch.full((M, pitch), float("nan"), dtype=op.out_dtype, device="cuda")
             d = op(a, b, out=buf[:, :N])
             torch.cuda.synchronize()
             err = ((d.double() - ref).norm() / ref.norm()).item()
