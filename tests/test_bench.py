@@ -62,6 +62,16 @@ def test_ab_variants_takes_explicit_sm90_kernels():
             ab_variants.parse_sm90_kernel(bad)
 
 
+def test_ab_variants_refuses_kernels_without_sm90_configs(capsys):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+    import ab_variants
+
+    with pytest.raises(SystemExit) as exit_info:
+        ab_variants.main(["--kernel", "128x256x64:2x1:cooperative:3", "--variant", "a=", "--variant", "b=-DX=1"])
+    assert exit_info.value.code == 2
+    assert "--kernel takes sm90 kernels: add --configs sm90" in capsys.readouterr().err
+
+
 def test_mma_ceiling_kernel_compiles(tmp_path):
     """gpu/mma_ceiling.cu (the device's per-clock ceiling probe) still builds against the PTX helpers."""
     import subprocess
