@@ -2,11 +2,14 @@
 
 The issue's 665 TFLOP/s anchor is a short burst at boost clock. Under a GEMM's load the H100 sits at its
 700 W cap and lowers the clock (session 12: the sm80 kernel at 1568 MHz), so what a kernel does per
-clock is the figure to compare. This builds gpu/mma_ceiling.cu (register-only mma.sync chains), runs it
-as a short burst (do_bench) and steadily for --seconds while sampling clock and power, and does the same
-for the planner's sm80 kernel at each shape.
+clock is the figure to compare. This builds gpu/mma_ceiling.cu (register-only mma.sync chains, and a
+ladder of probes that add the sm80 kernel's ingredients one at a time: 8 warps per SM, ldmatrix, block
+barriers, or 12 warps), runs each as a short burst (do_bench) and steadily for --seconds while sampling
+clock and power, and does the same for the planner's sm80 kernel at each shape. Per clock, every row
+is compared with the first probe.
 
-    python3 gpu/mma_ceiling.py [--shapes 4096x4096x4096] [--dtype bf16] [--seconds 2] [--json out.json]
+    python3 gpu/mma_ceiling.py [--probes ceiling,regs_w8,...] [--shapes 4096x4096x4096] [--dtype bf16]
+                               [--seconds 2] [--json out.json]
 """
 from __future__ import annotations
 
@@ -29,17 +32,37 @@ from power_probe import Sampler, steady_ms  # noqa: E402
 from generator import Gemm  # noqa: E402
 
 
-def build_ceiling(workdir: Path) -> ctypes.CDLL:
+PROBES = ["ceiling", "regs_w8", "ldsm_w8", "ldsm_bar_w8", "regs_w12", "ldsm_w12", "ldsm_bar_w12"]  # gpu/mma_ceiling.cu's order
+LAUNCH_FLOP = 2.8e11  # ~0.45 ms per launch at the ceiling
+
+
+def build_probes(workdir: Path) -> ctypes.CDLL:
     lib = workdir / "libmma_ceiling.so"
     cmd = ["nvcc", "-O3", "-shared", "-Xcompiler", "-fPIC", "-std=c++17", "-gencode=arch=compute_90a,code=sm_90a",
            "-Xptxas", "-v", str(ROOT / "gpu" / "mma_ceiling.cu"), "-o", str(lib)]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     so = ctypes.CDLL(str(lib))
-    so.mma_ceiling_launch.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                                      ctypes.c_void_p]
-    so.mma_ceiling_flop.restype = ctypes.c_double
-    so.mma_ceiling_flop.argtypes = [ctypes.c_int, ctypes.c_int]
+    so.mma_probe_launch.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p]
+    so.mma_probe_flop.restype = ctypes.c_double
+    so.mma_probe_flop.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    so.mma_probe_threads.argtypes = [ctypes.c_int, ctypes.c_int]
+    assert so.mma_probe_count() == len(PROBES), "PROBES is out of step with gpu/mma_ceiling.cu"
     return so
+
+
+def probe_runner(so: ctypes.CDLL, probe: int, bf16: bool, sms: int, seed: torch.Tensor):
+    """A no-argument launcher of one probe, sized to LAUNCH_FLOP, and the FLOP of one launch."""
+    iters = max(2, 2 * round(LAUNCH_FLOP / so.mma_probe_flop(probe, sms, 2)))
+    out = torch.empty(so.mma_probe_threads(probe, sms), device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def run() -> None:
+        code = so.mma_probe_launch(probe, int(bf16), sms, iters, seed.data_ptr(), out.data_ptr(), stream)
+        if code:
+            raise RuntimeError(f"mma probe {PROBES[probe]}: CUDA error {code}")
+
+    return run, so.mma_probe_flop(probe, sms, iters)
 
 
 def measure(name: str, fn, flop: float, sampler: Sampler, seconds: float) -> dict:
@@ -60,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="4096x4096x4096")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--probes", default="ceiling",
+                    help=f"comma-separated, the first is the reference per clock; of {','.join(PROBES)}")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -67,22 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     sampler = Sampler()
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            so = build_ceiling(Path(tmp))
-            seed = torch.randn(192 * 2, device="cuda").to(DTYPES[args.dtype]).view(torch.int32)
-            blocks, iters = 2 * sms, 4096  # 16 warps per SM: 4 per scheduler
-            out = torch.empty(blocks * 8 * 32, device="cuda")
-            stream = torch.cuda.current_stream().cuda_stream
-
-            def ceiling() -> None:
-                code = so.mma_ceiling_launch(int(args.dtype == "bf16"), blocks, iters, seed.data_ptr(),
-                                             out.data_ptr(), stream)
-                if code:
-                    raise RuntimeError(f"mma_ceiling launch: CUDA error {code}")
-
+            so = build_probes(Path(tmp))
+            seed = torch.randn(so.mma_probe_seed_words() * 2, device="cuda").to(DTYPES[args.dtype]).view(torch.int32)
             warm_up_gpu()
-            rows.append(measure(f"mma.sync ceiling ({args.dtype})", ceiling, so.mma_ceiling_flop(blocks, iters),
-                                sampler, args.seconds))
-        for m, n, k in parse_shapes(args.shapes):
+            for probe in [PROBES.index(p) for p in args.probes.split(",")]:
+                run, flop = probe_runner(so, probe, args.dtype == "bf16", sms, seed)
+                rows.append(measure(f"mma {PROBES[probe]} ({args.dtype})", run, flop, sampler, args.seconds))
+        for m, n, k in parse_shapes(args.shapes) if args.shapes else []:
             a, b = operands("tn", m, n, k, DTYPES[args.dtype])
             plan = Gemm(dtype=DTYPES[args.dtype], layout="tn", m=m, n=n, k=k)
             plan.family = "sm80"
@@ -97,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     ceiling_row = rows[0]
     for row in rows[1:]:
         row["per_clock_vs_ceiling"] = round(row["steady_tflops_per_ghz"] / ceiling_row["steady_tflops_per_ghz"], 3)
-        print(f"{row['kernel']}: {row['per_clock_vs_ceiling']:.3f} of the ceiling per clock")
+        print(f"{row.get('kernel', row['name'])}: {row['per_clock_vs_ceiling']:.3f} of {ceiling_row['name']} per clock")
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

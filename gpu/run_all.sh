@@ -6,7 +6,9 @@
 #   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
 #   STEPS=inductor gpu/run_all.sh                      (ours, cuBLAS and torch.compile max-autotune; what Inductor picked)
 #   STEPS=power POWER_ARGS="--variant g16=raster_group:16" gpu/run_all.sh   (steady-state TFLOP/s, SM clock, power)
-#   STEPS=ceiling CEILING_ARGS="--dtype fp16" gpu/run_all.sh   (mma.sync ceiling per clock next to the sm80 kernel)
+#   STEPS=ceiling CEILING_ARGS="--dtype fp16" gpu/run_all.sh   (mma.sync ceiling per clock next to the sm80 kernel;
+#                                                       --probes ceiling,regs_w8,ldsm_w8,... for the ladder between them)
+#   STEPS=tests GPU_TESTS=tests/gpu/test_sm90.py gpu/run_all.sh   (some GPU test files only; default: all of tests)
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
 #   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
@@ -25,7 +27,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 for step in $STEPS; do
   case $step in
     timing) python3 gpu/build_timing.py 2>&1 | tee "$OUT/build_timing.log" || status=1 ;;
-    tests)  python3 -m pytest tests -q -x -m gpu ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    tests)  python3 -m pytest ${GPU_TESTS:-tests} -q -x -m gpu ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ab)     if [ -z "${AB_ARGS:-}" ]; then echo "ab: set AB_ARGS, e.g. AB_ARGS='--configs sm80 --variant a= --variant b=-DSWITCH=1'"; status=2; else
               python3 gpu/ab_variants.py --json "$OUT/ab_variants.json" $AB_ARGS 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/ab_variants.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1; fi ;;
     ab90)   python3 gpu/ab_variants.py --json "$OUT/ab_variants_sm90.json" ${AB90_ARGS:---configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/ab_variants_sm90.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
