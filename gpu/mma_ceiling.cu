@@ -9,6 +9,9 @@
 //   ldsm_w8     + the fragments loaded from shared memory every k step by ldmatrix(.trans), double
 //               buffered as in the kernel (8 ldmatrix.x4 per 32 mma).
 //   ldsm_bar_w8 + a block barrier every 2 k steps (the kernel's k tile of BK = 32).
+//   copy_w8     + the kernel's copies: each k tile, 24 KB per block (128x32 + 256x32 bf16) by 16-byte
+//               cp.async from an L2-resident buffer into a 4-stage ring, waited for (wait_group 2)
+//               before the barrier. The ring is not read: ldmatrix keeps reading its own region.
 //   regs_w12    12 warps per SM (3 per scheduler; 168 registers each) as 3 blocks of 4 warps, the
 //               64x64 warp tile, fragments in registers.
 //   ldsm_w12    12 warps, fragments from shared memory, A per k step and B one n-pair at a time just
@@ -24,7 +27,7 @@
 
 namespace {
 
-enum Probe : int { kCeiling = 0, kRegsW8, kLdsmW8, kLdsmBarW8, kRegsW12, kLdsmW12, kLdsmBarW12, kProbeCount };
+enum Probe : int { kCeiling = 0, kRegsW8, kLdsmW8, kLdsmBarW8, kRegsW12, kLdsmW12, kLdsmBarW12, kCopyW8, kProbeCount };
 
 constexpr int kCeilingWarps = 8, kCeilingBlocksPerSm = 2, kCeilingChains = 8;
 constexpr int kTileM = 4, kTileN = 8;      // m16 x n8 mma tiles of a 64x64 warp tile
@@ -32,8 +35,12 @@ constexpr int kMatrixBytes = 512;          // one ldmatrix.x4: four 8x8 b16 matr
 constexpr int kKStepBytes = 16 * 1024;     // shared-memory footprint of one k step's fragments
 constexpr int kSmemBytes = 2 * kKStepBytes;  // two k steps, alternated, so no load is loop-invariant
 constexpr int kSeedWords = kSmemBytes / 4;
+// copy_w8: the sm80 kernel's k tile of 128x256x32 bf16, its stage count, and a source that stays in L2.
+constexpr int kCopyTileBytes = (128 + 256) * 32 * 2, kCopyStages = 4;
+constexpr int kCopySourceBytes = 16 << 20;
+constexpr int kCopySmemBytes = kSmemBytes + kCopyStages * kCopyTileBytes;
 
-__host__ __device__ constexpr bool twelve_warps(int probe) { return probe >= kRegsW12; }
+__host__ __device__ constexpr bool twelve_warps(int probe) { return probe >= kRegsW12 && probe <= kLdsmBarW12; }
 __host__ __device__ constexpr int warps_of(int probe) {
   return probe == kCeiling ? kCeilingWarps : twelve_warps(probe) ? 4 : 8;
 }
@@ -96,7 +103,7 @@ __device__ __forceinline__ float sum_of(const float (&acc)[N][4]) {
 
 template <class T, int PROBE>
 __global__ void __launch_bounds__(warps_of(PROBE) * 32, blocks_per_sm(PROBE))
-    mma_probe_kernel(const uint32_t* seed, float* out, int iters, uint32_t k_step_bytes) {
+    mma_probe_kernel(const uint32_t* seed, const uint4* copy_source, float* out, int iters, uint32_t k_step_bytes) {
   extern __shared__ __align__(128) uint32_t smem[];
   const int lane = threadIdx.x % 32;
   float result = 0.f;
@@ -120,6 +127,36 @@ __global__ void __launch_bounds__(warps_of(PROBE) * 32, blocks_per_sm(PROBE))
       Fragments f;
       load_fragments(f, base, lane);
       for (int it = 0; it < iters; ++it) mma_tile<T>(acc, f);
+    } else if constexpr (PROBE == kCopyW8) {
+      constexpr int kChunks = kCopyTileBytes / 16 / (8 * 32);  // 16-byte copies per thread and k tile
+      const uint32_t ring = base + kSmemBytes;
+      const char* source = reinterpret_cast<const char*>(copy_source);
+      auto copy_tile = [&](int tile) {
+        const size_t from = (static_cast<size_t>(blockIdx.x) * 977 + tile) * kCopyTileBytes % (kCopySourceBytes - kCopyTileBytes);
+        const uint32_t to = ring + (tile % kCopyStages) * kCopyTileBytes;
+#pragma unroll
+        for (int c = 0; c < kChunks; ++c) {
+          const int byte = (c * blockDim.x + threadIdx.x) * 16;
+          gemmgen::ptx::cp_async_16_zfill(to + byte, source + from + byte, 16);
+        }
+        gemmgen::ptx::cp_async_commit();
+      };
+      for (int t = 0; t < kCopyStages - 1; ++t) copy_tile(t);
+      Fragments f[2];
+      load_fragments(f[0], base, lane);
+      for (int it = 0; it < iters; it += 2) {
+#pragma unroll
+        for (int ks = 0; ks < 2; ++ks) {
+          if (ks == 1) {
+            gemmgen::ptx::cp_async_wait<kCopyStages - 2>();
+            __syncthreads();
+          }
+          load_fragments(f[(ks + 1) % 2], base + step_offset(it + ks + 1, k_step_bytes), lane);
+          if (ks == 0) copy_tile(it / 2 + kCopyStages - 1);
+          mma_tile<T>(acc, f[ks]);
+        }
+      }
+      gemmgen::ptx::cp_async_wait<0>();
     } else if constexpr (PROBE == kLdsmW8 || PROBE == kLdsmBarW8) {
       Fragments f[2];
       load_fragments(f[0], base, lane);
@@ -159,24 +196,29 @@ __global__ void __launch_bounds__(warps_of(PROBE) * 32, blocks_per_sm(PROBE))
 }
 
 template <class T, int PROBE>
-cudaError_t launch(int sms, int iters, const uint32_t* seed, float* out, cudaStream_t stream) {
+cudaError_t launch(int sms, int iters, const uint32_t* seed, const uint4* copy_source, float* out,
+                   cudaStream_t stream) {
   auto kernel = mma_probe_kernel<T, PROBE>;
-  const int smem = PROBE == kCeiling ? 0 : kSmemBytes;
+  const int smem = PROBE == kCeiling ? 0 : PROBE == kCopyW8 ? kCopySmemBytes : kSmemBytes;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
+    return e;
   const int blocks = sms * blocks_per_sm(PROBE);
-  kernel<<<blocks, warps_of(PROBE) * 32, smem, stream>>>(seed, out, iters, kKStepBytes);
+  kernel<<<blocks, warps_of(PROBE) * 32, smem, stream>>>(seed, copy_source, out, iters, kKStepBytes);
   return cudaGetLastError();
 }
 
 template <class T>
-cudaError_t launch_probe(int probe, int sms, int iters, const uint32_t* seed, float* out, cudaStream_t stream) {
+cudaError_t launch_probe(int probe, int sms, int iters, const uint32_t* seed, const uint4* copy_source, float* out,
+                         cudaStream_t stream) {
   switch (probe) {
-    case kCeiling: return launch<T, kCeiling>(sms, iters, seed, out, stream);
-    case kRegsW8: return launch<T, kRegsW8>(sms, iters, seed, out, stream);
-    case kLdsmW8: return launch<T, kLdsmW8>(sms, iters, seed, out, stream);
-    case kLdsmBarW8: return launch<T, kLdsmBarW8>(sms, iters, seed, out, stream);
-    case kRegsW12: return launch<T, kRegsW12>(sms, iters, seed, out, stream);
-    case kLdsmW12: return launch<T, kLdsmW12>(sms, iters, seed, out, stream);
-    case kLdsmBarW12: return launch<T, kLdsmBarW12>(sms, iters, seed, out, stream);
+    case kCeiling: return launch<T, kCeiling>(sms, iters, seed, copy_source, out, stream);
+    case kRegsW8: return launch<T, kRegsW8>(sms, iters, seed, copy_source, out, stream);
+    case kLdsmW8: return launch<T, kLdsmW8>(sms, iters, seed, copy_source, out, stream);
+    case kLdsmBarW8: return launch<T, kLdsmBarW8>(sms, iters, seed, copy_source, out, stream);
+    case kRegsW12: return launch<T, kRegsW12>(sms, iters, seed, copy_source, out, stream);
+    case kLdsmW12: return launch<T, kLdsmW12>(sms, iters, seed, copy_source, out, stream);
+    case kLdsmBarW12: return launch<T, kLdsmBarW12>(sms, iters, seed, copy_source, out, stream);
+    case kCopyW8: return launch<T, kCopyW8>(sms, iters, seed, copy_source, out, stream);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -185,15 +227,18 @@ cudaError_t launch_probe(int probe, int sms, int iters, const uint32_t* seed, fl
 
 extern "C" int mma_probe_count() { return kProbeCount; }
 extern "C" int mma_probe_seed_words() { return kSeedWords; }
+extern "C" int mma_probe_copy_source_bytes() { return kCopySourceBytes; }
 // Threads of one launch (the length of `out`).
 extern "C" int mma_probe_threads(int probe, int sms) { return sms * blocks_per_sm(probe) * warps_of(probe) * 32; }
 
-// seed: mma_probe_seed_words() words of random 16-bit pairs; iters must be even. Returns a cudaError_t.
-extern "C" int mma_probe_launch(int probe, int bf16, int sms, int iters, const uint32_t* seed, float* out,
-                                cudaStream_t stream) {
+// seed: mma_probe_seed_words() words of random 16-bit pairs; copy_source: mma_probe_copy_source_bytes()
+// bytes, 16-byte aligned; iters must be even. Returns a cudaError_t.
+extern "C" int mma_probe_launch(int probe, int bf16, int sms, int iters, const uint32_t* seed,
+                                const void* copy_source, float* out, cudaStream_t stream) {
   if (probe < 0 || probe >= kProbeCount || iters % 2) return static_cast<int>(cudaErrorInvalidValue);
-  const cudaError_t e = bf16 ? launch_probe<__nv_bfloat16>(probe, sms, iters, seed, out, stream)
-                             : launch_probe<__half>(probe, sms, iters, seed, out, stream);
+  const auto* source = static_cast<const uint4*>(copy_source);
+  const cudaError_t e = bf16 ? launch_probe<__nv_bfloat16>(probe, sms, iters, seed, source, out, stream)
+                             : launch_probe<__half>(probe, sms, iters, seed, source, out, stream);
   return static_cast<int>(e);
 }
 

@@ -32,7 +32,7 @@ from power_probe import Sampler, steady_ms  # noqa: E402
 from generator import Gemm  # noqa: E402
 
 
-PROBES = ["ceiling", "regs_w8", "ldsm_w8", "ldsm_bar_w8", "regs_w12", "ldsm_w12", "ldsm_bar_w12"]  # gpu/mma_ceiling.cu's order
+PROBES = ["ceiling", "regs_w8", "ldsm_w8", "ldsm_bar_w8", "regs_w12", "ldsm_w12", "ldsm_bar_w12", "copy_w8"]  # gpu/mma_ceiling.cu's order
 LAUNCH_FLOP = 2.8e11  # ~0.45 ms per launch at the ceiling
 
 
@@ -43,7 +43,7 @@ def build_probes(workdir: Path) -> ctypes.CDLL:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     so = ctypes.CDLL(str(lib))
     so.mma_probe_launch.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_void_p,
-                                    ctypes.c_void_p, ctypes.c_void_p]
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     so.mma_probe_flop.restype = ctypes.c_double
     so.mma_probe_flop.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
     so.mma_probe_threads.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -51,14 +51,15 @@ def build_probes(workdir: Path) -> ctypes.CDLL:
     return so
 
 
-def probe_runner(so: ctypes.CDLL, probe: int, bf16: bool, sms: int, seed: torch.Tensor):
+def probe_runner(so: ctypes.CDLL, probe: int, bf16: bool, sms: int, seed: torch.Tensor, source: torch.Tensor):
     """A no-argument launcher of one probe, sized to LAUNCH_FLOP, and the FLOP of one launch."""
     iters = max(2, 2 * round(LAUNCH_FLOP / so.mma_probe_flop(probe, sms, 2)))
     out = torch.empty(so.mma_probe_threads(probe, sms), device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
 
     def run() -> None:
-        code = so.mma_probe_launch(probe, int(bf16), sms, iters, seed.data_ptr(), out.data_ptr(), stream)
+        code = so.mma_probe_launch(probe, int(bf16), sms, iters, seed.data_ptr(), source.data_ptr(), out.data_ptr(),
+                                   stream)
         if code:
             raise RuntimeError(f"mma probe {PROBES[probe]}: CUDA error {code}")
 
@@ -94,9 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             so = build_probes(Path(tmp))
             seed = torch.randn(so.mma_probe_seed_words() * 2, device="cuda").to(DTYPES[args.dtype]).view(torch.int32)
+            source = torch.randn(so.mma_probe_copy_source_bytes() // 2, device="cuda").to(DTYPES[args.dtype])
             warm_up_gpu()
             for probe in [PROBES.index(p) for p in args.probes.split(",")]:
-                run, flop = probe_runner(so, probe, args.dtype == "bf16", sms, seed)
+                run, flop = probe_runner(so, probe, args.dtype == "bf16", sms, seed, source)
                 rows.append(measure(f"mma {PROBES[probe]} ({args.dtype})", run, flop, sampler, args.seconds))
         for m, n, k in parse_shapes(args.shapes) if args.shapes else []:
             a, b = operands("tn", m, n, k, DTYPES[args.dtype])
