@@ -11,6 +11,7 @@ from pathlib import Path
 
 import jinja2
 
+from .arch import arch_spec
 from .config import KernelConfig, check_config
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
@@ -49,6 +50,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
         "out_cuda": cfg.out_dtype.cuda_type,
         "bm": bm, "bn": bn, "bk": bk,
         "stages": cfg.stages,
+        "max_smem_bytes": arch_spec(cfg.arch).smem_per_block,  # the opt-in limit per block of the plan's arch
     }
     layout = {
         "a_k_major": cfg.layout.a_k_major,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm, KernelConfig
+from generator.arch import arch_spec
 from generator.render import FAMILY_TEMPLATES, _environment, included_headers, render, template_context, templates_dir
 from generator.shipped import SHIPPED_ARCHS, shipped_configs
 from generator.types import DType, parse_layout
@@ -37,9 +38,9 @@ FAMILY_HEADERS = {"sm80": {"common/launch.cuh", "sm80/gemm_kernel.cuh", "ptx/sm8
 # The Jinja context of each family: the contract between the Python side and the templates.
 CONTEXT_KEYS = {
     "sm80": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "wm", "wn", "stages", "raster_group",
-             "a_k_major", "b_k_major", "d_row_major"},
+             "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes"},
     "sm90": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
-             "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major"},
+             "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes"},
 }
 IDS = [c.name for c in CONFIGS]
 
@@ -164,6 +165,7 @@ def test_template_context_is_the_contract(cfg: KernelConfig) -> None:
     context = template_context(cfg)
     assert set(context) == CONTEXT_KEYS[cfg.family]
     assert context["description"] == cfg.describe().splitlines()
+    assert context["max_smem_bytes"] == arch_spec(cfg.arch).smem_per_block  # the kernel's static_assert bound
     if cfg.family == "sm90":
         assert (context["cluster_m"], context["cluster_n"]) == cfg.cluster
         assert context["schedule"] in ("ws", "cooperative", "pingpong") and context["raster"] in ("m", "n")

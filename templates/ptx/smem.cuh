@@ -1,4 +1,5 @@
-// Plain shared-memory loads and stores for the epilogues' staging buffers (sm80 and sm90 families).
+// Shared-memory addresses, and plain shared-memory loads and stores for the epilogues' staging buffers
+// (sm80 and sm90 families).
 // One small __device__ helper per instruction, each naming the PTX ISA section it follows.
 #pragma once
 
@@ -8,6 +9,12 @@
 
 namespace gemmgen {
 namespace ptx {
+
+// Shared-memory pointer as the 32-bit address the .shared state space instructions take.
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cvta".
+__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
 
 // Store two fp32 values (8 bytes) or one 32-bit word to shared memory.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".

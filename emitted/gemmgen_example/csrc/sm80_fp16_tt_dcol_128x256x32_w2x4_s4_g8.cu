@@ -27,6 +27,7 @@ struct Config {
   static constexpr int kWarpsN = 4;
   static constexpr int kThreads = kWarpsM * kWarpsN * 32;
   static constexpr int kStages = 4;
+  static constexpr int kMaxSmemBytes = 166912;  // dynamic shared memory one block may opt in to
   static constexpr int kRasterGroup = 8;
   static constexpr bool kAKMajor = true;
   static constexpr bool kBKMajor = false;

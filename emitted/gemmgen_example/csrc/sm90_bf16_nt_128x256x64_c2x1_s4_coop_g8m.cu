@@ -25,6 +25,7 @@ struct Config {
   static constexpr int kBlockN = 256;
   static constexpr int kBlockK = 64;
   static constexpr int kStages = 4;
+  static constexpr int kMaxSmemBytes = 232448;  // dynamic shared memory one block may opt in to
   static constexpr int kClusterM = 2;
   static constexpr int kClusterN = 1;
   static constexpr gemmgen::sm90::Schedule kSchedule = gemmgen::sm90::Schedule::kCooperative;

@@ -7,14 +7,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "smem.cuh"  // smem_addr
+
 namespace gemmgen {
 namespace ptx {
-
-// Shared-memory pointer as the 32-bit address the .shared state space instructions take.
-// PTX ISA §9.7.9.21 "Data Movement and Conversion Instructions: cvta".
-__device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
 
 // This thread's index in its block, read anew at each call: the asm is volatile so the compiler
 // cannot reuse an earlier read. A value needed only after the main loop (the epilogue's coordinates)

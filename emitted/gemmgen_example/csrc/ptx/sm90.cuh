@@ -8,17 +8,11 @@
 
 #include <cstdint>
 
-#include "smem.cuh"  // the epilogue's staging stores
+#include "smem.cuh"  // smem_addr, the epilogue's staging stores
 #include "sm90_wgmma.cuh"
 
 namespace gemmgen {
 namespace ptx {
-
-// Shared-memory pointer as the 32-bit address the .shared state space instructions take.
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cvta".
-__device__ __forceinline__ uint32_t smem_u32(const void* ptr) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
-}
 
 // ---- mbarrier ---------------------------------------------------------------------------------
 

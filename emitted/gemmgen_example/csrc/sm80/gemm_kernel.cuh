@@ -192,6 +192,7 @@ struct Kernel {
   static constexpr uint32_t A_STAGE_BYTES = ATile::kElems * 2, B_STAGE_BYTES = BTile::kElems * 2;
   static constexpr uint32_t STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
+  static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the stages within the arch's shared memory");
   static_assert(K_STEPS >= 2, "the fragment double buffer assumes at least two k steps per tile");
   static_assert(MMA_TILES_N % 2 == 0, "B fragments are loaded two n8 tiles at a time");
 

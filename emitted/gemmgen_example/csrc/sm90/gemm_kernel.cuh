@@ -122,7 +122,6 @@ constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up to a swizzle atom
-constexpr int kMaxSmemBytes = 232448;    // sm_90's opt-in limit of dynamic shared memory per block
 
 // One operand's tile of one pipeline stage in shared memory: ROWS (M or N) x kBlockK, as TMA writes
 // it with the 128-byte swizzle.
@@ -233,7 +232,7 @@ struct Kernel {
   static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
   static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
   static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
-  static_assert(SMEM_BYTES <= kMaxSmemBytes, "the planner keeps the ring within sm_90's shared memory");
+  static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
   using Mma = ptx::Wgmma<BN, Elem, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1>;
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
@@ -314,7 +313,7 @@ struct Kernel {
   // workspace: the stream-K partial sums and flags (flags zeroed by the host); unused otherwise.
   __device__ static void run(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_d,
                              const GemmArgs& args, float* workspace, char* smem_raw) {
-    const uint32_t raw = ptx::smem_u32(smem_raw);
+    const uint32_t raw = ptx::smem_addr(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
     const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
