@@ -22,6 +22,17 @@ def test_library_loads_and_op_is_registered(op):
     assert "bf16" in op.__doc__ and "row-major" in op.__doc__
 
 
+def test_launch_codes_name_their_cause(op):
+    """Launch codes reach the user's message through the library's error_string: CUDA runtime errors by
+    their runtime text, a refused tensor map (code 1 << 16 + CUresult, templates/sm90/launch.cuh) with
+    the encoder and its CUresult, not as a bare "invalid argument"."""
+    assert op.library.error_string(2).decode() == "out of memory"
+    message = op.library.error_string((1 << 16) + 1).decode()
+    assert message.startswith("cuTensorMapEncodeTiled refused an operand's tensor map: CUresult 1 (")
+    # The driver names the CUresult where there is one; without a driver (CI) the name is "?".
+    assert message.endswith(("(CUDA_ERROR_INVALID_VALUE)", "(?)")), message
+
+
 def test_cpu_tensors_are_refused_with_the_fix(op):
     a = torch.randn(8, 16).bfloat16()
     b = torch.randn(4, 16).bfloat16().t()

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -32,6 +33,35 @@ inline EncodeTiledFn encode_tiled() {
     return err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(ptr) : nullptr;
   }();
   return fn;
+}
+
+// Launch codes from kTensorMapEncodeError on are a failed cuTensorMapEncodeTiled: the code minus this
+// base is its CUresult, which error_string() names. Below it they are cudaError_t values.
+constexpr int kTensorMapEncodeError = 1 << 16;
+
+// The driver's name of a CUresult ("CUDA_ERROR_INVALID_VALUE"), looked up like the encoder; "?" without
+// a driver.
+inline const char* cu_result_name(int res) {
+  using GetErrorNameFn = PFN_cuGetErrorName_v6000;
+  static const GetErrorNameFn fn = []() -> GetErrorNameFn {
+    void* ptr = nullptr;
+    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuGetErrorName", &ptr, 6000, cudaEnableDefault, &status);
+    return err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<GetErrorNameFn>(ptr) : nullptr;
+  }();
+  const char* name = nullptr;
+  if (fn == nullptr || fn(static_cast<CUresult>(res), &name) != CUDA_SUCCESS || name == nullptr) return "?";
+  return name;
+}
+
+// What a launch code means, for the op's error message.
+inline const char* error_string(int code) {
+  if (code < kTensorMapEncodeError) return cudaGetErrorString(static_cast<cudaError_t>(code));
+  thread_local char text[192];
+  const int res = code - kTensorMapEncodeError;
+  std::snprintf(text, sizeof text, "cuTensorMapEncodeTiled refused an operand's tensor map: CUresult %d (%s)", res,
+                cu_result_name(res));
+  return text;
 }
 
 template <typename T>
@@ -70,13 +100,14 @@ struct CachedMap {
 // A 2-D map over a matrix whose `inner` dimension is contiguous and whose rows
 // (the `outer` dimension) are `ld` elements apart; boxes of box_inner x box_outer, 128-byte swizzle,
 // zeros outside the matrix. Sizes of 0 (K = 0) are encoded as 1: no box is ever loaded then.
+// Returns 0, cudaErrorInsufficientDriver, or kTensorMapEncodeError + the encoder's CUresult.
 template <typename Elem, int BOX_INNER, int BOX_OUTER>
-inline cudaError_t tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t outer, int64_t ld) {
+inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t outer, int64_t ld) {
   const OperandKey key{base, static_cast<uint64_t>(inner > 0 ? inner : 1), static_cast<uint64_t>(outer > 0 ? outer : 1),
                        static_cast<uint64_t>(ld > 0 ? ld : 1)};
-  if (cache.valid && cache.key == key) return cudaSuccess;
+  if (cache.valid && cache.key == key) return 0;
   const EncodeTiledFn encode = encode_tiled();
-  if (encode == nullptr) return cudaErrorInsufficientDriver;
+  if (encode == nullptr) return static_cast<int>(cudaErrorInsufficientDriver);
   const cuuint64_t dims[2] = {key.inner, key.outer};
   const cuuint64_t strides[1] = {key.ld * sizeof(Elem)};  // bytes between rows; dimension 0 is contiguous
   const cuuint32_t box[2] = {BOX_INNER, BOX_OUTER};
@@ -97,7 +128,7 @@ inline cudaError_t tensor_map(CachedMap& cache, const void* base, int64_t inner,
   }
   cache.valid = res == CUDA_SUCCESS;
   if (cache.valid) cache.key = key;
-  return cache.valid ? cudaSuccess : cudaErrorInvalidValue;
+  return cache.valid ? 0 : kTensorMapEncodeError + static_cast<int>(res);
 }
 
 // The launch configuration of `blocks` blocks of kernel K, in clusters of K::CLUSTER blocks along x.
@@ -181,18 +212,20 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
 
   // A (M x K): K-major = row-major (inner K); M-major = column-major (inner M). B (K x N) likewise.
   thread_local CachedMap map_a, map_b;
-  err = Cfg::kAKMajor ? tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->k, args->m, args->lda)
-                      : tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->m, args->k, args->lda);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = Cfg::kBKMajor ? tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->k, args->n, args->ldb)
-                      : tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->n, args->k, args->ldb);
-  if (err != cudaSuccess) return static_cast<int>(err);
+  int code = Cfg::kAKMajor
+                 ? tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->k, args->m, args->lda)
+                 : tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->m, args->k, args->lda);
+  if (code != 0) return code;
+  code = Cfg::kBKMajor
+             ? tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->k, args->n, args->ldb)
+             : tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->n, args->k, args->ldb);
+  if (code != 0) return code;
   // D through TMA stores when its base and row pitch allow (the kernel makes the same test); an
   // unused map stays zero.
   thread_local CachedMap map_d;
   if (K::tma_store_possible(*args)) {
-    err = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd);
-    if (err != cudaSuccess) return static_cast<int>(err);
+    code = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd);
+    if (code != 0) return code;
   } else {
     map_d = CachedMap{};
   }

@@ -70,6 +70,6 @@ int sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* 
   return gemmgen::sm90::launch<Config>(sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_unaligned, args, static_cast<cudaStream_t>(stream));
 }
 
-const char* sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+const char* sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string(int code) { return gemmgen::sm90::error_string(code); }
 
 }  // extern "C"
