@@ -253,6 +253,16 @@ struct Kernel {
       }
   }
 
+  // Where a lane's accumulator pair `half` (elements 2*half and 2*half + 1, neighbouring columns) sits
+  // in its m16n8 tile: PTX ISA §9.7.14.5.14 "Multiply-and-Accumulate Instruction: mma", the m16n8k16
+  // fragment layout of C/D.
+  struct AccumPair {
+    int row, col;
+  };
+  __device__ __forceinline__ static AccumPair accum_pair(int lane, int half) {
+    return {lane / 4 + half * 8, (lane % 4) * 2};
+  }
+
   // fp32 accumulators -> D, clipped to M x N. Row-major D stores neighbouring columns in pairs.
   __device__ __forceinline__ static void store(const GemmArgs& args, const float (&acc)[MMA_TILES_M][MMA_TILES_N][4],
                                                int row_base, int col_base, int lane) {
@@ -268,8 +278,9 @@ struct Kernel {
       for (int nt = 0; nt < MMA_TILES_N; ++nt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = row_base + mt * kMmaM + lane / 4 + half * 8;
-          const int col = col_base + nt * kMmaN + (lane % 4) * 2;
+          const AccumPair at = accum_pair(lane, half);
+          const int row = row_base + mt * kMmaM + at.row;
+          const int col = col_base + nt * kMmaN + at.col;
           const float v0 = acc[mt][nt][2 * half], v1 = acc[mt][nt][2 * half + 1];
           if (row >= M) continue;
           if (D_ROW_MAJOR) {
@@ -323,9 +334,9 @@ struct Kernel {
       for (int nt = 0; nt < MMA_TILES_N; ++nt)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const int row = lane / 4 + half * 8;
-          const int byte = (nt * kMmaN + (lane % 4) * 2) * static_cast<int>(sizeof(Out));
-          ptx::st_shared_pair<Out>(slab + Slab::offset(row, byte / kChunkBytes) + byte % kChunkBytes,
+          const AccumPair at = accum_pair(lane, half);
+          const int byte = (nt * kMmaN + at.col) * static_cast<int>(sizeof(Out));
+          ptx::st_shared_pair<Out>(slab + Slab::offset(at.row, byte / kChunkBytes) + byte % kChunkBytes,
                                    acc[mt][nt][2 * half], acc[mt][nt][2 * half + 1]);
         }
       __syncwarp();
