@@ -7,8 +7,12 @@
     python3 gpu/ab_variants.py --configs sm90 --kernel 128x256x64:2x1:cooperative:3 --variant a= --variant b=...
 
 Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
-alternates the variants (A B A B ...) so that clock drift during the run hits both alike; each
-figure is the best of the rounds' do_bench medians.
+alternates the variants and torch.matmul (A B cuBLAS A B cuBLAS ...) so that clock drift during the run
+hits all alike; each figure is the best of the rounds' do_bench medians. With --steady SECONDS each
+measurement is instead a steady stretch of back-to-back calls under the power cap (gpu/power_probe.py),
+with the SM clock sampled: the figure is the median over the rounds, beside its clock and TFLOP/s per
+GHz. Effects of 1-2 % are lost in do_bench's spread between runs (up to 4 %, NOTES.md session 12);
+steady stretches average the power management out.
 """
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -30,6 +35,7 @@ from generator import Gemm  # noqa: E402
 from generator.build import build_many, spill_report  # noqa: E402
 from generator.config import KernelConfig  # noqa: E402
 from generator.op import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
+from power_probe import Sampler, steady_ms  # noqa: E402
 from sm90_probe import BOUND, TORCH, operand  # noqa: E402  (the probe's dtypes, bounds and padded operands)
 
 RAGGED = [(1, 1, 1), (7, 8, 63), (65, 129, 127), (1000, 4097, 129), (4097, 63, 1000), (129, 7, 4097),
@@ -108,6 +114,23 @@ def bench_ms(fn) -> float:
     return float(do_bench(fn, warmup=50, rep=200, return_mode="median"))
 
 
+def timed(fn, steady: float, sampler) -> tuple[float, float | None]:
+    """Milliseconds per call (a do_bench median, or a steady stretch of `steady` seconds) and the median
+    SM clock in MHz over the stretch (steady only)."""
+    if not steady:
+        return bench_ms(fn), None
+    ms, start, end = steady_ms(fn, steady)
+    return ms, sampler.between(start, end)[0]
+
+
+def summarize(samples: list[tuple[float, float | None]], steady: float) -> tuple[float, float | None]:
+    """The figure of several rounds: the best do_bench median, or the median steady stretch."""
+    if not steady:
+        return min(ms for ms, _ in samples), None
+    ms = statistics.median(ms for ms, _ in samples)
+    return ms, statistics.median(mhz for _, mhz in samples)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--variant", action="append", required=True, metavar="NAME=FLAGS",
@@ -120,6 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="4096x4096x4096,8192x8192x8192")
     ap.add_argument("--arch", type=int, choices=[80, 90], help="default: the GPU's")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steady", type=float, default=0.0, metavar="SECONDS",
+                    help="time steady stretches of this length with the SM clock sampled, not do_bench bursts")
     ap.add_argument("--build-only", action="store_true", help="build and print the ptxas reports (no GPU needed)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "ab_variants.json"))
     args = ap.parse_args(argv)
@@ -157,31 +182,52 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{variant:>6} {cfg.name}: regs {ptxas.get('registers')} spills {ptxas.get('spill_stores')} "
               f"worst err {worst:.2e} repeatable {same}{'' if ok else '  FAIL'}", flush=True)
 
-    for shape in args.shapes.split(","):
-        m, n, k = (int(x) for x in shape.split("x"))
-        flop = 2.0 * m * n * k
-        cfg0 = configs[0]
-        a, b, d = inputs(cfg0, m, n, k)
-        ref = a.float() @ b.float()
-        cublas = min(bench_ms(lambda: torch.matmul(a, b)) for _ in range(args.rounds))
-        print(f"{shape}: cuBLAS {flop / cublas / 1e9:.1f} TFLOP/s", flush=True)
-        for cfg in configs:
-            best = {v: float("inf") for v in variants}
-            for _ in range(args.rounds):
-                for v in variants:
-                    lib = libs[v, cfg.name]
-                    best[v] = min(best[v], bench_ms(lambda: launch(lib, cfg, a, b, d)))
-            for v in variants:
-                launch(libs[v, cfg.name], cfg, a, b, d)
-                err = ((d.float() - ref).norm() / ref.norm()).item()
-                failures += not err <= BOUND[args.dtype]
-                row = {"shape": shape, "kernel": cfg.name, "variant": v, "ms": best[v],
-                       "tflops": flop / best[v] / 1e9, "cublas_tflops": flop / cublas / 1e9, "rel_error": err}
-                report["bench"].append(row)
-                print(f"  {cfg.name:<40} {v:>6} {row['tflops']:7.1f}  err {err:.1e}", flush=True)
+    sampler = Sampler() if args.steady else None
+    try:
+        for shape in args.shapes.split(","):
+            failures += bench_shape(shape, configs, variants, libs, args, sampler, report)
+    finally:
+        if sampler:
+            sampler.stop()
     Path(args.json).write_text(json.dumps(report, indent=1))
     print(f"failures: {failures}")
     return 1 if failures else 0
+
+
+def bench_shape(shape: str, configs: list[KernelConfig], variants: dict[str, str],
+                libs: dict[tuple[str, str], KernelLibrary], args: argparse.Namespace, sampler, report: dict) -> int:
+    """Time every config's variants and torch.matmul in alternation at one shape; rows into `report`.
+    Returns the number of wrong results."""
+    m, n, k = (int(x) for x in shape.split("x"))
+    flop = 2.0 * m * n * k
+    a, b, d = inputs(configs[0], m, n, k)
+    ref = a.float() @ b.float()
+    failures = 0
+    for cfg in configs:
+        runs = {"cuBLAS": lambda: torch.matmul(a, b)}
+        for v in variants:
+            runs[v] = lambda lib=libs[v, cfg.name]: launch(lib, cfg, a, b, d)
+        samples: dict[str, list] = {name: [] for name in runs}
+        for _ in range(args.rounds):
+            for name, fn in runs.items():
+                samples[name].append(timed(fn, args.steady, sampler))
+        cublas_ms, cublas_mhz = summarize(samples["cuBLAS"], args.steady)
+        print(f"{shape} {cfg.name}: cuBLAS {flop / cublas_ms / 1e9:.1f} TFLOP/s"
+              + (f" at {cublas_mhz:.0f} MHz" if cublas_mhz else ""), flush=True)
+        for v in variants:
+            ms, mhz = summarize(samples[v], args.steady)
+            launch(libs[v, cfg.name], cfg, a, b, d)
+            err = ((d.float() - ref).norm() / ref.norm()).item()
+            failures += not err <= BOUND[args.dtype]
+            row = {"shape": shape, "kernel": cfg.name, "variant": v, "ms": ms, "tflops": flop / ms / 1e9,
+                   "cublas_tflops": flop / cublas_ms / 1e9, "vs_cublas": cublas_ms / ms, "rel_error": err}
+            if mhz:
+                row.update(sm_mhz=mhz, tflops_per_ghz=row["tflops"] / (mhz / 1000), cublas_mhz=cublas_mhz)
+            report["bench"].append(row)
+            clock = f"  {mhz:5.0f} MHz {row['tflops_per_ghz']:6.1f}/GHz" if mhz else ""
+            print(f"  {cfg.name:<40} {v:>6} {row['tflops']:7.1f}  x{row['vs_cublas']:.3f} cuBLAS{clock}"
+                  f"  err {err:.1e}", flush=True)
+    return failures
 
 
 if __name__ == "__main__":

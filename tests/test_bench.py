@@ -88,3 +88,13 @@ def test_mma_ceiling_kernel_compiles(tmp_path):
     report = parse_ptxas(done.stderr)
     assert len(report) == 16, report  # 8 probes, bf16 and fp16
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report
+
+
+def test_ab_variants_summarizes_rounds_by_mode():
+    """do_bench rounds keep the best median; steady rounds the median stretch and its clock."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+    import ab_variants
+
+    rounds = [(2.0, 1500.0), (1.0, 1400.0), (4.0, 1300.0)]
+    assert ab_variants.summarize([(ms, None) for ms, _ in rounds], steady=0.0) == (1.0, None)
+    assert ab_variants.summarize(rounds, steady=2.0) == (2.0, 1400.0)
