@@ -113,57 +113,12 @@ __device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* 
       : "memory");
 }
 
-// L2 eviction policies for the .L2::cache_hint forms below: the whole access range at the given priority.
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: createpolicy" (.fractional, fraction 1.0).
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: createpolicy" (.fractional, fraction 1.0).
-__device__ __forceinline__ uint64_t l2_policy_evict_last() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-// tma_load_2d and tma_load_2d_multicast with an L2 eviction policy for the bytes they read.
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.L2::cache_hint).
-__device__ __forceinline__ void tma_load_2d_hint(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0, int32_t c1,
-                                                 uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
-      " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "l"(policy)
-      : "memory");
-}
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.multicast::cluster,
-// .L2::cache_hint).
-__device__ __forceinline__ void tma_load_2d_multicast_hint(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0,
-                                                           int32_t c1, uint16_t cta_mask, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster.L2::cache_hint"
-      " [%0], [%1, {%3, %4}], [%2], %5, %6;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask), "l"(policy)
-      : "memory");
-}
-
 // 2-D tile shared -> global; the parts of the box outside the tensor are not written.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.global.shared::cta).
 __device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int32_t c0, int32_t c1) {
   asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(tmap)),
                "r"(src), "r"(c0), "r"(c1)
-               : "memory");
-}
-
-// tma_store_2d with an L2 eviction policy for the bytes it writes.
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.L2::cache_hint).
-__device__ __forceinline__ void tma_store_2d_hint(const void* tmap, uint32_t src, int32_t c0, int32_t c1,
-                                                  uint64_t policy) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], %4;\n" ::"l"(
-                   reinterpret_cast<uint64_t>(tmap)),
-               "r"(src), "r"(c0), "r"(c1), "l"(policy)
                : "memory");
 }
 

@@ -28,16 +28,11 @@
 #include "../common/gemm_args.h"
 #include "../ptx/sm90.cuh"
 
-// Experiment switches for A/B runs on the GPU (gpu/ab_variants.py), off by default.
-// GEMMGEN_SM90_STREAM_K=1 gives the cooperative schedule a stream-K partition of the work (NOTES.md, sm90
-// "Wave quantization": -5 to -9 % at 4096^3, up to +2 % at 8192^3, so off).
+// Experiment switch for A/B runs on the GPU (gpu/ab_variants.py), off by default: 1 gives the cooperative
+// schedule a stream-K partition of the work (NOTES.md, sm90 "Wave quantization": -5 to -9 % at 4096^3, up
+// to +2 % at 8192^3; steady state in session 13: -5 % and +0.5 %).
 #ifndef GEMMGEN_SM90_STREAM_K
 #define GEMMGEN_SM90_STREAM_K 0
-#endif
-// GEMMGEN_SM90_L2_HINTS: 1 = D's TMA stores with an L2 evict_first policy (D is never read back, so its
-// lines should leave L2 before A's and B's); 2 = also A's and B's TMA loads with evict_last.
-#ifndef GEMMGEN_SM90_L2_HINTS
-#define GEMMGEN_SM90_L2_HINTS 0
 #endif
 
 namespace gemmgen {
@@ -146,25 +141,6 @@ struct OperandTile {
   static_assert(ROWS % 64 == 0, "operand tiles are whole 64-row chunks");
   static_assert(kBoxOuter <= 256, "a TMA box is at most 256 elements along each dimension");
 
-  // One TMA box: multicast to both CTAs when the operand is split across the cluster.
-  __device__ __forceinline__ static void load_box(uint32_t to, const void* tmap, uint32_t full_bar, int c0, int c1,
-                                                  uint16_t ctas) {
-#if GEMMGEN_SM90_L2_HINTS >= 2
-    const uint64_t policy = ptx::l2_policy_evict_last();
-    if constexpr (SPLIT) {
-      ptx::tma_load_2d_multicast_hint(to, tmap, full_bar, c0, c1, ctas, policy);
-    } else {
-      ptx::tma_load_2d_hint(to, tmap, full_bar, c0, c1, policy);
-    }
-#else
-    if constexpr (SPLIT) {
-      ptx::tma_load_2d_multicast(to, tmap, full_bar, c0, c1, ctas);
-    } else {
-      ptx::tma_load_2d(to, tmap, full_bar, c0, c1);
-    }
-#endif
-  }
-
   // Issue this CTA's loads of the stage: rows [mn0, mn0 + ROWS), k values [k0, k0 + kBlockK).
   // `half` is this CTA's rank along the sharing direction (only with SPLIT).
   __device__ __forceinline__ static void load(const void* tmap, uint32_t dst, uint32_t full_bar, int mn0, int k0,
@@ -175,11 +151,19 @@ struct OperandTile {
       if constexpr (K_MAJOR) {
         const int offset_rows = SPLIT ? half * (ROWS / 2) : 0;
         const uint32_t to = dst + offset_rows * kSwizzleRowBytes;
-        load_box(to, tmap, full_bar, k0, mn0 + offset_rows, kBothCtas);
+        if constexpr (SPLIT) {
+          ptx::tma_load_2d_multicast(to, tmap, full_bar, k0, mn0 + offset_rows, kBothCtas);
+        } else {
+          ptx::tma_load_2d(to, tmap, full_bar, k0, mn0);
+        }
       } else {
         const int offset_k = SPLIT ? half * (kBlockK / 2) : 0;
         const uint32_t to = dst + c * kChunkBytes + offset_k * kSwizzleRowBytes;
-        load_box(to, tmap, full_bar, mn0 + c * 64, k0 + offset_k, kBothCtas);
+        if constexpr (SPLIT) {
+          ptx::tma_load_2d_multicast(to, tmap, full_bar, mn0 + c * 64, k0 + offset_k, kBothCtas);
+        } else {
+          ptx::tma_load_2d(to, tmap, full_bar, mn0 + c * 64, k0);
+        }
       }
     }
   }
@@ -702,11 +686,7 @@ struct Kernel {
 
     __device__ __forceinline__ void store_subtile(uint32_t buf, int i, int sub, int m0, int n0) const {
 #if !GEMMGEN_SM90_EXPERIMENT_NO_TMA_STORE  // timing experiment only, wrong results: stage, never store
-#if GEMMGEN_SM90_L2_HINTS >= 1
-      ptx::tma_store_2d_hint(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM, ptx::l2_policy_evict_first());
-#else
       ptx::tma_store_2d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM);
-#endif
 #endif
     }
 
