@@ -34,6 +34,11 @@
 #ifndef GEMMGEN_SM90_STREAM_K
 #define GEMMGEN_SM90_STREAM_K 0
 #endif
+// Timing experiment only (wrong results): stream-K without its fixup, contributors store no partials and
+// owners wait for none, to separate the fixup's cost from the rest of stream-K's.
+#ifndef GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP
+#define GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -450,12 +455,16 @@ struct Kernel {
       float acc[MMA_BLOCKS_M][ACCUM];
       mainloop(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end);
       if (s.kt_begin > 0) {  // a contributor: the owner adds this part and stores the tile
+#if GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP  // timing experiment only, wrong results: no partials exchanged
+        if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);  // keeps acc live
+        return;
+#endif
         const int slot = partial_slot(cluster, rank, consumer);
         store_partial(workspace, slot, acc);
         publish_partial(flags + slot, consumer);
         return;
       }
-      if (s.kt_end < p.k_tiles) {  // the owner of a cut unit: every cluster whose share begins inside it
+      if (!GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP && s.kt_end < p.k_tiles) {  // the owner of a cut unit: every cluster whose share begins inside it
         for (int c = cluster + 1; c < sk.clusters && sk.begins_inside(c, s.unit); ++c) {
           const int slot = partial_slot(c, rank, consumer);
           await_partial(flags + slot, consumer);
