@@ -20,18 +20,19 @@
 namespace gemmgen {
 namespace sm90 {
 
-using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
-constexpr unsigned kEncodeTiledVersion = 12000;  // the CUDA version whose signature EncodeTiledFn is
+// A driver function by name and the CUDA version of its signature, or nullptr when the driver lacks it.
+template <class Fn>
+inline Fn driver_entry_point(const char* name, unsigned version) {
+  void* ptr = nullptr;
+  cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t err = cudaGetDriverEntryPointByVersion(name, &ptr, version, cudaEnableDefault, &status);
+  return err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(ptr) : nullptr;
+}
 
 // cuTensorMapEncodeTiled, or nullptr when the driver does not have it (looked up once per process).
+using EncodeTiledFn = PFN_cuTensorMapEncodeTiled_v12000;
 inline EncodeTiledFn encode_tiled() {
-  static const EncodeTiledFn fn = []() -> EncodeTiledFn {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err =
-        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, kEncodeTiledVersion, cudaEnableDefault, &status);
-    return err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiledFn>(ptr) : nullptr;
-  }();
+  static const EncodeTiledFn fn = driver_entry_point<EncodeTiledFn>("cuTensorMapEncodeTiled", 12000);
   return fn;
 }
 
@@ -43,12 +44,7 @@ constexpr int kTensorMapEncodeError = 1 << 16;
 // a driver.
 inline const char* cu_result_name(int res) {
   using GetErrorNameFn = PFN_cuGetErrorName_v6000;
-  static const GetErrorNameFn fn = []() -> GetErrorNameFn {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult status = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t err = cudaGetDriverEntryPointByVersion("cuGetErrorName", &ptr, 6000, cudaEnableDefault, &status);
-    return err == cudaSuccess && status == cudaDriverEntryPointSuccess ? reinterpret_cast<GetErrorNameFn>(ptr) : nullptr;
-  }();
+  static const GetErrorNameFn fn = driver_entry_point<GetErrorNameFn>("cuGetErrorName", 6000);
   const char* name = nullptr;
   if (fn == nullptr || fn(static_cast<CUresult>(res), &name) != CUDA_SUCCESS || name == nullptr) return "?";
   return name;
