@@ -464,7 +464,8 @@ struct Kernel {
         publish_partial(flags + slot, consumer);
         return;
       }
-      if (!GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP && s.kt_end < p.k_tiles) {  // the owner of a cut unit: every cluster whose share begins inside it
+      // The owner of a cut unit: every cluster whose share begins inside it.
+      if (!GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP && s.kt_end < p.k_tiles) {
         for (int c = cluster + 1; c < sk.clusters && sk.begins_inside(c, s.unit); ++c) {
           const int slot = partial_slot(c, rank, consumer);
           await_partial(flags + slot, consumer);
