@@ -28,14 +28,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # sm90_probe beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import torch  # noqa: E402
 
+from bench import parse_shapes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.build import build_many, spill_report  # noqa: E402
 from generator.config import KernelConfig  # noqa: E402
 from generator.op import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
-from power_probe import Sampler, steady_ms  # noqa: E402
+from power_probe import Sampler, steady_sample  # noqa: E402
 from sm90_probe import BOUND, TORCH, operand  # noqa: E402  (the probe's dtypes, bounds and padded operands)
 
 RAGGED = [(1, 1, 1), (7, 8, 63), (65, 129, 127), (1000, 4097, 129), (4097, 63, 1000), (129, 7, 4097),
@@ -119,8 +121,8 @@ def timed(fn, steady: float, sampler) -> tuple[float, float | None]:
     SM clock in MHz over the stretch (steady only)."""
     if not steady:
         return bench_ms(fn), None
-    ms, start, end = steady_ms(fn, steady)
-    return ms, sampler.between(start, end)[0]
+    ms, mhz, _ = steady_sample(fn, steady, sampler)
+    return ms, mhz
 
 
 def summarize(samples: list[tuple[float, float | None]], steady: float) -> tuple[float, float | None]:
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
 
     sampler = Sampler() if args.steady else None
     try:
-        for shape in args.shapes.split(","):
+        for shape in parse_shapes(args.shapes):
             failures += bench_shape(shape, configs, variants, libs, args, sampler, report)
     finally:
         if sampler:
@@ -194,11 +196,12 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
-def bench_shape(shape: str, configs: list[KernelConfig], variants: dict[str, str],
+def bench_shape(mnk: tuple[int, int, int], configs: list[KernelConfig], variants: dict[str, str],
                 libs: dict[tuple[str, str], KernelLibrary], args: argparse.Namespace, sampler, report: dict) -> int:
     """Time every config's variants and torch.matmul in alternation at one shape; rows into `report`.
     Returns the number of wrong results."""
-    m, n, k = (int(x) for x in shape.split("x"))
+    m, n, k = mnk
+    shape = f"{m}x{n}x{k}"
     flop = 2.0 * m * n * k
     a, b, d = inputs(configs[0], m, n, k)
     ref = a.float() @ b.float()

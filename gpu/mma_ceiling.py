@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "gpu"))
 
 from bench import DTYPES, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
-from power_probe import Sampler, steady_ms  # noqa: E402
+from power_probe import Sampler, steady_sample  # noqa: E402
 from generator import Gemm  # noqa: E402
 
 
@@ -70,8 +70,7 @@ def measure(name: str, fn, flop: float, sampler: Sampler, seconds: float) -> dic
     from triton.testing import do_bench
 
     burst_ms = float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
-    ms, t0, t1 = steady_ms(fn, seconds)
-    mhz, watts = sampler.between(t0, t1)
+    ms, mhz, watts = steady_sample(fn, seconds, sampler)
     row = {"name": name, "burst_tflops": round(flop / burst_ms / 1e9, 1), "steady_tflops": round(flop / ms / 1e9, 1),
            "sm_mhz": mhz, "watts": watts, "steady_tflops_per_ghz": round(flop / ms / 1e9 / (mhz / 1000), 1)}
     print(f"{name:>34}  burst {row['burst_tflops']:7.1f}  steady {row['steady_tflops']:7.1f} TFLOP/s  "

@@ -81,6 +81,13 @@ def steady_ms(fn, seconds: float) -> tuple[float, float, float]:
     return start_ev.elapsed_time(end_ev) / calls, host_start, time.monotonic()
 
 
+def steady_sample(fn, seconds: float, sampler: Sampler) -> tuple[float, float, float]:
+    """Milliseconds per call over a steady stretch of about ``seconds`` (steady_ms), with the median SM
+    clock (MHz) and board power (W) the sampler saw during it."""
+    ms, start, end = steady_ms(fn, seconds)
+    return (ms, *sampler.between(start, end))
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition("=")
     overrides = {}
@@ -121,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in fns}
             for r in range(args.rounds):
                 for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-                    ms, t0, t1 = steady_ms(fns[name], args.seconds)
-                    runs[name].append((ms, *sampler.between(t0, t1)))
+                    runs[name].append(steady_sample(fns[name], args.seconds, sampler))
             base = statistics.median(ms for ms, _, _ in runs["cublas"])
             for name, samples in runs.items():
                 ms = statistics.median(s[0] for s in samples)
