@@ -46,8 +46,9 @@ SM90_BLOCK_M = {"ws": (128, 256), "cooperative": (128, 256), "pingpong": (64, 12
 SM90_MAX_ACCUMULATORS = 128
 SM90_WARPGROUP_THREADS = 128
 SM90_THREADS = 3 * SM90_WARPGROUP_THREADS   # 1 producer warpgroup + 2 consumer warpgroups
-# (cluster_m, cluster_n): 2x1 = two CTAs on neighbouring M tiles share (multicast) the B tile; 1x2 share A.
-SM90_CLUSTERS = ((1, 1), (2, 1), (1, 2))
+# (cluster_m, cluster_n): 2x1 = two CTAs on neighbouring M tiles share (multicast) the B tile; 1x2 share A;
+# 2x2 share both, each with one neighbour; 4x1 / 1x4 share B / A four ways.
+SM90_CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4))
 # mbarriers, and the slack that rounds dynamic shared memory up to the 1024-byte atom of the 128-byte swizzle.
 SM90_RESERVED_SMEM_BYTES = 1024
 # The epilogue's staging for the TMA store of D: per consumer warpgroup, double-buffered 64 x 128-byte subtiles.
@@ -167,17 +168,20 @@ def describe_schedule(cfg: KernelConfig) -> str:
 
 def describe_cluster(cluster: tuple[int, int]) -> str:
     cm, cn = cluster
-    if cm == 2:
-        return "2x1 (2 blocks along M share each B tile: TMA multicasts B to both)"
-    if cn == 2:
-        return "1x2 (2 blocks along N share each A tile: TMA multicasts A to both)"
-    return f"{cm}x{cn} (no cluster: each block loads its own A and B tiles)"
+    if cm * cn == 1:
+        return f"{cm}x{cn} (no cluster: each block loads its own A and B tiles)"
+    if cm > 1 and cn > 1:
+        return (f"{cm}x{cn} ({cm} blocks along M share each B tile, {cn} along N each A tile: TMA multicasts each "
+                f"operand to the blocks that share it)")
+    count, along, op = (cm, "M", "B") if cm > 1 else (cn, "N", "A")
+    whom = "both" if count == 2 else f"all {count}"
+    return f"{cm}x{cn} ({count} blocks along {along} share each {op} tile: TMA multicasts {op} to {whom})"
 
 
 def describe_raster(cfg: KernelConfig) -> str:
     """The walk over the tile grid (templates/sm90 Raster; planner_sm90.raster_coords is its Python twin).
 
-    The walk steps over cluster-sized units of tiles: one tile with cluster 1x1, two with 2x1 or 1x2."""
+    The walk steps over cluster-sized units of tiles: cm x cn tiles of a cm x cn cluster."""
     group, (cm, cn) = cfg.raster_group, cfg.cluster
     if cfg.raster == "m":
         clusters = f"{cm}x{cn} clusters"
@@ -355,7 +359,7 @@ def check_sm90(cfg: KernelConfig) -> None:
     if cfg.cluster not in SM90_CLUSTERS:
         cm, cn = cfg.cluster
         raise ValueError(f"cluster {cm}x{cn} is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks "
-                         f"along M share B) or (1, 2) (two blocks along N share A)")
+                         f"along M share B), (1, 2) (two blocks along N share A), (2, 2), (4, 1) or (1, 4)")
     if cfg.raster not in RASTERS:
         raise ValueError(f"raster={cfg.raster!r}: use 'm' (tiles run down M through raster_group tile rows, then "
                          f"along N) or 'n' (along N through raster_group tile columns, then down M)")

@@ -28,6 +28,9 @@ CASES = (
     ("ws", (128, 128, 64), (1, 1), "nn"),
     ("pingpong", (64, 256, 64), (1, 1), "tt"),
     ("pingpong", (128, 128, 64), (2, 1), "tn"),
+    ("cooperative", (128, 256, 64), (2, 2), "nt"),
+    ("pingpong", (64, 128, 64), (4, 1), "tn"),
+    ("ws", (128, 128, 64), (1, 4), "tt"),       # 3 tile columns: the cluster's fourth block has no tile
 )
 M, N, K = 193, 321, 200   # ragged in all three, several tiles and k tiles, pingpong turns taken
 

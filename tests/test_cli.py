@@ -143,7 +143,7 @@ def test_an_override_the_planner_refuses_exits_2_with_its_reason(args, message, 
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--arch", "90", "--cluster", "2x2"), "error: cluster 2x2 is not one the sm90 template launches"),
+    (("--arch", "90", "--cluster", "3x2"), "error: cluster 3x2 is not one the sm90 template launches"),
     (("--arch", "90", "--tile", "128x256x64", "--stages", "5"),
      "needs 279552 bytes of shared memory (5 x 49152 operand tiles + 32768 epilogue + 1024 barriers and alignment); "
      "sm90 allows 232448: use stages<=4 or tile 128x128x64"),

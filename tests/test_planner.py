@@ -389,6 +389,15 @@ def test_print_plan_sm90(capsys: pytest.CaptureFixture[str]) -> None:
         "cluster:      1x1 (no cluster: each block loads its own A and B tiles)",
         "raster:       m, group 1 (one tile row at a time, along N)",
     ]),
+    (dict(cluster_shape=(2, 2)), [
+        "cluster:      2x2 (2 blocks along M share each B tile, 2 along N each A tile: TMA multicasts each operand "
+        "to the blocks that share it)",
+        "raster:       m, group 8 (bands of 8 rows of 2x2 clusters, each walked down M then along N: Triton's GROUP_M "
+        "order)",
+    ]),
+    (dict(cluster_shape=(4, 1), raster="m"), [
+        "cluster:      4x1 (4 blocks along M share each B tile: TMA multicasts B to all 4)",
+    ]),
 ])
 def test_describe_sm90_knobs(knobs: dict[str, object], lines: list[str]) -> None:
     text = plan(arch=90, **knobs).config.describe()
@@ -728,12 +737,12 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "tile 128x256x64 with schedule 'pingpong' needs 256 fp32 accumulators per consumer thread (a "
                  "warpgroup holds 128x256); at most 128 fit in registers: use schedule='cooperative' (two warpgroups "
                  "split it) or tile 64x256x64 or 128x128x64", id="pingpong-accumulators"),
-    pytest.param(dict(arch=90), "cluster_shape", (2, 2),
-                 "cluster 2x2 is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks along M share B) "
-                 "or (1, 2) (two blocks along N share A)", id="cluster"),
-    pytest.param(dict(arch=90), "cluster_shape", "4x1",
-                 "cluster 4x1 is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks along M share B) "
-                 "or (1, 2) (two blocks along N share A)", id="cluster-string"),
+    pytest.param(dict(arch=90), "cluster_shape", (3, 1),
+                 "cluster 3x1 is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks along M share B), "
+                 "(1, 2) (two blocks along N share A), (2, 2), (4, 1) or (1, 4)", id="cluster"),
+    pytest.param(dict(arch=90), "cluster_shape", "2x4",
+                 "cluster 2x4 is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks along M share B), "
+                 "(1, 2) (two blocks along N share A), (2, 2), (4, 1) or (1, 4)", id="cluster-string"),
     pytest.param(dict(arch=90), "cluster_shape", (2,),
                  "cluster_shape=(2,): give 2 positive integers, e.g. cluster_shape=(2, 1)", id="cluster-length"),
     pytest.param(dict(arch=90), "stages", 1, "stages=1: the TMA pipeline takes 2 to 8 stages", id="stages-few"),
