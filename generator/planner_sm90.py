@@ -90,9 +90,20 @@ ISSUE_EFFICIENCY = {1: 0.65}
 # to save more than this to be worth it.
 CLUSTER_COUPLING = 0.98
 DEFAULT_RASTER_GROUP = 8
-# The cluster shapes the planner weighs; the 4-block ones (2x2, 4x1, 1x4) are built on request only
-# until measured against 2x1 (NOTES.md).
+# The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
+# cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
+# 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (gpu/debug/cluster_occupancy.cu, NOTES.md
+# session 14), so 4096^3 and 8192^3 take 5 and 18 waves of 128x256 tiles instead of 4 and 16.
 PLANNED_CLUSTERS = ((1, 1), (2, 1), (1, 2))
+# The share of the SMs that clusters of this many blocks can fill at once (measured on the 132-SM H100
+# SXM; GPC shapes vary between chips, so the launch asks the driver and this only feeds the estimate).
+CLUSTER_SM_SHARE = {4: 120 / 132}
+
+
+def resident_clusters(sm_count: int, blocks_per_cluster: int) -> int:
+    """How many clusters of ``blocks_per_cluster`` blocks run at once, one block per SM."""
+    usable = int(sm_count * CLUSTER_SM_SHARE.get(blocks_per_cluster, 1.0))
+    return max(1, usable // blocks_per_cluster)
 
 
 # -- the walk over the tile grid ---------------------------------------------------------------------------
@@ -122,7 +133,7 @@ def wave_footprint(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     """Rows of A plus columns of B (elements per unit of K) that the first wave of blocks touches: what
     L2 has to hold for the wave's blocks to share their operand tiles instead of refetching them."""
     units_m, units_n = grid_units(cfg, problem)
-    in_flight = min(units_m * units_n, max(1, sm_count // (cfg.cluster[0] * cfg.cluster[1])))
+    in_flight = min(units_m * units_n, resident_clusters(sm_count, cfg.cluster[0] * cfg.cluster[1]))
     rows, cols = set(), set()
     for unit in range(in_flight):
         um, un = raster_coords(unit, units_m, units_n, cfg.raster, cfg.raster_group)
@@ -246,7 +257,7 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
     tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
     units_m, units_n = grid_units(cfg, problem)
     blocks = units_m * units_n * cm * cn              # whole clusters, idle blocks included
-    slots = max(1, sm_count // (cm * cn)) * cm * cn   # one block per SM: the ring takes the shared memory
+    slots = resident_clusters(sm_count, cm * cn) * cm * cn   # one block per SM: the ring takes the shared memory
     per_sm = math.ceil(blocks / slots)
     last_wave_fill = (blocks - (per_sm - 1) * slots) / slots
     eff, traffic = efficiency(cfg, problem)
@@ -258,7 +269,7 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
     else:
         cluster = "cluster 1x1 (no multicast)"
     idle = f", {blocks - tiles} idle block(s) fill partial clusters" if blocks > tiles else ""
-    reason = (f"{tiles} tiles of {bm}x{bn} in {per_sm} wave(s) over {sm_count} SMs (last wave {last_wave_fill:.0%} "
+    reason = (f"{tiles} tiles of {bm}x{bn} in {per_sm} wave(s) over {slots} SMs (last wave {last_wave_fill:.0%} "
               f"full{idle}), {cfg.schedule} ({persistent}); {cluster}; efficiency {eff:.2f}; {cfg.stages} stages "
               f"use {cfg.smem_bytes} of {spec.smem_per_block} bytes of shared memory")
     return Estimate(cfg, cost, reason)
