@@ -14,10 +14,12 @@
 //     accumulators. cooperative / ws: both consumers share each tile (each owns half its rows);
 //     pingpong: they take alternate tiles, so one's epilogue overlaps the other's mainloop.
 //
-// Clusters: a 2x1 cluster is two CTAs on neighbouring M tiles of one N tile; they need the same B
-// tile, so each loads half of it and multicasts it to both. 1x2: the same with A. Each CTA's "full"
-// barrier then expects the whole stage (its own loads and the peer's multicast), and each slot is
-// free only when the consumers of both CTAs have released it.
+// Clusters: a CMxCN cluster is CM x CN CTAs on neighbouring tiles (rank = rm + CM * rn). The CM CTAs
+// of one tile column need the same B tile, so each loads 1/CM of it and multicasts it to all of them;
+// the CN CTAs of one tile row share A likewise (2x1: B shared by two, 1x2: A by two, 2x2: both). Each
+// CTA's "full" barrier then expects the whole stage (its own loads and its peers' multicasts), and each
+// slot is free only when the consumers of every CTA that writes into it (itself, its column peers and
+// its row peers) have released it.
 #pragma once
 
 #include <cstdint>
@@ -133,39 +135,41 @@ constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up 
 // it with the 128-byte swizzle.
 //   K-major (K contiguous in global memory): ROWS rows of 64 k values, 128 bytes each.
 //   M/N-major: ROWS/64 chunks; each chunk is 64 rows (one per k) of 64 M/N values.
-// SPLIT: the operand is shared by the two CTAs of a cluster; each loads half and multicasts it
-// (K-major: half the rows; M/N-major: half the k rows of every chunk).
-template <int ROWS, bool K_MAJOR, bool SPLIT>
+// PARTS: how many CTAs of the cluster share the operand tile; each loads 1/PARTS of it and multicasts
+// it to all of them (K-major: a slice of the rows; M/N-major: a slice of the k rows of every chunk).
+template <int ROWS, bool K_MAJOR, int PARTS>
 struct OperandTile {
   static constexpr int kBytes = ROWS * kBlockK * 2;
   static constexpr int kChunkBytes = kBlockK * kSwizzleRowBytes;  // M/N-major: 64 x 64 elements
   static constexpr int kChunks = K_MAJOR ? 1 : ROWS / 64;
+  static constexpr bool kShared = PARTS > 1;
+  // The rows (K-major) or k rows (M/N-major) of one CTA's slice.
+  static constexpr int kSliceRows = (K_MAJOR ? ROWS : kBlockK) / PARTS;
   // The TMA box (innermost first) the host must encode for this operand.
   static constexpr int kBoxInner = 64;
-  static constexpr int kBoxOuter = K_MAJOR ? (SPLIT ? ROWS / 2 : ROWS) : (SPLIT ? kBlockK / 2 : kBlockK);
+  static constexpr int kBoxOuter = kSliceRows;
   static_assert(ROWS % 64 == 0, "operand tiles are whole 64-row chunks");
+  static_assert(kSliceRows % 8 == 0, "a slice is whole 1024-byte swizzle atoms, so each CTA's writes keep the pattern");
   static_assert(kBoxOuter <= 256, "a TMA box is at most 256 elements along each dimension");
 
   // Issue this CTA's loads of the stage: rows [mn0, mn0 + ROWS), k values [k0, k0 + kBlockK).
-  // `half` is this CTA's rank along the sharing direction (only with SPLIT).
+  // `part`: this CTA's slice; `sharers`: the cluster ranks that share the tile (bit r: rank r).
   __device__ __forceinline__ static void load(const void* tmap, uint32_t dst, uint32_t full_bar, int mn0, int k0,
-                                              int half) {
-    constexpr uint16_t kBothCtas = 0b11;
+                                              int part, uint16_t sharers) {
+    const int offset = kShared ? part * kSliceRows : 0;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       if constexpr (K_MAJOR) {
-        const int offset_rows = SPLIT ? half * (ROWS / 2) : 0;
-        const uint32_t to = dst + offset_rows * kSwizzleRowBytes;
-        if constexpr (SPLIT) {
-          ptx::tma_load_2d_multicast(to, tmap, full_bar, k0, mn0 + offset_rows, kBothCtas);
+        const uint32_t to = dst + offset * kSwizzleRowBytes;
+        if constexpr (kShared) {
+          ptx::tma_load_2d_multicast(to, tmap, full_bar, k0, mn0 + offset, sharers);
         } else {
           ptx::tma_load_2d(to, tmap, full_bar, k0, mn0);
         }
       } else {
-        const int offset_k = SPLIT ? half * (kBlockK / 2) : 0;
-        const uint32_t to = dst + c * kChunkBytes + offset_k * kSwizzleRowBytes;
-        if constexpr (SPLIT) {
-          ptx::tma_load_2d_multicast(to, tmap, full_bar, mn0 + c * 64, k0 + offset_k, kBothCtas);
+        const uint32_t to = dst + c * kChunkBytes + offset * kSwizzleRowBytes;
+        if constexpr (kShared) {
+          ptx::tma_load_2d_multicast(to, tmap, full_bar, mn0 + c * 64, k0 + offset, sharers);
         } else {
           ptx::tma_load_2d(to, tmap, full_bar, mn0 + c * 64, k0);
         }
@@ -215,11 +219,14 @@ struct Kernel {
   static constexpr bool PINGPONG = SCHEDULE == Schedule::kPingpong;
   static constexpr bool PERSISTENT = SCHEDULE != Schedule::kWarpSpecialized;
   static_assert(Cfg::kBlockK == kBlockK, "the sm90 templates take BK = 64");
-  static_assert(CLUSTER <= 2 && (CM == 1 || CN == 1), "clusters are 1x1, 2x1 or 1x2");
+  static_assert((CM == 1 || CM == 2 || CM == 4) && (CN == 1 || CN == 2 || CN == 4) && CLUSTER <= 4,
+                "clusters are 1x1, 2x1, 1x2, 2x2, 4x1 or 1x4");
 
-  // 2x1 clusters share B (split and multicast), 1x2 clusters share A.
-  using TileA = OperandTile<BM, Cfg::kAKMajor, (CN == 2)>;
-  using TileB = OperandTile<BN, Cfg::kBKMajor, (CM == 2)>;
+  // The CN CTAs of a tile row share A; the CM CTAs of a tile column share B.
+  using TileA = OperandTile<BM, Cfg::kAKMajor, CN>;
+  using TileB = OperandTile<BN, Cfg::kBKMajor, CM>;
+  // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
+  static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
   static constexpr int BARRIER_BYTES = 2 * STAGES * 8;
@@ -330,7 +337,7 @@ struct Kernel {
     if (threadIdx.x == 0) {
       for (int s = 0; s < STAGES; ++s) {
         ptx::mbarrier_init(smem.full_bar(s), 1);
-        ptx::mbarrier_init(smem.empty_bar(s), CONSUMERS_PER_STAGE * CLUSTER);
+        ptx::mbarrier_init(smem.empty_bar(s), CONSUMERS_PER_STAGE * WRITERS_PER_SLOT);
       }
       ptx::fence_mbarrier_init_cluster();
     }
@@ -358,6 +365,20 @@ struct Kernel {
     if constexpr (CLUSTER > 1) ptx::cluster_sync();
   }
 
+  // Which slice of each shared operand this CTA loads, and the ranks it multicasts that slice to.
+  // rank = rm + CM * rn: A is shared along the tile row (same rm), B along the tile column (same rn).
+  struct Sharing {
+    int part_a, part_b;
+    uint16_t sharers_a, sharers_b;
+  };
+  __device__ __forceinline__ static Sharing sharing(uint32_t rank) {
+    const int rm = static_cast<int>(rank) % CM, rn = static_cast<int>(rank) / CM;
+    uint16_t row = 0;
+    for (int j = 0; j < CN; ++j) row |= uint16_t(1u << (rm + CM * j));
+    const uint16_t column = uint16_t(((1u << CM) - 1) << (CM * rn));
+    return Sharing{rn, rm, row, column};
+  }
+
   // Work units of this CTA's cluster: persistent schedules stride over all units by the number of
   // clusters in the grid; ws launches one cluster per unit, so its loop runs once.
   __device__ __forceinline__ static int first_unit() { return blockIdx.x / CLUSTER; }
@@ -369,32 +390,31 @@ struct Kernel {
                                  const CUtensorMap* tmap_b, uint32_t rank) {
     ptx::prefetch_tensormap(tmap_a);
     ptx::prefetch_tensormap(tmap_b);
-    const int half_a = CN == 2 ? static_cast<int>(rank) : 0;  // 1x2: A is split along the N-direction pair
-    const int half_b = CM == 2 ? static_cast<int>(rank) : 0;
+    const Sharing share = sharing(rank);
     RingPos pos;
     if (STREAM_K && p.k_tiles > 0) {
       const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
       sk.for_each_segment(first_unit(), [&](const StreamK::Segment& s) {
-        load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, s.unit, s.kt_begin, s.kt_end, half_a, half_b);
+        load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, s.unit, s.kt_begin, s.kt_end, share);
       });
       return;
     }
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p))
-      load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, unit, 0, p.k_tiles, half_a, half_b);
+      load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, unit, 0, p.k_tiles, share);
   }
 
   // The producer's TMA loads of k tiles [kt_begin, kt_end) of work unit `unit`, one ring slot each.
   __device__ __forceinline__ static void load_k_tiles(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
                                                       const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos, int unit,
-                                                      int kt_begin, int kt_end, int half_a, int half_b) {
+                                                      int kt_begin, int kt_end, const Sharing& share) {
     int m0, n0;
     tile_origin(p, unit, rank, m0, n0);
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
       const uint32_t full = smem.full_bar(pos.stage);
       ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
-      TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, half_a);
-      TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, half_b);
+      TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, share.part_a, share.sharers_a);
+      TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, share.part_b, share.sharers_b);
       pos.advance();
     }
   }
@@ -577,14 +597,20 @@ struct Kernel {
     release(smem, previous, rank);
   }
 
-  // One thread of the warpgroup frees the slot in every CTA of the cluster that wrote into it: this
-// one and, in a 2-CTA cluster, the peer (which multicast its half of the shared operand into it).
-  __device__ __forceinline__ static uint32_t peer_rank(uint32_t rank) { return rank ^ 1; }
-
+  // One thread of the warpgroup frees the slot in every CTA of the cluster that wrote into it: this one,
+  // its column peers (which multicast slices of B into it) and its row peers (slices of A).
   __device__ __forceinline__ static void release(const Smem& smem, int stage, uint32_t rank) {
     if (threadIdx.x % kWarpgroupThreads == 0) {
       ptx::mbarrier_arrive(smem.empty_bar(stage));
-      if constexpr (CLUSTER > 1) ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), peer_rank(rank));
+      if constexpr (CLUSTER > 1) {
+        const uint32_t rm = rank % CM, rn = rank / CM;
+#pragma unroll
+        for (uint32_t i = 1; i < CM; ++i)
+          ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), (rm + i) % CM + CM * rn);
+#pragma unroll
+        for (uint32_t j = 1; j < CN; ++j)
+          ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), rm + CM * ((rn + j) % CN));
+      }
     }
   }
 
