@@ -309,7 +309,7 @@ class GemmOp:
             code = self.library.launch(ctypes.byref(args), torch.cuda.current_stream(device).cuda_stream)
         if code != 0:
             message = self.library.error_string(code).decode()
-            raise RuntimeError(f"{self.name}: launch failed with CUDA error {code} ({message})")
+            raise RuntimeError(f"{self.name}: launch failed: {message}")
         return D
 
 

@@ -24,9 +24,9 @@ def test_library_loads_and_op_is_registered(op):
 
 def test_launch_codes_name_their_cause(op):
     """Launch codes reach the user's message through the library's error_string: CUDA runtime errors by
-    their runtime text, a refused tensor map (code 1 << 16 + CUresult, templates/sm90/launch.cuh) with
+    their number and runtime text, a refused tensor map (code 1 << 16 + CUresult, templates/sm90/launch.cuh) with
     the encoder and its CUresult, not as a bare "invalid argument"."""
-    assert op.library.error_string(2).decode() == "out of memory"
+    assert op.library.error_string(2).decode() == "CUDA error 2 (out of memory)"
     message = op.library.error_string((1 << 16) + 1).decode()
     assert message.startswith("cuTensorMapEncodeTiled refused an operand's tensor map: CUresult 1 (")
     # The driver names the CUresult where there is one; without a driver (CI) the name is "?".

@@ -243,7 +243,7 @@ inline at::Tensor& launch(const OpSpec& op, const at::Tensor& A, const at::Tenso
   if (D.numel() == 0) return D;  // M = 0 or N = 0; K = 0 launches: the kernel writes zeros
   GemmArgs args{A.data_ptr(), B.data_ptr(), D.data_ptr(), A.size(0), B.size(1), A.size(1), lda, ldb, ldd};
   const int code = op.launch(&args, c10::cuda::getCurrentCUDAStream(A.device().index()).stream());
-  TORCH_CHECK(code == 0, op.kernel, ": launch failed with CUDA error ", code, " (", op.error_string(code), ")");
+  TORCH_CHECK(code == 0, op.kernel, ": launch failed: ", op.error_string(code));
   return D;
 }
 

@@ -58,6 +58,6 @@ int sm80_fp16_tt_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream
                                  static_cast<cudaStream_t>(stream));
 }
 
-const char* sm80_fp16_tt_128x256x32_w2x4_s4_g8_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+const char* sm80_fp16_tt_128x256x32_w2x4_s4_g8_error_string(int code) { return gemmgen::cuda_error_text(code); }
 
 }  // extern "C"

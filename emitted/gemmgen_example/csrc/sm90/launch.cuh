@@ -52,7 +52,7 @@ inline const char* cu_result_name(int res) {
 
 // What a launch code means, for the op's error message.
 inline const char* error_string(int code) {
-  if (code < kTensorMapEncodeError) return cudaGetErrorString(static_cast<cudaError_t>(code));
+  if (code < kTensorMapEncodeError) return cuda_error_text(code);
   thread_local char text[192];
   const int res = code - kTensorMapEncodeError;
   std::snprintf(text, sizeof text, "cuTensorMapEncodeTiled refused an operand's tensor map: CUresult %d (%s)", res,
