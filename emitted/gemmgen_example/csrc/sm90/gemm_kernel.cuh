@@ -502,14 +502,16 @@ struct Kernel {
     return (cluster * CLUSTER + static_cast<int>(rank)) * kConsumerWarpgroups + consumer;
   }
 
-  __device__ __forceinline__ static void store_partial(float* workspace, int slot, const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+  __device__ __forceinline__ static void store_partial(float* workspace, int slot,
+                                                      const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
     const int t = threadIdx.x % kWarpgroupThreads;
     float4* part = reinterpret_cast<float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
       for (int r = 0; r < ACCUM; r += 4)
-        part[((i * ACCUM + r) / 4) * kWarpgroupThreads + t] = make_float4(acc[i][r], acc[i][r + 1], acc[i][r + 2], acc[i][r + 3]);
+        part[((i * ACCUM + r) / 4) * kWarpgroupThreads + t] =
+            make_float4(acc[i][r], acc[i][r + 1], acc[i][r + 2], acc[i][r + 3]);
   }
 
   // Every thread's partial sums written, then the flag raised (release at GPU scope).
@@ -528,7 +530,8 @@ struct Kernel {
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
   }
 
-  __device__ __forceinline__ static void add_partial(const float* workspace, int slot, float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+  __device__ __forceinline__ static void add_partial(const float* workspace, int slot,
+                                                    float (&acc)[MMA_BLOCKS_M][ACCUM]) {
     const int t = threadIdx.x % kWarpgroupThreads;
     const float4* part = reinterpret_cast<const float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
 #pragma unroll

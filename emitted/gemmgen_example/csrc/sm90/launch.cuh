@@ -99,8 +99,8 @@ struct CachedMap {
 // Returns 0, cudaErrorInsufficientDriver, or kTensorMapEncodeError + the encoder's CUresult.
 template <typename Elem, int BOX_INNER, int BOX_OUTER>
 inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t outer, int64_t ld) {
-  const OperandKey key{base, static_cast<uint64_t>(inner > 0 ? inner : 1), static_cast<uint64_t>(outer > 0 ? outer : 1),
-                       static_cast<uint64_t>(ld > 0 ? ld : 1)};
+  const auto at_least_1 = [](int64_t v) { return static_cast<uint64_t>(v > 0 ? v : 1); };
+  const OperandKey key{base, at_least_1(inner), at_least_1(outer), at_least_1(ld)};
   if (cache.valid && cache.key == key) return 0;
   const EncodeTiledFn encode = encode_tiled();
   if (encode == nullptr) return static_cast<int>(cudaErrorInsufficientDriver);
@@ -125,6 +125,13 @@ inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t
   cache.valid = res == CUDA_SUCCESS;
   if (cache.valid) cache.key = key;
   return cache.valid ? 0 : kTensorMapEncodeError + static_cast<int>(res);
+}
+
+// The map of operand tile TILE's matrix, `rows` (M or N) x `k` elements: K-major keeps k innermost.
+template <typename Elem, class TILE, bool K_MAJOR>
+inline int operand_map(CachedMap& cache, const void* base, int64_t rows, int64_t k, int64_t ld) {
+  return K_MAJOR ? tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, k, rows, ld)
+                 : tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, rows, k, ld);
 }
 
 // The launch configuration of `blocks` blocks of kernel K, in clusters of K::CLUSTER blocks along x.
@@ -160,7 +167,8 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
   }
   const ClusterLaunchConfig<K> cluster_launch(K::CLUSTER, nullptr);
   int n = 0;
-  const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config);
+  const cudaError_t err =
+      cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config);
   if (err != cudaSuccess) return err;
   if (n < 1) n = 1;
   if (device < kMaxDevices) known[device] = n;
@@ -208,13 +216,9 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
 
   // A (M x K): K-major = row-major (inner K); M-major = column-major (inner M). B (K x N) likewise.
   thread_local CachedMap map_a, map_b;
-  int code = Cfg::kAKMajor
-                 ? tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->k, args->m, args->lda)
-                 : tensor_map<Elem, K::TileA::kBoxInner, K::TileA::kBoxOuter>(map_a, args->a, args->m, args->k, args->lda);
+  int code = operand_map<Elem, typename K::TileA, Cfg::kAKMajor>(map_a, args->a, args->m, args->k, args->lda);
   if (code != 0) return code;
-  code = Cfg::kBKMajor
-             ? tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->k, args->n, args->ldb)
-             : tensor_map<Elem, K::TileB::kBoxInner, K::TileB::kBoxOuter>(map_b, args->b, args->n, args->k, args->ldb);
+  code = operand_map<Elem, typename K::TileB, Cfg::kBKMajor>(map_b, args->b, args->n, args->k, args->ldb);
   if (code != 0) return code;
   // D through TMA stores when its base and row pitch allow (the kernel makes the same test); an
   // unused map stays zero.
