@@ -8,7 +8,10 @@ TFLOP/s per GHz separates what the kernel does per clock from what the power lim
 
     python3 gpu/power_probe.py [--shapes 8192x8192x8192,4096x4096x4096] [--dtype bf16]
         [--variant name=key:value,...]   (Gemm overrides, e.g. g16=raster_group:16  n8=raster:n)
-        [--seconds 2] [--rounds 3] [--json out.json]
+        [--seconds 2] [--rounds 3] [--flush] [--json out.json]
+
+--flush times the stretch the way do_bench does (L2 flushed before each call, each call timed alone),
+to tell do_bench's figures apart from steady state's by what the flush does, with the clock sampled.
 """
 from __future__ import annotations
 
@@ -81,10 +84,36 @@ def steady_ms(fn, seconds: float) -> tuple[float, float, float]:
     return start_ev.elapsed_time(end_ev) / calls, host_start, time.monotonic()
 
 
-def steady_sample(fn, seconds: float, sampler: Sampler) -> tuple[float, float, float]:
-    """Milliseconds per call over a steady stretch of about ``seconds`` (steady_ms), with the median SM
-    clock (MHz) and board power (W) the sampler saw during it."""
-    ms, start, end = steady_ms(fn, seconds)
+def flushed_ms(fn, seconds: float) -> tuple[float, float, float]:
+    """Like steady_ms, but in do_bench's regime: before every call the 256 MB buffer do_bench uses to
+    flush L2 is zeroed, and each call is timed alone by its own pair of events; the median call."""
+    flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    flush.zero_()
+    fn()
+    torch.cuda.synchronize()
+    calls = max(10, int(seconds / max(time.perf_counter() - t0, 1e-6)))
+    for _ in range(max(1, calls // 4)):
+        flush.zero_()
+        fn()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    torch.cuda.synchronize()
+    host_start = time.monotonic()
+    for start_ev, end_ev in events:
+        flush.zero_()
+        start_ev.record()
+        fn()
+        end_ev.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in events), host_start, time.monotonic()
+
+
+def steady_sample(fn, seconds: float, sampler: Sampler, flushed: bool = False) -> tuple[float, float, float]:
+    """Milliseconds per call over a steady stretch of about ``seconds`` (steady_ms, or flushed_ms), with
+    the median SM clock (MHz) and board power (W) the sampler saw during it."""
+    ms, start, end = (flushed_ms if flushed else steady_ms)(fn, seconds)
     return (ms, *sampler.between(start, end))
 
 
@@ -104,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variant", action="append", default=[], help="name=key:value,... (Gemm overrides)")
     ap.add_argument("--seconds", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--flush", action="store_true",
+                    help="do_bench's regime: L2 flushed (256 MB zeroed) before each call, calls timed one by one")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     dtype = DTYPES[args.dtype]
@@ -128,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in fns}
             for r in range(args.rounds):
                 for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-                    runs[name].append(steady_sample(fns[name], args.seconds, sampler))
+                    runs[name].append(steady_sample(fns[name], args.seconds, sampler, args.flush))
             base = statistics.median(ms for ms, _, _ in runs["cublas"])
             for name, samples in runs.items():
                 ms = statistics.median(s[0] for s in samples)
