@@ -14,9 +14,6 @@ namespace gemmgen {
 
 constexpr int kMaxDevices = 64;
 
-// The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
-// 16-byte-aligned base addresses and strides): each operand's base address and leading dimension
-// must keep every chunk 16-byte aligned. Anything else takes the unaligned kernel.
 // A launch code (a cudaError_t value) as the op's error message says it: "CUDA error 2 (out of memory)".
 inline const char* cuda_error_text(int code) {
   thread_local char text[160];
@@ -24,6 +21,9 @@ inline const char* cuda_error_text(int code) {
   return text;
 }
 
+// The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
+// 16-byte-aligned base addresses and strides): each operand's base address and leading dimension
+// must keep every chunk 16-byte aligned. Anything else takes the unaligned kernel.
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
   const int64_t elem = sizeof(typename Cfg::Elem);
