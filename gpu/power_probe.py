@@ -62,18 +62,25 @@ class Sampler:
         self.proc.terminate()
 
 
+def _warmed_calls(step, seconds: float) -> int:
+    """How many calls of ``step`` make a stretch of about ``seconds`` (from one timed call after a first
+    untimed one); then a quarter of that many run untimed, so that clocks settle per kernel."""
+    step()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    calls = max(10, int(seconds / max(time.perf_counter() - t0, 1e-6)))
+    for _ in range(max(1, calls // 4)):
+        step()
+    return calls
+
+
 def steady_ms(fn, seconds: float) -> tuple[float, float, float]:
     """Milliseconds per call over a stretch of about ``seconds`` of back-to-back calls; the host's
     monotonic start and end of the timed stretch."""
     start_ev, end_ev = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    calls = max(10, int(seconds / max(time.perf_counter() - t0, 1e-6)))
-    for _ in range(max(1, calls // 4)):  # a quarter of the stretch untimed: clocks settle per kernel
-        fn()
+    calls = _warmed_calls(fn, seconds)
     torch.cuda.synchronize()
     host_start = time.monotonic()
     start_ev.record()
@@ -88,16 +95,12 @@ def flushed_ms(fn, seconds: float) -> tuple[float, float, float]:
     """Like steady_ms, but in do_bench's regime: before every call the 256 MB buffer do_bench uses to
     flush L2 is zeroed, and each call is timed alone by its own pair of events; the median call."""
     flush = torch.empty(256 * 1024 * 1024 // 4, dtype=torch.int32, device="cuda")
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    flush.zero_()
-    fn()
-    torch.cuda.synchronize()
-    calls = max(10, int(seconds / max(time.perf_counter() - t0, 1e-6)))
-    for _ in range(max(1, calls // 4)):
+
+    def flushed_call() -> None:
         flush.zero_()
         fn()
+
+    calls = _warmed_calls(flushed_call, seconds)
     events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
     torch.cuda.synchronize()
     host_start = time.monotonic()
