@@ -287,13 +287,21 @@ struct Kernel {
     return p;
   }
 
+  // This CTA's place in its cluster: rank = rm + CM * rn, rm along M and rn along N.
+  struct ClusterPlace {
+    int rm, rn;
+  };
+  __device__ __forceinline__ static ClusterPlace place(uint32_t rank) {
+    return {static_cast<int>(rank % CM), static_cast<int>(rank / CM)};
+  }
+
   // The tile (m0, n0 in elements) this CTA computes for work unit `unit`.
   __device__ __forceinline__ static void tile_origin(const Problem& p, int unit, uint32_t rank, int& m0, int& n0) {
     int um, un;
     Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(unit, p.units_m, p.units_n, um, un);
-    const int rm = static_cast<int>(rank) % CM, rn = static_cast<int>(rank) / CM;
-    m0 = (um * CM + rm) * BM;
-    n0 = (un * CN + rn) * BN;
+    const ClusterPlace at = place(rank);
+    m0 = (um * CM + at.rm) * BM;
+    n0 = (un * CN + at.rn) * BN;
   }
 
   struct Smem {
@@ -365,18 +373,18 @@ struct Kernel {
     if constexpr (CLUSTER > 1) ptx::cluster_sync();
   }
 
-  // Which slice of each shared operand this CTA loads, and the ranks it multicasts that slice to.
-  // rank = rm + CM * rn: A is shared along the tile row (same rm), B along the tile column (same rn).
+  // Which slice of each shared operand this CTA loads, and the ranks it multicasts that slice to:
+  // A is shared along the tile row (same rm), B along the tile column (same rn).
   struct Sharing {
     int part_a, part_b;
     uint16_t sharers_a, sharers_b;
   };
   __device__ __forceinline__ static Sharing sharing(uint32_t rank) {
-    const int rm = static_cast<int>(rank) % CM, rn = static_cast<int>(rank) / CM;
+    const ClusterPlace at = place(rank);
     uint16_t row = 0;
-    for (int j = 0; j < CN; ++j) row |= uint16_t(1u << (rm + CM * j));
-    const uint16_t column = uint16_t(((1u << CM) - 1) << (CM * rn));
-    return Sharing{rn, rm, row, column};
+    for (int j = 0; j < CN; ++j) row |= uint16_t(1u << (at.rm + CM * j));
+    const uint16_t column = uint16_t(((1u << CM) - 1) << (CM * at.rn));
+    return Sharing{at.rn, at.rm, row, column};
   }
 
   // Work units of this CTA's cluster: persistent schedules stride over all units by the number of
@@ -606,13 +614,13 @@ struct Kernel {
     if (threadIdx.x % kWarpgroupThreads == 0) {
       ptx::mbarrier_arrive(smem.empty_bar(stage));
       if constexpr (CLUSTER > 1) {
-        const uint32_t rm = rank % CM, rn = rank / CM;
+        const ClusterPlace at = place(rank);
 #pragma unroll
-        for (uint32_t i = 1; i < CM; ++i)
-          ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), (rm + i) % CM + CM * rn);
+        for (int i = 1; i < CM; ++i)
+          ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), (at.rm + i) % CM + CM * at.rn);
 #pragma unroll
-        for (uint32_t j = 1; j < CN; ++j)
-          ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), rm + CM * ((rn + j) % CN));
+        for (int j = 1; j < CN; ++j)
+          ptx::mbarrier_arrive_cluster(smem.empty_bar(stage), at.rm + CM * ((at.rn + j) % CN));
       }
     }
   }
