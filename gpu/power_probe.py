@@ -8,10 +8,13 @@ TFLOP/s per GHz separates what the kernel does per clock from what the power lim
 
     python3 gpu/power_probe.py [--shapes 8192x8192x8192,4096x4096x4096] [--dtype bf16]
         [--variant name=key:value,...]   (Gemm overrides, e.g. g16=raster_group:16  n8=raster:n)
-        [--seconds 2] [--rounds 3] [--flush] [--json out.json]
+        [--seconds 2] [--rounds 3] [--flush | --burst] [--json out.json]
 
 --flush times the stretch the way do_bench does (L2 flushed before each call, each call timed alone),
 to tell do_bench's figures apart from steady state's by what the flush does, with the clock sampled.
+--burst runs do_bench itself (25 ms warm-up, 100 ms timed, as benchmarks/bench.py) and keeps every
+call's time, so that the first and last thirds of its window can be compared with the clock in each:
+whether a kernel loses to cuBLAS while the clock falls from its boost, or once it has settled.
 """
 from __future__ import annotations
 
@@ -36,10 +39,11 @@ from generator import Gemm  # noqa: E402
 class Sampler:
     """nvidia-smi's SM clock (MHz) and power (W) every ~50 ms, each stamped with the host's monotonic clock."""
 
-    def __init__(self) -> None:
+    def __init__(self, interval_ms: int = 50) -> None:
         self.samples: list[tuple[float, float, float]] = []
         self.proc = subprocess.Popen(
-            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms", "50"],
+            ["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits", "-lms",
+             str(interval_ms)],
             stdout=subprocess.PIPE, text=True, bufsize=1)
         self.thread = threading.Thread(target=self._read, daemon=True)
         self.thread.start()
@@ -120,6 +124,51 @@ def steady_sample(fn, seconds: float, sampler: Sampler, flushed: bool = False) -
     return (ms, *sampler.between(start, end))
 
 
+def burst_sample(fn, sampler: Sampler) -> dict:
+    """One do_bench window as bench.py times it (every call's time kept): the median call of the whole
+    window and of its first and last thirds, each beside the median SM clock the sampler saw then."""
+    from triton.testing import do_bench
+
+    start = time.monotonic()
+    times = [float(t) for t in do_bench(fn, warmup=25, rep=100, return_mode="all")]
+    end = time.monotonic()
+    third = max(1, len(times) // 3)
+    # do_bench's calls fill the last ~100 ms before it returns; its warm-up and estimate come first.
+    span = min(end - start, 0.1)
+    timed_start = end - span
+    return {"ms": statistics.median(times), "calls": len(times),
+            "first_ms": statistics.median(times[:third]), "last_ms": statistics.median(times[-third:]),
+            "first_mhz": sampler.between(timed_start, timed_start + span / 3)[0],
+            "last_mhz": sampler.between(end - span / 3, end)[0],
+            "mhz": sampler.between(timed_start, end)[0], "watts": sampler.between(timed_start, end)[1],
+            "series_ms": [round(t, 4) for t in times],
+            "series_mhz": [c for t, c, _ in sampler.samples if timed_start <= t <= end]}
+
+
+def burst_rows(m: int, n: int, k: int, dtype: str, runs: dict[str, list[dict]], kernels: dict[str, str]) -> list[dict]:
+    """Per candidate, the medians over the rounds of each window figure, and the ratios to cuBLAS's."""
+    def med(name: str, key: str) -> float:
+        return statistics.median(w[key] for w in runs[name])
+
+    rows = []
+    for name in runs:
+        row = {"shape": [m, n, k], "dtype": dtype, "name": name, "kernel": kernels[name], "mode": "burst",
+               "tflops": round(tflops(m, n, k, med(name, "ms")), 1)}
+        for part in ("", "first_", "last_"):
+            row[f"{part}vs_cublas"] = round(med("cublas", f"{part}ms") / med(name, f"{part}ms"), 3)
+        for key in ("mhz", "first_mhz", "last_mhz", "watts"):
+            row[key] = med(name, key)
+        row["windows_ms"] = [round(w["ms"], 4) for w in runs[name]]
+        row["series_ms"] = [w["series_ms"] for w in runs[name]]
+        row["series_mhz"] = [w["series_mhz"] for w in runs[name]]
+        rows.append(row)
+        print(f"{m}x{n}x{k} {dtype} {name:>10} {row['tflops']:7.1f} TFLOP/s  {row['vs_cublas']:6.3f}x cuBLAS "
+              f"(first third {row['first_vs_cublas']:.3f}x at {row['first_mhz']:.0f} MHz, last third "
+              f"{row['last_vs_cublas']:.3f}x at {row['last_mhz']:.0f} MHz)  {row['watts']:.0f} W  {kernels[name]}",
+              flush=True)
+    return rows
+
+
 def parse_variant(text: str) -> tuple[str, dict]:
     name, _, spec = text.partition("=")
     overrides = {}
@@ -138,11 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--flush", action="store_true",
                     help="do_bench's regime: L2 flushed (256 MB zeroed) before each call, calls timed one by one")
+    ap.add_argument("--burst", action="store_true",
+                    help="do_bench's own 100 ms windows, as bench.py times them; first and last thirds apart")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     dtype = DTYPES[args.dtype]
+    if args.flush and args.burst:
+        ap.error("--flush and --burst are two different regimes: pick one")
     variants = [("planner", {})] + [parse_variant(v) for v in args.variant]
-    sampler = Sampler()
+    sampler = Sampler(interval_ms=10 if args.burst else 50)
     rows = []
     try:
         for m, n, k in parse_shapes(args.shapes):
@@ -159,6 +212,13 @@ def main(argv: list[str] | None = None) -> int:
                 assert err < 1e-2, (name, err)
                 fns[name], kernels[name] = (lambda op=op: op(a, b)), op.name
             warm_up_gpu()
+            if args.burst:
+                windows: dict[str, list[dict]] = {name: [] for name in fns}
+                for r in range(args.rounds):
+                    for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
+                        windows[name].append(burst_sample(fns[name], sampler))
+                rows += burst_rows(m, n, k, args.dtype, windows, kernels)
+                continue
             runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in fns}
             for r in range(args.rounds):
                 for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):

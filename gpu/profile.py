@@ -1,6 +1,7 @@
 """Run one planned kernel a few times on one shape, for ncu:
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/profile.py --schedule pingpong --cluster 1x1
     ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/profile.py --family sm80 --tile 128x256x32
+    ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/profile.py --cublas   (torch.matmul, same data)
 """
 from __future__ import annotations
 
@@ -23,15 +24,22 @@ def main() -> None:
     parser.add_argument("--schedule", default=None)
     parser.add_argument("--cluster", default=None)
     parser.add_argument("--raster", default=None)
+    parser.add_argument("--cublas", action="store_true", help="run torch.matmul on the same operands instead")
     args = parser.parse_args()
     m, n, k = (int(x) for x in args.shape.split("x"))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    a = torch.randn(m, k, device="cuda").to(dtype)
+    b = torch.randn(n, k, device="cuda").to(dtype).t()
+    if args.cublas:
+        for _ in range(5):
+            torch.matmul(a, b)
+        torch.cuda.synchronize()
+        print("torch.matmul")
+        return
     plan = Gemm(dtype=args.dtype, layout=args.layout, m=m, n=n, k=k, tile_shape=args.tile, warps=args.warps,
                 stages=args.stages, family=args.family, schedule=args.schedule, cluster_shape=args.cluster,
                 raster=args.raster)
     op = plan.compile()
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    a = torch.randn(m, k, device="cuda").to(dtype)
-    b = torch.randn(n, k, device="cuda").to(dtype).t()
     for _ in range(5):
         op(a, b)
     torch.cuda.synchronize()

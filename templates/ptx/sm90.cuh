@@ -217,6 +217,12 @@ __device__ __forceinline__ void wgmma_wait() {
 // wgmma.fence" requires them (between the fence and the wait).
 __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
 
+// Make a value opaque to the compiler (an empty asm: no instruction), so that it keeps it in a register
+// instead of deriving it again where it is used: the main loop's bases of the matrix descriptors of
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Shared Memory Layout: Matrix Descriptor Format",
+// which it otherwise recomputed from the shared-memory window's base in every k tile.
+__device__ __forceinline__ void keep_in_register(uint64_t& value) { asm volatile("" : "+l"(value)); }
+
 // Grow (INC) or shrink this warpgroup's per-thread register budget to REGS.
 // PTX ISA §9.7.19 "Miscellaneous Instructions: setmaxnreg".
 template <int REGS>
@@ -244,6 +250,15 @@ constexpr uint64_t kDescSwizzle128 = 1ull << 62;
 __device__ __forceinline__ uint64_t smem_descriptor(uint32_t addr, uint32_t leading_bytes, uint32_t stride_bytes) {
   return kDescSwizzle128 | (static_cast<uint64_t>((stride_bytes >> 4) & 0x3FFF) << 32) |
          (static_cast<uint64_t>((leading_bytes >> 4) & 0x3FFF) << 16) | static_cast<uint64_t>((addr >> 4) & 0x3FFF);
+}
+
+// The same descriptor for an operand `units` x 16 bytes further on: only the start-address field (the low
+// 14 bits, address >> 4) changes, and a CTA's shared-memory addresses stay below 2^18 bytes (it has at most
+// 228 KB), so the sum never carries out of the field and a 32-bit add on the low word suffices.
+// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Shared Memory Layout: Matrix Descriptor Format".
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t units) {
+  const uint32_t lo = static_cast<uint32_t>(desc) + units;
+  return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
 }  // namespace ptx

@@ -177,17 +177,25 @@ struct OperandTile {
     }
   }
 
-  // wgmma descriptor of rows [row0, row0 + extent) at k step `kk` (k values 16*kk .. 16*kk + 15).
-  // K-major: a k step moves 32 bytes along the 128-byte row (the swizzle is applied by hardware on
-  // the final address); M/N-major: a k step is 16 rows of 128 bytes = two swizzle atoms.
-  __device__ __forceinline__ static uint64_t descriptor(uint32_t base, int row0, int kk) {
+  // wgmma descriptor of the tile at `base` (its first rows, k step 0). Other rows and k steps of the same
+  // tile, and the same place in another stage, differ only in the start address: ptx::desc_advance by
+  // offset_units, so that the main loop adds constants instead of encoding a descriptor per wgmma.
+  __device__ __forceinline__ static uint64_t descriptor(uint32_t base) {
     if constexpr (K_MAJOR) {
-      return ptx::smem_descriptor(base + row0 * kSwizzleRowBytes + kk * kMmaK * 2, /*leading (unused)=*/16,
-                                  /*stride: 8-row groups=*/kSwizzleAtomBytes);
+      return ptx::smem_descriptor(base, /*leading (unused)=*/16, /*stride: 8-row groups=*/kSwizzleAtomBytes);
     } else {
-      return ptx::smem_descriptor(base + (row0 / 64) * kChunkBytes + kk * kMmaK * kSwizzleRowBytes,
-                                  /*leading: 64-element chunks=*/kChunkBytes, /*stride: 8-k groups=*/kSwizzleAtomBytes);
+      return ptx::smem_descriptor(base, /*leading: 64-element chunks=*/kChunkBytes,
+                                  /*stride: 8-k groups=*/kSwizzleAtomBytes);
     }
+  }
+
+  // Where rows [row0, ...) at k step `kk` (k values 16*kk .. 16*kk + 15) start, from the tile's start, in
+  // the descriptor's 16-byte address units. K-major: a k step moves 32 bytes along the 128-byte row (the
+  // swizzle is applied by hardware on the final address); M/N-major: a k step is 16 rows of 128 bytes =
+  // two swizzle atoms, and rows come in 64-element chunks.
+  __host__ __device__ static constexpr uint32_t offset_units(int row0, int kk) {
+    return K_MAJOR ? (row0 * kSwizzleRowBytes + kk * kMmaK * 2) / 16
+                   : ((row0 / 64) * kChunkBytes + kk * kMmaK * kSwizzleRowBytes) / 16;
   }
 };
 
@@ -322,7 +330,14 @@ struct Kernel {
   struct RingPos {
     int stage = 0;
     uint32_t phase = 0;
-    __device__ __forceinline__ void advance(int steps = 1) {
+    // The next slot (the main loops' step: a branch, not the general loop below).
+    __device__ __forceinline__ void next() {
+      if (++stage == STAGES) {
+        stage = 0;
+        phase ^= 1;
+      }
+    }
+    __device__ __forceinline__ void advance(int steps) {
       stage += steps;
       while (stage >= STAGES) {
         stage -= STAGES;
@@ -339,7 +354,9 @@ struct Kernel {
     if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
     const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
     Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES};
-    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    // Broadcast from lane 0 so that the compiler knows the warpgroup (and all derived from it: the
+    // consumer's rows, its descriptors) to be warp-uniform and keeps it in uniform registers.
+    const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarpgroupThreads, 0);
     const uint32_t rank = CLUSTER > 1 ? ptx::cluster_ctarank() : 0;
 
     if (threadIdx.x == 0) {
@@ -423,7 +440,7 @@ struct Kernel {
       ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
       TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, share.part_a, share.sharers_a);
       TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, share.part_b, share.sharers_b);
-      pos.advance();
+      pos.next();
     }
   }
 
@@ -572,6 +589,13 @@ struct Kernel {
   __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, float (&acc)[MMA_BLOCKS_M][ACCUM],
                                                   int row_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
                                                   int kt_end) {
+    // Stage 0's descriptors, this warpgroup's rows of A; a stage is STAGE_BYTES further on.
+    uint64_t stage0_a = ptx::desc_advance(TileA::descriptor(smem.a(0)), TileA::offset_units(row_in_tile, 0));
+    uint64_t stage0_b = TileB::descriptor(smem.b(0));
+    // Kept in (uniform) registers, not derived again from the shared-memory window's base in every k tile
+    // (8 instructions per k tile in the SASS otherwise).
+    ptx::keep_in_register(stage0_a);
+    ptx::keep_in_register(stage0_b);
     int previous = -1;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
@@ -580,12 +604,13 @@ struct Kernel {
 #pragma unroll
         for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
       ptx::wgmma_fence();
+      const uint32_t stage = pos.stage * (STAGE_BYTES / 16);
 #pragma unroll
       for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
-        const uint64_t desc_b = TileB::descriptor(smem.b(pos.stage), 0, kk);
+        const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(0, kk));
 #pragma unroll
         for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-          const uint64_t desc_a = TileA::descriptor(smem.a(pos.stage), row_in_tile + i * kMmaM, kk);
+          const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
           Mma::run(acc[i], desc_a, desc_b, (kt > kt_begin || kk > 0) ? 1 : 0);
         }
       }
@@ -598,7 +623,7 @@ struct Kernel {
       ptx::wgmma_wait<1>();
       if (previous >= 0) release(smem, previous, rank);
       previous = pos.stage;
-      pos.advance();
+      pos.next();
     }
     ptx::wgmma_wait<0>();
 #pragma unroll

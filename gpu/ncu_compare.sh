@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# ncu, clocks left alone (--clock-control none, as the device's METHOD.md asks), on the planner's kernel and on
+# torch.matmul's (cuBLAS) for the same shapes and data: duration, SM clock, tensor-pipe activity, memory.
+#   gpu/ncu_compare.sh [SHAPES (default "4096x4096x4096 8192x8192x8192")] [DTYPE (default bf16)] [EXTRA profile.py args]
+# Writes $OUT/ncu_<shape>_<dtype>_{ours,cublas}.txt.
+set -uo pipefail
+OUT=${OUT:-$PWD/gpu_out}
+SHAPES=${1:-"4096x4096x4096 8192x8192x8192"}
+DTYPE=${2:-bf16}
+EXTRA=${3:-}
+# The tensor pipe's activity counters this ncu knows for the chip (names differ between ncu versions).
+TENSOR=$(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' | grep -E '^sm__pipe_tensor_op_(gmma|hmma)_cycles_active$' |
+         sed 's/$/.avg.pct_of_peak_sustained_elapsed/' | paste -sd, -)
+METRICS=gpu__time_duration.sum,sm__cycles_elapsed.avg.per_second,dram__bytes_read.sum,dram__bytes_write.sum${TENSOR:+,$TENSOR}
+echo "metrics: $METRICS"
+status=0
+for shape in $SHAPES; do
+  for who in ours cublas; do
+    if [ $who = cublas ]; then kernel=regex:nvjet; args=--cublas; else kernel=regex:'sm[89]0_'; args=$EXTRA; fi
+    ncu --clock-control none --launch-skip 3 --launch-count 1 -k "$kernel" \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section SchedulerStats --section WarpStateStats --metrics "$METRICS" \
+        python3 gpu/profile.py --shape "$shape" --dtype "$DTYPE" $args > "$OUT/ncu_${shape}_${DTYPE}_${who}.txt" 2>&1 || status=1
+    grep -E "Profiling|Duration|SM Frequency|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|pipe_tensor|dram__bytes" \
+        "$OUT/ncu_${shape}_${DTYPE}_${who}.txt" | sed "s/^/$shape $who: /"
+  done
+done
+exit $status
