@@ -94,14 +94,19 @@ def warm_up_gpu(seconds: float = 2.0) -> None:
         torch.cuda.synchronize()
 
 
-def timed_rounds(fns: dict, rounds: int) -> dict[str, float]:
-    """The median over ``rounds`` of each function's do_bench median, measured in alternating order
-    (A B C, then C B A, ...) so that a clock or temperature drift during a row hits every column alike."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
+def alternating_rounds(fns: dict, rounds: int, measure) -> dict[str, list]:
+    """``measure(fn)`` of every function ``rounds`` times, in alternating order (A B C, then C B A, ...) so
+    that a clock or temperature drift during the run hits every column alike; the results per name."""
+    results: dict[str, list] = {name: [] for name in fns}
     for r in range(rounds):
         for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-            times[name].append(bench_ms(fns[name]))
-    return {name: statistics.median(t) for name, t in times.items()}
+            results[name].append(measure(fns[name]))
+    return results
+
+
+def timed_rounds(fns: dict, rounds: int) -> dict[str, float]:
+    """The median over ``rounds`` of each function's do_bench median, measured in alternating order."""
+    return {name: statistics.median(t) for name, t in alternating_rounds(fns, rounds, bench_ms).items()}
 
 
 def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None) -> list[Row]:

@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench import DTYPES, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
+from bench import DTYPES, alternating_rounds, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
 from generator import Gemm  # noqa: E402
 
 
@@ -136,11 +136,11 @@ def burst_sample(fn, sampler: Sampler) -> dict:
     # do_bench's calls fill the last ~100 ms before it returns; its warm-up and estimate come first.
     span = min(end - start, 0.1)
     timed_start = end - span
+    mhz, watts = sampler.between(timed_start, end)
     return {"ms": statistics.median(times), "calls": len(times),
             "first_ms": statistics.median(times[:third]), "last_ms": statistics.median(times[-third:]),
             "first_mhz": sampler.between(timed_start, timed_start + span / 3)[0],
-            "last_mhz": sampler.between(end - span / 3, end)[0],
-            "mhz": sampler.between(timed_start, end)[0], "watts": sampler.between(timed_start, end)[1],
+            "last_mhz": sampler.between(end - span / 3, end)[0], "mhz": mhz, "watts": watts,
             "series_ms": [round(t, 4) for t in times],
             "series_mhz": [c for t, c, _ in sampler.samples if timed_start <= t <= end]}
 
@@ -213,16 +213,11 @@ def main(argv: list[str] | None = None) -> int:
                 fns[name], kernels[name] = (lambda op=op: op(a, b)), op.name
             warm_up_gpu()
             if args.burst:
-                windows: dict[str, list[dict]] = {name: [] for name in fns}
-                for r in range(args.rounds):
-                    for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-                        windows[name].append(burst_sample(fns[name], sampler))
+                windows = alternating_rounds(fns, args.rounds, lambda fn: burst_sample(fn, sampler))
                 rows += burst_rows(m, n, k, args.dtype, windows, kernels)
                 continue
-            runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in fns}
-            for r in range(args.rounds):
-                for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-                    runs[name].append(steady_sample(fns[name], args.seconds, sampler, args.flush))
+            runs = alternating_rounds(fns, args.rounds,
+                                      lambda fn: steady_sample(fn, args.seconds, sampler, args.flush))
             base = statistics.median(ms for ms, _, _ in runs["cublas"])
             for name, samples in runs.items():
                 ms = statistics.median(s[0] for s in samples)
