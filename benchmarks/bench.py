@@ -5,7 +5,7 @@
     python -m generator bench ...   (the same)
 
 Times are triton.testing.do_bench medians (ms) on fresh random data, measured --rounds times per row in
-alternating column order (the table has the median of the rounds); TFLOP/s = 2*M*N*K / time.
+interleaved column order (--order; the table has the median of the rounds); TFLOP/s = 2*M*N*K / time.
 Each shape is also checked against a float32 reference, so a fast wrong kernel cannot hide here.
 """
 from __future__ import annotations
@@ -94,22 +94,53 @@ def warm_up_gpu(seconds: float = 2.0) -> None:
         torch.cuda.synchronize()
 
 
-def alternating_rounds(fns: dict, rounds: int, measure) -> dict[str, list]:
-    """``measure(fn)`` of every function ``rounds`` times, in alternating order (A B C, then C B A, ...) so
-    that a clock or temperature drift during the run hits every column alike; the results per name."""
+def balanced_order(names: list[str], per_name: int) -> list[str]:
+    """The order in which ``per_name`` windows of each name are measured: no name twice in a row, and every
+    name preceded by every other name as often as the run length allows (for A B C: A B C A C B A B C ...).
+
+    Under the 700 W cap a window's clock depends on the power of the window before it. The old order
+    (A B C, then C B A) gave the middle column, cuBLAS in bench.py, a different neighbour in every round,
+    while the first and last columns ran two windows back to back, the second one hotter."""
+    counts = {name: 0 for name in names}
+    follows = {(a, b): 0 for a in names for b in names}
+    order: list[str] = []
+    for _ in range(per_name * len(names)):
+        prev = order[-1] if order else None
+        open_names = [n for n in names if counts[n] < per_name]
+        candidates = [n for n in open_names if n != prev] or open_names
+        # the least-used transition from prev, then the least-measured name, then the caller's order
+        pick = min(candidates, key=lambda n: (follows.get((prev, n), 0), counts[n], names.index(n)))
+        if prev is not None:
+            follows[(prev, pick)] += 1
+        counts[pick] += 1
+        order.append(pick)
+    return order
+
+
+def alternating_order(names: list[str], per_name: int) -> list[str]:
+    """Sessions 1-15's order (A B C, then C B A, ...), kept to compare against ``balanced_order``."""
+    return [n for r in range(per_name) for n in (names if r % 2 == 0 else list(reversed(names)))]
+
+
+ORDERS = {"balanced": balanced_order, "alternating": alternating_order}
+
+
+def interleaved_rounds(fns: dict, rounds: int, measure, order: str = "balanced") -> dict[str, list]:
+    """``measure(fn)`` of every function ``rounds`` times, interleaved (``ORDERS[order]``) so that a clock
+    or temperature drift during the run hits every column alike; the results per name."""
     results: dict[str, list] = {name: [] for name in fns}
-    for r in range(rounds):
-        for name in (list(fns) if r % 2 == 0 else list(reversed(fns))):
-            results[name].append(measure(fns[name]))
+    for name in ORDERS[order](list(fns), rounds):
+        results[name].append(measure(fns[name]))
     return results
 
 
-def timed_rounds(fns: dict, rounds: int) -> dict[str, float]:
-    """The median over ``rounds`` of each function's do_bench median, measured in alternating order."""
-    return {name: statistics.median(t) for name, t in alternating_rounds(fns, rounds, bench_ms).items()}
+def timed_rounds(fns: dict, rounds: int, order: str = "balanced") -> dict[str, float]:
+    """The median over ``rounds`` of each function's do_bench median, measured in interleaved order."""
+    return {name: statistics.median(t) for name, t in interleaved_rounds(fns, rounds, bench_ms, order).items()}
 
 
-def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None) -> list[Row]:
+def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,
+        order: str = "balanced") -> list[Row]:
     family_arg = {"family": family} if family else {}
     plans = {(s, d): Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2], **family_arg) for s in shapes
              for d in dtypes}
@@ -137,7 +168,7 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
         for fn in timed.values():
             fn()
         torch.cuda.synchronize()
-        ms = timed_rounds(timed, rounds)
+        ms = timed_rounds(timed, rounds, order)
         ours, cublas, tri = ms["ours"], ms["cublas"], ms.get("triton")
         row = Row(m, n, k, dname, layout, plan.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),
                   tflops(m, n, k, tri) if tri else None, cublas / ours, (tri / ours) if tri else None, err)
@@ -170,7 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="kernel family to plan (default: the planner's choice for the GPU, sm90 on Hopper)")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton column")
     parser.add_argument("--rounds", type=int, default=2,
-                        help="do_bench medians per column and row, in alternating order; the table has their median")
+                        help="do_bench medians per column and row, interleaved; the table has their median")
+    parser.add_argument("--order", choices=sorted(ORDERS), default="balanced",
+                        help="how the columns' windows interleave (balanced: every column follows every other "
+                             "alike; alternating: the order before session 16, kept for comparison)")
     parser.add_argument("--json", default=None, help="where to write the JSON (default $OUT/bench.json or ./bench.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -187,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds, args.family)
+    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds, args.family, args.order)
     print("\n" + HEADER)
     for r in rows:
         print(format_row(r))

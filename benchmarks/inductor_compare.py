@@ -6,7 +6,7 @@ measured side by side in one run; also prints which kernel Inductor's autotuning
 
 Issue 5's goal is to beat max-autotune on the squares (1.03-1.06x torch.matmul on the H100,
 ../shared/bench/h100_inductor_max_autotune_anchor.json); this script shows where we stand against it and
-what it runs. Layout "tn" (x @ W.t(), nn.Linear's), times are do_bench medians over alternating rounds.
+what it runs. Layout "tn" (x @ W.t(), nn.Linear's), times are do_bench medians over interleaved rounds.
 """
 from __future__ import annotations
 

@@ -7,8 +7,8 @@
     python3 gpu/ab_variants.py --configs sm90 --kernel 128x256x64:2x1:cooperative:3 --variant a= --variant b=...
 
 Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
-alternates the variants and torch.matmul (A B cuBLAS A B cuBLAS ...) so that clock drift during the run
-hits all alike; each figure is the best of the rounds' do_bench medians. With --steady SECONDS each
+interleaves the variants and torch.matmul (bench.balanced_order: each follows each other alike) so that
+clock drift and the power history a window inherits hit all alike; each figure is the best of the rounds' do_bench medians. With --steady SECONDS each
 measurement is instead a steady stretch of back-to-back calls under the power cap (gpu/power_probe.py),
 with the SM clock sampled: the figure is the median over the rounds, beside its clock and TFLOP/s per
 GHz. Effects of 1-2 % are lost in do_bench's spread between runs (up to 4 %, NOTES.md session 12);
@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import torch  # noqa: E402
 
-from bench import parse_shapes  # noqa: E402
+from bench import interleaved_rounds, parse_shapes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.build import build_many, spill_report  # noqa: E402
 from generator.config import KernelConfig  # noqa: E402
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench_shape(mnk: tuple[int, int, int], configs: list[KernelConfig], variants: dict[str, str],
                 libs: dict[tuple[str, str], KernelLibrary], args: argparse.Namespace, sampler, report: dict) -> int:
-    """Time every config's variants and torch.matmul in alternation at one shape; rows into `report`.
+    """Time every config's variants and torch.matmul interleaved at one shape; rows into `report`.
     Returns the number of wrong results."""
     m, n, k = mnk
     shape = f"{m}x{n}x{k}"
@@ -211,10 +211,7 @@ def bench_shape(mnk: tuple[int, int, int], configs: list[KernelConfig], variants
         runs = {"cuBLAS": lambda: torch.matmul(a, b)}
         for v in variants:
             runs[v] = lambda lib=libs[v, cfg.name]: launch(lib, cfg, a, b, d)
-        samples: dict[str, list] = {name: [] for name in runs}
-        for _ in range(args.rounds):
-            for name, fn in runs.items():
-                samples[name].append(timed(fn, args.steady, sampler))
+        samples = interleaved_rounds(runs, args.rounds, lambda fn: timed(fn, args.steady, sampler))
         cublas_ms, cublas_mhz = summarize(samples["cuBLAS"], args.steady)
         print(f"{shape} {cfg.name}: cuBLAS {flop / cublas_ms / 1e9:.1f} TFLOP/s"
               + (f" at {cublas_mhz:.0f} MHz" if cublas_mhz else ""), flush=True)

@@ -2,8 +2,8 @@
 
 do_bench's 100 ms windows read the same cuBLAS kernel 2-3 % apart from run to run (inductor_compare.py
 measured max-autotune, which picks that very kernel, at 0.98-1.02x of itself). This probe runs each
-candidate back to back for --seconds (after a warm-up), in alternating order over --rounds, times the
-whole stretch with CUDA events and samples the SM clock and board power meanwhile (nvidia-smi -lms).
+candidate back to back for --seconds (after a warm-up), interleaved over --rounds (bench.balanced_order),
+times the whole stretch with CUDA events and samples the SM clock and board power meanwhile (nvidia-smi -lms).
 TFLOP/s per GHz separates what the kernel does per clock from what the power limit lets the clock do.
 
     python3 gpu/power_probe.py [--shapes 8192x8192x8192,4096x4096x4096] [--dtype bf16]
@@ -32,7 +32,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench import DTYPES, alternating_rounds, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
+from bench import DTYPES, interleaved_rounds, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
 from generator import Gemm  # noqa: E402
 
 
@@ -213,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
                 fns[name], kernels[name] = (lambda op=op: op(a, b)), op.name
             warm_up_gpu()
             if args.burst:
-                windows = alternating_rounds(fns, args.rounds, lambda fn: burst_sample(fn, sampler))
+                windows = interleaved_rounds(fns, args.rounds, lambda fn: burst_sample(fn, sampler))
                 rows += burst_rows(m, n, k, args.dtype, windows, kernels)
                 continue
-            runs = alternating_rounds(fns, args.rounds,
+            runs = interleaved_rounds(fns, args.rounds,
                                       lambda fn: steady_sample(fn, args.seconds, sampler, args.flush))
             base = statistics.median(ms for ms, _, _ in runs["cublas"])
             for name, samples in runs.items():

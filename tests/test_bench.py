@@ -1,5 +1,6 @@
 """benchmarks/bench.py's timing method, without a GPU: every column of a row is measured the same number
-of times, in alternating order (so a drift during the row hits all alike), and the table gets the median."""
+of times, interleaved so that every column follows every other alike (a drift during the row, and the
+power history each window inherits, hit all alike), and the table gets the median."""
 from __future__ import annotations
 
 import sys
@@ -13,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench  # noqa: E402
 
 
-def test_rounds_alternate_and_the_median_is_reported(monkeypatch):
+def test_rounds_interleave_and_the_median_is_reported(monkeypatch):
     calls = []
     # each call's do_bench median: ours 1, 2, 9 ms; cuBLAS 3, 3, 3; Triton 5, 4, 6 (in call order per column)
     results = {"ours": iter([1.0, 2.0, 9.0]), "cublas": iter([3.0, 3.0, 3.0]), "triton": iter([5.0, 4.0, 6.0])}
@@ -26,11 +27,44 @@ def test_rounds_alternate_and_the_median_is_reported(monkeypatch):
     monkeypatch.setattr(bench, "bench_ms", fake_bench_ms)
     fns = {name: (lambda name=name: name) for name in ("ours", "cublas", "triton")}
     ms = bench.timed_rounds(fns, 3)
-    assert calls == ["ours", "cublas", "triton", "triton", "cublas", "ours", "ours", "cublas", "triton"]
+    assert calls == ["ours", "cublas", "triton", "ours", "triton", "cublas", "ours", "cublas", "triton"]
     assert ms == {"ours": 2.0, "cublas": 3.0, "triton": 5.0}
     calls.clear()
     results.update(ours=iter([7.0]), cublas=iter([8.0]), triton=iter([9.0]))
     assert bench.timed_rounds(fns, 1) == {"ours": 7.0, "cublas": 8.0, "triton": 9.0}
+    results.update(ours=iter([1.0, 2.0]), cublas=iter([3.0, 4.0]), triton=iter([5.0, 6.0]))
+    calls.clear()
+    bench.timed_rounds(fns, 2, order="alternating")
+    assert calls == ["ours", "cublas", "triton", "triton", "cublas", "ours"]
+
+
+@pytest.mark.parametrize("columns", [2, 3, 4, 5])
+@pytest.mark.parametrize("per_name", [1, 2, 5, 6])
+def test_balanced_order_gives_every_column_the_same_neighbours(columns, per_name):
+    """Each column measured per_name times, never twice in a row, and (for the 2-4 columns the scripts
+    time) each ordered pair of columns adjacent as often as any other, within one: the cap's power
+    history is what a window inherits."""
+    names = [f"c{i}" for i in range(columns)]
+    order = bench.balanced_order(names, per_name)
+    assert all(order.count(n) == per_name for n in names)
+    assert all(a != b for a, b in zip(order, order[1:]))
+    if columns > 4:
+        return  # the greedy order is only near-balanced here; no script times five columns
+    pairs = [(a, b) for a in names for b in names if a != b]
+    transitions = list(zip(order, order[1:]))
+    uses = [transitions.count(p) for p in pairs]
+    assert max(uses) - min(uses) <= 1, dict(zip(pairs, uses))
+    # preceded by each other column alike, so no column gets the cooler or hotter neighbour more often
+    for n in names:
+        before = [transitions.count((m, n)) for m in names if m != n]
+        assert max(before) - min(before) <= 1, (n, before)
+
+
+def test_the_old_alternating_order_favoured_the_middle_column():
+    """Why the order changed: A B C / C B A runs A and C back to back (a hotter second window) and never B."""
+    order = bench.alternating_order(["ours", "cublas", "triton"], 5)
+    repeats = {n: sum(a == b == n for a, b in zip(order, order[1:])) for n in ("ours", "cublas", "triton")}
+    assert repeats == {"ours": 2, "cublas": 0, "triton": 2}
 
 
 def test_power_probe_variants_and_benchmark_shapes_parse():
