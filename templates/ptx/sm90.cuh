@@ -194,6 +194,19 @@ __device__ __forceinline__ int ld_acquire_gpu(const int* flag) {
   return value;
 }
 
+// ---- warp-level matrix store (the epilogue's staging of 16-bit outputs) ------------------------------
+
+// Four 8x8 matrices of 16-bit elements from registers to shared memory, one 16-byte row per address: lane l
+// gives the address of row l % 8 of matrix l / 8, and register q of every lane holds two neighbouring
+// elements of matrix q (row lane / 4, columns 2 * (lane % 4) and + 1) -- the accumulator fragment layout
+// of mma/wgmma, so a warp stores 512 bytes of its tile with one instruction instead of 16 4-byte stores.
+// PTX ISA §9.7.14 "Warp Level Matrix Multiply-Accumulate Instructions: stmatrix" (sm_90).
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- warpgroups: wgmma ordering and register reallocation ----------------------------------------
 
 // Order this warpgroup's register and shared-memory accesses before the wgmma.mma_async that follow.

@@ -737,21 +737,38 @@ struct Kernel {
     }
 
     // Subtile (i, sub) of the accumulators into the staging buffer at `buf`, in the 128-byte swizzle.
+    // A warp's share is 16 rows x 128 bytes: row = warp * 16 + lane / 4 + 8 * h, its n8 block jj one
+    // 16-byte chunk of the row, stored at chunk jj ^ (row % 8) (the 128-byte swizzle TMA undoes).
     __device__ __forceinline__ static void stage_subtile(const float (&acc)[MMA_BLOCKS_M][ACCUM], int i, int sub,
                                                          uint32_t buf) {
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
       constexpr int kBlocksPerSubtile = kEpiCols / 8;  // n8 blocks of the accumulator layout
+      if constexpr (sizeof(Out) == 2) {
+        // stmatrix.x4: matrix q = 2 * (jj % 2) + h of an n8 block pair; lane l addresses row l % 8 of matrix
+        // l / 8. Rows are 128 bytes and buf is 1024-aligned, so chunk (2 * pair + c) ^ r = 2 * pair ^ (c ^ r)
+        // is an XOR of the lane's own address with 32 * pair.
+        const int q = lane / 8, r = lane % 8;
+        const uint32_t lane_addr = buf + (warp * 16 + 8 * (q % 2) + r) * kSwizzleRowBytes + (((q / 2) ^ r) * 16);
 #pragma unroll
-      for (int jj = 0; jj < kBlocksPerSubtile; ++jj) {
-        const int j = sub * kBlocksPerSubtile + jj;
+        for (int pair = 0; pair < kBlocksPerSubtile / 2; ++pair) {
+          const int j = sub * kBlocksPerSubtile + 2 * pair;  // the pair's first n8 block in the tile
+          const float* f = &acc[i][4 * j];                   // its two blocks' 8 accumulators, h-major
+          ptx::stmatrix_x4(lane_addr ^ (32u * pair), pack<Out>(f[0], f[1]), pack<Out>(f[2], f[3]),
+                           pack<Out>(f[4], f[5]), pack<Out>(f[6], f[7]));
+        }
+      } else {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int row = warp * 16 + lane / 4 + 8 * h;
-          const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
-          const int chunk = (byte / 16) ^ (row % 8);  // the 128-byte swizzle TMA undoes
-          const uint32_t at = buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16;
-          ptx::st_shared_pair<Out>(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+        for (int jj = 0; jj < kBlocksPerSubtile; ++jj) {
+          const int j = sub * kBlocksPerSubtile + jj;
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = warp * 16 + lane / 4 + 8 * h;
+            const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
+            const int chunk = (byte / 16) ^ (row % 8);
+            const uint32_t at = buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16;
+            ptx::st_shared_pair<Out>(at, acc[i][4 * j + 2 * h], acc[i][4 * j + 2 * h + 1]);
+          }
         }
       }
     }

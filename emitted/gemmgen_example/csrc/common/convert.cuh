@@ -1,6 +1,8 @@
 // Conversions from fp32 accumulators to the output element type, one overload per type.
 #pragma once
 
+#include <cstdint>
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -40,5 +42,14 @@ struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   __device__ __forceinline__ static __nv_bfloat162 make(float x, float y) { return __floats2bfloat162_rn(x, y); }
 };
+
+// Two neighbouring 16-bit outputs as one 32-bit register (first in the low half), for the stores that
+// move whole registers (st.shared.b32, stmatrix).
+template <typename T>
+__device__ __forceinline__ uint32_t pack(float x, float y) {
+  static_assert(sizeof(T) == 2, "two 16-bit elements fill one 32-bit register");
+  const typename Pair<T>::type v = Pair<T>::make(x, y);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 }  // namespace gemmgen

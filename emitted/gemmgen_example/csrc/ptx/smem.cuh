@@ -44,8 +44,7 @@ __device__ __forceinline__ void st_shared_pair(uint32_t addr, float x, float y) 
   if constexpr (sizeof(Out) == 4) {
     st_shared_v2_f32(addr, x, y);
   } else {
-    const typename Pair<Out>::type v = Pair<Out>::make(x, y);
-    st_shared_b32(addr, *reinterpret_cast<const uint32_t*>(&v));
+    st_shared_b32(addr, pack<Out>(x, y));
   }
 }
 
