@@ -34,17 +34,21 @@ RASTER_GROUPS = (1, 2, 4, 8, 16)
 # BK is one 128-byte swizzle row of 16-bit elements: TMA's 128-byte swizzle and wgmma's descriptors
 # are built around it.
 SM90_BLOCK_K = 64
-SM90_BLOCK_N = (64, 128, 192, 256)          # wgmma m64nNk16 takes N up to 256 in steps of 8; these are built
+SM90_BLOCK_N = (64, 128, 192, 256, 320)     # wgmma m64nNk16 takes N up to 256 in steps of 8; these are built
+# (320: two wgmmas per m64 block and k step, n256 and n64, as cuBLAS's 128x320 kernel at 8192^3; cooperative
+# only, and never the planner's choice: measured no faster than 128x256, NOTES.md session 16)
+SM90_WIDE_BN = 320
 # ws / cooperative: two consumer warpgroups split the tile along M (each owns BM/2 rows, whole m64
 # blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).
 SM90_SCHEDULES = ("ws", "cooperative", "pingpong")
 SM90_SCHEDULE_TAGS = {"ws": "ws", "cooperative": "coop", "pingpong": "pp"}
 SM90_BLOCK_M = {"ws": (128, 256), "cooperative": (128, 256), "pingpong": (64, 128)}
 # A consumer thread holds its warpgroup's fp32 accumulators: (rows * BN / 128) registers; with
-# setmaxnreg's 232 registers per consumer thread, 128 accumulators leave room for addresses and the
-# epilogue, more would spill.
-SM90_MAX_ACCUMULATORS = 128
+# setmaxnreg's 232 registers per consumer thread, 160 accumulators (a 64x320 share) leave ~70 for
+# addresses and the epilogue.
+SM90_MAX_ACCUMULATORS = 160
 SM90_WARPGROUP_THREADS = 128
+SM90_MAX_BOX_ROWS = 256                     # cuTensorMapEncodeTiled: each box dimension at most 256 elements
 SM90_THREADS = 3 * SM90_WARPGROUP_THREADS   # 1 producer warpgroup + 2 consumer warpgroups
 # (cluster_m, cluster_n): 2x1 = two CTAs on neighbouring M tiles share (multicast) the B tile; 1x2 share A;
 # 2x2 share both, each with one neighbour; 4x1 / 1x4 share B / A four ways.
@@ -353,17 +357,30 @@ def check_sm90(cfg: KernelConfig) -> None:
     if bm * bn > 2 * SM90_MAX_ACCUMULATORS * SM90_WARPGROUP_THREADS:
         raise ValueError(f"tile {bm}x{bn}x{bk} needs more accumulator registers than two consumer warpgroups have "
                          f"({bm * bn // (2 * SM90_WARPGROUP_THREADS)} per thread, at most "
-                         f"{SM90_MAX_ACCUMULATORS}): the largest sm90 tiles are 128x256 and 256x128")
+                         f"{SM90_MAX_ACCUMULATORS}): the largest sm90 tiles are 128x320, 128x256 and 256x128")
     _check_sm90_stages(cfg)
     _check_sm90_schedule(cfg)
     if cfg.cluster not in SM90_CLUSTERS:
         cm, cn = cfg.cluster
         raise ValueError(f"cluster {cm}x{cn} is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks "
                          f"along M share B), (1, 2) (two blocks along N share A), (2, 2), (4, 1) or (1, 4)")
+    _check_sm90_tma_box(cfg)
     if cfg.raster not in RASTERS:
         raise ValueError(f"raster={cfg.raster!r}: use 'm' (tiles run down M through raster_group tile rows, then "
                          f"along N) or 'n' (along N through raster_group tile columns, then down M)")
     _check_raster_group_and_out(cfg)
+
+
+def _check_sm90_tma_box(cfg: KernelConfig) -> None:
+    """A TMA box spans at most 256 rows. A K-major B tile of BN rows is loaded in CM slices (one per CTA
+    of a cluster column, multicast to the others), so BN = 320 needs CM >= 2; M/N-major B tiles load
+    64-row chunks and never hit the limit."""
+    bm, bn, bk = cfg.tile
+    cm, cn = cfg.cluster
+    if cfg.layout.b_k_major and bn // cm > SM90_MAX_BOX_ROWS:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with cluster {cm}x{cn}: a K-major B tile is loaded in {cm} slice(s) "
+                         f"of {bn // cm} rows, and a TMA box holds at most {SM90_MAX_BOX_ROWS}: use cluster "
+                         f"(2, 1) (two blocks each load half of B) or a tile with BN <= {SM90_MAX_BOX_ROWS}")
 
 
 def _check_sm90_stages(cfg: KernelConfig) -> None:
@@ -388,6 +405,9 @@ def _check_sm90_schedule(cfg: KernelConfig) -> None:
                          f"'cooperative' (persistent, two warpgroups per tile) or 'pingpong' (persistent, "
                          f"warpgroups on alternate tiles)")
     bm, bn, bk = cfg.tile
+    if bn == SM90_WIDE_BN and cfg.schedule != "cooperative":
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BN={SM90_WIDE_BN} (two wgmmas per k "
+                         f"step) is built and tested for schedule='cooperative' only: use it, or BN <= 256")
     allowed = SM90_BLOCK_M[cfg.schedule]
     if bm not in allowed:
         if cfg.schedule == "pingpong":

@@ -10,6 +10,7 @@ are ``schedule``, ``cluster_shape`` and ``raster`` instead of ``warps``.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -253,6 +254,16 @@ class Gemm:
         self._set_knob("raster", value)
 
     # -- output -----------------------------------------------------------------------------------
+
+    def __setattr__(self, name: str, value: object) -> None:
+        # A misspelt knob (plan.tile = ..., plan.cluster = ...) would otherwise become a new attribute and
+        # be ignored without a word, and the plan would build something else than asked for.
+        if not name.startswith("_") and name != "namespace" and not isinstance(getattr(Gemm, name, None), property):
+            knobs = sorted(n for n, v in vars(Gemm).items() if isinstance(v, property) and v.fset is not None)
+            close = difflib.get_close_matches(name, knobs, n=1, cutoff=0.5)
+            near = f"did you mean {close[0]!r}? " if close else ""
+            raise AttributeError(f"Gemm has no knob {name!r}: {near}the knobs are {', '.join(knobs)}")
+        super().__setattr__(name, value)
 
     def __str__(self) -> str:
         return f"{self.config.describe()}\nwhy:          {self.why}"

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from generator import Gemm
 from generator.arch import ARCHS
 from generator.config import KernelConfig
 from generator.render import render, templates_dir
@@ -48,6 +49,10 @@ NO_NVCC = "nvcc not found (set CUDA_HOME or put nvcc on PATH): cannot compile th
 CASES = [(arch, cfg) for arch in SHIPPED_ARCHS for cfg in shipped_configs(arch)]
 CASES += [(arch, cfg) for arch in SHIPPED_ARCHS if shipped_configs(arch)[0].family != "sm80"
           for cfg in shipped_configs(arch, family="sm80")]
+# Tiles the templates build but the planner never picks, each with a K-major and an N-major B: the wide
+# 128x320 tile (two wgmmas per k step, accumulators beyond 128 per thread).
+CASES += [(90, Gemm(dtype, layout, arch=90, schedule="cooperative", tile_shape=(128, 320, 64),
+                    cluster_shape=(2, 1)).config) for dtype, layout in (("bf16", "tn"), ("fp16", "nn"))]
 #: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core).
 MAX_SHIPPED = {"sm80": 64, "sm90": 96}
 

@@ -696,7 +696,7 @@ SM90_SMEM_SENTENCE = ("stages=5 with tile 128x256x64 bf16 needs 279552 bytes of 
                       "tiles + 32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use stages<=4 or "
                       "tile 128x128x64")
 SM90_BAD_TILE = ("tile {} is not one the sm90 template builds: BM in (64, 128, 256) (64 with schedule 'pingpong' "
-                 "only, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256), BK = 64 (e.g. 128x256x64 or "
+                 "only, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256, 320), BK = 64 (e.g. 128x256x64 or "
                  "128x128x64)")
 SM90_ONLY = "{}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"
 
@@ -715,7 +715,14 @@ REFUSED_SM90_ASSIGNMENTS = [
     pytest.param(dict(arch=90), "tile_shape", (128, 96, 64), SM90_BAD_TILE.format("128x96x64"), id="bn"),
     pytest.param(dict(arch=90), "tile_shape", (256, 256, 64),
                  "tile 256x256x64 needs more accumulator registers than two consumer warpgroups have (256 per "
-                 "thread, at most 128): the largest sm90 tiles are 128x256 and 256x128", id="tile-too-large"),
+                 "thread, at most 160): the largest sm90 tiles are 128x320, 128x256 and 256x128", id="tile-too-large"),
+    pytest.param(dict(arch=90, cluster_shape=(1, 1), schedule="cooperative"), "tile_shape", (128, 320, 64),
+                 "tile 128x320x64 with cluster 1x1: a K-major B tile is loaded in 1 slice(s) of 320 rows, and a TMA "
+                 "box holds at most 256: use cluster (2, 1) (two blocks each load half of B) or a tile with "
+                 "BN <= 256", id="tma-box-rows"),
+    pytest.param(dict(arch=90, schedule="pingpong"), "tile_shape", (64, 320, 64),
+                 "tile 64x320x64 with schedule 'pingpong': BN=320 (two wgmmas per k step) is built and tested for "
+                 "schedule='cooperative' only: use it, or BN <= 256", id="wide-bn-pingpong"),
     pytest.param(dict(arch=90), "schedule", "fast",
                  "schedule='fast' is not an sm90 schedule: use 'ws' (one tile per block), 'cooperative' "
                  "(persistent, two warpgroups per tile) or 'pingpong' (persistent, warpgroups on alternate tiles)",
@@ -735,7 +742,7 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "holds the whole tile): use schedule='cooperative' for BM=256, or tile 128x128x64", id="pingpong-bm"),
     pytest.param(dict(arch=90, schedule="pingpong"), "tile_shape", (128, 256, 64),
                  "tile 128x256x64 with schedule 'pingpong' needs 256 fp32 accumulators per consumer thread (a "
-                 "warpgroup holds 128x256); at most 128 fit in registers: use schedule='cooperative' (two warpgroups "
+                 "warpgroup holds 128x256); at most 160 fit in registers: use schedule='cooperative' (two warpgroups "
                  "split it) or tile 64x256x64 or 128x128x64", id="pingpong-accumulators"),
     pytest.param(dict(arch=90), "cluster_shape", (3, 1),
                  "cluster 3x1 is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks along M share B), "
@@ -926,3 +933,15 @@ def test_choose_sm90_directly() -> None:
     assert best.config == plan(arch=90).config and rejected == []
     best, _ = choose(DType.bf16, DType.bf16, parse_layout("tn"), spec, knobs=Knobs(family="sm80"))
     assert best.config.name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
+
+
+@pytest.mark.parametrize("wrong, right", [("tile", "tile_shape"), ("cluster", "cluster_shape"), ("stage", "stages")])
+def test_a_misspelt_knob_is_refused_not_ignored(wrong, right):
+    """plan.tile = (...) used to create a new attribute and leave the plan as it was, silently."""
+    plan = Gemm(dtype="bf16", layout="tn", arch=90)
+    before = plan.name
+    with pytest.raises(AttributeError, match=f"Gemm has no knob '{wrong}': did you mean '{right}'"):
+        setattr(plan, wrong, (128, 128, 64))
+    assert plan.name == before and not hasattr(plan, wrong)
+    plan.namespace = "mine"  # the op namespace stays assignable
+    assert plan.namespace == "mine"

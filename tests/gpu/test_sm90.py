@@ -38,6 +38,7 @@ VARIANTS = (
     ("cooperative", (128, 256, 64), (2, 2)),
     ("pingpong", (128, 128, 64), (4, 1)),
     ("ws", (128, 128, 64), (1, 4)),
+    ("cooperative", (128, 320, 64), (2, 1)),  # two wgmmas (n256 + n64) per m64 block and k step
 )
 
 
