@@ -199,6 +199,24 @@ struct OperandTile {
   }
 };
 
+// One m64 block's wgmma for a k step across the tile's BN columns. wgmma takes N up to 256, so a wider
+// tile (BN = 320) issues two: n256 on B's rows [0, 256) into accumulators [0, 128), then the rest of the
+// rows into the accumulators after them. Both keep the fragment layout (n8 block j at d[4j .. 4j + 3]).
+template <int BN, typename T, int TRANS_A, int TRANS_B, class TileB>
+struct TileMma {
+  static constexpr int kFirstN = BN > 256 ? 256 : BN;
+  using First = ptx::Wgmma<kFirstN, T, TRANS_A, TRANS_B>;
+  using Rest = ptx::Wgmma<(BN > 256 ? BN - 256 : 64), T, TRANS_A, TRANS_B>;  // instantiated only when BN > 256
+  static constexpr int kAccum = BN / 2;
+  __device__ __forceinline__ static void run(float (&d)[kAccum], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    First::run(*reinterpret_cast<float(*)[First::kAccum]>(&d[0]), desc_a, desc_b, scale_d);
+    if constexpr (BN > 256) {
+      Rest::run(*reinterpret_cast<float(*)[Rest::kAccum]>(&d[First::kAccum]), desc_a,
+                ptx::desc_advance(desc_b, TileB::offset_units(kFirstN, 0)), scale_d);
+    }
+  }
+};
+
 // Maps a linear work-unit index to a (cluster-sized) block of tiles, walking along M or N in groups
 // of RASTER_GROUP units so that consecutive units reuse A or B tiles from L2 (Triton's GROUP_M order).
 template <bool ALONG_M, int RASTER_GROUP>
@@ -255,10 +273,10 @@ struct Kernel {
   static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
-  using Mma = ptx::Wgmma<BN, Elem, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1>;
+  using Mma = TileMma<BN, Elem, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
-  static_assert(MMA_BLOCKS_M * ACCUM <= 128, "accumulators beyond 128 registers per thread would spill");
+  static_assert(MMA_BLOCKS_M * ACCUM <= 160, "accumulators beyond 160 of the 232 registers per thread would spill");
 
   static constexpr bool STREAM_K = GEMMGEN_SM90_STREAM_K && SCHEDULE == Schedule::kCooperative;
   // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
