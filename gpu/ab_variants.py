@@ -8,11 +8,12 @@
 
 Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
 interleaves the variants and torch.matmul (bench.balanced_order: each follows each other alike) so that
-clock drift and the power history a window inherits hit all alike; each figure is the best of the rounds' do_bench medians. With --steady SECONDS each
-measurement is instead a steady stretch of back-to-back calls under the power cap (gpu/power_probe.py),
-with the SM clock sampled: the figure is the median over the rounds, beside its clock and TFLOP/s per
-GHz. Effects of 1-2 % are lost in do_bench's spread between runs (up to 4 %, NOTES.md session 12);
-steady stretches average the power management out.
+clock drift and the power history a window inherits hit all alike; each figure is the best of the
+rounds' do_bench medians. With --steady SECONDS each measurement is instead a steady stretch of
+back-to-back calls under the power cap (gpu/power_probe.py), with the SM clock sampled: the figure is
+the median over the rounds, beside its clock and TFLOP/s per GHz. Effects of 1-2 % are lost in
+do_bench's spread between runs (up to 4 %, NOTES.md session 12); steady stretches average the power
+management out.
 """
 from __future__ import annotations
 
