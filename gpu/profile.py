@@ -6,10 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 
-from generator import Gemm
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+from bench import DTYPES, operands, parse_shapes  # noqa: E402
+from generator import Gemm  # noqa: E402
 
 
 def main() -> None:
@@ -26,10 +31,9 @@ def main() -> None:
     parser.add_argument("--raster", default=None)
     parser.add_argument("--cublas", action="store_true", help="run torch.matmul on the same operands instead")
     args = parser.parse_args()
-    m, n, k = (int(x) for x in args.shape.split("x"))
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-    a = torch.randn(m, k, device="cuda").to(dtype)
-    b = torch.randn(n, k, device="cuda").to(dtype).t()
+    (m, n, k), = parse_shapes(args.shape)
+    # bench.py's operands: strided as --layout says (the plan refuses others), so --cublas sees the same.
+    a, b = operands(args.layout, m, n, k, DTYPES[args.dtype])
     if args.cublas:
         for _ in range(5):
             torch.matmul(a, b)
