@@ -48,6 +48,10 @@ class Row:
     vs_cublas: float
     vs_triton: float | None
     rel_error: float
+    # --triton-mma-sync: the Triton kernel built with mma.sync instead of wgmma (the sm80 family's peer)
+    triton_mma_sync_ms: float | None = None
+    triton_mma_sync_tflops: float | None = None
+    vs_triton_mma_sync: float | None = None
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -140,7 +144,7 @@ def timed_rounds(fns: dict, rounds: int, order: str = "balanced") -> dict[str, f
 
 
 def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,
-        order: str = "balanced") -> list[Row]:
+        order: str = "balanced", with_triton_mma_sync: bool = False) -> list[Row]:
     family_arg = {"family": family} if family else {}
     plans = {(s, d): Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2], **family_arg) for s in shapes
              for d in dtypes}
@@ -149,8 +153,8 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
     ops = dict(zip(unique, compile_many(list(unique.values()), namespace="gemmgen")))
     print(f"built {len(unique)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
     warm_up_gpu()
-    if with_triton:
-        from triton_matmul import triton_matmul
+    if with_triton or with_triton_mma_sync:
+        from triton_matmul import compiled_mma_instructions, triton_matmul
     rows = []
     for (shape, dname), plan in plans.items():
         m, n, k = shape
@@ -163,29 +167,46 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
         timed = {"ours": lambda: op(a, b), "cublas": lambda: torch.matmul(a, b)}
         if with_triton:
             timed["triton"] = lambda: triton_matmul(a, b)
+        if with_triton_mma_sync:
+            timed["triton_mma_sync"] = lambda: triton_matmul(a, b, mma_sync=True)
         # One untimed call each first: Triton autotunes on its first call for a new shape, and inside
         # do_bench that call skews the run-count estimate (the first row of a run read 0.2-0.4x).
         for fn in timed.values():
             fn()
         torch.cuda.synchronize()
+        if with_triton_mma_sync:
+            check_mma_sync_build(compiled_mma_instructions(mma_sync=True))
         ms = timed_rounds(timed, rounds, order)
-        ours, cublas, tri = ms["ours"], ms["cublas"], ms.get("triton")
+        ours, cublas, tri, tri_v2 = ms["ours"], ms["cublas"], ms.get("triton"), ms.get("triton_mma_sync")
         row = Row(m, n, k, dname, layout, plan.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),
-                  tflops(m, n, k, tri) if tri else None, cublas / ours, (tri / ours) if tri else None, err)
+                  tflops(m, n, k, tri) if tri else None, cublas / ours, (tri / ours) if tri else None, err,
+                  tri_v2, tflops(m, n, k, tri_v2) if tri_v2 else None, (tri_v2 / ours) if tri_v2 else None)
         rows.append(row)
         print(format_row(row), flush=True)
     return rows
 
 
-HEADER = (f"{'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'ours':>8} {'cuBLAS':>8} {'Triton':>8} "
-          f"{'ours/cuBLAS':>11} {'ours/Triton':>11} {'rel.err':>8}  kernel")
+def check_mma_sync_build(found: set[str]) -> None:
+    """The mma.sync column must have run mma.sync; a Triton that ignored DISABLE_MMA_V3 would build wgmma."""
+    if "wgmma" in found:
+        raise RuntimeError("the Triton mma.sync column was built with wgmma: this Triton ignores DISABLE_MMA_V3")
+    if not found:
+        print("note: could not read the Triton mma.sync build's PTX; its instructions are unchecked", flush=True)
+
+
+def header(mma_sync_column: bool = False) -> str:
+    extra = f" {'Tri.mma':>8} {'ours/T.mma':>10}" if mma_sync_column else ""
+    return (f"{'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'ours':>8} {'cuBLAS':>8} {'Triton':>8} "
+            f"{'ours/cuBLAS':>11} {'ours/Triton':>11}{extra} {'rel.err':>8}  kernel")
+
 
 
 def format_row(r: Row) -> str:
     tri = f"{r.triton_tflops:8.1f}" if r.triton_tflops else f"{'-':>8}"
     vs_tri = f"{r.vs_triton:11.3f}" if r.vs_triton else f"{'-':>11}"
+    extra = f" {r.triton_mma_sync_tflops:8.1f} {r.vs_triton_mma_sync:10.3f}" if r.triton_mma_sync_tflops else ""
     return (f"{r.m:>6} {r.n:>6} {r.k:>6} {r.dtype:>5} {r.ours_tflops:8.1f} {r.cublas_tflops:8.1f} {tri} "
-            f"{r.vs_cublas:11.3f} {vs_tri} {r.rel_error:8.1e}  {r.kernel}")
+            f"{r.vs_cublas:11.3f} {vs_tri}{extra} {r.rel_error:8.1e}  {r.kernel}")
 
 
 def geomean(values: list[float]) -> float:
@@ -200,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--family", choices=["sm80", "sm90"], default=None,
                         help="kernel family to plan (default: the planner's choice for the GPU, sm90 on Hopper)")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton column")
+    parser.add_argument("--triton-mma-sync", action="store_true",
+                        help="add a column: the Triton kernel built with mma.sync instead of wgmma (DISABLE_MMA_V3=1), "
+                             "the peer of the sm80 family on Hopper")
     parser.add_argument("--rounds", type=int, default=2,
                         help="do_bench medians per column and row, interleaved; the table has their median")
     parser.add_argument("--order", choices=sorted(ORDERS), default="balanced",
@@ -218,11 +242,12 @@ def main(argv: list[str] | None = None) -> int:
     shapes = load_shapes([s for s in args.set.split(",") if s])
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("TFLOP/s (do_bench median, random data)")
-    print(HEADER)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds, args.family, args.order)
-    print("\n" + HEADER)
+    print(header(args.triton_mma_sync))
+    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds, args.family, args.order,
+               args.triton_mma_sync)
+    print("\n" + header(args.triton_mma_sync))
     for r in rows:
         print(format_row(r))
     summary = {}

@@ -1,7 +1,14 @@
 """The reference Triton kernel of our benchmark table: a blocked matmul with grouped program ordering,
 fp32 accumulation and a small autotuned set of block shapes, in the manner of Triton's matmul tutorial.
+
+The same kernel is also built a second time with Triton's mma.sync path (``DISABLE_MMA_V3=1``: on Hopper
+``tl.dot`` then lowers to mma.sync, ldmatrix and cp.async instead of wgmma and TMA). That is the
+reference for our sm80 family on Hopper: what a mature compiler's mma.sync GEMM reaches on the same GPU.
 """
 from __future__ import annotations
+
+import contextlib
+import os
 
 import torch
 import triton
@@ -18,9 +25,16 @@ AUTOTUNE_CONFIGS = [
 ]
 
 
-@triton.autotune(configs=AUTOTUNE_CONFIGS, key=["M", "N", "K"])
-@triton.jit
-def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
+# The mma.sync build also tries the block shapes that suit mma.sync (BK = 32, four stages, 8 warps).
+MMA_SYNC_CONFIGS = AUTOTUNE_CONFIGS + [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 256, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=8),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_stages=4, num_warps=8),
+]
+DISABLE_WGMMA_ENV = "DISABLE_MMA_V3"  # read by Triton's AccelerateMatmul pass; part of its compile cache key
+
+
+def _matmul_body(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn, stride_cm, stride_cn,
                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     pid = tl.program_id(axis=0)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -52,7 +66,27 @@ def _matmul_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk
     tl.store(c_ptrs, c, mask=(rows_c[:, None] < M) & (cols_c[None, :] < N))
 
 
-def triton_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+# Two JIT objects of one body: each keeps its own in-memory kernel cache, so the mma.sync build is never
+# served the wgmma kernel (or the reverse) whatever the environment at a later call.
+_matmul_kernel = triton.autotune(configs=AUTOTUNE_CONFIGS, key=["M", "N", "K"])(triton.jit(_matmul_body))
+_matmul_kernel_mma_sync = triton.autotune(configs=MMA_SYNC_CONFIGS, key=["M", "N", "K"])(triton.jit(_matmul_body))
+
+
+@contextlib.contextmanager
+def _wgmma_disabled():
+    before = os.environ.get(DISABLE_WGMMA_ENV)
+    os.environ[DISABLE_WGMMA_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[DISABLE_WGMMA_ENV]
+        else:
+            os.environ[DISABLE_WGMMA_ENV] = before
+
+
+def triton_matmul(a: torch.Tensor, b: torch.Tensor, mma_sync: bool = False) -> torch.Tensor:
+    """A @ B by the tutorial kernel; ``mma_sync=True`` builds it with mma.sync instead of wgmma on Hopper."""
     m, k = a.shape
     _, n = b.shape
     c = torch.empty((m, n), device=a.device, dtype=a.dtype)
@@ -60,6 +94,21 @@ def triton_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     def grid(meta):
         return (triton.cdiv(m, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),)
 
-    _matmul_kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                         c.stride(0), c.stride(1))
+    kernel = _matmul_kernel_mma_sync if mma_sync else _matmul_kernel
+    # The variable matters only while a call compiles (autotuning a new shape); it is set around every
+    # mma.sync call because which call compiles is the autotuner's business.
+    with _wgmma_disabled() if mma_sync else contextlib.nullcontext():
+        kernel[grid](a, b, c, m, n, k, a.stride(0), a.stride(1), b.stride(0), b.stride(1), c.stride(0), c.stride(1))
     return c
+
+
+def compiled_mma_instructions(mma_sync: bool) -> set[str]:
+    """The tensor-core instructions ("wgmma", "mma.sync") in the PTX of every kernel built so far for one
+    build: the proof that the mma.sync column ran mma.sync. Empty if this Triton keeps its caches elsewhere."""
+    jit_fn = (_matmul_kernel_mma_sync if mma_sync else _matmul_kernel).fn
+    found = set()
+    for caches in getattr(jit_fn, "device_caches", {}).values():
+        for compiled in caches[0].values():
+            ptx = getattr(compiled, "asm", {}).get("ptx", "")
+            found |= {name for name in ("wgmma", "mma.sync") if name in ptx}
+    return found

@@ -32,7 +32,9 @@ from power_probe import Sampler, steady_sample  # noqa: E402
 from generator import Gemm  # noqa: E402
 
 
-PROBES = ["ceiling", "regs_w8", "ldsm_w8", "ldsm_bar_w8", "regs_w12", "ldsm_w12", "ldsm_bar_w12", "copy_w8"]  # gpu/mma_ceiling.cu's order
+# gpu/mma_ceiling.cu's order
+PROBES = ["ceiling", "regs_w8", "ldsm_w8", "ldsm_bar_w8", "regs_w12", "ldsm_w12", "ldsm_bar_w12", "copy_w8",
+          "ldsm_bar_w8_t96", "copy_w8_t96"]
 LAUNCH_FLOP = 2.8e11  # ~0.45 ms per launch at the ceiling
 
 

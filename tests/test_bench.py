@@ -120,7 +120,7 @@ def test_mma_ceiling_kernel_compiles(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     report = parse_ptxas(done.stderr)
-    assert len(report) == 16, report  # 8 probes, bf16 and fp16
+    assert len(report) == 20, report  # 10 probes, bf16 and fp16
     assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in report.values()), report
 
 
@@ -132,3 +132,17 @@ def test_ab_variants_summarizes_rounds_by_mode():
     rounds = [(2.0, 1500.0), (1.0, 1400.0), (4.0, 1300.0)]
     assert ab_variants.summarize([(ms, None) for ms, _ in rounds], steady=0.0) == (1.0, None)
     assert ab_variants.summarize(rounds, steady=2.0) == (2.0, 1400.0)
+
+
+def test_triton_mma_sync_column_is_printed_and_checked():
+    """The optional Triton mma.sync column shows in the header and rows, and a wgmma build is refused."""
+    row = bench.Row(4096, 4096, 4096, "bf16", "tn", "k", 0.3, 0.2, 0.25, 458.1, 687.2, 549.8, 0.667, 0.833, 1e-3)
+    assert "Tri.mma" not in bench.header() and "416.5" not in bench.format_row(row)
+    with_column = bench.Row(**{**row.__dict__, "triton_mma_sync_ms": 0.33, "triton_mma_sync_tflops": 416.5,
+                               "vs_triton_mma_sync": 1.1})
+    assert "Tri.mma" in bench.header(True) and "416.5" in bench.format_row(with_column)
+    assert len(bench.header(True)) - len(bench.header()) == len(bench.format_row(with_column)) - len(
+        bench.format_row(row))
+    bench.check_mma_sync_build({"mma.sync"})
+    with pytest.raises(RuntimeError, match="ignores DISABLE_MMA_V3"):
+        bench.check_mma_sync_build({"wgmma", "mma.sync"})
