@@ -146,7 +146,8 @@ __global__ void __launch_bounds__(warps_of(PROBE) * 32, blocks_per_sm(PROBE))
 #pragma unroll
     for (int i = 0; i < 4; ++i) a[i] = seed[lane * 4 + i];
 #pragma unroll
-    for (int c = 0; c < kCeilingChains; ++c) b[c][0] = seed[128 + (lane + c) % 32], b[c][1] = seed[160 + (lane + 3 * c) % 32];
+    for (int c = 0; c < kCeilingChains; ++c)
+      b[c][0] = seed[128 + (lane + c) % 32], b[c][1] = seed[160 + (lane + 3 * c) % 32];
     float acc[kCeilingChains][4] = {};
     for (int it = 0; it < iters; ++it)
 #pragma unroll
@@ -168,7 +169,8 @@ __global__ void __launch_bounds__(warps_of(PROBE) * 32, blocks_per_sm(PROBE))
       const uint32_t ring = base + kSmemBytes;
       const char* source = reinterpret_cast<const char*>(copy_source);
       auto copy_tile = [&](int tile) {
-        const size_t from = (static_cast<size_t>(blockIdx.x) * 977 + tile) * kTileBytes % (kCopySourceBytes - kTileBytes);
+        const size_t from =
+            (static_cast<size_t>(blockIdx.x) * 977 + tile) * kTileBytes % (kCopySourceBytes - kTileBytes);
         const uint32_t to = ring + (tile % kCopyStages) * kTileBytes;
 #pragma unroll
         for (int c = 0; c < (kChunks + 8 * 32 - 1) / (8 * 32); ++c) {
