@@ -23,19 +23,21 @@ from .config import (FAMILIES, KernelConfig, check_config, max_stages_that_fit, 
                      sm90_knob_sentence)
 from .types import DType, Layout
 
-# Tile -> (warps, relative per-SM efficiency). Efficiency follows arithmetic intensity per k step:
-# a 64x64 warp tile issues 32 mma.sync per 8 ldmatrix.x4; smaller warp tiles load more per mma, and
-# 4-warp blocks need two resident blocks to keep the SM's four schedulers fed.
-SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], float]] = {
-    (128, 256): ((2, 4), 1.00),
-    (256, 128): ((4, 2), 1.00),
+# Tile -> (warps, block K, relative per-SM efficiency). Efficiency follows arithmetic intensity per k
+# step: a 64x64 warp tile issues 32 mma.sync per 8 ldmatrix.x4; smaller warp tiles load more per mma, and
+# 4-warp blocks need two resident blocks to keep the SM's four schedulers fed. The 4-warp tiles take
+# BK = 64: with their few mma per k tile, BK = 32 leaves the barrier and the copies exposed (H100
+# sweep, session 17: 64x64x64 +5-40 % over 64x64x32 on 8 of 9 small-M shapes, 64x128x64 +5-17 % over
+# 64x128x32 on all 9). The efficiencies are the BK = 32 era's; only the block K changed.
+SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], int, float]] = {
+    (128, 256): ((2, 4), 32, 1.00),
+    (256, 128): ((4, 2), 32, 1.00),
     # 8 warps of 64x32: with 4 warps of 64x64 the copies' addresses push ptxas past 255 registers.
-    (128, 128): ((2, 4), 0.85),
-    (128, 64): ((2, 2), 0.70),
-    (64, 128): ((2, 2), 0.70),
-    (64, 64): ((2, 2), 0.50),
+    (128, 128): ((2, 4), 32, 0.85),
+    (128, 64): ((2, 2), 64, 0.70),
+    (64, 128): ((2, 2), 64, 0.70),
+    (64, 64): ((2, 2), 64, 0.50),
 }
-DEFAULT_BLOCK_K = 32
 PLANNER_MIN_STAGES, PLANNER_MAX_STAGES = 3, 4
 DEFAULT_RASTER_GROUP = 8
 # Without m/n/k hints, plan for a large square problem: the case the big tiles are made for.
@@ -135,7 +137,7 @@ def default_stages(tile: tuple[int, int, int], warps: tuple[int, int], dtype: DT
 
 def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
     bm, bn, _ = cfg.tile
-    efficiency = SM80_TILES.get((bm, bn), (None, 0.5))[1]
+    efficiency = SM80_TILES.get((bm, bn), (None, None, 0.5))[2]
     tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
     resident = blocks_per_sm(cfg, spec)
     per_sm = math.ceil(tiles / sm_count)          # tiles the busiest SM computes
@@ -157,7 +159,7 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
     if knobs.tile is not None:
         tiles = [knobs.tile]
     else:
-        tiles = [(bm, bn, DEFAULT_BLOCK_K) for (bm, bn) in SM80_TILES]
+        tiles = [(bm, bn, bk) for (bm, bn), (_, bk, _) in SM80_TILES.items()]
     configs = []
     for tile in tiles:
         warps = knobs.warps or default_warps(tile)

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.gpu
 
 LARGE = ((4096, 4096, 4096), (3000, 5000, 1000), (4097, 4095, 4104), (127, 8191, 4096), (8192, 1024, 2048))
 # Tiles the planner may choose (see planner.SM80_TILES), each checked with every layout.
-TILES = ((128, 256, 32), (256, 128, 32), (128, 128, 32), (128, 64, 32), (64, 128, 32), (64, 64, 32),
-         (128, 256, 64), (128, 128, 64))
+TILES = ((128, 256, 32), (256, 128, 32), (128, 128, 32), (128, 64, 64), (64, 128, 64), (64, 64, 64),
+         (128, 64, 32), (64, 128, 32), (64, 64, 32), (128, 256, 64), (128, 128, 64))
 
 
 def make_operand(rows: int, cols: int, order: str, dtype: torch.dtype) -> torch.Tensor:
