@@ -200,7 +200,6 @@ def header(mma_sync_column: bool = False) -> str:
             f"{'ours/cuBLAS':>11} {'ours/Triton':>11}{extra} {'rel.err':>8}  kernel")
 
 
-
 def format_row(r: Row) -> str:
     tri = f"{r.triton_tflops:8.1f}" if r.triton_tflops else f"{'-':>8}"
     vs_tri = f"{r.vs_triton:11.3f}" if r.vs_triton else f"{'-':>11}"

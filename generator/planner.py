@@ -26,9 +26,9 @@ from .types import DType, Layout
 # Tile -> (warps, block K, relative per-SM efficiency). Efficiency follows arithmetic intensity per k
 # step: a 64x64 warp tile issues 32 mma.sync per 8 ldmatrix.x4; smaller warp tiles load more per mma, and
 # 4-warp blocks need two resident blocks to keep the SM's four schedulers fed. The 4-warp tiles take
-# BK = 64: with their few mma per k tile, BK = 32 leaves the barrier and the copies exposed (H100
-# sweep, session 17: 64x64x64 +5-40 % over 64x64x32 on 8 of 9 small-M shapes, 64x128x64 +5-17 % over
-# 64x128x32 on all 9). The efficiencies are the BK = 32 era's; only the block K changed.
+# BK = 64: with their few mma per k tile, BK = 32 leaves the barrier and the copies exposed (H100,
+# session 17: of the 13 benchmark shapes whose pick changed, 12 ran 8-41 % faster and one 2 % slower;
+# NOTES.md). The efficiencies are the BK = 32 era's; only the block K changed.
 SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], int, float]] = {
     (128, 256): ((2, 4), 32, 1.00),
     (256, 128): ((4, 2), 32, 1.00),
