@@ -154,7 +154,7 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
     print(f"built {len(unique)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
     warm_up_gpu()
     if with_triton or with_triton_mma_sync:
-        from triton_matmul import compiled_mma_instructions, triton_matmul
+        from triton_matmul import mma_sync_build_instructions, triton_matmul
     rows = []
     for (shape, dname), plan in plans.items():
         m, n, k = shape
@@ -175,7 +175,7 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
             fn()
         torch.cuda.synchronize()
         if with_triton_mma_sync:
-            check_mma_sync_build(compiled_mma_instructions(mma_sync=True))
+            check_mma_sync_build(mma_sync_build_instructions())
         ms = timed_rounds(timed, rounds, order)
         ours, cublas, tri, tri_v2 = ms["ours"], ms["cublas"], ms.get("triton"), ms.get("triton_mma_sync")
         row = Row(m, n, k, dname, layout, plan.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),

@@ -102,10 +102,10 @@ def triton_matmul(a: torch.Tensor, b: torch.Tensor, mma_sync: bool = False) -> t
     return c
 
 
-def compiled_mma_instructions(mma_sync: bool) -> set[str]:
-    """The tensor-core instructions ("wgmma", "mma.sync") in the PTX of every kernel built so far for one
-    build: the proof that the mma.sync column ran mma.sync. Empty if this Triton keeps its caches elsewhere."""
-    jit_fn = (_matmul_kernel_mma_sync if mma_sync else _matmul_kernel).fn
+def mma_sync_build_instructions() -> set[str]:
+    """The tensor-core instructions ("wgmma", "mma.sync") in the PTX of every kernel the mma.sync build has
+    made so far: the proof that its column ran mma.sync. Empty if this Triton keeps its caches elsewhere."""
+    jit_fn = _matmul_kernel_mma_sync.fn
     found = set()
     for caches in getattr(jit_fn, "device_caches", {}).values():
         for compiled in caches[0].values():

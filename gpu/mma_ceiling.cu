@@ -46,7 +46,6 @@ constexpr int kSeedWords = kSmemBytes / 4;
 constexpr int kCopyTileBytes = (128 + 256) * 32 * 2, kCopyStages = 4;
 constexpr int kCopyTileBytes96 = (192 + 256) * 32 * 2;  // copy_w8_t96: a 192x256x32 k tile
 constexpr int kCopySourceBytes = 16 << 20;
-constexpr int kCopySmemBytes = kSmemBytes + kCopyStages * kCopyTileBytes96;
 
 __host__ __device__ constexpr bool twelve_warps(int probe) { return probe >= kRegsW12 && probe <= kLdsmBarW12; }
 __host__ __device__ constexpr int warps_of(int probe) {
@@ -57,6 +56,10 @@ __host__ __device__ constexpr int blocks_per_sm(int probe) {
 }
 __host__ __device__ constexpr bool warp_tile_96(int probe) { return probe == kLdsmBarW8T96 || probe == kCopyW8T96; }
 __host__ __device__ constexpr int tile_m_of(int probe) { return warp_tile_96(probe) ? kTileM96 : kTileM; }
+__host__ __device__ constexpr bool copies(int probe) { return probe == kCopyW8 || probe == kCopyW8T96; }
+__host__ __device__ constexpr int copy_tile_bytes(int probe) {
+  return probe == kCopyW8 ? kCopyTileBytes : kCopyTileBytes96;
+}
 __host__ __device__ constexpr int mma_per_iter(int probe) {
   return probe == kCeiling ? kCeilingChains : tile_m_of(probe) * kTileN;
 }
@@ -163,9 +166,10 @@ __global__ void __launch_bounds__(warps_of(PROBE) * 32, blocks_per_sm(PROBE))
       load_fragments(f, base, lane);
       for (int it = 0; it < iters; ++it) mma_tile<T>(acc, f);
     } else if constexpr (PROBE == kCopyW8 || PROBE == kLdsmBarW8T96 || PROBE == kCopyW8T96) {
-      constexpr bool kCopies = PROBE != kLdsmBarW8T96;
-      constexpr int kTileBytes = PROBE == kCopyW8 ? kCopyTileBytes : kCopyTileBytes96;
+      constexpr bool kCopies = copies(PROBE);
+      constexpr int kTileBytes = copy_tile_bytes(PROBE);
       constexpr int kChunks = kTileBytes / 16;  // 16-byte copies per k tile
+      constexpr int kThreads = warps_of(PROBE) * 32;
       const uint32_t ring = base + kSmemBytes;
       const char* source = reinterpret_cast<const char*>(copy_source);
       auto copy_tile = [&](int tile) {
@@ -173,9 +177,9 @@ __global__ void __launch_bounds__(warps_of(PROBE) * 32, blocks_per_sm(PROBE))
             (static_cast<size_t>(blockIdx.x) * 977 + tile) * kTileBytes % (kCopySourceBytes - kTileBytes);
         const uint32_t to = ring + (tile % kCopyStages) * kTileBytes;
 #pragma unroll
-        for (int c = 0; c < (kChunks + 8 * 32 - 1) / (8 * 32); ++c) {
-          const int chunk = c * blockDim.x + threadIdx.x;
-          if (kChunks % (8 * 32) == 0 || chunk < kChunks)
+        for (int c = 0; c < (kChunks + kThreads - 1) / kThreads; ++c) {
+          const int chunk = c * blockDim.x + threadIdx.x;  // blockDim.x == kThreads; kept as the measured build had it
+          if (kChunks % kThreads == 0 || chunk < kChunks)
             gemmgen::ptx::cp_async_16_zfill(to + chunk * 16, source + from + chunk * 16, 16);
         }
         gemmgen::ptx::cp_async_commit();
@@ -256,7 +260,7 @@ template <class T, int PROBE>
 cudaError_t launch(int sms, int iters, const uint32_t* seed, const uint4* copy_source, float* out,
                    cudaStream_t stream) {
   auto kernel = mma_probe_kernel<T, PROBE>;
-  const int smem = PROBE == kCeiling ? 0 : (PROBE == kCopyW8 || PROBE == kCopyW8T96) ? kCopySmemBytes : kSmemBytes;
+  const int smem = PROBE == kCeiling ? 0 : kSmemBytes + (copies(PROBE) ? kCopyStages * copy_tile_bytes(PROBE) : 0);
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem))
     return e;
   const int blocks = sms * blocks_per_sm(PROBE);
