@@ -6,7 +6,7 @@ folder; they ship in the wheel as the data-only package ``gemmgen_templates``, w
 """
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import find_packages, setup
 
 HERE = Path(__file__).resolve().parent
 README = HERE / "README.md"
@@ -27,7 +27,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     package_dir={"generator": "generator", "gemmgen_templates": "templates"},
-    packages=["generator", "gemmgen_templates"],
+    packages=find_packages(include=["generator", "generator.*"]) + ["gemmgen_templates"],
     package_data={"gemmgen_templates": TEMPLATE_PATTERNS},
     include_package_data=True,
     install_requires=["jinja2", "pybind11", "torch", "ninja"],

@@ -26,7 +26,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runpy
 
 from generator import Gemm  # noqa: E402
-from generator.op import compile_many  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -122,7 +122,7 @@ def balanced_order(names: list[str], per_name: int) -> list[str]:
 
 
 def alternating_order(names: list[str], per_name: int) -> list[str]:
-    """Sessions 1-15's order (A B C, then C B A, ...), kept to compare against ``balanced_order``."""
+    """The order used until 2026-11-23 (A B C, then C B A, ...), kept to compare against ``balanced_order``."""
     return [n for r in range(per_name) for n in (names if r % 2 == 0 else list(reversed(names)))]
 
 
@@ -227,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="do_bench medians per column and row, interleaved; the table has their median")
     parser.add_argument("--order", choices=sorted(ORDERS), default="balanced",
                         help="how the columns' windows interleave (balanced: every column follows every other "
-                             "alike; alternating: the order before session 16, kept for comparison)")
+                             "alike; alternating: the order used until 2026-11-23, kept for comparison)")
     parser.add_argument("--json", default=None, help="where to write the JSON (default $OUT/bench.json or ./bench.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import DTYPES, bench_ms, operands, parse_shapes, tflops  # noqa: E402
 
 from generator import Gemm  # noqa: E402
-from generator.op import compile_many  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 
 # (tile, warps, stages, raster_group)
 VARIANTS = [

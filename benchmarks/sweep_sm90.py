@@ -1,5 +1,5 @@
 """Sweep sm90 configs on a few shapes next to torch.matmul: the measurements behind the sm90 planner's
-model (generator/planner_sm90.py). By default each shape gets the planner's best candidates per
+model (generator/planner/sm90.py). By default each shape gets the planner's best candidates per
 (tile, schedule), plus its own choice.
 
     python benchmarks/sweep_sm90.py --shapes 512x6144x4096,128x4096x4096 [--dtype bf16] [--top 10]
@@ -20,11 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import DTYPES, bench_ms, operands, parse_shapes, tflops, warm_up_gpu  # noqa: E402
 
 from generator import Gemm  # noqa: E402
-from generator.arch import ARCHS  # noqa: E402
-from generator.op import compile_many  # noqa: E402
+from generator.spec.arch import ARCHS  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 from generator.planner import Knobs, Problem  # noqa: E402
-from generator.planner_sm90 import candidates, estimate  # noqa: E402
-from generator.types import DType, parse_layout  # noqa: E402
+from generator.planner.sm90 import candidates, estimate  # noqa: E402
+from generator.spec.types import DType, parse_layout  # noqa: E402
 
 
 def ranked_candidates(dtype: str, layout: str, shape: tuple[int, int, int], top: int):

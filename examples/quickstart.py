@@ -87,7 +87,7 @@ def plan_render_compile_without_gpu() -> int:
         nvcc = None
         skipped.insert(0, "compiling the kernel with nvcc — torch is not installed (pip install -e .)")
     if nvcc:
-        from generator.op import build_request
+        from generator.runtime import build_request
 
         print(f"\ncompiling for sm_90a with {nvcc} (cached after the first time) ...", flush=True)
         result = build(build_request(plan.config, target=90))

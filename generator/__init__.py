@@ -9,10 +9,10 @@ and call them as torch ops.
 
 Planning, rendering and emitting need neither torch nor a GPU; ``compile`` needs torch and nvcc.
 """
-from .config import KernelConfig, check_config
 from .emit import emit
 from .gemm import Gemm
 from .render import render
-from .types import DType, Layout, Order
+from .spec.config import KernelConfig, check_config
+from .spec.types import DType, Layout, Order
 
 __all__ = ["Gemm", "KernelConfig", "check_config", "emit", "render", "DType", "Layout", "Order"]

@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .arch import ARCHS
-from .config import FAMILIES, RASTERS, SM90_SCHEDULES
-from .types import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Order
+from .spec.arch import ARCHS
+from .spec.config import FAMILIES, RASTERS, SM90_SCHEDULES
+from .spec.types import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Order
 
 PROG = "python -m generator"
 #: --plan keys: Gemm keyword arguments (tile, cluster also under their option names) and the op name.
@@ -313,8 +313,8 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_emit(args: argparse.Namespace) -> int:
-    from .emit import (backward_ops, default_package_name, emit, load_plans_file, plans_file_autograd,
-                       plans_from_entries, resolve_ops)
+    from .emit import backward_ops, default_package_name, emit, resolve_ops
+    from .plans import load_plans_file, plans_file_autograd, plans_from_entries
 
     defaults = {k: v for k, v in _plan_kwargs(args).items() if v is not None}
     plans, op_names = [], []

@@ -18,9 +18,9 @@ The package folder holds everything its build needs and nothing of this generato
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
     README.md, MANIFEST.in, .gitignore
 
-Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.autograd``; in C++ in
+Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.runtime.autograd``; in C++ in
 gemm_autograd.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels
-of the package, with the layouts ``generator.backward`` derives for a row-major and a column-major dD.
+of the package, with the layouts ``generator.planner.backward`` derives for a row-major and a column-major dD.
 Those kernels are private ops of the package (``_grad_<kernel>``), and so are the kernels of their own
 backward (double backward): ``backward_closure``, at most eight kernels per dtype, architecture and
 family, deduplicated by kernel name.
@@ -42,17 +42,21 @@ import tempfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import Any, Protocol, Sequence
 
 import jinja2
 
-from .backward import backward_closure, backward_configs
-from .config import KernelConfig
+from .planner.backward import backward_closure, backward_configs
 from .render import included_headers, render, templates_dir
-from .types import DType, Order
+from .spec.config import KernelConfig
+from .spec.types import DType, Order
 
-if TYPE_CHECKING:
-    from .gemm import Gemm
+
+class Plan(Protocol):
+    """What emit reads of a plan (a ``generator.Gemm``): its config."""
+
+    @property
+    def config(self) -> KernelConfig: ...
 
 #: The rule for the package name and every op name (also a C++/Python-safe token).
 IDENTIFIER_RULE = r"^[a-z_][a-z0-9_]*$"
@@ -396,7 +400,7 @@ def write_package(files: dict[str, bytes], out: str | os.PathLike[str]) -> Path:
     return out
 
 
-def emit(plans: Gemm | KernelConfig | Sequence[Gemm | KernelConfig], name: str, out: str | os.PathLike[str], *,
+def emit(plans: Plan | KernelConfig | Sequence[Plan | KernelConfig], name: str, out: str | os.PathLike[str], *,
          op_names: Sequence[str | None] | None = None, autograd: bool = True) -> Path:
     """Write a pip-installable package ``name`` with one torch op per plan into the folder ``out``.
 
@@ -412,77 +416,3 @@ def emit(plans: Gemm | KernelConfig | Sequence[Gemm | KernelConfig], name: str, 
         raise TypeError(f"autograd={autograd!r} must be True or False")
     ops = resolve_ops(plans, op_names)
     return write_package(package_files(ops, name, autograd), out)
-
-
-# -- plans files (the CLI's --plans, and the plans.json that emit writes) ------------------------------
-
-#: Keys a plan entry may have: Gemm keyword arguments, plus its op name and (checked) kernel name.
-PLAN_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
-             "family", "tile_shape", "warps", "stages", "raster_group", "schedule", "cluster_shape", "raster")
-ENTRY_KEYS = ("op_name", "kernel")
-
-
-def plans_from_entries(entries: Iterable[dict[str, Any]], defaults: dict[str, Any] | None = None,
-                       where: str = "plan") -> tuple[list[Gemm], list[str | None]]:
-    """Gemm plans and their op names (None where an entry names none) from dicts of Gemm keyword arguments.
-
-    ``defaults`` fill keys an entry leaves out; an entry's ``kernel``, when present, must be what its
-    knobs plan (so a pinned record that no longer reproduces fails loudly instead of drifting).
-    """
-    from .gemm import Gemm
-
-    plans, names = [], []
-    for i, entry in enumerate(entries):
-        label = f"{where} {i}"
-        if not isinstance(entry, dict):
-            raise ValueError(f"{label} is {entry!r}: each plan is an object of Gemm keyword arguments, "
-                             f"e.g. {{\"dtype\": \"bf16\", \"layout\": \"tn\", \"arch\": 90}}")
-        unknown = sorted(set(entry) - set(PLAN_KEYS) - set(ENTRY_KEYS))
-        if unknown:
-            raise ValueError(f"{label} has unknown key(s) {', '.join(map(repr, unknown))}; valid keys: "
-                             f"{', '.join(PLAN_KEYS + ENTRY_KEYS)}")
-        kwargs = {**(defaults or {}), **{k: v for k, v in entry.items() if k in PLAN_KEYS}}
-        kwargs = {k: v for k, v in kwargs.items() if v is not None}
-        try:
-            plan = Gemm(**kwargs)
-        except (ValueError, TypeError) as err:
-            raise ValueError(f"{label}: {err}") from None
-        kernel = entry.get("kernel")
-        if kernel is not None and kernel != plan.name:
-            raise ValueError(f"{label} records kernel {kernel!r} but its knobs now plan {plan.name!r}: "
-                             "re-emit from the original plans, or drop the 'kernel' key to accept the new one")
-        plans.append(plan)
-        names.append(entry.get("op_name"))
-    return plans, names
-
-
-def _read_plans_file(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except OSError as err:
-        raise ValueError(f"cannot read the plans file {str(path)!r}: {err.strerror}") from None
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{str(path)!r} is not valid JSON: {err}") from None
-
-
-def plans_file_autograd(path: str | os.PathLike[str]) -> bool | None:
-    """The "autograd" of a plans file (emit's plans.json records it), or None where it says nothing."""
-    path = Path(path)
-    data = _read_plans_file(path)
-    value = data.get("autograd") if isinstance(data, dict) else None
-    if value is not None and not isinstance(value, bool):
-        raise ValueError(f"{str(path)!r}: \"autograd\" must be true or false, got {value!r}")
-    return value
-
-
-def load_plans_file(path: str | os.PathLike[str], defaults: dict[str, Any] | None = None
-                    ) -> tuple[list[Gemm], list[str | None]]:
-    """Plans from a JSON file: a list of Gemm-kwargs objects, or an object with such a list under "plans"
-    (the plans.json that emit writes)."""
-    path = Path(path)
-    data = _read_plans_file(path)
-    entries = data.get("plans") if isinstance(data, dict) else data
-    if not isinstance(entries, list) or not entries:
-        raise ValueError(f"{str(path)!r} must hold a non-empty JSON list of plans (objects of Gemm keyword "
-                         "arguments), or an object with such a list under \"plans\"")
-    return plans_from_entries(entries, defaults, where=f"{path.name} plan")

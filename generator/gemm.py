@@ -16,14 +16,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .arch import ArchSpec, arch_spec, detect_arch
-from .config import RASTERS, SM90_SCHEDULES, KernelConfig
 from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
-from .types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_layout
+from .spec.arch import ArchSpec, arch_spec, detect_arch
+from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
+from .spec.types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_layout
 
 if TYPE_CHECKING:
-    from .op import GemmOp
+    from .runtime.op import GemmOp
 
 DEFAULT_NAMESPACE = "gemmgen"
 
@@ -277,7 +277,7 @@ class Gemm:
 
     def compile(self, *, verbose: bool = False) -> GemmOp:
         """Render, build (cached) and load the kernel; returns the op, also at torch.ops.<namespace>.<name>."""
-        from .op import compile_op
+        from .runtime.op import compile_op
 
         return compile_op(self.config, namespace=self.namespace, verbose=verbose)
 

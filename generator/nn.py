@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gemm import DEFAULT_NAMESPACE, Gemm
-from .op import GemmOp, compile_many, leading_dim
-from .types import INPUT_DTYPES, Order, parse_dtype
+from .runtime import GemmOp, compile_many, leading_dim
+from .spec.types import INPUT_DTYPES, Order, parse_dtype
 
 __all__ = ["Linear", "plan_linear", "replace_linear"]
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import jinja2
 
-from .arch import arch_spec
-from .config import KernelConfig, check_config
+from .spec.arch import arch_spec
+from .spec.config import KernelConfig, check_config
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
 FAMILY_TEMPLATES = {"sm80": "sm80/gemm.cu.j2", "sm90": "sm90/gemm.cu.j2"}

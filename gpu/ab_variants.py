@@ -12,7 +12,7 @@ clock drift and the power history a window inherits hit all alike; each figure i
 rounds' do_bench medians. With --steady SECONDS each measurement is instead a steady stretch of
 back-to-back calls under the power cap (gpu/power_probe.py), with the SM clock sampled: the figure is
 the median over the rounds, beside its clock and TFLOP/s per GHz. Effects of 1-2 % are lost in
-do_bench's spread between runs (up to 4 %, NOTES.md session 12); steady stretches average the power
+do_bench's spread between runs (up to 4 %, docs/benchmarking.md); steady stretches average the power
 management out.
 """
 from __future__ import annotations
@@ -36,20 +36,20 @@ import torch  # noqa: E402
 from bench import interleaved_rounds, parse_shapes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.build import build_many, spill_report  # noqa: E402
-from generator.config import KernelConfig  # noqa: E402
-from generator.op import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
+from generator.spec.config import KernelConfig  # noqa: E402
+from generator.runtime import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
 from power_probe import Sampler, steady_sample  # noqa: E402
 from sm90_probe import BOUND, TORCH, operand  # noqa: E402  (the probe's dtypes, bounds and padded operands)
 
 RAGGED = [(1, 1, 1), (7, 8, 63), (65, 129, 127), (1000, 4097, 129), (4097, 63, 1000), (129, 7, 4097),
           (3000, 5000, 1000), (4097, 4095, 4104), (256, 512, 0)]
 
-# (tile, warps, stages): the sm80 configs the sweep found best at 4096^3 / 8192^3 (NOTES.md, v4).
+# (tile, warps, stages): the sm80 configs the sweep found best at 4096^3 / 8192^3 (docs/sm80.md).
 SM80_CONFIGS = [((128, 256, 32), (2, 4), 4), ((128, 256, 32), (2, 4), 3), ((128, 256, 32), (2, 4), 5),
                 ((128, 256, 64), (2, 4), 3), ((256, 128, 32), (4, 2), 4), ((128, 128, 64), (2, 2), 3)]
 
 
-# (tile, cluster, schedule, stages): the sm90 kernels the sweeps found best at 4096^3 / 8192^3 (NOTES.md, v3).
+# (tile, cluster, schedule, stages): the sm90 kernels the sweeps found best at 4096^3 / 8192^3 (docs/planner.md).
 SM90_CONFIGS = [((128, 256, 64), (2, 1), "cooperative", 4), ((128, 256, 64), (1, 2), "cooperative", 4),
                 ((256, 128, 64), (1, 2), "cooperative", 4), ((128, 256, 64), (1, 1), "cooperative", 4)]
 

@@ -1,7 +1,7 @@
 """The mma.sync m16n8k16 ceiling per second and per clock (GPU machine), next to our sm80 kernel.
 
 The issue's 665 TFLOP/s anchor is a short burst at boost clock. Under a GEMM's load the H100 sits at its
-700 W cap and lowers the clock (session 12: the sm80 kernel at 1568 MHz), so what a kernel does per
+700 W cap and lowers the clock (docs/sm80.md: the sm80 kernel at 1568 MHz), so what a kernel does per
 clock is the figure to compare. This builds gpu/mma_ceiling.cu (register-only mma.sync chains, and a
 ladder of probes that add the sm80 kernel's ingredients one at a time: 8 warps per SM, ldmatrix, block
 barriers, or 12 warps), runs each as a short burst (do_bench) and steadily for --seconds while sampling

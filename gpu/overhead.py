@@ -20,7 +20,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from generator import Gemm, emit  # noqa: E402
-from generator.op import leading_dim  # noqa: E402
+from generator.runtime import leading_dim  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "."))
 SHAPES = [(128, 128, 64), (1024, 1024, 1024), (128, 4096, 4096), (512, 4096, 4096), (2048, 2048, 2048)]

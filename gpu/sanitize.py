@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from generator import Gemm  # noqa: E402
-from generator.op import compile_many  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 
 # (schedule, tile, cluster, layout): each schedule, each cluster shape, K-major and M/N-major operands.
 CASES = (

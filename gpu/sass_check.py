@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generator import Gemm  # noqa: E402
 from generator.build import build  # noqa: E402
-from generator.op import build_request  # noqa: E402
+from generator.runtime import build_request  # noqa: E402
 
 
 def main() -> int:

@@ -7,7 +7,7 @@ Two kinds of op appear here:
 * ``ReferenceOp``: a GemmOp whose kernel library is replaced by ``torch.matmul`` on CPU tensors, registered
   through exactly the same code (``op._register``: schemas, tags, fake, ``.out`` decomposition, autograd
   formula with backward ops planned from the forward config). The formula is the JIT runtime's C++ one
-  (templates/torch/gemm_autograd.h, built here with nvcc) or, where the runtime is missing, generator.autograd's
+  (templates/torch/gemm_autograd.h, built here with nvcc) or, where the runtime is missing, generator.runtime.autograd's
   Python one: the ``formula`` fixture runs the tests that differentiate through both. Its argument checks are the real ones, so
   a backward operand in the wrong storage order fails here as it would on the GPU. It lets opcheck,
   torch.compile and autograd exercise the registration on a machine without a GPU; the kernels
@@ -26,10 +26,11 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
-from generator import Gemm, KernelConfig, jit_runtime  # noqa: E402
-from generator.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
-from generator.op import GemmOp  # noqa: E402
-from generator.types import DType, Order  # noqa: E402
+from generator import Gemm, KernelConfig  # noqa: E402
+from generator.runtime import jit_runtime  # noqa: E402
+from generator.runtime.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
+from generator.runtime import GemmOp  # noqa: E402
+from generator.spec.types import DType, Order  # noqa: E402
 
 NAMESPACE = "gemmgen_reference"
 LAYOUTS = ("tn", "tt", "nn", "nt")
@@ -150,7 +151,7 @@ def test_backward_configs_keep_the_family(family):
 
 @pytest.fixture(scope="module")
 def real_ops(build_cache):
-    from generator.op import compile_many
+    from generator.runtime import compile_many
 
     plans = {"row": Gemm("bf16", "tn", arch=90), "col": Gemm("bf16", "nt", arch=90, layout_c="col")}
     return dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen")))
@@ -233,7 +234,7 @@ def test_backward_ops_are_registered_with_the_forward_op(real_ops):
 
 
 def test_an_op_registered_unbuilt_builds_on_first_use(real_ops, monkeypatch, tmp_path):
-    from generator.op import registered_op
+    from generator.runtime import registered_op
 
     monkeypatch.setenv("GEMMGEN_CACHE_DIR", str(tmp_path))
     op = registered_op(Gemm("fp16", "tt", arch=90).config, "gemmgen_lazy")

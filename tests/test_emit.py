@@ -15,10 +15,11 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm, emit
-from generator.backward import backward_closure, backward_configs
-from generator.emit import GENCODE, backward_ops, load_plans_file, resolve_ops
+from generator.planner.backward import backward_closure, backward_configs
+from generator.emit import GENCODE, backward_ops, resolve_ops
+from generator.plans import load_plans_file
 from generator.render import included_headers, render, templates_dir
-from generator.types import Order
+from generator.spec.types import Order
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -494,7 +495,7 @@ def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
     refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
     pytest.importorskip("torch")
     from generator.build import BuildError, nvcc_path
-    from generator.jit_runtime import torch_flags
+    from generator.runtime.jit_runtime import torch_flags
 
     try:
         nvcc = nvcc_path()
@@ -552,7 +553,7 @@ def test_emit_works_without_torch(no_torch_env, tmp_path):
         emit([Gemm("bf16", "tn", arch=90), Gemm("fp16", "nn", arch=80)], name="my_gemms", out={str(tmp_path / "api")!r})
         Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "one")!r})
         Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "noag")!r}, autograd=False)
-        from generator.backward import backward_closure  # the backward kernels are planned without torch too
+        from generator.planner.backward import backward_closure  # the backward kernels are planned without torch too
         assert len(backward_closure([Gemm("bf16", "tn", arch=90).config])) == 8
         assert "torch" not in sys.modules
         try:

@@ -11,15 +11,16 @@ import sys
 from pathlib import Path
 
 from generator import Gemm, emit
-from generator.backward import backward_closure
-from generator.emit import load_plans_file
+from generator.plans import load_plans_file, plans_file_autograd
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "emitted" / "gemmgen_example"
 NAME = "gemmgen_example"
 PLANS = ["dtype=bf16,layout=tn,arch=90", "dtype=fp16,layout=nn,arch=80"]
+# Without the backward kernels: two kernels are enough to show a template change as a diff (the GPU test
+# tests/gpu/test_emitted_package.py emits and installs a package with autograd of its own).
 REGENERATE = ["python", "-m", "generator", "emit", *(a for p in PLANS for a in ("--plan", p)), "--name", NAME,
-              "--out", "emitted/gemmgen_example"]
+              "--no-autograd", "--out", "emitted/gemmgen_example"]
 HINT = "regenerate it with the command in emitted/README.md"
 
 
@@ -58,7 +59,9 @@ def test_committed_example_matches_a_fresh_emit_from_the_command_line(tmp_path):
 
 def test_committed_example_matches_a_fresh_emit_of_its_plans_json(tmp_path):
     plans, op_names = load_plans_file(EXAMPLE / "plans.json")
-    out = emit(plans, name=NAME, out=tmp_path / "again", op_names=op_names)
+    autograd = plans_file_autograd(EXAMPLE / "plans.json")
+    assert autograd is False
+    out = emit(plans, name=NAME, out=tmp_path / "again", op_names=op_names, autograd=autograd)
     assert_same_tree(out)
 
 
@@ -73,5 +76,4 @@ def test_committed_example_holds_sources_only():
     assert {"setup.py", "pyproject.toml", "README.md", "plans.json", f"{NAME}/__init__.py", "csrc/binding.cpp"} <= set(names)
     kernels = sorted(n for n in names if n.endswith(".cu"))
     plans = [Gemm(**kw) for kw in (dict(dtype="bf16", layout="tn", arch=90), dict(dtype="fp16", layout="nn", arch=80))]
-    backward = backward_closure(p.config for p in plans)   # emitted with autograd: the backward kernels too
-    assert kernels == sorted({f"csrc/{k}.cu" for k in [*(p.name for p in plans), *backward]})
+    assert kernels == sorted(f"csrc/{p.name}.cu" for p in plans)   # emitted without autograd: no backward kernels

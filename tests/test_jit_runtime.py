@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
-from generator import jit_runtime  # noqa: E402
-from generator.op import compile_op, registered_op  # noqa: E402
+from generator.runtime import jit_runtime  # noqa: E402
+from generator.runtime import compile_op, registered_op  # noqa: E402
 
 CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
@@ -79,7 +79,7 @@ def test_an_op_built_on_first_use_gets_its_cpp_kernel_then(op):
 
 
 def test_a_second_handle_built_first_registers_through_the_registered_one(op, recwarn):
-    from generator.op import GemmOp
+    from generator.runtime import GemmOp
 
     config = Gemm("bf16", "tt", arch=90).config
     registered = registered_op(config, "gemmgen_rt")            # registered, not built

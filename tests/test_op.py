@@ -7,8 +7,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
-from generator.op import GemmArgsStruct, leading_dim  # noqa: E402
-from generator.types import Order  # noqa: E402
+from generator.runtime import GemmArgsStruct, leading_dim  # noqa: E402
+from generator.spec.types import Order  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ from types import SimpleNamespace
 import pytest
 
 from generator import Gemm, KernelConfig, check_config
-from generator import config as config_module
-from generator.arch import ARCHS, arch_spec
-from generator.config import max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes
+from generator.spec import config as config_module
+from generator.spec.arch import ARCHS, arch_spec
+from generator.spec.config import max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
-from generator.shipped import benchmark_shapes
-from generator.types import DType, Order, parse_layout
+from generator.planner.shipped import benchmark_shapes
+from generator.spec.types import DType, Order, parse_layout
 
 
 def plan(**kwargs: object) -> Gemm:
@@ -901,7 +901,7 @@ def test_sm80_config_refuses_sm90_fields() -> None:
 
 
 def test_raster_walk_is_triton_group_m_order_for_m() -> None:
-    from generator.planner_sm90 import raster_coords
+    from generator.planner.sm90 import raster_coords
 
     # raster m, group 2 over a 3 x 3 grid: rows 0-1 walked down M, column by column, then row 2.
     walk = [raster_coords(u, 3, 3, "m", 2) for u in range(9)]
@@ -914,7 +914,7 @@ def test_raster_walk_is_triton_group_m_order_for_m() -> None:
 @pytest.mark.parametrize("raster", ["m", "n"])
 @pytest.mark.parametrize("group", [1, 2, 8, 16])
 def test_raster_walk_visits_every_unit_once(raster: str, group: int) -> None:
-    from generator.planner_sm90 import raster_coords
+    from generator.planner.sm90 import raster_coords
 
     for units_m, units_n in ((1, 1), (1, 7), (7, 1), (5, 13), (16, 16), (33, 8)):
         seen = [raster_coords(u, units_m, units_n, raster, group) for u in range(units_m * units_n)]

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm, KernelConfig
-from generator.arch import arch_spec
+from generator.spec.arch import arch_spec
 from generator.render import FAMILY_TEMPLATES, _environment, included_headers, render, template_context, templates_dir
-from generator.shipped import SHIPPED_ARCHS, shipped_configs
-from generator.types import DType, parse_layout
+from generator.planner.shipped import SHIPPED_ARCHS, shipped_configs
+from generator.spec.types import DType, parse_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = templates_dir()

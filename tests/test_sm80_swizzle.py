@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from generator.config import SM80_BLOCK_K, SM80_BLOCK_M, SM80_BLOCK_N
+from generator.spec.config import SM80_BLOCK_K, SM80_BLOCK_M, SM80_BLOCK_N
 
 from test_nvcc_compile import NO_NVCC, NVCC, run_host_program
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from generator.types import (
+from generator.spec.types import (
     INPUT_DTYPES,
     LAYOUTS,
     OUTPUT_DTYPES,

@@ -15,21 +15,7 @@ CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = [
     "csrc/binding.cpp",
     "csrc/sm80_fp16_nn_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm80_fp16_nn_dcol_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm80_fp16_nt_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm80_fp16_nt_dcol_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm80_fp16_tn_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm80_fp16_tn_dcol_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm80_fp16_tt_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm80_fp16_tt_dcol_128x256x32_w2x4_s4_g8.cu",
-    "csrc/sm90_bf16_nn_128x256x64_c2x1_s4_coop_g8m.cu",
-    "csrc/sm90_bf16_nn_dcol_128x256x64_c2x1_s4_coop_g8m.cu",
-    "csrc/sm90_bf16_nt_128x256x64_c2x1_s4_coop_g8m.cu",
-    "csrc/sm90_bf16_nt_dcol_128x256x64_c2x1_s4_coop_g8m.cu",
     "csrc/sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m.cu",
-    "csrc/sm90_bf16_tn_dcol_128x256x64_c2x1_s4_coop_g8m.cu",
-    "csrc/sm90_bf16_tt_128x256x64_c2x1_s4_coop_g8m.cu",
-    "csrc/sm90_bf16_tt_dcol_128x256x64_c2x1_s4_coop_g8m.cu",
 ]
 
 NVCC_FLAGS = [

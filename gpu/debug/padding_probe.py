@@ -1,4 +1,4 @@
-"""Which columns past N of a row-padded D does an sm90 kernel write? (session 12: the sanitizer harness
+"""Which columns past N of a row-padded D does an sm90 kernel write? (docs/defects.md: the sanitizer harness
 found the padding of D overwritten.) Prints, per padding column, how many rows lost their NaN and what
 was written there."""
 from __future__ import annotations

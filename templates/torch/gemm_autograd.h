@@ -19,7 +19,7 @@ namespace __attribute__((visibility("hidden"))) gemmgen {
 
 // -- autograd ----------------------------------------------------------------------------------------
 //
-// gemmgen's formula (generator/autograd.py, generator/backward.py): dA = dD @ B.t() and dB = A.t() @ dD,
+// gemmgen's formula (generator/runtime/autograd.py, generator/planner/backward.py): dA = dD @ B.t() and dB = A.t() @ dD,
 // each by another op of the same namespace whose layouts take the operands as they are stored. There is
 // one pair of ops per storage order of dD; a dD in neither order (the expanded gradient of out.sum())
 // is copied to row-major first, and one of another dtype (an fp32 output's) is cast to the inputs'.

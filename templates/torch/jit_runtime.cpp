@@ -3,11 +3,11 @@
 // A JIT op's kernel library is plain CUDA (no torch headers: a new kernel costs one nvcc run) and was
 // first called from Python through ctypes, which cost 20-30 us of host time per call (the dispatcher's
 // Python kernel, the checks in Python, ctypes). This library is built once per torch version and
-// compiler (generator/jit_runtime.py) and loaded with ctypes; for every kernel library loaded,
-// generator.op calls gemmgen_register_cuda_kernels, which registers templates/torch/gemm_op.h's kernels
+// compiler (generator/runtime/jit_runtime.py) and loaded with ctypes; for every kernel library loaded,
+// generator.runtime calls gemmgen_register_cuda_kernels, which registers templates/torch/gemm_op.h's kernels
 // (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
 // fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
-// Python (generator/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
+// Python (generator/runtime/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
 // gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
 // defined, so a call that needs no gradient does not go through Python either.
 #include <cstddef>
@@ -20,7 +20,7 @@
 
 namespace {
 
-// What generator/jit_runtime.py passes for one op (its ctypes mirror is JitOpSpec there).
+// What generator/runtime/jit_runtime.py passes for one op (its ctypes mirror is JitOpSpec there).
 struct JitOpSpec {
   const char* ns;                // namespace of torch.ops.<ns>.<op>
   const char* op;                // op name (the kernel's name for JIT ops)
@@ -78,7 +78,7 @@ void register_op(const JitOpSpec& in) {
   entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});
 }
 
-// What generator/jit_runtime.py passes for one op's autograd formula (its mirror is JitAutogradSpec).
+// What generator/runtime/jit_runtime.py passes for one op's autograd formula (its mirror is JitAutogradSpec).
 struct JitAutogradSpec {
   const char* ns;
   const char* op;

@@ -22,8 +22,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from generator import Gemm, emit  # noqa: E402
-from generator.backward import backward_closure  # noqa: E402
-from generator.op import compile_many  # noqa: E402
+from generator.planner.backward import backward_closure  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -20,7 +20,7 @@ def operand(rows, cols, row_major, dtype=torch.bfloat16):
 
 @pytest.fixture(scope="module")
 def ops():
-    from generator.op import compile_many
+    from generator.runtime import compile_many
 
     plans = [Gemm("bf16", layout, arch=90) for layout in LAYOUTS]
     return dict(zip(LAYOUTS, compile_many([p.config for p in plans], namespace="gemmgen")))
@@ -75,10 +75,10 @@ def test_cpp_kernel_says_what_the_python_path_says(ops):
 
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_cpp_autograd_matches_the_python_formula(ops, layout, monkeypatch):
-    """The C++ formula (gemm_op.h) and generator.autograd's Python fallback run the same kernels on the same
+    """The C++ formula (gemm_op.h) and generator.runtime.autograd's Python fallback run the same kernels on the same
     operands: bit-equal gradients, for a row-major, a column-major and an expanded dD."""
-    from generator import jit_runtime
-    from generator.op import compile_op
+    from generator.runtime import jit_runtime
+    from generator.runtime import compile_op
 
     op = ops[layout]
     assert op.cpp_autograd

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
-from generator.op import compile_many  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 
 from gpu_cases import BOUND, DTYPES, LAYOUTS, OUT_DTYPES, RAGGED  # noqa: E402
 

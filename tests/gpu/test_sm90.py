@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
-from generator.op import compile_many  # noqa: E402
-from generator.shipped import shipped_configs  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+from generator.planner.shipped import shipped_configs  # noqa: E402
 
 from gpu_cases import BOUND, DTYPES, LAYOUTS, OUT_DTYPES, RAGGED  # noqa: E402
 

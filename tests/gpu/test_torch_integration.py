@@ -17,9 +17,9 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from generator import Gemm  # noqa: E402
-from generator.autograd import grad_ops  # noqa: E402
-from generator.op import compile_many  # noqa: E402
-from generator.types import Order  # noqa: E402
+from generator.runtime.autograd import grad_ops  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+from generator.spec.types import Order  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -5,9 +5,7 @@ torch.ops.gemmgen_example.<op>(A, B) and torch.ops.gemmgen_example.<op>.out(A, B
 implementation (torch.compile traces it). A is (M, K), B is (K, N), D is (M, N); see each op's docstring
 for the storage order it takes.
 
-The ops are differentiable: dA = dD @ B.t() and dB = A.t() @ dD run kernels of this package (its private
-ops torch.ops.gemmgen_example._grad_<kernel>, which are differentiable too: double backward works); out= is not.
-The formula is registered by the compiled extension (csrc/binding.cpp), in C++.
+The ops have no autograd formula (emitted with autograd=False): backward() through them raises.
 
     gemm_bf16_tn: bf16 -> bf16, layout tn, kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90)
     gemm_fp16_nn: fp16 -> fp16, layout nn, kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80)
@@ -25,7 +23,7 @@ except ImportError as _err:
 
 __version__ = "0.1.0"
 #: Whether the ops are differentiable (gemmgen's emit(..., autograd=True), the default).
-AUTOGRAD = True
+AUTOGRAD = False
 __all__ = ["gemm_bf16_tn", "gemm_fp16_nn"]
 
 #: What each op computes: op name -> plan (kernel, planned arch, dtypes, storage orders).

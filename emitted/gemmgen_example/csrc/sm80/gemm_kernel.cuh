@@ -302,7 +302,7 @@ struct Kernel {
   // (16 rows x WARP_N), written from the fragments and read back as 16-byte chunks, so that 8 (fp32: 16)
   // lanes store one whole 128-byte (256-byte) row segment instead of 4-byte pieces of 8 rows. The slabs
   // reuse the operand ring, free once the main loop is done. Measured on the H100 against the 4-byte
-  // stores: +4-7 % at 4096^3, +1-3 % at 8192^3 (NOTES.md, session 12). Column-major or unaligned D
+  // stores: +4-7 % at 4096^3, +1-3 % at 8192^3 (docs/sm80.md, "Staged epilogue"). Column-major or unaligned D
   // keeps the direct stores.
   static constexpr int kSlabRowBytes = WARP_N * static_cast<int>(sizeof(Out));
   static constexpr int kSlabBytes = kMmaM * kSlabRowBytes;
@@ -382,7 +382,7 @@ struct Kernel {
 
   // One k tile of the pipelined loop: the fragments of the next k step are loaded while this one's HMMAs
   // run, and the stage that every warp finished reading before the last barrier is refilled. (A variant
-  // whose whole-tile refills skipped the branch, v6 in NOTES.md, was 8 % slower on the H100.)
+  // whose whole-tile refills skipped the branch, v6 in docs/sm80.md, was 8 % slower on the H100.)
   template <bool EDGE>
   __device__ __forceinline__ static void k_tile(Pipeline& p, ALoader& a_loader, BLoader& b_loader, uint32_t smem_base,
                                                 int full_tiles, int k_tiles, int K, int warp_m0, int warp_n0,

@@ -31,8 +31,8 @@
 #include "../ptx/sm90.cuh"
 
 // Experiment switch for A/B runs on the GPU (gpu/ab_variants.py), off by default: 1 gives the cooperative
-// schedule a stream-K partition of the work (NOTES.md, sm90 "Wave quantization": -5 to -9 % at 4096^3, up
-// to +2 % at 8192^3; steady state in session 13: -5 % and +0.5 %).
+// schedule a stream-K partition of the work (docs/sm90.md, "Stream-K": -5 to -9 % at 4096^3, up to +2 % at
+// 8192^3; at steady state -5 % and +0.5 %).
 #ifndef GEMMGEN_SM90_STREAM_K
 #define GEMMGEN_SM90_STREAM_K 0
 #endif
@@ -265,8 +265,8 @@ struct Kernel {
   // A consumer warpgroup's share of a tile: rows [wg_row0, wg_row0 + WG_M), all BN columns.
   static constexpr int WG_M = PINGPONG ? BM : BM / kConsumerWarpgroups;
   static constexpr int MMA_BLOCKS_M = WG_M / kMmaM;
-  // (One buffer per subtile, so that no store is waited for inside a tile, measured no faster: NOTES.md,
-  // session 12.)
+  // (One buffer per subtile, so that no store is waited for inside a tile, measured no faster: docs/sm90.md,
+  // "The epilogue".)
   static constexpr int kEpiBuffers = 2;
   static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
   static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
@@ -490,7 +490,7 @@ struct Kernel {
         pos.advance(p.k_tiles);  // skip the other warpgroup's tile
       }
 #if GEMMGEN_SM90_EXPERIMENT_NO_EPILOGUE
-      // Timing experiment only, wrong results: what the epilogue costs (NOTES.md, session 11). The
+      // Timing experiment only, wrong results: what the epilogue costs (docs/sm90.md, "The epilogue"). The
       // never-taken branch keeps the accumulators live.
       if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);
 #else

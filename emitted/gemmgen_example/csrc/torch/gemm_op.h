@@ -7,7 +7,7 @@
 // is generated: one constant OpSpec each) and gemmgen's JIT runtime (templates/torch/jit_runtime.cpp,
 // one OpSpec per kernel library loaded at run time). This header and those two files are the only ones
 // that include torch headers; the kernels are plain CUDA with the C interface of common/gemm_args.h.
-// The messages are generator/op.py's (GemmOp._check*), so an op says the same whichever way it was built.
+// The messages are generator/runtime/op.py's (GemmOp._check*), so an op says the same whichever way it was built.
 #pragma once
 
 #include <algorithm>

@@ -1,0 +1,41 @@
+"""The planner: enumerate the legal configs for an architecture, dtype and layout, estimate each one's
+time with a small analytic model, keep the cheapest. Every choice is explainable in one line.
+
+``choose`` resolves the kernel family (sm90 at arch 90, sm80 below it, unless the user fixes it) and
+hands the request to that family's module (``sm80``, ``sm90``); ``common`` holds what they share.
+``backward`` derives the backward pass's kernels from a forward config; ``shipped`` lists the kernels
+the planner picks for the benchmark shapes. Pure Python: no torch, no GPU, no files written.
+"""
+from __future__ import annotations
+
+from ..spec.arch import ArchSpec, arch_spec
+from ..spec.config import KernelConfig
+from ..spec.types import DType, Layout
+from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, check_family, resolve_family
+from .sm80 import choose_sm80
+from .sm90 import choose_sm90
+
+__all__ = ["DEFAULT_PROBLEM", "Estimate", "Knobs", "Problem", "check_family", "choose", "plan"]
+
+
+def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs = Knobs(),
+           problem: Problem | None = None, sm_count: int | None = None) -> tuple[Estimate, list[str]]:
+    """The cheapest legal config, and one line per candidate that was filtered out.
+
+    With every knob of a candidate fixed by the user, an illegal combination raises ValueError
+    (check_config's sentence); otherwise illegal candidates are dropped with their reason.
+    ``problem`` None plans for a large square problem (the user gave no size hints).
+    """
+    sm_count = sm_count or spec.sm_count
+    family_choose = choose_sm90 if resolve_family(knobs, spec) == "sm90" else choose_sm80
+    return family_choose(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count)
+
+
+def plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = None, out_dtype: DType | None = None,
+         problem: Problem | None = None) -> KernelConfig:
+    """The planner's config for a request with no knob fixed but the family: what ``Gemm(dtype, layout,
+    arch=arch, family=family)`` plans (the backward kernels and the shipped list are planned so)."""
+    spec = arch_spec(arch)
+    best, _ = choose(dtype, out_dtype or dtype, layout, spec, knobs=Knobs(family=family), problem=problem,
+                     sm_count=spec.sm_count)
+    return best.config

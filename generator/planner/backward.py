@@ -1,0 +1,83 @@
+"""The backward pass's kernels, derived from a forward config: pure planning, no torch.
+
+Both the JIT ops (``generator.runtime.autograd``, which registers the formula with torch) and emitted packages
+(``generator.emit``, which must run without torch) take their dA and dB kernels from here.
+
+Layouts. The forward op computes D (M, N) = A (M, K) @ B (K, N) with A, B, D each stored row- or
+column-major (``Layout``). Let dD be stored in ``grad_order``. Then
+
+* dA (M, K) = dD (M, N) @ B.t() (N, K): the first operand is dD, in ``grad_order``; the second is
+  B.t(), a view of B with the storage order flipped (B column-major -> B.t() row-major); dA is
+  written in A's order, so that it lands in A's strides without a copy.
+* dB (K, N) = A.t() (K, M) @ dD (M, N): A.t() flips A's order; dD as above; dB is written in B's
+  order (for ``x @ W.t()`` that makes dB.t(), the weight's gradient, contiguous like W).
+
+With a row-major dD (the usual contiguous gradient), in the two-letter names ('t' = row-major,
+'n' = column-major, first A then B; ``_dcol`` for a column-major output):
+
+=========  ===========  ===========
+forward    dA           dB
+=========  ===========  ===========
+``tn``     ``tt``       ``nt_dcol``
+``tt``     ``tn``       ``nt``
+``nn``     ``tt_dcol``  ``tt_dcol``
+``nt``     ``tn_dcol``  ``tt``
+=========  ===========  ===========
+
+A column-major dD (e.g. the gradient of a ``layout_c='col'`` output passed through elementwise ops)
+gets its own pair of kernels (first letter of dA and second of dB become 'n'). The backward kernels
+keep the forward op's dtype, architecture and family, and write the input dtype. Their own backward
+kernels (double backward) are again of this kind, so the set is closed: at most the eight layouts
+(4 operand layouts x 2 orders of D) per dtype, architecture and family (``backward_closure``).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from ..spec.config import KernelConfig
+from ..spec.types import Layout, Order, parse_layout, parse_order
+from . import plan
+
+_FLIP = {Order.row: Order.col, Order.col: Order.row}
+
+
+def backward_layouts(layout: object, grad_order: object = Order.row) -> tuple[Layout, Layout]:
+    """The layouts of the kernels computing dA = dD @ B.t() and dB = A.t() @ dD.
+
+    ``layout``: the forward op's layout (a ``Layout`` or a string such as ``"tn"``); ``grad_order``:
+    the storage order of dD ("row" or "col"). See the module docstring for the derivation.
+    """
+    fwd = layout if isinstance(layout, Layout) else parse_layout(layout)
+    g = parse_order(grad_order, what="grad_order")
+    grad_a = Layout(a=g, b=_FLIP[fwd.b], c=fwd.a)
+    grad_b = Layout(a=_FLIP[fwd.a], b=g, c=fwd.b)
+    return grad_a, grad_b
+
+
+def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tuple[KernelConfig, KernelConfig]:
+    """Planned configs for dA and dB: the forward op's dtype, architecture and kernel family, output
+    dtype = input dtype.
+
+    Planned without problem hints (a large problem), like a forward plan without hints: the kernel
+    is chosen once per forward op, not per call, so one compiled graph serves every M.
+    """
+    layouts = backward_layouts(config.layout, grad_order)
+    grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family) for lay in layouts)
+    return grad_a, grad_b
+
+
+def backward_closure(configs: Iterable[KernelConfig]) -> dict[str, KernelConfig]:
+    """Every config that the backward of ``configs`` needs, for both orders of dD, and the backward of
+    those (double backward, and so on): {kernel name: config}, sorted by name.
+
+    The given configs are not in it unless some backward reaches them. Deduplicated by kernel name,
+    which spells the whole config.
+    """
+    found: dict[str, KernelConfig] = {}
+    todo = [grad for cfg in configs for order in Order for grad in backward_configs(cfg, order)]
+    while todo:
+        cfg = todo.pop()
+        if cfg.name not in found:
+            found[cfg.name] = cfg
+            todo.extend(grad for order in Order for grad in backward_configs(cfg, order))
+    return dict(sorted(found.items()))

@@ -1,0 +1,122 @@
+"""The planner: enumerate the legal configs for an architecture, dtype and layout, estimate each one's
+time with a small analytic model, keep the cheapest. Every choice is explainable in one line.
+
+The kernel family follows the architecture (sm90 at arch 90, sm80 below it) unless the user fixes it;
+this module plans the sm80 family; ``common`` holds what both share (Problem, Knobs, ``pick``) and
+``sm90`` plans the sm90 family.
+
+The sm80 model (relative units, not seconds):
+    time = waves * blocks_per_sm * tile_flops / (tile_efficiency * sm_rate)
+where waves = ceil(tiles / (sms * blocks_per_sm)). Big tiles reuse each loaded byte more (higher
+efficiency) but quantize worse on small problems; the model trades the two. Measured tuning may later
+replace the estimate; never the legality rules in config.check_config.
+"""
+from __future__ import annotations
+
+import math
+
+from ..spec.arch import ArchSpec
+from ..spec.config import KernelConfig, max_stages_that_fit
+from ..spec.types import DType, Layout
+from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, pick
+
+# Tile -> (warps, block K, relative per-SM efficiency). Efficiency follows arithmetic intensity per k
+# step: a 64x64 warp tile issues 32 mma.sync per 8 ldmatrix.x4; smaller warp tiles load more per mma, and
+# 4-warp blocks need two resident blocks to keep the SM's four schedulers fed. The 4-warp tiles take
+# BK = 64: with their few mma per k tile, BK = 32 leaves the barrier and the copies exposed (H100,
+# of the 13 benchmark shapes whose pick changed, 12 ran 8-41 % faster and one 2 % slower; docs/planner.md
+# "sm80 small tiles take BK = 64"). The efficiencies are the BK = 32 era's; only the block K changed.
+SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], int, float]] = {
+    (128, 256): ((2, 4), 32, 1.00),
+    (256, 128): ((4, 2), 32, 1.00),
+    # 8 warps of 64x32: with 4 warps of 64x64 the copies' addresses push ptxas past 255 registers.
+    (128, 128): ((2, 4), 32, 0.85),
+    (128, 64): ((2, 2), 64, 0.70),
+    (64, 128): ((2, 2), 64, 0.70),
+    (64, 64): ((2, 2), 64, 0.50),
+}
+PLANNER_MIN_STAGES, PLANNER_MAX_STAGES = 3, 4
+DEFAULT_RASTER_GROUP = 8
+# Registers per thread, for the occupancy estimate: the ptxas report gives 254 for a 64x64 warp tile
+# (128 accumulators, double-buffered fragments, addresses); smaller warp tiles need fewer.
+MAX_REGS_PER_THREAD = 255
+BASE_REGS_PER_THREAD = 64
+
+
+def regs_per_thread(cfg: KernelConfig) -> int:
+    warp_m, warp_n = cfg.warp_tile
+    return min(MAX_REGS_PER_THREAD, BASE_REGS_PER_THREAD + 3 * warp_m * warp_n // 64)
+
+
+def default_warps(tile: tuple[int, int, int]) -> tuple[int, int]:
+    """The warp grid for a tile: the table's choice, else 64x64 warp tiles with 4 or 8 warps."""
+    bm, bn, _ = tile
+    if (bm, bn) in SM80_TILES:
+        return SM80_TILES[(bm, bn)][0]
+    wm, wn = max(1, bm // 64), max(1, bn // 64)
+    while wm * wn > 8:
+        wm, wn = (wm // 2, wn) if wm >= wn else (wm, wn // 2)
+    while wm * wn < 4:
+        wm, wn = (wm * 2, wn) if bm // wm >= bn // wn else (wm, wn * 2)
+    return wm, wn
+
+
+def blocks_per_sm(cfg: KernelConfig, spec: ArchSpec) -> int:
+    by_smem = spec.smem_per_sm // max(cfg.smem_bytes, 1)
+    by_regs = spec.regs_per_sm // (cfg.threads * regs_per_thread(cfg))
+    by_threads = spec.max_threads_per_sm // cfg.threads
+    return max(1, min(by_smem, by_regs, by_threads))
+
+
+def default_stages(tile: tuple[int, int, int], warps: tuple[int, int], dtype: DType, spec: ArchSpec) -> int:
+    """As deep as fits, 3 to 4 stages, leaving room for two blocks per SM when a block has 4 warps."""
+    resident = 2 if warps[0] * warps[1] == 4 else 1
+    bm, bn, bk = tile
+    fit = (spec.smem_per_sm // resident - 1024) // ((bm + bn) * bk * dtype.bytes)
+    fit = min(fit, max_stages_that_fit(tile, dtype, spec))
+    return max(PLANNER_MIN_STAGES, min(PLANNER_MAX_STAGES, fit))
+
+
+def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
+    bm, bn, _ = cfg.tile
+    efficiency = SM80_TILES.get((bm, bn), (None, None, 0.5))[2]
+    tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
+    resident = blocks_per_sm(cfg, spec)
+    per_sm = math.ceil(tiles / sm_count)          # tiles the busiest SM computes
+    # 4-warp blocks reach their efficiency only with two of them on an SM (four schedulers to feed).
+    needed = 2 if cfg.threads <= 128 else 1
+    efficiency *= min(1.0, min(per_sm, resident) / needed)
+    cost = per_sm * bm * bn * max(problem.k, 1) / efficiency
+    slots = sm_count * resident
+    waves = math.ceil(tiles / slots)
+    last_wave_fill = (tiles - (waves - 1) * slots) / slots
+    reason = (f"{tiles} tiles of {bm}x{bn} in {waves} wave(s) over {sm_count} SMs x {resident} block(s) "
+              f"(last wave {last_wave_fill:.0%} full), efficiency {efficiency:.2f}; {cfg.stages} stages use "
+              f"{cfg.smem_bytes} of {spec.smem_per_block} bytes of shared memory")
+    return Estimate(cfg, cost, reason)
+
+
+def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, knobs: Knobs) -> list[KernelConfig]:
+    """Every config the planner would consider, honouring the fixed knobs (checked by check_config)."""
+    if knobs.tile is not None:
+        tiles = [knobs.tile]
+    else:
+        tiles = [(bm, bn, bk) for (bm, bn), (_, bk, _) in SM80_TILES.items()]
+    configs = []
+    for tile in tiles:
+        warps = knobs.warps or default_warps(tile)
+        # "is None", not "or": a fixed stages=0 or raster_group=0 is judged (and refused), not replaced.
+        stages = knobs.stages if knobs.stages is not None else default_stages(tile, warps, dtype, spec)
+        group = knobs.raster_group if knobs.raster_group is not None else DEFAULT_RASTER_GROUP
+        configs.append(KernelConfig(
+            arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=warps,
+            stages=stages, raster_group=group))
+    return configs
+
+
+def choose_sm80(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
+                problem: Problem | None, sm_count: int) -> tuple[Estimate, list[str]]:
+    """planner.choose for the sm80 family. ``problem`` None: no size hints (plan for a large square)."""
+    problem = problem or Problem(*DEFAULT_PROBLEM)
+    configs = candidates(dtype, out_dtype, layout, spec, knobs)
+    return pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem))

@@ -1,0 +1,289 @@
+"""The sm90 planner (Hopper: TMA, wgmma, warp specialization): the candidates it weighs and the small
+analytic model it weighs them with. Every number here is a heuristic with its reason next to it; measured
+tuning may replace the estimate later, never the legality rules in config.check_sm90.
+
+What is chosen, and how:
+
+* **schedule and tile**. A block always runs 3 warpgroups: one producer (TMA loads) and two consumers
+  (wgmma). ``cooperative`` splits each tile between the consumers along M and is persistent (one block
+  per SM walks many tiles); its epilogue (registers -> D) is not hidden behind math. ``pingpong`` gives
+  each consumer its own tile, alternately, so one's epilogue runs under the other's mainloop; a tile
+  then has to fit one warpgroup's 128 accumulator registers per thread, so pingpong tiles are half the
+  size. ``ws`` (one tile per block, not persistent) is never chosen by the planner: the persistent
+  schedules hide each tile's pipeline fill behind the previous tile; it is there when asked for.
+* **cluster**. A 2x1 cluster puts two blocks on neighbouring M tiles of one N tile: they need the same B
+  tile, so each loads half of it and TMA multicasts it to both (1x2: the same with A). That cuts the
+  L2 -> SM bytes per flop, at the price of coupling the two blocks' pipelines.
+* **stages**: as many as fit in shared memory (at most 8): the deeper the ring, the more TMA latency
+  is hidden, and a Hopper block has nothing else to spend its 227 KB on.
+* **raster order and group**: see ``choose_raster``.
+
+The cost model, in relative units (not seconds):
+
+    cost = tiles on the busiest SM * BM * BN * (K + per-tile overhead) / efficiency
+
+* tiles on the busiest SM: the grid of tiles (rounded up to whole clusters: a partial cluster still
+  occupies cluster-many SMs) over the SMs that clusters can fill. This is the wave quantization that
+  decides small problems: one 128x256 tile per SM takes as long as one 64x128 tile takes four times.
+* per-tile overhead, in units of K: the exposed epilogue (cooperative), also the pipeline fill (ws).
+* efficiency = l2_efficiency * wgmma_efficiency * issue_efficiency. The first two have the form
+  x / (x + x_half) where x is a reuse ratio: the tensor cores run at peak only if operands arrive
+  fast enough.
+    - l2: MACs per element brought from L2 into the SM per k step = BM*BN / (A rows + B columns),
+      where a multicast operand counts half (each block of the cluster loads half of it) and rows
+      past the matrix edge count nothing (TMA fetches no out-of-bounds rows, it zero-fills them).
+    - wgmma: MACs per element read from shared memory by one wgmma m64nNk16 = 64*N / (64 + N): wide N
+      reuses the A fragment; N=256 reads 17% fewer bytes per MAC than N=128.
+    - issue: wgmma is asynchronous, and the tensor cores stay busy only while enough of them are in
+      flight. Cooperative (and ws) tiles keep two warpgroups issuing at once; a pingpong warpgroup
+      issues alone (its partner is in its epilogue), so a 64-row pingpong tile has a single m64
+      wgmma stream whose latency shows: measured 0.58x of 128x256 cooperative at 4096^3 where the
+      other terms predict 0.89x (docs/planner.md, sm90 cost model), hence ISSUE_EFFICIENCY.
+
+Calibration (docs/planner.md, sm90 cost model, 4096^3 bf16, relative to 128x256 cooperative c2x1): c1x1 0.96 measured
+/ 0.97 modelled, c1x2 0.98 / 0.97, 256x128 cooperative c1x1 0.97 / 0.94, 128x128 pingpong c2x1
+0.94 / 0.94, 64x256 pingpong c1x1 0.58 / 0.58.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from ..spec.arch import ArchSpec
+from ..spec.config import MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_K, KernelConfig, sm90_max_stages_that_fit
+from ..spec.types import DType, Layout
+from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, pick
+
+# (schedule, (BM, BN)) in order of preference: on equal cost the earlier one wins. The big cooperative
+# tiles first (most reuse per loaded byte), pingpong's half-size tiles after them.
+CANDIDATE_TILES: tuple[tuple[str, tuple[int, int]], ...] = (
+    ("cooperative", (128, 256)),
+    ("cooperative", (256, 128)),
+    ("cooperative", (128, 128)),
+    ("cooperative", (128, 64)),     # small M: more tiles along N, so more SMs get work
+    ("pingpong", (64, 256)),
+    ("pingpong", (128, 128)),
+    ("pingpong", (64, 128)),        # small M: 64 rows waste less of the tile than 128
+)
+# The narrow tile's N (128x64 cooperative: see candidate_shapes).
+NARROW_BN = 64
+# The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
+PLANNED_SCHEDULES = ("cooperative", "pingpong")
+
+# Per-tile overhead in units of K (a tile costs BM*BN*(K + overhead)). The epilogue of a 128x256 tile
+# writes 64 KB of bf16 D at roughly the rate the SM computes 64 k of it; persistent cooperative blocks
+# hide the next tile's pipeline fill (the producer runs ahead) but not the epilogue; pingpong hides
+# the epilogue too; ws (one tile per block) pays both, the fill (~1 us of TMA latency) adding ~128 k.
+OVERHEAD_K = {"pingpong": 0, "cooperative": 64, "ws": 192}
+# x_half of the efficiency terms (see the module docstring): the reuse ratio at which operand traffic
+# costs as much time as the math it feeds. L2 -> SM: ~32 B/clk/SM against 2048 bf16 MACs/clk/SM;
+# shared memory: 128 B/clk/SM, more than enough at any N, so a mild term that only ranks N.
+L2_HALF_REUSE = 16.0
+SMEM_HALF_REUSE = 8.0
+WGMMA_M = 64
+# Efficiency by the number of m64 wgmma streams in flight at once (warpgroups issuing together x m64
+# blocks each): one stream (64-row pingpong) leaves the tensor cores waiting; fitted to 64x256
+# pingpong's measured 0.58x (see the module docstring).
+ISSUE_EFFICIENCY = {1: 0.65}
+# A cluster's blocks wait for each other (a stage is free only when both have used it): multicast has
+# to save more than this to be worth it.
+CLUSTER_COUPLING = 0.98
+DEFAULT_RASTER_GROUP = 8
+# The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
+# cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
+# 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (gpu/debug/cluster_occupancy.cu,
+# docs/planner.md), so 4096^3 and 8192^3 take 5 and 18 waves of 128x256 tiles instead of 4 and 16.
+PLANNED_CLUSTERS = ((1, 1), (2, 1), (1, 2))
+# The share of the SMs that clusters of this many blocks can fill at once (measured on the 132-SM H100
+# SXM; GPC shapes vary between chips, so the launch asks the driver and this only feeds the estimate).
+CLUSTER_SM_SHARE = {4: 120 / 132}
+
+
+def resident_clusters(sm_count: int, blocks_per_cluster: int) -> int:
+    """How many clusters of ``blocks_per_cluster`` blocks run at once, one block per SM."""
+    usable = int(sm_count * CLUSTER_SM_SHARE.get(blocks_per_cluster, 1.0))
+    return max(1, usable // blocks_per_cluster)
+
+
+# -- the walk over the tile grid ---------------------------------------------------------------------------
+
+def raster_coords(unit: int, units_m: int, units_n: int, raster: str, group: int) -> tuple[int, int]:
+    """(M, N) index of the ``unit``-th cluster-sized block of tiles; the Python twin of the Raster struct
+    in templates/sm90/gemm_kernel.cuh. raster "m": bands of ``group`` rows, each walked down M first,
+    then along N (Triton's GROUP_M order); "n": the same with M and N swapped."""
+    along_m = raster == "m"
+    fast, slow = (units_m, units_n) if along_m else (units_n, units_m)
+    per_band = group * slow
+    band, within = divmod(unit, per_band)
+    first = band * group
+    size = min(fast - first, group)
+    f, s = first + within % size, within // size
+    return (f, s) if along_m else (s, f)
+
+
+def grid_units(cfg: KernelConfig, problem: Problem) -> tuple[int, int]:
+    """The grid in cluster-sized units of tiles: (along M, along N)."""
+    bm, bn, _ = cfg.tile
+    cm, cn = cfg.cluster
+    return math.ceil(math.ceil(problem.m / bm) / cm), math.ceil(math.ceil(problem.n / bn) / cn)
+
+
+def wave_footprint(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
+    """Rows of A plus columns of B (elements per unit of K) that the first wave of blocks touches: what
+    L2 has to hold for the wave's blocks to share their operand tiles instead of refetching them."""
+    units_m, units_n = grid_units(cfg, problem)
+    in_flight = min(units_m * units_n, resident_clusters(sm_count, cfg.cluster[0] * cfg.cluster[1]))
+    rows, cols = set(), set()
+    for unit in range(in_flight):
+        um, un = raster_coords(unit, units_m, units_n, cfg.raster, cfg.raster_group)
+        rows.add(um)
+        cols.add(un)
+    return len(rows) * cfg.tile[0] * cfg.cluster[0] + len(cols) * cfg.tile[1] * cfg.cluster[1]
+
+
+def default_group(units_along: int) -> int:
+    """8 (Triton's default GROUP_M: a wave of ~132 blocks then covers a near-square patch of tiles), or 1
+    when the grid has a single unit along the raster direction: the band is that one row (or column)
+    whatever the group, and g1 says so."""
+    return 1 if units_along <= 1 else DEFAULT_RASTER_GROUP
+
+
+def choose_raster(cfg: KernelConfig, problem: Problem, sm_count: int, knobs: Knobs) -> KernelConfig:
+    """``cfg`` with the raster order and group that make the first wave's footprint in L2 smallest.
+
+    The footprint of a wave is the A rows plus B columns its tiles touch. For a grid that is wide or
+    tall in units of clusters the two orders touch the same patch; they differ when a unit (cluster x
+    tile) is not square: bands then run along the unit's short side. Ties go to "m"."""
+    options = []
+    units_m, units_n = grid_units(cfg, problem)
+    for raster in ([knobs.raster] if knobs.raster is not None else list(RASTERS)):
+        group = knobs.raster_group
+        if group is None:
+            group = default_group(units_m if raster == "m" else units_n)
+        options.append(replace(cfg, raster=raster, raster_group=group))
+    if len(options) == 1 or options[0].raster_group not in RASTER_GROUPS:  # fixed by the user: check_config judges it
+        return options[0]
+    return min(options, key=lambda option: wave_footprint(option, problem, sm_count))  # min keeps the first of equals
+
+
+# -- candidates ------------------------------------------------------------------------------------------
+
+def candidate_shapes(knobs: Knobs, problem: Problem) -> list[tuple[str, tuple[int, int, int]]]:
+    """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule.
+
+    The narrow cooperative tile (128x64) only where M fits one 128-row tile: there it is the way to put
+    enough N tiles on the SMs (128x4096x4096: 0.88x cuBLAS, the best measured), but with more rows its
+    m64n64 wgmmas lose to the big tiles by far more than the model's reuse terms say (512x6144x4096:
+    0.63-0.75x against 0.84x for 128x256; benchmarks/sweep_sm90.py, docs/planner.md)."""
+    if knobs.tile is not None:
+        schedules = [knobs.schedule] if knobs.schedule else list(PLANNED_SCHEDULES)
+        return [(schedule, knobs.tile) for schedule in schedules]
+    wanted = "cooperative" if knobs.schedule == "ws" else knobs.schedule  # ws builds cooperative's tiles
+    shapes = [(knobs.schedule or schedule, (bm, bn, SM90_BLOCK_K)) for schedule, (bm, bn) in CANDIDATE_TILES
+              if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and problem.m > bm)]
+    # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
+    return shapes or [(str(knobs.schedule), (128, 256, SM90_BLOCK_K))]
+
+
+def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Problem,
+                       sm_count: int) -> list[tuple[int, int]]:
+    """The cluster shapes to weigh for ``tile``: all of them, or 1x1 alone when the tiles fit one wave.
+
+    Multicast saves L2 -> SM bytes, which only limit a block that runs tile after tile; when every
+    tile has its own SM the two blocks of a cluster just wait for each other. Measured (3-round
+    medians, benchmarks/sweep_sm90.py, docs/planner.md): one wave, 1x1 won by 4-7 % (2048^3,
+    1024^3, 128x6144x4096) and a 2x1 over a single tile row lost 20 %; several waves, 2x1 won
+    (4096^3 +4 %, 512x28672x8192 +20 %)."""
+    if knobs.cluster:
+        return [knobs.cluster]
+    tiles = math.ceil(problem.m / tile[0]) * math.ceil(problem.n / tile[1])
+    return [(1, 1)] if tiles <= sm_count else list(PLANNED_CLUSTERS)
+
+
+def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, knobs: Knobs,
+               problem: Problem, sm_count: int) -> list[KernelConfig]:
+    """Every sm90 config the planner would consider, in order of preference (checked later by check_config)."""
+    configs = []
+    for schedule, tile in candidate_shapes(knobs, problem):
+        for cluster in cluster_candidates(tile, knobs, problem, sm_count):
+            cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=None,
+                               stages=MIN_STAGES if knobs.stages is None else knobs.stages, raster_group=1,
+                               family="sm90", cluster=cluster, schedule=schedule)
+            if knobs.stages is None:
+                cfg = replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
+            configs.append(choose_raster(cfg, problem, sm_count, knobs))
+    return configs
+
+
+def cluster_larger_than_grid(cfg: KernelConfig, problem: Problem) -> str | None:
+    """A fixed cluster that has more blocks along M (or N) than the problem has tiles: the second block
+    would only compute zeros. Refused only when the user fixed the cluster and gave the problem size."""
+    bm, bn, _ = cfg.tile
+    cm, cn = cfg.cluster
+    for along, c, size, block in (("M", cm, problem.m, bm), ("N", cn, problem.n, bn)):
+        tiles = math.ceil(size / block)
+        if c > tiles:
+            return (f"cluster {cm}x{cn} is larger than the tile grid ({tiles} tile{'s' if tiles != 1 else ''} "
+                    f"along {along} for {along}={size}): use cluster 1x1")
+    return None
+
+
+# -- the estimate ------------------------------------------------------------------------------------------
+
+def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
+    """(efficiency, L2 -> SM bytes relative to no cluster): see the module docstring."""
+    bm, bn, _ = cfg.tile
+    cm, cn = cfg.cluster
+    # A cluster shares an operand only between blocks that have a real tile: 2x1 over 1 tile row shares nothing.
+    share_b = min(cm, math.ceil(problem.m / bm))
+    share_a = min(cn, math.ceil(problem.n / bn))
+    rows_a, cols_b = min(bm, problem.m), min(bn, problem.n)
+    loaded = rows_a / share_a + cols_b / share_b
+    l2_reuse = bm * bn / loaded
+    smem_reuse = WGMMA_M * bn / (WGMMA_M + bn)
+    issuing = 1 if cfg.schedule == "pingpong" else 2    # warpgroups issuing wgmma at the same time
+    streams = issuing * cfg.consumer_rows // WGMMA_M
+    eff = (l2_reuse / (l2_reuse + L2_HALF_REUSE) * smem_reuse / (smem_reuse + SMEM_HALF_REUSE)
+           * ISSUE_EFFICIENCY.get(streams, 1.0))
+    if cm * cn > 1:
+        eff *= CLUSTER_COUPLING
+    return eff, loaded / (rows_a + cols_b)
+
+
+def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
+    bm, bn, _ = cfg.tile
+    cm, cn = cfg.cluster
+    tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
+    units_m, units_n = grid_units(cfg, problem)
+    blocks = units_m * units_n * cm * cn              # whole clusters, idle blocks included
+    slots = resident_clusters(sm_count, cm * cn) * cm * cn   # one block per SM: the ring takes the shared memory
+    per_sm = math.ceil(blocks / slots)
+    last_wave_fill = (blocks - (per_sm - 1) * slots) / slots
+    eff, traffic = efficiency(cfg, problem)
+    cost = per_sm * bm * bn * (max(problem.k, 1) + OVERHEAD_K[cfg.schedule]) / eff
+    persistent = "one tile per block" if cfg.schedule == "ws" else "persistent"
+    if cm * cn > 1:
+        shared = " and ".join(op for c, op in ((cm, "B"), (cn, "A")) if c > 1)
+        cluster = f"cluster {cm}x{cn} multicasts {shared} ({traffic:.2f}x the L2->SM bytes of no cluster)"
+    else:
+        cluster = "cluster 1x1 (no multicast)"
+    idle = f", {blocks - tiles} idle block(s) fill partial clusters" if blocks > tiles else ""
+    reason = (f"{tiles} tiles of {bm}x{bn} in {per_sm} wave(s) over {slots} SMs (last wave {last_wave_fill:.0%} "
+              f"full{idle}), {cfg.schedule} ({persistent}); {cluster}; efficiency {eff:.2f}; {cfg.stages} stages "
+              f"use {cfg.smem_bytes} of {spec.smem_per_block} bytes of shared memory")
+    return Estimate(cfg, cost, reason)
+
+
+def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
+                problem: Problem | None, sm_count: int) -> tuple[Estimate, list[str]]:
+    """planner.choose for the sm90 family. ``problem`` None: no size hints (plan for a large square)."""
+    hinted = problem is not None
+    problem = problem or Problem(*DEFAULT_PROBLEM)
+    configs = candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)
+
+    def refuse(cfg: KernelConfig) -> str | None:
+        return cluster_larger_than_grid(cfg, problem) if hinted and knobs.cluster else None
+
+    return pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem), refuse)
+
+

@@ -1,0 +1,41 @@
+"""Argument checks shared by the op, its autograd formula and the JIT runtime's registration: storage
+orders, leading dimensions, and the advice a refusal gives (the C++ checks in templates/torch/gemm_op.h
+say the same sentences)."""
+from __future__ import annotations
+
+import torch
+
+from ..spec.types import DType, Order
+
+TORCH_DTYPES = {DType.fp16: torch.float16, DType.bf16: torch.bfloat16, DType.fp32: torch.float32}
+INT32_MAX = 2**31 - 1
+
+
+def order_of(t: torch.Tensor) -> str:
+    if t.dim() == 2 and t.stride(1) == 1:
+        return "row-major"
+    if t.dim() == 2 and t.stride(0) == 1:
+        return "column-major"
+    return "neither row- nor column-major"
+
+
+def leading_dim(t: torch.Tensor, order: Order) -> int | None:
+    """The leading dimension of a 2-D tensor stored in ``order``, or None if it is not stored so.
+
+    A dimension of size 1 has no meaningful stride; its leading dimension is then the other size,
+    which keeps the 16-byte alignment test honest for vectors.
+    """
+    rows, cols = t.shape
+    if order is Order.row:
+        inner_ok = cols <= 1 or t.stride(1) == 1
+        ld = t.stride(0) if rows > 1 else max(cols, 1)
+        return ld if inner_ok and ld >= max(cols, 1) else None
+    inner_ok = rows <= 1 or t.stride(0) == 1
+    ld = t.stride(1) if cols > 1 else max(rows, 1)
+    return ld if inner_ok and ld >= max(rows, 1) else None
+
+
+def other_layout(blas: str, operand: str) -> str:
+    """The two-letter layout with one operand's letter flipped."""
+    flip = {"t": "n", "n": "t"}
+    return flip[blas[0]] + blas[1] if operand == "A" else blas[0] + flip[blas[1]]

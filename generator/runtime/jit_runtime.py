@@ -1,0 +1,165 @@
+"""The JIT runtime: one small torch C++ library that gives every JIT-built op a C++ CUDA kernel.
+
+A kernel library has no torch headers (one nvcc run per kernel, see ``generator.build``), so from
+Python it is called through ctypes. That path costs 20-30 us of host time per call (the dispatcher's
+Python kernel, the argument checks in Python, ctypes), about twice what ``torch.matmul`` costs. This
+module builds ``templates/torch/jit_runtime.cpp`` once per torch version and compiler (through the same
+build cache, in the same ninja run as the first kernels) and, for every kernel library loaded, registers
+the checks and launch of ``templates/torch/gemm_op.h`` (the code of the emitted packages) as the op's
+CUDA kernel. Python keeps the schema, the fake implementation, the autograd formula and the kernels of
+the other dispatch keys (``generator.runtime``).
+
+If the runtime cannot be built (no C++ compiler that can read torch's headers), the ops still work
+through the Python path, with a warning that says why and what it costs.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from pathlib import Path
+
+import torch
+
+from ..build import BuildError, BuildRequest, build
+from ..render import templates_dir
+from ..spec.config import KernelConfig
+from ..spec.types import Order
+from .checks import other_layout
+from .handle import OpHandle
+from .library import KernelLibrary
+
+#: The runtime's source under templates/ and the name of its library in the build cache.
+SOURCE = "torch/jit_runtime.cpp"
+NAME = "gemmgen_jit_runtime"
+ERROR_BUFFER_BYTES = 4096
+
+
+class JitOpSpec(ctypes.Structure):
+    """Mirror of ``JitOpSpec`` in templates/torch/jit_runtime.cpp."""
+
+    _fields_ = [("ns", ctypes.c_char_p), ("op", ctypes.c_char_p), ("kernel", ctypes.c_char_p),
+                ("arch", ctypes.c_int), ("dtype", ctypes.c_char_p), ("out_dtype", ctypes.c_char_p),
+                ("a_row", ctypes.c_int), ("b_row", ctypes.c_int), ("d_row", ctypes.c_int),
+                ("layout_a_flipped", ctypes.c_char_p), ("layout_b_flipped", ctypes.c_char_p),
+                ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p)]
+
+
+class JitAutogradSpec(ctypes.Structure):
+    """Mirror of ``JitAutogradSpec`` in templates/torch/jit_runtime.cpp. Index 0 of each pair: a
+    row-major dD; 1: column-major."""
+
+    _fields_ = [("ns", ctypes.c_char_p), ("op", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
+                ("grad_a", ctypes.c_char_p * 2), ("grad_b", ctypes.c_char_p * 2),
+                ("grad_a_b_row", ctypes.c_int * 2), ("grad_b_a_row", ctypes.c_int * 2)]
+
+
+def torch_flags() -> tuple[str, ...]:
+    """nvcc flags to compile and link C++ against the installed torch (what torch.utils.cpp_extension
+    would add, without importing it): its headers, its C++ ABI, its libraries and an rpath to them."""
+    root = Path(torch.__file__).resolve().parent
+    lib = root / "lib"
+    abi = int(bool(torch._C._GLIBCXX_USE_CXX11_ABI))
+    return (f"-I{root / 'include'}", f"-I{root / 'include' / 'torch' / 'csrc' / 'api' / 'include'}",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", f"-L{lib}", "-lc10", "-ltorch_cpu", "-lc10_cuda",
+            f"-Xlinker=-rpath={lib}",
+            # a compiler that links its C++ runtime statically would otherwise export it beside torch's
+            "-Xlinker=--exclude-libs,ALL")
+
+
+def runtime_request() -> BuildRequest:
+    """The runtime's build: host C++ only (no gencode), keyed by its source, the headers and torch.
+    C++20, as torch builds its extensions (its headers need it from torch 2.12 on)."""
+    source = (templates_dir() / SOURCE).read_text()
+    return BuildRequest(name=NAME, sources={Path(SOURCE).name: source}, gencode="",
+                        include_dirs=(str(templates_dir()),), extra_flags=torch_flags(), cxx_std="c++20")
+
+
+class _Runtime:
+    """The loaded runtime, or why there is none. One per process: it is a loaded library, like the
+    torch registrations it makes (see ``generator.runtime.op._LIBRARIES``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._register: ctypes._CFuncPtr | None = None
+        self._register_autograd: ctypes._CFuncPtr | None = None
+        self.failure: str | None = None
+
+    def load(self, library: Path) -> None:
+        """Load the built runtime (idempotent)."""
+        with self._lock:
+            if self._register is None:
+                dll = ctypes.CDLL(str(library))
+                register, register_autograd = dll["gemmgen_register_cuda_kernels"], dll["gemmgen_register_autograd"]
+                register.argtypes = [ctypes.POINTER(JitOpSpec), ctypes.c_char_p, ctypes.c_size_t]
+                register_autograd.argtypes = [ctypes.POINTER(JitAutogradSpec), ctypes.c_char_p, ctypes.c_size_t]
+                register.restype = register_autograd.restype = ctypes.c_int
+                self._register, self._register_autograd = register, register_autograd
+                self.failure = None
+
+    def fail(self, reason: str) -> None:
+        with self._lock:
+            if self._register is None and self.failure is None:
+                self.failure = reason
+                warnings.warn(f"gemmgen: the JIT runtime (templates/{SOURCE}) did not build, so JIT ops are "
+                              f"called through Python and ctypes (about 20 us more host time per call); "
+                              f"results are the same. Why:\n{reason}", RuntimeWarning, stacklevel=3)
+
+    def wanted(self) -> bool:
+        """Whether the runtime is still to be built: neither loaded nor failed."""
+        return self._register is None and self.failure is None
+
+    def ensure(self) -> bool:
+        """Build (or find in the cache) and load the runtime; False, with one warning, if that fails."""
+        if self._register is not None:
+            return True
+        if self.failure is not None:
+            return False
+        try:
+            self.load(build(runtime_request()).library)
+        except (BuildError, OSError, AttributeError) as exc:
+            self.fail(str(exc))
+            return False
+        return True
+
+    def register(self, op: OpHandle, library: KernelLibrary) -> bool:
+        """Register ``library`` as ``op``'s CUDA kernel (both overloads); False if there is no runtime."""
+        if not self.ensure():
+            return False
+        cfg = op.config
+        spec = JitOpSpec(
+            ns=op.namespace.encode(), op=op.name.encode(), kernel=cfg.name.encode(), arch=cfg.arch,
+            dtype=cfg.dtype.value.encode(), out_dtype=cfg.out_dtype.value.encode(),
+            a_row=int(cfg.layout.a.value == "row"), b_row=int(cfg.layout.b.value == "row"),
+            d_row=int(cfg.layout.c.value == "row"),
+            layout_a_flipped=other_layout(cfg.layout.blas, "A").encode(),
+            layout_b_flipped=other_layout(cfg.layout.blas, "B").encode(),
+            launch=ctypes.cast(library.launch, ctypes.c_void_p).value,
+            error_string=ctypes.cast(library.error_string, ctypes.c_void_p).value)
+        _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
+        return True
+
+    def register_autograd(self, op: OpHandle, configs: dict[Order, tuple[KernelConfig, KernelConfig]]) -> bool:
+        """Register gemm_autograd.h's formula as ``op``'s Autograd kernel (and .out's refusal of grad),
+        with ``configs``, the (dA, dB) kernels of ``generator.planner.backward`` per storage order of dD; False
+        if there is no runtime."""
+        if not self.ensure():
+            return False
+        pairs = [configs[Order.row], configs[Order.col]]
+        spec = JitAutogradSpec(
+            ns=op.namespace.encode(), op=op.name.encode(), dtype=op.config.dtype.value.encode(),
+            grad_a=(ctypes.c_char_p * 2)(*(a.name.encode() for a, _ in pairs)),
+            grad_b=(ctypes.c_char_p * 2)(*(b.name.encode() for _, b in pairs)),
+            grad_a_b_row=(ctypes.c_int * 2)(*(int(a.layout.b is Order.row) for a, _ in pairs)),
+            grad_b_a_row=(ctypes.c_int * 2)(*(int(b.layout.a is Order.row) for _, b in pairs)))
+        _call(self._register_autograd, spec, f"registering the autograd formula of {op.namespace}::{op.name}")
+        return True
+
+
+def _call(register: ctypes._CFuncPtr, spec: ctypes.Structure, what: str) -> None:
+    error = ctypes.create_string_buffer(ERROR_BUFFER_BYTES)
+    if register(ctypes.byref(spec), error, ERROR_BUFFER_BYTES) != 0:
+        raise RuntimeError(f"gemmgen JIT runtime: {what} failed: {error.value.decode(errors='replace')}")
+
+
+RUNTIME = _Runtime()

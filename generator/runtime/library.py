@@ -1,0 +1,38 @@
+"""The entry points of a built kernel library, loaded with ctypes: the plain-CUDA side of the op."""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+#: What the library's path chooser answers: the kernel a call takes.
+PATHS = {0: "fast", 1: "unaligned"}
+
+
+class GemmArgsStruct(ctypes.Structure):
+    """Mirror of templates/common/gemm_args.h."""
+
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64), ("ldd", ctypes.c_int64)]
+
+
+@dataclass(frozen=True)
+class KernelLibrary:
+    """The entry points of one built kernel library."""
+
+    path: Path
+    launch: ctypes._CFuncPtr
+    choose_path: ctypes._CFuncPtr
+    error_string: ctypes._CFuncPtr
+
+    @classmethod
+    def load(cls, path: Path, name: str) -> KernelLibrary:
+        lib = ctypes.CDLL(str(path))
+        launch = lib[f"{name}_launch"]
+        launch.argtypes, launch.restype = [ctypes.POINTER(GemmArgsStruct), ctypes.c_void_p], ctypes.c_int
+        choose_path = lib[f"{name}_path"]
+        choose_path.argtypes, choose_path.restype = [ctypes.POINTER(GemmArgsStruct)], ctypes.c_int
+        error_string = lib[f"{name}_error_string"]
+        error_string.argtypes, error_string.restype = [ctypes.c_int], ctypes.c_char_p
+        return cls(path, launch, choose_path, error_string)

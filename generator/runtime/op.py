@@ -1,0 +1,322 @@
+"""GemmOp: a built kernel library behind a torch op, with every argument checked before a launch.
+
+The kernel library is plain CUDA (no torch headers: a new kernel costs one nvcc run); it is loaded
+with ctypes and called with raw pointers on the operands' current stream. The op is registered as
+``torch.ops.<namespace>.<kernel name>`` (default namespace ``gemmgen``) with two overloads,
+``(A, B) -> D`` and ``.out(A, B, *, out) -> out``.
+
+What each overload has, so that it behaves like a native op (see ``_register``):
+
+* default: the kernel under CompositeExplicitAutograd (every backend reaches our checks), a fake
+  (meta) implementation for FakeTensor / torch.compile, and an autograd formula whose dA and dB run
+  kernels from this generator (``generator.runtime.autograd``).
+* ``.out``: the kernel under CompositeExplicitAutograd (eager calls write straight into ``out``), a
+  CompositeImplicitAutograd decomposition (checks, the default overload, ``out.copy_``) that FakeTensor
+  and functionalization (torch.compile, AOTAutograd) use, since torch functionalizes a custom op whose
+  return aliases ``out`` only by decomposing it; and, like aten's out= ops, an Autograd kernel that
+  refuses inputs which require grad.
+* both: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
+  had when traced, i.e. the planned layout) and ``pt2_compliant_tag`` (opcheck passes).
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+
+import torch
+
+from ..spec.config import KernelConfig
+from ..spec.types import Order
+from . import jit_runtime
+from .autograd import register_autograd
+from .checks import INT32_MAX, TORCH_DTYPES, leading_dim, order_of, other_layout
+from .library import PATHS, GemmArgsStruct, KernelLibrary
+from .loader import build_libraries, load_library
+
+
+class GemmOp:
+    """Callable op: ``op(A, B)`` or ``op(A, B, out=D)``; the same as ``torch.ops.<namespace>.<name>``."""
+
+    #: The device type whose tensors the kernel library takes.
+    device_type = "cuda"
+
+    def __init__(self, config: KernelConfig, library: KernelLibrary | None, namespace: str) -> None:
+        self.config = config
+        self._library: KernelLibrary | None = None
+        self._library_lock = threading.Lock()
+        #: Whether CUDA calls reach the C++ kernel of the JIT runtime (else this class's Python path).
+        self.cpp_kernel = False
+        #: Whether its autograd formula is the JIT runtime's C++ one (else generator.runtime.autograd's Python one).
+        self.cpp_autograd = False
+        self.namespace = namespace
+        self.name = config.name
+        self.dtype = TORCH_DTYPES[config.dtype]
+        self.out_dtype = TORCH_DTYPES[config.out_dtype]
+        _register(self, library)
+        self.op = getattr(getattr(torch.ops, namespace), self.name)
+        self.__doc__ = (f"D = A @ B with {config.dtype.value} inputs and {config.out_dtype.value} output; "
+                        f"A (M, K) {config.layout.a.value}-major, B (K, N) {config.layout.b.value}-major, "
+                        f"D (M, N) {config.layout.c.value}-major. Kernel {self.name}. Operands whose base "
+                        "address or leading dimension is not 16-byte aligned run on a slower unaligned kernel.")
+
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+        # The dispatcher would reject a non-tensor with a RuntimeError about the schema; say it plainly.
+        # Trace-safe: under torch.compile these are isinstance checks on FakeTensors, no graph break.
+        for value, what in ((A, "A"), (B, "B"), (out, "out")):
+            if value is not None and not isinstance(value, torch.Tensor):
+                raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+        if out is None:
+            return self.op.default(A, B)
+        return self.op.out(A, B, out=out)
+
+    def __repr__(self) -> str:
+        return f"GemmOp(torch.ops.{self.namespace}.{self.name})"
+
+    @property
+    def library(self) -> KernelLibrary:
+        """The loaded kernel library. An op registered without one (the backward pass's ops, see
+        ``generator.runtime.autograd``) builds it, or loads it from the build cache, on its first launch."""
+        if self._library is None:
+            with self._library_lock:
+                if self._library is None:
+                    self._attach(load_library(self.config))
+        return self._library
+
+    def _attach(self, library: KernelLibrary) -> None:
+        """Take ``library`` as this op's kernels: the ctypes path, and the C++ CUDA kernel of the JIT
+        runtime where there is one (``generator.runtime.jit_runtime``). Once per registered op."""
+        self._library = library
+        first = _LIBRARIES.get(f"{self.namespace}::{self.name}", (None, None))[1]
+        if first is not None and first is not self:
+            # A second handle of a registered op (GemmOp built again for the same kernel): the dispatcher
+            # has one CUDA kernel per op, registered through the first handle.
+            with first._library_lock:
+                if first._library is None:
+                    first._attach(library)
+            self.cpp_kernel = first.cpp_kernel
+            return
+        if self.device_type == "cuda":
+            self.cpp_kernel = jit_runtime.RUNTIME.register(self, library)
+
+    @property
+    def built(self) -> bool:
+        """Whether the kernel library is loaded (False for a registered op not launched yet)."""
+        return self._library is not None
+
+    def __deepcopy__(self, memo: dict) -> GemmOp:
+        # A handle to a registered op and a loaded library: copies of a model (EMA, checkpoints) share it.
+        return self
+
+    def __reduce__(self) -> tuple:
+        # Pickled as its config: unpickling builds (or loads from the cache) and registers the same op.
+        return (_load_op, (self.config, self.namespace))
+
+    # -- checks -----------------------------------------------------------------------------------
+
+    def _check_operand(self, t: object, what: str, order: Order) -> int:
+        """Validate A or B; returns its leading dimension."""
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            shape = "(M, K)" if what == "A" else "(K, N)"
+            raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
+        if t.dtype != self.dtype:
+            raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
+                            f"{what}.to({self.dtype}) or plan with dtype={str(t.dtype).removeprefix('torch.')!r}")
+        if t.device.type != self.device_type:
+            raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+        ld = leading_dim(t, order)
+        if ld is None:
+            letter = "a" if what == "A" else "b"
+            other = other_layout(self.config.layout.blas, what)
+            copy = f"{what}.contiguous()" if order is Order.row else f"{what}.t().contiguous().t() (a column-major copy)"
+            raise ValueError(
+                f"{what} has strides {tuple(t.stride())} ({order_of(t)}); this plan was made for "
+                f"layout_{letter}={order.value!r}: plan with layout={other!r} or pass {copy}")
+        return ld
+
+    def _check(self, A: object, B: object) -> tuple[int, int]:
+        lda = self._check_operand(A, "A", self.config.layout.a)
+        ldb = self._check_operand(B, "B", self.config.layout.b)
+        if A.device != B.device:
+            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        if A.shape[1] != B.shape[0]:
+            raise ValueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree (A's columns "
+                             f"= B's rows); for x @ W.t() pass B = W.t()")
+        for size, what in ((A.shape[0], "M"), (B.shape[1], "N"), (A.shape[1], "K")):
+            if size > INT32_MAX:
+                raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+        return lda, ldb
+
+    def _check_out(self, out: object, A: torch.Tensor, B: torch.Tensor) -> int:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+        shape = (A.shape[0], B.shape[1])
+        if tuple(out.shape) != shape:
+            raise ValueError(f"out has shape {tuple(out.shape)}; D = A @ B is {shape}: pass "
+                             f"torch.empty({shape[0]}, {shape[1]}, dtype={self.out_dtype}, device='{A.device}')")
+        if out.dtype != self.out_dtype:
+            raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}: pass an out of "
+                            f"dtype {self.out_dtype} or plan with out_dtype={str(out.dtype).removeprefix('torch.')!r}")
+        if out.device != A.device:
+            raise ValueError(f"out is on {out.device} but A and B on {A.device}: allocate out on {A.device}")
+        order = self.config.layout.c
+        ld = leading_dim(out, order)
+        if ld is None:
+            fix = "torch.empty(M, N)" if order is Order.row else "torch.empty(N, M).t()"
+            other = "col" if order is Order.row else "row"
+            raise ValueError(f"out has strides {tuple(out.stride())} ({order_of(out)}); this plan writes D "
+                             f"{order.value}-major: pass out={fix} or plan with layout_c={other!r}")
+        return ld
+
+    def _check_meta(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> None:
+        """The checks a fake implementation can make without guarding on sizes or strides.
+
+        Types, ranks, dtypes and devices are static under torch.compile; K must agree (a
+        ``torch._check``, so a symbolic K adds a guard rather than failing). Strides and the int32
+        size limit are left to the real call: checking them here would specialize a dynamic M.
+        """
+        for t, what, shape in ((A, "A", "(M, K)"), (B, "B", "(K, N)")):
+            if t.dim() != 2:
+                raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
+            if t.dtype != self.dtype:
+                raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}")
+            if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
+                raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+        if A.device != B.device:
+            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        torch._check_with(ValueError, A.shape[1] == B.shape[0],
+                          lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
+        if out is not None:
+            if out.dtype != self.out_dtype:
+                raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}")
+            if out.device != A.device:
+                raise ValueError(f"out is on {out.device} but A and B on {A.device}: allocate out on {A.device}")
+            if out.dim() != 2:
+                raise ValueError(f"out has shape {tuple(out.shape)}; D = A @ B is 2-D (M, N)")
+            for got, want in ((out.shape[0], A.shape[0]), (out.shape[1], B.shape[1])):
+                torch._check_with(ValueError, got == want,
+                                  lambda: f"out has shape {tuple(out.shape)}; D = A @ B is ({A.shape[0]}, {B.shape[1]})")
+
+    def derived(self, configs: list[KernelConfig]) -> list[GemmOp]:
+        """Other ops of this generator in this op's namespace, registered now and built on their first
+        launch (the backward pass's dA and dB kernels, see ``generator.runtime.autograd``)."""
+        return [registered_op(c, self.namespace) for c in configs]
+
+    def _empty_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        m, n = A.shape[0], B.shape[1]
+        if self.config.layout.c is Order.row:
+            return torch.empty((m, n), dtype=self.out_dtype, device=A.device)
+        return torch.empty((n, m), dtype=self.out_dtype, device=A.device).t()
+
+    # -- launch -----------------------------------------------------------------------------------
+
+    def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, lda: int, ldb: int, ldd: int) -> GemmArgsStruct:
+        return GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), A.shape[0], B.shape[1], A.shape[1],
+                              lda, ldb, ldd)
+
+    def path(self, A: torch.Tensor, B: torch.Tensor) -> str:
+        """Which kernel ``op(A, B)`` takes: 'fast' or 'unaligned'."""
+        lda, ldb = self._check(A, B)
+        D = self._empty_out(A, B)
+        args = self._args(A, B, D, lda, ldb, leading_dim(D, self.config.layout.c))
+        return PATHS[self.library.choose_path(ctypes.byref(args))]
+
+    def run(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        if isinstance(A, torch.Tensor) and A.device.type == "meta":
+            # Shape inference on meta tensors: .out reaches here (the default overload has its fake as
+            # its Meta kernel, but .out's CompositeImplicitAutograd decomposition rules out a Meta kernel).
+            self._check_meta(A, B, out)
+            return self._empty_out(A, B) if out is None else out
+        lda, ldb = self._check(A, B)
+        D = self._empty_out(A, B) if out is None else out
+        ldd = self._check_out(D, A, B) if out is not None else leading_dim(D, self.config.layout.c)
+        if D.numel() == 0:
+            return D
+        args = self._args(A, B, D, lda, ldb, ldd)
+        device = A.device
+        if torch.cuda.current_device() != device.index:
+            with torch.cuda.device(device):
+                code = self.library.launch(ctypes.byref(args), torch.cuda.current_stream(device).cuda_stream)
+        else:
+            code = self.library.launch(ctypes.byref(args), torch.cuda.current_stream(device).cuda_stream)
+        if code != 0:
+            message = self.library.error_string(code).decode()
+            raise RuntimeError(f"{self.name}: launch failed: {message}")
+        return D
+
+
+# The torch.library registrations must outlive the call that made them; keyed by qualified name.
+# With the build cache, this is the only process-wide state the package keeps.
+_LIBRARIES: dict[str, tuple[torch.library.Library, GemmOp]] = {}
+
+
+def _define(lib: torch.library.Library, schema: str) -> None:
+    # needs_fixed_stride_order: under Inductor the operands keep the stride order they had when traced
+    # (a column-major B stays column-major), so the planned layout holds in compiled graphs too.
+    lib.define(schema, tags=(torch.Tag.needs_fixed_stride_order, torch.Tag.pt2_compliant_tag))
+
+
+def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
+    """The op registered for ``config`` in ``namespace``; registered now, unbuilt, if there is none."""
+    entry = _LIBRARIES.get(f"{namespace}::{config.name}")
+    return entry[1] if entry is not None else GemmOp(config, None, namespace)
+
+
+def _register(op: GemmOp, library: KernelLibrary | None) -> None:
+    qualname = f"{op.namespace}::{op.name}"
+    if qualname in _LIBRARIES:  # the same kernel compiled again: the first registration serves it
+        op.cpp_autograd = _LIBRARIES[qualname][1].cpp_autograd
+        if library is not None:
+            op._attach(library)   # and the first handle, if it was registered unbuilt (a backward op)
+        return
+    lib = torch.library.Library(op.namespace, "FRAGMENT")
+    # Recorded first: registering the autograd formula registers the backward ops, whose own formulas
+    # may come back to this op (the layouts of dA and dB of dA ... form a small closed set).
+    _LIBRARIES[qualname] = (lib, op)
+    try:
+        _define(lib, f"{op.name}(Tensor A, Tensor B) -> Tensor")
+        _define(lib, f"{op.name}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
+        # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
+        # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
+        lib.impl(op.name, lambda A, B: op.run(A, B, None), "CompositeExplicitAutograd")
+        lib.impl(f"{op.name}.out", lambda A, B, out: op.run(A, B, out), "CompositeExplicitAutograd")
+
+        def fake(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+            op._check_meta(A, B)
+            return op._empty_out(A, B)  # the real output's strides: row-major D, or (1, M) for layout_c='col'
+
+        torch.library.register_fake(qualname, fake, lib=lib)
+
+        # .out: eager calls take the CompositeExplicitAutograd kernel above (the dispatcher prefers it for
+        # the CPU/CUDA keys). FakeTensor and functionalization decompose through this kernel instead: torch
+        # cannot functionalize a custom op whose return aliases a mutated argument, and refuses a separate
+        # fake for an op that has a CompositeImplicitAutograd kernel (the decomposition is its fake).
+        default = getattr(getattr(torch.ops, op.namespace), op.name).default
+
+        def out_decomposition(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            op._check_meta(A, B, out)
+            return out.copy_(default(A, B))
+
+        lib.impl(f"{op.name}.out", out_decomposition, "CompositeImplicitAutograd")
+
+        register_autograd(op, lib)
+        if library is not None:
+            op._attach(library)
+    except BaseException:
+        del _LIBRARIES[qualname]
+        raise
+
+
+def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False) -> GemmOp:
+    return GemmOp(config, load_library(config, verbose=verbose), namespace)
+
+
+def _load_op(config: KernelConfig, namespace: str) -> GemmOp:
+    return compile_op(config, namespace=namespace)
+
+
+def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False) -> list[GemmOp]:
+    """Build several kernels in one parallel ninja run; ops in the order of ``configs``."""
+    libraries = build_libraries(configs, verbose=verbose)
+    return [GemmOp(c, library, namespace) for c, library in zip(configs, libraries)]

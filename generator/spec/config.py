@@ -1,0 +1,431 @@
+"""KernelConfig: everything that changes a kernel's binary, frozen, hashable, with a name that spells it.
+
+The legality rules live here, next to the config they judge, so that the planner, the CLI and a
+user's override all hear the same sentence when a combination cannot run. Two kernel families:
+
+* ``sm80`` (cp.async multistage, ldmatrix, mma.sync): Ampere and newer, a warp grid per tile;
+* ``sm90`` (TMA, mbarrier pipeline, wgmma, warp-specialized): Hopper only (sm_90a), a fixed 384 threads
+  (one producer warpgroup, two consumer warpgroups), a schedule, a thread-block cluster, a raster order.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .arch import ArchSpec, arch_spec
+from .types import DType, Layout
+
+FAMILIES = ("sm80", "sm90")
+
+# -- sm80 ---------------------------------------------------------------------------------------------
+# mma.sync m16n8k16 is the instruction shape; a warp loads B two n8 blocks at a time (ldmatrix.x4).
+MMA_M, MMA_N, MMA_K = 16, 8, 16
+WARP_N_STEP = 16
+# Accumulators per thread = warp_m * warp_n / 32 floats; past 64x64 a warp runs out of registers.
+MAX_WARP_TILE_ELEMS = 64 * 64
+CHUNK_BYTES = 16          # one cp.async / ldmatrix row
+SM80_BLOCK_M = (64, 128, 256)
+SM80_BLOCK_N = (64, 128, 256)
+SM80_BLOCK_K = (32, 64)
+SM80_WARP_COUNTS = (4, 8)
+MIN_STAGES, MAX_STAGES = 2, 8
+RASTER_GROUPS = (1, 2, 4, 8, 16)
+
+# -- sm90 ---------------------------------------------------------------------------------------------
+# BK is one 128-byte swizzle row of 16-bit elements: TMA's 128-byte swizzle and wgmma's descriptors
+# are built around it.
+SM90_BLOCK_K = 64
+SM90_BLOCK_N = (64, 128, 192, 256, 320)     # wgmma m64nNk16 takes N up to 256 in steps of 8; these are built
+# (320: two wgmmas per m64 block and k step, n256 and n64, as cuBLAS's 128x320 kernel at 8192^3; cooperative
+# only, and never the planner's choice: measured no faster than 128x256, docs/sm90.md "The 128x320 tile")
+SM90_WIDE_BN = 320
+# ws / cooperative: two consumer warpgroups split the tile along M (each owns BM/2 rows, whole m64
+# blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).
+SM90_SCHEDULES = ("ws", "cooperative", "pingpong")
+SM90_SCHEDULE_TAGS = {"ws": "ws", "cooperative": "coop", "pingpong": "pp"}
+SM90_BLOCK_M = {"ws": (128, 256), "cooperative": (128, 256), "pingpong": (64, 128)}
+# A consumer thread holds its warpgroup's fp32 accumulators: (rows * BN / 128) registers; with
+# setmaxnreg's 232 registers per consumer thread, 160 accumulators (a 64x320 share) leave ~70 for
+# addresses and the epilogue.
+SM90_MAX_ACCUMULATORS = 160
+SM90_WARPGROUP_THREADS = 128
+SM90_MAX_BOX_ROWS = 256                     # cuTensorMapEncodeTiled: each box dimension at most 256 elements
+SM90_THREADS = 3 * SM90_WARPGROUP_THREADS   # 1 producer warpgroup + 2 consumer warpgroups
+# (cluster_m, cluster_n): 2x1 = two CTAs on neighbouring M tiles share (multicast) the B tile; 1x2 share A;
+# 2x2 share both, each with one neighbour; 4x1 / 1x4 share B / A four ways.
+SM90_CLUSTERS = ((1, 1), (2, 1), (1, 2), (2, 2), (4, 1), (1, 4))
+# mbarriers, and the slack that rounds dynamic shared memory up to the 1024-byte atom of the 128-byte swizzle.
+SM90_RESERVED_SMEM_BYTES = 1024
+# The epilogue's staging for the TMA store of D: per consumer warpgroup, double-buffered 64 x 128-byte subtiles.
+SM90_CONSUMER_WARPGROUPS = 2
+SM90_EPILOGUE_BUFFERS = 2
+SM90_EPILOGUE_SUBTILE_BYTES = 64 * 128
+# "m": tiles run down M through raster_group tile rows, then step along N (Triton's GROUP_M order);
+# "n": tiles run along N through raster_group tile columns, then step down M.
+RASTERS = ("m", "n")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """One kernel, fully specified. ``family`` picks the template and the rules that judge the rest.
+
+    sm80 configs have ``warps`` and keep the sm90 fields at their defaults; sm90 configs have
+    ``warps=None`` (their thread layout is fixed) and a ``schedule``.
+    """
+
+    arch: int                        # the compute capability the binary targets (80, 86, 89, 90)
+    dtype: DType                     # A and B element type
+    out_dtype: DType                 # D element type
+    layout: Layout
+    tile: tuple[int, int, int]       # (BM, BN, BK): one thread block's tile
+    warps: tuple[int, int] | None    # sm80: (WM, WN) warps along M and N; sm90: None
+    stages: int                      # shared-memory pipeline depth
+    raster_group: int                # tile rows (or columns) walked together for L2 reuse (Triton's GROUP_M)
+    family: str = field(default="sm80")
+    cluster: tuple[int, int] = (1, 1)  # sm90: thread-block cluster (along M, along N)
+    schedule: str = ""               # sm90: "ws", "cooperative" or "pingpong"
+    raster: str = "m"                # sm90: "m" or "n", see RASTERS
+
+    @property
+    def name(self) -> str:
+        bm, bn, bk = self.tile
+        out = "" if self.out_dtype == self.dtype else f"_o{self.out_dtype.value}"
+        if self.family == "sm90":
+            cm, cn = self.cluster
+            sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
+            return (f"sm90_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}"
+                    f"_g{self.raster_group}{self.raster}{out}")
+        warps = "x".join(map(str, self.warps)) if self.warps else "None"
+        return (f"{self.family}_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}"
+                f"_w{warps}_s{self.stages}_g{self.raster_group}{out}")
+
+    @property
+    def threads(self) -> int:
+        if self.family == "sm90":
+            return SM90_THREADS
+        return self.warps[0] * self.warps[1] * 32
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        """sm80: the (rows, columns) of D one warp owns."""
+        if self.warps is None:
+            raise ValueError(f"{self.name} has no warp grid: warp tiles belong to the sm80 family")
+        return self.tile[0] // self.warps[0], self.tile[1] // self.warps[1]
+
+    @property
+    def consumer_rows(self) -> int:
+        """sm90: the rows of a tile one consumer warpgroup owns (ws/cooperative split the tile along M)."""
+        return self.tile[0] if self.schedule == "pingpong" else self.tile[0] // 2
+
+    @property
+    def accumulators_per_thread(self) -> int:
+        """sm90: fp32 accumulator registers of one consumer thread."""
+        return self.consumer_rows * self.tile[1] // SM90_WARPGROUP_THREADS
+
+    @property
+    def stage_bytes(self) -> int:
+        bm, bn, bk = self.tile
+        return (bm + bn) * bk * self.dtype.bytes
+
+    @property
+    def smem_bytes(self) -> int:
+        if self.family == "sm90":
+            return sm90_smem_bytes(self)
+        return self.stages * self.stage_bytes
+
+    def describe(self) -> str:
+        """Several readable lines: what every knob is set to."""
+        if self.family == "sm90":
+            return _describe_sm90(self)
+        bm, bn, bk = self.tile
+        wm, wn = self.warp_tile
+        lines = [
+            f"name:         {self.name}",
+            f"family:       {self.family} (cp.async multistage, ldmatrix, mma.sync m16n8k16, fp32 accumulate)",
+            *_common_lines(self),
+            f"warps:        {self.warps[0]}x{self.warps[1]} ({self.threads} threads, warp tile {wm}x{wn})",
+            f"stages:       {self.stages} ({self.smem_bytes} bytes of shared memory)",
+            f"raster_group: {self.raster_group}",
+        ]
+        return "\n".join(lines)
+
+
+def _common_lines(cfg: KernelConfig) -> list[str]:
+    bm, bn, bk = cfg.tile
+    return [
+        f"arch:         sm_{cfg.arch}",
+        f"dtype:        {cfg.dtype.value} -> {cfg.out_dtype.value}",
+        f"layout:       {cfg.layout.blas} (A {cfg.layout.a.value}-major, B {cfg.layout.b.value}-major,"
+        f" D {cfg.layout.c.value}-major)",
+        f"tile:         {bm}x{bn}x{bk}",
+    ]
+
+
+def describe_schedule(cfg: KernelConfig) -> str:
+    rows, bn = cfg.consumer_rows, cfg.tile[1]
+    if cfg.schedule == "pingpong":
+        return (f"pingpong (persistent: the two consumer warpgroups take alternate tiles, {rows}x{bn} each, "
+                f"one's epilogue overlapping the other's math)")
+    if cfg.schedule == "cooperative":
+        return f"cooperative (persistent: two consumer warpgroups split each tile along M, {rows}x{bn} each)"
+    return f"ws (one tile per block: two consumer warpgroups split it along M, {rows}x{bn} each)"
+
+
+def describe_cluster(cluster: tuple[int, int]) -> str:
+    cm, cn = cluster
+    if cm * cn == 1:
+        return f"{cm}x{cn} (no cluster: each block loads its own A and B tiles)"
+    if cm > 1 and cn > 1:
+        return (f"{cm}x{cn} ({cm} blocks along M share each B tile, {cn} along N each A tile: TMA multicasts each "
+                f"operand to the blocks that share it)")
+    count, along, op = (cm, "M", "B") if cm > 1 else (cn, "N", "A")
+    whom = "both" if count == 2 else f"all {count}"
+    return f"{cm}x{cn} ({count} blocks along {along} share each {op} tile: TMA multicasts {op} to {whom})"
+
+
+def describe_raster(cfg: KernelConfig) -> str:
+    """The walk over the tile grid (templates/sm90 Raster; planner_sm90.raster_coords is its Python twin).
+
+    The walk steps over cluster-sized units of tiles: cm x cn tiles of a cm x cn cluster."""
+    group, (cm, cn) = cfg.raster_group, cfg.cluster
+    if cfg.raster == "m":
+        clusters = f"{cm}x{cn} clusters"
+        one, many = ("tile row", "tile rows") if cm == 1 else (f"row of {clusters}", f"rows of {clusters}")
+        if group == 1:
+            return f"m, group 1 (one {one} at a time, along N)"
+        return f"m, group {group} (bands of {group} {many}, each walked down M then along N: Triton's GROUP_M order)"
+    clusters = f"{cm}x{cn} clusters"
+    one, many = ("tile column", "tile columns") if cn == 1 else (f"column of {clusters}", f"columns of {clusters}")
+    if group == 1:
+        return f"n, group 1 (one {one} at a time, down M)"
+    return f"n, group {group} (bands of {group} {many}, each walked along N then down M)"
+
+
+def _describe_sm90(cfg: KernelConfig) -> str:
+    lines = [
+        f"name:         {cfg.name}",
+        "family:       sm90 (TMA, mbarrier pipeline, wgmma m64nNk16, warp-specialized, fp32 accumulate)",
+        *_common_lines(cfg),
+        f"schedule:     {describe_schedule(cfg)}",
+        f"cluster:      {describe_cluster(cfg.cluster)}",
+        f"stages:       {cfg.stages} ({cfg.smem_bytes} bytes of shared memory: {_sm90_smem_parts(cfg)})",
+        f"raster:       {describe_raster(cfg)}",
+        f"threads:      {SM90_THREADS} (1 producer warpgroup + 2 consumer warpgroups)",
+    ]
+    return "\n".join(lines)
+
+
+# -- shared memory --------------------------------------------------------------------------------------
+
+def max_stages_that_fit(tile: tuple[int, int, int], dtype: DType, spec: ArchSpec) -> int:
+    """sm80: the deepest pipeline of ``tile`` that one block's shared memory holds."""
+    bm, bn, bk = tile
+    return spec.smem_per_block // ((bm + bn) * bk * dtype.bytes)
+
+
+def sm90_epilogue_bytes(cfg: KernelConfig) -> int:
+    """Shared memory of the sm90 epilogue (EPILOGUE_BYTES in templates/sm90/gemm_kernel.cuh): D goes out
+    by TMA store through per-consumer staging, two buffers of one 64-row x 128-byte subtile each (whatever
+    the tile and the output dtype; reserved even when a column-major D is stored directly)."""
+    return SM90_CONSUMER_WARPGROUPS * SM90_EPILOGUE_BUFFERS * SM90_EPILOGUE_SUBTILE_BYTES
+
+
+# The name the CUDA side's contract uses for it.
+SM90_EPILOGUE_BYTES = sm90_epilogue_bytes
+
+
+def sm90_smem_bytes(cfg: KernelConfig) -> int:
+    """Dynamic shared memory of an sm90 kernel: the ring of stages, the epilogue, barriers and alignment."""
+    return cfg.stages * cfg.stage_bytes + sm90_epilogue_bytes(cfg) + SM90_RESERVED_SMEM_BYTES
+
+
+def sm90_max_stages_that_fit(cfg: KernelConfig) -> int:
+    """sm90: the deepest pipeline of ``cfg``'s tile (its own stages ignored) that fits, at most MAX_STAGES."""
+    spare = arch_spec(cfg.arch).smem_per_block - sm90_epilogue_bytes(cfg) - SM90_RESERVED_SMEM_BYTES
+    return min(MAX_STAGES, spare // cfg.stage_bytes)
+
+
+def _sm90_smem_parts(cfg: KernelConfig) -> str:
+    parts = [f"{cfg.stages} x {cfg.stage_bytes} operand tiles"]
+    if sm90_epilogue_bytes(cfg):
+        parts.append(f"{sm90_epilogue_bytes(cfg)} epilogue")
+    parts.append(f"{SM90_RESERVED_SMEM_BYTES} barriers and alignment")
+    return " + ".join(parts)
+
+
+# -- legality -------------------------------------------------------------------------------------------
+
+def check_config(cfg: KernelConfig) -> None:
+    """Raise ValueError with the reason and what would work if ``cfg``'s template cannot run it."""
+    if cfg.family == "sm90":
+        check_sm90(cfg)
+    elif cfg.family == "sm80":
+        check_sm80(cfg)
+    else:
+        raise ValueError(f"family={cfg.family!r}: use 'sm80' (cp.async + mma.sync, arch 80 and newer) or 'sm90' "
+                         f"(TMA + wgmma, arch 90)")
+
+
+def sm90_knob_sentence(knob: str, arch: int) -> str:
+    """The refusal of an sm90-only knob on an sm80 plan."""
+    fix = "plan with arch=90" if arch != 90 else "plan with family='sm90' (or family=None)"
+    return f"{knob}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: {fix}"
+
+
+def sm80_knob_sentence(knob: str) -> str:
+    """The refusal of an sm80-only knob on an sm90 plan."""
+    return (f"{knob}= is a knob of the sm80 family (cp.async + mma.sync, arch=80 and newer); this plan is sm90, "
+            f"whose {SM90_THREADS} threads are fixed (1 producer + 2 consumer warpgroups): plan with family='sm80'")
+
+
+def check_sm80(cfg: KernelConfig) -> None:
+    """The sm80 template's rules (cp.async multistage, ldmatrix, mma.sync)."""
+    spec = arch_spec(cfg.arch)
+    for knob, value, default in (("schedule", cfg.schedule, ""), ("cluster_shape", cfg.cluster, (1, 1)),
+                                 ("raster", cfg.raster, "m")):
+        if value != default:
+            raise ValueError(sm90_knob_sentence(knob, cfg.arch))
+    if cfg.warps is None:
+        raise ValueError("the sm80 family needs warps=(WM, WN), e.g. warps=(2, 4) for tile 128x256")
+    bm, bn, bk = cfg.tile
+    if bm not in SM80_BLOCK_M or bn not in SM80_BLOCK_N or bk not in SM80_BLOCK_K:
+        raise ValueError(
+            f"tile {bm}x{bn}x{bk} is not one the {cfg.family} template builds: BM in {SM80_BLOCK_M}, "
+            f"BN in {SM80_BLOCK_N}, BK in {SM80_BLOCK_K} (e.g. 128x128x32 or 128x256x64)")
+    if bm * bn > 128 * 256:
+        raise ValueError(
+            f"tile {bm}x{bn}x{bk} needs more accumulator registers than 8 warps have: the largest tiles are "
+            f"128x256 and 256x128")
+    wm, wn = cfg.warps
+    if wm * wn not in SM80_WARP_COUNTS or bm % wm or bn % wn:
+        raise ValueError(
+            f"warps {wm}x{wn} cannot split tile {bm}x{bn}: use 4 or 8 warps that divide it, "
+            f"e.g. warps=(2, 2) for 128x128 or (2, 4) for 128x256")
+    warp_m, warp_n = cfg.warp_tile
+    if warp_m % MMA_M or warp_n % WARP_N_STEP:
+        raise ValueError(
+            f"warps {wm}x{wn} give a {warp_m}x{warp_n} warp tile for tile {bm}x{bn}; each warp needs a multiple "
+            f"of {MMA_M} rows and {WARP_N_STEP} columns: use fewer warps along the short side")
+    if warp_m * warp_n > MAX_WARP_TILE_ELEMS:
+        raise ValueError(
+            f"warps {wm}x{wn} give a {warp_m}x{warp_n} warp tile for tile {bm}x{bn}, which needs "
+            f"{warp_m * warp_n // 32} accumulator registers per thread; at most 64x64 fits: use more warps "
+            f"(e.g. warps=({bm // 64}, {bn // 64}) if that is 4 or 8) or a smaller tile")
+    chunks_per_operand = min(bm, bn) * bk * cfg.dtype.bytes // CHUNK_BYTES
+    if chunks_per_operand % cfg.threads:
+        raise ValueError(
+            f"tile {bm}x{bn}x{bk} with {cfg.threads} threads: the smaller operand tile has {chunks_per_operand} "
+            f"16-byte chunks, not a multiple of the thread count; use 4 warps or a larger tile")
+    if cfg.stages < MIN_STAGES or cfg.stages > MAX_STAGES:
+        raise ValueError(f"stages={cfg.stages}: the multistage pipeline takes {MIN_STAGES} to {MAX_STAGES} stages")
+    if cfg.smem_bytes > spec.smem_per_block:
+        fit = max_stages_that_fit(cfg.tile, cfg.dtype, spec)
+        smaller = (bm, bn // 2 if bn > 64 else bn, bk) if bn >= bm else (bm // 2, bn, bk)
+        advice = f"use stages<={fit} or " if fit >= MIN_STAGES else "use "
+        raise ValueError(
+            f"stages={cfg.stages} with tile {bm}x{bn}x{bk} {cfg.dtype.value} needs {cfg.smem_bytes} bytes of shared "
+            f"memory; sm{spec.cc} allows {spec.smem_per_block}: {advice}tile {smaller[0]}x{smaller[1]}x{smaller[2]}")
+    _check_raster_group_and_out(cfg)
+
+
+def _check_raster_group_and_out(cfg: KernelConfig) -> None:
+    if cfg.raster_group not in RASTER_GROUPS:
+        raise ValueError(f"raster_group={cfg.raster_group}: use one of {RASTER_GROUPS}")
+    if cfg.out_dtype not in (DType.fp16, DType.bf16, DType.fp32):
+        raise ValueError(f"out_dtype={cfg.out_dtype.value}: use fp16, bf16 or fp32")
+
+
+def check_sm90(cfg: KernelConfig) -> None:
+    """The sm90 template's rules (TMA, mbarriers, wgmma, warp specialization).
+
+    The order matters to the planner: the rules that do not depend on the schedule come first, so that
+    a tile or stage count that no schedule can run is refused with one sentence, not one per schedule.
+    """
+    if cfg.arch != 90:
+        raise ValueError(f"arch={cfg.arch}: the sm90 family uses wgmma and TMA, which exist only on sm_90a: "
+                         f"plan with arch=90, or family='sm80'")
+    if cfg.warps is not None:
+        raise ValueError(sm80_knob_sentence("warps"))
+    bm, bn, bk = cfg.tile
+    all_bm = tuple(sorted({m for ms in SM90_BLOCK_M.values() for m in ms}))
+    if bk != SM90_BLOCK_K:
+        raise ValueError(f"tile {bm}x{bn}x{bk}: the sm90 family needs BK={SM90_BLOCK_K} (one 128-byte swizzle row "
+                         f"of 16-bit elements): use tile {bm}x{bn}x{SM90_BLOCK_K}")
+    if bm not in all_bm or bn not in SM90_BLOCK_N:
+        raise ValueError(f"tile {bm}x{bn}x{bk} is not one the sm90 template builds: BM in {all_bm} (64 with "
+                         f"schedule 'pingpong' only, 256 with 'cooperative' or 'ws' only), BN in {SM90_BLOCK_N}, "
+                         f"BK = {SM90_BLOCK_K} (e.g. 128x256x64 or 128x128x64)")
+    if bm * bn > 2 * SM90_MAX_ACCUMULATORS * SM90_WARPGROUP_THREADS:
+        raise ValueError(f"tile {bm}x{bn}x{bk} needs more accumulator registers than two consumer warpgroups have "
+                         f"({bm * bn // (2 * SM90_WARPGROUP_THREADS)} per thread, at most "
+                         f"{SM90_MAX_ACCUMULATORS}): the largest sm90 tiles are 128x320, 128x256 and 256x128")
+    _check_sm90_stages(cfg)
+    _check_sm90_schedule(cfg)
+    if cfg.cluster not in SM90_CLUSTERS:
+        cm, cn = cfg.cluster
+        raise ValueError(f"cluster {cm}x{cn} is not one the sm90 template launches: use (1, 1), (2, 1) (two blocks "
+                         f"along M share B), (1, 2) (two blocks along N share A), (2, 2), (4, 1) or (1, 4)")
+    _check_sm90_tma_box(cfg)
+    if cfg.raster not in RASTERS:
+        raise ValueError(f"raster={cfg.raster!r}: use 'm' (tiles run down M through raster_group tile rows, then "
+                         f"along N) or 'n' (along N through raster_group tile columns, then down M)")
+    _check_raster_group_and_out(cfg)
+
+
+def _check_sm90_tma_box(cfg: KernelConfig) -> None:
+    """A TMA box spans at most 256 rows. A K-major B tile of BN rows is loaded in CM slices (one per CTA
+    of a cluster column, multicast to the others), so BN = 320 needs CM >= 2; M/N-major B tiles load
+    64-row chunks and never hit the limit."""
+    bm, bn, bk = cfg.tile
+    cm, cn = cfg.cluster
+    if cfg.layout.b_k_major and bn // cm > SM90_MAX_BOX_ROWS:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with cluster {cm}x{cn}: a K-major B tile is loaded in {cm} slice(s) "
+                         f"of {bn // cm} rows, and a TMA box holds at most {SM90_MAX_BOX_ROWS}: use cluster "
+                         f"(2, 1) (two blocks each load half of B) or a tile with BN <= {SM90_MAX_BOX_ROWS}")
+
+
+def _check_sm90_stages(cfg: KernelConfig) -> None:
+    if cfg.stages < MIN_STAGES or cfg.stages > MAX_STAGES:
+        raise ValueError(f"stages={cfg.stages}: the TMA pipeline takes {MIN_STAGES} to {MAX_STAGES} stages")
+    spec = arch_spec(cfg.arch)
+    need = sm90_smem_bytes(cfg)
+    if need > spec.smem_per_block:
+        bm, bn, bk = cfg.tile
+        fit = sm90_max_stages_that_fit(cfg)
+        smaller = (bm, {256: 128, 192: 128}.get(bn, 64), bk) if bn >= bm else (bm // 2, bn, bk)
+        advice = f"use stages<={fit} or " if fit >= MIN_STAGES else "use "
+        raise ValueError(
+            f"stages={cfg.stages} with tile {bm}x{bn}x{bk} {cfg.dtype.value} needs {need} bytes of shared memory "
+            f"({_sm90_smem_parts(cfg)}); sm{spec.cc} allows {spec.smem_per_block}: "
+            f"{advice}tile {smaller[0]}x{smaller[1]}x{smaller[2]}")
+
+
+def _check_sm90_schedule(cfg: KernelConfig) -> None:
+    if cfg.schedule not in SM90_SCHEDULES:
+        raise ValueError(f"schedule={cfg.schedule!r} is not an sm90 schedule: use 'ws' (one tile per block), "
+                         f"'cooperative' (persistent, two warpgroups per tile) or 'pingpong' (persistent, "
+                         f"warpgroups on alternate tiles)")
+    bm, bn, bk = cfg.tile
+    if bn == SM90_WIDE_BN and cfg.schedule != "cooperative":
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BN={SM90_WIDE_BN} (two wgmmas per k "
+                         f"step) is built and tested for schedule='cooperative' only: use it, or BN <= 256")
+    allowed = SM90_BLOCK_M[cfg.schedule]
+    if bm not in allowed:
+        if cfg.schedule == "pingpong":
+            why = "one consumer warpgroup holds the whole tile"
+            fix = f"use schedule='cooperative' for BM={bm}, or tile 128x{bn}x{bk}"
+        else:
+            why = "its two consumer warpgroups split the tile along M into whole 64-row wgmma blocks"
+            fix = f"use schedule='pingpong' for BM={bm}, or tile 128x{bn}x{bk}"
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BM must be one of {allowed} "
+                         f"({why}): {fix}")
+    if cfg.accumulators_per_thread > SM90_MAX_ACCUMULATORS:
+        rows = cfg.consumer_rows
+        if cfg.schedule == "pingpong":
+            fix = f"use schedule='cooperative' (two warpgroups split it) or tile {bm // 2}x{bn}x{bk}"
+            if bn > 128:
+                fix += f" or {bm}x128x{bk}"
+        else:
+            fix = f"use tile {bm}x{bn // 2}x{bk} or {bm // 2}x{bn}x{bk}"
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}' needs {cfg.accumulators_per_thread} "
+                         f"fp32 accumulators per consumer thread (a warpgroup holds {rows}x{bn}); at most "
+                         f"{SM90_MAX_ACCUMULATORS} fit in registers: {fix}")
