@@ -1,0 +1,842 @@
+"""The fused epilogue: what a GEMM does to its fp32 accumulator before D is stored.
+
+Users describe it with knobs (``from_knobs``) or with a Python function that ``trace`` runs on symbolic
+stand-ins; both give one frozen, hashable ``Epilogue``: the extra operands (in the op's positional order)
+and an expression DAG over the accumulator, those operands and constants. The user-facing documentation
+is in ``generator/epilogue.py``; this module holds the machinery. No torch, and nothing of this package
+but ``spec.types``.
+
+Note: the module defines ``max``, ``min`` and ``abs`` (the epilogue functions), which shadow the builtins
+for the code below; where a builtin is meant it is spelled ``builtins.max`` etc.
+"""
+from __future__ import annotations
+
+import builtins
+import dis
+import hashlib
+import inspect
+import math
+import numbers
+import os
+import types
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator
+
+from .types import OUTPUT_DTYPES, DType, Order, parse_dtype, parse_order
+
+__all__ = [
+    "ACC", "ACTIVATIONS", "IDENTITY", "KINDS", "OPS", "RESERVED_NAMES", "Col", "Epilogue", "EpilogueError",
+    "Expr", "Matrix", "Operand", "OperandKind", "Row", "Scalar", "Value", "abs", "clamp", "from_knobs", "gelu",
+    "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu", "tanh", "trace",
+]
+
+
+class EpilogueError(ValueError):
+    """An epilogue that cannot be described or generated; the message says why and how to fix it."""
+
+
+class _Refusal(EpilogueError):
+    """Raised while a traced function runs; ``trace`` prefixes the function's name and line."""
+
+
+# -- operands ---------------------------------------------------------------------------------------
+
+KINDS = ("scalar", "row", "col", "matrix")
+_KIND_TITLE = {"scalar": "Scalar", "row": "Row", "col": "Col", "matrix": "Matrix"}
+
+#: Names an operand may not take: the op's own arguments (A, B, out) and the names the description
+#: itself prints for the accumulator and the two outputs (acc, D, aux).
+RESERVED_NAMES = ("A", "B", "out", "acc", "D", "aux")
+
+
+def _check_name(name: object) -> str:
+    # Operand names become C++ identifiers, kernel-name tokens and keyword names of the op: plain ASCII.
+    if not isinstance(name, str) or not name.isascii() or not name.isidentifier():
+        raise EpilogueError(f"operand name {name!r} is not an ASCII identifier")
+    if name in RESERVED_NAMES:
+        what = "the op's own argument" if name in ("A", "B", "out") else "a name the epilogue itself uses"
+        raise EpilogueError(f"operand name {name!r} is {what} (reserved: {', '.join(RESERVED_NAMES)}); rename it")
+    return name
+
+
+def _order(value: object, what: str) -> Order:
+    try:
+        return parse_order(value, what=what)
+    except ValueError as err:
+        raise EpilogueError(str(err)) from None
+
+
+def _operand_dtype(value: object, name: str) -> DType | None:
+    if value is None:
+        return None
+    try:
+        return parse_dtype(value, what=f"dtype of {name}", allowed=OUTPUT_DTYPES)
+    except ValueError as err:
+        raise EpilogueError(str(err)) from None
+
+
+@dataclass(frozen=True)
+class Operand:
+    """One extra input of the epilogue. ``dtype`` None means "the GEMM's output dtype" (see Epilogue.resolved);
+    scalars are always fp32 and have no order; a matrix's order defaults to row-major."""
+
+    name: str
+    kind: str  # one of KINDS
+    dtype: DType | None = None
+    order: Order | None = None
+
+    def __post_init__(self) -> None:
+        _check_name(self.name)
+        if self.kind not in KINDS:
+            raise EpilogueError(f"operand kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        dtype, order = _operand_dtype(self.dtype, self.name), self.order
+        if self.kind == "scalar" and dtype not in (None, DType.fp32):
+            raise EpilogueError(f"scalar operand {self.name!r} is fp32; it cannot be {dtype.value}")
+        if self.kind == "scalar":
+            dtype = DType.fp32
+        if self.kind == "matrix":
+            order = _order(order if order is not None else "row", f"order of {self.name}")
+        elif order is not None:
+            raise EpilogueError(f"operand {self.name!r} is a {self.kind}: only a matrix has a storage order")
+        object.__setattr__(self, "dtype", dtype)
+        object.__setattr__(self, "order", order)
+
+    @property
+    def shape(self) -> str:
+        return {"scalar": "()", "row": "(M,)", "col": "(N,)", "matrix": "(M, N)"}[self.kind]
+
+    def describe(self) -> str:
+        """One line for a plan, e.g. ``bias: per-column vector (N,), bf16``."""
+        dtype = self.dtype.value if self.dtype is not None else "output dtype"
+        if self.kind == "scalar":
+            return f"{self.name}: runtime scalar (fp32)"
+        if self.kind == "matrix":
+            major = "row-major" if self.order is Order.row else "column-major"
+            return f"{self.name}: matrix (M, N), {major}, {dtype}"
+        vector = "per-row vector (M,)" if self.kind == "row" else "per-column vector (N,)"
+        return f"{self.name}: {vector}, {dtype}"
+
+
+@dataclass(frozen=True)
+class OperandKind:
+    """The annotation objects ``Scalar``, ``Row``, ``Col``, ``Matrix``; call one for options:
+    ``Matrix(dtype="fp32", order="col")``, ``Col(dtype="bf16")``."""
+
+    kind: str
+    dtype: DType | None = None
+    order: Order | None = None
+
+    def __call__(self, *, dtype: object = None, order: object = None) -> OperandKind:
+        title = f"ep.{_KIND_TITLE[self.kind]}"
+        if self.kind == "scalar" and (dtype is not None or order is not None):
+            raise EpilogueError(f"{title} takes no options: runtime scalars are fp32")
+        if order is not None and self.kind != "matrix":
+            raise EpilogueError(f"{title} has no order: only ep.Matrix takes order='row' or 'col'")
+        new_order = _order(order, f"{title} order") if order is not None else self.order
+        new_dtype = _operand_dtype(dtype, title) if dtype is not None else self.dtype
+        return OperandKind(self.kind, new_dtype, new_order)
+
+    def operand(self, name: str) -> Operand:
+        return Operand(name, self.kind, self.dtype, self.order)
+
+    def __repr__(self) -> str:
+        options = [f"dtype={self.dtype.value!r}"] if self.dtype is not None else []
+        if self.order is not None and self.order is not Order.row:
+            options.append(f"order={self.order.value!r}")
+        return f"ep.{_KIND_TITLE[self.kind]}" + (f"({', '.join(options)})" if options else "")
+
+
+Scalar = OperandKind("scalar")
+Row = OperandKind("row")
+Col = OperandKind("col")
+Matrix = OperandKind("matrix", order=Order.row)
+
+# -- the expression DAG -----------------------------------------------------------------------------
+
+_UNARY = ("neg", "abs", "relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+_BINARY = ("add", "sub", "mul", "div", "max", "min")
+#: op -> number of args. leaky_relu is (x, const slope); clamp (x, lo, hi); clamp_min (x, lo); clamp_max (x, hi).
+_ARITY = {"acc": 0, "operand": 0, "const": 0, **{op: 1 for op in _UNARY}, **{op: 2 for op in _BINARY},
+          "leaky_relu": 2, "clamp": 3, "clamp_min": 2, "clamp_max": 2}
+OPS = tuple(_ARITY)
+_LEAVES = ("acc", "operand", "const")
+
+# Larger expressions are refused: the canonical text expands shared nodes, and hashing recurses.
+_MAX_TREE_NODES = 256
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A node of the epilogue expression. Leaves: ``acc``, ``operand`` (``name``), ``const`` (``value``).
+    Equality is structural, so equal subexpressions are one node of the DAG."""
+
+    op: str
+    args: tuple[Expr, ...] = ()
+    value: float | None = None
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.op not in _ARITY:
+            raise EpilogueError(f"unknown epilogue op {self.op!r}; known: {', '.join(OPS)}")
+        args = tuple(self.args)
+        if len(args) != _ARITY[self.op] or not all(isinstance(a, Expr) for a in args):
+            raise EpilogueError(f"op {self.op!r} takes {_ARITY[self.op]} expression argument(s), got {args!r}")
+        object.__setattr__(self, "args", args)
+        if (self.op == "const") != (self.value is not None) or (self.op == "operand") != (self.name is not None):
+            raise EpilogueError(f"{self.op!r} node: only 'const' has a value and only 'operand' a name")
+        if self.value is not None:
+            # + 0.0 folds -0.0 into 0.0, so that equal values also print (and hash into digests) alike.
+            object.__setattr__(self, "value", _finite(self.value) + 0.0)
+        if self.op == "leaky_relu" and args[1].op != "const":
+            raise EpilogueError("leaky_relu's slope must be a constant")
+
+    @property
+    def is_leaf(self) -> bool:
+        return self.op in _LEAVES
+
+
+ACC = Expr("acc")
+
+
+def _finite(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise _Refusal(f"{value!r} is not a number constant (bool constants are not supported either)")
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise _Refusal(f"constant {value!r} is not finite; use ep.clamp with one side left out instead of inf")
+    return number
+
+
+def _walk(*roots: Expr | None) -> Iterator[Expr]:
+    """Every distinct node object below the roots, children before parents, without recursion."""
+    done: set[int] = set()
+    for root in roots:
+        stack = [root] if root is not None else []
+        while stack:
+            node = stack[-1]
+            if id(node) in done:
+                stack.pop()
+                continue
+            pending = [a for a in node.args if id(a) not in done]
+            if pending:
+                stack.extend(reversed(pending))
+                continue
+            stack.pop()
+            done.add(id(node))
+            yield node
+
+
+def _tree_nodes(root: Expr) -> int:
+    """The node count with shared nodes counted at each use (the size of the canonical text)."""
+    size: dict[int, int] = {}
+    for node in _walk(root):
+        size[id(node)] = 1 + sum(size[id(a)] for a in node.args)
+    return size[id(root)]
+
+
+def _uses(root: Expr) -> tuple[bool, set[str]]:
+    """(does the expression read the accumulator, the operand names it reads)."""
+    nodes = list(_walk(root))
+    return any(n.op == "acc" for n in nodes), {n.name for n in nodes if n.op == "operand"}
+
+
+# -- rendering of expressions -----------------------------------------------------------------------
+
+def _sexpr(e: Expr) -> str:
+    """Canonical S-expression: ``(add (mul alpha acc) bias)``; constants by repr(float), operands by name."""
+    if e.op == "acc":
+        return "acc"
+    if e.op == "operand":
+        return e.name
+    if e.op == "const":
+        return repr(e.value)
+    return "(" + " ".join([e.op, *(_sexpr(a) for a in e.args)]) + ")"
+
+
+_PREC_ADD, _PREC_MUL, _PREC_UNARY, _PREC_ATOM = 1, 2, 3, 4
+_INFIX = {"add": ("+", _PREC_ADD), "sub": ("-", _PREC_ADD), "mul": ("*", _PREC_MUL), "div": ("/", _PREC_MUL)}
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() and builtins.abs(value) < 1e16 else repr(value)
+
+
+def _infix(e: Expr) -> tuple[str, int]:
+    """(text, precedence). Left-associative: a same-precedence right operand keeps its parentheses."""
+    if e.op == "acc":
+        return "acc", _PREC_ATOM
+    if e.op == "operand":
+        return e.name, _PREC_ATOM
+    if e.op == "const":
+        return _number(e.value), (_PREC_UNARY if e.value < 0 else _PREC_ATOM)
+    if e.op in _INFIX:
+        symbol, prec = _INFIX[e.op]
+        return f"{_wrap(e.args[0], prec)} {symbol} {_wrap(e.args[1], prec + 1)}", prec
+    if e.op == "neg":
+        return "-" + _wrap(e.args[0], _PREC_ATOM), _PREC_UNARY
+    if e.op in ("clamp_min", "clamp_max"):
+        side = "lo" if e.op == "clamp_min" else "hi"
+        return f"clamp({_infix(e.args[0])[0]}, {side}={_infix(e.args[1])[0]})", _PREC_ATOM
+    return f"{e.op}({', '.join(_infix(a)[0] for a in e.args)})", _PREC_ATOM
+
+
+def _wrap(e: Expr, min_prec: int) -> str:
+    text, prec = _infix(e)
+    return text if prec >= min_prec else f"({text})"
+
+
+# -- tracing: symbolic values and the functions on them ---------------------------------------------
+
+_FUNCTIONS = ("relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "clamp", "max", "min", "abs")
+_SUPPORTED = ("the supported functions are " + ", ".join(f"ep.{f}" for f in _FUNCTIONS)
+              + "; the operators + - * /, unary -, abs() and x ** 2")
+_NO_LOGIC = ("comparisons, if/and/or/not and the builtins max()/min() cannot be traced (a traced value has no "
+             "truth value): use ep.max, ep.min, ep.clamp or ep.relu")
+
+
+class Value:
+    """A symbolic stand-in for a tile of values during ``trace``: operators build ``Expr`` nodes."""
+
+    __slots__ = ("expr",)
+    __array_ufunc__ = None  # numpy scalars then defer to our reflected operators; numpy functions refuse
+
+    def __init__(self, expr: Expr) -> None:
+        self.expr = expr
+
+    def __repr__(self) -> str:
+        return f"<traced epilogue value {_infix(self.expr)[0]}>"
+
+    def __add__(self, other: object) -> Value:
+        return _binary("add", self, other)
+
+    def __radd__(self, other: object) -> Value:
+        return _binary("add", other, self)
+
+    def __sub__(self, other: object) -> Value:
+        return _binary("sub", self, other)
+
+    def __rsub__(self, other: object) -> Value:
+        return _binary("sub", other, self)
+
+    def __mul__(self, other: object) -> Value:
+        return _binary("mul", self, other)
+
+    def __rmul__(self, other: object) -> Value:
+        return _binary("mul", other, self)
+
+    def __truediv__(self, other: object) -> Value:
+        return _binary("div", self, other)
+
+    def __rtruediv__(self, other: object) -> Value:
+        return _binary("div", other, self)
+
+    def __neg__(self) -> Value:
+        return Value(Expr("neg", (self.expr,)))
+
+    def __pos__(self) -> Value:
+        return self
+
+    def __abs__(self) -> Value:
+        return Value(Expr("abs", (self.expr,)))
+
+    def __pow__(self, power: object) -> Value:
+        if not isinstance(power, numbers.Real) or isinstance(power, bool) or power != 2:
+            raise _Refusal(f"x ** {power!r} is not supported: only x ** 2 (traced as x * x); write other "
+                           "powers as products")
+        return Value(Expr("mul", (self.expr, self.expr)))
+
+    def __rpow__(self, base: object) -> Value:
+        raise _Refusal("a traced value cannot be an exponent")
+
+    def _no_logic(self, *_: object) -> Any:
+        raise _Refusal(_NO_LOGIC)
+
+    __lt__ = __le__ = __gt__ = __ge__ = __eq__ = __ne__ = __bool__ = _no_logic
+    __hash__ = None  # type: ignore[assignment]  # == is refused, so values are not hashable either
+
+    def _no_number(self, *_: object) -> Any:
+        raise _Refusal("math.exp/torch.exp, float(), int(), round() and other library functions cannot take a "
+                       f"traced value; {_SUPPORTED}")
+
+    __float__ = __int__ = __index__ = __complex__ = __round__ = __trunc__ = __floor__ = __ceil__ = _no_number
+
+    @classmethod
+    def __torch_function__(cls, func: Any, kinds: Any, args: Any = (), kwargs: Any = None) -> Any:
+        # torch looks this up on every non-tensor argument, so torch.exp(acc) lands here with a clear message.
+        name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+        name = name.replace("_VariableFunctionsClass.", "").replace("TensorBase.", "Tensor.")
+        module = getattr(func, "__module__", None) or "torch"
+        module = "torch" if module.startswith("torch._") else module
+        raise _Refusal(f"{module}.{name} cannot take a traced value; {_SUPPORTED}")
+
+
+def _as_expr(x: object, where: str) -> Expr:
+    if isinstance(x, Value):
+        return x.expr
+    if isinstance(x, bool):
+        raise _Refusal(f"{where}: bool constants are not supported (a traced value has no truth value)")
+    if isinstance(x, numbers.Real):
+        return Expr("const", value=_finite(x))
+    raise _Refusal(f"{where} takes a traced value or a number, not {type(x).__name__}")
+
+
+def _binary(op: str, a: object, b: object) -> Value:
+    # Anything but a Value or a plain number: NotImplemented lets Python try the other side, then TypeError.
+    if not all(isinstance(x, (Value, numbers.Real)) for x in (a, b)):
+        return NotImplemented
+    left, right = _as_expr(a, op), _as_expr(b, op)
+    if op == "div" and right.op == "const" and right.value == 0:
+        raise _Refusal("division by the constant 0")
+    return Value(Expr(op, (left, right)))
+
+
+def _apply(op: str, *args: object) -> Value:
+    return Value(Expr(op, tuple(_as_expr(a, f"ep.{op}") for a in args)))
+
+
+def relu(x: Value) -> Value:
+    """max(x, 0)."""
+    return _apply("relu", x)
+
+
+def leaky_relu(x: Value, slope: float = 0.01) -> Value:
+    """x if x > 0 else slope * x; the slope is a constant."""
+    if isinstance(slope, Value):
+        raise _Refusal("ep.leaky_relu's slope must be a number, not a traced value")
+    return _apply("leaky_relu", x, slope)
+
+
+def gelu(x: Value) -> Value:
+    """x * Phi(x), the exact (erf) form, as torch.nn.functional.gelu(x)."""
+    return _apply("gelu", x)
+
+
+def gelu_tanh(x: Value) -> Value:
+    """The tanh approximation of gelu, as torch.nn.functional.gelu(x, approximate="tanh")."""
+    return _apply("gelu_tanh", x)
+
+
+def silu(x: Value) -> Value:
+    """x * sigmoid(x) (swish)."""
+    return _apply("silu", x)
+
+
+def sigmoid(x: Value) -> Value:
+    return _apply("sigmoid", x)
+
+
+def tanh(x: Value) -> Value:
+    return _apply("tanh", x)
+
+
+def clamp(x: Value, lo: Value | float | None = None, hi: Value | float | None = None) -> Value:
+    """Clamp into [lo, hi]; a side given as None is left out (op clamp_min / clamp_max)."""
+    if lo is None and hi is None:
+        raise _Refusal("ep.clamp needs lo, hi or both")
+    if lo is None:
+        return _apply("clamp_max", x, hi)
+    if hi is None:
+        return _apply("clamp_min", x, lo)
+    if all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (lo, hi)) and lo > hi:
+        raise _Refusal(f"ep.clamp(x, {lo!r}, {hi!r}): lo is above hi")
+    return _apply("clamp", x, lo, hi)
+
+
+def max(a: Value | float, b: Value | float) -> Value:  # noqa: A001  (ep.max is the point)
+    """The larger of a and b, elementwise."""
+    return _apply("max", a, b)
+
+
+def min(a: Value | float, b: Value | float) -> Value:  # noqa: A001
+    """The smaller of a and b, elementwise."""
+    return _apply("min", a, b)
+
+
+def abs(x: Value | float) -> Value:  # noqa: A001
+    return _apply("abs", x)
+
+
+# -- the description --------------------------------------------------------------------------------
+
+# Token of each function op in kernel names; arithmetic is left out (the operands say most of it).
+_TAG_TOKENS = {"relu": "relu", "leaky_relu": "lrelu", "gelu": "gelu", "gelu_tanh": "gelutanh", "silu": "silu",
+               "sigmoid": "sigmoid", "tanh": "tanh", "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp",
+               "max": "max", "min": "min", "abs": "abs"}
+_TAG_MAX = 40
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """D = result(acc, operands), and optionally a second M x N output ``aux`` (same dtype and order as D).
+
+    ``operands`` are in the op's positional order (after A and B). Equal descriptions are equal and hash
+    alike however they were written (knobs or function)."""
+
+    operands: tuple[Operand, ...]
+    result: Expr
+    aux: Expr | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "operands", tuple(self.operands))
+        for problem in _problems(self):
+            raise EpilogueError(problem)
+
+    # -- queries ------------------------------------------------------------------------------------
+
+    @property
+    def is_identity(self) -> bool:
+        return self == IDENTITY
+
+    def operand(self, name: str) -> Operand:
+        for op in self.operands:
+            if op.name == name:
+                return op
+        raise KeyError(f"no operand {name!r}; operands: {', '.join(o.name for o in self.operands) or 'none'}")
+
+    def operands_of_kind(self, kind: str) -> tuple[Operand, ...]:
+        if kind not in KINDS:
+            raise ValueError(f"kind {kind!r} is not one of {', '.join(KINDS)}")
+        return tuple(op for op in self.operands if op.kind == kind)
+
+    def nodes(self) -> tuple[Expr, ...]:
+        """Distinct non-leaf nodes of D then aux, children first (each once even if shared): one C++
+        temporary each, in this order."""
+        seen: dict[Expr, None] = {}
+        for node in _walk(self.result, self.aux):
+            if not node.is_leaf:
+                seen.setdefault(node)
+        return tuple(seen)
+
+    def resolved(self, out_dtype: DType | str) -> Epilogue:
+        """Operands whose dtype is None ("like the output") get ``out_dtype``."""
+        dtype = parse_dtype(out_dtype, what="out_dtype", allowed=OUTPUT_DTYPES)
+        return replace(self, operands=tuple(op if op.dtype is not None else replace(op, dtype=dtype)
+                                            for op in self.operands))
+
+    # -- names and text -----------------------------------------------------------------------------
+
+    @property
+    def canonical(self) -> str:
+        """Deterministic serialization (no hash seed, no ids):
+        ``(epilogue (operands (bias col out -) ...) (D <sexpr>) (aux <sexpr>|none))``."""
+        ops = " ".join(f"({o.name} {o.kind} {o.dtype.value if o.dtype else 'out'} "
+                       f"{o.order.value if o.order else '-'})" for o in self.operands)
+        aux = _sexpr(self.aux) if self.aux is not None else "none"
+        return f"(epilogue (operands{' ' + ops if ops else ''}) (D {_sexpr(self.result)}) (aux {aux}))"
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.canonical.encode()).hexdigest()[:8]
+
+    @property
+    def tag(self) -> str:
+        """Readable kernel-name token: functions used, then operands (kind letter + name), then 'aux'."""
+        if self.is_identity:
+            return "identity"
+        tokens = list(dict.fromkeys(_TAG_TOKENS[n.op] for n in self.nodes() if n.op in _TAG_TOKENS))
+        tokens += [o.kind[0] + o.name for o in self.operands]
+        tokens += ["aux"] if self.aux is not None else []
+        return ("_".join(tokens) or "expr")[:_TAG_MAX].rstrip("_")
+
+    @property
+    def name_suffix(self) -> str:
+        return "" if self.is_identity else f"_ep_{self.tag}_{self.digest}"
+
+    @property
+    def text(self) -> str:
+        """Readable infix formula, e.g. ``silu(alpha * acc + bias) + beta * C``."""
+        d = _infix(self.result)[0]
+        return d if self.aux is None else f"D = {d}, aux = {_infix(self.aux)[0]}"
+
+    def describe(self) -> list[str]:
+        lines = [f"D = {_infix(self.result)[0]}"]
+        if self.aux is not None:
+            lines.append(f"aux = {_infix(self.aux)[0]}  (second output, M x N, dtype and order of D)")
+        return lines + [op.describe() for op in self.operands]
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _problems(ep: Epilogue) -> Iterator[str]:
+    """What makes a description unusable (checked on every construction, whoever builds it)."""
+    if not all(isinstance(op, Operand) for op in ep.operands):
+        yield "operands must be Operand objects"
+        return
+    names = [op.name for op in ep.operands]
+    if len(set(names)) != len(names):
+        yield f"operand names repeat: {', '.join(names)}"
+    for label, root in (("D", ep.result), ("aux", ep.aux)):
+        if root is None:
+            continue
+        if not isinstance(root, Expr):
+            yield f"{label} must be an Expr, not {type(root).__name__}"
+            return
+        if _tree_nodes(root) > _MAX_TREE_NODES:
+            yield (f"the expression of {label} is too large ({_tree_nodes(root)} nodes counting repeats; "
+                   f"at most {_MAX_TREE_NODES})")
+            return
+        reads_acc, used = _uses(root)
+        if not reads_acc:
+            yield f"{label} does not use the accumulator: it would not depend on A @ B"
+        if used - set(names):
+            yield f"{label} reads undeclared operand(s) {', '.join(sorted(used - set(names)))}"
+    if ep.aux is not None and ep.aux == ep.result:
+        yield "aux is the same expression as D: return D alone"
+    used = _uses(ep.result)[1] | (_uses(ep.aux)[1] if ep.aux is not None else set())
+    for name in names:
+        if name not in used:
+            yield f"operand {name!r} is not used: remove it, or the op would require it for nothing"
+
+
+IDENTITY = Epilogue((), ACC)
+
+# -- trace ------------------------------------------------------------------------------------------
+
+
+def _code(fn: Callable[..., Any]) -> types.CodeType | None:
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _where(fn: Callable[..., Any], line: int | None) -> str:
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    code = _code(fn)
+    if code is None:
+        return f"epilogue {name}()"
+    return f"epilogue {name}() line {line or code.co_firstlineno} ({os.path.basename(code.co_filename)})"
+
+
+def _return_line(fn: Callable[..., Any]) -> int | None:
+    """The line of the function's return statement when it has exactly one, else its first line."""
+    code = _code(fn)
+    if code is None:
+        return None
+    lines = {ins.positions.lineno for ins in dis.get_instructions(code)
+             if ins.opname in ("RETURN_VALUE", "RETURN_CONST") and ins.positions and ins.positions.lineno}
+    return lines.pop() if len(lines) == 1 else code.co_firstlineno
+
+
+def _fail_line(fn: Callable[..., Any], err: BaseException) -> int | None:
+    """The innermost traceback line that runs in fn itself (a helper's failure points at its call in fn)."""
+    code, line, tb = _code(fn), None, err.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            line = tb.tb_lineno
+        tb = tb.tb_next
+    return line
+
+
+def _explain(err: Exception) -> str:
+    if isinstance(err, EpilogueError):
+        return str(err)
+    if isinstance(err, AttributeError) and isinstance(getattr(err, "obj", None), Value):
+        return f"a traced value has no attribute {err.name!r} (it is not a tensor); {_SUPPORTED}"
+    if isinstance(err, TypeError):
+        return f"{err} (math.exp/torch.exp and other library functions cannot take a traced value; {_SUPPORTED})"
+    return f"raised {type(err).__name__}: {err}"
+
+
+def _annotation(fn: Callable[..., Any], param: inspect.Parameter) -> object:
+    """The parameter's annotation, a string one (``from __future__ import annotations``) evaluated where
+    fn was defined: its module globals and the closure variables it captured."""
+    raw = param.annotation
+    if not isinstance(raw, str):
+        return raw
+    target = inspect.unwrap(fn)
+    closure = getattr(target, "__closure__", None) or ()
+    freevars = getattr(getattr(target, "__code__", None), "co_freevars", ())
+    scope = {}
+    for name, cell in zip(freevars, closure):
+        try:
+            scope[name] = cell.cell_contents
+        except ValueError:  # an empty cell
+            pass
+    value: object = raw
+    for _ in range(2):  # twice: a quoted annotation under the __future__ import is a string of a string
+        if isinstance(value, str):
+            value = eval(value, getattr(target, "__globals__", {}), scope)  # noqa: S307  (annotations are code)
+    return value
+
+
+def _operands_from_signature(fn: Callable[..., Any]) -> tuple[Operand, ...]:
+    where = _where(fn, None)
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as err:
+        raise EpilogueError(f"{where}: cannot read the signature ({err})") from None
+    if not params:
+        raise EpilogueError(f"{where}: the function needs a first parameter, the accumulator")
+    for p in params:
+        problem = _parameter_problem(p)
+        if problem:
+            raise EpilogueError(f"{where}: {problem}")
+    try:
+        first_kind = _annotation(fn, params[0])
+    except Exception:  # the accumulator's annotation (e.g. "Tensor") is not ours to judge
+        first_kind = None
+    if isinstance(first_kind, OperandKind):
+        raise EpilogueError(f"{where}: the first parameter {params[0].name!r} is the accumulator (the fp32 "
+                            "A @ B tile) and takes no operand annotation; put the operands after it")
+    return tuple(_operand_of(fn, p, where) for p in params[1:])
+
+
+def _parameter_problem(p: inspect.Parameter) -> str | None:
+    if p.kind is p.VAR_POSITIONAL:
+        return f"*{p.name} is not supported: name each operand as its own annotated parameter"
+    if p.kind is p.VAR_KEYWORD:
+        return f"**{p.name} is not supported: name each operand as its own annotated parameter"
+    if p.kind is p.KEYWORD_ONLY:
+        return f"keyword-only parameter {p.name!r} is not supported: operands are positional (drop the *)"
+    if p.default is not p.empty:
+        return f"parameter {p.name!r} has a default value: every operand is required, remove the default"
+    if p.name in ("A", "B", "out"):
+        return (f"parameter {p.name!r} clashes with the op's own argument {p.name} (the op is called "
+                f"op(A, B, <operands>..., out=...)): rename it")
+    return None
+
+
+def _operand_of(fn: Callable[..., Any], p: inspect.Parameter, where: str) -> Operand:
+    kinds = "ep.Scalar, ep.Row, ep.Col or ep.Matrix"
+    if p.annotation is p.empty:
+        raise EpilogueError(f"{where}: parameter {p.name!r} has no annotation: annotate it with {kinds}")
+    try:
+        kind = _annotation(fn, p)
+    except Exception as err:
+        raise EpilogueError(f"{where}: the annotation {p.annotation!r} of parameter {p.name!r} cannot be "
+                            f"resolved ({type(err).__name__}: {err}); import ep at module level") from None
+    if not isinstance(kind, OperandKind):
+        raise EpilogueError(f"{where}: parameter {p.name!r} is annotated {kind!r}, which is not an operand "
+                            f"kind: use {kinds}")
+    try:
+        return kind.operand(p.name)
+    except EpilogueError as err:
+        raise EpilogueError(f"{where}: parameter {p.name!r}: {err}") from None
+
+
+def _split_result(out: object) -> tuple[Expr, Expr | None]:
+    aux: object = None
+    if isinstance(out, (tuple, list)):
+        if len(out) != 2:
+            raise EpilogueError(f"returned {len(out)} values: return D, or (D, aux)")
+        out, aux = out
+    if not isinstance(out, Value):
+        raise EpilogueError(f"returned {type(out).__name__} for D, not a traced value computed from the "
+                            "accumulator: return D, or (D, aux)")
+    if aux is not None and not isinstance(aux, Value):
+        raise EpilogueError(f"returned {type(aux).__name__} for aux, not a traced value: return D, or (D, aux)")
+    return out.expr, aux.expr if aux is not None else None
+
+
+def _check_result(result: Expr, aux: Expr | None, acc_name: str) -> None:
+    for label, root in (("D", result), ("aux", aux)):
+        if root is not None and _tree_nodes(root) > _MAX_TREE_NODES:
+            raise EpilogueError(f"the expression of {label} is too large (at most {_MAX_TREE_NODES} nodes)")
+        if root is not None and not _uses(root)[0]:
+            what = "the result" if label == "D" else "aux (the second output)"
+            raise EpilogueError(f"{what} does not use the accumulator {acc_name!r} (the first parameter): "
+                                "it would not depend on A @ B")
+
+
+def trace(fn: Callable[..., Any]) -> Epilogue:
+    """Run ``fn(acc, *operands)`` on symbolic values and return its description (see generator/epilogue.py)."""
+    if not callable(fn):
+        raise EpilogueError(f"ep.trace needs a function, not {type(fn).__name__}")
+    operands = _operands_from_signature(fn)
+    acc_name = next(iter(inspect.signature(fn).parameters))
+    try:
+        out = fn(Value(ACC), *(Value(Expr("operand", name=op.name)) for op in operands))
+    except Exception as err:
+        raise EpilogueError(f"{_where(fn, _fail_line(fn, err))}: {_explain(err)}") from (
+            None if isinstance(err, EpilogueError) else err)
+    try:
+        result, aux = _split_result(out)
+        _check_result(result, aux, acc_name)
+        if aux is not None and aux == result:
+            raise EpilogueError("aux is the same expression as D: return D alone")
+    except EpilogueError as err:
+        raise EpilogueError(f"{_where(fn, _return_line(fn))}: {err}") from None
+    used = _uses(result)[1] | (_uses(aux)[1] if aux is not None else set())
+    for op in operands:
+        if op.name not in used:
+            raise EpilogueError(f"{_where(fn, None)}: parameter {op.name!r} is not used: remove it, or the op "
+                                "would require it for nothing")
+    return Epilogue(operands, result, aux)
+
+
+# -- knobs ------------------------------------------------------------------------------------------
+
+#: Every value the ``activation`` knob accepts -> the op it applies (None: none).
+ACTIVATIONS = types.MappingProxyType({
+    None: None, "identity": None, "none": None,
+    "relu": "relu", "leaky_relu": "leaky_relu", "gelu": "gelu", "gelu_tanh": "gelu_tanh", "silu": "silu",
+    "sigmoid": "sigmoid", "tanh": "tanh",
+    "gelu_erf": "gelu", "swish": "silu",  # aliases
+})
+_ACTIVATION_FUNCTIONS = {"relu": relu, "leaky_relu": leaky_relu, "gelu": gelu, "gelu_tanh": gelu_tanh,
+                         "silu": silu, "sigmoid": sigmoid, "tanh": tanh}
+
+
+def _choices(values: tuple[object, ...]) -> str:
+    return ", ".join(repr(v) for v in values)
+
+
+def _coefficient(knob: str, value: object) -> float | str | None:
+    """None, 'scalar' (a runtime fp32 argument), or a finite number (a constant of the kernel)."""
+    if value is None or (isinstance(value, str) and value.lower() == "scalar"):
+        return None if value is None else "scalar"
+    if isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value)):
+        if value == 0:
+            raise ValueError(f"{knob}=0 is not supported: " + (
+                "D would not depend on A @ B" if knob == "alpha" else "leave beta=None (no C)"))
+        return float(value)
+    raise ValueError(f"{knob}={value!r}: use None, a finite number (compiled in) or 'scalar' (a runtime fp32 "
+                     "argument)")
+
+
+def _activation(value: object) -> str | None:
+    key = value.lower() if isinstance(value, str) else value
+    if key not in ACTIVATIONS:
+        raise ValueError(f"activation={value!r} is not one of {_choices(tuple(ACTIVATIONS))}")
+    return ACTIVATIONS[key]
+
+
+def from_knobs(activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
+               beta: float | str | None = None, c_dtype: object = None, c_order: object = None,
+               bias_dtype: object = None) -> Epilogue:
+    """``act(alpha * acc + beta * C + bias)``, built with the same functions a traced function would call, so
+    the equivalent function traces to an equal Epilogue. Operands in the order bias, C, alpha, beta."""
+    act = _activation(activation)
+    a, b = _coefficient("alpha", alpha), _coefficient("beta", beta)
+    bias = bias.lower() if isinstance(bias, str) else bias
+    if bias not in (None, "row", "col"):
+        raise ValueError(f"bias={bias!r} is not one of {_choices((None, 'row', 'col'))} (row: one value per row "
+                         "of D, length M; col: one per column, length N, as nn.Linear's bias)")
+    if b is None and (c_dtype is not None or c_order is not None):
+        raise ValueError("c_dtype/c_order describe C, which is only read when beta is given")
+    if bias is None and bias_dtype is not None:
+        raise ValueError("bias_dtype given without bias")
+    operands: list[Operand] = []
+    if bias is not None:
+        operands.append(Operand("bias", bias, _operand_dtype(bias_dtype, "bias_dtype")))
+    if b is not None:
+        order = _order(c_order, "c_order") if c_order is not None else Order.row
+        operands.append(Operand("C", "matrix", _operand_dtype(c_dtype, "c_dtype"), order))
+    operands += [Scalar.operand(name) for name, k in (("alpha", a), ("beta", b)) if k == "scalar"]
+
+    def term(coef: float | str, x: Value, name: str) -> Value:
+        if coef == "scalar":
+            return Value(Expr("operand", name=name)) * x
+        return x if coef == 1 else coef * x
+
+    x = Value(ACC) if a is None else term(a, Value(ACC), "alpha")
+    if b is not None:
+        x = x + term(b, Value(Expr("operand", name="C")), "beta")
+    if bias is not None:
+        x = x + Value(Expr("operand", name="bias"))
+    if act is not None:
+        x = _ACTIVATION_FUNCTIONS[act](x)
+    return Epilogue(tuple(operands), x.expr)
