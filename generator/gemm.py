@@ -20,6 +20,7 @@ from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
+from .spec.epilogue import Epilogue, from_knobs, trace
 from .spec.types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_layout
 
 if TYPE_CHECKING:
@@ -75,6 +76,22 @@ _KNOB_PARSERS: dict[str, tuple[str, Callable[[object], object]]] = {
 
 
 @dataclass(frozen=True)
+class EpilogueKnobs:
+    """The simple epilogue knobs: ``act(alpha * acc + beta * C + bias)`` (see generator.epilogue.from_knobs)."""
+
+    activation: str | None = None
+    bias: str | None = None                 # "row" (length M) or "col" (length N)
+    alpha: float | str | None = None        # a number compiled in, or "scalar" (a runtime argument)
+    beta: float | str | None = None         # None: no C; a number, or "scalar"
+
+    def epilogue(self) -> Epilogue:
+        return from_knobs(activation=self.activation, bias=self.bias, alpha=self.alpha, beta=self.beta)
+
+
+EPILOGUE_KNOBS = ("activation", "bias", "alpha", "beta")
+
+
+@dataclass(frozen=True)
 class _Request:
     """Everything the user asked for; the config is a pure function of this."""
 
@@ -85,6 +102,27 @@ class _Request:
     sm_count: int
     problem: Problem | None
     knobs: Knobs
+    epilogue_fn: Epilogue | None = None     # the traced epilogue= function (or Epilogue), if one was given
+    epilogue_knobs: EpilogueKnobs = EpilogueKnobs()
+
+    def epilogue(self) -> Epilogue:
+        """The epilogue this request asks for, its dtypes resolved to the output dtype."""
+        if self.epilogue_fn is not None and self.epilogue_knobs != EpilogueKnobs():
+            set_knobs = ", ".join(k for k in EPILOGUE_KNOBS if getattr(self.epilogue_knobs, k) is not None)
+            raise ValueError(f"this plan has both an epilogue function and the knobs {set_knobs}: put everything in "
+                             "the function, or set epilogue=None and use the knobs")
+        chosen = self.epilogue_fn if self.epilogue_fn is not None else self.epilogue_knobs.epilogue()
+        return chosen.resolved(self.out_dtype)
+
+
+def _epilogue_arg(value: object) -> Epilogue | None:
+    """epilogue=: a function of the accumulator (traced now), an Epilogue, or None (the knobs decide)."""
+    if value is None or isinstance(value, Epilogue):
+        return value
+    if callable(value):
+        return trace(value)
+    raise ValueError(f"epilogue={value!r}: give a function of the accumulator and its operands, e.g. "
+                     "def f(acc, bias: ep.Col): return ep.relu(acc + bias) (see generator.epilogue)")
 
 
 class Gemm:
@@ -101,8 +139,9 @@ class Gemm:
                  layout_c: object = None, m: int | None = None, n: int | None = None, k: int | None = None,
                  tile_shape: object = None, warps: object = None, stages: int | None = None,
                  raster_group: int | None = None, family: str | None = None, schedule: str | None = None,
-                 cluster_shape: object = None, raster: str | None = None,
-                 namespace: str = DEFAULT_NAMESPACE) -> None:
+                 cluster_shape: object = None, raster: str | None = None, epilogue: object = None,
+                 activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
+                 beta: float | str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -123,7 +162,8 @@ class Gemm:
             dtype=dtype_,
             out_dtype=parse_dtype(out_dtype, what="out_dtype", allowed=OUTPUT_DTYPES) if out_dtype else dtype_,
             layout=parse_layout(layout, layout_a=layout_a, layout_b=layout_b, layout_c=layout_c),
-            spec=spec, sm_count=sm_count, problem=problem, knobs=knobs)
+            spec=spec, sm_count=sm_count, problem=problem, knobs=knobs, epilogue_fn=_epilogue_arg(epilogue),
+            epilogue_knobs=EpilogueKnobs(activation=activation, bias=bias, alpha=alpha, beta=beta))
         self._set_request(request)
 
     # -- planning -------------------------------------------------------------------------------
@@ -131,7 +171,8 @@ class Gemm:
     def _set_request(self, request: _Request) -> None:
         """Plan for ``request``; on a ValueError the plan keeps its previous state."""
         best, rejected = choose(request.dtype, request.out_dtype, request.layout, request.spec,
-                                knobs=request.knobs, problem=request.problem, sm_count=request.sm_count)
+                                knobs=request.knobs, problem=request.problem, sm_count=request.sm_count,
+                                epilogue=request.epilogue())
         self._request, self._estimate, self._rejected = request, best, rejected
 
     def _with_knobs(self, **changes: object) -> None:
@@ -252,6 +293,57 @@ class Gemm:
     @raster.setter
     def raster(self, value: str) -> None:
         self._set_knob("raster", value)
+
+    # -- epilogue -----------------------------------------------------------------------------------
+
+    @property
+    def epilogue(self) -> Epilogue:
+        """The fused epilogue (resolved); assign a function of the accumulator, an Epilogue, or None."""
+        return self.config.epilogue
+
+    @epilogue.setter
+    def epilogue(self, value: object) -> None:
+        self._set_request(replace(self._request, epilogue_fn=_epilogue_arg(value)))
+
+    def _set_epilogue_knob(self, knob: str, value: object) -> None:
+        knobs = replace(self._request.epilogue_knobs, **{knob: value})
+        self._set_request(replace(self._request, epilogue_knobs=knobs))
+
+    @property
+    def activation(self) -> str | None:
+        """The activation knob: relu, leaky_relu, gelu, gelu_tanh, silu, sigmoid, tanh or None."""
+        return self._request.epilogue_knobs.activation
+
+    @activation.setter
+    def activation(self, value: str | None) -> None:
+        self._set_epilogue_knob("activation", value)
+
+    @property
+    def bias(self) -> str | None:
+        """The bias knob: "col" (a vector of length N, as nn.Linear's), "row" (length M) or None."""
+        return self._request.epilogue_knobs.bias
+
+    @bias.setter
+    def bias(self, value: str | None) -> None:
+        self._set_epilogue_knob("bias", value)
+
+    @property
+    def alpha(self) -> float | str | None:
+        """acc is scaled by alpha: a number (compiled in), "scalar" (a runtime argument) or None."""
+        return self._request.epilogue_knobs.alpha
+
+    @alpha.setter
+    def alpha(self, value: float | str | None) -> None:
+        self._set_epilogue_knob("alpha", value)
+
+    @property
+    def beta(self) -> float | str | None:
+        """beta * C is added (C an M x N operand): a number, "scalar" (a runtime argument) or None (no C)."""
+        return self._request.epilogue_knobs.beta
+
+    @beta.setter
+    def beta(self, value: float | str | None) -> None:
+        self._set_epilogue_knob("beta", value)
 
     # -- output -----------------------------------------------------------------------------------
 

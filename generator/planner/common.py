@@ -42,6 +42,22 @@ class Knobs:
     raster: str | None = None                     # sm90 only
 
 
+# What a fused epilogue adds to a tile's time, in units of K (a tile costs BM*BN*(K + overhead)): reading
+# an M x N operand costs about what writing D costs, which the sm90 model puts at 64 k for a 16-bit D
+# (planner/sm90.py OVERHEAD_K); vectors are read once per tile and cost next to nothing. An estimate: it only
+# has to rank tiles, and every candidate of a plan pays it alike but for the schedule that hides it.
+MATRIX_OPERAND_OVERHEAD_K_PER_BYTE = 32
+
+
+def epilogue_overhead_k(cfg: KernelConfig) -> int:
+    """The per-tile overhead of ``cfg``'s epilogue, in units of K (see MATRIX_OPERAND_OVERHEAD_K_PER_BYTE)."""
+    ep = cfg.epilogue
+    matrices = [op.dtype.bytes for op in ep.operands_of_kind("matrix")]
+    if ep.aux is not None:
+        matrices.append(cfg.out_dtype.bytes)
+    return MATRIX_OPERAND_OVERHEAD_K_PER_BYTE * sum(matrices)
+
+
 def default_family(spec: ArchSpec) -> str:
     """sm90 (TMA, wgmma) where it exists, i.e. on sm_90a; sm80 (cp.async, mma.sync) everywhere else."""
     return "sm90" if spec.cc == 90 else "sm80"

@@ -14,11 +14,13 @@ replace the estimate; never the legality rules in config.check_config.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from ..spec.arch import ArchSpec
 from ..spec.config import KernelConfig, max_stages_that_fit
+from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
-from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, pick
+from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
 
 # Tile -> (warps, block K, relative per-SM efficiency). Efficiency follows arithmetic intensity per k
 # step: a 64x64 warp tile issues 32 mma.sync per 8 ldmatrix.x4; smaller warp tiles load more per mma, and
@@ -86,7 +88,7 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
     # 4-warp blocks reach their efficiency only with two of them on an SM (four schedulers to feed).
     needed = 2 if cfg.threads <= 128 else 1
     efficiency *= min(1.0, min(per_sm, resident) / needed)
-    cost = per_sm * bm * bn * max(problem.k, 1) / efficiency
+    cost = per_sm * bm * bn * (max(problem.k, 1) + epilogue_overhead_k(cfg)) / efficiency
     slots = sm_count * resident
     waves = math.ceil(tiles / slots)
     last_wave_fill = (tiles - (waves - 1) * slots) / slots
@@ -115,8 +117,8 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
 
 
 def choose_sm80(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
-                problem: Problem | None, sm_count: int) -> tuple[Estimate, list[str]]:
+                problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY) -> tuple[Estimate, list[str]]:
     """planner.choose for the sm80 family. ``problem`` None: no size hints (plan for a large square)."""
     problem = problem or Problem(*DEFAULT_PROBLEM)
-    configs = candidates(dtype, out_dtype, layout, spec, knobs)
+    configs = [replace(c, epilogue=epilogue) for c in candidates(dtype, out_dtype, layout, spec, knobs)]
     return pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem))

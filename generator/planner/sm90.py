@@ -51,8 +51,9 @@ from dataclasses import replace
 
 from ..spec.arch import ArchSpec
 from ..spec.config import MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_K, KernelConfig, sm90_max_stages_that_fit
+from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
-from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, pick
+from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
 
 # (schedule, (BM, BN)) in order of preference: on equal cost the earlier one wins. The big cooperative
 # tiles first (most reuse per loaded byte), pingpong's half-size tiles after them.
@@ -260,7 +261,8 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
     per_sm = math.ceil(blocks / slots)
     last_wave_fill = (blocks - (per_sm - 1) * slots) / slots
     eff, traffic = efficiency(cfg, problem)
-    cost = per_sm * bm * bn * (max(problem.k, 1) + OVERHEAD_K[cfg.schedule]) / eff
+    overhead = OVERHEAD_K[cfg.schedule] + (0 if cfg.schedule == "pingpong" else epilogue_overhead_k(cfg))
+    cost = per_sm * bm * bn * (max(problem.k, 1) + overhead) / eff
     persistent = "one tile per block" if cfg.schedule == "ws" else "persistent"
     if cm * cn > 1:
         shared = " and ".join(op for c, op in ((cm, "B"), (cn, "A")) if c > 1)
@@ -275,11 +277,11 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
 
 
 def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
-                problem: Problem | None, sm_count: int) -> tuple[Estimate, list[str]]:
+                problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY) -> tuple[Estimate, list[str]]:
     """planner.choose for the sm90 family. ``problem`` None: no size hints (plan for a large square)."""
     hinted = problem is not None
     problem = problem or Problem(*DEFAULT_PROBLEM)
-    configs = candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)
+    configs = [replace(c, epilogue=epilogue) for c in candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)]
 
     def refuse(cfg: KernelConfig) -> str | None:
         return cluster_larger_than_grid(cfg, problem) if hinted and knobs.cluster else None

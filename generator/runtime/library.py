@@ -5,8 +5,14 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..spec.config import MAX_EPILOGUE_OPERANDS
+
 #: What the library's path chooser answers: the kernel a call takes.
 PATHS = {0: "fast", 1: "unaligned"}
+
+
+#: GEMMGEN_MAX_EPILOGUE_OPERANDS of templates/common/gemm_args.h.
+EPILOGUE_SLOTS = MAX_EPILOGUE_OPERANDS
 
 
 class GemmArgsStruct(ctypes.Structure):
@@ -14,7 +20,9 @@ class GemmArgsStruct(ctypes.Structure):
 
     _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("d", ctypes.c_void_p),
                 ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64), ("ldd", ctypes.c_int64)]
+                ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64), ("ldd", ctypes.c_int64),
+                ("ep_ptr", ctypes.c_void_p * EPILOGUE_SLOTS), ("ep_ld", ctypes.c_int64 * EPILOGUE_SLOTS),
+                ("ep_scalar", ctypes.c_float * EPILOGUE_SLOTS), ("aux", ctypes.c_void_p), ("ldaux", ctypes.c_int64)]
 
 
 @dataclass(frozen=True)

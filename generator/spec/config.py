@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .arch import ArchSpec, arch_spec
+from .epilogue import IDENTITY, Epilogue
 from .types import DType, Layout
 
 FAMILIES = ("sm80", "sm90")
@@ -62,6 +63,9 @@ SM90_EPILOGUE_SUBTILE_BYTES = 64 * 128
 # "m": tiles run down M through raster_group tile rows, then step along N (Triton's GROUP_M order);
 # "n": tiles run along N through raster_group tile columns, then step down M.
 RASTERS = ("m", "n")
+# Extra operands of a fused epilogue one kernel takes (GEMMGEN_MAX_EPILOGUE_OPERANDS in
+# templates/common/gemm_args.h: the slots of the launch arguments).
+MAX_EPILOGUE_OPERANDS = 8
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class KernelConfig:
     cluster: tuple[int, int] = (1, 1)  # sm90: thread-block cluster (along M, along N)
     schedule: str = ""               # sm90: "ws", "cooperative" or "pingpong"
     raster: str = "m"                # sm90: "m" or "n", see RASTERS
+    epilogue: Epilogue = IDENTITY    # what is done to the fp32 accumulator before D is stored (resolved dtypes)
 
     @property
     def name(self) -> str:
@@ -93,10 +98,10 @@ class KernelConfig:
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
             return (f"sm90_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}"
-                    f"_g{self.raster_group}{self.raster}{out}")
+                    f"_g{self.raster_group}{self.raster}{out}{self.epilogue.name_suffix}")
         warps = "x".join(map(str, self.warps)) if self.warps else "None"
         return (f"{self.family}_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}"
-                f"_w{warps}_s{self.stages}_g{self.raster_group}{out}")
+                f"_w{warps}_s{self.stages}_g{self.raster_group}{out}{self.epilogue.name_suffix}")
 
     @property
     def threads(self) -> int:
@@ -157,7 +162,15 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
         f"layout:       {cfg.layout.blas} (A {cfg.layout.a.value}-major, B {cfg.layout.b.value}-major,"
         f" D {cfg.layout.c.value}-major)",
         f"tile:         {bm}x{bn}x{bk}",
+        *_epilogue_lines(cfg.epilogue),
     ]
+
+
+def _epilogue_lines(epilogue: Epilogue) -> list[str]:
+    if epilogue.is_identity:
+        return []
+    first, *rest = epilogue.describe()
+    return [f"epilogue:     {first}", *(f"              {line}" for line in rest)]
 
 
 def describe_schedule(cfg: KernelConfig) -> str:
@@ -332,6 +345,16 @@ def _check_raster_group_and_out(cfg: KernelConfig) -> None:
         raise ValueError(f"raster_group={cfg.raster_group}: use one of {RASTER_GROUPS}")
     if cfg.out_dtype not in (DType.fp16, DType.bf16, DType.fp32):
         raise ValueError(f"out_dtype={cfg.out_dtype.value}: use fp16, bf16 or fp32")
+    _check_epilogue(cfg)
+
+
+def _check_epilogue(cfg: KernelConfig) -> None:
+    if cfg.epilogue != cfg.epilogue.resolved(cfg.out_dtype):
+        raise ValueError("the epilogue has operands whose dtype is still 'the output dtype': pass "
+                         f"epilogue.resolved({cfg.out_dtype.value!r}) (Gemm does this for you)")
+    if len(cfg.epilogue.operands) > MAX_EPILOGUE_OPERANDS:
+        raise ValueError(f"the epilogue takes {len(cfg.epilogue.operands)} operands; a kernel takes at most "
+                         f"{MAX_EPILOGUE_OPERANDS}: combine operands (e.g. fold scalars into one constant)")
 
 
 def check_sm90(cfg: KernelConfig) -> None:

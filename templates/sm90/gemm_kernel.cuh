@@ -479,8 +479,12 @@ struct Kernel {
         // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two
         // register assignments of them (ptxas then spills).
         if (PINGPONG && next_exists) pass_turn(consumer);
-        const float zeros[MMA_BLOCKS_M][ACCUM] = {};
-        epi.store(args, p, zeros, m0 + row_in_tile, n0);
+        if constexpr (Cfg::Epilogue::kIdentity) {
+          const float zeros[MMA_BLOCKS_M][ACCUM] = {};
+          epi.store(args, p, zeros, m0 + row_in_tile, n0);
+        } else {
+          store_epilogue_of_zero(args, p, m0 + row_in_tile, n0);  // a zero array would spill beside the epilogue
+        }
         continue;
       }
       float acc[MMA_BLOCKS_M][ACCUM];
@@ -671,8 +675,9 @@ struct Kernel {
   // Accumulators -> D, bounded by M and N. wgmma's fp32 layout: in m64 block i, warp w of the
   // warpgroup owns rows 16w .. 16w + 15; lane l holds rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1}
   // at acc[i][4j + {0, 1}] and acc[i][4j + {2, 3}].
+  template <typename ACC>
   __device__ __forceinline__ static void store_direct(const GemmArgs& args, const Problem& p,
-                                               const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
+                                               ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
     Out* d = static_cast<Out*>(args.d);
     const int64_t ldd = args.ldd;
     const int t = threadIdx.x % kWarpgroupThreads;
@@ -682,6 +687,7 @@ struct Kernel {
                        reinterpret_cast<uintptr_t>(d) % (2 * sizeof(Out)) == 0;
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+      apply_epilogue<BN / 8>(args, p, acc, m0, n0, i, 0);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
@@ -707,6 +713,51 @@ struct Kernel {
     }
   }
 
+  // The fused epilogue (Cfg::Epilogue, rendered from the plan) on the accumulators in registers, element by
+  // element inside M x N (the layout of store_direct), for m64 block i and the BLOCKS n8 blocks from j0: the
+  // stores apply it one part at a time, just before they write the part, so that the operand loads of one
+  // part (not of the whole tile) are in flight beside the accumulators.
+  template <int BLOCKS, typename ACC>
+  __device__ __forceinline__ static void apply_epilogue(const GemmArgs& args, const Problem& p,
+                                                        ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
+                                                        int j0) {
+    if constexpr (!Cfg::Epilogue::kIdentity) {
+      const int t = threadIdx.x % kWarpgroupThreads;
+      const int warp = t / 32, lane = t % 32;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
+        if (row >= p.m) continue;
+#pragma unroll
+        for (int j = j0; j < j0 + BLOCKS; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int col = n0 + j * 8 + 2 * (lane % 4) + e;
+            float& value = acc[i][4 * j + 2 * h + e];
+            if (col < p.n) value = Cfg::Epilogue::apply(args, value, row, col);
+          }
+        }
+      }
+    }
+  }
+
+  // K = 0 under a fused epilogue: D = epilogue(0), element by element, written directly.
+  __device__ __forceinline__ static void store_epilogue_of_zero(const GemmArgs& args, const Problem& p, int m0,
+                                                                int n0) {
+    Out* d = static_cast<Out*>(args.d);
+    const int t = threadIdx.x % kWarpgroupThreads;
+    for (int r = t / 8; r < WG_M; r += kWarpgroupThreads / 8) {
+      const int row = m0 + r;
+      if (row >= p.m) continue;
+      for (int c = t % 8; c < BN && n0 + c < p.n; c += 8) {
+        const int col = n0 + c;
+        const float value = Cfg::Epilogue::apply(args, 0.0f, row, col);
+        d[Cfg::kDRowMajor ? static_cast<int64_t>(row) * args.ldd + col : static_cast<int64_t>(col) * args.ldd + row] =
+            from_float<Out>(value);
+      }
+    }
+  }
+
   // The same through shared memory and TMA stores, 64 x kEpiCols subtiles at a time (row-major D with
   // a 16-byte-aligned base and row pitch); TMA clips the parts outside M and N.
   __host__ __device__ __forceinline__ static bool tma_store_possible(const GemmArgs& args) {
@@ -723,8 +774,11 @@ struct Kernel {
     int buffer;       // the staging buffer to fill next
     bool use_tma;
 
-    __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p,
-                                          const float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
+    // ACC: float (non-const: the epilogue's values replace the accumulators') or const float (zeros, K = 0,
+    // identity epilogue only).
+    template <typename ACC>
+    __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
+                                          int m0, int n0) {
       // TMA clips a store to the matrix only to 16-byte granularity along the contiguous dimension:
       // measured on the H100, a row's last partial chunk is written whole, zeros past N included
       // (gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
@@ -738,6 +792,7 @@ struct Kernel {
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
 #pragma unroll
         for (int sub = 0; sub < BN / kEpiCols; ++sub) {
+          apply_epilogue<kEpiCols / 8>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8));
           const uint32_t buf = smem.epi_buffer(consumer, buffer);
           // The store that last read this buffer (two subtiles ago) must be done reading it.
           if (t == 0) ptx::tma_store_wait_read<kEpiBuffers - 1>();

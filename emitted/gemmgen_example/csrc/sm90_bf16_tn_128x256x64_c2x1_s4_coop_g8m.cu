@@ -34,6 +34,11 @@ struct Config {
   static constexpr bool kAKMajor = true;
   static constexpr bool kBKMajor = true;
   static constexpr bool kDRowMajor = true;
+
+  struct Epilogue {  // none: D = acc
+    static constexpr bool kIdentity = true;
+    __device__ __forceinline__ static float apply(const GemmArgs&, float acc, int64_t, int64_t) { return acc; }
+  };
 };
 
 using Kernel = gemmgen::sm90::Kernel<Config>;

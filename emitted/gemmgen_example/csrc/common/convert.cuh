@@ -20,6 +20,8 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { re
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
 template <>
+__device__ __forceinline__ float to_float<float>(float x) { return x; }
+template <>
 __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }

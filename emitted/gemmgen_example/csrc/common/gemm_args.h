@@ -8,9 +8,12 @@
 extern "C" {
 #endif
 
-// D (m x n) = A (m x k) * B (k x n). Leading dimensions are in elements and follow the storage
-// order the kernel was generated for: lda is the stride between rows of a row-major A, or between
-// columns of a column-major A; likewise ldb and ldd.
+// The most extra operands a fused epilogue takes (MAX_EPILOGUE_OPERANDS in generator/spec/config.py).
+#define GEMMGEN_MAX_EPILOGUE_OPERANDS 8
+
+// D (m x n) = epilogue(A (m x k) * B (k x n), operands...). Leading dimensions are in elements and follow
+// the storage order the kernel was generated for: lda is the stride between rows of a row-major A, or
+// between columns of a column-major A; likewise ldb, ldd, the matrix operands' and the second output's.
 typedef struct GemmArgs {
   const void* a;
   const void* b;
@@ -21,6 +24,14 @@ typedef struct GemmArgs {
   int64_t lda;
   int64_t ldb;
   int64_t ldd;
+  // The fused epilogue's operands, in the plan's order (slot i = operand i): a vector's or a matrix's
+  // base address and (matrices) leading dimension, a scalar's value. Unused slots stay zero.
+  const void* ep_ptr[GEMMGEN_MAX_EPILOGUE_OPERANDS];
+  int64_t ep_ld[GEMMGEN_MAX_EPILOGUE_OPERANDS];
+  float ep_scalar[GEMMGEN_MAX_EPILOGUE_OPERANDS];
+  // The epilogue's second output (same dtype and order as D), or null when the plan has none.
+  void* aux;
+  int64_t ldaux;
 } GemmArgs;
 
 // Which kernel of a library a launch takes (returned by <name>_path).

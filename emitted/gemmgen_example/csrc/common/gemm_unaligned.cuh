@@ -55,7 +55,10 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
       const int64_t m = m0 + ty + i * kThreadsPerSide, n = n0 + tx + j * kThreadsPerSide;
-      if (m < M && n < N) d[Cfg::kDRowMajor ? m * args.ldd + n : n * args.ldd + m] = from_float<Out>(acc[i][j]);
+      if (m >= M || n >= N) continue;
+      float value = acc[i][j];
+      if constexpr (!Cfg::Epilogue::kIdentity) value = Cfg::Epilogue::apply(args, value, m, n);
+      d[Cfg::kDRowMajor ? m * args.ldd + n : n * args.ldd + m] = from_float<Out>(value);
     }
 }
 

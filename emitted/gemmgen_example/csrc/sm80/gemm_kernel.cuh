@@ -263,6 +263,30 @@ struct Kernel {
     return {lane / 4 + half * 8, (lane % 4) * 2};
   }
 
+  // The fused epilogue (Cfg::Epilogue, rendered from the plan) on the accumulators in registers, element by
+  // element inside M x N; the stores below then write its values. Elements outside are left alone: the
+  // stores skip them, and the epilogue's operands have no element there to read.
+  __device__ __forceinline__ static void apply_epilogue(const GemmArgs& args, float (&acc)[MMA_TILES_M][MMA_TILES_N][4],
+                                                        int row_base, int col_base, int lane) {
+    const int M = static_cast<int>(args.m), N = static_cast<int>(args.n);
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < MMA_TILES_N; ++nt)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const AccumPair at = accum_pair(lane, half);
+          const int row = row_base + mt * kMmaM + at.row;
+          const int col = col_base + nt * kMmaN + at.col;
+          if (row >= M) continue;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float& value = acc[mt][nt][2 * half + e];
+            if (col + e < N) value = Cfg::Epilogue::apply(args, value, row, col + e);
+          }
+        }
+  }
+
   // fp32 accumulators -> D, clipped to M x N. Row-major D stores neighbouring columns in pairs.
   __device__ __forceinline__ static void store(const GemmArgs& args, const float (&acc)[MMA_TILES_M][MMA_TILES_N][4],
                                                int row_base, int col_base, int lane) {
@@ -479,6 +503,9 @@ struct Kernel {
     // The epilogue's coordinates, derived again: every register the main loop can have is one
     // fewer it spills (a few integer operations once per block).
     const Coords at(ptx::ctaid_x_fresh(), ptx::tid_x_fresh(), M, N);
+    if constexpr (!Cfg::Epilogue::kIdentity) {
+      apply_epilogue(args, acc, at.block_m0 + at.warp_m0, at.block_n0 + at.warp_n0, at.lane);
+    }
     if constexpr (STAGED_EPILOGUE) {
       if (fast_aligned(args.d, args.ldd, sizeof(Out))) {
         __syncthreads();  // every warp is done reading the ring the slabs overwrite

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import jinja2
 
-from .spec.arch import arch_spec
-from .spec.config import KernelConfig, check_config
+from ..spec.arch import arch_spec
+from ..spec.config import KernelConfig, check_config
+from .epilogue import functor_context
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
 FAMILY_TEMPLATES = {"sm80": "sm80/gemm.cu.j2", "sm90": "sm90/gemm.cu.j2"}
@@ -20,7 +21,7 @@ FAMILY_TEMPLATES = {"sm80": "sm80/gemm.cu.j2", "sm90": "sm90/gemm.cu.j2"}
 
 def templates_dir() -> Path:
     """templates/ next to generator/ in a source checkout, or the installed copy (package gemmgen_templates)."""
-    beside = Path(__file__).resolve().parent.parent / "templates"
+    beside = Path(__file__).resolve().parents[2] / "templates"
     if beside.is_dir():
         return beside
     spec = importlib.util.find_spec("gemmgen_templates")
@@ -57,6 +58,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
         "b_k_major": cfg.layout.b_k_major,
         "d_row_major": cfg.layout.c.value == "row",
     }
+    common.update(functor_context(cfg.epilogue, d_row_major=layout["d_row_major"]))
     if cfg.family == "sm90":
         return {**common,
                 "cluster_m": cfg.cluster[0], "cluster_n": cfg.cluster[1],

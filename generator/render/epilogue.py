@@ -1,0 +1,111 @@
+"""An Epilogue (generator.spec.epilogue) as C++: the ``Epilogue`` functor every kernel of a config calls.
+
+The functor computes D's value of one element from its fp32 accumulator, in fp32, and stores the second
+output (aux) when the plan has one::
+
+    struct Epilogue {
+      static constexpr bool kIdentity = false;
+      __device__ static float apply(const GemmArgs& args, float acc, int64_t row, int64_t col);
+    };
+
+Operand i of the plan is slot i of the launch arguments (templates/common/gemm_args.h): ``args.ep_ptr[i]``
+(vectors, matrices), ``args.ep_ld[i]`` (matrices), ``args.ep_scalar[i]`` (scalars). Each node of the
+expression DAG becomes one ``const float`` temporary, in the DAG's order, so a shared subexpression is
+computed once. The kernels call ``apply`` only for elements inside M x N. Pure: no torch, no files.
+"""
+from __future__ import annotations
+
+import math
+
+from ..spec.epilogue import Epilogue, Expr, Operand
+from ..spec.types import Order
+
+# op -> C++ of its arguments (already C++ expressions). "FAST" is the functor's kFast: the activations'
+# hardware approximations for 16-bit outputs (templates/common/epilogue.cuh says why that is accurate enough).
+_CALLS = {
+    "add": "{0} + {1}",
+    "sub": "{0} - {1}",
+    "mul": "{0} * {1}",
+    "div": "{0} / {1}",
+    "neg": "-{0}",
+    "abs": "fabsf({0})",
+    "max": "fmaxf({0}, {1})",
+    "min": "fminf({0}, {1})",
+    "relu": "gemmgen::epi::relu({0})",
+    "leaky_relu": "gemmgen::epi::leaky_relu({0}, {1})",
+    "gelu": "gemmgen::epi::gelu({0})",
+    "gelu_tanh": "gemmgen::epi::gelu_tanh<kFast>({0})",
+    "silu": "gemmgen::epi::silu<kFast>({0})",
+    "sigmoid": "gemmgen::epi::sigmoid<kFast>({0})",
+    "tanh": "gemmgen::epi::tanh<kFast>({0})",
+    "clamp": "fminf(fmaxf({0}, {1}), {2})",
+    "clamp_min": "fmaxf({0}, {1})",
+    "clamp_max": "fminf({0}, {1})",
+}
+
+
+def float_literal(value: float) -> str:
+    """A C++ float literal for a finite constant: the shortest text that reads back as the same double, then
+    rounded to float by the compiler as the kernel's fp32 arithmetic would."""
+    if not math.isfinite(value):
+        raise ValueError(f"epilogue constant {value!r} is not finite")
+    text = repr(float(value))
+    return f"{text}f" if ("." in text or "e" in text) else f"{text}.0f"
+
+
+def operand_variable(op: Operand) -> str:
+    """The C++ name of an operand's value (prefixed: an operand may be named like a C++ keyword)."""
+    return f"ep_{op.name}"
+
+
+def operand_load(slot: int, op: Operand) -> str:
+    """The C++ expression that reads operand ``op`` (slot ``slot``) for the element (row, col)."""
+    if op.kind == "scalar":
+        return f"args.ep_scalar[{slot}]"
+    ctype = op.dtype.cuda_type
+    if op.kind == "row":
+        index = "row"
+    elif op.kind == "col":
+        index = "col"
+    elif op.order is Order.row:
+        index = f"row * args.ep_ld[{slot}] + col"
+    else:
+        index = f"col * args.ep_ld[{slot}] + row"
+    return f"gemmgen::epi::load<{ctype}>(args.ep_ptr[{slot}], {index})"
+
+
+def _leaf(node: Expr) -> str:
+    if node.op == "acc":
+        return "acc"
+    if node.op == "const":
+        return float_literal(node.value)
+    return f"ep_{node.name}"
+
+
+def functor_body(ep: Epilogue, d_row_major: bool) -> list[str]:
+    """The statements of ``apply``: operand loads, one temporary per node, the aux store, the return."""
+    lines = [f"const float {operand_variable(op)} = {operand_load(i, op)};" for i, op in enumerate(ep.operands)]
+    names: dict[Expr, str] = {}
+
+    def ref(node: Expr) -> str:
+        return names[node] if node in names else _leaf(node)
+
+    for i, node in enumerate(ep.nodes()):
+        names[node] = f"t{i}"
+        lines.append(f"const float t{i} = {_CALLS[node.op].format(*(ref(a) for a in node.args))};")
+    if ep.aux is not None:
+        index = "row * args.ldaux + col" if d_row_major else "col * args.ldaux + row"
+        lines.append(f"gemmgen::epi::store<Out>(args.aux, {index}, {ref(ep.aux)});")
+    lines.append(f"return {ref(ep.result)};")
+    return lines
+
+
+def functor_context(ep: Epilogue, d_row_major: bool) -> dict[str, object]:
+    """What the family templates substitute for the Epilogue functor."""
+    return {
+        "epilogue_identity": ep.is_identity,
+        "epilogue_text": ep.text,
+        "epilogue_operands": [f"slot {i}: {line}" for i, line in
+                              enumerate(ep.describe()[len(ep.describe()) - len(ep.operands):])],
+        "epilogue_body": functor_body(ep, d_row_major),
+    }

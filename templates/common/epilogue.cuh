@@ -1,0 +1,62 @@
+// The building blocks of a fused epilogue: what a rendered `Epilogue` functor (see render/epilogue.py)
+// calls to read its operands and to compute its activations, in fp32, one accumulator element at a time.
+//
+// Accuracy. The activations use the fast hardware approximations where their error stays below the
+// rounding of a 16-bit output, and the accurate library functions for fp32 outputs:
+// tanh.approx.f32 has a maximum relative error of 2^-10.987 (PTX ISA), below bf16's half ulp (2^-9)
+// and about fp16's (2^-11); ex2.approx.f32 (under __expf) is accurate to 2 ulp of fp32.
+#pragma once
+
+#include <cstdint>
+
+#include "convert.cuh"
+#include "ptx/sm80.cuh"
+
+namespace gemmgen {
+namespace epi {
+
+// tanh: the approximation for 16-bit outputs (FAST), tanhf for fp32 ones.
+template <bool FAST>
+__device__ __forceinline__ float tanh(float x) {
+  if constexpr (FAST) return ptx::tanh_approx(x);
+  else return ::tanhf(x);
+}
+
+template <bool FAST>
+__device__ __forceinline__ float sigmoid(float x) {
+  if constexpr (FAST) return 0.5f * ptx::tanh_approx(0.5f * x) + 0.5f;  // one MUFU op instead of ex2 + rcp
+  else return 1.0f / (1.0f + ::expf(-x));
+}
+
+__device__ __forceinline__ float relu(float x) { return fmaxf(x, 0.0f); }
+
+__device__ __forceinline__ float leaky_relu(float x, float slope) { return x > 0.0f ? x : x * slope; }
+
+// GELU, the exact form: x * Phi(x) = 0.5 x (1 + erf(x / sqrt(2))).
+__device__ __forceinline__ float gelu(float x) { return 0.5f * x * (1.0f + ::erff(x * 0.70710678118654752f)); }
+
+// GELU, the tanh form (torch's approximate="tanh"): 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))).
+template <bool FAST>
+__device__ __forceinline__ float gelu_tanh(float x) {
+  const float inner = 0.79788456080286536f * fmaf(0.044715f * x, x * x, x);
+  return 0.5f * x * (1.0f + tanh<FAST>(inner));
+}
+
+// SiLU (swish): x * sigmoid(x).
+template <bool FAST>
+__device__ __forceinline__ float silu(float x) { return x * sigmoid<FAST>(x); }
+
+// An operand element, read through the non-coherent (read-only) cache: the operands are inputs the
+// kernel never writes, and every element of a per-row or per-column vector is read by many threads.
+template <typename T>
+__device__ __forceinline__ float load(const void* base, int64_t index) {
+  return to_float<T>(__ldg(static_cast<const T*>(base) + index));
+}
+
+template <typename T>
+__device__ __forceinline__ void store(void* base, int64_t index, float value) {
+  static_cast<T*>(base)[index] = from_float<T>(value);
+}
+
+}  // namespace epi
+}  // namespace gemmgen
