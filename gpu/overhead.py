@@ -69,7 +69,7 @@ def main() -> None:
                  # a forward that records the autograd node (training)
                  "jit op, A requires grad": lambda: op(a_grad, b),
                  # the Python path that serves when the JIT runtime is missing (checks + ctypes, no dispatcher)
-                 "jit python path": lambda: op.run(a, b, None),
+                 "jit python path": lambda: op.run(a, b, (), None),
                  "emitted op": lambda: emitted(a, b), "emitted .out": lambda: emitted(a, b, out=d),
                  "library launch": raw}
         row = {"m": m, "n": n, "k": k, "kernel": plan.name}

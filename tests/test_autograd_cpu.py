@@ -30,6 +30,8 @@ from generator import Gemm, KernelConfig  # noqa: E402
 from generator.runtime import jit_runtime  # noqa: E402
 from generator.runtime.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
 from generator.runtime import GemmOp  # noqa: E402
+from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
+from generator.runtime.operands import check_operands  # noqa: E402
 from generator.spec.types import DType, Order  # noqa: E402
 
 NAMESPACE = "gemmgen_reference"
@@ -45,13 +47,21 @@ class ReferenceOp(GemmOp):
     def __init__(self, config: KernelConfig, namespace: str = NAMESPACE) -> None:
         super().__init__(config, library=None, namespace=namespace)
 
-    def run(self, A, B, out):
+    def run(self, A, B, operands, out):
         self._check(A, B)                       # dtype, device, K, and the planned storage orders
+        ep = self.config.epilogue
+        check_operands(ep, operands, A, A.shape[0], B.shape[1])
         if out is not None:
             self._check_out(out, A, B)
         D = self._empty_out(A, B) if out is None else out
-        D.copy_((A.float() @ B.float()).to(self.out_dtype))   # fp32 accumulation, one rounding: as the kernel
-        return D
+        acc = A.float() @ B.float()             # fp32 accumulation, one rounding: as the kernel
+        d, aux = evaluate(ep, acc, operand_values(ep, operands, torch.float32))
+        D.copy_(d.to(self.out_dtype))
+        if aux is None:
+            return D
+        aux_out = self._empty_out(A, B)
+        aux_out.copy_(aux.to(self.out_dtype))
+        return D, aux_out
 
     def derived(self, configs):
         return [ReferenceOp(c, self.namespace) for c in configs]

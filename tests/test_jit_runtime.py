@@ -62,10 +62,10 @@ BAD = {
 def test_cpp_checks_say_what_the_python_checks_say(op, case):
     a, b = BAD[case]()
     cpp = _raise(lambda: op.op.default.redispatch(CUDA_KEY, a, b))
-    python = _raise(lambda: op.run(a, b, None))
+    python = _raise(lambda: op.run(a, b, (), None))
     assert cpp == python and cpp[0] in (TypeError, ValueError)
     out = torch.empty(4, 4, dtype=torch.bfloat16)
-    assert _raise(lambda: op.op.out.redispatch(CUDA_KEY, a, b, out=out)) == _raise(lambda: op.run(a, b, out))
+    assert _raise(lambda: op.op.out.redispatch(CUDA_KEY, a, b, out=out)) == _raise(lambda: op.run(a, b, (), out))
 
 
 def test_an_op_built_on_first_use_gets_its_cpp_kernel_then(op):

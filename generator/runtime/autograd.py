@@ -20,14 +20,17 @@ eight per dtype and architecture, all registered at once).
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 import torch
 
 from ..planner.backward import backward_configs, backward_layouts
 from ..spec.config import KernelConfig
-from ..spec.types import Order
+from ..spec.epilogue import IDENTITY
+from ..spec.types import DType, Order
 from . import jit_runtime
 from .checks import leading_dim
+from .evaluate import evaluate, operand_values
 from .handle import OpHandle
 
 __all__ = ["backward_configs", "backward_layouts", "grad_ops", "register_autograd"]
@@ -74,15 +77,35 @@ def _in_order(t: torch.Tensor, order: Order) -> torch.Tensor:
 def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     """Register dA/dB for the default overload of ``op``, and for ``.out`` a refusal of grad (not
     differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_autograd.h) where it is
-    built, so that calls needing no gradient skip Python; else this module's, in Python."""
+    built, so that calls needing no gradient skip Python; else this module's, in Python. An op with a fused
+    epilogue always takes the Python formula (``_register_epilogue_formula``)."""
     # Planned once here for both the formula and the backward ops' registration (planning is most of the
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
     configs = {order: backward_configs(op.config, order) for order in Order}
-    op.cpp_autograd = jit_runtime.RUNTIME.register_autograd(op, configs)
-    if not op.cpp_autograd:
-        _register_python_formula(op, lib)
+    if not op.config.epilogue.is_identity:
+        _register_epilogue_formula(op, lib)
+    else:
+        op.cpp_autograd = jit_runtime.RUNTIME.register_autograd(op, configs)
+        if not op.cpp_autograd:
+            _register_python_formula(op, lib)
+    if not op.cpp_autograd:  # the C++ formula registers its own refusal
+        _register_out_refusal(op, lib)
     for order in Order:
         grad_ops(op, order, configs[order])
+
+
+def _product_grads(op: OpHandle, A: torch.Tensor, B: torch.Tensor, grad: torch.Tensor, need_a: bool,
+                   need_b: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dA = grad @ B.t() and dB = A.t() @ grad, on this generator's kernels."""
+    if grad.dtype != op.dtype:
+        grad = grad.to(op.dtype)
+    order = _stored_order(grad)
+    if order is None:
+        grad, order = grad.contiguous(), Order.row
+    grad_a_op, grad_b_op = grad_ops(op, order)
+    grad_a = grad_a_op(grad, _in_order(B.t(), grad_a_op.config.layout.b)) if need_a else None
+    grad_b = grad_b_op(_in_order(A.t(), grad_b_op.config.layout.a), grad) if need_b else None
+    return grad_a, grad_b
 
 
 def _register_python_formula(op: OpHandle, lib: torch.library.Library) -> None:
@@ -92,26 +115,63 @@ def _register_python_formula(op: OpHandle, lib: torch.library.Library) -> None:
 
     def backward(ctx, grad: torch.Tensor):
         A, B = ctx.saved_tensors
-        need_a, need_b = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        if grad.dtype != op.dtype:
-            grad = grad.to(op.dtype)
-        order = _stored_order(grad)
-        if order is None:
-            grad, order = grad.contiguous(), Order.row
-        grad_a_op, grad_b_op = grad_ops(op, order)
-        grad_a = grad_a_op(grad, _in_order(B.t(), grad_a_op.config.layout.b)) if need_a else None
-        grad_b = grad_b_op(_in_order(A.t(), grad_b_op.config.layout.a), grad) if need_b else None
-        return grad_a, grad_b
+        return _product_grads(op, A, B, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
 
     torch.library.register_autograd(f"{op.namespace}::{op.name}", backward, setup_context=setup_context, lib=lib)
 
-    def out_autograd(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+
+def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None:
+    """D = epilogue(acc, operands) with acc = A @ B. The backward recomputes acc in fp32 with this generator's
+    plain kernel (so the forward saves nothing beyond its inputs and runs no differently when a gradient is
+    required), differentiates the elementwise part with torch (``evaluate``), and runs dA and dB on this
+    generator's kernels."""
+    ep = op.config.epilogue
+    acc_config = replace(op.config, epilogue=IDENTITY, out_dtype=DType.fp32)
+
+    def setup_context(ctx, inputs, output) -> None:
+        A, B, *values = inputs
+        ctx.scalars = [None if isinstance(v, torch.Tensor) else v for v in values]
+        ctx.save_for_backward(A, B, *(v for v in values if isinstance(v, torch.Tensor)))
+
+    def backward(ctx, *grads: torch.Tensor | None):
+        A, B, *tensors = ctx.saved_tensors
+        found = iter(tensors)
+        values = [next(found) if v is None else v for v in ctx.scalars]
+        needs = ctx.needs_input_grad
+        (acc_op,) = op.derived([acc_config])
+        acc = acc_op(A, B)
+        with torch.enable_grad():
+            acc = acc.detach().requires_grad_(needs[0] or needs[1])
+            leaves = [v.detach().float().requires_grad_(needs[2 + i]) if isinstance(v, torch.Tensor) else v
+                      for i, v in enumerate(values)]
+            d, aux = evaluate(ep, acc, operand_values(ep, leaves, torch.float32))
+            pairs = [(t, g) for t, g in zip((d, aux), grads) if t is not None and g is not None]
+            wanted = [acc] + [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+            wanted = [t for t in wanted if t.requires_grad]
+            found_grads = iter(torch.autograd.grad([t for t, _ in pairs], wanted, [g.float() for _, g in pairs],
+                                                   allow_unused=True) if pairs and wanted else [None] * len(wanted))
+        grad_acc = next(found_grads) if acc.requires_grad else None
+        operand_grads = []
+        for value, leaf in zip(values, leaves):
+            grad = next(found_grads) if isinstance(leaf, torch.Tensor) and leaf.requires_grad else None
+            operand_grads.append(None if grad is None else grad.to(value.dtype))
+        grad_a = grad_b = None
+        if grad_acc is not None:
+            grad_a, grad_b = _product_grads(op, A, B, grad_acc, needs[0], needs[1])
+        return (grad_a, grad_b, *operand_grads)
+
+    torch.library.register_autograd(f"{op.namespace}::{op.name}", backward, setup_context=setup_context, lib=lib)
+
+
+def _register_out_refusal(op: OpHandle, lib: torch.library.Library) -> None:
+    def out_autograd(A: torch.Tensor, B: torch.Tensor, *values: object, out: torch.Tensor) -> torch.Tensor:
         # As aten's out= ops: not differentiable, and said so at the call rather than at backward().
-        if torch.is_grad_enabled() and any(t.requires_grad for t in (A, B, out) if isinstance(t, torch.Tensor)):
+        tensors = (A, B, out, *values)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors if isinstance(t, torch.Tensor)):
             raise RuntimeError(f"{op.name}.out: functions with out=... arguments don't support automatic "
                                "differentiation, but one of the arguments requires grad: call the op without "
                                "out= (its backward is registered)")
         with torch._C._AutoDispatchBelowAutograd():
-            return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, out=out)
+            return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, *values, out=out)
 
     lib.impl(f"{op.name}.out", out_autograd, "Autograd")

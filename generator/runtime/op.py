@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import Any, Sequence
 
 import torch
 
@@ -32,6 +33,7 @@ from .autograd import register_autograd
 from .checks import INT32_MAX, TORCH_DTYPES, leading_dim, order_of, other_layout
 from .library import PATHS, GemmArgsStruct, KernelLibrary
 from .loader import build_libraries, load_library
+from .operands import bind, check_operands, check_out_aliasing, check_static, schema_arguments, schema_returns
 
 
 class GemmOp:
@@ -59,15 +61,25 @@ class GemmOp:
                         f"D (M, N) {config.layout.c.value}-major. Kernel {self.name}. Operands whose base "
                         "address or leading dimension is not 16-byte aligned run on a slower unaligned kernel.")
 
-    def __call__(self, A: torch.Tensor, B: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, out: torch.Tensor | None = None,
+                 **named: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``op(A, B, *epilogue operands, out=None)``; the operands also by name (``bias=b``). A plan whose
+        epilogue has a second output returns ``(D, aux)``."""
         # The dispatcher would reject a non-tensor with a RuntimeError about the schema; say it plainly.
         # Trace-safe: under torch.compile these are isinstance checks on FakeTensors, no graph break.
         for value, what in ((A, "A"), (B, "B"), (out, "out")):
             if value is not None and not isinstance(value, torch.Tensor):
                 raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+        ep = self.config.epilogue
+        values = bind(ep, operands, named)
+        for op, value in zip(ep.operands, values):
+            check_static(op, value, A)
         if out is None:
-            return self.op.default(A, B)
-        return self.op.out(A, B, out=out)
+            return self.op.default(A, B, *values)
+        if ep.aux is not None:
+            raise ValueError(f"{self.name} has a second output (aux), which out= cannot receive: call it without "
+                             "out= (it returns (D, aux))")
+        return self.op.out(A, B, *values, out=out)
 
     def __repr__(self) -> str:
         return f"GemmOp(torch.ops.{self.namespace}.{self.name})"
@@ -95,7 +107,8 @@ class GemmOp:
                     first._attach(library)
             self.cpp_kernel = first.cpp_kernel
             return
-        if self.device_type == "cuda":
+        # The C++ call path knows the plain schema (A, B) only; an epilogue's operands go through Python.
+        if self.device_type == "cuda" and self.config.epilogue.is_identity:
             self.cpp_kernel = jit_runtime.RUNTIME.register(self, library)
 
     @property
@@ -169,7 +182,8 @@ class GemmOp:
                              f"{order.value}-major: pass out={fix} or plan with layout_c={other!r}")
         return ld
 
-    def _check_meta(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None) -> None:
+    def _check_meta(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
+                    operands: Sequence[Any] = ()) -> None:
         """The checks a fake implementation can make without guarding on sizes or strides.
 
         Types, ranks, dtypes and devices are static under torch.compile; K must agree (a
@@ -187,6 +201,8 @@ class GemmOp:
             raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
         torch._check_with(ValueError, A.shape[1] == B.shape[0],
                           lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
+        for op, value in zip(self.config.epilogue.operands, operands):
+            check_static(op, value, A)
         if out is not None:
             if out.dtype != self.out_dtype:
                 raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}")
@@ -211,29 +227,48 @@ class GemmOp:
 
     # -- launch -----------------------------------------------------------------------------------
 
-    def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, lda: int, ldb: int, ldd: int) -> GemmArgsStruct:
-        return GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), A.shape[0], B.shape[1], A.shape[1],
+    def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, lda: int, ldb: int, ldd: int,
+              slots: Sequence[tuple[int, int, float]] = (), aux: torch.Tensor | None = None) -> GemmArgsStruct:
+        args = GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), A.shape[0], B.shape[1], A.shape[1],
                               lda, ldb, ldd)
+        for i, (ptr, ld, scalar) in enumerate(slots):
+            args.ep_ptr[i], args.ep_ld[i], args.ep_scalar[i] = ptr, ld, scalar
+        if aux is not None:
+            args.aux, args.ldaux = aux.data_ptr(), ldd
+        return args
 
-    def path(self, A: torch.Tensor, B: torch.Tensor) -> str:
-        """Which kernel ``op(A, B)`` takes: 'fast' or 'unaligned'."""
+    def path(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, **named: Any) -> str:
+        """Which kernel ``op(A, B, ...)`` takes: 'fast' or 'unaligned' (the epilogue's operands do not decide)."""
+        bind(self.config.epilogue, operands, named)
         lda, ldb = self._check(A, B)
         D = self._empty_out(A, B)
         args = self._args(A, B, D, lda, ldb, leading_dim(D, self.config.layout.c))
         return PATHS[self.library.choose_path(ctypes.byref(args))]
 
-    def run(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    def _outputs(self, D: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        return D if aux is None else (D, aux)
+
+    def run(self, A: torch.Tensor, B: torch.Tensor, operands: Sequence[Any], out: torch.Tensor | None
+            ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        ep = self.config.epilogue
         if isinstance(A, torch.Tensor) and A.device.type == "meta":
             # Shape inference on meta tensors: .out reaches here (the default overload has its fake as
             # its Meta kernel, but .out's CompositeImplicitAutograd decomposition rules out a Meta kernel).
-            self._check_meta(A, B, out)
-            return self._empty_out(A, B) if out is None else out
+            self._check_meta(A, B, out, operands)
+            D = self._empty_out(A, B) if out is None else out
+            return self._outputs(D, self._empty_out(A, B) if ep.aux is not None else None)
         lda, ldb = self._check(A, B)
+        slots = check_operands(ep, operands, A, A.shape[0], B.shape[1])
         D = self._empty_out(A, B) if out is None else out
-        ldd = self._check_out(D, A, B) if out is not None else leading_dim(D, self.config.layout.c)
+        if out is not None:
+            ldd = self._check_out(D, A, B)
+            check_out_aliasing(ep, operands, out, self.config.layout.c, A, B)
+        else:
+            ldd = leading_dim(D, self.config.layout.c)
+        aux = self._empty_out(A, B) if ep.aux is not None else None
         if D.numel() == 0:
-            return D
-        args = self._args(A, B, D, lda, ldb, ldd)
+            return self._outputs(D, aux)
+        args = self._args(A, B, D, lda, ldb, ldd, slots, aux)
         device = A.device
         if torch.cuda.current_device() != device.index:
             with torch.cuda.device(device):
@@ -243,7 +278,7 @@ class GemmOp:
         if code != 0:
             message = self.library.error_string(code).decode()
             raise RuntimeError(f"{self.name}: launch failed: {message}")
-        return D
+        return self._outputs(D, aux)
 
 
 # The torch.library registrations must outlive the call that made them; keyed by qualified name.
@@ -275,16 +310,26 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
     # may come back to this op (the layouts of dA and dB of dA ... form a small closed set).
     _LIBRARIES[qualname] = (lib, op)
     try:
-        _define(lib, f"{op.name}(Tensor A, Tensor B) -> Tensor")
-        _define(lib, f"{op.name}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)")
+        ep = op.config.epilogue
+        operands = schema_arguments(ep)
+        _define(lib, f"{op.name}(Tensor A, Tensor B{operands}) -> {schema_returns(ep)}")
+        _define(lib, f"{op.name}.out(Tensor A, Tensor B{operands}, *, Tensor(a!) out) -> Tensor(a!)")
         # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
         # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
-        lib.impl(op.name, lambda A, B: op.run(A, B, None), "CompositeExplicitAutograd")
-        lib.impl(f"{op.name}.out", lambda A, B, out: op.run(A, B, out), "CompositeExplicitAutograd")
+        lib.impl(op.name, lambda A, B, *values: op.run(A, B, values, None), "CompositeExplicitAutograd")
 
-        def fake(A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-            op._check_meta(A, B)
-            return op._empty_out(A, B)  # the real output's strides: row-major D, or (1, M) for layout_c='col'
+        def run_out(A: torch.Tensor, B: torch.Tensor, *values: Any, out: torch.Tensor) -> torch.Tensor:
+            if ep.aux is not None:
+                raise ValueError(f"{op.name}.out: the plan has a second output (aux), which out= cannot receive: "
+                                 "call the op without out=")
+            return op.run(A, B, values, out)
+
+        lib.impl(f"{op.name}.out", run_out, "CompositeExplicitAutograd")
+
+        def fake(A: torch.Tensor, B: torch.Tensor, *values: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+            op._check_meta(A, B, None, values)
+            # the real output's strides: row-major D, or (1, M) for layout_c='col'
+            return op._outputs(op._empty_out(A, B), op._empty_out(A, B) if ep.aux is not None else None)
 
         torch.library.register_fake(qualname, fake, lib=lib)
 
@@ -294,9 +339,9 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
         # fake for an op that has a CompositeImplicitAutograd kernel (the decomposition is its fake).
         default = getattr(getattr(torch.ops, op.namespace), op.name).default
 
-        def out_decomposition(A: torch.Tensor, B: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-            op._check_meta(A, B, out)
-            return out.copy_(default(A, B))
+        def out_decomposition(A: torch.Tensor, B: torch.Tensor, *values: Any, out: torch.Tensor) -> torch.Tensor:
+            op._check_meta(A, B, out, values)
+            return out.copy_(default(A, B, *values))
 
         lib.impl(f"{op.name}.out", out_decomposition, "CompositeImplicitAutograd")
 

@@ -36,8 +36,8 @@ def test_cpp_kernel_matches_the_python_path(ops, layout):
         cpp = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         python = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         op(a, b, out=cpp)
-        op.run(a, b, python)
-        assert torch.equal(cpp, python) and torch.equal(op(a, b), op.run(a, b, None))
+        op.run(a, b, (), python)
+        assert torch.equal(cpp, python) and torch.equal(op(a, b), op.run(a, b, (), None))
         ref = a.double() @ b.double()
         if k:
             assert ((cpp.double() - ref).norm() / ref.norm()).item() < 1e-2
@@ -62,7 +62,7 @@ def test_cpp_kernel_says_what_the_python_path_says(ops):
         "A on the CPU": (a.cpu(), b),
     }
     for case, (x, y) in bad_operands.items():
-        assert _error(lambda: op(x, y)) == _error(lambda: op.run(x, y, None)), case
+        assert _error(lambda: op(x, y)) == _error(lambda: op.run(x, y, (), None)), case
     bad_outs = {
         "shape": torch.empty(10, 10, device="cuda", dtype=torch.bfloat16),
         "dtype": torch.empty(64, 48, device="cuda"),
@@ -70,7 +70,7 @@ def test_cpp_kernel_says_what_the_python_path_says(ops):
         "order": torch.empty(48, 64, device="cuda", dtype=torch.bfloat16).t(),
     }
     for case, out in bad_outs.items():
-        assert _error(lambda: op(a, b, out=out)) == _error(lambda: op.run(a, b, out)), case
+        assert _error(lambda: op(a, b, out=out)) == _error(lambda: op.run(a, b, (), out)), case
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

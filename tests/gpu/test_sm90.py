@@ -196,7 +196,7 @@ def test_first_launch_in_a_new_thread():
 
         def first_call() -> None:
             try:
-                op(a, b, out=out) if path == "cpp" else op.run(a, b, out)
+                op(a, b, out=out) if path == "cpp" else op.run(a, b, (), out)
                 torch.cuda.current_stream().synchronize()
             except BaseException as e:  # noqa: BLE001 - handed to the main thread
                 errors.append(e)
