@@ -12,6 +12,7 @@
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
 #   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
+#   STEPS=epilogue EPILOGUE_ARGS="--no-inductor" gpu/run_all.sh   (fused epilogues vs cuBLASLt, addmm, Inductor)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -35,6 +36,7 @@ for step in $STEPS; do
     inductor) python3 benchmarks/inductor_compare.py --json "$OUT/inductor_compare.json" ${INDUCTOR_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/inductor_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     power)  python3 gpu/power_probe.py --json "$OUT/power_probe.json" ${POWER_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/power_probe.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ceiling) python3 gpu/mma_ceiling.py --json "$OUT/mma_ceiling.json" ${CEILING_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/mma_ceiling.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    epilogue) python3 benchmarks/bench_epilogue.py --json "$OUT/bench_epilogue${EPILOGUE_TAG:-}.json" ${EPILOGUE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_epilogue${EPILOGUE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer

@@ -1,0 +1,221 @@
+"""Fused epilogues on the GPU, both kernel families: every activation and operand kind against a float64
+reference of the whole expression (generator.runtime.evaluate on the float64 accumulator), ragged sizes,
+every layout of A, B, C and D, output dtypes, NaN-poisoned outputs, the second output, K = 0, the in-place
+``D += A @ B``, bad operands (each refused, the next call right), repeatability, and autograd.
+
+All kernels are built in one parallel ninja run (module fixture)."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+import torch.nn.functional as F  # noqa: E402
+
+from gpu_cases import BOUND, RAGGED  # noqa: E402
+from generator import Gemm  # noqa: E402
+from generator import epilogue as ep  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+IS_SM90 = torch.cuda.get_device_capability() >= (9, 0)
+ACTIVATIONS = ("relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def fused(acc, bias: ep.Col, C: ep.Matrix, alpha: ep.Scalar, beta: ep.Scalar):
+    return ep.silu(alpha * acc + bias) + beta * C
+
+
+COL_MAJOR_FP32 = ep.Matrix(dtype="fp32", order="col")
+
+
+def rowwise(acc, scale: ep.Row, R: COL_MAJOR_FP32):
+    z = scale * acc
+    return ep.clamp(ep.tanh(z) + R, -0.75, 0.75) / 2.0 + ep.max(ep.abs(z), R) - ep.min(z, 0.5), z
+
+
+def with_aux(acc, bias: ep.Col):
+    h = acc + bias
+    return ep.gelu(h), h
+
+
+def residual(acc, C: ep.Matrix):
+    return acc + C
+
+
+# (id, Gemm kwargs): the families' kernels under test. sm90 ones are skipped on an older GPU.
+PLANS: dict[str, dict] = {}
+for family in ("sm90", "sm80"):
+    arch = {"family": family}
+    for act in ACTIVATIONS:
+        PLANS[f"{family}_{act}"] = dict(dtype="bf16", layout="tn", activation=act, bias="col", **arch)
+    PLANS[f"{family}_fused_nt"] = dict(dtype="fp16", layout="nt", epilogue=fused, **arch)
+    PLANS[f"{family}_rowwise_nn_fp32"] = dict(dtype="bf16", layout="nn", out_dtype="fp32", epilogue=rowwise, **arch)
+    PLANS[f"{family}_aux_dcol"] = dict(dtype="bf16", layout="tt", layout_c="col", epilogue=with_aux, **arch)
+    PLANS[f"{family}_residual"] = dict(dtype="bf16", layout="tn", epilogue=residual, **arch)
+    PLANS[f"{family}_row_bias_fp16out"] = dict(dtype="bf16", layout="tn", out_dtype="fp16", bias="row",
+                                               activation="relu", **arch)
+PLANS["sm90_fused_pingpong"] = dict(dtype="bf16", layout="tn", epilogue=fused, family="sm90", schedule="pingpong",
+                                    tile_shape=(128, 128, 64))
+PLANS["sm90_fused_256x128_c1x2"] = dict(dtype="bf16", layout="tn", epilogue=fused, family="sm90",
+                                        tile_shape=(256, 128, 64), cluster_shape=(1, 2))
+
+
+def wanted(key: str) -> bool:
+    return IS_SM90 or not key.startswith("sm90")
+
+
+@pytest.fixture(scope="module")
+def ops():
+    arch = torch.cuda.get_device_capability()
+    plans = {key: Gemm(arch=arch[0] * 10 + arch[1], **kw) for key, kw in PLANS.items() if wanted(key)}
+    unique = {p.name: p.config for p in plans.values()}
+    built = dict(zip(unique, compile_many(list(unique.values()), namespace="gemmgen_ep_test")))
+    return {key: built[p.name] for key, p in plans.items()}
+
+
+def operand(t: torch.dtype, shape: tuple[int, ...], order: str = "row") -> torch.Tensor:
+    if order == "col" and len(shape) == 2:
+        return torch.randn(shape[::-1], device="cuda").to(t).t()
+    return torch.randn(shape, device="cuda").to(t)
+
+
+def inputs(op, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor, list]:
+    cfg = op.config
+    dt = TORCH[cfg.dtype.value]
+    a = operand(dt, (m, k), cfg.layout.a.value)
+    b = operand(dt, (k, n), cfg.layout.b.value)
+    values = []
+    for o in cfg.epilogue.operands:
+        if o.kind == "scalar":
+            values.append(float(torch.empty(()).uniform_(0.5, 2.0)))
+        elif o.kind in ("row", "col"):
+            values.append(operand(TORCH[o.dtype.value], (m if o.kind == "row" else n,)))
+        else:
+            values.append(operand(TORCH[o.dtype.value], (m, n), o.order.value))
+    return a, b, values
+
+
+def reference(op, a, b, values):
+    ep_ = op.config.epilogue
+    acc = a.double() @ b.double()
+    return evaluate(ep_, acc, operand_values(ep_, values, torch.float64))
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(op, m, n, k, poisoned_out: bool = True) -> None:
+    a, b, values = inputs(op, m, n, k)
+    bound = BOUND[TORCH[op.config.dtype.value]]
+    d_ref, aux_ref = reference(op, a, b, values)
+    if op.config.epilogue.aux is None and poisoned_out:
+        out = op._empty_out(a, b).fill_(float("nan"))
+        got = op(a, b, *values, out=out)
+        assert got is out
+        results = [(out, d_ref)]
+    else:
+        got = op(a, b, *values)
+        results = list(zip(got, (d_ref, aux_ref))) if aux_ref is not None else [(got, d_ref)]
+    for t, ref in results:
+        assert t.dtype == TORCH[op.config.out_dtype.value]
+        assert torch.isfinite(t).all(), f"{op.name} {m}x{n}x{k}: unwritten or non-finite elements"
+        err = rel(t, ref)
+        assert err <= bound, f"{op.name} {m}x{n}x{k}: rel err {err:.2e} > {bound}"
+
+
+SHAPES = [(1000, 1000, 1000), (RAGGED[4], RAGGED[5], RAGGED[6]), (RAGGED[1], RAGGED[3], RAGGED[2]),
+          (RAGGED[7], RAGGED[0], RAGGED[8]), (257, 4097, 129)]
+
+
+@pytest.mark.parametrize("key", [k for k in PLANS], ids=list(PLANS))
+def test_epilogue_against_float64(ops, key):
+    if key not in ops:
+        pytest.skip("sm90 family needs an sm_90 GPU")
+    for m, n, k in SHAPES:
+        check(ops[key], m, n, k)
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_k_zero_is_the_epilogue_of_zero(ops, family):
+    if f"{family}_fused_nt" not in ops:
+        pytest.skip("sm90 family needs an sm_90 GPU")
+    op = ops[f"{family}_fused_nt"]
+    check(op, 130, 70, 0)
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+def test_in_place_d_plus_equals_a_b(ops, family):
+    if f"{family}_residual" not in ops:
+        pytest.skip("sm90 family needs an sm_90 GPU")
+    op = ops[f"{family}_residual"]
+    for m, n, k in ((2048, 2048, 512), (1000, 1003, 77)):
+        a, b, (c,) = inputs(op, m, n, k)
+        ref = a.double() @ b.double() + c.double()
+        got = op(a, b, c, out=c)
+        assert got is c and rel(c, ref) <= BOUND[torch.bfloat16]
+
+
+def test_repeated_runs_are_bit_identical(ops):
+    for key in ("sm90_fused_nt", "sm80_fused_nt", "sm90_aux_dcol"):
+        if key not in ops:
+            continue
+        op = ops[key]
+        a, b, values = inputs(op, 2000, 1500, 700)
+        first = op(a, b, *values)
+        for _ in range(5):
+            again = op(a, b, *values)
+            pairs = zip(first, again) if isinstance(first, tuple) else [(first, again)]
+            assert all(torch.equal(x, y) for x, y in pairs), f"{op.name}: results move between runs (a race?)"
+
+
+BAD = {
+    "bias too short": lambda a, b, v: (v[0][:-1], *v[1:]),
+    "bias wrong dtype": lambda a, b, v: (v[0].float(), *v[1:]),
+    "bias on the CPU": lambda a, b, v: (v[0].cpu(), *v[1:]),
+    "bias strided": lambda a, b, v: (torch.randn(2 * v[0].shape[0], device="cuda").to(v[0].dtype)[::2], *v[1:]),
+    "C wrong shape": lambda a, b, v: (v[0], v[1][:-1], *v[2:]),
+    "C column-major": lambda a, b, v: (v[0], v[1].t().contiguous().t(), *v[2:]),
+    "alpha a tensor": lambda a, b, v: (v[0], v[1], torch.tensor(1.0), v[3]),
+    "missing beta": lambda a, b, v: tuple(v[:3]),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_operands_are_refused_and_the_next_call_is_right(ops, case):
+    op = ops["sm90_fused_nt"] if "sm90_fused_nt" in ops else ops["sm80_fused_nt"]
+    a, b, values = inputs(op, 300, 200, 100)
+    with pytest.raises((TypeError, ValueError)):
+        op(a, b, *BAD[case](a, b, values))
+    check(op, 300, 200, 100)
+
+
+def test_operands_by_keyword(ops):
+    op = ops["sm90_fused_nt"] if "sm90_fused_nt" in ops else ops["sm80_fused_nt"]
+    a, b, (bias, c, alpha, beta) = inputs(op, 256, 384, 128)
+    positional = op(a, b, bias, c, alpha, beta)
+    assert torch.equal(op(a, b, bias=bias, C=c, alpha=alpha, beta=beta), positional)
+    assert torch.equal(getattr(torch.ops.gemmgen_ep_test, op.name)(a, b, bias, c, alpha, beta), positional)
+
+
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu", "relu"])
+def test_autograd_against_float64(ops, act):
+    key = f"sm90_{act}" if IS_SM90 else f"sm80_{act}"
+    op = ops[key]
+    m, n, k = 300, 260, 200
+    x = torch.randn(m, k, device="cuda").bfloat16().requires_grad_()
+    w = torch.randn(n, k, device="cuda").bfloat16().requires_grad_()
+    bias = torch.randn(n, device="cuda").bfloat16().requires_grad_()
+    g = torch.randn(m, n, device="cuda").bfloat16()
+    got = torch.autograd.grad(op(x, w.t(), bias), (x, w, bias), g)
+    fn = {"gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "silu": F.silu, "relu": F.relu}[act]
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, bias))
+    want = torch.autograd.grad(fn(x64 @ w64.t() + b64), (x64, w64, b64), g.double())
+    for name, gt, wt in zip(("dx", "dW", "dbias"), got, want):
+        assert gt.dtype == torch.bfloat16
+        assert rel(gt, wt) <= 2e-2, f"{act} {name}: {rel(gt, wt):.2e}"
