@@ -7,7 +7,9 @@ every ``nn.Linear`` of a model for it.
     model(x).sum().backward()             # forward and backward (dA, dB) on generated kernels
 
 The module shares the original layer's ``weight`` and ``bias`` Parameters (same objects, same
-``state_dict`` keys), so an optimizer built before or after the swap trains them.
+``state_dict`` keys), so an optimizer built before or after the swap trains them. The bias is added in
+the kernel's epilogue, and ``replace_linear`` also fuses an activation module that directly follows a
+Linear inside an ``nn.Sequential`` (the activation module becomes ``nn.Identity``).
 """
 from __future__ import annotations
 
@@ -23,6 +25,22 @@ from .spec.types import INPUT_DTYPES, Order, parse_dtype
 
 __all__ = ["Linear", "plan_linear", "replace_linear"]
 
+#: Activation modules replace_linear fuses into the Linear before them, by the epilogue's name for each.
+_FUSABLE = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
+#: The same activations in torch, for the fallback path of Linear.
+_TORCH_ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu,
+                      "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"), "silu": F.silu,
+                      "sigmoid": torch.sigmoid, "tanh": torch.tanh}
+
+
+def fusable_activation(module: nn.Module) -> str | None:
+    """The epilogue activation equal to ``module`` (an nn.ReLU, nn.GELU, ...), or None if it has none."""
+    if isinstance(module, nn.GELU):
+        return {"none": "gelu", "tanh": "gelu_tanh"}.get(module.approximate)
+    if type(module) in _FUSABLE:
+        return _FUSABLE[type(module)]
+    return None
+
 
 def _compute_dtype(linear: nn.Linear, dtype: object) -> torch.dtype:
     weight_dtype = linear.weight.dtype
@@ -37,17 +55,20 @@ def _compute_dtype(linear: nn.Linear, dtype: object) -> torch.dtype:
 
 
 def plan_linear(linear: nn.Linear, *, dtype: object = None, arch: object = None, m: int | None = None,
-                namespace: str = DEFAULT_NAMESPACE) -> Gemm:
-    """The plan for ``x @ W.t()`` of this layer: layout "tn" (x row-major, W.t() column-major),
-    planned for N = out_features, K = in_features and M = ``m`` (default: a large M)."""
+                activation: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> Gemm:
+    """The plan for ``act(x @ W.t() + b)`` of this layer: layout "tn" (x row-major, W.t() column-major), the
+    bias (if the layer has one) and ``activation`` in the epilogue, planned for N = out_features,
+    K = in_features and M = ``m`` (default: a large M)."""
     dtype_ = _compute_dtype(linear, dtype)
     n, k = linear.out_features, linear.in_features
     hints = dict(m=m, n=n, k=k) if n > 0 and k > 0 else {}
-    return Gemm(dtype=dtype_, layout="tn", arch=arch, namespace=namespace, **hints)
+    bias = "col" if linear.bias is not None else None
+    return Gemm(dtype=dtype_, layout="tn", arch=arch, namespace=namespace, bias=bias, activation=activation,
+                **hints)
 
 
 class Linear(nn.Module):
-    """``y = x @ W.t() + b`` with the matmul on a generated kernel; the same Parameters as ``linear``.
+    """``y = act(x @ W.t() + b)`` on one generated kernel; the same Parameters as ``linear``.
 
     * **Weights**: ``self.weight`` and ``self.bias`` are the wrapped layer's Parameter objects, so
       training updates the original layer too, and ``state_dict`` keys are ``nn.Linear``'s.
@@ -61,9 +82,8 @@ class Linear(nn.Module):
       depends mostly on N and K; one op per layer keeps torch.compile to one graph for every M (a
       dynamic M traces one op and does not recompile) and never builds a kernel in the middle of a
       forward pass. Pass ``m=`` (e.g. the token count) when M is known and small.
-    * **Bias**: added by a separate elementwise add after the matmul (torch.compile fuses it into the
-      next elementwise work), because the kernels' epilogue has no bias yet; once it has one, the bias
-      moves into the kernel.
+    * **Bias and activation**: the bias is added in the kernel's epilogue (no separate add);
+      ``activation=`` ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh") is applied there too.
     * **Fallback**: inputs the kernel cannot take (not on the weights' CUDA device, or of a dtype other
       than the compute or weight dtype) run ``torch.nn.functional.linear`` instead, with a warning the
       first time.
@@ -71,7 +91,7 @@ class Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear, *, dtype: object = None, arch: object = None, m: int | None = None,
-                 op: GemmOp | None = None) -> None:
+                 activation: str | None = None, op: GemmOp | None = None) -> None:
         super().__init__()
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"Linear wraps a torch.nn.Linear, got {type(linear).__name__}")
@@ -82,17 +102,26 @@ class Linear(nn.Module):
             self.register_parameter("bias", None)
         else:
             self.bias = linear.bias
+        if activation not in _TORCH_ACTIVATIONS:
+            choices = ", ".join(repr(a) for a in _TORCH_ACTIVATIONS)
+            raise ValueError(f"activation={activation!r}: use one of {choices}")
+        self.activation = activation
         if op is None:
-            op = plan_linear(linear, dtype=dtype, arch=arch, m=m).compile()
+            op = plan_linear(linear, dtype=dtype, arch=arch, m=m, activation=activation).compile()
         elif op.config.layout.blas != "tn":
             raise ValueError(f"{op!r} has layout {op.config.layout.blas!r}; Linear computes x @ W.t(): plan with layout='tn'")
+        expected = plan_linear(linear, dtype=op.dtype, arch=op.config.arch, activation=activation).config.epilogue
+        if op.config.epilogue != expected:
+            raise ValueError(f"{op!r} computes {op.config.epilogue.text}; this layer needs {expected.text}: plan it "
+                             "with generator.nn.plan_linear(layer, activation=...)")
         self.op = op
         self.compute_dtype = op.dtype
         self._warned = False
 
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"op={self.op.name}")
+        act = f", activation={self.activation!r}" if self.activation else ""
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+                f"{act}, op={self.op.name}")
 
     def _cannot_take(self, x: torch.Tensor) -> str | None:
         """Why the kernel cannot take ``x`` (None if it can)."""
@@ -112,7 +141,7 @@ class Linear(nn.Module):
                 self._warned = True
                 warnings.warn(f"generator.nn.Linear({self.in_features}, {self.out_features}): {reason}; "
                               "using torch.nn.functional.linear", stacklevel=2)
-            return F.linear(x, self.weight, self.bias)
+            return _TORCH_ACTIVATIONS[self.activation](F.linear(x, self.weight, self.bias))
         w = self.weight if self.weight.dtype == self.compute_dtype else self.weight.to(self.compute_dtype)
         if leading_dim(w, Order.row) is None:
             w = w.contiguous()
@@ -121,9 +150,10 @@ class Linear(nn.Module):
             x2 = x2.to(self.compute_dtype)
         if leading_dim(x2, Order.row) is None:
             x2 = x2.contiguous()
-        y = self.op(x2, w.t())
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
+        if self.bias is None:
+            y = self.op(x2, w.t())
+        else:
+            y = self.op(x2, w.t(), self.bias.to(self.op.out_dtype))
         y = y.reshape(*x.shape[:-1], self.out_features)
         return y if y.dtype == x.dtype else y.to(x.dtype)
 
@@ -134,21 +164,49 @@ def _swappable(module: nn.Module) -> bool:
     return isinstance(module, nn.Linear) and type(module).forward is nn.Linear.forward
 
 
-def replace_linear(model: nn.Module, *, dtype: object = None, arch: object = None, m: int | None = None) -> int:
+def _fused_activations(model: nn.Module, layers: dict[int, nn.Linear]) -> dict[int, tuple[nn.Module, str, str]]:
+    """Linear layers followed, inside an nn.Sequential, by an activation module the epilogue has:
+    {id(layer): (sequential, the activation's child name, epilogue activation)}. A layer used in more than
+    one place keeps its activations unfused (each use would need its own)."""
+    uses: dict[int, int] = {}
+    for parent in model.modules():
+        for child in parent.children():
+            uses[id(child)] = uses.get(id(child), 0) + 1
+    found = {}
+    for parent in model.modules():
+        if not isinstance(parent, nn.Sequential):
+            continue
+        children = list(parent.named_children())
+        for (_, child), (next_name, follower) in zip(children, children[1:]):
+            act = fusable_activation(follower)
+            if id(child) in layers and act is not None and uses[id(child)] == 1 and uses[id(follower)] == 1:
+                found[id(child)] = (parent, next_name, act)
+    return found
+
+
+def replace_linear(model: nn.Module, *, dtype: object = None, arch: object = None, m: int | None = None,
+                   fuse_activations: bool = True) -> int:
     """Swap every ``nn.Linear`` inside ``model`` for ``generator.nn.Linear``, in place; returns the count.
 
-    Layers of equal (out_features, in_features, dtype) share one op; all distinct kernels are built
-    in one parallel ninja run (cached). ``dtype``, ``arch`` and ``m`` as for ``Linear``; every layer's
-    compute dtype is checked before anything is swapped. ``model`` itself is not replaced when it is
-    a Linear: wrap it with ``Linear(model)``.
+    Biases go into the kernels' epilogue; with ``fuse_activations`` (default) an activation module that
+    directly follows a Linear in an ``nn.Sequential`` (ReLU, GELU, SiLU, Sigmoid, Tanh) is fused into it and
+    replaced by ``nn.Identity``. Layers of equal (out_features, in_features, dtype, bias, activation)
+    share one op; all distinct kernels are built in one parallel ninja run (cached). ``dtype``, ``arch``
+    and ``m`` as for ``Linear``; every layer's compute dtype is checked before anything is swapped.
+    ``model`` itself is not replaced when it is a Linear: wrap it with ``Linear(model)``.
     """
     parents = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if _swappable(child)]
-    layers = list({id(child): child for _, _, child in parents}.values())
-    plans = {id(layer): plan_linear(layer, dtype=dtype, arch=arch, m=m) for layer in layers}
+    layers = {id(child): child for _, _, child in parents}
+    fused = _fused_activations(model, layers) if fuse_activations else {}
+    activation = {key: fused[key][2] if key in fused else None for key in layers}
+    plans = {key: plan_linear(layer, dtype=dtype, arch=arch, m=m, activation=activation[key])
+             for key, layer in layers.items()}
     configs = list(dict.fromkeys(p.config for p in plans.values()))
     ops = dict(zip(configs, compile_many(configs, namespace=DEFAULT_NAMESPACE))) if configs else {}
-    new = {id(layer): Linear(layer, op=ops[plans[id(layer)].config]) for layer in layers}
+    new = {key: Linear(layer, activation=activation[key], op=ops[plans[key].config]) for key, layer in layers.items()}
     for parent, name, child in parents:
         setattr(parent, name, new[id(child)])
+    for sequential, name, _ in fused.values():
+        setattr(sequential, name, nn.Identity())
     return len(layers)

@@ -502,3 +502,46 @@ def test_replace_linear_checks_every_layer_before_swapping():
     with pytest.raises(ValueError, match="float32 weights"):
         gnn.replace_linear(model, arch=90)
     assert type(model[0]) is nn.Linear
+
+
+def test_replace_linear_folds_biases_and_fuses_the_following_activation(monkeypatch):
+    import generator.nn as gnn
+
+    monkeypatch.setattr(gnn, "compile_many", lambda configs, *, namespace, verbose=False:
+                        [ReferenceOp(c) for c in configs])
+    torch.manual_seed(1)
+    base = nn.Sequential(nn.Linear(24, 40), nn.GELU(approximate="tanh"), nn.Linear(40, 40), nn.SiLU(),
+                         nn.Linear(40, 8, bias=False), nn.Tanh(), nn.Linear(8, 8), nn.Softplus()).to(torch.bfloat16)
+    ours = copy.deepcopy(base)
+    assert gnn.replace_linear(ours, arch=90) == 4
+    acts = [layer.activation for layer in ours if isinstance(layer, gnn.Linear)]
+    assert acts == ["gelu_tanh", "silu", "tanh", None]              # Softplus has no epilogue: left as a module
+    assert [type(m) for m in ours][1:6:2] == [nn.Identity] * 3 and isinstance(ours[7], nn.Softplus)
+    biases = [layer.op.config.epilogue.operands for layer in ours if isinstance(layer, gnn.Linear)]
+    assert [tuple(o.kind for o in ops) for ops in biases] == [("col",), ("col",), (), ("col",)]
+    x = torch.randn(6, 24, dtype=torch.bfloat16, requires_grad=True)
+    x_ref = x.detach().clone().requires_grad_()
+    y, y_ref = ours(x), base(x_ref)
+    assert rel(y, y_ref) <= 2 * BOUND[torch.bfloat16]
+    g = torch.randn_like(y)
+    y.backward(g)
+    y_ref.backward(g)
+    assert rel(x.grad, x_ref.grad) <= 3 * BOUND[torch.bfloat16]
+    for p, p_ref in zip(ours.parameters(), base.parameters()):
+        assert rel(p.grad, p_ref.grad) <= 3 * BOUND[torch.bfloat16]
+    unfused = copy.deepcopy(base)
+    gnn.replace_linear(unfused, arch=90, fuse_activations=False)
+    assert isinstance(unfused[1], nn.GELU) and unfused[0].activation is None
+
+
+def test_linear_activation_knob_and_its_refusals():
+    from generator.nn import Linear, plan_linear
+
+    layer = nn.Linear(8, 4).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="activation='gleu'"):
+        Linear(layer, activation="gleu", op=ReferenceOp(plan_linear(layer, arch=90).config))
+    with pytest.raises(ValueError, match="this layer needs"):
+        Linear(layer, activation="relu", op=ReferenceOp(plan_linear(layer, arch=90).config))
+    ours = Linear(layer, activation="relu", op=ReferenceOp(plan_linear(layer, arch=90, activation="relu").config))
+    x = torch.randn(5, 8, dtype=torch.bfloat16)
+    assert rel(ours(x), torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias))) <= BOUND[torch.bfloat16]
