@@ -8,6 +8,8 @@ Columns, TFLOP/s of the GEMM (2MNK / time), do_bench medians over interleaved ro
   ours_gelu_tanh     ours with bias (per column) + gelu_tanh fused
   ours_silu          ours with bias + silu fused
   ours_axpby         ours with 2.0 * acc + 0.5 * C fused (C bf16, M x N)
+  ours_bias          ours with acc + bias (what reading the vector costs; compare addmm_bias)
+  ours_gelu_tanh_only  ours with gelu_tanh(acc) (what the activation's math costs, no operand)
   addmm_act_gelu     torch._addmm_activation(b, x, W.t(), use_gelu=True): cuBLASLt's fused bias + GELU
   addmm_bias         torch.addmm(b, x, W.t())
   addmm_beta_c       torch.addmm(C, x, W.t(), beta=0.5, alpha=2.0)
@@ -42,6 +44,8 @@ EPILOGUES = {
     "gelu_tanh": {"activation": "gelu_tanh", "bias": "col"},
     "silu": {"activation": "silu", "bias": "col"},
     "axpby": {"alpha": ALPHA, "beta": BETA},
+    "bias": {"bias": "col"},                       # acc + bias: what the loads alone cost (vs addmm_bias)
+    "gelu_tanh_only": {"activation": "gelu_tanh"},  # no operand: what the activation's math alone costs
 }
 BOUND = 1e-2
 
@@ -68,9 +72,11 @@ def measure_shape(m: int, n: int, k: int, ops: dict, with_inductor: bool, rounds
     wt = w.t()
     acc = x.float() @ w.float().t()
     refs = {"gelu_tanh": F.gelu(acc + b.float(), approximate="tanh"), "silu": F.silu(acc + b.float()),
-            "axpby": ALPHA * acc + BETA * c.float(), "plain": acc}
+            "axpby": ALPHA * acc + BETA * c.float(), "plain": acc, "bias": acc + b.float(),
+            "gelu_tanh_only": F.gelu(acc, approximate="tanh")}
     calls = {"ours_plain": lambda: ops["plain"](x, wt), "ours_gelu_tanh": lambda: ops["gelu_tanh"](x, wt, b),
-             "ours_silu": lambda: ops["silu"](x, wt, b), "ours_axpby": lambda: ops["axpby"](x, wt, c)}
+             "ours_silu": lambda: ops["silu"](x, wt, b), "ours_axpby": lambda: ops["axpby"](x, wt, c),
+             "ours_bias": lambda: ops["bias"](x, wt, b), "ours_gelu_tanh_only": lambda: ops["gelu_tanh_only"](x, wt)}
     errors = {name: rel_err(fn(), refs[name.removeprefix("ours_")]) for name, fn in calls.items()}
     bad = {name: e for name, e in errors.items() if not e <= BOUND}
     if bad:
@@ -104,6 +110,7 @@ def measure_shape(m: int, n: int, k: int, ops: dict, with_inductor: bool, rounds
     ratio["silu_vs_addmm_act"] = ms["addmm_act_gelu"] / ms["ours_silu"]
     ratio["axpby_vs_addmm_beta_c"] = ms["addmm_beta_c"] / ms["ours_axpby"]
     ratio["axpby_vs_plain"] = ms["ours_plain"] / ms["ours_axpby"]
+    ratio["bias_vs_addmm_bias"] = ms["addmm_bias"] / ms["ours_bias"]
     row["ratios"] = {k_: round(v, 3) for k_, v in ratio.items()}
     torch._dynamo.reset()
     return row
@@ -114,10 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--family", default=None, help="sm80 or sm90 (default: the planner's)")
+    ap.add_argument("--knobs", default="",
+                    help="Gemm knobs for every plan, e.g. 'schedule=pingpong,tile_shape=128x128x64'")
     ap.add_argument("--no-inductor", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     family = {"family": args.family} if args.family else {}
+    family.update(parse_knobs(args.knobs))
     shapes = parse_shapes(args.shapes)
     plans = {(s, name): Gemm("bf16", "tn", m=s[0], n=s[1], k=s[2], **family, **knobs)
              for s in shapes for name, knobs in EPILOGUES.items()}
@@ -138,8 +148,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def parse_knobs(text: str) -> dict[str, object]:
+    """'schedule=pingpong,stages=4' -> {'schedule': 'pingpong', 'stages': 4} (integers where they parse)."""
+    knobs: dict[str, object] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        knobs[key.strip()] = int(value) if value.strip().isdigit() else value.strip()
+    return knobs
+
+
 def print_table(rows: list[dict]) -> None:
-    cols = [c for c in ("ours_plain", "ours_gelu_tanh", "ours_silu", "ours_axpby", "addmm_act_gelu", "addmm_bias",
+    cols = [c for c in ("ours_plain", "ours_gelu_tanh", "ours_silu", "ours_axpby", "ours_bias", "ours_gelu_tanh_only",
+                        "addmm_act_gelu", "addmm_bias",
                         "addmm_beta_c", "unfused_gelu_tanh", "unfused_silu", "inductor_gelu_tanh", "inductor_silu")
             if c in rows[0]]
     print("| shape | " + " | ".join(cols) + " |")

@@ -1,11 +1,16 @@
 """An Epilogue (generator.spec.epilogue) as C++: the ``Epilogue`` functor every kernel of a config calls.
 
 The functor computes D's value of one element from its fp32 accumulator, in fp32, and stores the second
-output (aux) when the plan has one::
+output (aux) when the plan has one. Per-row and per-column vectors are read apart, once per row or column
+(``load_row``, ``load_col``), so that the kernels do not read them again for every element::
 
     struct Epilogue {
       static constexpr bool kIdentity = false;
-      __device__ static float apply(const GemmArgs& args, float acc, int64_t row, int64_t col);
+      struct Row { float ep_<name>; ... };   // the per-row vectors' values of one row (Col: of one column)
+      __device__ static Row load_row(const GemmArgs& args, int64_t row);
+      __device__ static Col load_col(const GemmArgs& args, int64_t col);
+      __device__ static float apply(const GemmArgs& args, float acc, int64_t row, int64_t col, const Row& r,
+                                    const Col& c);
     };
 
 Operand i of the plan is slot i of the launch arguments (templates/common/gemm_args.h): ``args.ep_ptr[i]``
@@ -82,9 +87,26 @@ def _leaf(node: Expr) -> str:
     return f"ep_{node.name}"
 
 
+def vector_loads(ep: Epilogue, kind: str) -> list[str]:
+    """Statements that read the ``kind`` ("row"/"col") vectors of one row or column into a ``Vectors`` value
+    ``v``: the kernels read them once per row or column, not once per element."""
+    return [f"v.{operand_variable(op)} = {operand_load(i, op)};" for i, op in enumerate(ep.operands)
+            if op.kind == kind]
+
+
+def vector_fields(ep: Epilogue, kind: str) -> list[str]:
+    return [f"float {operand_variable(op)};" for op in ep.operands if op.kind == kind]
+
+
 def functor_body(ep: Epilogue, d_row_major: bool) -> list[str]:
-    """The statements of ``apply``: operand loads, one temporary per node, the aux store, the return."""
-    lines = [f"const float {operand_variable(op)} = {operand_load(i, op)};" for i, op in enumerate(ep.operands)]
+    """The statements of ``apply``: the element's matrix and scalar operands, one temporary per node, the
+    aux store, the return. Vector operands come in ``r`` (per row) and ``c`` (per column)."""
+    lines = []
+    for i, op in enumerate(ep.operands):
+        if op.kind in ("row", "col"):
+            lines.append(f"const float {operand_variable(op)} = {op.kind[0]}.{operand_variable(op)};")
+        else:
+            lines.append(f"const float {operand_variable(op)} = {operand_load(i, op)};")
     names: dict[Expr, str] = {}
 
     def ref(node: Expr) -> str:
@@ -108,4 +130,8 @@ def functor_context(ep: Epilogue, d_row_major: bool) -> dict[str, object]:
         "epilogue_operands": [f"slot {i}: {line}" for i, line in
                               enumerate(ep.describe()[len(ep.describe()) - len(ep.operands):])],
         "epilogue_body": functor_body(ep, d_row_major),
+        "epilogue_row_fields": vector_fields(ep, "row"),
+        "epilogue_col_fields": vector_fields(ep, "col"),
+        "epilogue_row_loads": vector_loads(ep, "row"),
+        "epilogue_col_loads": vector_loads(ep, "col"),
     }

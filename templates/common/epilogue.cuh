@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "convert.cuh"
 #include "ptx/sm80.cuh"
@@ -48,9 +49,18 @@ __device__ __forceinline__ float silu(float x) { return x * sigmoid<FAST>(x); }
 
 // An operand element, read through the non-coherent (read-only) cache: the operands are inputs the
 // kernel never writes, and every element of a per-row or per-column vector is read by many threads.
+// 16-bit types are read as their bits through the builtin __ldg of unsigned short: the compiler merges two
+// reads of one element (cuda_bf16.h's __ldg overloads are inline asm, which it does not merge).
 template <typename T>
 __device__ __forceinline__ float load(const void* base, int64_t index) {
-  return to_float<T>(__ldg(static_cast<const T*>(base) + index));
+  if constexpr (sizeof(T) == 2) {
+    const unsigned short bits = __ldg(static_cast<const unsigned short*>(base) + index);
+    T value;
+    memcpy(&value, &bits, sizeof(value));
+    return to_float<T>(value);
+  } else {
+    return to_float<T>(__ldg(static_cast<const T*>(base) + index));
+  }
 }
 
 template <typename T>

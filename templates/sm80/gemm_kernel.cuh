@@ -268,23 +268,33 @@ struct Kernel {
   // stores skip them, and the epilogue's operands have no element there to read.
   __device__ __forceinline__ static void apply_epilogue(const GemmArgs& args, float (&acc)[MMA_TILES_M][MMA_TILES_N][4],
                                                         int row_base, int col_base, int lane) {
+    using Epi = typename Cfg::Epilogue;
     const int M = static_cast<int>(args.m), N = static_cast<int>(args.n);
+    // Per-row vectors once per row, per-column ones once per column: not once per element.
+    typename Epi::Row rows[MMA_TILES_M][2];
 #pragma unroll
     for (int mt = 0; mt < MMA_TILES_M; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < MMA_TILES_N; ++nt)
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_base + mt * kMmaM + accum_pair(lane, half).row;
+        rows[mt][half] = row < M ? Epi::load_row(args, row) : typename Epi::Row{};
+      }
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const AccumPair at = accum_pair(lane, half);
-          const int row = row_base + mt * kMmaM + at.row;
-          const int col = col_base + nt * kMmaN + at.col;
-          if (row >= M) continue;
+    for (int nt = 0; nt < MMA_TILES_N; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
+      for (int e = 0; e < 2; ++e) {
+        const int col = col_base + nt * kMmaN + accum_pair(lane, 0).col + e;
+        if (col >= N) continue;
+        const typename Epi::Col cols = Epi::load_col(args, col);
+#pragma unroll
+        for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = row_base + mt * kMmaM + accum_pair(lane, half).row;
             float& value = acc[mt][nt][2 * half + e];
-            if (col + e < N) value = Cfg::Epilogue::apply(args, value, row, col + e);
+            if (row < M) value = Epi::apply(args, value, row, col, rows[mt][half], cols);
           }
-        }
+      }
   }
 
   // fp32 accumulators -> D, clipped to M x N. Row-major D stores neighbouring columns in pairs.

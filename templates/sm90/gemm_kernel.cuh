@@ -724,17 +724,26 @@ struct Kernel {
     if constexpr (!Cfg::Epilogue::kIdentity) {
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
+      using Epi = typename Cfg::Epilogue;
+      // Per-row vectors once per row, per-column ones once per column: not once per element.
+      typename Epi::Row rows[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
-        if (row >= p.m) continue;
+        rows[h] = row < p.m ? Epi::load_row(args, row) : typename Epi::Row{};
+      }
 #pragma unroll
-        for (int j = j0; j < j0 + BLOCKS; ++j) {
+      for (int j = j0; j < j0 + BLOCKS; ++j) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = n0 + j * 8 + 2 * (lane % 4) + e;
+        for (int e = 0; e < 2; ++e) {
+          const int col = n0 + j * 8 + 2 * (lane % 4) + e;
+          if (col >= p.n) continue;
+          const typename Epi::Col cols = Epi::load_col(args, col);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
             float& value = acc[i][4 * j + 2 * h + e];
-            if (col < p.n) value = Cfg::Epilogue::apply(args, value, row, col);
+            if (row < p.m) value = Epi::apply(args, value, row, col, rows[h], cols);
           }
         }
       }
