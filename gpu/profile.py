@@ -29,6 +29,7 @@ def main() -> None:
     parser.add_argument("--schedule", default=None)
     parser.add_argument("--cluster", default=None)
     parser.add_argument("--raster", default=None)
+    parser.add_argument("--activation", default=None, help="a fused epilogue activation (no operands), e.g. gelu_tanh")
     parser.add_argument("--cublas", action="store_true", help="run torch.matmul on the same operands instead")
     args = parser.parse_args()
     (m, n, k), = parse_shapes(args.shape)
@@ -42,7 +43,7 @@ def main() -> None:
         return
     plan = Gemm(dtype=args.dtype, layout=args.layout, m=m, n=n, k=k, tile_shape=args.tile, warps=args.warps,
                 stages=args.stages, family=args.family, schedule=args.schedule, cluster_shape=args.cluster,
-                raster=args.raster)
+                raster=args.raster, activation=args.activation)
     op = plan.compile()
     for _ in range(5):
         op(a, b)

@@ -130,6 +130,7 @@ def functor_context(ep: Epilogue, d_row_major: bool) -> dict[str, object]:
         "epilogue_operands": [f"slot {i}: {line}" for i, line in
                               enumerate(ep.describe()[len(ep.describe()) - len(ep.operands):])],
         "epilogue_body": functor_body(ep, d_row_major),
+        "epilogue_has_matrix": bool(ep.operands_of_kind("matrix")),
         "epilogue_row_fields": vector_fields(ep, "row"),
         "epilogue_col_fields": vector_fields(ep, "col"),
         "epilogue_row_loads": vector_loads(ep, "row"),

@@ -8,17 +8,28 @@
 // (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
 // fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
 // Python (generator/runtime/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
+// A plain op gets gemm_op.h's unboxed kernels; an op with a fused epilogue (operands after A and B, maybe a
+// second output) its boxed ones, with the epilogue's operands described in the spec.
 // gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
 // defined, so a call that needs no gradient does not go through Python either.
 #include <cstddef>
 #include <cstring>
 #include <exception>
 #include <string>
+#include <vector>
 
 #include "torch/gemm_autograd.h"
 #include "torch/gemm_op.h"
 
 namespace {
+
+// One operand of an op's fused epilogue (its ctypes mirror is JitOperandSpec in jit_runtime.py).
+struct JitOperandSpec {
+  int kind;           // gemmgen::OperandKind: 0 scalar, 1 row, 2 col, 3 matrix
+  const char* name;   // its name in the schema
+  const char* dtype;  // "fp16" | "bf16" | "fp32"
+  int row;            // a matrix: 1 = row-major, 0 = column-major
+};
 
 // What generator/runtime/jit_runtime.py passes for one op (its ctypes mirror is JitOpSpec there).
 struct JitOpSpec {
@@ -33,11 +44,17 @@ struct JitOpSpec {
   const char* layout_b_flipped;
   void* launch;                  // the kernel library's <kernel>_launch
   void* error_string;            // and <kernel>_error_string
+  int num_operands;              // the fused epilogue's operands, in schema order (0 for a plain op)
+  const JitOperandSpec* operands;
+  int aux;                       // 1: the epilogue stores a second output
+  int device_type;               // c10::DeviceType of the tensors the kernels take: 1 CUDA (0 CPU: tests)
 };
 
-// An OpSpec and the strings it points to, and the registration that uses them.
+// An OpSpec and the strings and operands it points to, and the registration that uses them.
 struct RegisteredOp {
   std::string ns, op, kernel, dtype_name, out_dtype_name, layout_a_flipped, layout_b_flipped;
+  std::vector<std::string> operand_names, operand_dtype_names;  // sized once: the specs point into them
+  std::vector<gemmgen::OperandSpec> operands;
   gemmgen::OpSpec spec{};
   torch::Library* library = nullptr;
 };
@@ -49,10 +66,43 @@ c10::ScalarType scalar_type(const std::string& name) {
   TORCH_CHECK_VALUE(false, "gemmgen JIT runtime: unknown dtype '", name, "' (fp16, bf16 or fp32)");
 }
 
+// The schema Python defined for the op must be the one the operands describe: the boxed kernels read the
+// stack by this description.
+void check_schema(const RegisteredOp& entry) {
+  const auto handle = c10::Dispatcher::singleton().findSchema({entry.ns + "::" + entry.op, ""});
+  TORCH_CHECK_VALUE(handle.has_value(), "gemmgen JIT runtime: ", entry.ns, "::", entry.op, " is not defined");
+  const c10::FunctionSchema& schema = handle->schema();
+  const auto& arguments = schema.arguments();
+  const gemmgen::OpSpec& spec = entry.spec;
+  bool same = arguments.size() == gemmgen::argument_count(spec, false) &&
+              schema.returns().size() == (spec.aux ? 2u : 1u);
+  for (int i = 0; same && i < spec.num_operands; ++i) {
+    const auto& argument = arguments[2 + i];
+    const bool scalar = spec.operands[i].kind == gemmgen::OperandKind::Scalar;
+    same = argument.name() == spec.operands[i].name &&
+           argument.type()->kind() == (scalar ? c10::TypeKind::FloatType : c10::TypeKind::TensorType);
+  }
+  TORCH_CHECK_VALUE(same, "gemmgen JIT runtime: the schema of ", entry.ns, "::", entry.op,
+                    " does not match the op spec's ", spec.num_operands, " epilogue operand(s)",
+                    spec.aux ? " and aux" : "");
+}
+
 void register_op(const JitOpSpec& in) {
   TORCH_CHECK_VALUE(in.ns && in.op && in.kernel && in.dtype && in.out_dtype && in.layout_a_flipped &&
-                        in.layout_b_flipped && in.launch && in.error_string,
+                        in.layout_b_flipped && in.launch && in.error_string &&
+                        (in.num_operands == 0 || in.operands),
                     "gemmgen JIT runtime: incomplete op spec");
+  TORCH_CHECK_VALUE(in.num_operands >= 0 && in.num_operands <= GEMMGEN_MAX_EPILOGUE_OPERANDS,
+                    "gemmgen JIT runtime: ", in.num_operands, " epilogue operands (at most ",
+                    GEMMGEN_MAX_EPILOGUE_OPERANDS, ")");
+  TORCH_CHECK_VALUE(in.device_type == static_cast<int>(c10::DeviceType::CUDA) ||
+                        in.device_type == static_cast<int>(c10::DeviceType::CPU),
+                    "gemmgen JIT runtime: device type ", in.device_type, " (CUDA or a CPU stand-in)");
+  for (int i = 0; i < in.num_operands; ++i) {
+    const JitOperandSpec& o = in.operands[i];
+    TORCH_CHECK_VALUE(o.name && o.dtype && o.kind >= 0 && o.kind <= 3, "gemmgen JIT runtime: operand ", i,
+                      " of the op spec is incomplete");
+  }
   // Never freed: the dispatcher keeps pointers to the kernels (and they to the spec) until the process
   // ends, and a torch::Library destroyed at exit would deregister from a dispatcher that may be gone.
   auto* entry = new RegisteredOp{in.ns, in.op, in.kernel, in.dtype, in.out_dtype, in.layout_a_flipped,
@@ -73,9 +123,33 @@ void register_op(const JitOpSpec& in) {
   spec.layout_b_flipped = entry->layout_b_flipped.c_str();
   spec.launch = reinterpret_cast<gemmgen::LaunchFn>(in.launch);
   spec.error_string = reinterpret_cast<gemmgen::ErrorStringFn>(in.error_string);
+  entry->operand_names.reserve(in.num_operands);
+  entry->operand_dtype_names.reserve(in.num_operands);
+  for (int i = 0; i < in.num_operands; ++i) {
+    entry->operand_names.emplace_back(in.operands[i].name);
+    entry->operand_dtype_names.emplace_back(in.operands[i].dtype);
+  }
+  for (int i = 0; i < in.num_operands; ++i) {
+    const JitOperandSpec& o = in.operands[i];
+    entry->operands.push_back({static_cast<gemmgen::OperandKind>(o.kind), entry->operand_names[i].c_str(),
+                               scalar_type(entry->operand_dtype_names[i]), entry->operand_dtype_names[i].c_str(),
+                               o.row != 0});
+  }
+  spec.num_operands = in.num_operands;
+  spec.operands = entry->operands.data();
+  spec.aux = in.aux != 0;
+  spec.device_type = static_cast<c10::DeviceType>(in.device_type);
+  const bool boxed = gemmgen::has_epilogue_schema(spec);
+  if (boxed) check_schema(*entry);
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
-  entry->library->impl(entry->op.c_str(), gemmgen::GemmKernel{&spec});
-  entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});
+  if (boxed) {
+    // The operands vary per op: boxed kernels, which read them off the stack as spec.operands says.
+    entry->library->impl(entry->op.c_str(), gemmgen::epilogue_kernel(&spec));
+    entry->library->impl((entry->op + ".out").c_str(), gemmgen::epilogue_out_kernel(&spec));
+  } else {
+    entry->library->impl(entry->op.c_str(), gemmgen::GemmKernel{&spec});
+    entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});
+  }
 }
 
 // What generator/runtime/jit_runtime.py passes for one op's autograd formula (its mirror is JitAutogradSpec).
