@@ -1,4 +1,5 @@
-"""One small ragged problem per sm90 schedule (and cluster shape), and per sm80 epilogue, for compute-sanitizer:
+"""One small ragged problem per sm90 schedule (and cluster shape), per sm80 epilogue, and fused epilogues of
+both families (a per-row and a per-column vector, an M x N operand and a scalar), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
     compute-sanitizer --tool racecheck python3 gpu/sanitize.py
@@ -19,7 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from generator import Gemm  # noqa: E402
+from generator import epilogue as ep  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
+from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
 
 # (schedule, tile, cluster, layout): each schedule, each cluster shape, K-major and M/N-major operands.
 CASES = (
@@ -45,20 +48,40 @@ def operand(rows: int, cols: int, row_major: bool) -> torch.Tensor:
 SM80_CASES = (((128, 256, 32), (2, 4), "tn", "bf16"), ((64, 64, 32), (2, 2), "nn", "fp32"))
 
 
+def fused(acc, bias: ep.Col, scale: ep.Row, C: ep.Matrix, alpha: ep.Scalar):
+    return ep.gelu_tanh(alpha * acc * scale + bias) + C
+
+
+# Fused epilogues: every operand kind, read next to the TMA store (sm90) and the staged store (sm80).
+EPILOGUE_CASES = ({"family": "sm90", "schedule": "cooperative"}, {"family": "sm90", "schedule": "pingpong"},
+                  {"family": "sm80"})
+
+
+def epilogue_operands(op, a: torch.Tensor, b: torch.Tensor) -> tuple:
+    m, n = a.shape[0], b.shape[1]
+    dt = op.out_dtype
+    return (torch.randn(n, device="cuda").to(dt), torch.randn(m, device="cuda").to(dt),
+            torch.randn(m, n, device="cuda").to(dt), 0.5)
+
+
 def main() -> int:
     configs = [Gemm("bf16", lay, schedule=s, tile_shape=t, cluster_shape=c).config for s, t, c, lay in CASES]
     configs += [Gemm("bf16", lay, family="sm80", tile_shape=t, warps=w, out_dtype=od).config
                 for t, w, lay, od in SM80_CASES]
+    plain = len(configs)
+    configs += [Gemm("bf16", "tn", epilogue=fused, **knobs).config for knobs in EPILOGUE_CASES]
     ops = compile_many(configs, namespace="gemmgen_sanitize")
     failures = 0
-    for op, cfg in zip(ops, configs):
+    for index, (op, cfg) in enumerate(zip(ops, configs)):
         a = operand(M, K, cfg.layout.a.value == "row")
         b = operand(K, N, cfg.layout.b.value == "row")
         assert op.path(a, b) == "fast"
-        ref = a.double() @ b.double()
+        values = () if index < plain else epilogue_operands(op, a, b)
+        acc = a.double() @ b.double()
+        ref = acc if not values else evaluate(cfg.epilogue, acc, operand_values(cfg.epilogue, values, torch.float64))[0]
         for pitch in (-(-N // 8) * 8 + 8, N):
             buf = torch.full((M, pitch), float("nan"), dtype=op.out_dtype, device="cuda")
-            d = op(a, b, out=buf[:, :N])
+            d = op(a, b, *values, out=buf[:, :N])
             torch.cuda.synchronize()
             err = ((d.double() - ref).norm() / ref.norm()).item()
             ok = err <= 1e-2 and bool(torch.isnan(buf[:, N:]).all())
