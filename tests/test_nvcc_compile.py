@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm
+from generator import epilogue as ep
 from generator.spec.arch import ARCHS
 from generator.spec.config import KernelConfig
 from generator.render import render, templates_dir
@@ -53,6 +54,21 @@ CASES += [(arch, cfg) for arch in SHIPPED_ARCHS if shipped_configs(arch)[0].fami
 # 128x320 tile (two wgmmas per k step, accumulators beyond 128 per thread).
 CASES += [(90, Gemm(dtype, layout, arch=90, schedule="cooperative", tile_shape=(128, 320, 64),
                     cluster_shape=(2, 1)).config) for dtype, layout in (("bf16", "tn"), ("fp16", "nn"))]
+
+
+COL_MAJOR_FP32 = ep.Matrix(dtype="fp32", order="col")
+
+
+def _fused(acc, bias: ep.Col, scale: ep.Row, R: COL_MAJOR_FP32, alpha: ep.Scalar):
+    h = alpha * acc * scale + bias
+    return ep.clamp(ep.silu(h), -4.0, 4.0) + R, h
+
+
+# Fused epilogues, in both families: the activations and every operand kind (a per-row and a per-column
+# vector, an M x N operand of another dtype and order, a scalar, a second output).
+EPILOGUES = ({"activation": "gelu_tanh", "bias": "col"}, {"activation": "silu", "bias": "row", "out_dtype": "fp32"},
+             {"alpha": 2.0, "beta": 0.5}, {"epilogue": _fused})
+CASES += [(arch, Gemm("bf16", "tn", arch=arch, **knobs).config) for arch in SHIPPED_ARCHS for knobs in EPILOGUES]
 #: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core).
 MAX_SHIPPED = {"sm80": 64, "sm90": 96}
 

@@ -38,7 +38,8 @@ FAMILY_HEADERS = {"sm80": {"common/launch.cuh", "sm80/gemm_kernel.cuh", "ptx/sm8
 # The Jinja context of each family: the contract between the Python side and the templates.
 EPILOGUE_KEYS = {"epilogue_identity", "epilogue_text", "epilogue_operands", "epilogue_body", "epilogue_row_fields",
                  "epilogue_col_fields", "epilogue_row_loads", "epilogue_col_loads",
-                 "epilogue_has_matrix"}
+                 "epilogue_has_matrix", "epilogue_prefetch",
+                 "epilogue_uses_fast_math"}
 CONTEXT_KEYS = {
     "sm80": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "wm", "wn", "stages", "raster_group",
              "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes", *EPILOGUE_KEYS},

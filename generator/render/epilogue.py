@@ -98,6 +98,17 @@ def vector_fields(ep: Epilogue, kind: str) -> list[str]:
     return [f"float {operand_variable(op)};" for op in ep.operands if op.kind == kind]
 
 
+def prefetch_calls(ep: Epilogue) -> list[str]:
+    """Statements that ask L2 for a tile's part of every M x N operand (``prefetch``; see
+    templates/common/epilogue.cuh prefetch_tile_l2)."""
+    calls = []
+    for i, op in enumerate(ep.operands):
+        if op.kind == "matrix":
+            calls.append(f"gemmgen::epi::prefetch_tile_l2<{op.dtype.cuda_type}, {str(op.order is Order.row).lower()}>(")
+            calls.append(f"    args.ep_ptr[{i}], args.ep_ld[{i}], row0, rows, col0, cols, args.m, args.n, thread, threads);")
+    return calls
+
+
 def functor_body(ep: Epilogue, d_row_major: bool) -> list[str]:
     """The statements of ``apply``: the element's matrix and scalar operands, one temporary per node, the
     aux store, the return. Vector operands come in ``r`` (per row) and ``c`` (per column)."""
@@ -124,13 +135,16 @@ def functor_body(ep: Epilogue, d_row_major: bool) -> list[str]:
 
 def functor_context(ep: Epilogue, d_row_major: bool) -> dict[str, object]:
     """What the family templates substitute for the Epilogue functor."""
+    body = functor_body(ep, d_row_major)
     return {
         "epilogue_identity": ep.is_identity,
         "epilogue_text": ep.text,
         "epilogue_operands": [f"slot {i}: {line}" for i, line in
                               enumerate(ep.describe()[len(ep.describe()) - len(ep.operands):])],
-        "epilogue_body": functor_body(ep, d_row_major),
+        "epilogue_body": body,
+        "epilogue_uses_fast_math": any("kFast" in line for line in body),
         "epilogue_has_matrix": bool(ep.operands_of_kind("matrix")),
+        "epilogue_prefetch": prefetch_calls(ep),
         "epilogue_row_fields": vector_fields(ep, "row"),
         "epilogue_col_fields": vector_fields(ep, "col"),
         "epilogue_row_loads": vector_loads(ep, "row"),

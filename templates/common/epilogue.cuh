@@ -74,5 +74,29 @@ __device__ __forceinline__ void store(void* base, int64_t index, float value) {
   static_cast<T*>(base)[index] = from_float<T>(value);
 }
 
+// Ask L2 for the part of an M x N operand that a tile of D will read (rows [row0, row0 + rows) x columns
+// [col0, col0 + cols), clipped to m x n), one 128-byte line per request, spread over `threads` threads. Issued
+// when the tile's main loop starts, the lines arrive while it runs: the epilogue then reads them from L2
+// instead of all blocks reading DRAM at once when their main loops end.
+template <typename T, bool ROW_MAJOR>
+__device__ __forceinline__ void prefetch_tile_l2(const void* base, int64_t ld, int64_t row0, int rows, int64_t col0,
+                                                 int cols, int64_t m, int64_t n, int thread, int threads) {
+  constexpr int kLineBytes = 128;
+  // Lines of one contiguous run (a row of a row-major operand, a column of a column-major one).
+  const int64_t outer0 = ROW_MAJOR ? row0 : col0, outer_end = ROW_MAJOR ? min(row0 + rows, m) : min(col0 + cols, n);
+  const int64_t inner0 = ROW_MAJOR ? col0 : row0, inner_end = ROW_MAJOR ? min(col0 + cols, n) : min(row0 + rows, m);
+  if (outer_end <= outer0 || inner_end <= inner0) return;
+  const int lines = static_cast<int>((inner_end - inner0) * static_cast<int64_t>(sizeof(T)) / kLineBytes) + 2;
+  const int64_t runs = outer_end - outer0;
+  for (int64_t i = thread; i < runs * lines; i += threads) {
+    const int64_t run = outer0 + i / lines;
+    const char* first = static_cast<const char*>(base) + (run * ld + inner0) * static_cast<int64_t>(sizeof(T));
+    const char* last = static_cast<const char*>(base) + (run * ld + inner_end - 1) * static_cast<int64_t>(sizeof(T));
+    const char* line = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(first) & ~uintptr_t{kLineBytes - 1}) +
+                       (i % lines) * kLineBytes;
+    if (line <= last) ptx::prefetch_l2(line);
+  }
+}
+
 }  // namespace epi
 }  // namespace gemmgen

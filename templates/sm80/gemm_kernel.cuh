@@ -515,6 +515,9 @@ struct Kernel {
       const Coords at(blockIdx.x, tid, M, N);
       ALoader a_loader;
       BLoader b_loader;
+      if constexpr (!Cfg::Epilogue::kIdentity) {
+        Cfg::Epilogue::prefetch(args, at.block_m0, BM, at.block_n0, BN, tid, Cfg::kThreads);
+      }
       a_loader.init(static_cast<const Elem*>(args.a), args.lda, at.block_m0, M, tid);
       b_loader.init(static_cast<const Elem*>(args.b), args.ldb, at.block_n0, N, tid);
       const uint32_t smem_base = ptx::smem_addr(smem);

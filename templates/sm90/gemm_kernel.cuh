@@ -474,6 +474,10 @@ struct Kernel {
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
       int m0, n0;
       tile_origin(p, unit, rank, m0, n0);
+      if constexpr (!Cfg::Epilogue::kIdentity) {
+        Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, BN, threadIdx.x % kWarpgroupThreads,
+                                kWarpgroupThreads);
+      }
       if (PINGPONG && local > 0) wait_turn(consumer);
       if (p.k_tiles == 0) {
         // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two

@@ -280,9 +280,15 @@ inline void check_operand_static(const OperandSpec& o, const at::Tensor& t, cons
   const int64_t rank = o.kind == OperandKind::Matrix ? 2 : 1;
   TORCH_CHECK_VALUE(t.dim() == rank, o.name, " must be ", rank, "-D ", operand_shape(o), "; got shape ",
                     tuple_str(t.sym_sizes()));
-  TORCH_CHECK_TYPE(t.scalar_type() == o.dtype, o.name, " is ", torch_dtype(t.scalar_type()),
-                   "; this plan's epilogue reads it as ", o.dtype_name, ": pass ", o.name, ".to(",
-                   torch_dtype(o.dtype), ") or declare it with dtype='", dtype_name(t.scalar_type()), "'");
+  if (t.scalar_type() != o.dtype) {
+    // Declaring the operand's dtype is a fix only for a dtype an operand may have (fp16, bf16, fp32).
+    const c10::ScalarType got = t.scalar_type();
+    const bool declarable = got == c10::ScalarType::Half || got == c10::ScalarType::BFloat16 ||
+                            got == c10::ScalarType::Float;
+    TORCH_CHECK_TYPE(false, o.name, " is ", torch_dtype(got), "; this plan's epilogue reads it as ", o.dtype_name,
+                     ": pass ", o.name, ".to(", torch_dtype(o.dtype), ")",
+                     declarable ? " or declare it with dtype='" + dtype_name(got) + "'" : std::string());
+  }
   TORCH_CHECK_VALUE(t.device() == A.device(), o.name, " is on ", t.device().str(), " but A and B on ",
                     A.device().str(), ": pass ", o.name, ".to('", A.device().str(), "')");
 }
@@ -319,10 +325,15 @@ inline void check_epilogue_operands(const OpSpec& op, const c10::IValue* values,
     TORCH_CHECK_VALUE(t.size(0) == m && t.size(1) == n, o.name, " has shape ", tuple_str(t.sizes()),
                       "; it is an M x N operand of D: (", m, ", ", n, ")");
     const int64_t ld = leading_dim(t, o.row);
-    TORCH_CHECK_VALUE(ld >= 0, o.name, " has strides ", tuple_str(t.strides()), " (", order_str(t),
-                      "); this plan reads it ", o.row ? "row" : "col", "-major: pass ", o.name,
-                      o.row ? ".contiguous()" : ".t().contiguous().t()", " or declare it ep.Matrix(order='",
-                      o.row ? "col" : "row", "')");
+    if (ld < 0) {
+      // The other order is a fix only for a matrix stored in it (not for one in neither order).
+      const bool declarable = leading_dim(t, !o.row) >= 0;
+      TORCH_CHECK_VALUE(false, o.name, " has strides ", tuple_str(t.strides()), " (", order_str(t),
+                        "); this plan reads it ", o.row ? "row" : "col", "-major: pass ", o.name,
+                        o.row ? ".contiguous()" : ".t().contiguous().t()",
+                        declarable ? std::string(" or declare it ep.Matrix(order='") + (o.row ? "col" : "row") + "')"
+                                   : std::string());
+    }
     args.ep_ptr[i] = t.data_ptr();
     args.ep_ld[i] = ld;
   }

@@ -33,9 +33,8 @@ struct Config {
   static constexpr bool kBKMajor = true;
   static constexpr bool kDRowMajor = true;
 
-  struct Epilogue {  // none: D = acc
+  struct Epilogue {  // none: D = acc (the kernels skip the epilogue at compile time)
     static constexpr bool kIdentity = true;
-    __device__ __forceinline__ static float apply(const GemmArgs&, float acc, int64_t, int64_t) { return acc; }
   };
 };
 

@@ -99,5 +99,11 @@ __device__ __forceinline__ float tanh_approx(float x) {
   return y;
 }
 
+// PTX ISA §9.7.9.15 "Data Movement and Conversion Instructions: prefetch" (prefetch.global.L2): bring the
+// 128-byte line holding `addr` into L2, without waiting and without a register.
+__device__ __forceinline__ void prefetch_l2(const void* addr) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(addr));
+}
+
 }  // namespace ptx
 }  // namespace gemmgen

@@ -265,26 +265,50 @@ struct Kernel {
 
   // The fused epilogue (Cfg::Epilogue, rendered from the plan) on the accumulators in registers, element by
   // element inside M x N; the stores below then write its values. Elements outside are left alone: the
-  // stores skip them, and the epilogue's operands have no element there to read.
+  // stores skip them, and the epilogue's operands have no element there to read. A warp tile wholly inside
+  // takes the loop without bounds checks: straight-line code whose elements interleave.
   __device__ __forceinline__ static void apply_epilogue(const GemmArgs& args, float (&acc)[MMA_TILES_M][MMA_TILES_N][4],
                                                         int row_base, int col_base, int lane) {
+    if constexpr (Cfg::Epilogue::kStraightLine) {
+      if (row_base + WARP_M <= args.m && col_base + WARP_N <= args.n) {
+        apply_epilogue_part<false>(args, acc, row_base, col_base, lane);
+        return;
+      }
+    }
+    apply_epilogue_part<true>(args, acc, row_base, col_base, lane);
+  }
+
+  template <bool CHECKED>
+  __device__ __forceinline__ static void apply_epilogue_part(const GemmArgs& args,
+                                                             float (&acc)[MMA_TILES_M][MMA_TILES_N][4], int row_base,
+                                                             int col_base, int lane) {
+    using Epi = typename Cfg::Epilogue;
     const int M = static_cast<int>(args.m), N = static_cast<int>(args.n);
+    // Per-row vectors once per row, per-column ones once per column: not once per element.
+    typename Epi::Row rows[MMA_TILES_M][2];
 #pragma unroll
     for (int mt = 0; mt < MMA_TILES_M; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < MMA_TILES_N; ++nt)
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_base + mt * kMmaM + accum_pair(lane, half).row;
+        rows[mt][half] = !CHECKED || row < M ? Epi::load_row(args, row) : typename Epi::Row{};
+      }
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const AccumPair at = accum_pair(lane, half);
-          const int row = row_base + mt * kMmaM + at.row;
-          const int col = col_base + nt * kMmaN + at.col;
-          if (row >= M) continue;
+    for (int nt = 0; nt < MMA_TILES_N; ++nt)
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
+      for (int e = 0; e < 2; ++e) {
+        const int col = col_base + nt * kMmaN + accum_pair(lane, 0).col + e;
+        if (CHECKED && col >= N) continue;
+        const typename Epi::Col cols = Epi::load_col(args, col);
+#pragma unroll
+        for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = row_base + mt * kMmaM + accum_pair(lane, half).row;
             float& value = acc[mt][nt][2 * half + e];
-            if (col + e < N) value = Cfg::Epilogue::apply(args, value, row, col + e);
+            if (!CHECKED || row < M) value = Epi::apply(args, value, row, col, rows[mt][half], cols);
           }
-        }
+      }
   }
 
   // fp32 accumulators -> D, clipped to M x N. Row-major D stores neighbouring columns in pairs.
@@ -491,6 +515,9 @@ struct Kernel {
       const Coords at(blockIdx.x, tid, M, N);
       ALoader a_loader;
       BLoader b_loader;
+      if constexpr (!Cfg::Epilogue::kIdentity) {
+        Cfg::Epilogue::prefetch(args, at.block_m0, BM, at.block_n0, BN, tid, Cfg::kThreads);
+      }
       a_loader.init(static_cast<const Elem*>(args.a), args.lda, at.block_m0, M, tid);
       b_loader.init(static_cast<const Elem*>(args.b), args.ldb, at.block_n0, N, tid);
       const uint32_t smem_base = ptx::smem_addr(smem);

@@ -474,6 +474,10 @@ struct Kernel {
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
       int m0, n0;
       tile_origin(p, unit, rank, m0, n0);
+      if constexpr (!Cfg::Epilogue::kIdentity) {
+        Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, BN, threadIdx.x % kWarpgroupThreads,
+                                kWarpgroupThreads);
+      }
       if (PINGPONG && local > 0) wait_turn(consumer);
       if (p.k_tiles == 0) {
         // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two
@@ -722,19 +726,46 @@ struct Kernel {
                                                         ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
                                                         int j0) {
     if constexpr (!Cfg::Epilogue::kIdentity) {
+      // A part wholly inside M x N takes the loop without bounds checks: straight-line code whose elements
+      // interleave (a branch per column would leave each element's chain of dependent operations exposed).
+      if constexpr (Cfg::Epilogue::kStraightLine) {
+        if (m0 + (i + 1) * kMmaM <= p.m && n0 + (j0 + BLOCKS) * 8 <= p.n) {
+          apply_epilogue_part<BLOCKS, false>(args, p, acc, m0, n0, i, j0);
+          return;
+        }
+      }
+      apply_epilogue_part<BLOCKS, true>(args, p, acc, m0, n0, i, j0);
+    }
+  }
+
+  // One part of apply_epilogue, each element checked against M and N (CHECKED) or none.
+  template <int BLOCKS, bool CHECKED, typename ACC>
+  __device__ __forceinline__ static void apply_epilogue_part(const GemmArgs& args, const Problem& p,
+                                                             ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
+                                                             int j0) {
+    if constexpr (!Cfg::Epilogue::kIdentity) {
+      using Epi = typename Cfg::Epilogue;
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
+      // Per-row vectors once per row, per-column ones once per column: not once per element.
+      typename Epi::Row rows[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
-        if (row >= p.m) continue;
+        rows[h] = !CHECKED || row < p.m ? Epi::load_row(args, row) : typename Epi::Row{};
+      }
 #pragma unroll
-        for (int j = j0; j < j0 + BLOCKS; ++j) {
+      for (int j = j0; j < j0 + BLOCKS; ++j) {
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int col = n0 + j * 8 + 2 * (lane % 4) + e;
+        for (int e = 0; e < 2; ++e) {
+          const int col = n0 + j * 8 + 2 * (lane % 4) + e;
+          if (CHECKED && col >= p.n) continue;
+          const typename Epi::Col cols = Epi::load_col(args, col);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
             float& value = acc[i][4 * j + 2 * h + e];
-            if (col < p.n) value = Cfg::Epilogue::apply(args, value, row, col);
+            if (!CHECKED || row < p.m) value = Epi::apply(args, value, row, col, rows[h], cols);
           }
         }
       }

@@ -7,19 +7,31 @@
 // is generated: one constant OpSpec each) and gemmgen's JIT runtime (templates/torch/jit_runtime.cpp,
 // one OpSpec per kernel library loaded at run time). This header and those two files are the only ones
 // that include torch headers; the kernels are plain CUDA with the C interface of common/gemm_args.h.
-// The messages are generator/runtime/op.py's (GemmOp._check*), so an op says the same whichever way it was built.
+// The messages are generator/runtime/op.py's (GemmOp._check*) and, for a fused epilogue's operands,
+// generator/runtime/operands.py's, so an op says the same whichever way it was built.
+//
+// A plain op, (A, B) -> D, has unboxed kernels (one functor type per overload, below). An op with a fused
+// epilogue takes its operands after A and B (Tensor for a vector or a matrix, float for a scalar) and may
+// return a second output, so its schema differs from op to op; its kernels are boxed (EpilogueKernel and
+// the others at the end of this file): they read the arguments off the dispatcher's stack as the OpSpec's
+// operand list describes them, fill GemmArgs' epilogue slots, and push the outputs.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -37,6 +49,19 @@ namespace __attribute__((visibility("hidden"))) gemmgen {
 using LaunchFn = int (*)(const GemmArgs*, void*);
 using ErrorStringFn = const char* (*)(int);
 
+// The kinds of a fused epilogue's operand (generator/spec/epilogue.py KINDS, in that order).
+enum class OperandKind : int { Scalar = 0, Row = 1, Col = 2, Matrix = 3 };
+
+// One operand of a fused epilogue, in the op's schema order (after A and B); operand i goes to slot i of
+// GemmArgs' ep_ptr / ep_ld / ep_scalar.
+struct OperandSpec {
+  OperandKind kind;
+  const char* name;         // its name in the schema and in the messages
+  c10::ScalarType dtype;    // the element type the kernel reads (a scalar: Float, passed as fp32)
+  const char* dtype_name;   // "fp16" | "bf16" | "fp32"
+  bool row;                 // a matrix: stored row-major (false: column-major); unused otherwise
+};
+
 // Everything the checks and the launch need to know about one op.
 struct OpSpec {
   const char* ns;                // the op's namespace: torch.ops.<ns>.<op>
@@ -52,7 +77,18 @@ struct OpSpec {
   const char* layout_b_flipped;
   LaunchFn launch;
   ErrorStringFn error_string;
+  // The fused epilogue: its operands (num_operands of them at operands; none for a plain op) and whether it
+  // stores a second output, aux (same dtype and order as D). Either makes the op's kernels the boxed ones.
+  int num_operands;
+  const OperandSpec* operands;
+  bool aux;
+  // The device type of the tensors the kernels take: CUDA. (gemmgen's CPU tests register CPU stand-in
+  // kernels with CPU here, to run every check and the filling of GemmArgs without a GPU.)
+  c10::DeviceType device_type;
 };
+
+inline bool has_epilogue_schema(const OpSpec& op) { return op.num_operands > 0 || op.aux; }
+inline bool on_cuda(const OpSpec& op) { return op.device_type == c10::DeviceType::CUDA; }
 
 inline constexpr int64_t kInt32Max = 2147483647;
 inline constexpr int kMaxDevices = 64;
@@ -147,6 +183,7 @@ inline at::Tensor empty_d(const OpSpec& op, const c10::SymInt& m, const c10::Sym
 
 // Rank and dtype of A or B: the checks that need no data (the Meta impl runs them too).
 inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const char* what) {
+  TORCH_CHECK_TYPE(t.defined(), what, " must be a torch.Tensor, got NoneType");  // None from torch.ops
   const bool is_a = what[0] == 'A';
   TORCH_CHECK_VALUE(t.dim() == 2, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)", "; got shape ",
                     tuple_str(t.sym_sizes()));
@@ -158,8 +195,8 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
 // A or B on the GPU; returns its leading dimension.
 inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* what, bool row) {
   check_rank_and_dtype(op, t, what);
-  TORCH_CHECK_VALUE(t.is_cuda(), what, " is on ", t.device().str(), "; this op runs on CUDA tensors: pass ", what,
-                    ".cuda()");
+  TORCH_CHECK_VALUE(t.device().type() == op.device_type, what, " is on ", t.device().str(),
+                    "; this op runs on CUDA tensors: pass ", what, ".cuda()");
   const int64_t ld = leading_dim(t, row);
   const bool is_a = what[0] == 'A';
   TORCH_CHECK_VALUE(ld >= 0, what, " has strides ", tuple_str(t.strides()), " (", order_str(t),
@@ -193,6 +230,7 @@ inline std::pair<int64_t, int64_t> check_operands(const OpSpec& op, const at::Te
 
 // Shape and dtype of out (the Meta impl runs this too).
 inline void check_out_shape_and_dtype(const OpSpec& op, const at::Tensor& out, const at::Tensor& A, const at::Tensor& B) {
+  TORCH_CHECK_TYPE(out.defined(), "out must be a torch.Tensor, got NoneType");
   const c10::SymInt m = A.sym_size(0), n = B.sym_size(1);
   TORCH_CHECK_VALUE(out.dim() == 2 && out.sym_size(0).sym_eq(m).expect_true(__FILE__, __LINE__) &&
                         out.sym_size(1).sym_eq(n).expect_true(__FILE__, __LINE__),
@@ -217,8 +255,133 @@ inline int64_t check_out(const OpSpec& op, const at::Tensor& out, const at::Tens
   return ld;
 }
 
+// -- the epilogue's operands (generator/runtime/operands.py: check_static, check_operand) ------------
+
+inline const char* operand_shape(const OperandSpec& o) {
+  return o.kind == OperandKind::Row ? "(M,)" : o.kind == OperandKind::Col ? "(N,)" : "(M, N)";
+}
+
+// The tensor of a Tensor argument on the stack: torch.ops passes None as an undefined tensor.
+inline const at::Tensor& tensor_value(const c10::IValue& value) {
+  static const at::Tensor undefined;
+  return value.isTensor() ? value.toTensor() : undefined;
+}
+
+// A scalar operand's value (the schema's float; an int from a C++ caller is taken too).
+inline float scalar_value(const OperandSpec& o, const c10::IValue& value) {
+  if (value.isDouble()) return static_cast<float>(value.toDouble());
+  if (value.isInt()) return static_cast<float>(value.toInt());
+  TORCH_CHECK_TYPE(false, o.name, " is a runtime scalar of the epilogue: pass a Python number, got ", value.tagKind());
+}
+
+// A tensor operand's type, rank, dtype and device: what holds whatever the sizes (the Meta kernels run it too).
+inline void check_operand_static(const OperandSpec& o, const at::Tensor& t, const at::Tensor& A) {
+  TORCH_CHECK_TYPE(t.defined(), o.name, " must be a torch.Tensor of shape ", operand_shape(o), ", got NoneType");
+  const int64_t rank = o.kind == OperandKind::Matrix ? 2 : 1;
+  TORCH_CHECK_VALUE(t.dim() == rank, o.name, " must be ", rank, "-D ", operand_shape(o), "; got shape ",
+                    tuple_str(t.sym_sizes()));
+  if (t.scalar_type() != o.dtype) {
+    // Declaring the operand's dtype is a fix only for a dtype an operand may have (fp16, bf16, fp32).
+    const c10::ScalarType got = t.scalar_type();
+    const bool declarable = got == c10::ScalarType::Half || got == c10::ScalarType::BFloat16 ||
+                            got == c10::ScalarType::Float;
+    TORCH_CHECK_TYPE(false, o.name, " is ", torch_dtype(got), "; this plan's epilogue reads it as ", o.dtype_name,
+                     ": pass ", o.name, ".to(", torch_dtype(o.dtype), ")",
+                     declarable ? " or declare it with dtype='" + dtype_name(got) + "'" : std::string());
+  }
+  TORCH_CHECK_VALUE(t.device() == A.device(), o.name, " is on ", t.device().str(), " but A and B on ",
+                    A.device().str(), ": pass ", o.name, ".to('", A.device().str(), "')");
+}
+
+// The static checks of every operand on the stack (values: the first operand's); scalars are floats by schema.
+inline void check_operands_static(const OpSpec& op, const c10::IValue* values, const at::Tensor& A) {
+  for (int i = 0; i < op.num_operands; ++i) {
+    if (op.operands[i].kind != OperandKind::Scalar) check_operand_static(op.operands[i], tensor_value(values[i]), A);
+  }
+}
+
+// Checks every operand for a launch of an m x n D and fills its slot of args, in the operands' order.
+inline void check_epilogue_operands(const OpSpec& op, const c10::IValue* values, const at::Tensor& A, int64_t m,
+                                    int64_t n, GemmArgs& args) {
+  for (int i = 0; i < op.num_operands; ++i) {
+    const OperandSpec& o = op.operands[i];
+    if (o.kind == OperandKind::Scalar) {
+      args.ep_scalar[i] = scalar_value(o, values[i]);
+      continue;
+    }
+    const at::Tensor& t = tensor_value(values[i]);
+    check_operand_static(o, t, A);
+    if (o.kind != OperandKind::Matrix) {
+      const bool row = o.kind == OperandKind::Row;
+      const int64_t length = row ? m : n;
+      TORCH_CHECK_VALUE(t.size(0) == length, o.name, " has length ", t.size(0), "; a per-", row ? "row" : "col",
+                        " vector has one value per ", row ? "row" : "column", " of D: length ",
+                        row ? "M (A's rows)" : "N (B's columns)", " = ", length);
+      TORCH_CHECK_VALUE(length <= 1 || t.stride(0) == 1, o.name, " has stride ", t.stride(0),
+                        "; the kernel reads vectors contiguous: pass ", o.name, ".contiguous()");
+      args.ep_ptr[i] = t.data_ptr();
+      continue;
+    }
+    TORCH_CHECK_VALUE(t.size(0) == m && t.size(1) == n, o.name, " has shape ", tuple_str(t.sizes()),
+                      "; it is an M x N operand of D: (", m, ", ", n, ")");
+    const int64_t ld = leading_dim(t, o.row);
+    if (ld < 0) {
+      // The other order is a fix only for a matrix stored in it (not for one in neither order).
+      const bool declarable = leading_dim(t, !o.row) >= 0;
+      TORCH_CHECK_VALUE(false, o.name, " has strides ", tuple_str(t.strides()), " (", order_str(t),
+                        "); this plan reads it ", o.row ? "row" : "col", "-major: pass ", o.name,
+                        o.row ? ".contiguous()" : ".t().contiguous().t()",
+                        declarable ? std::string(" or declare it ep.Matrix(order='") + (o.row ? "col" : "row") + "')"
+                                   : std::string());
+    }
+    args.ep_ptr[i] = t.data_ptr();
+    args.ep_ld[i] = ld;
+  }
+}
+
+// -- out= aliasing (generator/runtime/operands.py: check_out_aliasing) --------------------------------
+
+// The bytes [first, last + 1) that t's elements lie in (torch strides are never negative).
+inline std::pair<uintptr_t, uintptr_t> byte_span(const at::Tensor& t) {
+  int64_t last = 0;
+  for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+  const auto first = reinterpret_cast<uintptr_t>(t.data_ptr());
+  return {first, first + static_cast<uintptr_t>((last + 1) * static_cast<int64_t>(t.element_size()))};
+}
+
+// By address range, not by storage (as the Python check): non-overlapping slices of one buffer are fine.
+inline bool overlaps(const at::Tensor& t, const at::Tensor& out) {
+  if (t.numel() == 0 || out.numel() == 0 || t.device() != out.device()) return false;
+  const auto [first, end] = byte_span(t);
+  const auto [out_first, out_end] = byte_span(out);
+  return first < out_end && out_first < end;
+}
+
+// out may be a matrix operand itself (D += A @ B in place: each element of the operand is read by the thread
+// that writes the same element of D, before it writes it); any other overlap is refused. values: the
+// operands on the stack (none for a plain op).
+inline void check_out_aliasing(const OpSpec& op, const c10::IValue* values, const at::Tensor& out,
+                               const at::Tensor& A, const at::Tensor& B) {
+  for (const auto& [what, t] : {std::pair<const char*, const at::Tensor*>{"A", &A}, {"B", &B}}) {
+    TORCH_CHECK_VALUE(!overlaps(*t, out), "out shares memory with ", what, ": the kernel reads ", what,
+                      " while it writes D; pass a separate out");
+  }
+  for (int i = 0; i < op.num_operands; ++i) {
+    const OperandSpec& o = op.operands[i];
+    if (o.kind == OperandKind::Scalar) continue;
+    const at::Tensor& t = tensor_value(values[i]);
+    if (!overlaps(t, out)) continue;
+    const bool same = o.kind == OperandKind::Matrix && t.data_ptr() == out.data_ptr() &&
+                      t.strides().equals(out.strides()) && t.scalar_type() == out.scalar_type() && o.row == op.d_row;
+    TORCH_CHECK_VALUE(same, "out shares memory with ", o.name, " without being the same tensor: each element of D "
+                      "may overwrite an element of ", o.name, " that another thread still reads; pass out=", o.name,
+                      " itself (same strides and dtype) or a separate out");
+  }
+}
+
 // The kernel was planned for op.arch (its shared memory and instructions); refuse an older GPU plainly.
 inline void check_arch(const OpSpec& op, const c10::Device& device) {
+  if (!on_cuda(op)) return;  // a CPU stand-in (gemmgen's tests)
   static std::atomic<int> known[kMaxDevices] = {};
   const int index = device.index();
   int cc = index >= 0 && index < kMaxDevices ? known[index].load(std::memory_order_relaxed) : 0;
@@ -237,29 +400,51 @@ inline void check_arch(const OpSpec& op, const c10::Device& device) {
 
 // -- implementations ---------------------------------------------------------------------------------
 
-inline at::Tensor& launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& D, int64_t lda,
-                   int64_t ldb, int64_t ldd) {
+// The device a launch makes current (none for a CPU stand-in).
+inline std::optional<c10::Device> launch_device(const OpSpec& op, const at::Tensor& A) {
+  return on_cuda(op) ? std::optional<c10::Device>(A.device()) : std::nullopt;
+}
+
+// Launches with args filled but for A, B, D and the sizes; aux, when given, is the second output.
+inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& D, int64_t lda,
+                   int64_t ldb, int64_t ldd, GemmArgs& args, at::Tensor* aux = nullptr) {
   check_arch(op, A.device());
-  if (D.numel() == 0) return D;  // M = 0 or N = 0; K = 0 launches: the kernel writes zeros
-  GemmArgs args{A.data_ptr(), B.data_ptr(), D.data_ptr(), A.size(0), B.size(1), A.size(1), lda, ldb, ldd};
-  const int code = op.launch(&args, c10::cuda::getCurrentCUDAStream(A.device().index()).stream());
+  if (D.numel() == 0) return;  // M = 0 or N = 0; K = 0 launches: the kernel writes epilogue(0)
+  args.a = A.data_ptr();
+  args.b = B.data_ptr();
+  args.d = D.data_ptr();
+  args.m = A.size(0);
+  args.n = B.size(1);
+  args.k = A.size(1);
+  args.lda = lda;
+  args.ldb = ldb;
+  args.ldd = ldd;
+  if (aux != nullptr) {
+    args.aux = aux->data_ptr();
+    args.ldaux = leading_dim(*aux, op.d_row);
+  }
+  void* stream = on_cuda(op) ? c10::cuda::getCurrentCUDAStream(A.device().index()).stream() : nullptr;
+  const int code = op.launch(&args, stream);
   TORCH_CHECK(code == 0, op.kernel, ": launch failed: ", op.error_string(code));
-  return D;
 }
 
 inline at::Tensor gemm(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
   const auto [lda, ldb] = check_operands(op, A, B);
-  const c10::cuda::CUDAGuard guard(A.device());
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
   at::Tensor D = empty_d(op, A.sym_size(0), B.sym_size(1), A.options());
-  launch(op, A, B, D, lda, ldb, leading_dim(D, op.d_row));
+  GemmArgs args{};
+  launch(op, A, B, D, lda, ldb, leading_dim(D, op.d_row), args);
   return D;
 }
 
 inline at::Tensor& gemm_out(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
   const auto [lda, ldb] = check_operands(op, A, B);
   const int64_t ldd = check_out(op, out, A, B);
-  const c10::cuda::CUDAGuard guard(A.device());
-  return launch(op, A, B, out, lda, ldb, ldd);
+  check_out_aliasing(op, nullptr, out, A, B);
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
+  GemmArgs args{};
+  launch(op, A, B, out, lda, ldb, ldd, args);
+  return out;
 }
 
 // Meta (fake) tensors: the result's shape, dtype and strides, for torch.compile and shape inference.
@@ -323,6 +508,180 @@ struct GemmOutDecompositionKernel {
     return gemm_out_decomposition(*op, A, B, out);
   }
 };
+
+// -- ops with a fused epilogue: boxed kernels ---------------------------------------------------------
+//
+// Schema (Tensor A, Tensor B, <operands>) -> Tensor, or -> (Tensor, Tensor) with aux; .out adds
+// `*, Tensor(a!) out` and returns out. Each kernel takes its call's arguments, the last 2 + num_operands
+// (+ 1 for out) values of the stack, and leaves the outputs in their place. The checks run in
+// generator/runtime/op.py's order (GemmOp.run): A and B, the operands, out, out's aliasing; then the launch.
+
+inline size_t argument_count(const OpSpec& op, bool with_out) {
+  return 2 + static_cast<size_t>(op.num_operands) + (with_out ? 1 : 0);
+}
+
+// The first of a call's count arguments on the stack.
+inline const c10::IValue* arguments(const torch::jit::Stack& stack, size_t count) {
+  TORCH_INTERNAL_ASSERT(stack.size() >= count, "gemmgen: ", count, " arguments expected on the stack");
+  return stack.data() + (stack.size() - count);
+}
+
+// out= cannot take the second output: refused before any check (as GemmOp's run_out).
+inline void refuse_aux_out(const OpSpec& op) {
+  TORCH_CHECK_VALUE(!op.aux, op.op, ".out: the plan has a second output (aux), which out= cannot receive: call the "
+                    "op without out=");
+}
+
+inline void replace_arguments(torch::jit::Stack& stack, size_t count, at::Tensor D, at::Tensor aux = at::Tensor()) {
+  torch::jit::drop(stack, count);
+  stack.emplace_back(std::move(D));
+  if (aux.defined()) stack.emplace_back(std::move(aux));
+}
+
+inline void gemm_epilogue(const OpSpec& op, torch::jit::Stack& stack) {
+  const size_t count = argument_count(op, false);
+  const c10::IValue* args = arguments(stack, count);
+  const at::Tensor& A = tensor_value(args[0]);
+  const at::Tensor& B = tensor_value(args[1]);
+  const auto [lda, ldb] = check_operands(op, A, B);
+  GemmArgs launch_args{};
+  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), launch_args);
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
+  at::Tensor D = empty_d(op, A.sym_size(0), B.sym_size(1), A.options());
+  at::Tensor aux = op.aux ? empty_d(op, A.sym_size(0), B.sym_size(1), A.options()) : at::Tensor();
+  launch(op, A, B, D, lda, ldb, leading_dim(D, op.d_row), launch_args, op.aux ? &aux : nullptr);
+  replace_arguments(stack, count, std::move(D), std::move(aux));  // A and B are gone from here on
+}
+
+inline void gemm_epilogue_out(const OpSpec& op, torch::jit::Stack& stack) {
+  refuse_aux_out(op);
+  const size_t count = argument_count(op, true);
+  const c10::IValue* args = arguments(stack, count);
+  const at::Tensor& A = tensor_value(args[0]);
+  const at::Tensor& B = tensor_value(args[1]);
+  at::Tensor out = tensor_value(args[count - 1]);
+  const auto [lda, ldb] = check_operands(op, A, B);
+  GemmArgs launch_args{};
+  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), launch_args);
+  const int64_t ldd = check_out(op, out, A, B);
+  check_out_aliasing(op, args + 2, out, A, B);
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
+  launch(op, A, B, out, lda, ldb, ldd, launch_args);
+  replace_arguments(stack, count, std::move(out));
+}
+
+// Meta tensors: D's (and aux's) shape, dtype and strides after the checks that need no data.
+inline void gemm_epilogue_meta(const OpSpec& op, torch::jit::Stack& stack) {
+  const size_t count = argument_count(op, false);
+  const c10::IValue* args = arguments(stack, count);
+  const at::Tensor& A = tensor_value(args[0]);
+  const at::Tensor& B = tensor_value(args[1]);
+  at::Tensor D = gemm_meta(op, A, B);
+  check_operands_static(op, args + 2, A);
+  at::Tensor aux = op.aux ? empty_d(op, A.sym_size(0), B.sym_size(1), A.options()) : at::Tensor();
+  replace_arguments(stack, count, std::move(D), std::move(aux));
+}
+
+inline void gemm_epilogue_out_meta(const OpSpec& op, torch::jit::Stack& stack) {
+  refuse_aux_out(op);
+  const size_t count = argument_count(op, true);
+  const c10::IValue* args = arguments(stack, count);
+  const at::Tensor& A = tensor_value(args[0]);
+  at::Tensor out = tensor_value(args[count - 1]);
+  gemm_meta(op, A, tensor_value(args[1]));
+  check_operands_static(op, args + 2, A);
+  check_out_shape_and_dtype(op, out, A, tensor_value(args[1]));
+  replace_arguments(stack, count, std::move(out));
+}
+
+// .out under FakeTensor and functionalization, as gemm_out_decomposition: the checks, the default overload
+// with the same operands, a copy into out.
+inline void gemm_epilogue_out_decomposition(const OpSpec& op, torch::jit::Stack& stack) {
+  refuse_aux_out(op);
+  const size_t count = argument_count(op, true);
+  const c10::IValue* args = arguments(stack, count);
+  const at::Tensor& A = tensor_value(args[0]);
+  const at::Tensor& B = tensor_value(args[1]);
+  at::Tensor out = tensor_value(args[count - 1]);
+  check_rank_and_dtype(op, A, "A");
+  check_rank_and_dtype(op, B, "B");
+  check_k(A, B);
+  check_operands_static(op, args + 2, A);
+  check_out_shape_and_dtype(op, out, A, B);
+  torch::jit::Stack call(args, args + count - 1);
+  c10::Dispatcher::singleton().findSchemaOrThrow((std::string(op.ns) + "::" + op.op).c_str(), "").callBoxed(call);
+  out.copy_(call.front().toTensor());
+  replace_arguments(stack, count, std::move(out));
+}
+
+// An emitted package has no backward formula for a fused epilogue (gemm_autograd.h differentiates A @ B
+// only): its Autograd kernel refuses arguments that require grad, at the call, rather than leaving a result
+// without a gradient; without grad it goes on to the kernel.
+inline void refuse_grad(const OpSpec& op, const torch::jit::Stack& stack, bool with_out) {
+  if (!at::GradMode::is_enabled()) return;
+  const size_t count = argument_count(op, with_out);
+  const c10::IValue* args = arguments(stack, count);
+  for (size_t i = 0; i < count; ++i) {
+    const at::Tensor& t = tensor_value(args[i]);
+    TORCH_CHECK(!(t.defined() && t.requires_grad()), op.op, with_out ? ".out" : "",
+                ": this op has a fused epilogue, which the emitted package cannot differentiate (no backward "
+                "formula for epilogues), but one of the arguments requires grad: call it under torch.no_grad() or "
+                "with detached tensors, or use gemmgen's JIT op of the same plan (Gemm(...).compile()), whose "
+                "backward is registered");
+  }
+}
+
+// The boxed kernel types: one per overload and dispatch key, whatever the op (see the unboxed ones above).
+using BoxedImpl = void (*)(const OpSpec&, torch::jit::Stack&);
+
+template <BoxedImpl Impl>
+class EpilogueBoxedKernel final : public c10::OperatorKernel {
+ public:
+  explicit EpilogueBoxedKernel(const OpSpec* op) : op_(op) {}
+  void operator()(const c10::OperatorHandle&, c10::DispatchKeySet, torch::jit::Stack* stack) { Impl(*op_, *stack); }
+
+ private:
+  const OpSpec* op_;
+};
+
+template <bool WithOut>
+class EpilogueAutogradKernel final : public c10::OperatorKernel {
+ public:
+  explicit EpilogueAutogradKernel(const OpSpec* op) : op_(op) {}
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    refuse_grad(*op_, *stack, WithOut);
+    if constexpr (WithOut) {  // as GemmOutAutogradKernel
+      at::AutoDispatchBelowAutograd below;
+      handle.callBoxed(stack);
+    } else {  // as GemmAutogradKernel without grad
+      at::AutoDispatchBelowADInplaceOrView below;
+      handle.callBoxed(stack);
+    }
+  }
+
+ private:
+  const OpSpec* op_;
+};
+
+template <BoxedImpl Impl>
+inline torch::CppFunction boxed(const OpSpec* op) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EpilogueBoxedKernel<Impl>>(op));
+}
+
+// What binding.cpp and the JIT runtime register for an op with a fused epilogue (has_epilogue_schema).
+inline torch::CppFunction epilogue_kernel(const OpSpec* op) { return boxed<gemm_epilogue>(op); }
+inline torch::CppFunction epilogue_out_kernel(const OpSpec* op) { return boxed<gemm_epilogue_out>(op); }
+inline torch::CppFunction epilogue_meta_kernel(const OpSpec* op) { return boxed<gemm_epilogue_meta>(op); }
+inline torch::CppFunction epilogue_out_meta_kernel(const OpSpec* op) { return boxed<gemm_epilogue_out_meta>(op); }
+inline torch::CppFunction epilogue_out_decomposition_kernel(const OpSpec* op) {
+  return boxed<gemm_epilogue_out_decomposition>(op);
+}
+inline torch::CppFunction epilogue_autograd_kernel(const OpSpec* op) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EpilogueAutogradKernel<false>>(op));
+}
+inline torch::CppFunction epilogue_out_autograd_kernel(const OpSpec* op) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EpilogueAutogradKernel<true>>(op));
+}
 
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
 // column-major B stays column-major, so the op's layout holds in compiled graphs), and the ops are
