@@ -281,7 +281,8 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     """planner.choose for the sm90 family. ``problem`` None: no size hints (plan for a large square)."""
     hinted = problem is not None
     problem = problem or Problem(*DEFAULT_PROBLEM)
-    configs = [replace(c, epilogue=epilogue) for c in candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)]
+    configs = [replace(c, epilogue=epilogue)
+               for c in candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)]
 
     def refuse(cfg: KernelConfig) -> str | None:
         return cluster_larger_than_grid(cfg, problem) if hinted and knobs.cluster else None

@@ -105,7 +105,8 @@ def prefetch_calls(ep: Epilogue) -> list[str]:
     for i, op in enumerate(ep.operands):
         if op.kind == "matrix":
             calls.append(f"gemmgen::epi::prefetch_tile_l2<{op.dtype.cuda_type}, {str(op.order is Order.row).lower()}>(")
-            calls.append(f"    args.ep_ptr[{i}], args.ep_ld[{i}], row0, rows, col0, cols, args.m, args.n, thread, threads);")
+            calls.append(f"    args.ep_ptr[{i}], args.ep_ld[{i}], row0, rows, col0, cols, args.m, args.n, thread, "
+                         "threads);")
     return calls
 
 
