@@ -4,11 +4,18 @@
 (with ``--arch``); ``emit`` also takes several plans (``--plan``, ``--plans FILE``); ``bench`` runs
 ``benchmarks/bench.py`` of a source checkout. A bad option value exits
 with status 2 and a message on stderr that lists the valid choices, as does a knob the template or the
-hardware cannot honour.
+hardware cannot honour. The fused epilogue is given by the knobs (``--activation``, ``--bias``, ``--alpha``,
+``--beta``) or by a Python function (``--epilogue module:function`` or ``path/to/file.py:function``).
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import importlib
+import importlib.util
+import math
+import os
+import re
 import runpy
 import sys
 from pathlib import Path
@@ -16,12 +23,18 @@ from typing import Callable, Sequence
 
 from .spec.arch import ARCHS
 from .spec.config import FAMILIES, RASTERS, SM90_SCHEDULES
+from .spec.epilogue import ACTIVATIONS, KNOB_NAMES, Epilogue, trace
 from .spec.types import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Order
 
 PROG = "python -m generator"
 #: --plan keys: Gemm keyword arguments (tile, cluster also under their option names) and the op name.
 PLAN_OPTION_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
-                    "family", "tile", "warps", "stages", "raster_group", "schedule", "cluster", "raster", "op_name")
+                    "family", "tile", "warps", "stages", "raster_group", "schedule", "cluster", "raster",
+                    "activation", "bias", "alpha", "beta", "op_name")
+#: The epilogue knobs (Gemm keyword arguments and option names); --epilogue FN is the alternative to them.
+#: --activation's choices: the names generator.epilogue.ACTIVATIONS accepts.
+ACTIVATION_CHOICES = tuple(name for name in ACTIVATIONS if isinstance(name, str))
+BIAS_CHOICES = ("row", "col")
 #: --plan keys spelled as their Gemm keyword argument.
 _PLAN_KEY_ALIASES = {"tile_shape": "tile", "cluster_shape": "cluster"}
 
@@ -47,6 +60,9 @@ examples:
   {PROG} plan --dtype bf16 --layout tn --arch 90            (sm90 family: TMA, wgmma, clusters)
   {PROG} plan --arch 90 --tile 128x128x64 --schedule pingpong --cluster 1x2 --raster n --m 4096 --n 8192
   {PROG} plan --dtype fp16 --out-dtype fp32 --layout tt --arch 90 --family sm80 --tile 128x256x32 --warps 2x4 --stages 3
+  {PROG} plan --arch 90 --activation gelu_tanh --bias col     (fused epilogue: D = gelu_tanh(acc + bias))
+  {PROG} plan --arch 80 --alpha scalar --beta 0.5              (D = alpha * acc + 0.5 * C, alpha a runtime scalar)
+  {PROG} plan --arch 90 --epilogue my_epilogues.py:fused       (a function of the accumulator; see generator.epilogue)
 
 At --arch 90 the sm90 family is planned (knobs --schedule, --cluster, --raster); --family sm80 plans
 the cp.async/mma.sync family there instead (knob --warps).
@@ -57,6 +73,7 @@ examples:
   {PROG} render --dtype bf16 --layout tn --arch 80 --out build/kernels
   {PROG} render --dtype fp16 --layout nt --arch 90 --tile 128x128x64 --stages 4 --out /tmp/k
   {PROG} render --dtype bf16 --layout tn --arch 90 --schedule pingpong --cluster 1x1 --out /tmp/k
+  {PROG} render --arch 90 --activation silu --bias col --out /tmp/k
 
 The .cu files include plain CUDA headers from the templates folder: compile them with
 nvcc -I <that folder> (render prints it on stderr).
@@ -70,16 +87,20 @@ examples:
   {PROG} emit --arch 80 --plan dtype=bf16 --plan "dtype=fp16,out_dtype=fp32,op_name=mm_f32" --out emitted/mm80
   {PROG} emit --arch 90 --plan "schedule=pingpong,cluster=1x1" --plan "family=sm80,layout=nt" --out emitted/mm90
   {PROG} emit --plans plans.json --name my_gemms --out emitted/my_gemms
+  {PROG} emit --arch 90 --plan "activation=gelu_tanh,bias=col" --plan "alpha=scalar,beta=scalar" --out emitted/ep90
 
 Writes a pip-installable package (torch extension) with one op per plan into --out; then
   pip install --no-build-isolation emitted/my_gemms
   python -c "import my_gemms; help(my_gemms)"
 A --plan is comma-separated key=value pairs: {', '.join(PLAN_OPTION_KEYS)}
-(tile=128x128x32, warps=2x4, cluster=2x1). The knobs given as options (--arch, --dtype, ...) are the defaults of
-every --plan and --plans entry. --plans takes a JSON list of objects of Gemm keyword arguments (the
-plans.json that emit writes into a package is one). Op names default to gemm_<dtype>_<layout>
-(+ _o<out dtype>, + _dcol). --name defaults to the --out folder's name. The ops are differentiable
-(the package also holds the backward kernels); --no-autograd leaves that out. Needs neither torch nor a GPU.
+(tile=128x128x32, warps=2x4, cluster=2x1, activation=relu, bias=col, alpha=scalar). The knobs given as
+options (--arch, --dtype, ...) are the defaults of every --plan and --plans entry. --plans takes a JSON list
+of objects of Gemm keyword arguments (the plans.json that emit writes into a package is one). Op names
+default to gemm_<dtype>_<layout> (+ _o<out dtype>, + _dcol). --name defaults to the --out folder's name.
+The ops are differentiable (the package also holds the backward kernels); --no-autograd leaves that out.
+Needs neither torch nor a GPU. A plan with a fused epilogue (--activation, --bias, --alpha, --beta, or
+--epilogue; activation=..., bias=... in a --plan) makes an op that takes the epilogue's operands after A and
+B (gemm_<dtype>_<layout>_<epilogue tag>); the package does not differentiate it.
 """
 
 BENCH_EPILOG = f"""\
@@ -120,6 +141,33 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _coefficient(text: str) -> float | str:
+    """An argparse type for --alpha/--beta: a finite number (compiled into the kernel) or 'scalar'."""
+    if text.strip().lower() == "scalar":
+        return "scalar"
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or 'scalar' (a number is compiled into the "
+                                         "kernel, e.g. 0.5; 'scalar' makes it a runtime argument of the op)")
+    return value
+
+
+def _epilogue_spec(text: str) -> str:
+    """An argparse type for --epilogue: 'module:function' or 'path/to/file.py:function' (checked for form
+    here; imported and traced after parsing, see _load_epilogue)."""
+    target, sep, attr = text.rpartition(":")
+    if not sep or not target or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", attr):
+        raise argparse.ArgumentTypeError(f"{text!r} is not module:function or path/to/file.py:function "
+                                         "(e.g. my_epilogues:fused or ./my_epilogues.py:fused)")
+    return text
+
+
+_epilogue_spec.__name__ = "epilogue"
+
+
 def _plan_option(text: str) -> dict[str, object]:
     """An argparse type for --plan "dtype=bf16,layout=tn,arch=90": a dict of Gemm keyword arguments
     (plus op_name). Keys and choice-valued values are checked here, so a bad one exits 2 with the choices."""
@@ -128,6 +176,7 @@ def _plan_option(text: str) -> dict[str, object]:
         "layout": list(LAYOUTS), "layout_a": [o.value for o in Order], "layout_b": [o.value for o in Order],
         "layout_c": [o.value for o in Order], "arch": [str(a) for a in sorted(ARCHS)],
         "family": list(FAMILIES), "schedule": list(SM90_SCHEDULES), "raster": list(RASTERS),
+        "activation": list(ACTIVATION_CHOICES), "bias": list(BIAS_CHOICES),
     }
     shapes = {"tile": _shape(3, "128x128x32"), "warps": _shape(2, "2x2"), "cluster": _shape(2, "2x1")}
     entry: dict[str, object] = {}
@@ -148,6 +197,11 @@ def _plan_option(text: str) -> dict[str, object]:
             entry[{"tile": "tile_shape", "cluster": "cluster_shape"}.get(key, key)] = shapes[key](value)
         elif key in ("arch", "m", "n", "k"):
             entry[key] = int(value) if key == "arch" else _positive_int(value)
+        elif key in ("alpha", "beta"):
+            try:
+                entry[key] = _coefficient(value)
+            except argparse.ArgumentTypeError as err:
+                raise argparse.ArgumentTypeError(f"{key}={err}") from None
         elif key in ("stages", "raster_group"):
             try:
                 entry[key] = int(value)
@@ -201,6 +255,20 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
     k.add_argument("--raster", default=None, choices=list(RASTERS),
                    help="sm90: tile order, m (down M through --raster-group rows, then along N) or n "
                         "(along N through --raster-group columns, then down M)")
+    e = p.add_argument_group("fused epilogue: D = act(alpha * acc + beta * C + bias), or --epilogue FN "
+                             "(default: none, D = acc = A @ B)")
+    e.add_argument("--activation", default=None, choices=ACTIVATION_CHOICES, metavar="NAME",
+                   help=f"applied last: {', '.join(ACTIVATION_CHOICES)} (gelu_erf = gelu, swish = silu)")
+    e.add_argument("--bias", default=None, choices=BIAS_CHOICES,
+                   help="add a vector operand 'bias': col (length N, as nn.Linear's) or row (length M)")
+    e.add_argument("--alpha", type=_coefficient, default=None, metavar="X|scalar",
+                   help="scale acc by a number compiled into the kernel, or 'scalar' (a runtime argument of the op)")
+    e.add_argument("--beta", type=_coefficient, default=None, metavar="X|scalar",
+                   help="add beta * C, C an M x N operand: a number compiled in, or 'scalar' (a runtime argument)")
+    e.add_argument("--epilogue", type=_epilogue_spec, default=None, metavar="MODULE:FUNCTION",
+                   help="a Python function of the accumulator and annotated operands (see generator.epilogue), "
+                        "from an importable module (my_epilogues:fused) or a file (path/to/file.py:fused); "
+                        "instead of the four knobs above")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -265,7 +333,84 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, object]:
                 layout_a=args.layout_a, layout_b=args.layout_b, layout_c=args.layout_c,
                 m=args.m, n=args.n, k=args.k, family=args.family, tile_shape=args.tile, warps=args.warps,
                 stages=args.stages, raster_group=args.raster_group, schedule=args.schedule,
-                cluster_shape=args.cluster, raster=args.raster)
+                cluster_shape=args.cluster, raster=args.raster, activation=args.activation, bias=args.bias,
+                alpha=args.alpha, beta=args.beta, epilogue=args.epilogue)
+
+
+def _one_line(err: BaseException) -> str:
+    return " ".join(line.strip() for line in str(err).splitlines() if line.strip()) or type(err).__name__
+
+
+def _import_epilogue_target(target: str, spec: str) -> object:
+    """The module of --epilogue's left part: a .py file (loaded from its path) or an importable module
+    (the current folder first on the path, as for python -m)."""
+    is_file = target.endswith(".py") or "/" in target or os.sep in target
+    if is_file:
+        path = Path(target)
+        if not path.is_file():
+            raise ValueError(f"--epilogue {spec!r}: no such file {target!r}")
+        digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+        name = f"_gemmgen_epilogue_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
+        extra_path, what = str(path.resolve().parent), f"the file {target!r}"
+    else:
+        name, extra_path, what = target, os.getcwd(), f"the module {target!r}"
+    added = extra_path not in sys.path
+    if added:
+        sys.path.insert(0, extra_path)
+    try:
+        if not is_file:
+            return importlib.import_module(target)
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise ImportError(f"cannot load {target!r} as a Python module")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.modules[name] = module  # string annotations and dataclasses look their module up here
+        try:
+            loader_spec.loader.exec_module(module)
+        except BaseException:
+            sys.modules.pop(name, None)
+            raise
+        return module
+    except Exception as err:
+        raise ValueError(f"--epilogue {spec!r}: cannot import {what}: {type(err).__name__}: "
+                         f"{_one_line(err)}") from None
+    finally:
+        if added and extra_path in sys.path:
+            sys.path.remove(extra_path)
+
+
+def _load_epilogue(spec: str) -> Epilogue:
+    """--epilogue module:function / path/to/file.py:function: import it and trace the function.
+    Raises ValueError (the CLI exits 2) with a one-line message for every way this can fail."""
+    target, _, attr = spec.rpartition(":")
+    fn: object = _import_epilogue_target(target, spec)
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            functions = sorted(k for k, v in getattr(fn, "__dict__", {}).items()
+                               if callable(v) and not k.startswith("_")
+                               and getattr(v, "__module__", None) == getattr(fn, "__name__", None))
+            listed = f" (its functions: {', '.join(functions)})" if functions else ""
+            raise ValueError(f"--epilogue {spec!r}: {target!r} has no attribute {attr!r}{listed}")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise ValueError(f"--epilogue {spec!r}: {attr} is not a function of the accumulator (its type is "
+                         f"{type(fn).__name__})")
+    try:
+        return trace(fn)
+    except Exception as err:  # EpilogueError (a ValueError) says why and how to fix it; anything else is a bug in fn
+        kind = "" if isinstance(err, ValueError) else f"{type(err).__name__}: "
+        raise ValueError(f"--epilogue {spec!r}: {kind}{_one_line(err)}") from None
+
+
+def _resolve_epilogue(args: argparse.Namespace) -> None:
+    """Refuse --epilogue with the knobs, then replace args.epilogue (module:function) by its Epilogue."""
+    if args.epilogue is None:
+        return
+    knobs = [f"--{k}" for k in KNOB_NAMES if getattr(args, k) is not None]
+    if knobs:
+        raise ValueError(f"--epilogue cannot be combined with {', '.join(knobs)}: use one or the other (put the "
+                         "activation, bias and scales into the function, or drop --epilogue and use the knobs)")
+    args.epilogue = _load_epilogue(args.epilogue)
 
 
 def _no_gpu_hint(err: RuntimeError) -> RuntimeError:
@@ -312,6 +457,15 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_plan_options(entries: list[dict[str, object]], args: argparse.Namespace) -> None:
+    """A --plan's epilogue knobs (activation=, ...) cannot be combined with --epilogue, as the options cannot."""
+    for j, entry in enumerate(entries):
+        knobs = [f"{k}=" for k in KNOB_NAMES if k in entry]
+        if knobs and args.epilogue is not None:
+            raise ValueError(f"--plan {j}: {', '.join(knobs)} cannot be combined with --epilogue: use one or the "
+                             "other")
+
+
 def cmd_emit(args: argparse.Namespace) -> int:
     from .emit import backward_ops, default_package_name, emit, resolve_ops
     from .plans import load_plans_file, plans_file_autograd, plans_from_entries
@@ -322,6 +476,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
         if args.plans is not None:
             plans, op_names = load_plans_file(args.plans, defaults)
         if args.plan:
+            _check_plan_options(args.plan, args)
             more, more_names = plans_from_entries(args.plan, defaults, where="--plan")
             plans, op_names = plans + more, op_names + more_names
         if not plans:
@@ -342,11 +497,18 @@ def cmd_emit(args: argparse.Namespace) -> int:
     out = emit(plans, name=name, out=args.out, op_names=op_names, autograd=autograd)
     print(f"{out}: package {name}, {len(ops)} op(s):")
     for op in ops:
+        epilogue = op.config.epilogue
+        fused = "" if epilogue.is_identity else f", D = {epilogue.text}"
         print(f"  {name}.{op.name}  ({op.config.dtype.value} -> {op.config.out_dtype.value}, layout "
-              f"{op.config.layout.tag}, kernel {op.config.name}, sm_{op.config.arch})")
+              f"{op.config.layout.tag}{fused}, kernel {op.config.name}, sm_{op.config.arch})")
     if autograd:
-        print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
-              "(--no-autograd leaves them out)")
+        fused_ops = [op.name for op in ops if not op.differentiable]
+        if len(fused_ops) < len(ops):
+            print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
+                  "(--no-autograd leaves them out)")
+        if fused_ops:
+            print(f"autograd: not for {', '.join(fused_ops)}: the package differentiates A @ B only, not a fused "
+                  "epilogue (gemmgen's JIT op of the same plan is differentiable)")
     else:
         why = "--no-autograd" if args.autograd is False else 'the plans file says "autograd": false'
         print(f"autograd: none ({why}): the ops are not differentiable")
@@ -389,6 +551,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # a bad value: usage and the valid choices on stderr, exit 2
     try:
+        if args.command in ("plan", "render", "emit"):
+            _resolve_epilogue(args)
         if args.command == "plan":
             return cmd_plan(args)
         if args.command == "render":

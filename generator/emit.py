@@ -18,6 +18,16 @@ The package folder holds everything its build needs and nothing of this generato
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
     README.md, MANIFEST.in, .gitignore
 
+Fused epilogues (``Gemm(..., activation="gelu", bias="col")``, ``Gemm(..., epilogue=fn)``): the op takes the
+epilogue's operands after A and B (schema ``(Tensor A, Tensor B, Tensor bias, float alpha, ...)``, returning
+``(D, aux)`` when the epilogue has a second output), checked and launched by gemm_op.h's boxed kernels (the
+JIT ops' code). Its function's docstring states the expression and each operand (``D = gelu(acc + bias)``,
+``bias: per-column vector (N,), bf16``). plans.json records the knobs of a plan made with knobs
+(activation, bias, alpha, beta), and the structure of a function epilogue (``epilogue_to_json``), from which
+``--plans`` rebuilds it. Such an op is not differentiable in the package (gemm_autograd.h differentiates
+A @ B only): its Autograd kernel refuses arguments that require grad, and no backward kernels are emitted for
+it; gemmgen's JIT op of the same plan is differentiable.
+
 Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.runtime.autograd``; in C++ in
 gemm_autograd.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels
 of the package, with the layouts ``generator.planner.backward`` derives for a row-major and a column-major dD.
@@ -49,6 +59,7 @@ import jinja2
 from .planner.backward import backward_closure, backward_configs
 from .render import included_headers, render, templates_dir
 from .spec.config import KernelConfig
+from .spec.epilogue import KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from .spec.types import DType, Order
 
 
@@ -91,6 +102,12 @@ _SCALAR_TYPE = {DType.fp16: "c10::ScalarType::Half", DType.bf16: "c10::ScalarTyp
 
 
 _GPU_DOC = {90: "built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200)"}
+
+#: The epilogue knobs of a Gemm plan (its properties, from_knobs's arguments), recorded in plans.json.
+
+# C++ spellings of the epilogue operands' kinds (gemmgen::OperandKind in templates/torch/gemm_op.h).
+_OPERAND_KIND = {"scalar": "gemmgen::OperandKind::Scalar", "row": "gemmgen::OperandKind::Row",
+                 "col": "gemmgen::OperandKind::Col", "matrix": "gemmgen::OperandKind::Matrix"}
 
 # How each operand is stored, for the docstrings: (operand, order) -> text.
 _OPERAND_DOC = {
@@ -145,10 +162,22 @@ def grad_op_name(config: KernelConfig) -> str:
 
 
 def default_op_name(config: KernelConfig) -> str:
-    """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs, ``_dcol`` for a column-major D."""
+    """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs, ``_dcol`` for a column-major D, and
+    the epilogue's tag (lowercase) for a fused epilogue: ``gemm_bf16_tn_gelu_cbias``."""
     out = "" if config.out_dtype == config.dtype else f"_o{config.out_dtype.value}"
     dcol = "_dcol" if config.layout.c is Order.col else ""
-    return f"gemm_{config.dtype.value}_{config.layout.blas}{out}{dcol}"
+    epilogue = "" if config.epilogue.is_identity else f"_{config.epilogue.tag.lower()}"
+    return f"gemm_{config.dtype.value}_{config.layout.blas}{out}{dcol}{epilogue}"
+
+
+def check_operand_names(config: KernelConfig) -> None:
+    """The epilogue's operand names become parameters of the package's Python function: no keyword, and no
+    leading '_' (the module's own helpers, which the function calls, all have one)."""
+    for op in config.epilogue.operands:
+        if keyword.iskeyword(op.name) or op.name.startswith("_"):
+            why = "a Python keyword" if keyword.iskeyword(op.name) else "a name starting with '_'"
+            raise ValueError(f"the epilogue operand {op.name!r} of {config.name} is {why}, which cannot be a "
+                             "parameter of the package's function: rename the operand")
 
 
 def default_package_name(out: str | os.PathLike[str]) -> str:
@@ -164,10 +193,17 @@ def default_package_name(out: str | os.PathLike[str]) -> str:
 
 @dataclass(frozen=True)
 class EmittedOp:
-    """One op of the package: its name and the kernel config behind it."""
+    """One op of the package: its name and the kernel config behind it; ``knobs``: the epilogue knobs the plan
+    was made with ((name, value) pairs; empty for a function epilogue, a KernelConfig, or none)."""
 
     name: str
     config: KernelConfig
+    knobs: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def differentiable(self) -> bool:
+        """Whether the package can differentiate it: gemm_autograd.h's formula is that of A @ B alone."""
+        return self.config.epilogue.is_identity
 
     def context(self, package: str, autograd: bool) -> dict[str, Any]:
         cfg = self.config
@@ -176,7 +212,7 @@ class EmittedOp:
         return {
             "name": self.name,
             # per storage order of dD: the ops computing dA and dB, for the autograd specs of binding.cpp
-            "grads": _grads(cfg) if autograd else None,
+            "grads": _grads(cfg) if autograd and self.differentiable else None,
             "qualname": f"torch.ops.{package}.{self.name}",
             "kernel": cfg.name,
             "arch": cfg.arch,
@@ -203,6 +239,7 @@ class EmittedOp:
             "b_doc": _OPERAND_DOC["B", layout.b],
             "d_doc": _OPERAND_DOC["D", layout.c],
             "knobs": _knobs_doc(cfg),
+            **_epilogue_context(cfg.epilogue),
         }
 
     def plan_record(self) -> dict[str, Any]:
@@ -224,7 +261,50 @@ class EmittedOp:
         else:
             record["warps"] = "x".join(map(str, cfg.warps))
         record.update(stages=cfg.stages, raster_group=cfg.raster_group)
+        ep = cfg.epilogue
+        if self.knobs:
+            record.update(self.knobs)
+        elif not ep.is_identity:
+            # a function epilogue: its structure, which --plans rebuilds (generator.spec.epilogue_from_json)
+            record["epilogue"] = epilogue_to_json(ep)
+        if not ep.is_identity:
+            record["epilogue_text"] = ep.text
         return record
+
+
+def _epilogue_context(ep: Epilogue) -> dict[str, Any]:
+    """What the templates say and register of an op's fused epilogue (nothing of it for a plain op)."""
+    operands = [{
+        "name": o.name,
+        "kind": o.kind,
+        "cpp_kind": _OPERAND_KIND[o.kind],
+        "scalar_type": _SCALAR_TYPE[o.dtype],
+        "dtype": o.dtype.value,
+        "torch_dtype": f"torch.{o.dtype.torch_name}",
+        "row": o.order is not Order.col,
+        "schema_type": "float" if o.kind == "scalar" else "Tensor",
+        "shape": o.shape,
+        "doc": o.describe(),
+    } for o in ep.operands]
+    return {
+        "epilogue": not ep.is_identity,
+        # operands or a second output: a schema of its own, so gemm_op.h's boxed kernels
+        "boxed": bool(ep.operands) or ep.aux is not None,
+        "operands": operands,
+        "aux": ep.aux is not None,
+        "epilogue_text": ep.text,
+        "expression": ep.describe()[: 2 if ep.aux is not None else 1],
+        "schema_arguments": "".join(f", {o['schema_type']} {o['name']}" for o in operands),
+        "schema_returns": "(Tensor, Tensor)" if ep.aux is not None else "Tensor",
+    }
+
+
+def _plan_knobs(item: object, config: KernelConfig) -> tuple[tuple[str, Any], ...]:
+    """The epilogue knobs of a Gemm plan, when they are what made its epilogue; () otherwise."""
+    knobs = tuple((k, getattr(item, k, None)) for k in KNOB_NAMES if getattr(item, k, None) is not None)
+    if not knobs or config.epilogue != from_knobs(**dict(knobs)).resolved(config.out_dtype):
+        return ()
+    return knobs
 
 
 def _grads(cfg: KernelConfig) -> dict[str, dict[str, Any]]:
@@ -240,8 +320,10 @@ def _grads(cfg: KernelConfig) -> dict[str, dict[str, Any]]:
 
 def backward_ops(ops: Sequence[EmittedOp]) -> list[EmittedOp]:
     """The package's private backward ops: one per kernel that the backward of ``ops`` needs, double
-    backward included (``backward_closure``); sorted by name."""
-    return [EmittedOp(grad_op_name(cfg), cfg) for cfg in backward_closure(op.config for op in ops).values()]
+    backward included (``backward_closure``); sorted by name. Ops with a fused epilogue have none (the
+    package does not differentiate them)."""
+    closure = backward_closure(op.config for op in ops if op.differentiable)
+    return [EmittedOp(grad_op_name(cfg), cfg) for cfg in closure.values()]
 
 
 def _knobs_doc(cfg: KernelConfig) -> str:
@@ -253,7 +335,8 @@ def _knobs_doc(cfg: KernelConfig) -> str:
     return f"tile {tile}, warps {'x'.join(map(str, cfg.warps))}, {cfg.stages} stages"
 
 
-def _configs(plans: object) -> list[KernelConfig]:
+def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], ...]]]:
+    """(config, epilogue knobs) per plan."""
     items = list(plans) if isinstance(plans, (list, tuple)) else [plans]
     if not items:
         raise ValueError("emit needs at least one plan, e.g. emit([Gemm('bf16', 'tn', arch=90)], name=..., out=...)")
@@ -262,14 +345,16 @@ def _configs(plans: object) -> list[KernelConfig]:
         config = item if isinstance(item, KernelConfig) else getattr(item, "config", None)
         if not isinstance(config, KernelConfig):
             raise TypeError(f"plans[{i}] is a {type(item).__name__}; pass Gemm plans (or KernelConfigs)")
-        configs.append(config)
+        check_operand_names(config)
+        configs.append((config, () if isinstance(item, KernelConfig) else _plan_knobs(item, config)))
     return configs
 
 
 def resolve_ops(plans: object, op_names: Sequence[str | None] | None = None) -> list[EmittedOp]:
     """Pair every plan with its op name (given, or the default where None), refusing bad and duplicate
     names; sorted by op name."""
-    configs = _configs(plans)
+    planned = _configs(plans)
+    configs = [config for config, _ in planned]
     if op_names is None:
         op_names = [None] * len(configs)
     if isinstance(op_names, str) or len(op_names) != len(configs):
@@ -288,7 +373,7 @@ def resolve_ops(plans: object, op_names: Sequence[str | None] | None = None) -> 
                 f"sm_{configs[i].arch}) both map to the op name {op_name!r}: give one distinct op name per plan, "
                 f"e.g. op_names={suggestion!r} (on the command line: --op-name, or op_name= in a --plan)")
         seen[op_name] = i
-    return sorted((EmittedOp(n, c) for n, c in zip(names, configs)), key=lambda op: op.name)
+    return sorted((EmittedOp(n, c, knobs) for n, (c, knobs) in zip(names, planned)), key=lambda op: op.name)
 
 
 # -- rendering ----------------------------------------------------------------------------------------
@@ -316,6 +401,7 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) ->
     check_package_name(name)
     for op in ops:
         check_op_name(op.name)
+        check_operand_names(op.config)
     grads = backward_ops(ops) if autograd else []
     files: dict[str, bytes] = {}
     kernels: dict[str, KernelConfig] = {}
@@ -340,6 +426,7 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) ->
         "sources": ["csrc/binding.cpp", *(f"csrc/{k}.cu" for k in sorted(kernels))],
     }
     context["all_ops"] = context["ops"] + context["backward_ops"]
+    context["any_epilogue"] = any(op["epilogue"] for op in context["ops"])
     for template, path in _PACKAGE_TEMPLATES:
         files[path.format(name=name)] = _render(template, **context).encode()
     record = {**MARKER, "name": name, "autograd": autograd, "plans": [op.plan_record() for op in ops],

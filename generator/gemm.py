@@ -20,7 +20,7 @@ from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
-from .spec.epilogue import Epilogue, from_knobs, trace
+from .spec.epilogue import KNOB_NAMES, Epilogue, from_knobs, trace
 from .spec.types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_layout
 
 if TYPE_CHECKING:
@@ -88,7 +88,6 @@ class EpilogueKnobs:
         return from_knobs(activation=self.activation, bias=self.bias, alpha=self.alpha, beta=self.beta)
 
 
-EPILOGUE_KNOBS = ("activation", "bias", "alpha", "beta")
 
 
 @dataclass(frozen=True)
@@ -108,7 +107,7 @@ class _Request:
     def epilogue(self) -> Epilogue:
         """The epilogue this request asks for, its dtypes resolved to the output dtype."""
         if self.epilogue_fn is not None and self.epilogue_knobs != EpilogueKnobs():
-            set_knobs = ", ".join(k for k in EPILOGUE_KNOBS if getattr(self.epilogue_knobs, k) is not None)
+            set_knobs = ", ".join(k for k in KNOB_NAMES if getattr(self.epilogue_knobs, k) is not None)
             raise ValueError(f"this plan has both an epilogue function and the knobs {set_knobs}: put everything in "
                              "the function, or set epilogue=None and use the knobs")
         chosen = self.epilogue_fn if self.epilogue_fn is not None else self.epilogue_knobs.epilogue()

@@ -8,13 +8,17 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from .gemm import Gemm
+from .spec.epilogue import epilogue_from_json
 
 # -- plans files (the CLI's --plans, and the plans.json that emit writes) ------------------------------
 
-#: Keys a plan entry may have: Gemm keyword arguments, plus its op name and (checked) kernel name.
+#: Keys a plan entry may have: Gemm keyword arguments (the epilogue knobs activation, bias, alpha, beta among them;
+#: ``epilogue``: a function epilogue's structure, as ``generator.spec.epilogue.epilogue_to_json`` writes it), plus
+#: its op name and the (checked) kernel name and epilogue text.
 PLAN_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
-             "family", "tile_shape", "warps", "stages", "raster_group", "schedule", "cluster_shape", "raster")
-ENTRY_KEYS = ("op_name", "kernel")
+             "family", "tile_shape", "warps", "stages", "raster_group", "schedule", "cluster_shape", "raster",
+             "activation", "bias", "alpha", "beta", "epilogue")
+ENTRY_KEYS = ("op_name", "kernel", "epilogue_text")
 
 
 def plans_from_entries(entries: Iterable[dict[str, Any]], defaults: dict[str, Any] | None = None,
@@ -37,13 +41,19 @@ def plans_from_entries(entries: Iterable[dict[str, Any]], defaults: dict[str, An
         kwargs = {**(defaults or {}), **{k: v for k, v in entry.items() if k in PLAN_KEYS}}
         kwargs = {k: v for k, v in kwargs.items() if v is not None}
         try:
+            if isinstance(kwargs.get("epilogue"), (dict, str)):   # a function epilogue, recorded by its structure
+                kwargs["epilogue"] = epilogue_from_json(kwargs["epilogue"])
             plan = Gemm(**kwargs)
-        except (ValueError, TypeError) as err:
+        except (ValueError, TypeError) as err:   # EpilogueError is a ValueError
             raise ValueError(f"{label}: {err}") from None
         kernel = entry.get("kernel")
         if kernel is not None and kernel != plan.name:
             raise ValueError(f"{label} records kernel {kernel!r} but its knobs now plan {plan.name!r}: "
                              "re-emit from the original plans, or drop the 'kernel' key to accept the new one")
+        text = entry.get("epilogue_text")
+        if text is not None and text != plan.epilogue.text:
+            raise ValueError(f"{label} records the epilogue {text!r} but its keys now give {plan.epilogue.text!r}: "
+                             "re-emit from the original plans, or drop the 'epilogue_text' key to accept it")
         plans.append(plan)
         names.append(entry.get("op_name"))
     return plans, names

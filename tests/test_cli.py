@@ -357,3 +357,288 @@ def test_emit_does_not_import_torch(tmp_path):
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+# -- fused epilogue options -----------------------------------------------------------------------------
+
+def run_main(*args: str) -> tuple[int, str, str]:
+    """generator.cli.main in-process: (exit status, stdout, stderr); argparse's errors exit via SystemExit."""
+    import contextlib
+    import io
+
+    from generator.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(args))
+        except SystemExit as exit_:
+            status = exit_.code
+    return status, out.getvalue(), err.getvalue()
+
+
+EPILOGUE_MODULE = '''\
+from __future__ import annotations
+
+from generator import epilogue as ep
+
+
+def fused(acc, bias: ep.Col):
+    return ep.gelu_tanh(acc + bias)
+
+
+def scaled(acc, bias: ep.Row, C: ep.Matrix, alpha: ep.Scalar):
+    return ep.silu(alpha * acc + bias) + 0.5 * C
+
+
+def refused(acc):
+    import math
+    return math.exp(acc)
+
+
+def unused(acc, bias: ep.Col):
+    return ep.relu(acc)
+
+
+NOT_A_FUNCTION = 3
+'''
+
+
+@pytest.fixture
+def epilogue_file(tmp_path):
+    path = tmp_path / "my_epilogues.py"
+    path.write_text(EPILOGUE_MODULE)
+    return path
+
+
+@pytest.mark.parametrize("args, expression, tag, kwargs", [
+    (("--activation", "gelu_tanh", "--bias", "col"), "D = gelu_tanh(acc + bias)", "_ep_gelutanh_cbias_",
+     dict(activation="gelu_tanh", bias="col")),
+    (("--activation", "relu"), "D = relu(acc)", "_ep_relu_", dict(activation="relu")),
+    (("--activation", "swish"), "D = silu(acc)", "_ep_silu_", dict(activation="swish")),
+    (("--bias", "row"), "D = acc + bias", "_ep_rbias_", dict(bias="row")),
+    (("--alpha", "2"), "D = 2 * acc", "_ep_expr_", dict(alpha=2.0)),
+    (("--alpha", "scalar", "--beta", "0.5"), "D = alpha * acc + 0.5 * C", "_ep_mC_salpha_",
+     dict(alpha="scalar", beta=0.5)),
+    (("--beta", "Scalar"), "D = acc + beta * C", "_ep_mC_sbeta_", dict(beta="scalar")),
+    (("--activation", "relu", "--bias", "row", "--alpha", "0.5", "--beta", "2"), "D = relu(0.5 * acc + 2 * C + bias)",
+     "_ep_relu_rbias_mC_", dict(activation="relu", bias="row", alpha=0.5, beta=2)),
+])
+def test_plan_with_epilogue_knobs(args, expression, tag, kwargs):
+    from generator import Gemm
+
+    for arch in ("80", "90"):
+        status, out, err = run_main("plan", "--arch", arch, *args)
+        assert status == 0, err
+        assert f"epilogue:     {expression}\n" in out
+        name = re.search(r"^name:\s+(\S+)$", out, re.M).group(1)
+        assert tag in name
+        assert out == str(Gemm("bf16", "tn", arch=int(arch), **kwargs)) + "\n"
+
+
+def test_plan_with_epilogue_knobs_as_a_user_runs_it():
+    r = cli("plan", "--arch", "90", "--activation", "gelu_tanh", "--bias", "col")
+    assert r.returncode == 0, r.stderr
+    assert "name:         sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_ep_gelutanh_cbias_" in r.stdout
+    assert "epilogue:     D = gelu_tanh(acc + bias)\n              bias: per-column vector (N,), bf16" in r.stdout
+
+
+def test_render_with_epilogue_knobs(tmp_path):
+    from generator import Gemm
+
+    status, out, err = run_main("render", "--arch", "80", "--activation", "silu", "--bias", "col",
+                                "--out", str(tmp_path))
+    assert status == 0, err
+    expected = Gemm("bf16", "tn", arch=80, activation="silu", bias="col").render()
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == expected
+    assert all("_ep_silu_cbias_" in name for name in expected)
+
+
+def test_epilogue_from_a_file(epilogue_file, tmp_path):
+    from generator import Gemm
+
+    status, out, err = run_main("plan", "--arch", "90", "--epilogue", f"{epilogue_file}:fused")
+    assert status == 0, err
+    # the traced function is the same epilogue as the equal knobs: same kernel
+    assert out == str(Gemm("bf16", "tn", arch=90, activation="gelu_tanh", bias="col")) + "\n"
+    assert "_ep_gelutanh_cbias_" in out
+    status, out, err = run_main("render", "--arch", "80", "--epilogue", f"{epilogue_file}:scaled",
+                                "--out", str(tmp_path / "k"))
+    assert status == 0, err
+    files = sorted(p.name for p in (tmp_path / "k").iterdir())
+    assert files and "_ep_silu_" in files[0]
+    assert "D = silu(alpha * acc + bias) + 0.5 * C" in (tmp_path / "k" / files[0]).read_text()
+
+
+def test_epilogue_from_a_module_function(epilogue_file, tmp_path, monkeypatch):
+    # python -m generator puts the current folder first on sys.path; the CLI does so for --epilogue itself
+    monkeypatch.chdir(tmp_path)
+    try:
+        status, out, err = run_main("plan", "--arch", "80", "--epilogue", "my_epilogues:scaled")
+    finally:
+        sys.modules.pop("my_epilogues", None)
+    assert status == 0, err
+    assert "epilogue:     D = silu(alpha * acc + bias) + 0.5 * C\n" in out
+    assert "bias: per-row vector (M,), bf16" in out and "alpha: runtime scalar (fp32)" in out
+    assert re.search(r"^name:\s+sm80_\S+_ep_silu_rbias_mC_salpha_[0-9a-f]{8}$", out, re.M), out
+    assert str(tmp_path) not in sys.path
+    r = cli("plan", "--arch", "90", "--epilogue", "my_epilogues:fused", cwd=tmp_path)  # as a user runs it
+    assert r.returncode == 0, r.stderr
+    assert "_ep_gelutanh_cbias_" in r.stdout and "epilogue:     D = gelu_tanh(acc + bias)" in r.stdout
+
+
+@pytest.mark.parametrize("args, choices", [
+    (("--activation", "gleu"), "invalid choice: 'gleu' (choose from 'identity', 'none', 'relu', 'leaky_relu', "
+                               "'gelu', 'gelu_tanh', 'silu', 'sigmoid', 'tanh', 'gelu_erf', 'swish')"),
+    (("--bias", "diag"), "invalid choice: 'diag' (choose from 'row', 'col')"),
+    (("--alpha", "abc"), "argument --alpha: 'abc' is not a number or 'scalar'"),
+    (("--beta", "nan"), "argument --beta: 'nan' is not a number or 'scalar'"),
+    (("--beta", "inf"), "argument --beta: 'inf' is not a number or 'scalar'"),
+    (("--epilogue", "my_epilogues"), "argument --epilogue: 'my_epilogues' is not module:function or "
+                                     "path/to/file.py:function"),
+    (("--epilogue", "my_epilogues:"), "is not module:function"),
+    (("--epilogue", ":fused"), "is not module:function"),
+])
+def test_a_bad_epilogue_value_exits_2_listing_the_choices(args, choices):
+    from generator.epilogue import ACTIVATIONS
+
+    r = cli("plan", "--arch", "80", *args)
+    assert r.returncode == 2
+    assert choices in r.stderr and "Traceback" not in r.stderr
+    assert r.stdout == ""
+    if args[0] == "--activation":
+        assert all(repr(name) in r.stderr for name in ACTIVATIONS if name is not None)
+
+
+def test_an_epilogue_value_the_planner_refuses_exits_2():
+    status, out, err = run_main("plan", "--arch", "80", "--alpha", "0")
+    assert status == 2 and out == ""
+    assert err == "error: alpha=0 is not supported: D would not depend on A @ B\n"
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("{file}:refused", "--epilogue '{file}:refused': epilogue refused() line 16 (my_epilogues.py): math.exp"),
+    ("{file}:unused", "parameter 'bias' is not used"),
+    ("{file}:missing", "--epilogue '{file}:missing': '{file}' has no attribute 'missing' (its functions: fused, "
+                       "refused, scaled, unused)"),
+    ("{file}:NOT_A_FUNCTION", "NOT_A_FUNCTION is not a function of the accumulator (its type is int)"),
+    ("{dir}/no_such_file.py:fused", "no such file '{dir}/no_such_file.py'"),
+    ("{dir}/broken.py:fused", "cannot import the file '{dir}/broken.py': RuntimeError: broken on import here"),
+    ("{dir}/syntax.py:fused", "cannot import the file '{dir}/syntax.py': SyntaxError:"),
+    ("no_such_module_gemmgen:fused", "cannot import the module 'no_such_module_gemmgen': ModuleNotFoundError: "
+                                     "No module named 'no_such_module_gemmgen'"),
+])
+def test_an_epilogue_that_cannot_be_loaded_or_traced_exits_2(epilogue_file, tmp_path, spec, message):
+    (tmp_path / "broken.py").write_text('raise RuntimeError("broken\\non import\\nhere")\n')
+    (tmp_path / "syntax.py").write_text("def fused(acc:\n")
+    spec = spec.format(file=epilogue_file, dir=tmp_path)
+    status, out, err = run_main("plan", "--arch", "80", "--epilogue", spec)
+    assert status == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1, err  # one line
+    assert message.format(file=epilogue_file, dir=tmp_path) in err
+    r = cli("plan", "--arch", "80", "--epilogue", spec, cwd=tmp_path)  # as a user runs it: no traceback
+    assert r.returncode == 2 and r.stderr == err and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("knobs", [("--activation", "relu"), ("--bias", "col"), ("--alpha", "2"),
+                                   ("--beta", "scalar"), ("--bias", "row", "--alpha", "scalar")])
+def test_epilogue_with_a_knob_exits_2(epilogue_file, tmp_path, knobs):
+    named = ", ".join(k for k in knobs if k.startswith("--"))
+    for command in (("plan",), ("render", "--out", str(tmp_path / "k")), ("emit", "--out", str(tmp_path / "p"))):
+        status, out, err = run_main(*command, "--arch", "80", "--epilogue", f"{epilogue_file}:fused", *knobs)
+        assert status == 2 and out == ""
+        assert err == (f"error: --epilogue cannot be combined with {named}: use one or the other (put the "
+                       "activation, bias and scales into the function, or drop --epilogue and use the knobs)\n")
+    assert not (tmp_path / "k").exists() and not (tmp_path / "p").exists()
+
+
+def test_emit_epilogue_plans(epilogue_file, tmp_path):
+    from generator import Gemm, emit
+
+    # the options: one op, which takes the epilogue's operands and is recorded by its knobs
+    status, out, err = run_main("emit", "--arch", "90", "--activation", "gelu_tanh", "--bias", "col",
+                                "--name", "ep", "--out", str(tmp_path / "a"))
+    assert status == 0, err
+    assert "ep.gemm_bf16_tn_gelutanh_cbias  (bf16 -> bf16, layout tn, D = gelu_tanh(acc + bias), kernel " \
+           "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_ep_gelutanh_cbias_" in out
+    assert "autograd: not for gemm_bf16_tn_gelutanh_cbias: the package differentiates A @ B only" in out
+    assert "autograd: differentiable" not in out
+    expected = emit([Gemm("bf16", "tn", arch=90, activation="gelu_tanh", bias="col")], name="ep", out=tmp_path / "api")
+    assert files_of(tmp_path / "a") == files_of(expected)
+    # --plan keys, beside a plain plan; a --plans file of the package re-emits it
+    status, out, err = run_main("emit", "--arch", "80", "--plan", "activation=relu,bias=row,alpha=scalar,beta=2",
+                                "--plan", "dtype=fp16", "--name", "mix", "--out", str(tmp_path / "b"))
+    assert status == 0, err
+    record = json.loads((tmp_path / "b" / "plans.json").read_text())["plans"]
+    kernels = sorted(p["kernel"] for p in record)
+    assert "_ep_relu_rbias_mC_salpha_" in kernels[0] and kernels[1] == "sm80_fp16_tn_128x256x32_w2x4_s4_g8"
+    assert "D = relu(alpha * acc + 2 * C + bias)" in out
+    assert "autograd: differentiable, with" in out and "autograd: not for gemm_bf16_tn_" in out
+    status, out, err = run_main("emit", "--plans", str(tmp_path / "b" / "plans.json"), "--name", "mix",
+                                "--out", str(tmp_path / "c"))
+    assert status == 0, err
+    assert files_of(tmp_path / "b") == files_of(tmp_path / "c")
+    # --epilogue: the function's epilogue, the same kernel as the equal knobs
+    status, out, err = run_main("emit", "--arch", "90", "--epilogue", f"{epilogue_file}:fused", "--name", "ep",
+                                "--out", str(tmp_path / "d"))
+    assert status == 0, err
+    assert "kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_ep_gelutanh_cbias_" in out
+    # an identity epilogue (alpha 1, no activation) is the plain GEMM
+    status, out, err = run_main("emit", "--arch", "80", "--alpha", "1", "--plan", "activation=identity",
+                                "--name", "p", "--out", str(tmp_path / "p"))
+    assert status == 0, err
+    assert "p.gemm_bf16_tn  (bf16 -> bf16, layout tn, kernel sm80_bf16_tn_128x256x32_w2x4_s4_g8, sm_80)" in out
+
+
+def test_emit_refusing_an_epilogue_exits_2(tmp_path):
+    # emit's own refusal (an operand name the package's Python function cannot take): a message, no traceback
+    (tmp_path / "eps.py").write_text("from generator import epilogue as ep\n\n\n"
+                                     "def f(acc, _b: ep.Col):\n    return acc + _b\n")
+    r = cli("emit", "--arch", "80", "--epilogue", "eps:f", "--out", str(tmp_path / "p"), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.startswith("error: the epilogue operand '_b' of sm80_") and r.stderr.count("\n") == 1
+    assert "rename the operand" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--plan", "activation=gleu"), "activation='gleu' is not a valid choice (choose from 'identity', 'none', "
+                                    "'relu', 'leaky_relu', 'gelu', 'gelu_tanh', 'silu', 'sigmoid', 'tanh', "
+                                    "'gelu_erf', 'swish')"),
+    (("--plan", "bias=diag"), "bias='diag' is not a valid choice (choose from 'row', 'col')"),
+    (("--plan", "alpha=abc"), "alpha='abc' is not a number or 'scalar'"),
+    (("--plan", "beta=inf"), "beta='inf' is not a number or 'scalar'"),
+    (("--plan", "dtype=fp16", "--plan", "alpha=0"), "--plan 1: alpha=0 is not supported"),
+    (("--plan", "dtype=fp16", "--plan", "stages=9"), "--plan 1: stages=9: the multistage pipeline takes 2 to 8"),
+    (("--epilogue", "{file}:fused", "--plan", "dtype=fp16", "--plan", "bias=col,activation=relu"),
+     "--plan 1: activation=, bias= cannot be combined with --epilogue: use one or the other"),
+])
+def test_emit_bad_epilogue_plan_values_exit_2(epilogue_file, tmp_path, args, message):
+    args = tuple(a.format(file=epilogue_file) for a in args)
+    r = cli("emit", "--arch", "80", *args, "--name", "pkg", "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_help_lists_the_epilogue_options():
+    for command in ("plan", "render", "emit"):
+        r = cli(command, "--help")
+        assert r.returncode == 0, r.stderr
+        for option in ("--activation NAME", "--bias {row,col}", "--alpha X|scalar", "--beta X|scalar",
+                       "--epilogue MODULE:FUNCTION"):
+            assert option in r.stdout, (command, option)
+    r = cli("plan", "--help")
+    assert "--activation gelu_tanh --bias col" in r.stdout  # an example
+
+
+def test_epilogue_options_do_not_import_torch(epilogue_file):
+    code = (
+        "import sys\n"
+        "from generator.cli import main\n"
+        "assert main(['plan', '--arch', '80', '--activation', 'gelu', '--bias', 'col']) == 0\n"
+        f"assert main(['plan', '--arch', '90', '--epilogue', {str(epilogue_file) + ':scaled'!r}]) == 0\n"
+        "assert 'torch' not in sys.modules, 'the CLI imported torch'\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm, emit
+from generator import epilogue as ep
 from generator.planner.backward import backward_closure, backward_configs
 from generator.emit import GENCODE, backward_ops, resolve_ops
 from generator.plans import load_plans_file
@@ -553,6 +554,7 @@ def test_emit_works_without_torch(no_torch_env, tmp_path):
         emit([Gemm("bf16", "tn", arch=90), Gemm("fp16", "nn", arch=80)], name="my_gemms", out={str(tmp_path / "api")!r})
         Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "one")!r})
         Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "noag")!r}, autograd=False)
+        Gemm("bf16", "tn", arch=90, activation="gelu", bias="col").emit({str(tmp_path / "fused")!r})
         from generator.planner.backward import backward_closure  # the backward kernels are planned without torch too
         assert len(backward_closure([Gemm("bf16", "tn", arch=90).config])) == 8
         assert "torch" not in sys.modules
@@ -568,6 +570,8 @@ def test_emit_works_without_torch(no_torch_env, tmp_path):
     assert (tmp_path / "api" / "csrc" / "binding.cpp").is_file() and (tmp_path / "one" / "one" / "__init__.py").is_file()
     assert "_grad_sm80_fp16_tn_" in (tmp_path / "api" / "csrc" / "binding.cpp").read_text()
     assert "AUTOGRAD = False" in (tmp_path / "noag" / "noag" / "__init__.py").read_text()
+    fused = (tmp_path / "fused" / "fused" / "__init__.py").read_text()
+    assert "def gemm_bf16_tn_gelu_cbias(A, B, bias, *, out=None):" in fused
     r = subprocess.run([sys.executable, "-m", "generator", "emit", "--plan", "dtype=bf16,layout=tn,arch=90",
                         "--plan", "dtype=fp16,layout=nn,arch=80", "--name", "my_gemms", "--out", str(tmp_path / "cli")],
                        cwd=ROOT, env=no_torch_env, capture_output=True, text=True, timeout=120)
@@ -763,3 +767,271 @@ def test_installed_package_meta_shapes(built_wheel):
     """)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "META OK" in r.stdout
+
+
+# -- fused epilogues ----------------------------------------------------------------------------------
+
+def scaled_gelu(acc, scale: ep.Row, C: ep.Matrix, alpha: ep.Scalar):
+    h = scale * acc + alpha * C
+    return ep.gelu(h), h
+
+
+def epilogue_plans() -> list[Gemm]:
+    """A plan made with knobs, one with a function (row, matrix and scalar operands, a second output, a
+    column-major D) and a plain one."""
+    return [Gemm("bf16", "tn", arch=90, activation="gelu", bias="col"),
+            Gemm("fp16", "nt", arch=90, layout_c="col", epilogue=scaled_gelu),
+            Gemm("bf16", "tn", arch=90)]
+
+
+KNOB_OP, PLAIN_OP = "gemm_bf16_tn_gelu_cbias", "gemm_bf16_tn"
+FUNCTION_OP = "gemm_fp16_nt_dcol_gelu_rscale_mc_salpha_aux"
+
+
+def test_an_epilogue_plan_is_packaged_with_its_operands(tmp_path):
+    plans = epilogue_plans()
+    out = emit(plans, name="fused", out=tmp_path / "fused")
+    files = {rel: data.decode() for rel, data in tree(out).items() if not rel.startswith("csrc/") or
+             rel == "csrc/binding.cpp"}
+    init, binding, readme = files["fused/__init__.py"], files["csrc/binding.cpp"], files["README.md"]
+    compile(init, "__init__.py", "exec")
+    # the schemas take the operands; (D, aux) for the epilogue with a second output
+    assert ('m.def("gemm_bf16_tn_gelu_cbias(Tensor A, Tensor B, Tensor bias) -> Tensor", kTags);' in binding)
+    assert (f'm.def("{FUNCTION_OP}(Tensor A, Tensor B, Tensor scale, Tensor C, float alpha) -> (Tensor, Tensor)", '
+            "kTags);" in binding)
+    assert (f'm.def("{FUNCTION_OP}.out(Tensor A, Tensor B, Tensor scale, Tensor C, float alpha, *, Tensor(a!) out)'
+            in binding)
+    assert 'm.def("gemm_bf16_tn(Tensor A, Tensor B) -> Tensor", kTags);' in binding
+    # the operand specs gemm_op.h's boxed kernels read the stack by
+    assert ('{/*kind=*/gemmgen::OperandKind::Col, /*name=*/"bias", /*dtype=*/c10::ScalarType::BFloat16, '
+            '/*dtype_name=*/"bf16", /*row=*/true},  // bias: per-column vector (N,), bf16') in binding
+    assert ('{/*kind=*/gemmgen::OperandKind::Matrix, /*name=*/"C", /*dtype=*/c10::ScalarType::Half, '
+            '/*dtype_name=*/"fp16", /*row=*/true},') in binding
+    assert f"/*operands=*/k_{FUNCTION_OP}_operands,\n    /*aux=*/true," in binding
+    for key, kernel in (("CompositeExplicitAutograd", "epilogue_kernel"), ("Meta", "epilogue_meta_kernel"),
+                        ("Autograd", "epilogue_autograd_kernel")):
+        block = binding.split(f"TORCH_LIBRARY_IMPL(fused, {key}, m) {{")[1].split("\n}\n")[0]
+        for op in (KNOB_OP, FUNCTION_OP):
+            assert f'm.impl("{op}", gemmgen::{kernel}(&k_{op}));' in block, (key, op)
+    assert 'm.impl("gemm_bf16_tn", GemmKernel{&k_gemm_bf16_tn});' in binding   # the plain op stays unboxed
+    assert 'm.impl("gemm_bf16_tn", GemmAutogradKernel{&kgrad_gemm_bf16_tn});' in binding
+    # no backward kernels for the epilogue ops (not differentiable here): only the plain op's
+    record = json.loads(files["plans.json"])
+    plain_closure = backward_closure([plans[2].config])
+    assert record["backward_kernels"] == sorted(plain_closure) and f"kgrad_{KNOB_OP}" not in binding
+    # the docstrings state the expression and the operands
+    fn_doc = init.split(f"def {FUNCTION_OP}(A, B, scale, C, alpha, *, out=None):")[1].split('"""')[1]
+    assert fn_doc.startswith("D = gelu(scale * acc + alpha * C), acc = A @ B: fp16 (torch.float16) inputs")
+    for line in ("aux = scale * acc + alpha * C  (second output, M x N, dtype and order of D): returned as (D, aux)",
+                 "scale: per-row vector (M,), fp16 (torch.float16)",
+                 "C: matrix (M, N), row-major, fp16 (torch.float16)",
+                 "alpha: runtime scalar (fp32)", "Not differentiable in this package"):
+        assert line in fn_doc, line
+    knob_doc = init.split(f"def {KNOB_OP}(A, B, bias, *, out=None):")[1].split('"""')[1]
+    assert knob_doc.startswith("D = gelu(acc + bias), acc = A @ B") and "bias: per-column vector (N,), bf16" in knob_doc
+    assert '"epilogue": "gelu(acc + bias)",' in init and '"differentiable": False,' in init
+    assert "**not differentiable**" in readme and f"`{KNOB_OP}`: D = gelu(acc + bias)" in readme
+    assert f"| `{KNOB_OP}` | bf16 -> bf16, `D = gelu(acc + bias)` |" in readme
+    # plans.json: the knobs of a knob plan, the structure of a function epilogue; both plan the same kernels again
+    by_op = {p["op_name"]: p for p in record["plans"]}
+    assert {k: by_op[KNOB_OP].get(k) for k in ("activation", "bias", "alpha", "beta", "epilogue")} == {
+        "activation": "gelu", "bias": "col", "alpha": None, "beta": None, "epilogue": None}
+    assert by_op[FUNCTION_OP]["epilogue_text"] == plans[1].epilogue.text and "activation" not in by_op[FUNCTION_OP]
+    assert by_op[FUNCTION_OP]["epilogue"]["operands"][0] == {"name": "scale", "kind": "row", "dtype": "fp16",
+                                                             "order": None}
+    assert "epilogue" not in by_op[PLAIN_OP] and "epilogue_text" not in by_op[PLAIN_OP]
+    again, names = load_plans_file(out / "plans.json")
+    assert sorted(p.name for p in again) == sorted(p.name for p in plans)
+    assert {p.name: p.epilogue for p in again} == {p.name: p.epilogue for p in plans}
+    assert tree(emit(again, name="fused", out=tmp_path / "again", op_names=names)) == tree(out)
+    r = subprocess.run([sys.executable, "-m", "generator", "emit", "--plans", str(out / "plans.json"),
+                        "--name", "fused", "--out", str(tmp_path / "cli")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if r.returncode == 0:   # (the command line may still refuse epilogue plans: generator/cli.py)
+        assert tree(tmp_path / "cli") == tree(out)
+
+
+def test_plans_json_of_an_epilogue_refuses_what_no_longer_replans(tmp_path):
+    out = emit(epilogue_plans(), name="fused", out=tmp_path / "fused", autograd=False)
+    record = json.loads((out / "plans.json").read_text())
+    by_op = {p["op_name"]: p for p in record["plans"]}
+    by_op[FUNCTION_OP]["epilogue_text"] = "relu(acc)"
+    (tmp_path / "text.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"records the epilogue 'relu\(acc\)' but its keys now give"):
+        load_plans_file(tmp_path / "text.json")
+    by_op[FUNCTION_OP]["epilogue"]["D"] = 99
+    (tmp_path / "bad.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match="plan 2: epilogue JSON: D is 99"):
+        load_plans_file(tmp_path / "bad.json")
+    by_op[KNOB_OP]["activation"] = "relu"    # a knob changed: the recorded kernel no longer follows
+    del by_op[FUNCTION_OP]
+    record["plans"] = list(by_op.values())
+    (tmp_path / "knob.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=f"records kernel '{epilogue_plans()[0].name}' but its knobs now plan"):
+        load_plans_file(tmp_path / "knob.json")
+
+
+def test_an_epilogue_op_name_and_operand_names(tmp_path):
+    from generator.emit import default_op_name
+    from generator.spec.epilogue import Epilogue, Expr, Operand
+
+    assert default_op_name(epilogue_plans()[0].config) == KNOB_OP
+    assert default_op_name(epilogue_plans()[1].config) == FUNCTION_OP
+    for name, why in (("_x", "a name starting with '_'"), ("lambda", "a Python keyword")):
+        epilogue = Epilogue((Operand(name, "col"),), Expr("add", (Expr("acc"), Expr("operand", name=name))))
+        plan = Gemm("bf16", "tn", arch=90, epilogue=epilogue)
+        with pytest.raises(ValueError, match=f"the epilogue operand '{name}' of .* is {why}, which cannot be a "
+                                             "parameter of the package's function: rename the operand"):
+            emit(plan, name="bad", out=tmp_path / "bad")
+
+
+#: Run where the package built with stub kernels is importable and gemmgen is not: its registrations, the
+#: Python function's checks, the C++ checks that run on CPU and meta tensors (messages given by the JIT op's
+#: Python checks, computed by the test), the refusal of grad, meta and fake shapes, .out's decomposition.
+EPILOGUE_CHECK = '''
+import sys
+
+import torch
+import {name} as pkg
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+assert "generator" not in sys.modules
+EXPECTED = {expected!r}
+dump = torch._C._dispatch_dump
+for op in ("{knob}", "{function}"):
+    for overload in (op, op + ".out"):
+        text = dump("{name}::" + overload)
+        for key in ("CompositeExplicitAutograd[alias]", "Meta", "Autograd[alias]"):
+            line = text.split(key + ": registered at ")[1].split("\\n")[0]
+            assert "binding.cpp" in line and line.endswith("[ boxed ]"), (overload, key, line)
+plain = dump("{name}::{plain}").split("CompositeExplicitAutograd[alias]: ")[1].split("\\n")[0]
+assert plain.endswith("[ boxed unboxed ]"), plain
+fn, aux_fn = pkg.{knob}, pkg.{function}
+
+
+def error(call):
+    try:
+        call()
+    except Exception as err:
+        return type(err).__name__, str(err)
+    raise SystemExit("no error")
+
+
+a, b, bias = torch.randn(33, 24).bfloat16(), torch.randn(40, 24).bfloat16().t(), torch.randn(40).bfloat16()
+on_cpu = ("ValueError", "A is on cpu; this op runs on CUDA tensors: pass A.cuda()")
+assert error(lambda: fn(a, b, bias)) == on_cpu
+assert error(lambda: torch.ops.{name}.{knob}(a, b, bias)) == on_cpu
+assert error(lambda: fn(a, b, bias, out=torch.empty(33, 40).bfloat16())) == on_cpu
+assert error(lambda: fn(a, b, 1.0)) == ("TypeError", "bias must be a torch.Tensor of shape (N,), got float")
+x, y = torch.randn(24, 33).half().t(), torch.randn(24, 40).half()
+scale, C = torch.randn(33).half(), torch.randn(33, 40).half()
+assert error(lambda: aux_fn(x, y, scale, C, torch.tensor(2.0))) == ("TypeError", "alpha is a runtime scalar of the "
+    "epilogue: pass a Python number, got Tensor (use float(t) for a one-element tensor)")
+assert error(lambda: aux_fn(x, y, scale, C, True))[1].endswith("pass a Python number, got bool")
+assert error(lambda: aux_fn(x, y, scale, C, 2.0, out=C)) == ("ValueError", "{function} has a second output (aux), "
+    "which out= cannot receive: call it without out= (it returns (D, aux))")
+assert error(lambda: torch.ops.{name}.{function}.out(x, y, scale, C, 2.0, out=C)) == EXPECTED["aux out"]
+# not differentiable here: refused at the call, whatever requires grad; without grad mode it goes on
+for call in (lambda: fn(a.requires_grad_(), b, bias), lambda: fn(a, b, bias.requires_grad_()),
+             lambda: aux_fn(x, y, scale, C.requires_grad_(), 1.0)):
+    kind, message = error(call)
+    assert kind == "RuntimeError" and "cannot differentiate" in message and "requires grad" in message, message
+    a, bias, C = a.detach(), bias.detach(), C.detach()
+with torch.no_grad():
+    assert error(lambda: fn(a.requires_grad_(), b, bias)) == on_cpu
+a = a.detach()
+# meta tensors: the outputs' shapes and strides, and the checks that need no data (the JIT op's words)
+m = dict(device="meta")
+A, B, BIAS = a.to(**m), b.to(**m), bias.to(**m)
+D = fn(A, B, BIAS)
+assert (tuple(D.shape), D.stride(), D.dtype) == ((33, 40), (40, 1), torch.bfloat16), (D.shape, D.stride())
+X, Y, SCALE, CC = x.to(**m), y.to(**m), scale.to(**m), C.to(**m)
+D, AUX = aux_fn(X, Y, SCALE, CC, 0.5)
+assert [(tuple(t.shape), t.stride(), t.dtype) for t in (D, AUX)] == [((33, 40), (1, 33), torch.float16)] * 2
+for label, call in [("bias float32", lambda: fn(A, B, BIAS.float())), ("bias 2-D", lambda: fn(A, B, BIAS[None])),
+                    ("bias on cpu", lambda: fn(A, B, bias)), ("C 1-D", lambda: aux_fn(X, Y, SCALE, CC[0], 1.0)),
+                    ("scale float64", lambda: aux_fn(X, Y, SCALE.double(), CC, 1.0))]:
+    assert error(call) == EXPECTED[label], (label, error(call), EXPECTED[label])
+with FakeTensorMode():   # what torch.compile traces with
+    D, AUX = aux_fn(torch.empty(24, 7, device="cuda").half().t(), torch.empty(24, 40, device="cuda").half(),
+                    torch.empty(7, device="cuda").half(), torch.empty(7, 40, device="cuda").half(), 1.0)
+    assert (tuple(D.shape), D.stride(), AUX.stride(), D.device.type) == ((7, 40), (1, 7), (1, 7), "cuda")
+
+
+class M(torch.nn.Module):
+    def forward(self, a, b, bias, out):
+        return fn(a, b, bias, out=out)
+
+
+code = torch.export.export(M(), (a, b, bias, torch.empty(33, 40).bfloat16())).run_decompositions().graph_module.code
+assert "{name}.{knob}.default(a, b, bias)" in code and "aten.copy.default(out" in code, code
+print("EPILOGUE OK")
+'''
+
+
+def _python_messages() -> dict[str, tuple[str, str]]:
+    """What the JIT op's Python checks say for EPILOGUE_CHECK's bad calls (meta tensors, as there)."""
+    torch = pytest.importorskip("torch")
+    from generator.runtime.operands import check_static
+
+    knob, function = epilogue_plans()[0].config.epilogue, epilogue_plans()[1].config.epilogue
+    m = dict(device="meta")
+    A, X = torch.empty(33, 24, dtype=torch.bfloat16, **m), torch.empty(33, 24, dtype=torch.float16, **m)
+    bias = torch.empty(40, dtype=torch.bfloat16, **m)
+    scale, C = torch.empty(33, dtype=torch.float16, **m), torch.empty(33, 40, dtype=torch.float16, **m)
+    cases = {"bias float32": (knob, A, [bias.float()]), "bias 2-D": (knob, A, [bias[None]]),
+             "bias on cpu": (knob, A, [torch.empty(40, dtype=torch.bfloat16)]),
+             "C 1-D": (function, X, [scale, C[0], 1.0]), "scale float64": (function, X, [scale.double(), C, 1.0])}
+    expected = {}
+    for label, (epilogue, a, values) in cases.items():
+        try:
+            for operand, value in zip(epilogue.operands, values):
+                check_static(operand, value, a)
+        except (TypeError, ValueError) as err:
+            expected[label] = (type(err).__name__, str(err))
+        else:
+            raise AssertionError(f"{label}: the Python checks accept it")
+    expected["aux out"] = ("ValueError", f"{FUNCTION_OP}.out: the plan has a second output (aux), which out= cannot "
+                                         "receive: call the op without out=")
+    return expected
+
+
+def test_epilogue_binding_on_cpu(tmp_path):
+    """The binding of a package with epilogue ops, built here with stub kernels (as the autograd test above):
+    boxed kernels for every key, the same messages as the JIT op's Python checks where a CPU machine reaches
+    them (CPU and meta tensors), grad refused, meta and fake shapes, .out decomposed. The kernels themselves are
+    tests/gpu/test_emitted_epilogue.py's."""
+    expected = _python_messages()
+    from generator.build import BuildError, nvcc_path
+    from generator.runtime.jit_runtime import torch_flags
+
+    try:
+        nvcc = nvcc_path()
+    except BuildError as err:
+        pytest.skip(f"no nvcc to build the binding: {err}")
+    import sysconfig
+
+    python_include = Path(sysconfig.get_paths()["include"])
+    if not (python_include / "Python.h").is_file():
+        pytest.skip(f"no Python.h under {python_include} (the binding includes it): install Python's headers")
+    name = "gemmgen_epilogue_cpu"
+    pkg = emit(epilogue_plans(), name=name, out=tmp_path / "pkg")
+    site = tmp_path / "site" / name
+    site.mkdir(parents=True)
+    shutil.copy(pkg / name / "__init__.py", site / "__init__.py")
+    kernels = sorted(p.stem for p in (pkg / "csrc").glob("*.cu"))
+    stubs = "\n".join(STUB_KERNEL.format(k=k) for k in kernels)
+    (pkg / "csrc" / "stubs.cpp").write_text(STUB_KERNELS.format(stubs=stubs))
+    build = subprocess.run([nvcc, "-std=c++20", "-shared", "-Xcompiler", "-fPIC", f"-I{pkg / 'csrc'}",
+                            f"-I{python_include}", *torch_flags(), str(pkg / "csrc" / "binding.cpp"),
+                            str(pkg / "csrc" / "stubs.cpp"), "-o", str(site / "_C.so")],
+                           capture_output=True, text=True, timeout=900)
+    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
+    fake = tmp_path / "no_generator" / "generator"   # the package must not need gemmgen
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise ImportError("generator is hidden for this test")\n')
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site.parent), str(fake.parent)]))
+    code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, expected=expected)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "EPILOGUE OK" in r.stdout

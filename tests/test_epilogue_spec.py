@@ -879,3 +879,65 @@ def test_refuse_too_large() -> None:
 def test_refuse_non_callable() -> None:
     with pytest.raises(EpilogueError, match="needs a function"):
         ep.trace("acc + 1")
+
+
+# -- JSON (an emitted package's plans.json records a function epilogue so) ------------------------------
+
+def fused(acc, bias: ep.Col, C: ep.Matrix, alpha: ep.Scalar, beta: ep.Scalar):
+    return ep.silu(alpha * acc + bias) + beta * C
+
+
+FP32_ROW = ep.Row(dtype="fp32")
+FP16_COL_MAJOR = ep.Matrix(dtype="fp16", order="col")
+
+
+def _every_op(acc, s: ep.Scalar, r: FP32_ROW, c: ep.Col, m: FP16_COL_MAJOR):
+    z = s * acc + r - c / 3.0
+    w = ep.clamp(ep.leaky_relu(-z, 0.2), -1.5, m) + ep.clamp(z, lo=0.0) * ep.clamp(z, hi=1e-30)
+    y = ep.max(ep.gelu(w), ep.min(ep.gelu_tanh(z), ep.silu(m))) + ep.abs(ep.sigmoid(z)) - ep.tanh(ep.relu(w))
+    return y, z * z
+
+
+def test_json_round_trip() -> None:
+    import json
+
+    from generator.spec.epilogue import epilogue_from_json, epilogue_to_json
+
+    for desc in [*_assorted(), ep.trace(fused), ep.trace(_every_op), ep.trace(_every_op).resolved(DType.bf16)]:
+        data = epilogue_to_json(desc)
+        text = json.dumps(data, sort_keys=True)
+        assert json.dumps(epilogue_to_json(desc), sort_keys=True) == text          # deterministic
+        again = epilogue_from_json(json.loads(text))
+        assert again == desc and again.canonical == desc.canonical and again.digest == desc.digest
+        assert epilogue_from_json(text) == desc                                    # the JSON text works too
+    # a node shared by D and aux is listed once
+    data = epilogue_to_json(ep.trace(_every_op))
+    assert len(data["nodes"]) == len({json.dumps(n, sort_keys=True) for n in data["nodes"]})
+    assert data["nodes"][data["D"]]["op"] == "sub" and data["aux"] is not None
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda d: d.pop("nodes"), "has no nodes"),
+    (lambda d: d.update(extra=1), "unknown key(s) 'extra'"),
+    (lambda d: d.update(D=99), "D is 99, not the index of an earlier node"),
+    (lambda d: d.update(D=True), "D is True"),
+    (lambda d: d["nodes"][2].update(args=[2, 0]), "an argument of node 2 is 2"),
+    (lambda d: d["nodes"][2].update(op="pow"), "node 2 has op 'pow'"),
+    (lambda d: d["nodes"][2].update(args=[0]), "op 'mul' takes 2 expression argument(s)"),
+    (lambda d: d["nodes"].append({"op": "const", "value": "1"}), "value '1' is not a number"),
+    (lambda d: d["nodes"][0].update(name="gamma"), "reads undeclared operand(s) gamma"),
+    (lambda d: d["operands"][0].update(kind="vector"), "operand kind 'vector'"),
+    (lambda d: d["operands"][1].update(order="diagonal"), "order"),
+    (lambda d: d["operands"].pop(), "reads undeclared operand(s) beta"),
+    (lambda d: d.update(operands={}), "'operands' must be a list"),
+])
+def test_json_refusals_say_what_is_wrong(change, fragment) -> None:
+    from generator.spec.epilogue import epilogue_from_json, epilogue_to_json
+
+    data = epilogue_to_json(ep.trace(fused))
+    change(data)
+    with pytest.raises(EpilogueError) as info:
+        epilogue_from_json(data)
+    assert fragment in str(info.value)
+    with pytest.raises(EpilogueError, match="not valid JSON"):
+        epilogue_from_json("{")

@@ -10,13 +10,19 @@ after A's device check); the others and the launch are tests/gpu/test_jit_runtim
 CUDA call of a JIT op in tests/gpu/ goes through this kernel."""
 from __future__ import annotations
 
+import ctypes
+import types
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
-from generator.runtime import jit_runtime  # noqa: E402
+from generator import epilogue as ep  # noqa: E402
+from generator.runtime import GemmOp, jit_runtime  # noqa: E402
 from generator.runtime import compile_op, registered_op  # noqa: E402
+from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
+from generator.runtime.library import GemmArgsStruct  # noqa: E402
 
 CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
@@ -106,3 +112,322 @@ def test_without_the_runtime_ops_still_work_and_a_warning_says_why(build_cache, 
     assert autograd is not None and "jit_runtime.cpp" not in autograd   # the Python formula
     with pytest.raises(ValueError, match=r"pass A\.cuda\(\)"):   # the Python path serves every key
         op(torch.randn(4, 8).half(), torch.randn(4, 8).half().t())
+
+
+# -- ops with a fused epilogue: the boxed C++ kernels ----------------------------------------------------------
+
+def fused(acc, bias: ep.Col, C: ep.Matrix, alpha: ep.Scalar, beta: ep.Scalar):
+    return ep.silu(alpha * acc + bias) + beta * C
+
+
+BF16_ROW = ep.Row(dtype="bf16")
+FP32_COL_MAJOR = ep.Matrix(dtype="fp32", order="col")
+
+
+def rowwise(acc, scale: BF16_ROW, R: FP32_COL_MAJOR):
+    z = scale * acc
+    return ep.tanh(z) + R, z
+
+
+@pytest.fixture(scope="module")
+def epilogue_op(build_cache):
+    return Gemm(dtype="bf16", layout="tn", arch=90, activation="gelu", bias="col", namespace="gemmgen_rt").compile()
+
+
+def test_an_epilogue_op_gets_boxed_cpp_kernels_and_a_plain_op_keeps_its_unboxed_ones(op, epilogue_op):
+    assert epilogue_op.cpp_kernel and not epilogue_op.cpp_autograd   # its formula is Python's (autograd.py)
+    for overload in ("", ".out"):
+        where = cuda_kernel_source(f"gemmgen_rt::{epilogue_op.name}{overload}")
+        assert where is not None and "jit_runtime.cpp" in where and where.endswith("[ boxed ]"), where
+        plain = cuda_kernel_source(f"gemmgen_rt::{op.name}{overload}")
+        assert "jit_runtime.cpp" in plain and plain.endswith("[ boxed unboxed ]"), plain
+    # CPU tensors redispatched to the CUDA key reach the C++ checks: A's device first, as in Python
+    a, b, bias = torch.randn(4, 8).bfloat16(), torch.randn(6, 8).bfloat16().t(), torch.randn(6).bfloat16()
+    cpp = _raise(lambda: epilogue_op.op.default.redispatch(CUDA_KEY, a, b, bias))
+    assert cpp == _raise(lambda: epilogue_op.run(a, b, (bias,), None)) == (ValueError, (
+        "A is on cpu; this op runs on CUDA tensors: pass A.cuda()"))
+
+
+# The checks past A's device need tensors on the op's device: a stand-in op takes CPU tensors (device_type
+# "cpu", which the C++ kernels are told too), and its "kernel library" records the GemmArgs of each launch.
+# GemmOp.run, unchanged, is the reference: both paths must refuse with the same type and words, and fill the
+# same GemmArgs (the operands' slots, leading dimensions, aux) for the same call.
+
+LAUNCHES: list = []
+LAUNCH_CODE = [0]
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgsStruct), ctypes.c_void_p)
+_ERROR_STRING = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int)
+_FAILURE = ctypes.create_string_buffer(b"the stand-in kernel failed")
+
+
+@_LAUNCH
+def _record_launch(args, stream):
+    LAUNCHES.append(GemmArgsStruct.from_buffer_copy(args.contents))
+    return LAUNCH_CODE[0]
+
+
+@_ERROR_STRING
+def _error_string(code):
+    return ctypes.addressof(_FAILURE)
+
+
+class StandInOp(GemmOp):
+    device_type = "cpu"
+
+
+STAND_IN_NAMESPACE = "gemmgen_rt_standin"
+STAND_IN_PLANS = {
+    "plain": dict(layout="nt"),
+    "fused": dict(layout="tn", epilogue=fused),
+    "rowwise_aux_dcol": dict(layout="tt", layout_c="col", out_dtype="fp32", epilogue=rowwise),
+    "knobs_row_bias": dict(layout="nn", activation="relu", bias="row", alpha=0.5),
+}
+_STAND_INS: dict = {}
+
+
+def stand_in(key: str) -> StandInOp:
+    """The stand-in op of STAND_IN_PLANS[key], with its C++ kernels registered for the CUDA key (once)."""
+    if key not in _STAND_INS:
+        if not jit_runtime.RUNTIME.ensure():
+            pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
+        op = StandInOp(Gemm("bf16", arch=90, **STAND_IN_PLANS[key]).config, None, STAND_IN_NAMESPACE)
+        library = types.SimpleNamespace(launch=_record_launch, error_string=_error_string)
+        assert jit_runtime.RUNTIME.register(op, library)
+        # GemmOp.run's launch: the same recorder, and its message as bytes
+        op._library = types.SimpleNamespace(launch=_record_launch, error_string=lambda code: _FAILURE.value)
+        _STAND_INS[key] = op
+    return _STAND_INS[key]
+
+
+@pytest.fixture
+def python_launches_on_cpu(monkeypatch):
+    """GemmOp.run asks torch.cuda for the device and stream of its launch: the CPU tensors' answers."""
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    LAUNCH_CODE[0] = 0
+    yield
+    LAUNCH_CODE[0] = 0
+
+
+M, N, K = 33, 40, 24
+
+
+def stored(rows, cols, order, dtype=torch.bfloat16):
+    t = torch.randn(rows, cols) if order == "row" else torch.randn(cols, rows).t()
+    return t.to(dtype)
+
+
+def stand_in_inputs(op, m=M, n=N, k=K):
+    cfg = op.config
+    a, b = stored(m, k, cfg.layout.a.value), stored(k, n, cfg.layout.b.value)
+    values = []
+    for o in cfg.epilogue.operands:
+        dtype = TORCH_DTYPES[o.dtype]
+        if o.kind == "scalar":
+            values.append(1.25 if o.name == "alpha" else -0.5)
+        elif o.kind in ("row", "col"):
+            values.append(torch.randn(m if o.kind == "row" else n).to(dtype))
+        else:
+            values.append(stored(m, n, o.order.value, dtype))
+    return a, b, values
+
+
+def cpp_call(op, a, b, values, out=None):
+    if out is None:
+        return op.op.default.redispatch(CUDA_KEY, a, b, *values)
+    return op.op.out.redispatch(CUDA_KEY, a, b, *values, out=out)
+
+
+def python_call(op, a, b, values, out=None):
+    return op.run(a, b, tuple(values), out)
+
+
+def launched(call):
+    """(the call's result, the GemmArgs it launched with, or None if it launched nothing)."""
+    before = len(LAUNCHES)
+    result = call()
+    assert len(LAUNCHES) - before in (0, 1)
+    return result, (LAUNCHES[-1] if len(LAUNCHES) > before else None)
+
+
+def args_dict(args, outputs):
+    """The GemmArgs as plain values, D's and aux's addresses replaced by which output they point at."""
+    fields = {name: getattr(args, name) for name, _ in GemmArgsStruct._fields_}
+    for name in ("ep_ptr", "ep_ld", "ep_scalar"):
+        fields[name] = list(fields[name])
+    pointers = {t.data_ptr(): f"output {i}" for i, t in enumerate(outputs)}
+    for name in ("d", "aux"):
+        fields[name] = pointers.get(fields[name], fields[name])
+    return fields
+
+
+def outputs_of(result):
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+@pytest.mark.parametrize("key", list(STAND_IN_PLANS))
+def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launches_on_cpu, key):
+    op = stand_in(key)
+    ep_ = op.config.epilogue
+    for m, n, k in ((M, N, K), (1, 7, 5), (16, 8, 0), (0, 8, 4)):
+        a, b, values = stand_in_inputs(op, m, n, k)
+        cpp, cpp_args = launched(lambda: cpp_call(op, a, b, values))
+        python, python_args = launched(lambda: python_call(op, a, b, values))
+        cpp, python = outputs_of(cpp), outputs_of(python)
+        assert [(t.shape, t.stride(), t.dtype) for t in cpp] == [(t.shape, t.stride(), t.dtype) for t in python]
+        assert len(cpp) == (2 if ep_.aux is not None else 1)
+        if m * n == 0:
+            assert cpp_args is None and python_args is None
+            continue
+        assert args_dict(cpp_args, cpp) == args_dict(python_args, python)
+        # (ctypes reads a null pointer as None: K = 0 gives empty A and B)
+        assert (cpp_args.d, cpp_args.a or 0, cpp_args.b or 0) == (cpp[0].data_ptr(), a.data_ptr(), b.data_ptr())
+        if ep_.aux is not None:
+            assert (cpp_args.aux, cpp_args.ldaux) == (cpp[1].data_ptr(), cpp_args.ldd)
+        else:
+            assert not cpp_args.aux and cpp_args.ldaux == 0
+        for i, (o, v) in enumerate(zip(ep_.operands, values)):
+            if o.kind == "scalar":
+                assert cpp_args.ep_scalar[i] == v and not cpp_args.ep_ptr[i]
+            else:
+                assert cpp_args.ep_ptr[i] == v.data_ptr()
+        if ep_.aux is None:   # .out writes into the given out
+            out = op._empty_out(a, b)
+            got, cpp_args = launched(lambda: cpp_call(op, a, b, values, out))
+            assert got is out or got.data_ptr() == out.data_ptr()
+            _, python_args = launched(lambda: python_call(op, a, b, values, out))
+            assert args_dict(cpp_args, [out]) == args_dict(python_args, [out])
+
+
+def _bias_strided(v):
+    return (torch.randn(2 * N).bfloat16()[::2], *v[1:])
+
+
+# (plan, case) -> the operand values made wrong in one way; every C++ refusal must equal GemmOp.run's.
+BAD_OPERANDS = {
+    ("fused", "bias too short"): lambda v: (v[0][:-1], *v[1:]),
+    ("fused", "bias too long"): lambda v: (torch.randn(N + 1).bfloat16(), *v[1:]),
+    ("fused", "bias float32"): lambda v: (v[0].float(), *v[1:]),
+    ("fused", "bias float64 (no dtype to declare)"): lambda v: (v[0].double(), *v[1:]),
+    ("fused", "bias on meta"): lambda v: (v[0].to("meta"), *v[1:]),
+    ("fused", "bias strided"): _bias_strided,
+    ("fused", "bias 2-D"): lambda v: (v[0][None], *v[1:]),
+    ("fused", "bias 0-D"): lambda v: (v[0][0], *v[1:]),
+    ("fused", "bias None"): lambda v: (None, *v[1:]),
+    ("fused", "C wrong shape"): lambda v: (v[0], v[1][:-1], *v[2:]),
+    ("fused", "C transposed shape"): lambda v: (v[0], torch.randn(N, M).bfloat16(), *v[2:]),
+    ("fused", "C column-major"): lambda v: (v[0], v[1].t().contiguous().t(), *v[2:]),
+    ("fused", "C neither order"): lambda v: (v[0], torch.randn(M, 2 * N).bfloat16()[:, ::2], *v[2:]),
+    ("fused", "C float16"): lambda v: (v[0], v[1].half(), *v[2:]),
+    ("fused", "C 1-D"): lambda v: (v[0], v[1][0], *v[2:]),
+    ("fused", "C on meta"): lambda v: (v[0], v[1].to("meta"), *v[2:]),
+    ("fused", "C None"): lambda v: (v[0], None, *v[2:]),
+    ("rowwise_aux_dcol", "scale too short"): lambda v: (v[0][:-1], v[1]),
+    ("rowwise_aux_dcol", "scale of N"): lambda v: (torch.randn(N).bfloat16(), v[1]),
+    ("rowwise_aux_dcol", "scale float32 (declared bf16)"): lambda v: (v[0].float(), v[1]),
+    ("rowwise_aux_dcol", "R row-major"): lambda v: (v[0], v[1].contiguous()),
+    ("rowwise_aux_dcol", "R bfloat16"): lambda v: (v[0], v[1].bfloat16()),
+    ("rowwise_aux_dcol", "R wrong shape"): lambda v: (v[0], stored(M - 1, N, "col", torch.float32)),
+    ("knobs_row_bias", "bias of N"): lambda v: (torch.randn(N).bfloat16(),),
+    ("knobs_row_bias", "bias strided"): lambda v: (torch.randn(2 * M).bfloat16()[::2],),
+}
+
+
+@pytest.mark.parametrize("key, case", list(BAD_OPERANDS), ids=[f"{k}-{c}" for k, c in BAD_OPERANDS])
+def test_cpp_operand_checks_say_what_the_python_checks_say(python_launches_on_cpu, key, case):
+    op = stand_in(key)
+    a, b, values = stand_in_inputs(op)
+    bad = BAD_OPERANDS[key, case](values)
+    before = len(LAUNCHES)
+    cpp = _raise(lambda: cpp_call(op, a, b, bad))
+    assert cpp == _raise(lambda: python_call(op, a, b, bad)) and cpp[0] in (TypeError, ValueError), cpp
+    if op.config.epilogue.aux is None:
+        out = op._empty_out(a, b)
+        cpp_out = _raise(lambda: cpp_call(op, a, b, bad, out))
+        assert cpp_out == _raise(lambda: python_call(op, a, b, bad, out)) == cpp
+    assert len(LAUNCHES) == before   # refused before any launch
+    # the next correct call is right
+    _, cpp_args = launched(lambda: cpp_call(op, a, b, values))
+    assert cpp_args is not None
+
+
+def test_cpp_out_checks_and_aliasing_say_what_the_python_checks_say(python_launches_on_cpu):
+    op = stand_in("fused")
+    a, b, values = stand_in_inputs(op)
+    bias, C, alpha, beta = values
+    rows = torch.randn(M, K + N).bfloat16()          # A and out side by side in each row: their spans interleave
+    arena = torch.empty(M * N + N, dtype=torch.bfloat16)   # out, then bias overlapping out's last elements
+    wide = torch.randn(M, 2 * N).bfloat16()
+    # label -> (A, operand values, out)
+    cases = {
+        "out wrong shape": (a, values, torch.empty(M, N - 1, dtype=torch.bfloat16)),
+        "out float32": (a, values, torch.empty(M, N)),
+        "out on meta": (a, values, torch.empty(M, N, dtype=torch.bfloat16, device="meta")),
+        "out column-major": (a, values, torch.empty(N, M, dtype=torch.bfloat16).t()),
+        "out beside A in the same rows": (rows[:, :K], values, rows[:, K:]),
+        "out overlapping bias": (a, (arena[M * N - 5: M * N - 5 + N], C, alpha, beta), arena[: M * N].view(M, N)),
+        # the same address as C, other strides: not C itself
+        "out over C with other strides": (a, (bias, wide[:, :N], alpha, beta), wide.view(-1)[: M * N].view(M, N)),
+    }
+    for label, (x, vals, out) in cases.items():
+        cpp = _raise(lambda: cpp_call(op, x, b, vals, out))
+        assert cpp == _raise(lambda: python_call(op, x, b, vals, out)) and cpp[0] in (TypeError, ValueError), label
+        assert ("shares memory" in cpp[1]) == label.startswith(("out beside", "out overlapping", "out over")), cpp
+    # .out(out=None) through torch.ops: refused (GemmOp.run would take None for "no out" and return a new D)
+    assert _raise(lambda: op.op.out.redispatch(CUDA_KEY, a, b, *values, out=None)) == (
+        TypeError, "out must be a torch.Tensor, got NoneType")
+    # out = C itself: D = silu(alpha * acc + bias) + beta * C in place, allowed on both paths
+    got, cpp_args = launched(lambda: cpp_call(op, a, b, values, C))
+    assert got.data_ptr() == C.data_ptr() and cpp_args.d == cpp_args.ep_ptr[1] == C.data_ptr()
+    _, python_args = launched(lambda: python_call(op, a, b, values, C))
+    assert args_dict(cpp_args, [C]) == args_dict(python_args, [C])
+    # a plain op's out= is checked against A and B too (as GemmOp.run does): its B (K, N) row-major, and an out
+    # whose first row is B's last
+    plain = stand_in("plain")
+    assert plain.config.layout.b.value == "row"
+    x, _, _ = stand_in_inputs(plain)
+    rows = torch.randn(K + M - 1, N).bfloat16()
+    cpp = _raise(lambda: cpp_call(plain, x, rows[:K], (), rows[K - 1:]))
+    assert cpp == _raise(lambda: python_call(plain, x, rows[:K], (), rows[K - 1:])) == (
+        ValueError, "out shares memory with B: the kernel reads B while it writes D; pass a separate out")
+
+
+def test_out_of_an_aux_plan_and_a_failed_launch_say_what_python_says(python_launches_on_cpu):
+    op = stand_in("rowwise_aux_dcol")
+    a, b, values = stand_in_inputs(op)
+    out = op._empty_out(a, b)
+    cpp = _raise(lambda: cpp_call(op, a, b, values, out))
+    assert cpp == _raise(lambda: op.op.out(a, b, *values, out=out)) == (
+        ValueError, f"{op.name}.out: the plan has a second output (aux), which out= cannot receive: call the op "
+                    "without out=")
+    LAUNCH_CODE[0] = 7
+    cpp = _raise(lambda: cpp_call(op, a, b, values))
+    assert cpp == _raise(lambda: python_call(op, a, b, values)) == (
+        RuntimeError, f"{op.name}: launch failed: the stand-in kernel failed")
+
+
+def test_scalars_and_missing_operands_never_reach_a_kernel(python_launches_on_cpu):
+    """op(...) checks the operands' types and binds them before dispatch (Python, both paths); through torch.ops
+    the dispatcher refuses a missing operand and converts a one-element tensor given for a float itself."""
+    op = stand_in("fused")
+    a, b, (bias, C, alpha, beta) = stand_in_inputs(op)
+    for bad, message in [((bias, C, torch.tensor(2.0), beta), "alpha is a runtime scalar of the epilogue: pass a "
+                          "Python number, got Tensor (use float(t) for a one-element tensor)"),
+                         ((bias, C, alpha, True), "beta is a runtime scalar of the epilogue: pass a Python number, "
+                          "got bool"),
+                         ((bias, C, alpha), "missing epilogue operand(s) beta: call op(A, B, bias, C, alpha, beta)"),
+                         ((bias, 2.0, alpha, beta), "C must be a torch.Tensor of shape (M, N), got float")]:
+        assert _raise(lambda: op(a, b, *bad)) == (TypeError, message)
+    missing = _raise(lambda: op.op.default.redispatch(CUDA_KEY, a, b, bias, C, alpha))
+    assert missing == _raise(lambda: op.op.default(a, b, bias, C, alpha)) and "beta" in missing[1]
+    _, cpp_args = launched(lambda: cpp_call(op, a, b, (bias, C, torch.tensor(2.0), beta)))
+    assert cpp_args.ep_scalar[2] == 2.0
+
+
+def test_the_runtime_refuses_a_spec_that_does_not_match_the_schema():
+    op = stand_in("fused")
+    other = Gemm("bf16", arch=90, layout="tn", activation="relu", bias="col").config
+    handle = types.SimpleNamespace(namespace=op.namespace, name=op.name, config=other, device_type="cpu")
+    with pytest.raises(RuntimeError, match=r"the schema of gemmgen_rt_standin::.* does not match the op spec's 1 "
+                                           r"epilogue operand\(s\)"):
+        jit_runtime.RUNTIME.register(handle, types.SimpleNamespace(launch=_record_launch, error_string=_error_string))

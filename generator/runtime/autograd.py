@@ -139,17 +139,25 @@ def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None
         values = [next(found) if v is None else v for v in ctx.scalars]
         needs = ctx.needs_input_grad
         (acc_op,) = op.derived([acc_config])
+        # Grad mode is on here only for backward(create_graph=True): then acc and the operands stay connected
+        # to A, B and the operands (acc_op has its own formula), and the gradients are taken with
+        # create_graph, so that the returned gradients are differentiable in turn. (Detached, the second
+        # derivatives through the elementwise part were silently missing: d(dA)/d(bias) came back None.)
+        create_graph = torch.is_grad_enabled()
         acc = acc_op(A, B)
         with torch.enable_grad():
-            acc = acc.detach().requires_grad_(needs[0] or needs[1])
-            leaves = [v.detach().float().requires_grad_(needs[2 + i]) if isinstance(v, torch.Tensor) else v
+            if not (create_graph and acc.requires_grad):
+                acc = acc.detach().requires_grad_(needs[0] or needs[1])
+            leaves = [(v.float() if create_graph and v.requires_grad else
+                       v.detach().float().requires_grad_(needs[2 + i])) if isinstance(v, torch.Tensor) else v
                       for i, v in enumerate(values)]
             d, aux = evaluate(ep, acc, operand_values(ep, leaves, torch.float32))
             pairs = [(t, g) for t, g in zip((d, aux), grads) if t is not None and g is not None]
             wanted = [acc] + [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
             wanted = [t for t in wanted if t.requires_grad]
             found_grads = iter(torch.autograd.grad([t for t, _ in pairs], wanted, [g.float() for _, g in pairs],
-                                                   allow_unused=True) if pairs and wanted else [None] * len(wanted))
+                                                   allow_unused=True, create_graph=create_graph)
+                               if pairs and wanted else [None] * len(wanted))
         grad_acc = next(found_grads) if acc.requires_grad else None
         operand_grads = []
         for value, leaf in zip(values, leaves):

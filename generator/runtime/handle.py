@@ -15,6 +15,7 @@ class OpHandle(Protocol):
     name: str
     dtype: torch.dtype
     cpp_autograd: bool
+    device_type: str  # the device type of the tensors its kernels take: "cuda" (the CPU tests' stand-ins: "cpu")
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor: ...
 

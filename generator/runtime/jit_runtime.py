@@ -6,8 +6,9 @@ Python kernel, the argument checks in Python, ctypes), about twice what ``torch.
 module builds ``templates/torch/jit_runtime.cpp`` once per torch version and compiler (through the same
 build cache, in the same ninja run as the first kernels) and, for every kernel library loaded, registers
 the checks and launch of ``templates/torch/gemm_op.h`` (the code of the emitted packages) as the op's
-CUDA kernel. Python keeps the schema, the fake implementation, the autograd formula and the kernels of
-the other dispatch keys (``generator.runtime``).
+CUDA kernel: unboxed for a plain op, boxed for one with a fused epilogue (its operands and second output
+are described in the ``JitOpSpec``). Python keeps the schema, the fake implementation, the autograd formula
+and the kernels of the other dispatch keys (``generator.runtime``).
 
 If the runtime cannot be built (no C++ compiler that can read torch's headers), the ops still work
 through the Python path, with a warning that says why and what it costs.
@@ -24,6 +25,7 @@ import torch
 from ..build import BuildError, BuildRequest, build
 from ..render import templates_dir
 from ..spec.config import KernelConfig
+from ..spec.epilogue import KINDS, Epilogue
 from ..spec.types import Order
 from .checks import other_layout
 from .handle import OpHandle
@@ -35,6 +37,12 @@ NAME = "gemmgen_jit_runtime"
 ERROR_BUFFER_BYTES = 4096
 
 
+class JitOperandSpec(ctypes.Structure):
+    """Mirror of ``JitOperandSpec`` in templates/torch/jit_runtime.cpp: one operand of a fused epilogue."""
+
+    _fields_ = [("kind", ctypes.c_int), ("name", ctypes.c_char_p), ("dtype", ctypes.c_char_p), ("row", ctypes.c_int)]
+
+
 class JitOpSpec(ctypes.Structure):
     """Mirror of ``JitOpSpec`` in templates/torch/jit_runtime.cpp."""
 
@@ -42,7 +50,24 @@ class JitOpSpec(ctypes.Structure):
                 ("arch", ctypes.c_int), ("dtype", ctypes.c_char_p), ("out_dtype", ctypes.c_char_p),
                 ("a_row", ctypes.c_int), ("b_row", ctypes.c_int), ("d_row", ctypes.c_int),
                 ("layout_a_flipped", ctypes.c_char_p), ("layout_b_flipped", ctypes.c_char_p),
-                ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p)]
+                ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p),
+                ("num_operands", ctypes.c_int), ("operands", ctypes.POINTER(JitOperandSpec)),
+                ("aux", ctypes.c_int), ("device_type", ctypes.c_int)]
+
+
+#: gemmgen::OperandKind in templates/torch/gemm_op.h: the index of each kind in generator.spec.epilogue.KINDS.
+OPERAND_KINDS = {kind: i for i, kind in enumerate(KINDS)}
+#: c10::DeviceType of the tensors an op's kernels take (GemmOp.device_type): CUDA, or the tests' CPU stand-in.
+DEVICE_TYPES = {"cpu": 0, "cuda": 1}
+
+
+def operand_specs(epilogue: Epilogue) -> ctypes.Array:
+    """The epilogue's operands as JitOperandSpecs, in the op's schema order (its dtypes resolved)."""
+    specs = (JitOperandSpec * max(len(epilogue.operands), 1))()
+    for spec, op in zip(specs, epilogue.operands):
+        spec.kind, spec.name, spec.dtype = OPERAND_KINDS[op.kind], op.name.encode(), op.dtype.value.encode()
+        spec.row = int(op.order is not Order.col)
+    return specs
 
 
 class JitAutogradSpec(ctypes.Structure):
@@ -123,10 +148,14 @@ class _Runtime:
         return True
 
     def register(self, op: OpHandle, library: KernelLibrary) -> bool:
-        """Register ``library`` as ``op``'s CUDA kernel (both overloads); False if there is no runtime."""
+        """Register ``library`` as ``op``'s CUDA kernel (both overloads); False if there is no runtime.
+
+        An op with a fused epilogue gets the boxed kernels of gemm_op.h, told its operands (kind, name, dtype,
+        order) and whether it has a second output; its schema must be defined already (it is checked)."""
         if not self.ensure():
             return False
         cfg = op.config
+        operands = operand_specs(cfg.epilogue)
         spec = JitOpSpec(
             ns=op.namespace.encode(), op=op.name.encode(), kernel=cfg.name.encode(), arch=cfg.arch,
             dtype=cfg.dtype.value.encode(), out_dtype=cfg.out_dtype.value.encode(),
@@ -135,7 +164,9 @@ class _Runtime:
             layout_a_flipped=other_layout(cfg.layout.blas, "A").encode(),
             layout_b_flipped=other_layout(cfg.layout.blas, "B").encode(),
             launch=ctypes.cast(library.launch, ctypes.c_void_p).value,
-            error_string=ctypes.cast(library.error_string, ctypes.c_void_p).value)
+            error_string=ctypes.cast(library.error_string, ctypes.c_void_p).value,
+            num_operands=len(cfg.epilogue.operands), operands=operands, aux=int(cfg.epilogue.aux is not None),
+            device_type=DEVICE_TYPES[op.device_type])
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 

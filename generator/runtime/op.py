@@ -107,8 +107,9 @@ class GemmOp:
                     first._attach(library)
             self.cpp_kernel = first.cpp_kernel
             return
-        # The C++ call path knows the plain schema (A, B) only; an epilogue's operands go through Python.
-        if self.device_type == "cuda" and self.config.epilogue.is_identity:
+        # Every op, plain (unboxed kernels) or with a fused epilogue (boxed ones, told its operands); run() is
+        # the fallback without the runtime, and the reference of the C++ checks' messages.
+        if self.device_type == "cuda":
             self.cpp_kernel = jit_runtime.RUNTIME.register(self, library)
 
     @property
@@ -318,10 +319,15 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
         # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
         lib.impl(op.name, lambda A, B, *values: op.run(A, B, values, None), "CompositeExplicitAutograd")
 
-        def run_out(A: torch.Tensor, B: torch.Tensor, *values: Any, out: torch.Tensor) -> torch.Tensor:
+        def refuse_aux() -> None:
             if ep.aux is not None:
                 raise ValueError(f"{op.name}.out: the plan has a second output (aux), which out= cannot receive: "
                                  "call the op without out=")
+
+        def run_out(A: torch.Tensor, B: torch.Tensor, *values: Any, out: torch.Tensor) -> torch.Tensor:
+            refuse_aux()
+            if not isinstance(out, torch.Tensor):  # None would make run() allocate: not what .out promises
+                raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
             return op.run(A, B, values, out)
 
         lib.impl(f"{op.name}.out", run_out, "CompositeExplicitAutograd")
@@ -340,6 +346,9 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
         default = getattr(getattr(torch.ops, op.namespace), op.name).default
 
         def out_decomposition(A: torch.Tensor, B: torch.Tensor, *values: Any, out: torch.Tensor) -> torch.Tensor:
+            # The same refusal as the eager kernel's: without it, fake tensors (torch.compile) got to
+            # out.copy_((D, aux)) and a TypeError about copy_'s argument.
+            refuse_aux()
             op._check_meta(A, B, out, values)
             return out.copy_(default(A, B, *values))
 

@@ -42,7 +42,8 @@ def bind(ep: Epilogue, args: Sequence[Any], kwargs: dict[str, Any]) -> tuple[Any
             hint = f"its operands are {', '.join(names)}" if names else "its epilogue takes no operands"
             raise TypeError(f"the op has no operand {name!r}: {hint} ({signature(ep)})")
         if name in values:
-            raise TypeError(f"operand {name!r} given twice (positionally and by keyword)")
+            # With the signature, as the other binding errors: it shows which position the name took.
+            raise TypeError(f"operand {name!r} given twice (positionally and by keyword): call {signature(ep)}")
         values[name] = value
     missing = [n for n in names if n not in values]
     if missing:
@@ -70,9 +71,15 @@ def check_static(op: Operand, value: object, A: torch.Tensor) -> None:
         raise ValueError(f"{op.name} must be {rank}-D {_SHAPES[op.kind]}; got shape {tuple(value.shape)}")
     want = TORCH_DTYPES[op.dtype]
     if value.dtype != want:
+        # Declaring the operand's dtype is a fix only for a dtype an operand may have (fp16, bf16, fp32):
+        # not for float64, say.
+        declare = (f" or declare it with dtype={str(value.dtype).removeprefix('torch.')!r}"
+                   if value.dtype in TORCH_DTYPES.values() else "")
         raise TypeError(f"{op.name} is {value.dtype}; this plan's epilogue reads it as {op.dtype.value}: pass "
-                        f"{op.name}.to({want}) or declare it with dtype={str(value.dtype).removeprefix('torch.')!r}")
-    if value.device != A.device and value.device.type != "meta":
+                        f"{op.name}.to({want}){declare}")
+    # Exactly A's device. (A meta operand used to pass beside real A and B: the launch then read its
+    # data_ptr(), 0, as the operand's address. Shape inference on meta tensors has A on meta too.)
+    if value.device != A.device:
         raise ValueError(f"{op.name} is on {value.device} but A and B on {A.device}: pass {op.name}.to('{A.device}')")
 
 
@@ -97,9 +104,11 @@ def check_operand(op: Operand, value: object, A: torch.Tensor, m: int, n: int) -
     ld = leading_dim(t, op.order)
     if ld is None:
         fix = f"{op.name}.contiguous()" if op.order is Order.row else f"{op.name}.t().contiguous().t()"
-        other = "col" if op.order is Order.row else "row"
+        other = Order.col if op.order is Order.row else Order.row
+        # The other order is a fix only for a matrix stored in it (not for one in neither order).
+        declare = f" or declare it ep.Matrix(order={other.value!r})" if leading_dim(t, other) is not None else ""
         raise ValueError(f"{op.name} has strides {tuple(t.stride())} ({order_of(t)}); this plan reads it "
-                         f"{op.order.value}-major: pass {fix} or declare it ep.Matrix(order={other!r})")
+                         f"{op.order.value}-major: pass {fix}{declare}")
     return t.data_ptr(), ld, 0.0
 
 
@@ -112,8 +121,19 @@ def check_out_aliasing(ep: Epilogue, values: Sequence[Any], out: torch.Tensor, d
                        A: torch.Tensor, B: torch.Tensor) -> None:
     """out may be a matrix operand itself (``D += A @ B`` in place): each element of the operand is read by
     the thread that writes the same element of D, before it writes it. Any other overlap is refused."""
+    def span(t: torch.Tensor) -> tuple[int, int]:
+        """The bytes [first, last + 1) that t's elements lie in (torch strides are never negative)."""
+        last = sum((size - 1) * stride for size, stride in zip(t.shape, t.stride()))
+        return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
+
     def overlaps(t: torch.Tensor) -> bool:
-        return t.untyped_storage().data_ptr() == out.untyped_storage().data_ptr() and t.numel() > 0
+        # By address range, not by storage: slices of one buffer (an arena) that do not overlap are fine,
+        # and two storages over the same memory (from_blob, DLPack) overlap. Interleaved rows of one
+        # buffer count as an overlap: conservative, and cheap.
+        if t.numel() == 0 or out.numel() == 0 or t.device != out.device:
+            return False
+        (first, end), (out_first, out_end) = span(t), span(out)
+        return first < out_end and out_first < end
 
     for what, t in (("A", A), ("B", B)):
         if overlaps(t):

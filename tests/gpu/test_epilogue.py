@@ -219,3 +219,98 @@ def test_autograd_against_float64(ops, act):
     for name, gt, wt in zip(("dx", "dW", "dbias"), got, want):
         assert gt.dtype == torch.bfloat16
         assert rel(gt, wt) <= 2e-2, f"{act} {name}: {rel(gt, wt):.2e}"
+
+
+# -- the C++ call path (the JIT runtime's boxed kernels) against the Python one (GemmOp.run, ctypes) ----------
+
+def _error(call):
+    with pytest.raises(Exception) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+def _pairs(x, y):
+    return list(zip(x, y)) if isinstance(x, tuple) else [(x, y)]
+
+
+@pytest.mark.parametrize("key", [k for k in PLANS], ids=list(PLANS))
+def test_cpp_kernel_matches_the_python_path(ops, key):
+    """op(...) and torch.ops reach the JIT runtime's C++ kernel (templates/torch/gemm_op.h, boxed for an epilogue's
+    operands); op.run(...) is the Python path it replaces. Same kernel, same GemmArgs: the same bits, and the same
+    strides, for every plan, both overloads, ragged and empty sizes and K = 0."""
+    if key not in ops:
+        pytest.skip("sm90 family needs an sm_90 GPU")
+    op = ops[key]
+    assert op.cpp_kernel, f"{op.name}: the C++ kernel is not registered (did the JIT runtime build?)"
+    for m, n, k in ((RAGGED[6], RAGGED[5], RAGGED[7]), (RAGGED[8], RAGGED[3], RAGGED[4]), (1, 8, 0), (0, 16, 8)):
+        a, b, values = inputs(op, m, n, k)
+        cpp, python = op(a, b, *values), op.run(a, b, tuple(values), None)
+        ops_call = getattr(torch.ops.gemmgen_ep_test, op.name)(a, b, *values)
+        for x, y in _pairs(cpp, python) + _pairs(ops_call, python):
+            assert x.stride() == y.stride() and x.dtype == y.dtype and torch.equal(x, y), f"{op.name} {m}x{n}x{k}"
+        if op.config.epilogue.aux is None:
+            out_cpp = op._empty_out(a, b).fill_(float("nan"))
+            out_python = op._empty_out(a, b).fill_(float("nan"))
+            assert op(a, b, *values, out=out_cpp) is out_cpp
+            op.run(a, b, tuple(values), out_python)
+            assert torch.equal(out_cpp, out_python) and torch.equal(out_cpp, python), f"{op.name} {m}x{n}x{k} out="
+
+
+def test_cpp_kernel_says_what_the_python_path_says(ops):
+    """Every bad operand, out and overlap: the C++ kernel (through torch.ops, past op(...)'s own checks) refuses
+    with the type and the words of GemmOp.run, and the next call is right."""
+    op = ops["sm90_fused_nt"] if "sm90_fused_nt" in ops else ops["sm80_fused_nt"]
+    m, n, k = 300, 200, 100
+    a, b, (bias, c, alpha, beta) = inputs(op, m, n, k)
+    wide = torch.randn(m, 2 * n, device="cuda").half()
+    arena = torch.empty(m * n + n, device="cuda").half()
+    bad = {
+        "bias too short": (bias[:-1], c, alpha, beta),
+        "bias float32": (bias.float(), c, alpha, beta),
+        "bias float64": (bias.double(), c, alpha, beta),
+        "bias on the CPU": (bias.cpu(), c, alpha, beta),
+        "bias strided": (torch.randn(2 * n, device="cuda").half()[::2], c, alpha, beta),
+        "bias 2-D": (bias[None], c, alpha, beta),
+        "C wrong shape": (bias, c[:-1], alpha, beta),
+        "C column-major": (bias, c.t().contiguous().t(), alpha, beta),
+        "C neither order": (bias, wide[:, ::2], alpha, beta),
+        "C bfloat16": (bias, c.bfloat16(), alpha, beta),
+        "C on the CPU": (bias, c.cpu(), alpha, beta),
+    }
+    packet = getattr(torch.ops.gemmgen_ep_test, op.name)
+    for label, values in bad.items():
+        python = _error(lambda: op.run(a, b, values, None))
+        assert _error(lambda: packet(a, b, *values)) == python, label
+        assert _error(lambda: op(a, b, *values)) == python, label
+        out = op._empty_out(a, b)
+        assert _error(lambda: packet.out(a, b, *values, out=out)) == _error(lambda: op.run(a, b, values, out)), label
+    bad_outs = {
+        "out shape": (torch.empty(m, n - 1, device="cuda").half(), (bias, c, alpha, beta)),
+        "out dtype": (torch.empty(m, n, device="cuda"), (bias, c, alpha, beta)),
+        "out on the CPU": (torch.empty(m, n).half(), (bias, c, alpha, beta)),
+        "out column-major": (torch.empty(n, m, device="cuda").half().t(), (bias, c, alpha, beta)),
+        "out over bias": (arena[: m * n].view(m, n), (arena[m * n - 3: m * n - 3 + n], c, alpha, beta)),
+        "out over C, other strides": (wide.view(-1)[: m * n].view(m, n), (bias, wide[:, :n], alpha, beta)),
+        "out over A": (torch.empty(m * max(n, k), device="cuda").half()[: m * n].view(m, n), None),
+    }
+    for label, (out, values) in bad_outs.items():
+        x = a
+        if values is None:   # A a view of out's memory (stored as the plan takes A)
+            values = (bias, c, alpha, beta)
+            x = (out.view(-1)[: m * k].view(m, k) if op.config.layout.a.value == "row"
+                 else out.view(-1)[: m * k].view(k, m).t())
+        python = _error(lambda: op.run(x, b, values, out))
+        assert _error(lambda: packet.out(x, b, *values, out=out)) == python, label
+        assert _error(lambda: op(x, b, *values, out=out)) == python, label
+    aux_op = ops["sm90_aux_dcol"] if "sm90_aux_dcol" in ops else ops["sm80_aux_dcol"]
+    x, y, values = inputs(aux_op, m, n, k)
+    out = aux_op._empty_out(x, y)
+    aux_packet = getattr(torch.ops.gemmgen_ep_test, aux_op.name)
+    assert _error(lambda: aux_packet.out(x, y, *values, out=out)) == (ValueError, (
+        f"{aux_op.name}.out: the plan has a second output (aux), which out= cannot receive: call the op without out="))
+    check(op, m, n, k)   # still right after the errors
+    # in place, D = silu(alpha * acc + bias) + beta * C into C itself: the same on both paths
+    c1, c2 = c.clone(), c.clone()
+    op(a, b, bias, c1, alpha, beta, out=c1)
+    op.run(a, b, (bias, c2, alpha, beta), c2)
+    assert torch.equal(c1, c2)

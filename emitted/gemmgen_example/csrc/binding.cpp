@@ -55,6 +55,10 @@ const OpSpec k_gemm_bf16_tn = {
     /*layout_b_flipped=*/"tt",
     /*launch=*/sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_launch,
     /*error_string=*/sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string,
+    /*num_operands=*/0,
+    /*operands=*/nullptr,
+    /*aux=*/false,
+    /*device_type=*/c10::DeviceType::CUDA,
 };
 
 // gemm_fp16_nn: fp16 -> fp16; A (M, K) col-major, B (K, N) col-major, D (M, N) row-major.
@@ -74,6 +78,10 @@ const OpSpec k_gemm_fp16_nn = {
     /*layout_b_flipped=*/"nt",
     /*launch=*/sm80_fp16_nn_128x256x32_w2x4_s4_g8_launch,
     /*error_string=*/sm80_fp16_nn_128x256x32_w2x4_s4_g8_error_string,
+    /*num_operands=*/0,
+    /*operands=*/nullptr,
+    /*aux=*/false,
+    /*device_type=*/c10::DeviceType::CUDA,
 };
 
 
