@@ -31,7 +31,6 @@ PROG = "python -m generator"
 PLAN_OPTION_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
                     "family", "tile", "warps", "stages", "raster_group", "schedule", "cluster", "raster",
                     "activation", "bias", "alpha", "beta", "op_name")
-#: The epilogue knobs (Gemm keyword arguments and option names); --epilogue FN is the alternative to them.
 #: --activation's choices: the names generator.epilogue.ACTIVATIONS accepts.
 ACTIVATION_CHOICES = tuple(name for name in ACTIVATIONS if isinstance(name, str))
 BIAS_CHOICES = ("row", "col")

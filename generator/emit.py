@@ -69,6 +69,7 @@ class Plan(Protocol):
     @property
     def config(self) -> KernelConfig: ...
 
+
 #: The rule for the package name and every op name (also a C++/Python-safe token).
 IDENTIFIER_RULE = r"^[a-z_][a-z0-9_]*$"
 _IDENTIFIER = re.compile(r"[a-z_][a-z0-9_]*")  # used with fullmatch: "$" alone would let "x\n" through
@@ -102,8 +103,6 @@ _SCALAR_TYPE = {DType.fp16: "c10::ScalarType::Half", DType.bf16: "c10::ScalarTyp
 
 
 _GPU_DOC = {90: "built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200)"}
-
-#: The epilogue knobs of a Gemm plan (its properties, from_knobs's arguments), recorded in plans.json.
 
 # C++ spellings of the epilogue operands' kinds (gemmgen::OperandKind in templates/torch/gemm_op.h).
 _OPERAND_KIND = {"scalar": "gemmgen::OperandKind::Scalar", "row": "gemmgen::OperandKind::Row",

@@ -88,8 +88,6 @@ class EpilogueKnobs:
         return from_knobs(activation=self.activation, bias=self.bias, alpha=self.alpha, beta=self.beta)
 
 
-
-
 @dataclass(frozen=True)
 class _Request:
     """Everything the user asked for; the config is a pure function of this."""

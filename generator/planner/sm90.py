@@ -288,5 +288,3 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
         return cluster_larger_than_grid(cfg, problem) if hinted and knobs.cluster else None
 
     return pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem), refuse)
-
-
