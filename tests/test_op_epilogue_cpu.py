@@ -715,6 +715,23 @@ def test_compile_refuses_a_bad_operand_with_the_same_message():
     assert torch.equal(compiled(x, w, bias, c), f(x, w, bias, c))
 
 
+def test_fake_implementation_checks_operand_sizes():
+    """Under fake tensors (torch.compile's tracing) a wrong vector length or matrix shape is refused at once;
+    with a dynamic M the check is a run-time assertion, and the graph is still compiled once for every M."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = make(epilogue=fused)
+    a, b, (bias, c, alpha, beta) = inputs(op)
+    with FakeTensorMode() as mode:
+        fa, fb, fbias, fc = (mode.from_tensor(t) for t in (a, b, bias, c))
+        with pytest.raises(ValueError, match=r"bias has shape .*it must be \(N,\)"):
+            op.op.default(fa, fb, fbias[:-1], fc, alpha, beta)
+        with pytest.raises(ValueError, match=r"C has shape .*it must be \(M, N\)"):
+            op.op.default(fa, fb, fbias, fc[:-1], alpha, beta)
+        d = op.op.default(fa, fb, fbias, fc, alpha, beta)
+        assert tuple(d.shape) == (M, N)
+
+
 # -- 6. autograd ---------------------------------------------------------------------------------------
 
 def grads_against_float64(op, torch_fn, m=M, n=N, k=K):

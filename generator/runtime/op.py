@@ -33,7 +33,8 @@ from .autograd import register_autograd
 from .checks import INT32_MAX, TORCH_DTYPES, leading_dim, order_of, other_layout
 from .library import PATHS, GemmArgsStruct, KernelLibrary
 from .loader import build_libraries, load_library
-from .operands import bind, check_operands, check_out_aliasing, check_static, schema_arguments, schema_returns
+from .operands import (bind, check_operands, check_out_aliasing, check_sizes_symbolic, check_static,
+                       schema_arguments, schema_returns)
 
 
 class GemmOp:
@@ -204,6 +205,7 @@ class GemmOp:
                           lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
         for op, value in zip(self.config.epilogue.operands, operands):
             check_static(op, value, A)
+            check_sizes_symbolic(op, value, A.shape[0], B.shape[1])
         if out is not None:
             if out.dtype != self.out_dtype:
                 raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}")

@@ -83,6 +83,18 @@ def check_static(op: Operand, value: object, A: torch.Tensor) -> None:
         raise ValueError(f"{op.name} is on {value.device} but A and B on {A.device}: pass {op.name}.to('{A.device}')")
 
 
+def check_sizes_symbolic(op: Operand, value: object, m: object, n: object) -> None:
+    """A vector's length and a matrix's shape as ``torch._check``s: under torch.compile a size that may be
+    symbolic (a dynamic M) is recorded as a run-time assertion instead of specializing the graph, so a wrong
+    operand is refused at tracing when the sizes are static, and when the compiled graph runs otherwise."""
+    if op.kind == "scalar" or not isinstance(value, torch.Tensor):
+        return
+    wanted = {"row": (m,), "col": (n,), "matrix": (m, n)}[op.kind]
+    for got, want in zip(value.shape, wanted):
+        torch._check_with(ValueError, got == want, lambda: f"{op.name} has shape {tuple(value.shape)}; it must be "
+                          f"{_SHAPES[op.kind]} = {tuple(wanted)} for this call")
+
+
 def check_operand(op: Operand, value: object, A: torch.Tensor, m: int, n: int) -> tuple[int, int, float]:
     """Validate one operand for a launch; returns its slot's (address, leading dimension, scalar value)."""
     check_static(op, value, A)
