@@ -21,6 +21,7 @@ from generator.emit import GENCODE, backward_ops, resolve_ops
 from generator.plans import load_plans_file
 from generator.render import included_headers, render, templates_dir
 from generator.spec.types import Order
+from toolchain import find_cuda_home
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -489,12 +490,10 @@ print("AUTOGRAD OK")
 '''
 
 
-def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
-    """The emitted binding's autograd (gemm_autograd.h's C++ formula, registered by binding.cpp for every op), built here
-    with stub kernels and run with CPU stand-in kernels: every op and backward op gets the binding's Autograd
-    kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward match float64; .out
-    refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
-    pytest.importorskip("torch")
+def binding_with_stub_kernels(pkg: Path, name: str, kernels: list[str], tmp_path: Path) -> dict[str, str]:
+    """Build an emitted package's binding.cpp here against stub kernels (STUB_KERNEL each) into an importable folder
+    beside a ``generator`` that refuses to import (the package must not need gemmgen); returns the environment
+    that imports it. Skips without nvcc or Python's headers."""
     from generator.build import BuildError, nvcc_path
     from generator.runtime.jit_runtime import torch_flags
 
@@ -507,27 +506,37 @@ def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
     python_include = Path(sysconfig.get_paths()["include"])
     if not (python_include / "Python.h").is_file():
         pytest.skip(f"no Python.h under {python_include} (the binding includes it): install Python's headers")
-    name = "gemmgen_autograd_cpu"
-    plans = [*two_plans(), Gemm("bf16", "nn", arch=80), Gemm("fp16", "tt", arch=90)]
-    ops = resolve_ops(plans)
-    all_ops = [*ops, *backward_ops(ops)]
-    pkg = emit(plans, name=name, out=tmp_path / "pkg")
     site = tmp_path / "site" / name
     site.mkdir(parents=True)
     shutil.copy(pkg / name / "__init__.py", site / "__init__.py")
-    kernels = sorted({op.config.name for op in all_ops})
-    (pkg / "csrc" / "stubs.cpp").write_text(STUB_KERNELS.format(stubs="\n".join(STUB_KERNEL.format(k=k) for k in kernels)))
+    stubs = "\n".join(STUB_KERNEL.format(k=k) for k in kernels)
+    (pkg / "csrc" / "stubs.cpp").write_text(STUB_KERNELS.format(stubs=stubs))
     build = subprocess.run([nvcc, "-std=c++20", "-shared", "-Xcompiler", "-fPIC", f"-I{pkg / 'csrc'}",
                             f"-I{python_include}", *torch_flags(), str(pkg / "csrc" / "binding.cpp"),
                             str(pkg / "csrc" / "stubs.cpp"), "-o", str(site / "_C.so")],
                            capture_output=True, text=True, timeout=900)
     assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
-    specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
-                       op.config.layout.b.value, op.config.layout.c.value) for op in all_ops}
     fake = tmp_path / "no_generator" / "generator"   # the package must not need gemmgen
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text('raise ImportError("generator is hidden for this test")\n')
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site.parent), str(fake.parent)]))
+    return env
+
+
+def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
+    """The emitted binding's autograd (gemm_autograd.h's C++ formula, registered by binding.cpp for every op), built here
+    with stub kernels and run with CPU stand-in kernels: every op and backward op gets the binding's Autograd
+    kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward match float64; .out
+    refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
+    pytest.importorskip("torch")
+    name = "gemmgen_autograd_cpu"
+    plans = [*two_plans(), Gemm("bf16", "nn", arch=80), Gemm("fp16", "tt", arch=90)]
+    ops = resolve_ops(plans)
+    all_ops = [*ops, *backward_ops(ops)]
+    pkg = emit(plans, name=name, out=tmp_path / "pkg")
+    specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
+                       op.config.layout.b.value, op.config.layout.c.value) for op in all_ops}
+    env = binding_with_stub_kernels(pkg, name, sorted({op.config.name for op in all_ops}), tmp_path)
     code = AUTOGRAD_CHECK.format(name=name, cpu_kernels=CPU_KERNELS.format(specs=specs, name=name))
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -590,18 +599,6 @@ WHEEL_PACKAGE = "gemmgen_wheel_test"
 WHEEL_AUTOGRAD = False
 WHEEL_PLANS = [dict(dtype="bf16", layout="tn", arch=80),
                dict(dtype="fp16", layout="nt", arch=90, out_dtype="fp32", layout_c="col")]
-
-
-def find_cuda_home() -> Path | None:
-    """The CUDA toolkit root, with bin/nvcc and include/cuda_runtime.h (torch's own guess may take a wrapper's folder)."""
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parent.parent))
-    for c in filter(None, candidates):
-        if (Path(c) / "bin" / "nvcc").is_file() and (Path(c) / "include" / "cuda_runtime.h").is_file():
-            return Path(c)
-    return None
 
 
 def report_line(request, line: str) -> None:
@@ -1002,35 +999,9 @@ def test_epilogue_binding_on_cpu(tmp_path):
     them (CPU and meta tensors), grad refused, meta and fake shapes, .out decomposed. The kernels themselves are
     tests/gpu/test_emitted_epilogue.py's."""
     expected = _python_messages()
-    from generator.build import BuildError, nvcc_path
-    from generator.runtime.jit_runtime import torch_flags
-
-    try:
-        nvcc = nvcc_path()
-    except BuildError as err:
-        pytest.skip(f"no nvcc to build the binding: {err}")
-    import sysconfig
-
-    python_include = Path(sysconfig.get_paths()["include"])
-    if not (python_include / "Python.h").is_file():
-        pytest.skip(f"no Python.h under {python_include} (the binding includes it): install Python's headers")
     name = "gemmgen_epilogue_cpu"
     pkg = emit(epilogue_plans(), name=name, out=tmp_path / "pkg")
-    site = tmp_path / "site" / name
-    site.mkdir(parents=True)
-    shutil.copy(pkg / name / "__init__.py", site / "__init__.py")
-    kernels = sorted(p.stem for p in (pkg / "csrc").glob("*.cu"))
-    stubs = "\n".join(STUB_KERNEL.format(k=k) for k in kernels)
-    (pkg / "csrc" / "stubs.cpp").write_text(STUB_KERNELS.format(stubs=stubs))
-    build = subprocess.run([nvcc, "-std=c++20", "-shared", "-Xcompiler", "-fPIC", f"-I{pkg / 'csrc'}",
-                            f"-I{python_include}", *torch_flags(), str(pkg / "csrc" / "binding.cpp"),
-                            str(pkg / "csrc" / "stubs.cpp"), "-o", str(site / "_C.so")],
-                           capture_output=True, text=True, timeout=900)
-    assert build.returncode == 0, build.stdout[-4000:] + build.stderr[-4000:]
-    fake = tmp_path / "no_generator" / "generator"   # the package must not need gemmgen
-    fake.mkdir(parents=True)
-    (fake / "__init__.py").write_text('raise ImportError("generator is hidden for this test")\n')
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site.parent), str(fake.parent)]))
+    env = binding_with_stub_kernels(pkg, name, sorted(p.stem for p in (pkg / "csrc").glob("*.cu")), tmp_path)
     code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, expected=expected)
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr

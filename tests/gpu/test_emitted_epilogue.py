@@ -8,14 +8,6 @@ torch.compile(fullgraph=True).
 """
 from __future__ import annotations
 
-import importlib
-import os
-import shutil
-import subprocess
-import sys
-import time
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -24,6 +16,7 @@ from generator import Gemm, emit  # noqa: E402
 from generator import epilogue as ep  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
+from toolchain import find_cuda_home, pip_install_and_import  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -53,17 +46,6 @@ PLANS = {
 }
 
 
-def find_cuda_home() -> Path | None:
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parent.parent))
-    for c in filter(None, candidates):
-        if (Path(c) / "bin" / "nvcc").is_file() and (Path(c) / "include" / "cuda_runtime.h").is_file():
-            return Path(c)
-    return None
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """Emit PLANS for this GPU, pip install the package into a target folder, import it; also the JIT ops."""
@@ -75,18 +57,7 @@ def installed(tmp_path_factory):
     plans = {op: Gemm(arch=major * 10 + minor, **kw) for op, kw in PLANS.items()}
     pkg = emit(list(plans.values()), name=PACKAGE, out=root / PACKAGE, op_names=list(plans))
     assert not list((pkg / "csrc").glob("sm*_*_grad*")) and len(list((pkg / "csrc").glob("*.cu"))) == len(plans)
-    site = root / "site"
-    env = dict(os.environ, CUDA_HOME=str(cuda_home), PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--target",
-                        str(site), str(pkg)], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    seconds = time.perf_counter() - start
-    assert r.returncode == 0, f"pip install failed after {seconds:.0f} s:\n{r.stdout[-8000:]}\n{r.stderr[-8000:]}"
-    sys.path.insert(0, str(site))
-    try:
-        module = importlib.import_module(PACKAGE)
-    finally:
-        sys.path.remove(str(site))
+    module, _ = pip_install_and_import(pkg, PACKAGE, root, cuda_home)
     jit = dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen_emitted_ep_jit")))
     return {"module": module, "plans": plans, "jit": jit}
 

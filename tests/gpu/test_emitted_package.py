@@ -8,14 +8,9 @@ double backward, .out not differentiable, a compiled training step.
 """
 from __future__ import annotations
 
-import importlib
 import itertools
 import os
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -24,6 +19,7 @@ torch = pytest.importorskip("torch")
 from generator import Gemm, emit  # noqa: E402
 from generator.planner.backward import backward_closure  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
+from toolchain import find_cuda_home, pip_install_and_import  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -41,17 +37,6 @@ BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 RAGGED = [(1, 1, 1), (127, 65, 33), (256, 384, 64), (1000, 1500, 333), (3, 515, 1029), (4097, 63, 8),
           (1024, 1024, 1024), (129, 2049, 4095)]
-
-
-def find_cuda_home() -> Path | None:
-    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    nvcc = shutil.which("nvcc")
-    if nvcc:
-        candidates.append(str(Path(nvcc).resolve().parent.parent))
-    for c in filter(None, candidates):
-        if (Path(c) / "bin" / "nvcc").is_file() and (Path(c) / "include" / "cuda_runtime.h").is_file():
-            return Path(c)
-    return None
 
 
 def report(request, line: str) -> None:
@@ -75,22 +60,11 @@ def installed(tmp_path_factory, request):
     start = time.perf_counter()
     pkg = emit(list(plans.values()), name=PACKAGE, out=root / PACKAGE, op_names=list(plans))
     emit_s = time.perf_counter() - start
-    site = root / "site"
-    env = dict(os.environ, CUDA_HOME=str(cuda_home), PIP_NO_INPUT="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
-    start = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "--target",
-                        str(site), str(pkg)], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    install_s = time.perf_counter() - start
-    assert r.returncode == 0, f"pip install failed after {install_s:.0f} s:\n{r.stdout[-8000:]}\n{r.stderr[-8000:]}"
+    module, install_s = pip_install_and_import(pkg, PACKAGE, root, cuda_home)
     kernels = len(list((pkg / "csrc").glob("*.cu")))
     report(request, f"[emitted package] {len(plans)} ops for sm_{next(iter(plans.values())).arch} with autograd "
                     f"({kernels} kernels, the backward's included): emit {emit_s * 1000:.0f} ms, pip install "
                     f"--no-build-isolation {install_s:.1f} s ({os.cpu_count()} CPUs)")
-    sys.path.insert(0, str(site))
-    try:
-        module = importlib.import_module(PACKAGE)
-    finally:
-        sys.path.remove(str(site))
     # The JIT ops, and the kernels of their backward built now in one parallel run (not one by one on first use)
     configs = [plan.config for plan in plans.values()]
     backward = [c for c in backward_closure(configs).values() if c not in configs]
