@@ -34,7 +34,7 @@ from .checks import INT32_MAX, TORCH_DTYPES, leading_dim, order_of, other_layout
 from .library import PATHS, GemmArgsStruct, KernelLibrary
 from .loader import build_libraries, load_library
 from .operands import (bind, check_operands, check_out_aliasing, check_sizes_symbolic, check_static,
-                       schema_arguments, schema_returns)
+                       check_type, schema_arguments, schema_returns)
 
 
 class GemmOp:
@@ -74,7 +74,7 @@ class GemmOp:
         ep = self.config.epilogue
         values = bind(ep, operands, named)
         for op, value in zip(ep.operands, values):
-            check_static(op, value, A)
+            check_type(op, value)
         if out is None:
             return self.op.default(A, B, *values)
         if ep.aux is not None:

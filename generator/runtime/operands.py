@@ -59,13 +59,21 @@ def check_scalar(op: Operand, value: object) -> float:
     return value  # type: ignore[return-value]
 
 
-def check_static(op: Operand, value: object, A: torch.Tensor) -> None:
-    """What holds whatever the sizes: type, rank, dtype, device (safe under torch.compile's fake tensors)."""
+def check_type(op: Operand, value: object) -> None:
+    """A number for a scalar, a tensor for the rest: what ``GemmOp.__call__`` checks before dispatch, since the
+    dispatcher would refuse a wrong type with a message about the schema (or turn a one-element tensor into a
+    float). The rest of ``check_static`` is the kernels' (C++ and Python), whose messages are the same."""
     if op.kind == "scalar":
         check_scalar(op, value)
-        return
-    if not isinstance(value, torch.Tensor):
+    elif not isinstance(value, torch.Tensor):
         raise TypeError(f"{op.name} must be a torch.Tensor of shape {_SHAPES[op.kind]}, got {type(value).__name__}")
+
+
+def check_static(op: Operand, value: object, A: torch.Tensor) -> None:
+    """What holds whatever the sizes: type, rank, dtype, device (safe under torch.compile's fake tensors)."""
+    check_type(op, value)
+    if op.kind == "scalar":
+        return
     rank = 2 if op.kind == "matrix" else 1
     if value.dim() != rank:
         raise ValueError(f"{op.name} must be {rank}-D {_SHAPES[op.kind]}; got shape {tuple(value.shape)}")
