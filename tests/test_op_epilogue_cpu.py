@@ -615,6 +615,8 @@ def test_out_checks_still_apply():
         op(a, b, *values, out=torch.empty(M, N))
     with pytest.raises(ValueError, match="this plan writes D row-major"):
         op(a, b, *values, out=torch.empty(N, M, dtype=torch.bfloat16).t())
+    with pytest.raises(TypeError, match="out must be a torch.Tensor, got NoneType"):   # .out never allocates
+        ops_namespace(op).out(a, b, *values, out=None)
     check_call(op)
 
 

@@ -946,3 +946,27 @@ def test_a_misspelt_knob_is_refused_not_ignored(wrong, right):
     assert plan.name == before and not hasattr(plan, wrong)
     plan.namespace = "mine"  # the op namespace stays assignable
     assert plan.namespace == "mine"
+
+
+def test_epilogue_refusals_name_the_fix() -> None:
+    from dataclasses import replace
+
+    from generator.spec import epilogue as ep
+
+    names = [f"v{i}" for i in range(9)]
+    result = ep.ACC
+    for n in names:                                       # acc * v0 * v1 * ... * v8
+        result = ep.Expr("mul", (result, ep.Expr("operand", name=n)))
+    nine = ep.Epilogue(operands=tuple(ep.Operand(n, "scalar") for n in names), result=result)
+    with pytest.raises(ValueError, match=r"takes 9 operands; a kernel takes at most 8: combine operands"):
+        Gemm("bf16", "tn", arch=90, epilogue=nine)
+    unresolved = ep.from_knobs(bias="col")               # bias dtype: "like the output", not resolved
+    cfg = replace(Gemm("bf16", "tn", arch=90).config, epilogue=unresolved)
+    with pytest.raises(ValueError, match=r"pass epilogue.resolved\('bf16'\) \(Gemm does this for you\)"):
+        check_config(cfg)
+    check_config(replace(cfg, epilogue=unresolved.resolved("bf16")))
+
+
+def test_epilogue_argument_must_be_a_function() -> None:
+    with pytest.raises(ValueError, match=r"epilogue='gelu': give a function of the accumulator and its operands"):
+        Gemm("bf16", "tn", arch=90, epilogue="gelu")
