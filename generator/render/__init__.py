@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 
 from ..spec.arch import arch_spec
-from ..spec.config import KernelConfig, check_config
+from ..spec.config import KernelConfig, check_config, sm90_source_operand
 from .epilogue import functor_context
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
@@ -58,7 +58,8 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
         "b_k_major": cfg.layout.b_k_major,
         "d_row_major": cfg.layout.c.value == "row",
     }
-    common.update(functor_context(cfg.epilogue, d_row_major=layout["d_row_major"]))
+    common.update(functor_context(cfg.epilogue, d_row_major=layout["d_row_major"],
+                                  source_slot=sm90_source_operand(cfg)))
     if cfg.family == "sm90":
         return {**common,
                 "cluster_m": cfg.cluster[0], "cluster_n": cfg.cluster[1],

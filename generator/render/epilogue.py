@@ -110,13 +110,16 @@ def prefetch_calls(ep: Epilogue) -> list[str]:
     return calls
 
 
-def functor_body(ep: Epilogue, d_row_major: bool) -> list[str]:
+def functor_body(ep: Epilogue, d_row_major: bool, source_slot: int | None = None) -> list[str]:
     """The statements of ``apply``: the element's matrix and scalar operands, one temporary per node, the
-    aux store, the return. Vector operands come in ``r`` (per row) and ``c`` (per column)."""
+    aux store, the return. Vector operands come in ``r`` (per row) and ``c`` (per column); with
+    ``source_slot``, that M x N operand's value comes in ``source`` (the kernel read it from shared memory)."""
     lines = []
     for i, op in enumerate(ep.operands):
         if op.kind in ("row", "col"):
             lines.append(f"const float {operand_variable(op)} = {op.kind[0]}.{operand_variable(op)};")
+        elif i == source_slot:
+            lines.append(f"const float {operand_variable(op)} = source;")
         else:
             lines.append(f"const float {operand_variable(op)} = {operand_load(i, op)};")
     names: dict[Expr, str] = {}
@@ -134,20 +137,34 @@ def functor_body(ep: Epilogue, d_row_major: bool) -> list[str]:
     return lines
 
 
-def functor_context(ep: Epilogue, d_row_major: bool) -> dict[str, object]:
-    """What the family templates substitute for the Epilogue functor."""
+def functor_context(ep: Epilogue, d_row_major: bool, source_slot: int | None = None) -> dict[str, object]:
+    """What the family templates substitute for the Epilogue functor. ``source_slot``: the M x N operand the
+    kernel loads into shared memory itself (sm90: spec.config.sm90_source_operand), or None."""
     body = functor_body(ep, d_row_major)
-    return {
+    matrices = [i for i, op in enumerate(ep.operands) if op.kind == "matrix"]
+    context: dict[str, object] = {
         "epilogue_identity": ep.is_identity,
         "epilogue_text": ep.text,
         "epilogue_operands": [f"slot {i}: {line}" for i, line in
                               enumerate(ep.describe()[len(ep.describe()) - len(ep.operands):])],
         "epilogue_body": body,
         "epilogue_uses_fast_math": any("kFast" in line for line in body),
-        "epilogue_has_matrix": bool(ep.operands_of_kind("matrix")),
+        "epilogue_has_matrix": bool(matrices),
         "epilogue_prefetch": prefetch_calls(ep),
         "epilogue_row_fields": vector_fields(ep, "row"),
         "epilogue_col_fields": vector_fields(ep, "col"),
         "epilogue_row_loads": vector_loads(ep, "row"),
         "epilogue_col_loads": vector_loads(ep, "col"),
+        "epilogue_source_slot": -1 if source_slot is None else source_slot,
+        "epilogue_source_cuda": "float",
+        "epilogue_sourced_body": [],
+        "epilogue_sourced_straight_line": False,
     }
+    if source_slot is not None:
+        context.update({
+            "epilogue_source_cuda": ep.operands[source_slot].dtype.cuda_type,
+            "epilogue_sourced_body": functor_body(ep, d_row_major, source_slot),
+            # Straight-line parts are safe once no M x N operand is read from global memory.
+            "epilogue_sourced_straight_line": matrices == [source_slot],
+        })
+    return context

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .arch import ArchSpec, arch_spec
 from .epilogue import IDENTITY, Epilogue
-from .types import DType, Layout
+from .types import DType, Layout, Order
 
 FAMILIES = ("sm80", "sm90")
 
@@ -240,6 +240,20 @@ def sm90_epilogue_bytes(cfg: KernelConfig) -> int:
     by TMA store through per-consumer staging, two buffers of one 64-row x 128-byte subtile each (whatever
     the tile and the output dtype; reserved even when a column-major D is stored directly)."""
     return SM90_CONSUMER_WARPGROUPS * SM90_EPILOGUE_BUFFERS * SM90_EPILOGUE_SUBTILE_BYTES
+
+
+def sm90_source_operand(cfg: KernelConfig) -> int | None:
+    """The slot of the M x N operand an sm90 kernel loads by TMA into its epilogue staging buffers while the
+    main loop runs (the "source", C in ``alpha * acc + beta * C``), or None. The buffers are D's (each subtile
+    of C is read from the buffer its subtile of D is then staged in), so the source has D's element width
+    and row-major order, and D is row-major; the first such operand is the source, any other M x N operand is
+    read from global memory."""
+    if cfg.family != "sm90" or cfg.layout.c.value != "row":
+        return None
+    for slot, op in enumerate(cfg.epilogue.operands):
+        if op.kind == "matrix" and op.order is Order.row and op.dtype.bytes == cfg.out_dtype.bytes:
+            return slot
+    return None
 
 
 # The name the CUDA side's contract uses for it.

@@ -63,6 +63,15 @@ PLANS["sm90_fused_pingpong"] = dict(dtype="bf16", layout="tn", epilogue=fused, f
                                     tile_shape=(128, 128, 64))
 PLANS["sm90_fused_256x128_c1x2"] = dict(dtype="bf16", layout="tn", epilogue=fused, family="sm90",
                                         tile_shape=(256, 128, 64), cluster_shape=(1, 2))
+# The source (C) by TMA through the staging buffers: 16-bit and fp32 D, one subtile per tile (128x64: the
+# buffers alternate between tiles), pingpong.
+PLANS["sm90_alpha_beta"] = dict(dtype="bf16", layout="tn", alpha=2.0, beta=0.5, family="sm90")
+PLANS["sm90_alpha_beta_fp32"] = dict(dtype="bf16", layout="tn", alpha=2.0, beta=0.5, out_dtype="fp32", family="sm90")
+PLANS["sm90_alpha_beta_128x64"] = dict(dtype="fp16", layout="nt", alpha=2.0, beta=0.5, family="sm90",
+                                       schedule="cooperative", tile_shape=(128, 64, 64))
+PLANS["sm90_alpha_beta_pingpong"] = dict(dtype="bf16", layout="tn", alpha=-1.0, beta=1.5, family="sm90",
+                                         schedule="pingpong", tile_shape=(128, 128, 64))
+SOURCED = [k for k in PLANS if k.startswith("sm90_alpha_beta")] + ["sm90_fused_pingpong", "sm90_residual"]
 
 
 def wanted(key: str) -> bool:
@@ -161,8 +170,34 @@ def test_in_place_d_plus_equals_a_b(ops, family):
         assert got is c and rel(c, ref) <= BOUND[torch.bfloat16]
 
 
+@pytest.mark.parametrize("key", SOURCED)
+def test_source_by_tma_over_many_tiles_per_block(ops, key):
+    # Several tiles per persistent block, so that the source barriers' phases and the staging buffers
+    # carry over from tile to tile.
+    if key not in ops:
+        pytest.skip("sm90 family needs an sm_90 GPU")
+    for m, n, k in ((2048, 4096, 128), (4096, 4096, 64), (1999, 4104, 72)):
+        check(ops[key], m, n, k)
+
+
+@pytest.mark.parametrize("misalign", ["pitch", "base"])
+def test_source_that_tma_cannot_take_is_read_from_memory(ops, misalign):
+    # A row pitch or base address off the 16-byte rule: the same kernel reads C from global memory.
+    if "sm90_alpha_beta" not in ops:
+        pytest.skip("sm90 family needs an sm_90 GPU")
+    op = ops["sm90_alpha_beta"]
+    m, n, k = 1030, 2052, 200
+    a, b, values = inputs(op, m, n, k)
+    wide = torch.randn(m, n + 1, device="cuda").to(values[0].dtype)
+    values[0] = wide[:, :n] if misalign == "pitch" else wide.flatten()[1:1 + m * n].view(m, n)
+    ref, _ = reference(op, a, b, values)
+    out = op._empty_out(a, b).fill_(float("nan"))
+    op(a, b, *values, out=out)
+    assert rel(out, ref) <= BOUND[torch.bfloat16]
+
+
 def test_repeated_runs_are_bit_identical(ops):
-    for key in ("sm90_fused_nt", "sm80_fused_nt", "sm90_aux_dcol"):
+    for key in ("sm90_fused_nt", "sm80_fused_nt", "sm90_aux_dcol", "sm90_alpha_beta", "sm90_alpha_beta_128x64"):
         if key not in ops:
             continue
         op = ops[key]
