@@ -60,8 +60,9 @@ EPILOGUE_CASES = ({"family": "sm90", "schedule": "cooperative"}, {"family": "sm9
 def epilogue_operands(op, a: torch.Tensor, b: torch.Tensor) -> tuple:
     m, n = a.shape[0], b.shape[1]
     dt = op.out_dtype
-    return (torch.randn(n, device="cuda").to(dt), torch.randn(m, device="cuda").to(dt),
-            torch.randn(m, n, device="cuda").to(dt), 0.5)
+    # C with a 16-byte row pitch: sm90 loads it by TMA into the staging buffers, sm80 reads it in pairs.
+    c = torch.randn(m, -(-n // 8) * 8, device="cuda").to(dt)[:, :n]
+    return torch.randn(n, device="cuda").to(dt), torch.randn(m, device="cuda").to(dt), c, 0.5
 
 
 def main() -> int:

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from generator import Gemm, KernelConfig
+from generator import epilogue as ep
+from generator.spec.config import source_operand
 from generator.spec.arch import arch_spec
 from generator.render import FAMILY_TEMPLATES, _environment, included_headers, render, template_context, templates_dir
 from generator.planner.shipped import SHIPPED_ARCHS, shipped_configs
@@ -39,7 +41,8 @@ FAMILY_HEADERS = {"sm80": {"common/launch.cuh", "sm80/gemm_kernel.cuh", "ptx/sm8
 EPILOGUE_KEYS = {"epilogue_identity", "epilogue_text", "epilogue_operands", "epilogue_body", "epilogue_row_fields",
                  "epilogue_col_fields", "epilogue_row_loads", "epilogue_col_loads",
                  "epilogue_has_matrix", "epilogue_prefetch",
-                 "epilogue_uses_fast_math"}
+                 "epilogue_uses_fast_math", "epilogue_source_slot", "epilogue_source_cuda", "epilogue_sourced_body",
+                 "epilogue_sourced_straight_line"}
 CONTEXT_KEYS = {
     "sm80": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "wm", "wn", "stages", "raster_group",
              "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes", *EPILOGUE_KEYS},
@@ -307,10 +310,11 @@ def test_each_ptx_wrapper_cites_the_ptx_isa(header: Path) -> None:
         comment = _comment_above(lines, decl)
         assert any(re.search(r"PTX ISA §\d+(\.\d+)*", c) for c in comment), (
             f"{header.name}: helper {name} (line {decl + 1}) has no 'PTX ISA §' citation in the comment above it")
-    # The sm80 family needs at least these wrappers.
+    # The sm80 family needs at least these wrappers (ldmatrix is shared with sm90's epilogue).
     if header.name == "sm80.cuh":
-        assert {"cp_async_16_zfill", "cp_async_commit", "cp_async_wait", "ldmatrix_x4", "ldmatrix_x4_trans",
-                "MmaM16N8K16"} <= set(helpers)
+        assert {"cp_async_16_zfill", "cp_async_commit", "cp_async_wait", "MmaM16N8K16"} <= set(helpers)
+    if header.name == "smem.cuh":
+        assert {"ldmatrix_x4", "ldmatrix_x4_trans", "ld_shared_v2_f32", "st_shared_v2_f32"} <= set(helpers)
 
 
 def test_no_inline_ptx_outside_ptx_headers() -> None:
@@ -344,3 +348,43 @@ def test_sm90_kernel_config_fields_reach_the_template() -> None:
     assert cfg.name == "sm90_fp16_nt_64x128x64_c1x2_s3_pp_g16n_obf16"
     assert "kAKMajor = false;" in text and "kBKMajor = false;" in text
     assert "kClusterN = 2;" in text and "kRasterGroup = 16;" in text and "kRasterAlongM = false;" in text
+
+
+# -- the epilogue's source operand ------------------------------------------------------------------
+
+
+def _two_matrices(acc, R: ep.Matrix(dtype="fp32"), C: ep.Matrix):
+    return acc * R + C
+
+
+@pytest.mark.parametrize("knobs, family, slot", [
+    ({"alpha": 2.0, "beta": 0.5}, "sm90", 0),
+    ({"alpha": 2.0, "beta": 0.5, "out_dtype": "fp32"}, "sm90", 0),       # fp32 C beside fp32 D
+    ({"alpha": 2.0, "beta": 0.5, "layout_c": "col"}, "sm90", None),      # the staging buffers serve a row-major D
+    ({"epilogue": _two_matrices}, "sm90", 1),                            # fp32 R is not D's width: C is the source
+    ({"epilogue": _two_matrices}, "sm80", 0),                            # sm80 reads pairs of any width
+    ({"activation": "relu", "bias": "col"}, "sm90", None),               # no M x N operand
+])
+def test_source_operand(knobs, family, slot) -> None:
+    cfg = Gemm("bf16", "tn", arch=90, family=family, **knobs).config
+    assert source_operand(cfg) == slot
+    text = only_source(cfg)[1]
+    assert ("static float apply_sourced(" in text) == (slot is not None)
+    assert f"static constexpr int kSourceSlot = {-1 if slot is None else slot};" in text
+
+
+def test_sourced_functor_takes_the_source_as_an_argument() -> None:
+    cfg = Gemm("bf16", "tn", arch=90, alpha=2.0, beta=0.5).config
+    context = template_context(cfg)
+    assert "const float ep_C = source;" in context["epilogue_sourced_body"]
+    assert not any("source" in line for line in context["epilogue_body"])  # apply reads C from memory itself
+    assert context["epilogue_sourced_straight_line"] and context["epilogue_has_matrix"]
+
+
+def test_column_major_source_is_read_element_by_element() -> None:
+    def fused(acc, C: ep.Matrix(order="col")):
+        return acc + C
+
+    for family in ("sm80", "sm90"):
+        cfg = Gemm("bf16", "tn", arch=90, family=family, epilogue=fused).config
+        assert source_operand(cfg) is None

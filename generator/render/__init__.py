@@ -12,7 +12,7 @@ from pathlib import Path
 import jinja2
 
 from ..spec.arch import arch_spec
-from ..spec.config import KernelConfig, check_config, sm90_source_operand
+from ..spec.config import KernelConfig, check_config, source_operand
 from .epilogue import functor_context
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
@@ -59,7 +59,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
         "d_row_major": cfg.layout.c.value == "row",
     }
     common.update(functor_context(cfg.epilogue, d_row_major=layout["d_row_major"],
-                                  source_slot=sm90_source_operand(cfg)))
+                                  source_slot=source_operand(cfg)))
     if cfg.family == "sm90":
         return {**common,
                 "cluster_m": cfg.cluster[0], "cluster_n": cfg.cluster[1],

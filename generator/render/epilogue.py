@@ -139,7 +139,7 @@ def functor_body(ep: Epilogue, d_row_major: bool, source_slot: int | None = None
 
 def functor_context(ep: Epilogue, d_row_major: bool, source_slot: int | None = None) -> dict[str, object]:
     """What the family templates substitute for the Epilogue functor. ``source_slot``: the M x N operand the
-    kernel loads into shared memory itself (sm90: spec.config.sm90_source_operand), or None."""
+    kernel loads into shared memory itself (spec.config.source_operand), or None."""
     body = functor_body(ep, d_row_major)
     matrices = [i for i, op in enumerate(ep.operands) if op.kind == "matrix"]
     context: dict[str, object] = {

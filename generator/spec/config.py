@@ -242,16 +242,19 @@ def sm90_epilogue_bytes(cfg: KernelConfig) -> int:
     return SM90_CONSUMER_WARPGROUPS * SM90_EPILOGUE_BUFFERS * SM90_EPILOGUE_SUBTILE_BYTES
 
 
-def sm90_source_operand(cfg: KernelConfig) -> int | None:
-    """The slot of the M x N operand an sm90 kernel loads by TMA into its epilogue staging buffers while the
-    main loop runs (the "source", C in ``alpha * acc + beta * C``), or None. The buffers are D's (each subtile
-    of C is read from the buffer its subtile of D is then staged in), so the source has D's element width
-    and row-major order, and D is row-major; the first such operand is the source, any other M x N operand is
-    read from global memory."""
-    if cfg.family != "sm90" or cfg.layout.c.value != "row":
+def source_operand(cfg: KernelConfig) -> int | None:
+    """The slot of the M x N operand the kernel reads itself, in bulk, instead of element by element through the
+    epilogue functor (the "source", C in ``alpha * acc + beta * C``), or None: the first row-major M x N operand
+    that the family can take so. sm90 loads it by TMA into its epilogue's staging buffers while the main loop
+    runs; the buffers are D's (each subtile of C is read from the buffer its subtile of D is then staged in), so
+    there the source has D's element width and D is row-major. sm80 reads it in pairs of neighbouring columns.
+    Any other M x N operand is read element by element."""
+    if cfg.family == "sm90" and cfg.layout.c.value != "row":
         return None
     for slot, op in enumerate(cfg.epilogue.operands):
-        if op.kind == "matrix" and op.order is Order.row and op.dtype.bytes == cfg.out_dtype.bytes:
+        if op.kind != "matrix" or op.order is not Order.row:
+            continue
+        if cfg.family == "sm80" or op.dtype.bytes == cfg.out_dtype.bytes:
             return slot
     return None
 

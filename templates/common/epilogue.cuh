@@ -69,6 +69,17 @@ __device__ __forceinline__ float load(const void* base, int64_t index) {
   }
 }
 
+// Elements index and index + 1 (index even, the base aligned to two elements) with one load.
+template <typename T>
+__device__ __forceinline__ float2 load_pair(const void* base, int64_t index) {
+  const T* at = static_cast<const T*>(base) + index;
+  if constexpr (sizeof(T) == 2) {
+    return unpack<T>(__ldg(reinterpret_cast<const unsigned int*>(at)));
+  } else {
+    return __ldg(reinterpret_cast<const float2*>(at));
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ void store(void* base, int64_t index, float value) {
   static_cast<T*>(base)[index] = from_float<T>(value);

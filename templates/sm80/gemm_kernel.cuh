@@ -265,20 +265,38 @@ struct Kernel {
 
   // The fused epilogue (Cfg::Epilogue, rendered from the plan) on the accumulators in registers, element by
   // element inside M x N; the stores below then write its values. Elements outside are left alone: the
-  // stores skip them, and the epilogue's operands have no element there to read. A warp tile wholly inside
-  // takes the loop without bounds checks: straight-line code whose elements interleave.
+  // stores skip them, and the epilogue's operands have no element there to read. The source operand (if any)
+  // is read in pairs of neighbouring columns, one load per accumulator pair, when its base and row pitch keep
+  // the pairs aligned.
   __device__ __forceinline__ static void apply_epilogue(const GemmArgs& args, float (&acc)[MMA_TILES_M][MMA_TILES_N][4],
                                                         int row_base, int col_base, int lane) {
-    if constexpr (Cfg::Epilogue::kStraightLine) {
-      if (row_base + WARP_M <= args.m && col_base + WARP_N <= args.n) {
-        apply_epilogue_part<false>(args, acc, row_base, col_base, lane);
+    if constexpr (Cfg::Epilogue::kSourceSlot >= 0) {
+      constexpr int slot = Cfg::Epilogue::kSourceSlot;
+      constexpr int kPairBytes = 2 * sizeof(typename Cfg::Epilogue::Source);
+      if (reinterpret_cast<uintptr_t>(args.ep_ptr[slot]) % kPairBytes == 0 && args.ep_ld[slot] % 2 == 0) {
+        apply_epilogue_tile<true>(args, acc, row_base, col_base, lane);
         return;
       }
     }
-    apply_epilogue_part<true>(args, acc, row_base, col_base, lane);
+    apply_epilogue_tile<false>(args, acc, row_base, col_base, lane);
   }
 
-  template <bool CHECKED>
+  // A warp tile wholly inside M x N takes the loop without bounds checks: straight-line code whose elements
+  // interleave.
+  template <bool SOURCED>
+  __device__ __forceinline__ static void apply_epilogue_tile(const GemmArgs& args,
+                                                             float (&acc)[MMA_TILES_M][MMA_TILES_N][4], int row_base,
+                                                             int col_base, int lane) {
+    if constexpr (SOURCED ? Cfg::Epilogue::kStraightLineSourced : Cfg::Epilogue::kStraightLine) {
+      if (row_base + WARP_M <= args.m && col_base + WARP_N <= args.n) {
+        apply_epilogue_part<false, SOURCED>(args, acc, row_base, col_base, lane);
+        return;
+      }
+    }
+    apply_epilogue_part<true, SOURCED>(args, acc, row_base, col_base, lane);
+  }
+
+  template <bool CHECKED, bool SOURCED>
   __device__ __forceinline__ static void apply_epilogue_part(const GemmArgs& args,
                                                              float (&acc)[MMA_TILES_M][MMA_TILES_N][4], int row_base,
                                                              int col_base, int lane) {
@@ -294,10 +312,13 @@ struct Kernel {
         rows[mt][half] = !CHECKED || row < M ? Epi::load_row(args, row) : typename Epi::Row{};
       }
 #pragma unroll
-    for (int nt = 0; nt < MMA_TILES_N; ++nt)
+    for (int nt = 0; nt < MMA_TILES_N; ++nt) {
+      const int col0 = col_base + nt * kMmaN + accum_pair(lane, 0).col;  // even: the pair's first column
+      float2 source[MMA_TILES_M][2];
+      if constexpr (SOURCED) load_source_pairs<CHECKED>(args, source, row_base, col0, lane);
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const int col = col_base + nt * kMmaN + accum_pair(lane, 0).col + e;
+        const int col = col0 + e;
         if (CHECKED && col >= N) continue;
         const typename Epi::Col cols = Epi::load_col(args, col);
 #pragma unroll
@@ -306,8 +327,38 @@ struct Kernel {
           for (int half = 0; half < 2; ++half) {
             const int row = row_base + mt * kMmaM + accum_pair(lane, half).row;
             float& value = acc[mt][nt][2 * half + e];
-            if (!CHECKED || row < M) value = Epi::apply(args, value, row, col, rows[mt][half], cols);
+            if (CHECKED && row >= M) continue;
+            if constexpr (SOURCED) {
+              const float2 pair = source[mt][half];
+              value = Epi::apply_sourced(args, value, row, col, rows[mt][half], cols, e == 0 ? pair.x : pair.y);
+            } else {
+              value = Epi::apply(args, value, row, col, rows[mt][half], cols);
+            }
           }
+      }
+    }
+  }
+
+  // The source's values at columns (col0, col0 + 1) of this lane's accumulator rows: one aligned pair load
+  // each, a single element at a ragged last column, nothing outside M x N.
+  template <bool CHECKED>
+  __device__ __forceinline__ static void load_source_pairs(const GemmArgs& args, float2 (&source)[MMA_TILES_M][2],
+                                                           int row_base, int col0, int lane) {
+    using Epi = typename Cfg::Epilogue;
+    const int M = static_cast<int>(args.m), N = static_cast<int>(args.n);
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = row_base + mt * kMmaM + accum_pair(lane, half).row;
+        const int64_t at = static_cast<int64_t>(row) * args.ep_ld[Epi::kSourceSlot] + col0;
+        if (!CHECKED || (row < M && col0 + 1 < N)) {
+          source[mt][half] = Epi::load_source_pair(args, at);
+        } else if (row < M && col0 < N) {
+          source[mt][half] = make_float2(Epi::load_source(args, at), 0.f);
+        } else {
+          source[mt][half] = make_float2(0.f, 0.f);
+        }
       }
   }
 

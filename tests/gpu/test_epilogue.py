@@ -71,7 +71,10 @@ PLANS["sm90_alpha_beta_128x64"] = dict(dtype="fp16", layout="nt", alpha=2.0, bet
                                        schedule="cooperative", tile_shape=(128, 64, 64))
 PLANS["sm90_alpha_beta_pingpong"] = dict(dtype="bf16", layout="tn", alpha=-1.0, beta=1.5, family="sm90",
                                          schedule="pingpong", tile_shape=(128, 128, 64))
-SOURCED = [k for k in PLANS if k.startswith("sm90_alpha_beta")] + ["sm90_fused_pingpong", "sm90_residual"]
+# sm80 reads the source in pairs of neighbouring columns.
+PLANS["sm80_alpha_beta"] = dict(dtype="bf16", layout="tn", alpha=2.0, beta=0.5, family="sm80")
+PLANS["sm80_alpha_beta_fp32"] = dict(dtype="bf16", layout="tn", alpha=2.0, beta=0.5, out_dtype="fp32", family="sm80")
+SOURCED = [k for k in PLANS if "_alpha_beta" in k] + ["sm90_fused_pingpong", "sm90_residual", "sm80_residual"]
 
 
 def wanted(key: str) -> bool:
@@ -180,12 +183,14 @@ def test_source_by_tma_over_many_tiles_per_block(ops, key):
         check(ops[key], m, n, k)
 
 
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
 @pytest.mark.parametrize("misalign", ["pitch", "base"])
-def test_source_that_tma_cannot_take_is_read_from_memory(ops, misalign):
-    # A row pitch or base address off the 16-byte rule: the same kernel reads C from global memory.
-    if "sm90_alpha_beta" not in ops:
+def test_source_off_the_fast_path_is_read_element_by_element(ops, family, misalign):
+    # A row pitch or base address off the 16-byte rule (sm90's TMA) or the pair alignment (sm80): the same
+    # kernel reads C element by element.
+    if f"{family}_alpha_beta" not in ops:
         pytest.skip("sm90 family needs an sm_90 GPU")
-    op = ops["sm90_alpha_beta"]
+    op = ops[f"{family}_alpha_beta"]
     m, n, k = 1030, 2052, 200
     a, b, values = inputs(op, m, n, k)
     wide = torch.randn(m, n + 1, device="cuda").to(values[0].dtype)
@@ -197,7 +202,8 @@ def test_source_that_tma_cannot_take_is_read_from_memory(ops, misalign):
 
 
 def test_repeated_runs_are_bit_identical(ops):
-    for key in ("sm90_fused_nt", "sm80_fused_nt", "sm90_aux_dcol", "sm90_alpha_beta", "sm90_alpha_beta_128x64"):
+    for key in ("sm90_fused_nt", "sm80_fused_nt", "sm90_aux_dcol", "sm90_alpha_beta", "sm90_alpha_beta_128x64",
+                "sm80_alpha_beta"):
         if key not in ops:
             continue
         op = ops[key]

@@ -35,6 +35,7 @@ struct Config {
 
   struct Epilogue {  // none: D = acc (the kernels skip the epilogue at compile time)
     static constexpr bool kIdentity = true;
+    static constexpr int kSourceSlot = -1;
   };
 };
 

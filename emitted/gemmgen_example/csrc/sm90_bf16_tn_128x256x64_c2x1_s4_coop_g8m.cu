@@ -37,6 +37,7 @@ struct Config {
 
   struct Epilogue {  // none: D = acc (the kernels skip the epilogue at compile time)
     static constexpr bool kIdentity = true;
+    static constexpr int kSourceSlot = -1;
   };
 };
 
@@ -44,14 +45,15 @@ using Kernel = gemmgen::sm90::Kernel<Config>;
 
 }  // namespace
 
-// The tensor maps of A, B and D travel as __grid_constant__ parameters: the TMA unit reads them from
+// The tensor maps of A, B, D and the epilogue's source travel as __grid_constant__ parameters: the TMA unit reads them from
 // the kernel's parameter space, no copy to global memory needed.
 extern "C" __global__ void __launch_bounds__(gemmgen::sm90::kThreads, 1)
     sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-               const __grid_constant__ CUtensorMap tmap_d, GemmArgs args, float* workspace) {
+               const __grid_constant__ CUtensorMap tmap_d, const __grid_constant__ CUtensorMap tmap_source,
+               GemmArgs args, float* workspace) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
-  Kernel::run(&tmap_a, &tmap_b, &tmap_d, args, workspace, smem);
+  Kernel::run(&tmap_a, &tmap_b, &tmap_d, &tmap_source, args, workspace, smem);
 #elif defined(__CUDA_ARCH__)
   // A package that also carries older targets compiles this file for them too (one set of nvcc flags
   // for all its sources); wgmma, TMA and setmaxnreg exist only in sm_90a, so those builds get a stub.

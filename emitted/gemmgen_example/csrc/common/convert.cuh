@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>  // memcpy
+#include <type_traits>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -52,6 +54,19 @@ __device__ __forceinline__ uint32_t pack(float x, float y) {
   static_assert(sizeof(T) == 2, "two 16-bit elements fill one 32-bit register");
   const typename Pair<T>::type v = Pair<T>::make(x, y);
   return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// The inverse of pack: the two 16-bit elements of a 32-bit register (ldmatrix's results) as floats.
+template <typename T>
+__device__ __forceinline__ float2 unpack(uint32_t bits) {
+  static_assert(sizeof(T) == 2, "one 32-bit register holds two 16-bit elements");
+  typename Pair<T>::type v;
+  memcpy(&v, &bits, sizeof(v));
+  if constexpr (std::is_same_v<T, __half>) {
+    return __half22float2(v);
+  } else {
+    return __bfloat1622float2(v);
+  }
 }
 
 }  // namespace gemmgen

@@ -1,4 +1,4 @@
-// PTX wrappers for the sm80 GEMM family: cp.async, ldmatrix, mma.sync.
+// PTX wrappers for the sm80 GEMM family: cp.async, mma.sync (ldmatrix: smem.cuh).
 // One small __device__ helper per instruction, each naming the PTX ISA section it follows
 // (section numbers as in the PTX ISA 8.x/9.0 manuals, titles given so they survive renumbering).
 #pragma once
@@ -7,7 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include "smem.cuh"  // smem_addr
+#include "smem.cuh"  // smem_addr, ldmatrix
 
 namespace gemmgen {
 namespace ptx {
@@ -46,22 +46,6 @@ __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commi
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-// Four 8x8 b16 matrices from shared memory; lane i supplies the row address of matrix i/8, row i%8.
-// PTX ISA §9.7.14.5.15 "Warp-level matrix load instruction: ldmatrix".
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-// The same, transposed: lane t receives column t/4 of each stored 8x8 matrix (rows 2*(t%4), +1).
-// PTX ISA §9.7.14.5.15 "Warp-level matrix load instruction: ldmatrix" (.trans).
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // D = A * B + D for one m16n8k16 tile, A row fragment, B column fragment, fp32 accumulators.

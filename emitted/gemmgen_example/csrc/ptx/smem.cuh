@@ -1,5 +1,5 @@
-// Shared-memory addresses, and plain shared-memory loads and stores for the epilogues' staging buffers
-// (sm80 and sm90 families).
+// Shared-memory addresses, plain shared-memory loads and stores for the epilogues' staging buffers, and
+// ldmatrix (sm80 and sm90 families).
 // One small __device__ helper per instruction, each naming the PTX ISA section it follows.
 #pragma once
 
@@ -26,6 +26,14 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// Load two fp32 values (8 bytes) from shared memory.
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld".
+__device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {
+  float2 v;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+  return v;
+}
+
 // Load 16 bytes from shared memory.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld".
 __device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
@@ -35,6 +43,22 @@ __device__ __forceinline__ uint4 ld_shared_v4_b32(uint32_t addr) {
                : "r"(addr)
                : "memory");
   return v;
+}
+
+// Four 8x8 b16 matrices from shared memory; lane i supplies the row address of matrix i/8, row i%8.
+// PTX ISA §9.7.14.5.15 "Warp-level matrix load instruction: ldmatrix".
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// The same, transposed: lane t receives column t/4 of each stored 8x8 matrix (rows 2*(t%4), +1).
+// PTX ISA §9.7.14.5.15 "Warp-level matrix load instruction: ldmatrix" (.trans).
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 // Two neighbouring outputs, converted to Out, as one shared-memory store (4 bytes for 16-bit types,

@@ -255,7 +255,6 @@ struct Kernel {
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
   static constexpr int RING_BYTES = STAGES * STAGE_BYTES;
-  static constexpr int BARRIER_BYTES = 2 * STAGES * 8;
   // Epilogue staging for the TMA store of a row-major D: per consumer warpgroup two buffers of one
   // subtile, 64 rows x 128 bytes (64 16-bit or 32 fp32 columns) in the 128-byte swizzle, so that the
   // fragment writes are free of bank conflicts; while TMA stores one buffer, the other is filled.
@@ -269,6 +268,13 @@ struct Kernel {
   // "The epilogue".)
   static constexpr int kEpiBuffers = 2;
   static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
+  // The epilogue's source (an M x N operand, C in alpha * acc + beta * C; Cfg::Epilogue::kSourceSlot) comes
+  // by TMA into the staging buffers themselves, one subtile per buffer, and is read from there just before
+  // D's subtile overwrites it (as CUTLASS reuses C's shared memory for D): no shared memory of its own, so
+  // the ring keeps its stages. Each buffer has a barrier that the source's bytes complete.
+  static constexpr bool kSourced = Cfg::Epilogue::kSourceSlot >= 0;
+  static constexpr int SOURCE_BARRIERS = kSourced ? kConsumerWarpgroups * kEpiBuffers : 0;
+  static constexpr int BARRIER_BYTES = (2 * STAGES + SOURCE_BARRIERS) * 8;
   static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
   static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
@@ -335,12 +341,16 @@ struct Kernel {
     uint32_t full;   // STAGES barriers of 8 bytes
     uint32_t empty;
     uint32_t epilogue;  // kConsumerWarpgroups x kEpiBuffers staging buffers
+    uint32_t source;    // SOURCE_BARRIERS barriers: the source's subtile in staging buffer (consumer, b) arrived
     __device__ __forceinline__ uint32_t a(int s) const { return ring + s * STAGE_BYTES; }
     __device__ __forceinline__ uint32_t b(int s) const { return ring + s * STAGE_BYTES + TileA::kBytes; }
     __device__ __forceinline__ uint32_t full_bar(int s) const { return full + s * 8; }
     __device__ __forceinline__ uint32_t empty_bar(int s) const { return empty + s * 8; }
     __device__ __forceinline__ uint32_t epi_buffer(int consumer, int b) const {
       return epilogue + (consumer * kEpiBuffers + b) * kEpiBufferBytes;
+    }
+    __device__ __forceinline__ uint32_t source_bar(int consumer, int b) const {
+      return source + (consumer * kEpiBuffers + b) * 8;
     }
   };
 
@@ -365,13 +375,15 @@ struct Kernel {
   };
 
   // workspace: the stream-K partial sums and flags (flags zeroed by the host); unused otherwise.
+  // tmap_source: the epilogue source's map when source_tma_possible(args), else unused.
   __device__ static void run(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_d,
-                             const GemmArgs& args, float* workspace, char* smem_raw) {
+                             const CUtensorMap* tmap_source, const GemmArgs& args, float* workspace,
+                             char* smem_raw) {
     const uint32_t raw = ptx::smem_addr(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
     const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
-    Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES};
+    Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES, barriers + 2 * STAGES * 8};
     // Broadcast from lane 0 so that the compiler knows the warpgroup (and all derived from it: the
     // consumer's rows, its descriptors) to be warp-uniform and keeps it in uniform registers.
     const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarpgroupThreads, 0);
@@ -382,6 +394,7 @@ struct Kernel {
         ptx::mbarrier_init(smem.full_bar(s), 1);
         ptx::mbarrier_init(smem.empty_bar(s), CONSUMERS_PER_STAGE * WRITERS_PER_SLOT);
       }
+      for (int b = 0; b < SOURCE_BARRIERS; ++b) ptx::mbarrier_init(smem.source + b * 8, 1);
       ptx::fence_mbarrier_init_cluster();
     }
     // Barriers initialized before any CTA of the cluster loads into them or arrives on them.
@@ -401,7 +414,7 @@ struct Kernel {
       if (STREAM_K && p.k_tiles > 0) {
         consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
       } else {
-        consume(p, smem, args, tmap_d, rank, warpgroup - 1);
+        consume(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
       }
     }
     // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
@@ -463,8 +476,8 @@ struct Kernel {
   }
 
   __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
-                                 uint32_t rank, int consumer) {
-    Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args)};
+                                 const CUtensorMap* tmap_source, uint32_t rank, int consumer) {
+    Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
     const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
     RingPos pos;
     if (PINGPONG && consumer == 1) pos.advance(p.k_tiles);  // the first tile is the other warpgroup's
@@ -491,6 +504,8 @@ struct Kernel {
         }
         continue;
       }
+      // The source's first subtiles come in while the main loop runs.
+      const bool sourced = epi.load_source(p, m0 + row_in_tile, n0);
       float acc[MMA_BLOCKS_M][ACCUM];
       mainloop(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles);
       if (PINGPONG) {
@@ -500,9 +515,9 @@ struct Kernel {
 #if GEMMGEN_SM90_EXPERIMENT_NO_EPILOGUE
       // Timing experiment only, wrong results: what the epilogue costs (docs/sm90.md, "The epilogue"). The
       // never-taken branch keeps the accumulators live.
-      if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);
+      if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0, sourced);
 #else
-      epi.store(args, p, acc, m0 + row_in_tile, n0);
+      epi.store(args, p, acc, m0 + row_in_tile, n0, sourced);
 #endif
     }
     epi.finish();
@@ -514,7 +529,7 @@ struct Kernel {
   // timing, then stored).
   __device__ static void consume_stream_k(const Problem& p, const Smem& smem, const GemmArgs& args,
                                           const CUtensorMap* tmap_d, uint32_t rank, int consumer, float* workspace) {
-    Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args)};
+    Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), nullptr, false};  // source read from global
     int* flags = reinterpret_cast<int*>(reinterpret_cast<char*>(workspace) + workspace_partials_bytes(gridDim.x));
     const int row_in_tile = consumer * WG_M;
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
@@ -720,29 +735,30 @@ struct Kernel {
   // The fused epilogue (Cfg::Epilogue, rendered from the plan) on the accumulators in registers, element by
   // element inside M x N (the layout of store_direct), for m64 block i and the BLOCKS n8 blocks from j0: the
   // stores apply it one part at a time, just before they write the part, so that the operand loads of one
-  // part (not of the whole tile) are in flight beside the accumulators.
-  template <int BLOCKS, typename ACC>
+  // part (not of the whole tile) are in flight beside the accumulators. SOURCED: the source operand's values
+  // of the part are in `source`, in the accumulators' order (source[4 * (j - j0) + r] for acc[i][4 * j + r]).
+  template <int BLOCKS, bool SOURCED = false, typename ACC>
   __device__ __forceinline__ static void apply_epilogue(const GemmArgs& args, const Problem& p,
                                                         ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
-                                                        int j0) {
+                                                        int j0, const float* source = nullptr) {
     if constexpr (!Cfg::Epilogue::kIdentity) {
       // A part wholly inside M x N takes the loop without bounds checks: straight-line code whose elements
       // interleave (a branch per column would leave each element's chain of dependent operations exposed).
-      if constexpr (Cfg::Epilogue::kStraightLine) {
+      if constexpr (SOURCED ? Cfg::Epilogue::kStraightLineSourced : Cfg::Epilogue::kStraightLine) {
         if (m0 + (i + 1) * kMmaM <= p.m && n0 + (j0 + BLOCKS) * 8 <= p.n) {
-          apply_epilogue_part<BLOCKS, false>(args, p, acc, m0, n0, i, j0);
+          apply_epilogue_part<BLOCKS, false, SOURCED>(args, p, acc, m0, n0, i, j0, source);
           return;
         }
       }
-      apply_epilogue_part<BLOCKS, true>(args, p, acc, m0, n0, i, j0);
+      apply_epilogue_part<BLOCKS, true, SOURCED>(args, p, acc, m0, n0, i, j0, source);
     }
   }
 
   // One part of apply_epilogue, each element checked against M and N (CHECKED) or none.
-  template <int BLOCKS, bool CHECKED, typename ACC>
+  template <int BLOCKS, bool CHECKED, bool SOURCED, typename ACC>
   __device__ __forceinline__ static void apply_epilogue_part(const GemmArgs& args, const Problem& p,
                                                              ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
-                                                             int j0) {
+                                                             int j0, const float* source) {
     if constexpr (!Cfg::Epilogue::kIdentity) {
       using Epi = typename Cfg::Epilogue;
       const int t = threadIdx.x % kWarpgroupThreads;
@@ -765,7 +781,12 @@ struct Kernel {
           for (int h = 0; h < 2; ++h) {
             const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
             float& value = acc[i][4 * j + 2 * h + e];
-            if (!CHECKED || row < p.m) value = Epi::apply(args, value, row, col, rows[h], cols);
+            if (CHECKED && row >= p.m) continue;
+            if constexpr (SOURCED) {
+              value = Epi::apply_sourced(args, value, row, col, rows[h], cols, source[4 * (j - j0) + 2 * h + e]);
+            } else {
+              value = Epi::apply(args, value, row, col, rows[h], cols);
+            }
           }
         }
       }
@@ -798,23 +819,125 @@ struct Kernel {
   static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns
   static constexpr int kStoreChunkElems = 16 / static_cast<int>(sizeof(Out));  // TMA's store granularity
 
+  // Whether the source operand (if any) comes by TMA: D goes out by TMA and the source's base and row pitch
+  // are 16-byte aligned (the host encodes its map on the same test).
+  __host__ __device__ __forceinline__ static bool source_tma_possible(const GemmArgs& args) {
+    if constexpr (kSourced) {
+      constexpr int slot = Cfg::Epilogue::kSourceSlot;
+      return tma_store_possible(args) &&
+             fast_aligned(args.ep_ptr[slot], args.ep_ld[slot], sizeof(typename Cfg::Epilogue::Source));
+    } else {
+      return false;
+    }
+  }
+
+  static constexpr int kSubtilesPerBlock = BN / kEpiCols;                // per m64 block
+  static constexpr int kSubtiles = MMA_BLOCKS_M * kSubtilesPerBlock;    // per consumer warpgroup and tile
+  static constexpr int kSourceValues = kEpiCols / 2;                     // per thread and subtile
+
   struct Epilogue {
     const Smem& smem;
     const CUtensorMap* tmap_d;
     int consumer;
     int buffer;       // the staging buffer to fill next
     bool use_tma;
+    const CUtensorMap* tmap_source;
+    bool use_source_tma;
+    uint32_t source_phase = 0;  // bit b: the parity of the next phase of source barrier b
 
-    // ACC: float (non-const: the epilogue's values replace the accumulators') or const float (zeros, K = 0,
-    // identity epilogue only).
-    template <typename ACC>
-    __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
-                                          int m0, int n0) {
+    // A tile whose D goes out by TMA stores through the staging buffers.
+    __device__ __forceinline__ bool stores_by_tma(const Problem& p, int n0) const {
       // TMA clips a store to the matrix only to 16-byte granularity along the contiguous dimension:
       // measured on the H100, a row's last partial chunk is written whole, zeros past N included
       // (gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
       const bool partial_chunk_at_n = n0 + BN > p.n && p.n % kStoreChunkElems != 0;
-      if (!Cfg::kDRowMajor || !use_tma || partial_chunk_at_n) {
+      return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n;
+    }
+
+    // Before the main loop of the tile at (m0, n0) (this warpgroup's rows): start the TMA loads of the
+    // source's first subtiles into the staging buffers they will be read from. Returns whether the tile
+    // takes its source from there (else the epilogue reads it from global memory).
+    __device__ __forceinline__ bool load_source(const Problem& p, int m0, int n0) const {
+      if (!kSourced || !use_source_tma || !stores_by_tma(p, n0)) return false;
+      if (threadIdx.x % kWarpgroupThreads == 0) {
+        ptx::tma_store_wait_read<0>();  // the previous tile's last stores are done reading the buffers
+#pragma unroll
+        for (int s = 0; s < kEpiBuffers && s < kSubtiles; ++s) issue_source(s, (buffer + s) % kEpiBuffers, m0, n0);
+      }
+      return true;
+    }
+
+    // Subtile s of the tile's source into staging buffer b (one thread).
+    __device__ __forceinline__ void issue_source(int s, int b, int m0, int n0) const {
+      const uint32_t bar = smem.source_bar(consumer, b);
+      ptx::mbarrier_arrive_expect_tx(bar, kEpiBufferBytes);  // the whole box, zeros outside M x N included
+      ptx::tma_load_2d(smem.epi_buffer(consumer, b), tmap_source, bar, n0 + (s % kSubtilesPerBlock) * kEpiCols,
+                       m0 + (s / kSubtilesPerBlock) * kMmaM);
+    }
+
+    // Subtile (i, sub) of a sourced tile: the source's values out of the staging buffer they came into, then
+    // the epilogue. Returns false (nothing done) for a tile that is not sourced.
+    template <typename ACC>
+    __device__ __forceinline__ bool apply_sourced(const GemmArgs& args, const Problem& p,
+                                                  ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i, int sub,
+                                                  bool sourced) {
+      if constexpr (kSourced) {
+        if (!sourced) return false;
+        float source[kSourceValues];
+        ptx::mbarrier_wait(smem.source_bar(consumer, buffer), (source_phase >> buffer) & 1u);
+        source_phase ^= 1u << buffer;
+        read_source(smem.epi_buffer(consumer, buffer), source);
+        apply_epilogue<kEpiCols / 8, true>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8), source);
+        return true;
+      } else {
+        return false;
+      }
+    }
+
+    // The source's values of subtile (i, sub) from staging buffer `buf`, in the accumulators' order: the
+    // inverse of stage_subtile (ldmatrix at the addresses stmatrix writes).
+    __device__ __forceinline__ static void read_source(uint32_t buf, float (&source)[kSourceValues]) {
+      const int t = threadIdx.x % kWarpgroupThreads;
+      const int warp = t / 32, lane = t % 32;
+      constexpr int kBlocksPerSubtile = kEpiCols / 8;
+      if constexpr (sizeof(Out) == 2) {
+        using Source = typename Cfg::Epilogue::Source;
+        const int q = lane / 8, r = lane % 8;
+        const uint32_t lane_addr = buf + (warp * 16 + 8 * (q % 2) + r) * kSwizzleRowBytes + (((q / 2) ^ r) * 16);
+#pragma unroll
+        for (int pair = 0; pair < kBlocksPerSubtile / 2; ++pair) {
+          uint32_t regs[4];
+          ptx::ldmatrix_x4(regs, lane_addr ^ (32u * pair));
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float2 v = unpack<Source>(regs[k]);
+            source[8 * pair + 2 * k] = v.x;
+            source[8 * pair + 2 * k + 1] = v.y;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int jj = 0; jj < kBlocksPerSubtile; ++jj) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int row = warp * 16 + lane / 4 + 8 * h;
+            const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(Out));
+            const int chunk = (byte / 16) ^ (row % 8);
+            const float2 v = ptx::ld_shared_v2_f32(buf + row * kSwizzleRowBytes + chunk * 16 + byte % 16);
+            source[4 * jj + 2 * h] = v.x;
+            source[4 * jj + 2 * h + 1] = v.y;
+          }
+        }
+      }
+    }
+
+    // ACC: float (non-const: the epilogue's values replace the accumulators') or const float (zeros, K = 0,
+    // identity epilogue only).
+    // sourced: load_source started this tile's source into the staging buffers.
+    template <typename ACC>
+    __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
+                                          int m0, int n0, bool sourced = false) {
+      if (!stores_by_tma(p, n0)) {
         store_direct(args, p, acc, m0, n0);
         return;
       }
@@ -822,11 +945,15 @@ struct Kernel {
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
 #pragma unroll
-        for (int sub = 0; sub < BN / kEpiCols; ++sub) {
-          apply_epilogue<kEpiCols / 8>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8));
+        for (int sub = 0; sub < kSubtilesPerBlock; ++sub) {
           const uint32_t buf = smem.epi_buffer(consumer, buffer);
-          // The store that last read this buffer (two subtiles ago) must be done reading it.
-          if (t == 0) ptx::tma_store_wait_read<kEpiBuffers - 1>();
+          if (!apply_sourced(args, p, acc, m0, n0, i, sub, sourced)) {
+            apply_epilogue<kEpiCols / 8>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8));
+            // The store that last read this buffer (two subtiles ago) must be done reading it (sourced: it
+            // was, before the source came in).
+            if (t == 0) ptx::tma_store_wait_read<kEpiBuffers - 1>();
+          }
+          // Sourced: every thread has read the source out of the buffer before D overwrites it.
           ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
           stage_subtile(acc, i, sub, buf);
           ptx::fence_proxy_async_smem();  // the generic-proxy writes, before TMA (async proxy) reads them
@@ -834,6 +961,12 @@ struct Kernel {
           if (t == 0) {
             store_subtile(buf, i, sub, m0, n0);
             ptx::tma_store_commit();
+            // The source's subtile two on goes into this buffer once the store has read it out.
+            const int next = i * kSubtilesPerBlock + sub + kEpiBuffers;
+            if (kSourced && sourced && next < kSubtiles) {
+              ptx::tma_store_wait_read<0>();
+              issue_source(next, buffer, m0, n0);
+            }
           }
           buffer ^= 1;
         }

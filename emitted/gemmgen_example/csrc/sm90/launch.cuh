@@ -75,7 +75,7 @@ struct TensorMapType<float> {
   static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 };
 
-using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, float*);
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, float*);
 
 // What a tensor map encodes; equal keys give equal maps, so a launch with the same operand as the
 // last one (the common case: a layer's weight) skips the encoding.
@@ -229,6 +229,16 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
   } else {
     map_d = CachedMap{};
   }
+  // The epilogue's source (C of alpha * acc + beta * C) through TMA loads on the kernel's own test.
+  thread_local CachedMap map_source;
+  if constexpr (K::kSourced) {
+    constexpr int slot = Cfg::Epilogue::kSourceSlot;
+    if (K::source_tma_possible(*args)) {
+      code = tensor_map<typename Cfg::Epilogue::Source, K::kEpiCols, K::kEpiRows>(
+          map_source, args->ep_ptr[slot], args->n, args->m, args->ep_ld[slot]);
+      if (code != 0) return code;
+    }
+  }
 
   const auto problem = K::problem(*args);
   const bool stream_k = K::STREAM_K && problem.k_tiles > 0;
@@ -260,7 +270,8 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
   }
   if (err == cudaSuccess) {
     const ClusterLaunchConfig<K> cluster_launch(ctas, stream);
-    err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_b.map, map_d.map, *args, workspace);
+    err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_b.map, map_d.map, map_source.map, *args,
+                             workspace);
   }
   if (workspace != nullptr) {
     const cudaError_t freed = cudaFreeAsync(workspace, stream);
