@@ -76,8 +76,8 @@ def main() -> int:
     for index, (op, cfg) in enumerate(zip(ops, configs)):
         a = operand(M, K, cfg.layout.a.value == "row")
         b = operand(K, N, cfg.layout.b.value == "row")
-        assert op.path(a, b) == "fast"
         values = () if index < plain else epilogue_operands(op, a, b)
+        assert op.path(a, b, *values) == "fast"
         acc = a.double() @ b.double()
         ref = acc if not values else evaluate(cfg.epilogue, acc, operand_values(cfg.epilogue, values, torch.float64))[0]
         for pitch in (-(-N // 8) * 8 + 8, N):
