@@ -99,7 +99,7 @@ default to gemm_<dtype>_<layout> (+ _o<out dtype>, + _dcol). --name defaults to 
 The ops are differentiable (the package also holds the backward kernels); --no-autograd leaves that out.
 Needs neither torch nor a GPU. A plan with a fused epilogue (--activation, --bias, --alpha, --beta, or
 --epilogue; activation=..., bias=... in a --plan) makes an op that takes the epilogue's operands after A and
-B (gemm_<dtype>_<layout>_<epilogue tag>); the package does not differentiate it.
+B (gemm_<dtype>_<layout>_<epilogue tag>); it is differentiable too (in A, B and its tensor operands).
 """
 
 BENCH_EPILOG = f"""\
@@ -501,13 +501,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
         print(f"  {name}.{op.name}  ({op.config.dtype.value} -> {op.config.out_dtype.value}, layout "
               f"{op.config.layout.tag}{fused}, kernel {op.config.name}, sm_{op.config.arch})")
     if autograd:
-        fused_ops = [op.name for op in ops if not op.differentiable]
-        if len(fused_ops) < len(ops):
-            print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
-                  "(--no-autograd leaves them out)")
-        if fused_ops:
-            print(f"autograd: not for {', '.join(fused_ops)}: the package differentiates A @ B only, not a fused "
-                  "epilogue (gemmgen's JIT op of the same plan is differentiable)")
+        print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
+              "(--no-autograd leaves them out)")
     else:
         why = "--no-autograd" if args.autograd is False else 'the plans file says "autograd": false'
         print(f"autograd: none ({why}): the ops are not differentiable")

@@ -24,16 +24,21 @@ epilogue's operands after A and B (schema ``(Tensor A, Tensor B, Tensor bias, fl
 JIT ops' code). Its function's docstring states the expression and each operand (``D = gelu(acc + bias)``,
 ``bias: per-column vector (N,), bf16``). plans.json records the knobs of a plan made with knobs
 (activation, bias, alpha, beta), and the structure of a function epilogue (``epilogue_to_json``), from which
-``--plans`` rebuilds it. Such an op is not differentiable in the package (gemm_autograd.h differentiates
-A @ B only): its Autograd kernel refuses arguments that require grad, and no backward kernels are emitted for
-it; gemmgen's JIT op of the same plan is differentiable.
+``--plans`` rebuilds it. With autograd, such an op is differentiable with the JIT op's formula
+(``generator.runtime.autograd``), in Python: ``<name>/__init__.py`` holds the epilogue as a function of torch
+operations (``generator.render.epilogue_python``) and registers (``torch.library.register_autograd``) a
+backward that recomputes acc = A @ B in fp32 by a private op of the package (``accumulator_config``: the plain
+kernel of the plan, writing fp32), differentiates the function at acc with torch.autograd, and runs
+dA = dacc @ B.t() and dB = A.t() @ dacc on the same backward ops as a plain op of the plan; binding.cpp
+gives its default overload no Autograd kernel of its own. Without autograd, its Autograd kernel refuses
+arguments that require grad; ``.out`` refuses them either way.
 
 Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.runtime.autograd``; in C++ in
-gemm_autograd.h, registered by binding.cpp for every op): dA = dD @ B.t() and dB = A.t() @ dD by kernels
-of the package, with the layouts ``generator.planner.backward`` derives for a row-major and a column-major dD.
-Those kernels are private ops of the package (``_grad_<kernel>``), and so are the kernels of their own
-backward (double backward): ``backward_closure``, at most eight kernels per dtype, architecture and
-family, deduplicated by kernel name.
+gemm_autograd.h, registered by binding.cpp for every op without a fused epilogue): dA = dD @ B.t() and
+dB = A.t() @ dD by kernels of the package, with the layouts ``generator.planner.backward`` derives for a
+row-major and a column-major dD. Those kernels are private ops of the package (``_grad_<kernel>``), and so
+are the kernels of their own backward (double backward): ``backward_closure``, at most eight kernels per
+dtype, architecture and family, and one per fused epilogue's acc kernel; deduplicated by kernel name.
 
 Emitting is pure text generation: no torch, no GPU, no compiler. It is deterministic (the same plans
 give byte-identical files: sorted, no timestamps, no absolute paths), and no string from the user
@@ -56,8 +61,9 @@ from typing import Any, Protocol, Sequence
 
 import jinja2
 
-from .planner.backward import backward_closure, backward_configs
+from .planner.backward import accumulator_config, backward_closure, backward_configs
 from .render import included_headers, render, templates_dir
+from .render.epilogue_python import python_function
 from .spec.config import KernelConfig
 from .spec.epilogue import KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from .spec.types import DType, Order
@@ -201,8 +207,9 @@ class EmittedOp:
 
     @property
     def differentiable(self) -> bool:
-        """Whether the package can differentiate it: gemm_autograd.h's formula is that of A @ B alone."""
-        return self.config.epilogue.is_identity
+        """Whether a package emitted with autograd differentiates it: every op does (A @ B by gemm_autograd.h's
+        C++ formula, a fused epilogue by the Python formula of the package's __init__.py)."""
+        return True
 
     def context(self, package: str, autograd: bool) -> dict[str, Any]:
         cfg = self.config
@@ -210,8 +217,9 @@ class EmittedOp:
         flip = {"t": "n", "n": "t"}
         return {
             "name": self.name,
-            # per storage order of dD: the ops computing dA and dB, for the autograd specs of binding.cpp
-            "grads": _grads(cfg) if autograd and self.differentiable else None,
+            # per storage order of dD: the ops computing dA and dB, for binding.cpp's autograd specs (A @ B) and
+            # __init__.py's formula (a fused epilogue: dacc in place of dD)
+            "grads": _grads(cfg) if autograd else None,
             "qualname": f"torch.ops.{package}.{self.name}",
             "kernel": cfg.name,
             "arch": cfg.arch,
@@ -239,7 +247,18 @@ class EmittedOp:
             "d_doc": _OPERAND_DOC["D", layout.c],
             "knobs": _knobs_doc(cfg),
             **_epilogue_context(cfg.epilogue),
+            **self._epilogue_formula(autograd),
         }
+
+    def _epilogue_formula(self, autograd: bool) -> dict[str, Any]:
+        """What __init__.py needs for an epilogue op's autograd formula: the private op recomputing acc in fp32,
+        and the epilogue as a Python function of torch operations (all None for a plain op, or without autograd)."""
+        ep = self.config.epilogue
+        if not autograd or ep.is_identity:
+            return {"acc_op": None, "epilogue_fn": None, "epilogue_source": None}
+        fn = f"_epilogue_{self.name}"   # op names have no leading '_': no clash with a public function
+        return {"acc_op": grad_op_name(accumulator_config(self.config)), "epilogue_fn": fn,
+                "epilogue_source": python_function(ep, fn, torch_module="_torch", functional_module="_F")}
 
     def plan_record(self) -> dict[str, Any]:
         """Gemm keyword arguments that plan exactly this config again, plus the op and kernel names."""
@@ -319,10 +338,15 @@ def _grads(cfg: KernelConfig) -> dict[str, dict[str, Any]]:
 
 def backward_ops(ops: Sequence[EmittedOp]) -> list[EmittedOp]:
     """The package's private backward ops: one per kernel that the backward of ``ops`` needs, double
-    backward included (``backward_closure``); sorted by name. Ops with a fused epilogue have none (the
-    package does not differentiate them)."""
-    closure = backward_closure(op.config for op in ops if op.differentiable)
-    return [EmittedOp(grad_op_name(cfg), cfg) for cfg in closure.values()]
+    backward included (``backward_closure``), and for an op with a fused epilogue the kernel recomputing its
+    acc (``accumulator_config``; its dA and dB kernels, and theirs, are the closure of the op's own config);
+    sorted and deduplicated by kernel name."""
+    configs = backward_closure(op.config for op in ops)
+    for op in ops:
+        if not op.config.epilogue.is_identity:
+            acc = accumulator_config(op.config)
+            configs[acc.name] = acc
+    return [EmittedOp(grad_op_name(cfg), cfg) for _, cfg in sorted(configs.items())]
 
 
 def _knobs_doc(cfg: KernelConfig) -> str:
@@ -426,6 +450,7 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) ->
     }
     context["all_ops"] = context["ops"] + context["backward_ops"]
     context["any_epilogue"] = any(op["epilogue"] for op in context["ops"])
+    context["epilogue_autograd"] = autograd and context["any_epilogue"]   # __init__.py registers formulas
     for template, path in _PACKAGE_TEMPLATES:
         files[path.format(name=name)] = _render(template, **context).encode()
     record = {**MARKER, "name": name, "autograd": autograd, "plans": [op.plan_record() for op in ops],

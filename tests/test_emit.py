@@ -16,7 +16,7 @@ import pytest
 
 from generator import Gemm, emit
 from generator import epilogue as ep
-from generator.planner.backward import backward_closure, backward_configs
+from generator.planner.backward import accumulator_config, backward_closure, backward_configs
 from generator.emit import GENCODE, backward_ops, resolve_ops
 from generator.plans import load_plans_file
 from generator.render import included_headers, render, templates_dir
@@ -372,10 +372,12 @@ extern "C" {{
 STUB_KERNEL = ('int {k}_launch(const GemmArgs*, void*) {{ return 1; }}\n'
                'const char* {k}_error_string(int) {{ return "a stub kernel (test_emit)"; }}')
 
-#: After `import <package>` (the real binding, stub kernels): CPU kernels with torch.matmul in place of the
+#: After `import <package> as pkg` (the real binding, stub kernels): CPU kernels with torch.matmul in place of the
 #: kernels, and the kernels' dtype and storage-order checks, so a backward op called with an operand in the
-#: wrong order (or dtype) fails as it would on the GPU. The CPU key takes CPU tensors before the binding's
-#: CompositeExplicitAutograd kernel; the Autograd kernels stay the binding's.
+#: wrong order (or dtype) fails as it would on the GPU. An op with a fused epilogue applies it with the package's
+#: own function of it (pkg._epilogue_<op>, which tests/test_render_epilogue_python.py checks against
+#: generator.runtime.evaluate). The CPU key takes CPU tensors before the binding's CompositeExplicitAutograd
+#: kernel; the Autograd kernels stay the binding's (and __init__.py's).
 CPU_KERNELS = '''
 SPECS = {specs!r}  # op -> (dtype, out dtype, A order, B order, D order)
 DTYPES = {{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}}
@@ -389,20 +391,23 @@ def _stored(t, order):
     return (rows <= 1 or t.stride(0) == 1) and (cols <= 1 or t.stride(1) >= max(rows, 1))
 
 
-def _run(op, A, B):
+def _run(op, A, B, *values):
     dtype, out_dtype, a_order, b_order, d_order = SPECS[op]
     for t, order, what in ((A, a_order, "A"), (B, b_order, "B")):
         if t.dtype != DTYPES[dtype]:
             raise TypeError(f"{{op}}: {{what}} is {{t.dtype}}, the op takes {{dtype}}")
         if not _stored(t, order):
             raise ValueError(f"{{op}}: {{what}} has strides {{t.stride()}}, the op takes {{order}}-major")
-    D = (A.float() @ B.float()).to(DTYPES[out_dtype])  # fp32 accumulation, one rounding: as the kernels
-    return D.contiguous() if d_order == "row" else D.t().contiguous().t()
+    acc = A.float() @ B.float()   # fp32 accumulation, the epilogue in fp32, one rounding: as the kernels
+    epilogue = getattr(pkg, "_epilogue_" + op, None)
+    outs = [t.to(DTYPES[out_dtype]) for t in (epilogue(acc, *values) if epilogue else (acc,)) if t is not None]
+    outs = [t.contiguous() if d_order == "row" else t.t().contiguous().t() for t in outs]
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 for _op in SPECS:
-    _LIB.impl(_op, (lambda op: lambda A, B: _run(op, A, B))(_op), "CPU")
-    _LIB.impl(f"{{_op}}.out", (lambda op: lambda A, B, out: out.copy_(_run(op, A, B)))(_op), "CPU")
+    _LIB.impl(_op, (lambda op: lambda *args: _run(op, *args))(_op), "CPU")
+    _LIB.impl(f"{{_op}}.out", (lambda op: lambda *args, out: out.copy_(_run(op, *args)))(_op), "CPU")
 '''
 
 AUTOGRAD_CHECK = '''
@@ -805,29 +810,47 @@ def test_an_epilogue_plan_is_packaged_with_its_operands(tmp_path):
     assert ('{/*kind=*/gemmgen::OperandKind::Matrix, /*name=*/"C", /*dtype=*/c10::ScalarType::Half, '
             '/*dtype_name=*/"fp16", /*row=*/true},') in binding
     assert f"/*operands=*/k_{FUNCTION_OP}_operands,\n    /*aux=*/true," in binding
-    for key, kernel in (("CompositeExplicitAutograd", "epilogue_kernel"), ("Meta", "epilogue_meta_kernel"),
-                        ("Autograd", "epilogue_autograd_kernel")):
-        block = binding.split(f"TORCH_LIBRARY_IMPL(fused, {key}, m) {{")[1].split("\n}\n")[0]
+    for key, kernel in (("CompositeExplicitAutograd", "epilogue_kernel"), ("Meta", "epilogue_meta_kernel")):
+        block = impl_block(binding, "fused", key)
         for op in (KNOB_OP, FUNCTION_OP):
             assert f'm.impl("{op}", gemmgen::{kernel}(&k_{op}));' in block, (key, op)
     assert 'm.impl("gemm_bf16_tn", GemmKernel{&k_gemm_bf16_tn});' in binding   # the plain op stays unboxed
     assert 'm.impl("gemm_bf16_tn", GemmAutogradKernel{&kgrad_gemm_bf16_tn});' in binding
-    # no backward kernels for the epilogue ops (not differentiable here): only the plain op's
+    # differentiable: the default overload takes __init__.py's formula (no C++ Autograd kernel), .out refuses grad
+    autograd = impl_block(binding, "fused", "Autograd")
+    for op in (KNOB_OP, FUNCTION_OP):
+        assert f'm.impl("{op}",' not in autograd and f"kgrad_{op}" not in binding
+        assert (f'm.impl("{op}.out", gemmgen::epilogue_out_autograd_kernel(&k_{op}, /*backward_registered=*/true));'
+                in autograd)
+    # the backward kernels: A @ B's closure, and per epilogue op the kernel recomputing acc in fp32, each a
+    # private op with the C++ formula (double backward goes through acc)
     record = json.loads(files["plans.json"])
-    plain_closure = backward_closure([plans[2].config])
-    assert record["backward_kernels"] == sorted(plain_closure) and f"kgrad_{KNOB_OP}" not in binding
+    accs = [accumulator_config(p.config) for p in plans[:2]]
+    assert record["backward_kernels"] == sorted({*backward_closure(p.config for p in plans), *(c.name for c in accs)})
+    for acc, plan in zip(accs, plans):
+        assert acc.out_dtype.value == "fp32" and acc.epilogue.is_identity and acc.layout == plan.config.layout
+        assert f'm.impl("_grad_{acc.name}", GemmAutogradKernel{{&kgrad__grad_{acc.name}}});' in binding
+    for op, plan, acc in ((KNOB_OP, plans[0], accs[0]), (FUNCTION_OP, plans[1], accs[1])):
+        grads = {order: backward_configs(plan.config, order) for order in Order}
+        rows = [f'    "{o.value}": ("_grad_{a.name}", "_grad_{b.name}", {a.layout.b is Order.row}, '
+                f'{b.layout.a is Order.row}),' for o, (a, b) in grads.items()]
+        assert "\n".join([f'_register_epilogue_autograd("{op}", _epilogue_{op}, "_grad_{acc.name}", {{', *rows, "})"]) \
+            in init, op
+        assert f"def _epilogue_{op}(acc, " in init
+    assert init.count("_torch.library.register_autograd(") == 1 and "import torch.nn.functional as _F" in init
     # the docstrings state the expression and the operands
     fn_doc = init.split(f"def {FUNCTION_OP}(A, B, scale, C, alpha, *, out=None):")[1].split('"""')[1]
     assert fn_doc.startswith("D = gelu(scale * acc + alpha * C), acc = A @ B: fp16 (torch.float16) inputs")
     for line in ("aux = scale * acc + alpha * C  (second output, M x N, dtype and order of D): returned as (D, aux)",
                  "scale: per-row vector (M,), fp16 (torch.float16)",
                  "C: matrix (M, N), row-major, fp16 (torch.float16)",
-                 "alpha: runtime scalar (fp32)", "Not differentiable in this package"):
+                 "alpha: runtime scalar (fp32)", "Differentiable in A, B and the tensor operands"):
         assert line in fn_doc, line
     knob_doc = init.split(f"def {KNOB_OP}(A, B, bias, *, out=None):")[1].split('"""')[1]
     assert knob_doc.startswith("D = gelu(acc + bias), acc = A @ B") and "bias: per-column vector (N,), bf16" in knob_doc
-    assert '"epilogue": "gelu(acc + bias)",' in init and '"differentiable": False,' in init
-    assert "**not differentiable**" in readme and f"`{KNOB_OP}`: D = gelu(acc + bias)" in readme
+    assert '"epilogue": "gelu(acc + bias)",' in init and '"differentiable": True,' in init
+    assert "not differentiable" not in init.lower() and f"`{KNOB_OP}`: D = gelu(acc + bias)" in readme
+    assert f"The ops with a fused epilogue (`{KNOB_OP}`, `{FUNCTION_OP}`) are differentiable in A, B" in readme
     assert f"| `{KNOB_OP}` | bf16 -> bf16, `D = gelu(acc + bias)` |" in readme
     # plans.json: the knobs of a knob plan, the structure of a function epilogue; both plan the same kernels again
     by_op = {p["op_name"]: p for p in record["plans"]}
@@ -846,6 +869,47 @@ def test_an_epilogue_plan_is_packaged_with_its_operands(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     if r.returncode == 0:   # (the command line may still refuse epilogue plans: generator/cli.py)
         assert tree(tmp_path / "cli") == tree(out)
+
+
+def impl_block(binding: str, name: str, key: str) -> str:
+    """The body of binding.cpp's TORCH_LIBRARY_IMPL(<name>, <key>, m) block."""
+    return binding.split(f"TORCH_LIBRARY_IMPL({name}, {key}, m) {{")[1].split("\n}\n")[0]
+
+
+def test_an_epilogue_op_without_autograd_refuses_grad(tmp_path):
+    files = {rel: data.decode() for rel, data in tree(emit(epilogue_plans(), name="fused", out=tmp_path / "fused",
+                                                               autograd=False)).items() if not rel.endswith(".cu")}
+    binding, init, readme = files["csrc/binding.cpp"], files["fused/__init__.py"], files["README.md"]
+    autograd = impl_block(binding, "fused", "Autograd")
+    for op in (KNOB_OP, FUNCTION_OP):   # both overloads refuse grad at the call, as before autograd=True could
+        assert f'm.impl("{op}", gemmgen::epilogue_autograd_kernel(&k_{op}));' in autograd
+        assert (f'm.impl("{op}.out", gemmgen::epilogue_out_autograd_kernel(&k_{op}, /*backward_registered=*/false));'
+                in autograd)
+    assert 'm.impl("gemm_bf16_tn",' not in autograd and "AutogradSpec" not in binding
+    assert "register_autograd" not in init and "def _epilogue_" not in init and "import torch.nn.functional" not in init
+    assert init.count('"differentiable": False,') == 2 and init.count("Not differentiable in this package") == 2
+    assert f"The ops with a fused epilogue (`{KNOB_OP}`, `{FUNCTION_OP}`) refuse arguments that require grad" in readme
+    assert json.loads(files["plans.json"])["backward_kernels"] == []
+    compile(init, "__init__.py", "exec")
+
+
+def test_the_backward_ops_of_epilogue_ops(tmp_path):
+    """Per epilogue op the kernel recomputing acc joins A @ B's closure; deduplicated by kernel name (two epilogues
+    of one plan share it, and a public op of the same config shares its kernel file), sorted; deterministic."""
+    gelu, relu = (Gemm("bf16", "tn", arch=90, activation=a, bias="col") for a in ("gelu", "relu"))
+    acc = accumulator_config(gelu.config)
+    assert acc == accumulator_config(relu.config)   # the same GEMM: one acc op for both
+    plain_fp32 = Gemm("bf16", "tn", arch=90, out_dtype="fp32")
+    assert plain_fp32.config == acc
+    grads = backward_ops(resolve_ops([gelu, relu, plain_fp32]))
+    names = [op.name for op in grads]
+    assert names == sorted(names) and len(set(op.config.name for op in grads)) == len(grads) == 9
+    assert {op.config.name for op in grads} == {acc.name, *backward_closure([gelu.config])}
+    assert next(op for op in grads if op.config == acc).name == f"_grad_{acc.name}"
+    files = tree(emit([gelu, relu, plain_fp32], name="g", out=tmp_path / "a" / "g", op_names=["x", "y", "z"]))
+    assert sum(1 for rel in files if rel.endswith(".cu")) == 2 + 9   # x's, y's and the backward's (z's is acc's)
+    again = tree(emit([plain_fp32, relu, gelu], name="g", out=tmp_path / "b" / "g", op_names=["z", "y", "x"]))
+    assert again == files
 
 
 def test_plans_json_of_an_epilogue_refuses_what_no_longer_replans(tmp_path):
@@ -884,7 +948,8 @@ def test_an_epilogue_op_name_and_operand_names(tmp_path):
 
 #: Run where the package built with stub kernels is importable and gemmgen is not: its registrations, the
 #: Python function's checks, the C++ checks that run on CPU and meta tensors (messages given by the JIT op's
-#: Python checks, computed by the test), the refusal of grad, meta and fake shapes, .out's decomposition.
+#: Python checks, computed by the test), .out's refusal of grad, meta and fake shapes, .out's decomposition;
+#: then, with CPU stand-in kernels (CPU_KERNELS), the gradients of __init__.py's formula (EPILOGUE_GRADS).
 EPILOGUE_CHECK = '''
 import sys
 
@@ -900,7 +965,9 @@ for op in ("{knob}", "{function}"):
         text = dump("{name}::" + overload)
         for key in ("CompositeExplicitAutograd[alias]", "Meta", "Autograd[alias]"):
             line = text.split(key + ": registered at ")[1].split("\\n")[0]
-            assert "binding.cpp" in line and line.endswith("[ boxed ]"), (overload, key, line)
+            # the default overload's formula: __init__.py's, by torch.library.register_autograd
+            where = "torch/library.py" if (key, overload) == ("Autograd[alias]", op) else "binding.cpp"
+            assert where in line and line.endswith("[ boxed ]"), (overload, key, line)
 plain = dump("{name}::{plain}").split("CompositeExplicitAutograd[alias]: ")[1].split("\\n")[0]
 assert plain.endswith("[ boxed unboxed ]"), plain
 fn, aux_fn = pkg.{knob}, pkg.{function}
@@ -928,15 +995,17 @@ assert error(lambda: aux_fn(x, y, scale, C, True))[1].endswith("pass a Python nu
 assert error(lambda: aux_fn(x, y, scale, C, 2.0, out=C)) == ("ValueError", "{function} has a second output (aux), "
     "which out= cannot receive: call it without out= (it returns (D, aux))")
 assert error(lambda: torch.ops.{name}.{function}.out(x, y, scale, C, 2.0, out=C)) == EXPECTED["aux out"]
-# not differentiable here: refused at the call, whatever requires grad; without grad mode it goes on
-for call in (lambda: fn(a.requires_grad_(), b, bias), lambda: fn(a, b, bias.requires_grad_()),
-             lambda: aux_fn(x, y, scale, C.requires_grad_(), 1.0)):
-    kind, message = error(call)
-    assert kind == "RuntimeError" and "cannot differentiate" in message and "requires grad" in message, message
-    a, bias, C = a.detach(), bias.detach(), C.detach()
+# differentiable: with grad, the default overload reaches the same checks through __init__.py's formula; .out
+# refuses grad at the call, with aten's words, and goes on without grad mode
+assert error(lambda: fn(a.clone().requires_grad_(), b, bias)) == on_cpu
+assert error(lambda: aux_fn(x, y, scale, C.clone().requires_grad_(), 1.0))[1].startswith("A is on cpu")
+for call in (lambda: fn(a.clone().requires_grad_(), b, bias, out=torch.empty(33, 40).bfloat16()),
+             lambda: fn(a, b, bias.clone().requires_grad_(), out=torch.empty(33, 40).bfloat16())):
+    assert error(call) == ("RuntimeError", "{knob}.out: functions with out=... arguments don't support automatic "
+                           "differentiation, but one of the arguments requires grad: call the op without out= (its "
+                           "backward is registered)"), error(call)
 with torch.no_grad():
-    assert error(lambda: fn(a.requires_grad_(), b, bias)) == on_cpu
-a = a.detach()
+    assert error(lambda: fn(a.clone().requires_grad_(), b, bias, out=torch.empty(33, 40).bfloat16())) == on_cpu
 # meta tensors: the outputs' shapes and strides, and the checks that need no data (the JIT op's words)
 m = dict(device="meta")
 A, B, BIAS = a.to(**m), b.to(**m), bias.to(**m)
@@ -962,7 +1031,108 @@ class M(torch.nn.Module):
 
 code = torch.export.export(M(), (a, b, bias, torch.empty(33, 40).bfloat16())).run_decompositions().graph_module.code
 assert "{name}.{knob}.default(a, b, bias)" in code and "aten.copy.default(out" in code, code
+{grads}
 print("EPILOGUE OK")
+'''
+
+#: EPILOGUE_CHECK's second part: CPU kernels in place of the stubs, then every epilogue op's gradients (A, B and
+#: every tensor operand; row-major, column-major and expanded upstream gradients; only some inputs requiring grad;
+#: double backward) against float64 torch autograd of the same expression (the package's own function of it, which
+#: tests/test_render_epilogue_python.py checks against generator.runtime.evaluate). The backward ops run as CPU
+#: kernels that check dtype and storage order, so a formula passing an operand in the wrong order fails here.
+EPILOGUE_GRADS = '''
+{cpu_kernels}
+OPERANDS = {operands!r}  # epilogue op -> [(kind, dtype, order)]
+BOUND = {{torch.bfloat16: 1e-2, torch.float16: 5e-3}}
+torch.manual_seed(0)
+
+
+def stored(rows, cols, order, dtype):
+    return (torch.randn(rows, cols) if order == "row" else torch.randn(cols, rows).t()).to(dtype)
+
+
+def operand(kind, dtype, order, m, n):
+    if kind == "scalar":
+        return float(torch.empty(()).uniform_(0.5, 2.0))
+    if kind in ("row", "col"):
+        return torch.randn(m if kind == "row" else n).to(DTYPES[dtype])
+    return stored(m, n, order, DTYPES[dtype])
+
+
+def rel(got, ref):
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def upstream(kind, m, n, dtype):
+    if kind == "row":
+        return torch.randn(m, n).to(dtype)
+    return torch.randn(n, m).to(dtype).t()
+
+
+def tensors(values):
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
+def outputs(result):
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+for op, specs in OPERANDS.items():
+    plan, fn, epilogue = pkg.PLANS[op], getattr(pkg, op), getattr(pkg, "_epilogue_" + op)
+    dtype = DTYPES[plan["dtype"]]
+    for (m, n, k), kind, wanted in (((33, 40, 24), "row", "all"), ((33, 40, 24), "col", "all"),
+                                    ((17, 9, 65), "expanded", "all"), ((1, 5, 7), "row", "all"),
+                                    ((30, 1, 40), "col", "A"), ((33, 40, 24), "row", "operands")):
+        a, b = stored(m, k, plan["layout_a"], dtype), stored(k, n, plan["layout_b"], dtype)
+        values = [operand(*spec, m, n) for spec in specs]
+        inputs = {{"all": [a, b, *tensors(values)], "A": [a], "operands": tensors(values)}}[wanted]
+        for t in inputs:
+            t.requires_grad_()
+        outs = outputs(fn(a, b, *values))
+        a64, b64 = (t.detach().double().requires_grad_(t.requires_grad) for t in (a, b))
+        values64 = [v.detach().double().requires_grad_(v.requires_grad) if isinstance(v, torch.Tensor) else v
+                    for v in values]
+        refs = [t for t in epilogue(a64 @ b64, *values64) if t is not None]
+        if kind == "expanded":   # upstream gradients of strides (0, 0)
+            sum(t.float().sum() for t in outs).backward()
+            sum(t.sum() for t in refs).backward()
+        else:
+            ups = [upstream(kind, m, n, t.dtype) for t in outs]
+            torch.autograd.backward(outs, ups)
+            torch.autograd.backward(refs, [u.double() for u in ups])
+        for t, t64 in zip([a, b, *tensors(values)], [a64, b64, *tensors(values64)]):
+            if not t.requires_grad:
+                assert t.grad is None, op
+                continue
+            assert t.grad.dtype == t.dtype and t.grad.shape == t.shape, (op, t.grad.dtype, t.grad.shape)
+            if t is a or t is b:   # dA and dB in A's and B's storage order
+                assert _stored(t.grad, plan["layout_a" if t is a else "layout_b"]), (op, t.grad.stride())
+            assert rel(t.grad, t64.grad) <= BOUND[dtype], (op, m, n, k, kind, wanted, rel(t.grad, t64.grad))
+    # double backward: the gradients' own gradients (through acc's private op and the epilogue's second
+    # derivatives), and the upstream gradients'
+    m, n, k = 40, 56, 24
+    a, b = stored(m, k, plan["layout_a"], dtype), stored(k, n, plan["layout_b"], dtype)
+    values = [operand(*spec, m, n) for spec in specs]
+    leaves = [a, b, *tensors(values)]
+    for t in leaves:
+        t.requires_grad_()
+    outs = outputs(fn(a, b, *values))
+    ups = [torch.randn(m, n).to(t.dtype).requires_grad_() for t in outs]
+    firsts = torch.autograd.grad(outs, leaves, ups, create_graph=True)
+    weights = [torch.randn(t.shape).to(dtype).double() for t in leaves]
+    sum((g.double() * w).sum() for g, w in zip(firsts, weights)).backward()
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ups64 = [u.detach().double().requires_grad_() for u in ups]
+    found = iter(leaves64[2:])
+    values64 = [next(found) if isinstance(v, torch.Tensor) else v for v in values]
+    refs = [t for t in epilogue(leaves64[0] @ leaves64[1], *values64) if t is not None]
+    firsts64 = torch.autograd.grad(refs, leaves64, ups64, create_graph=True)
+    sum((g * w).sum() for g, w in zip(firsts64, weights)).backward()
+    for i, (t, t64) in enumerate(zip(leaves + ups, leaves64 + ups64)):
+        assert rel(t.grad, t64.grad) <= BOUND[dtype], (op, "double backward", i, rel(t.grad, t64.grad))
+    with torch.no_grad():   # no graph without grad mode
+        assert all(t.grad_fn is None for t in outputs(fn(a, b, *values)))
+print("GRADS OK")
 '''
 
 
@@ -996,13 +1166,23 @@ def _python_messages() -> dict[str, tuple[str, str]]:
 def test_epilogue_binding_on_cpu(tmp_path):
     """The binding of a package with epilogue ops, built here with stub kernels (as the autograd test above):
     boxed kernels for every key, the same messages as the JIT op's Python checks where a CPU machine reaches
-    them (CPU and meta tensors), grad refused, meta and fake shapes, .out decomposed. The kernels themselves are
-    tests/gpu/test_emitted_epilogue.py's."""
+    them (CPU and meta tensors), .out's refusal of grad, meta and fake shapes, .out decomposed; then, with CPU
+    stand-in kernels, the gradients of __init__.py's formula against float64 (EPILOGUE_GRADS). The kernels
+    themselves are tests/gpu/test_emitted_epilogue.py's."""
     expected = _python_messages()
     name = "gemmgen_epilogue_cpu"
-    pkg = emit(epilogue_plans(), name=name, out=tmp_path / "pkg")
+    plans = epilogue_plans()
+    ops = resolve_ops(plans)
+    all_ops = [*ops, *backward_ops(ops)]
+    pkg = emit(plans, name=name, out=tmp_path / "pkg")
     env = binding_with_stub_kernels(pkg, name, sorted(p.stem for p in (pkg / "csrc").glob("*.cu")), tmp_path)
-    code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, expected=expected)
+    specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
+                       op.config.layout.b.value, op.config.layout.c.value) for op in all_ops}
+    operands = {op.name: [(o.kind, o.dtype.value, o.order.value if o.order else None)
+                          for o in op.config.epilogue.operands] for op in ops if not op.config.epilogue.is_identity}
+    grads = EPILOGUE_GRADS.format(cpu_kernels=CPU_KERNELS.format(specs=specs, name=name), operands=operands)
+    code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, expected=expected,
+                                 grads=grads)
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "EPILOGUE OK" in r.stdout
+    assert "GRADS OK" in r.stdout and "EPILOGUE OK" in r.stdout

@@ -32,10 +32,12 @@ kernels (double backward) are again of this kind, so the set is closed: at most 
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable
 
 from ..spec.config import KernelConfig
-from ..spec.types import Layout, Order, parse_layout, parse_order
+from ..spec.epilogue import IDENTITY
+from ..spec.types import DType, Layout, Order, parse_layout, parse_order
 from . import plan
 
 _FLIP = {Order.row: Order.col, Order.col: Order.row}
@@ -64,6 +66,14 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tu
     layouts = backward_layouts(config.layout, grad_order)
     grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family) for lay in layouts)
     return grad_a, grad_b
+
+
+def accumulator_config(config: KernelConfig) -> KernelConfig:
+    """The plain kernel that recomputes a fused-epilogue op's accumulator acc = A @ B in fp32 for its backward
+    (the forward config without the epilogue, writing fp32): its backward differentiates the epilogue at acc, so
+    the forward saves nothing beyond its inputs and runs no differently when a gradient is required. Its own
+    dA and dB kernels are the forward config's (``backward_configs`` reads neither epilogue nor output dtype)."""
+    return replace(config, epilogue=IDENTITY, out_dtype=DType.fp32)
 
 
 def backward_closure(configs: Iterable[KernelConfig]) -> dict[str, KernelConfig]:

@@ -20,14 +20,12 @@ eight per dtype and architecture, all registered at once).
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 
 import torch
 
-from ..planner.backward import backward_configs, backward_layouts
+from ..planner.backward import accumulator_config, backward_configs, backward_layouts
 from ..spec.config import KernelConfig
-from ..spec.epilogue import IDENTITY
-from ..spec.types import DType, Order
+from ..spec.types import Order
 from . import jit_runtime
 from .checks import leading_dim
 from .evaluate import evaluate, operand_values
@@ -126,7 +124,7 @@ def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None
     required), differentiates the elementwise part with torch (``evaluate``), and runs dA and dB on this
     generator's kernels."""
     ep = op.config.epilogue
-    acc_config = replace(op.config, epilogue=IDENTITY, out_dtype=DType.fp32)
+    acc_config = accumulator_config(op.config)
 
     def setup_context(ctx, inputs, output) -> None:
         A, B, *values = inputs

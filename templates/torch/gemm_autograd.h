@@ -118,8 +118,7 @@ struct GemmOutAutogradKernel {
   const AutogradSpec* spec;
   at::Tensor& operator()(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) const {
     TORCH_CHECK(!(at::GradMode::is_enabled() && (A.requires_grad() || B.requires_grad() || out.requires_grad())),
-                spec->op, ".out: functions with out=... arguments don't support automatic differentiation, but "
-                "one of the arguments requires grad: call the op without out= (its backward is registered)");
+                spec->op, kOutNotDifferentiable);
     at::AutoDispatchBelowAutograd below;
     return found(*spec).self_out->call(A, B, out);
   }

@@ -1,12 +1,15 @@
 """An emitted package with fused epilogues on the GPU: emit epilogue plans (knobs; a function with row, matrix and
-scalar operands and a second output; a column-major D) for the visible GPU, pip-install the package
-(--no-build-isolation --no-deps), import it, and check each op: numerics against the float64 reference of the
-whole expression (generator.runtime.evaluate on the float64 product), bit-equality with the JIT op of the same
-plan (same kernel, same launch arguments), out= (in place on the matrix operand too), the same error messages as
-the JIT op for bad operands, grad refused at the call (the package does not differentiate epilogues), opcheck and
+scalar operands and a second output; a column-major D) for the visible GPU, with autograd (its backward kernels),
+pip-install the package (--no-build-isolation --no-deps), import it, and check each op: numerics against the
+float64 reference of the whole expression (generator.runtime.evaluate on the float64 product), bit-equality with
+the JIT op of the same plan (same kernel, same launch arguments), out= (in place on the matrix operand too), the
+same error messages as the JIT op for bad operands, gradients of A, B and every tensor operand (and double
+backward) against float64 torch autograd of the same expression, .out refusing grad, opcheck and
 torch.compile(fullgraph=True).
 """
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -14,6 +17,7 @@ torch = pytest.importorskip("torch")
 
 from generator import Gemm, emit  # noqa: E402
 from generator import epilogue as ep  # noqa: E402
+from generator.planner.backward import accumulator_config  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
 from toolchain import find_cuda_home, pip_install_and_import  # noqa: E402
@@ -56,7 +60,10 @@ def installed(tmp_path_factory):
     root = tmp_path_factory.mktemp("emitted_epilogue")
     plans = {op: Gemm(arch=major * 10 + minor, **kw) for op, kw in PLANS.items()}
     pkg = emit(list(plans.values()), name=PACKAGE, out=root / PACKAGE, op_names=list(plans))
-    assert not list((pkg / "csrc").glob("sm*_*_grad*")) and len(list((pkg / "csrc").glob("*.cu"))) == len(plans)
+    # with autograd (the default): the plans' kernels, their backward's and each epilogue's acc kernel (fp32 out)
+    backward = json.loads((pkg / "plans.json").read_text())["backward_kernels"]
+    assert len(list((pkg / "csrc").glob("*.cu"))) == len(plans) + len(backward)
+    assert {accumulator_config(p.config).name for p in plans.values()} <= set(backward)
     module, _ = pip_install_and_import(pkg, PACKAGE, root, cuda_home)
     jit = dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen_emitted_ep_jit")))
     return {"module": module, "plans": plans, "jit": jit}
@@ -105,7 +112,7 @@ def test_ops_and_docstrings(installed):
         assert doc.startswith(f"D = {plan.epilogue.describe()[0].removeprefix('D = ')}, acc = A @ B"), doc
         for operand in plan.epilogue.operands:
             assert operand.describe() in doc
-        assert pkg.PLANS[op]["kernel"] == plan.name and pkg.PLANS[op]["differentiable"] is False
+        assert pkg.PLANS[op]["kernel"] == plan.name and pkg.PLANS[op]["differentiable"] is True
     assert "scale: per-row vector (M,), fp32" in pkg.scaled_aux.__doc__
 
 
@@ -177,15 +184,83 @@ def test_errors_match_the_jit_op(installed):
     assert rel(fn(a, b, bias, c, alpha, beta), d_ref) <= BOUND[torch.float16]
 
 
-def test_grad_is_refused_at_the_call(installed):
+def stored_in(t: torch.Tensor, order: str) -> bool:
+    return t.stride(1 if order == "row" else 0) == 1 or min(t.shape) <= 1
+
+
+def with_grad(a, b, values):
+    """The inputs requiring grad, and their float64 copies (leaves of the reference); scalars stay numbers."""
+    leaves = [a, b, *(v for v in values if isinstance(v, torch.Tensor))]
+    for t in leaves:
+        t.requires_grad_()
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    found = iter(leaves64[2:])
+    values64 = [next(found) if isinstance(v, torch.Tensor) else v for v in values]
+    return leaves, leaves64, values64
+
+
+@pytest.mark.parametrize("op", PLANS)
+def test_gradients_against_float64(installed, op):
+    """dA, dB and every tensor operand's gradient, for a row-major, a column-major and an expanded upstream gradient
+    (and a padded A and B), against float64 torch autograd of the whole expression (generator.runtime.evaluate on
+    the float64 product); then double backward."""
+    plan, fn = installed["plans"][op], getattr(installed["module"], op)
+    dtype = TORCH_DTYPE[plan.dtype.value]
+    packet = getattr(getattr(torch.ops, PACKAGE), op)
+    for (m, n, k), kind, pad in (((256, 384, 64), "row", 0), ((127, 65, 33), "col", 8),
+                                 ((1000, 1500, 333), "expanded", 0), ((3, 515, 1029), "row", 8)):
+        a, b, values = inputs(plan, m, n, k, pad=pad)
+        leaves, leaves64, values64 = with_grad(a, b, values)
+        got = outputs(fn(a, b, *values))
+        refs = [r for r in reference(plan, leaves64[0], leaves64[1], values64) if r is not None]
+        if kind == "expanded":   # the gradient of sum(): strides (0, 0)
+            sum(t.float().sum() for t in got).backward()
+            sum(r.sum() for r in refs).backward()
+        else:
+            ups = [(torch.randn(m, n, device="cuda") if kind == "row" else torch.randn(n, m, device="cuda").t())
+                   .to(t.dtype) for t in got]
+            torch.autograd.backward(got, ups)
+            torch.autograd.backward(refs, [u.double() for u in ups])
+        for i, (t, t64) in enumerate(zip(leaves, leaves64)):
+            assert t.grad.dtype == t.dtype and t.grad.shape == t.shape and torch.isfinite(t.grad).all(), (op, i)
+            err = rel(t.grad, t64.grad)
+            assert err <= BOUND[dtype], f"{op} {m}x{n}x{k} {kind}: input {i}: relative error {err:.2e}"
+        if not pad:   # dA and dB in A's and B's storage order (autograd makes a padded view's grad contiguous)
+            for t, order in ((a, plan.layout.a.value), (b, plan.layout.b.value)):
+                assert stored_in(t.grad, order), (op, t.grad.stride())
+    torch.library.opcheck(packet.default, (a.detach().requires_grad_(), b, *values),
+                          test_utils=("test_schema", "test_autograd_registration"))
+    # double backward: the gradients' own gradients, through the acc op and the epilogue's second derivatives
+    a, b, values = inputs(plan, 200, 136, 72)
+    leaves, leaves64, values64 = with_grad(a, b, values)
+    got = outputs(fn(a, b, *values))
+    ups = [torch.randn(200, 136, device="cuda").to(t.dtype).requires_grad_() for t in got]
+    weights = [torch.randn(t.shape, device="cuda").to(dtype).double() for t in leaves]
+    firsts = torch.autograd.grad(got, leaves, ups, create_graph=True)
+    sum((g.double() * w).sum() for g, w in zip(firsts, weights)).backward()
+    ups64 = [u.detach().double().requires_grad_() for u in ups]
+    refs = [r for r in reference(plan, leaves64[0], leaves64[1], values64) if r is not None]
+    firsts64 = torch.autograd.grad(refs, leaves64, ups64, create_graph=True)
+    sum((g * w).sum() for g, w in zip(firsts64, weights)).backward()
+    for i, (t, t64) in enumerate(zip(leaves + ups, leaves64 + ups64)):
+        if t64.grad is None:   # no second derivative (fused's C: its gradient beta * dD does not depend on it)
+            assert t.grad is None, (op, i)
+            continue
+        err = rel(t.grad, t64.grad)
+        assert err <= BOUND[dtype], f"{op} double backward: input {i}: relative error {err:.2e}"
+
+
+def test_out_refuses_grad(installed):
     plan, fn = installed["plans"]["linear_gelu"], installed["module"].linear_gelu
     a, b, (bias,) = inputs(plan, 64, 48, 32)
+    out = installed["jit"]["linear_gelu"]._empty_out(a, b)
     for args in ((a.clone().requires_grad_(), b, bias), (a, b, bias.clone().requires_grad_())):
-        with pytest.raises(RuntimeError, match="cannot differentiate .* requires grad"):
-            fn(*args)
+        with pytest.raises(RuntimeError, match=r"linear_gelu\.out: functions with out=\.\.\. arguments don't support "
+                                               "automatic differentiation"):
+            fn(*args, out=out)
     with torch.no_grad():
-        d = fn(a.clone().requires_grad_(), b, bias)
-    assert d.grad_fn is None and rel(d, reference(plan, a, b, [bias])[0]) <= BOUND[torch.bfloat16]
+        d = fn(a.clone().requires_grad_(), b, bias, out=out)
+    assert d is out and d.grad_fn is None and rel(d, reference(plan, a, b, [bias])[0]) <= BOUND[torch.bfloat16]
 
 
 @pytest.mark.parametrize("op", PLANS)

@@ -614,20 +614,29 @@ inline void gemm_epilogue_out_decomposition(const OpSpec& op, torch::jit::Stack&
   replace_arguments(stack, count, std::move(out));
 }
 
-// An emitted package has no backward formula for a fused epilogue (gemm_autograd.h differentiates A @ B
-// only): its Autograd kernel refuses arguments that require grad, at the call, rather than leaving a result
-// without a gradient; without grad it goes on to the kernel.
-inline void refuse_grad(const OpSpec& op, const torch::jit::Stack& stack, bool with_out) {
+// What an .out overload says when an argument requires grad (follows the op's name): out= is not differentiable,
+// as aten's out= ops, while the default overload is (gemm_autograd.h's GemmOutAutogradKernel, and the .out of an
+// emitted package's epilogue op; the JIT ops' Python refusal says the same).
+inline constexpr const char kOutNotDifferentiable[] =
+    ".out: functions with out=... arguments don't support automatic differentiation, but one of the arguments "
+    "requires grad: call the op without out= (its backward is registered)";
+
+// The Autograd kernels of an emitted package's epilogue op: they refuse arguments that require grad, at the call,
+// rather than leaving a result without a gradient; without grad mode they go on to the kernel. Emitted with
+// autograd, the package registers the default overload's formula in Python (its __init__.py), so only .out has
+// this kernel, with aten's words (backward_registered); without autograd, both overloads have it.
+inline void refuse_grad(const OpSpec& op, const torch::jit::Stack& stack, bool with_out, bool backward_registered) {
   if (!at::GradMode::is_enabled()) return;
   const size_t count = argument_count(op, with_out);
   const c10::IValue* args = arguments(stack, count);
   for (size_t i = 0; i < count; ++i) {
     const at::Tensor& t = tensor_value(args[i]);
-    TORCH_CHECK(!(t.defined() && t.requires_grad()), op.op, with_out ? ".out" : "",
-                ": this op has a fused epilogue, which the emitted package cannot differentiate (no backward "
-                "formula for epilogues), but one of the arguments requires grad: call it under torch.no_grad() or "
-                "with detached tensors, or use gemmgen's JIT op of the same plan (Gemm(...).compile()), whose "
-                "backward is registered");
+    if (!(t.defined() && t.requires_grad())) continue;
+    TORCH_CHECK(!backward_registered, op.op, kOutNotDifferentiable);
+    TORCH_CHECK(false, op.op, with_out ? ".out" : "",
+                ": this op has a fused epilogue, which the package cannot differentiate (it was emitted without "
+                "autograd), but one of the arguments requires grad: call it under torch.no_grad() or with detached "
+                "tensors, or emit the package with autograd (the default)");
   }
 }
 
@@ -647,9 +656,10 @@ class EpilogueBoxedKernel final : public c10::OperatorKernel {
 template <bool WithOut>
 class EpilogueAutogradKernel final : public c10::OperatorKernel {
  public:
-  explicit EpilogueAutogradKernel(const OpSpec* op) : op_(op) {}
+  EpilogueAutogradKernel(const OpSpec* op, bool backward_registered)
+      : op_(op), backward_registered_(backward_registered) {}
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
-    refuse_grad(*op_, *stack, WithOut);
+    refuse_grad(*op_, *stack, WithOut, backward_registered_);
     if constexpr (WithOut) {  // as GemmOutAutogradKernel
       at::AutoDispatchBelowAutograd below;
       handle.callBoxed(stack);
@@ -661,6 +671,7 @@ class EpilogueAutogradKernel final : public c10::OperatorKernel {
 
  private:
   const OpSpec* op_;
+  bool backward_registered_;
 };
 
 template <BoxedImpl Impl>
@@ -676,11 +687,14 @@ inline torch::CppFunction epilogue_out_meta_kernel(const OpSpec* op) { return bo
 inline torch::CppFunction epilogue_out_decomposition_kernel(const OpSpec* op) {
   return boxed<gemm_epilogue_out_decomposition>(op);
 }
+// The Autograd kernels of an epilogue op (refuse_grad): the default overload's for a package without autograd;
+// .out's always, backward_registered when the package registers the default overload's formula.
 inline torch::CppFunction epilogue_autograd_kernel(const OpSpec* op) {
-  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EpilogueAutogradKernel<false>>(op));
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EpilogueAutogradKernel<false>>(op, false));
 }
-inline torch::CppFunction epilogue_out_autograd_kernel(const OpSpec* op) {
-  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<EpilogueAutogradKernel<true>>(op));
+inline torch::CppFunction epilogue_out_autograd_kernel(const OpSpec* op, bool backward_registered) {
+  return torch::CppFunction::makeFromBoxedFunctor(
+      std::make_unique<EpilogueAutogradKernel<true>>(op, backward_registered));
 }
 
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
