@@ -941,3 +941,51 @@ def test_json_refusals_say_what_is_wrong(change, fragment) -> None:
     assert fragment in str(info.value)
     with pytest.raises(EpilogueError, match="not valid JSON"):
         epilogue_from_json("{")
+
+
+# -- what the backward needs ----------------------------------------------------------------------
+
+def _bias(acc, bias: ep.Col):
+    return acc + bias
+
+
+def _axpby(acc, C: ep.Matrix, alpha: ep.Scalar, beta: ep.Scalar):
+    return (alpha * acc + beta * C) / 2.0 - acc
+
+
+def _scaled(acc, scale: ep.Row):
+    return acc * scale                      # d(scale) reads acc
+
+
+def _gelu(acc, bias: ep.Col):
+    return ep.gelu(acc + bias)
+
+
+def _relu_of_bias(acc, bias: ep.Col):
+    return acc + ep.relu(bias)              # the kink is in an operand only
+
+
+def _clamped(acc):
+    return ep.clamp(acc, -1.0, 1.0)
+
+
+@pytest.mark.parametrize("fn, reads_acc, smooth", [
+    (_bias, False, True), (_axpby, False, True), (_scaled, True, True), (_gelu, True, True),
+    (_relu_of_bias, False, True), (_clamped, True, False),
+])
+def test_what_the_backward_reads(fn, reads_acc, smooth) -> None:
+    e = ep.trace(fn)
+    assert e.backward_reads_acc == reads_acc
+    assert e.smooth_in_acc == smooth
+
+
+def test_saving_config_stores_acc_for_smooth_epilogues_that_read_it() -> None:
+    from generator import Gemm
+    from generator.planner.backward import saving_config
+
+    cfg = Gemm("bf16", "tn", arch=90, activation="gelu_tanh", bias="col").config
+    saving = saving_config(cfg)
+    assert saving.epilogue.aux == ACC and saving.epilogue.result == cfg.epilogue.result
+    assert saving.tile == cfg.tile and saving.name != cfg.name
+    for knobs in ({"activation": "relu", "bias": "col"}, {"bias": "col"}, {"alpha": 2.0, "beta": 0.5}, {}):
+        assert saving_config(Gemm("bf16", "tn", arch=90, **knobs).config) is None

@@ -818,3 +818,50 @@ def test_out_refuses_grad_like_aten():
             out = op._empty_out(a, b)
             assert op(tensors[0], tensors[1], tensors[2], *values[1:], out=out) is out
     check_call(op)
+
+
+@pytest.mark.parametrize("plan, saves, recomputes", [
+    (dict(activation="gelu_tanh", bias="col"), True, False),    # smooth: the forward stores acc, the backward reads it
+    (dict(epilogue=gelu_col, layout="nn"), True, False),
+    (dict(activation="relu", bias="col"), False, True),          # a kink: acc recomputed in fp32
+    (dict(epilogue=with_aux), False, True),                      # a second output of its own: recomputed
+    (dict(bias="col"), False, False),                            # affine in acc: no accumulator needed
+    (dict(alpha=2.0, beta=0.5), False, False),
+])
+def test_kernels_of_a_training_step(plan, saves, recomputes, monkeypatch):
+    op = make(**plan)
+    launched = []
+    run = ReferenceOp.run
+
+    def recording_run(self, A, B, operands, out):
+        launched.append(self.config)
+        return run(self, A, B, operands, out)
+
+    monkeypatch.setattr(ReferenceOp, "run", recording_run)
+    a, b, values = inputs(op, requires_grad=True)
+    with torch.no_grad():
+        op(a, b, *values)
+    assert launched == [op.config]           # no gradient wanted: the op's own kernel
+    launched.clear()
+    out = op(a, b, *values)
+    d = out[0] if isinstance(out, tuple) else out
+    forward = launched[0].epilogue
+    assert (forward.aux is not None and forward.aux.op == "acc" and forward.result == op.config.epilogue.result) == saves
+    assert saves or launched[0] == op.config
+    launched.clear()
+    d.float().sum().backward()
+    acc_launches = [c for c in launched if c.epilogue.is_identity and c.out_dtype.value == "fp32"]
+    assert len(acc_launches) == int(recomputes), [c.name for c in launched]
+    assert a.grad is not None and b.grad is not None
+
+
+def test_compiled_training_step_matches_eager():
+    # Under torch.compile the op's Autograd kernel is traced: the saving kernel in the forward graph, the
+    # epilogue's derivative and dA, dB in the backward graph.
+    op = make(activation="gelu_tanh", bias="col")
+    a, b, (bias,) = inputs(op, requires_grad=True)
+    compiled = torch.compile(lambda a, b, bias: op(a, b, bias), fullgraph=True, dynamic=True)
+    g = torch.randn(M, N).bfloat16()
+    got = torch.autograd.grad(compiled(a, b, bias), (a, b, bias), g)
+    want = torch.autograd.grad(op(a, b, bias), (a, b, bias), g)
+    assert all(torch.equal(x, y) for x, y in zip(got, want))

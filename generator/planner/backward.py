@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Iterable
 
 from ..spec.config import KernelConfig
-from ..spec.epilogue import IDENTITY
+from ..spec.epilogue import ACC, IDENTITY
 from ..spec.types import DType, Layout, Order, parse_layout, parse_order
 from . import plan
 
@@ -74,6 +74,20 @@ def accumulator_config(config: KernelConfig) -> KernelConfig:
     the forward saves nothing beyond its inputs and runs no differently when a gradient is required. Its own
     dA and dB kernels are the forward config's (``backward_configs`` reads neither epilogue nor output dtype)."""
     return replace(config, epilogue=IDENTITY, out_dtype=DType.fp32)
+
+
+def saving_config(config: KernelConfig) -> KernelConfig | None:
+    """The forward kernel a fused-epilogue op runs instead when a gradient is required: the same kernel, also
+    storing acc as its second output (in D's dtype and order), which the backward differentiates the epilogue at
+    instead of recomputing acc (one GEMM fewer; the memory of one M x N output, as torch's Linear + GELU saves its
+    pre-activation). None when the gradients do not read acc (``Epilogue.backward_reads_acc``), and where the
+    backward recomputes acc in fp32 (``accumulator_config``): an epilogue with a second output of its own, or with
+    a kink (relu, max, clamp, ...: ``Epilogue.smooth_in_acc``), whose derivative the rounding of acc would flip
+    for the elements next to it."""
+    ep = config.epilogue
+    if ep.is_identity or ep.aux is not None or not ep.backward_reads_acc or not ep.smooth_in_acc:
+        return None
+    return replace(config, epilogue=replace(ep, aux=ACC))
 
 
 def backward_closure(configs: Iterable[KernelConfig]) -> dict[str, KernelConfig]:

@@ -20,10 +20,11 @@ eight per dtype and architecture, all registered at once).
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
-from ..planner.backward import accumulator_config, backward_configs, backward_layouts
+from ..planner.backward import accumulator_config, backward_configs, backward_layouts, saving_config
 from ..spec.config import KernelConfig
 from ..spec.types import Order
 from . import jit_runtime
@@ -119,54 +120,92 @@ def _register_python_formula(op: OpHandle, lib: torch.library.Library) -> None:
 
 
 def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None:
-    """D = epilogue(acc, operands) with acc = A @ B. The backward recomputes acc in fp32 with this generator's
-    plain kernel (so the forward saves nothing beyond its inputs and runs no differently when a gradient is
-    required), differentiates the elementwise part with torch (``evaluate``), and runs dA and dB on this
+    """D = epilogue(acc, operands) with acc = A @ B, as the op's Autograd kernel. Where no input requires grad
+    it runs the op below autograd. Else the forward runs the saving kernel (``saving_config``: D and acc, acc
+    saved for the backward) when the gradients read acc, or the op's own kernel when they do not
+    (``acc + bias``: the backward then needs no accumulator at all) or when the epilogue has a second output of
+    its own (the backward then recomputes acc in fp32 with this generator's plain kernel). The backward
+    differentiates the elementwise part with torch (``evaluate``) at acc, and runs dA and dB on this
     generator's kernels."""
+    saving = saving_config(op.config)
+    ops = getattr(torch.ops, op.namespace)
+    below = getattr(ops, op.name).default
+    # Registered now (its kernel builds on its first launch), so that a traced graph finds it.
+    saving_op = getattr(ops, op.derived([saving])[0].name).default if saving is not None else None
+
+    class Formula(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, A: torch.Tensor, B: torch.Tensor, *values: Any) -> Any:
+            ctx.set_materialize_grads(False)
+            ctx.scalars = [None if isinstance(v, torch.Tensor) else v for v in values]
+            tensors = [v for v in values if isinstance(v, torch.Tensor)]
+            if saving_op is None:
+                with torch._C._AutoDispatchBelowAutograd():
+                    out = below(A, B, *values)
+                ctx.save_for_backward(A, B, *tensors)
+                return out
+            out, acc = saving_op(A, B, *values)   # grad mode is off in forward: its own Autograd kernel passes
+            ctx.save_for_backward(A, B, acc, *tensors)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+            A, B, *tensors = ctx.saved_tensors
+            saved_acc = tensors.pop(0) if saving_op is not None else None
+            found = iter(tensors)
+            values = [next(found) if v is None else v for v in ctx.scalars]
+            return _epilogue_backward(op, A, B, values, saved_acc, grads, ctx.needs_input_grad)
+
+    def autograd_kernel(A: torch.Tensor, B: torch.Tensor, *values: Any) -> Any:
+        tensors = (A, B, *(v for v in values if isinstance(v, torch.Tensor)))
+        if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            return Formula.apply(A, B, *values)
+        with torch._C._AutoDispatchBelowAutograd():
+            return below(A, B, *values)
+
+    lib.impl(op.name, autograd_kernel, "Autograd")
+
+
+def _epilogue_backward(op: OpHandle, A: torch.Tensor, B: torch.Tensor, values: list[Any],
+                       saved_acc: torch.Tensor | None, grads: tuple[torch.Tensor | None, ...],
+                       needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
+    """The gradients of A, B and each operand: the epilogue differentiated with torch at acc (the saved one,
+    zeros where the gradients do not read it, else recomputed), then dA and dB from d(acc)."""
     ep = op.config.epilogue
-    acc_config = accumulator_config(op.config)
-
-    def setup_context(ctx, inputs, output) -> None:
-        A, B, *values = inputs
-        ctx.scalars = [None if isinstance(v, torch.Tensor) else v for v in values]
-        ctx.save_for_backward(A, B, *(v for v in values if isinstance(v, torch.Tensor)))
-
-    def backward(ctx, *grads: torch.Tensor | None):
-        A, B, *tensors = ctx.saved_tensors
-        found = iter(tensors)
-        values = [next(found) if v is None else v for v in ctx.scalars]
-        needs = ctx.needs_input_grad
-        (acc_op,) = op.derived([acc_config])
-        # Grad mode is on here only for backward(create_graph=True): then acc and the operands stay connected
-        # to A, B and the operands (acc_op has its own formula), and the gradients are taken with
-        # create_graph, so that the returned gradients are differentiable in turn. (Detached, the second
-        # derivatives through the elementwise part were silently missing: d(dA)/d(bias) came back None.)
-        create_graph = torch.is_grad_enabled()
+    # Grad mode is on here only for backward(create_graph=True): then acc (recomputed) and the operands stay
+    # connected to A, B and the operands (acc's op has its own formula), and the gradients are taken with
+    # create_graph, so that the returned gradients are differentiable in turn.
+    create_graph = torch.is_grad_enabled()
+    m, n = A.shape[0], B.shape[1]
+    if create_graph or (saved_acc is None and ep.backward_reads_acc):
+        (acc_op,) = op.derived([accumulator_config(op.config)])
         acc = acc_op(A, B)
-        with torch.enable_grad():
-            if not (create_graph and acc.requires_grad):
-                acc = acc.detach().requires_grad_(needs[0] or needs[1])
-            leaves = [(v.float() if create_graph and v.requires_grad else
-                       v.detach().float().requires_grad_(needs[2 + i])) if isinstance(v, torch.Tensor) else v
-                      for i, v in enumerate(values)]
-            d, aux = evaluate(ep, acc, operand_values(ep, leaves, torch.float32))
-            pairs = [(t, g) for t, g in zip((d, aux), grads) if t is not None and g is not None]
-            wanted = [acc] + [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
-            wanted = [t for t in wanted if t.requires_grad]
-            found_grads = iter(torch.autograd.grad([t for t, _ in pairs], wanted, [g.float() for _, g in pairs],
-                                                   allow_unused=True, create_graph=create_graph)
-                               if pairs and wanted else [None] * len(wanted))
-        grad_acc = next(found_grads) if acc.requires_grad else None
-        operand_grads = []
-        for value, leaf in zip(values, leaves):
-            grad = next(found_grads) if isinstance(leaf, torch.Tensor) and leaf.requires_grad else None
-            operand_grads.append(None if grad is None else grad.to(value.dtype))
-        grad_a = grad_b = None
-        if grad_acc is not None:
-            grad_a, grad_b = _product_grads(op, A, B, grad_acc, needs[0], needs[1])
-        return (grad_a, grad_b, *operand_grads)
-
-    torch.library.register_autograd(f"{op.namespace}::{op.name}", backward, setup_context=setup_context, lib=lib)
+    elif saved_acc is not None:
+        acc = saved_acc.float()
+    else:   # the gradients do not read acc's value, only its shape
+        acc = torch.zeros((), dtype=torch.float32, device=A.device).expand(m, n)
+    with torch.enable_grad():
+        if not (create_graph and acc.requires_grad):
+            acc = acc.detach().requires_grad_(needs[0] or needs[1])
+        leaves = [(v.float() if create_graph and v.requires_grad else
+                   v.detach().float().requires_grad_(needs[2 + i])) if isinstance(v, torch.Tensor) else v
+                  for i, v in enumerate(values)]
+        d, aux = evaluate(ep, acc, operand_values(ep, leaves, torch.float32))
+        pairs = [(t, g) for t, g in zip((d, aux), grads) if t is not None and g is not None]
+        wanted = [acc] + [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        wanted = [t for t in wanted if t.requires_grad]
+        found_grads = iter(torch.autograd.grad([t for t, _ in pairs], wanted, [g.float() for _, g in pairs],
+                                               allow_unused=True, create_graph=create_graph)
+                           if pairs and wanted else [None] * len(wanted))
+    grad_acc = next(found_grads) if acc.requires_grad else None
+    operand_grads = []
+    for value, leaf in zip(values, leaves):
+        grad = next(found_grads) if isinstance(leaf, torch.Tensor) and leaf.requires_grad else None
+        operand_grads.append(None if grad is None else grad.to(value.dtype))
+    grad_a = grad_b = None
+    if grad_acc is not None:
+        grad_a, grad_b = _product_grads(op, A, B, grad_acc, needs[0], needs[1])
+    return (grad_a, grad_b, *operand_grads)
 
 
 def _register_out_refusal(op: OpHandle, lib: torch.library.Library) -> None:

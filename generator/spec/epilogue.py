@@ -245,6 +245,38 @@ def _uses(root: Expr) -> tuple[bool, set[str]]:
     return any(n.op == "acc" for n in nodes), {n.name for n in nodes if n.op == "operand"}
 
 
+# Ops whose derivative jumps (Epilogue.smooth_in_acc).
+_KINKED = frozenset({"relu", "leaky_relu", "abs", "max", "min", "clamp", "clamp_min", "clamp_max"})
+
+
+def _affine_in_acc(root: Expr, scalars: set[str]) -> bool:
+    """Whether ``root`` is c * acc + (terms without acc) with c free of acc and of tensor operands (operands
+    not in ``scalars``); see Epilogue.backward_reads_acc."""
+    def reads(node: Expr, what: Callable[[Expr], bool]) -> bool:
+        return any(what(n) for n in _walk(node))
+
+    def constant(node: Expr) -> bool:   # free of acc and of tensor operands: constants and scalars only
+        return not reads(node, lambda n: n.op == "acc" or (n.op == "operand" and n.name not in scalars))
+
+    def affine(node: Expr) -> bool:
+        if not reads(node, lambda n: n.op == "acc"):
+            return True
+        if node.op == "acc":
+            return True
+        if node.op in ("add", "sub"):
+            return all(affine(a) for a in node.args)
+        if node.op == "neg":
+            return affine(node.args[0])
+        if node.op == "mul":
+            a, b = node.args
+            return (constant(a) and affine(b)) or (constant(b) and affine(a))
+        if node.op == "div":
+            return constant(node.args[1]) and affine(node.args[0])
+        return False
+
+    return affine(root)
+
+
 # -- rendering of expressions -----------------------------------------------------------------------
 
 def _sexpr(e: Expr) -> str:
@@ -511,6 +543,22 @@ class Epilogue:
             if not node.is_leaf:
                 seen.setdefault(node)
         return tuple(seen)
+
+    @property
+    def backward_reads_acc(self) -> bool:
+        """Whether the gradients of D (and aux) need acc's value: False when each is c * acc plus terms without
+        acc, c made of constants and scalars only (``acc + bias``, ``alpha * acc + beta * C``): the gradient
+        with respect to acc is then c times D's, and no operand's gradient reads acc."""
+        scalars = {op.name for op in self.operands if op.kind == "scalar"}
+        return not all(_affine_in_acc(root, scalars) for root in (self.result, self.aux) if root is not None)
+
+    @property
+    def smooth_in_acc(self) -> bool:
+        """Whether D and aux have continuous derivatives in acc: no relu, leaky_relu, abs, max, min or clamp of
+        an expression that reads acc. Their gradients may then be taken at acc rounded to D's dtype (an error of
+        that rounding's size); at a kink the rounding would flip the derivative of the elements next to it."""
+        return not any(n.op in _KINKED and any(a.op == "acc" for a in _walk(n))
+                       for n in _walk(self.result, self.aux))
 
     def resolved(self, out_dtype: DType | str) -> Epilogue:
         """Operands whose dtype is None ("like the output") get ``out_dtype``."""
