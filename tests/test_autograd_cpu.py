@@ -545,3 +545,18 @@ def test_linear_activation_knob_and_its_refusals():
     ours = Linear(layer, activation="relu", op=ReferenceOp(plan_linear(layer, arch=90, activation="relu").config))
     x = torch.randn(5, 8, dtype=torch.bfloat16)
     assert rel(ours(x), torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias))) <= BOUND[torch.bfloat16]
+
+
+def test_wrong_input_dtype_names_only_fixes_that_exist(real_ops):
+    # Re-planning with the tensor's dtype is offered only for a dtype a plan can take (fp16, bf16 for now).
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    op = real_ops["row"]
+    with FakeTensorMode():
+        a, b = operands("tn", 64, 48, 32, torch.bfloat16, device="cuda")
+        with pytest.raises(TypeError) as err:
+            op(a.float(), b)
+        assert str(err.value) == "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16)"
+        with pytest.raises(TypeError) as err:
+            op(a, b.half())
+        assert str(err.value).endswith("pass B.to(torch.bfloat16) or plan with dtype='float16'")

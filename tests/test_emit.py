@@ -699,7 +699,9 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
                 raise SystemExit("a CPU tensor was accepted")
         for call, error, message in [
             (lambda: pkg.gemm_bf16_tn(A.float(), B), TypeError,
-             "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float32'"),
+             "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16)"),
+            (lambda: pkg.gemm_bf16_tn(A.half(), B), TypeError,
+             "A is torch.float16; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float16'"),
             (lambda: pkg.gemm_bf16_tn(A[None], B), ValueError, "A must be 2-D (M, K); got shape (1, 64, 32)"),
             (lambda: pkg.gemm_bf16_tn(A.to("meta"), B.to("meta"), out=torch.empty(3, 5, device="meta").bfloat16()),
              ValueError, "out has shape (3, 5); D = A @ B is (64, 48): pass torch.empty(64, 48, "

@@ -128,6 +128,13 @@ class GemmOp:
 
     # -- checks -----------------------------------------------------------------------------------
 
+    def _wrong_dtype(self, t: torch.Tensor, what: str) -> TypeError:
+        # Planning with the tensor's dtype is a fix only where a plan can take it (16-bit inputs for now).
+        name = str(t.dtype).removeprefix("torch.")
+        replan = f" or plan with dtype={name!r}" if t.dtype in (torch.float16, torch.bfloat16) else ""
+        return TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
+                         f"{what}.to({self.dtype}){replan}")
+
     def _check_operand(self, t: object, what: str, order: Order) -> int:
         """Validate A or B; returns its leading dimension."""
         if not isinstance(t, torch.Tensor):
@@ -136,8 +143,7 @@ class GemmOp:
             shape = "(M, K)" if what == "A" else "(K, N)"
             raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
         if t.dtype != self.dtype:
-            raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
-                            f"{what}.to({self.dtype}) or plan with dtype={str(t.dtype).removeprefix('torch.')!r}")
+            raise self._wrong_dtype(t, what)
         if t.device.type != self.device_type:
             raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
         ld = leading_dim(t, order)
@@ -196,7 +202,7 @@ class GemmOp:
             if t.dim() != 2:
                 raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
             if t.dtype != self.dtype:
-                raise TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}")
+                raise self._wrong_dtype(t, what)
             if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
                 raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
         if A.device != B.device:
