@@ -17,4 +17,13 @@ from .render import render
 from .spec.config import KernelConfig, check_config
 from .spec.types import DType, Layout, Order
 
-__all__ = ["Gemm", "KernelConfig", "check_config", "emit", "epilogue", "render", "DType", "Layout", "Order"]
+__all__ = ["Gemm", "KernelConfig", "check_config", "emit", "epilogue", "render", "DType", "Layout", "Order", "quantize",
+           "dequantize"]
+
+
+def __getattr__(name: str) -> object:
+    # quantize and dequantize need torch, which planning does not: imported on first use.
+    if name in ("quantize", "dequantize"):
+        from . import quantization
+        return getattr(quantization, name)
+    raise AttributeError(f"module 'generator' has no attribute {name!r}")
