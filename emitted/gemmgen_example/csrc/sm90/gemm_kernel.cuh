@@ -119,10 +119,14 @@ struct StreamK {
 
 enum class Schedule { kWarpSpecialized, kCooperative, kPingpong };
 
-constexpr int kBlockK = 64;              // one 128-byte swizzle row of 16-bit elements
 constexpr int kSwizzleRowBytes = 128;    // the span of the 128-byte swizzle pattern
 constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes: the unit the pattern repeats in
-constexpr int kMmaM = 64, kMmaK = 16;    // wgmma m64nNk16
+constexpr int kMmaM = 64;                // wgmma m64nNkK
+constexpr int kMmaKBytes = 32;           // wgmma's k step in bytes, for every input type (k16 for 16-bit types)
+// A k tile is one 128-byte swizzle row of k values (64 16-bit elements), so its k extent depends on the
+// element size and its bytes do not.
+template <int ELEM_BYTES>
+constexpr int kBlockKOf = kSwizzleRowBytes / ELEM_BYTES;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
@@ -131,24 +135,27 @@ constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up to a swizzle atom
 
-// One operand's tile of one pipeline stage in shared memory: ROWS (M or N) x kBlockK, as TMA writes
-// it with the 128-byte swizzle.
+// One operand's tile of one pipeline stage in shared memory: ROWS (M or N) x kBlockK elements of ELEM_BYTES, as
+// TMA writes it with the 128-byte swizzle (shown for 16-bit elements, kBlockK = 64).
 //   K-major (K contiguous in global memory): ROWS rows of 64 k values, 128 bytes each.
 //   M/N-major: ROWS/64 chunks; each chunk is 64 rows (one per k) of 64 M/N values.
 // PARTS: how many CTAs of the cluster share the operand tile; each loads 1/PARTS of it and multicasts
 // it to all of them (K-major: a slice of the rows; M/N-major: a slice of the k rows of every chunk).
-template <int ROWS, bool K_MAJOR, int PARTS>
+template <int ROWS, bool K_MAJOR, int PARTS, int ELEM_BYTES>
 struct OperandTile {
-  static constexpr int kBytes = ROWS * kBlockK * 2;
-  static constexpr int kChunkBytes = kBlockK * kSwizzleRowBytes;  // M/N-major: 64 x 64 elements
+  static constexpr int kBlockK = kBlockKOf<ELEM_BYTES>;
+  static constexpr int kMmaK = kMmaKBytes / ELEM_BYTES;
+  static constexpr int kRowElems = kSwizzleRowBytes / ELEM_BYTES;  // elements of one 128-byte row
+  static constexpr int kBytes = ROWS * kBlockK * ELEM_BYTES;
+  static constexpr int kChunkBytes = kBlockK * kSwizzleRowBytes;  // M/N-major: kBlockK k rows of kRowElems
   static constexpr int kChunks = K_MAJOR ? 1 : ROWS / 64;
   static constexpr bool kShared = PARTS > 1;
   // The rows (K-major) or k rows (M/N-major) of one CTA's slice.
   static constexpr int kSliceRows = (K_MAJOR ? ROWS : kBlockK) / PARTS;
   // The TMA box (innermost first) the host must encode for this operand.
-  static constexpr int kBoxInner = 64;
+  static constexpr int kBoxInner = kRowElems;
   static constexpr int kBoxOuter = kSliceRows;
-  static_assert(ROWS % 64 == 0, "operand tiles are whole 64-row chunks");
+  static_assert(ROWS % kRowElems == 0, "operand tiles are whole chunks of one 128-byte row");
   static_assert(kSliceRows % 8 == 0, "a slice is whole 1024-byte swizzle atoms, so each CTA's writes keep the pattern");
   static_assert(kBoxOuter <= 256, "a TMA box is at most 256 elements along each dimension");
 
@@ -169,9 +176,9 @@ struct OperandTile {
       } else {
         const uint32_t to = dst + c * kChunkBytes + offset * kSwizzleRowBytes;
         if constexpr (kShared) {
-          ptx::tma_load_2d_multicast(to, tmap, full_bar, mn0 + c * 64, k0 + offset, sharers);
+          ptx::tma_load_2d_multicast(to, tmap, full_bar, mn0 + c * kRowElems, k0 + offset, sharers);
         } else {
-          ptx::tma_load_2d(to, tmap, full_bar, mn0 + c * 64, k0);
+          ptx::tma_load_2d(to, tmap, full_bar, mn0 + c * kRowElems, k0);
         }
       }
     }
@@ -194,8 +201,8 @@ struct OperandTile {
   // swizzle is applied by hardware on the final address); M/N-major: a k step is 16 rows of 128 bytes =
   // two swizzle atoms, and rows come in 64-element chunks.
   __host__ __device__ static constexpr uint32_t offset_units(int row0, int kk) {
-    return K_MAJOR ? (row0 * kSwizzleRowBytes + kk * kMmaK * 2) / 16
-                   : ((row0 / 64) * kChunkBytes + kk * kMmaK * kSwizzleRowBytes) / 16;
+    return K_MAJOR ? (row0 * kSwizzleRowBytes + kk * kMmaKBytes) / 16
+                   : ((row0 / kRowElems) * kChunkBytes + kk * kMmaK * kSwizzleRowBytes) / 16;
   }
 };
 
@@ -244,13 +251,15 @@ struct Kernel {
   static constexpr Schedule SCHEDULE = Cfg::kSchedule;
   static constexpr bool PINGPONG = SCHEDULE == Schedule::kPingpong;
   static constexpr bool PERSISTENT = SCHEDULE != Schedule::kWarpSpecialized;
-  static_assert(Cfg::kBlockK == kBlockK, "the sm90 templates take BK = 64");
+  static_assert(Cfg::kBlockK == kBlockKOf<sizeof(Elem)>, "the sm90 templates take BK = one 128-byte row of k values");
   static_assert((CM == 1 || CM == 2 || CM == 4) && (CN == 1 || CN == 2 || CN == 4) && CLUSTER <= 4,
                 "clusters are 1x1, 2x1, 1x2, 2x2, 4x1 or 1x4");
 
   // The CN CTAs of a tile row share A; the CM CTAs of a tile column share B.
-  using TileA = OperandTile<BM, Cfg::kAKMajor, CN>;
-  using TileB = OperandTile<BN, Cfg::kBKMajor, CM>;
+  static constexpr int kElemBytes = static_cast<int>(sizeof(Elem));
+  using TileA = OperandTile<BM, Cfg::kAKMajor, CN, kElemBytes>;
+  using TileB = OperandTile<BN, Cfg::kBKMajor, CM, kElemBytes>;
+  static constexpr int kBlockK = TileA::kBlockK, kMmaK = TileA::kMmaK;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
