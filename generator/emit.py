@@ -105,7 +105,7 @@ GENCODE = {
 
 # C++ spellings of the element types (c10::ScalarType) and their torch names.
 _SCALAR_TYPE = {DType.fp16: "c10::ScalarType::Half", DType.bf16: "c10::ScalarType::BFloat16",
-                DType.fp32: "c10::ScalarType::Float"}
+                DType.fp32: "c10::ScalarType::Float", DType.tf32: "c10::ScalarType::Float"}
 
 
 _GPU_DOC = {90: "built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200)"}
@@ -369,6 +369,11 @@ def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], .
         if not isinstance(config, KernelConfig):
             raise TypeError(f"plans[{i}] is a {type(item).__name__}; pass Gemm plans (or KernelConfigs)")
         check_operand_names(config)
+        if config.dtype is DType.tf32:
+            # The package's C++ autograd formula takes the gradient as it is stored, which tf32's K-major-only
+            # kernels cannot always read; the JIT op (Gemm(...).compile()) has the formula that copies it.
+            raise ValueError(f"plans[{i}] is a tf32 plan: emitted packages do not carry tf32 ops yet; use "
+                             "Gemm(...).compile() for it, or plan with dtype='bf16'")
         configs.append((config, () if isinstance(item, KernelConfig) else _plan_knobs(item, config)))
     return configs
 

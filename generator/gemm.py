@@ -21,7 +21,7 @@ from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
 from .spec.epilogue import KNOB_NAMES, Epilogue, from_knobs, trace
-from .spec.types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_layout
+from .spec.types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_input_dtype, parse_layout
 
 if TYPE_CHECKING:
     from .runtime.op import GemmOp
@@ -139,7 +139,7 @@ class Gemm:
                  cluster_shape: object = None, raster: str | None = None, epilogue: object = None,
                  activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
                  beta: float | str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
-        dtype_ = parse_dtype(dtype)
+        dtype_ = parse_input_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
         else:
@@ -157,7 +157,8 @@ class Gemm:
         knobs = Knobs(**{_KNOB_PARSERS[k][0]: _KNOB_PARSERS[k][1](v) for k, v in given.items() if v is not None})
         request = _Request(
             dtype=dtype_,
-            out_dtype=parse_dtype(out_dtype, what="out_dtype", allowed=OUTPUT_DTYPES) if out_dtype else dtype_,
+            out_dtype=(parse_dtype(out_dtype, what="out_dtype", allowed=OUTPUT_DTYPES) if out_dtype else
+                       dtype_ if dtype_ in OUTPUT_DTYPES else DType.fp32),   # tf32 writes fp32
             layout=parse_layout(layout, layout_a=layout_a, layout_b=layout_b, layout_c=layout_c),
             spec=spec, sm_count=sm_count, problem=problem, knobs=knobs, epilogue_fn=_epilogue_arg(epilogue),
             epilogue_knobs=EpilogueKnobs(activation=activation, bias=bias, alpha=alpha, beta=beta))

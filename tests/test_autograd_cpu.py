@@ -560,3 +560,30 @@ def test_wrong_input_dtype_names_only_fixes_that_exist(real_ops):
         with pytest.raises(TypeError) as err:
             op(a, b.half())
         assert str(err.value).endswith("pass B.to(torch.bfloat16) or plan with dtype='float16'")
+
+
+# -- tf32: fp32 tensors, kernels that read A and B K-major only -----------------------------------------
+
+def test_tf32_backward_kernels_are_k_major_and_write_fp32():
+    cfg = Gemm("fp32", "tn", arch=90).config
+    for order in ("row", "col"):
+        for grad in backward_configs(cfg, order):
+            assert grad.dtype is DType.tf32 and grad.out_dtype is DType.fp32
+            assert grad.layout.a_k_major and grad.layout.b_k_major
+
+
+@pytest.mark.parametrize("layout_c", ["row", "col"])
+def test_tf32_autograd_matches_float64_for_every_gradient_order(layout_c):
+    # The formula copies whatever operand is not stored K-major (the C++ one is not registered for tf32).
+    op = ReferenceOp(Gemm("fp32", "tn", arch=90, layout_c=layout_c).config, NAMESPACE + "_tf32")
+    assert not op.cpp_autograd
+    for (m, n, k), kind in itertools.product(((64, 48, 32), (37, 19, 23)), GRADS):
+        a, b = operands("tn", m, n, k, torch.float32, requires_grad=True)
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+        d = op(a, b)
+        g = _upstream(kind, m, n, d.dtype)
+        d.backward(g)
+        (a64 @ b64).backward(g.double())
+        for got, ref, t in ((a.grad, a64.grad, a), (b.grad, b64.grad, b)):
+            assert got.dtype == torch.float32 and got.shape == t.shape
+            assert rel(got, ref) <= 1e-5, (layout_c, m, n, k, kind)   # the reference op multiplies in fp32

@@ -69,6 +69,10 @@ def _fused(acc, bias: ep.Col, scale: ep.Row, R: COL_MAJOR_FP32, alpha: ep.Scalar
 EPILOGUES = ({"activation": "gelu_tanh", "bias": "col"}, {"activation": "silu", "bias": "row", "out_dtype": "fp32"},
              {"alpha": 2.0, "beta": 0.5}, {"epilogue": _fused})
 CASES += [(arch, Gemm("bf16", "tn", arch=arch, **knobs).config) for arch in SHIPPED_ARCHS for knobs in EPILOGUES]
+# tf32 (fp32 tensors, A and B K-major): cooperative, pingpong, and a fused epilogue writing bf16.
+CASES += [(90, Gemm("fp32", "tn", arch=90, **knobs).config) for knobs in
+          ({}, {"schedule": "pingpong", "tile_shape": (128, 128, 32)},
+           {"activation": "gelu", "bias": "col", "out_dtype": "bf16"})]
 #: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core).
 MAX_SHIPPED = {"sm80": 64, "sm90": 96}
 

@@ -637,9 +637,14 @@ def test_out_dtype_refused_assignment_keeps_plan() -> None:
 
 @pytest.mark.parametrize("kwargs, message", [
     pytest.param(dict(dtype="int8"), "dtype='int8' is not a data type this generator knows; use one of 'fp16', "
-                 "'bf16' (or the matching torch dtype)", id="dtype"),
-    pytest.param(dict(dtype="torch.float32"), "dtype='fp32' is not supported here; supported: 'fp16', 'bf16'",
-                 id="dtype-fp32-input"),
+                 "'bf16', 'tf32', 'fp32' (or the matching torch dtype)", id="dtype"),
+    pytest.param(dict(dtype="torch.float32", layout="nn", arch=90),
+                 "dtype='tf32' needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. x @ W.t() of "
+                 "row-major x and W); this plan is layout 'nn': pass A.contiguous() and B.t().contiguous().t() and "
+                 "plan with layout='tn'", id="dtype-fp32-input-not-k-major"),
+    pytest.param(dict(dtype="tf32", layout="tn", arch=80),
+                 "dtype='tf32' (fp32 inputs) runs on the sm90 family only, for now: plan with arch=90 and "
+                 "family='sm90', or pass A and B as bf16 (A.bfloat16()) and plan with dtype='bf16'", id="tf32-sm80"),
     pytest.param(dict(out_dtype="e4m3"), "out_dtype='e4m3' is not a data type this generator knows; use one of "
                  "'fp16', 'bf16', 'fp32' (or the matching torch dtype)", id="out-dtype"),
     pytest.param(dict(arch=70), "arch=70 is not an architecture this generator targets; use one of 80, 86, 89, 90",

@@ -64,7 +64,14 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tu
     is chosen once per forward op, not per call, so one compiled graph serves every M.
     """
     layouts = backward_layouts(config.layout, grad_order)
-    grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family) for lay in layouts)
+    out_dtype = None
+    if config.dtype is DType.tf32:
+        # tf32 reads A and B K-major only (spec/config.py check_tf32): its gradients' kernels take layout tn, and the
+        # autograd formula copies an operand stored otherwise; they write fp32.
+        layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
+        out_dtype = DType.fp32
+    grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family, out_dtype=out_dtype)
+                      for lay in layouts)
     return grad_a, grad_b
 
 

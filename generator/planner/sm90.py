@@ -50,7 +50,7 @@ import math
 from dataclasses import replace
 
 from ..spec.arch import ArchSpec
-from ..spec.config import MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_K, KernelConfig, sm90_max_stages_that_fit
+from ..spec.config import MIN_STAGES, RASTER_GROUPS, RASTERS, KernelConfig, sm90_block_k, sm90_max_stages_that_fit
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -169,7 +169,7 @@ def choose_raster(cfg: KernelConfig, problem: Problem, sm_count: int, knobs: Kno
 
 # -- candidates ------------------------------------------------------------------------------------------
 
-def candidate_shapes(knobs: Knobs, problem: Problem) -> list[tuple[str, tuple[int, int, int]]]:
+def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64) -> list[tuple[str, tuple[int, int, int]]]:
     """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule.
 
     The narrow cooperative tile (128x64) only where M fits one 128-row tile: there it is the way to put
@@ -180,10 +180,10 @@ def candidate_shapes(knobs: Knobs, problem: Problem) -> list[tuple[str, tuple[in
         schedules = [knobs.schedule] if knobs.schedule else list(PLANNED_SCHEDULES)
         return [(schedule, knobs.tile) for schedule in schedules]
     wanted = "cooperative" if knobs.schedule == "ws" else knobs.schedule  # ws builds cooperative's tiles
-    shapes = [(knobs.schedule or schedule, (bm, bn, SM90_BLOCK_K)) for schedule, (bm, bn) in CANDIDATE_TILES
+    shapes = [(knobs.schedule or schedule, (bm, bn, block_k)) for schedule, (bm, bn) in CANDIDATE_TILES
               if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and problem.m > bm)]
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
-    return shapes or [(str(knobs.schedule), (128, 256, SM90_BLOCK_K))]
+    return shapes or [(str(knobs.schedule), (128, 256, block_k))]
 
 
 def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Problem,
@@ -205,7 +205,7 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
                problem: Problem, sm_count: int) -> list[KernelConfig]:
     """Every sm90 config the planner would consider, in order of preference (checked later by check_config)."""
     configs = []
-    for schedule, tile in candidate_shapes(knobs, problem):
+    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype)):
         for cluster in cluster_candidates(tile, knobs, problem, sm_count):
             cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=None,
                                stages=MIN_STAGES if knobs.stages is None else knobs.stages, raster_group=1,

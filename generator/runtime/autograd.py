@@ -26,7 +26,7 @@ import torch
 
 from ..planner.backward import accumulator_config, backward_configs, backward_layouts, saving_config
 from ..spec.config import KernelConfig
-from ..spec.types import Order
+from ..spec.types import DType, Order
 from . import jit_runtime
 from .checks import leading_dim
 from .evaluate import evaluate, operand_values
@@ -83,6 +83,8 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     configs = {order: backward_configs(op.config, order) for order in Order}
     if not op.config.epilogue.is_identity:
         _register_epilogue_formula(op, lib)
+    elif op.config.dtype is DType.tf32:
+        _register_python_formula(op, lib)   # the C++ formula passes the gradient as it is stored
     else:
         op.cpp_autograd = jit_runtime.RUNTIME.register_autograd(op, configs)
         if not op.cpp_autograd:
@@ -102,8 +104,11 @@ def _product_grads(op: OpHandle, A: torch.Tensor, B: torch.Tensor, grad: torch.T
     if order is None:
         grad, order = grad.contiguous(), Order.row
     grad_a_op, grad_b_op = grad_ops(op, order)
-    grad_a = grad_a_op(grad, _in_order(B.t(), grad_a_op.config.layout.b)) if need_a else None
-    grad_b = grad_b_op(_in_order(A.t(), grad_b_op.config.layout.a), grad) if need_b else None
+    # Each operand in the order its kernel reads (the gradient already is, but for tf32, whose kernels read
+    # both operands K-major only).
+    a_layout, b_layout = grad_a_op.config.layout, grad_b_op.config.layout
+    grad_a = grad_a_op(_in_order(grad, a_layout.a), _in_order(B.t(), a_layout.b)) if need_a else None
+    grad_b = grad_b_op(_in_order(A.t(), b_layout.a), _in_order(grad, b_layout.b)) if need_b else None
     return grad_a, grad_b
 
 

@@ -7,7 +7,8 @@ import torch
 
 from ..spec.types import DType, Order
 
-TORCH_DTYPES = {DType.fp16: torch.float16, DType.bf16: torch.bfloat16, DType.fp32: torch.float32}
+TORCH_DTYPES = {DType.fp16: torch.float16, DType.bf16: torch.bfloat16, DType.fp32: torch.float32,
+                DType.tf32: torch.float32}   # tf32: fp32 tensors, multiplied in tf32
 INT32_MAX = 2**31 - 1
 
 

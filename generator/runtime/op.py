@@ -129,9 +129,9 @@ class GemmOp:
     # -- checks -----------------------------------------------------------------------------------
 
     def _wrong_dtype(self, t: torch.Tensor, what: str) -> TypeError:
-        # Planning with the tensor's dtype is a fix only where a plan can take it (16-bit inputs for now).
+        # Planning with the tensor's dtype is a fix only where a plan can take it (fp32: tf32 on sm90).
         name = str(t.dtype).removeprefix("torch.")
-        replan = f" or plan with dtype={name!r}" if t.dtype in (torch.float16, torch.bfloat16) else ""
+        replan = f" or plan with dtype={name!r}" if t.dtype in (torch.float16, torch.bfloat16, torch.float32) else ""
         return TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
                          f"{what}.to({self.dtype}){replan}")
 

@@ -216,7 +216,8 @@ def describe_raster(cfg: KernelConfig) -> str:
 def _describe_sm90(cfg: KernelConfig) -> str:
     lines = [
         f"name:         {cfg.name}",
-        "family:       sm90 (TMA, mbarrier pipeline, wgmma m64nNk16, warp-specialized, fp32 accumulate)",
+        f"family:       sm90 (TMA, mbarrier pipeline, wgmma m64nNk{32 // cfg.dtype.bytes}, warp-specialized, fp32 "
+        "accumulate)",
         *_common_lines(cfg),
         f"schedule:     {describe_schedule(cfg)}",
         f"cluster:      {describe_cluster(cfg.cluster)}",
@@ -284,8 +285,28 @@ def _sm90_smem_parts(cfg: KernelConfig) -> str:
 
 # -- legality -------------------------------------------------------------------------------------------
 
+def sm90_block_k(dtype: DType) -> int:
+    """The sm90 family's BK: one 128-byte swizzle row of k values (64 16-bit, 32 tf32 elements)."""
+    return 128 // dtype.bytes
+
+
+def check_tf32(cfg: KernelConfig) -> None:
+    """tf32 inputs: the sm90 family, A and B K-major (wgmma reads tf32 from shared memory K-major only)."""
+    if cfg.family != "sm90":
+        raise ValueError("dtype='tf32' (fp32 inputs) runs on the sm90 family only, for now: plan with arch=90 and "
+                         "family='sm90', or pass A and B as bf16 (A.bfloat16()) and plan with dtype='bf16'")
+    if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
+        raise ValueError(f"dtype='tf32' needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. "
+                         f"x @ W.t() of row-major x and W); this plan is layout {cfg.layout.blas!r}: pass "
+                         "A.contiguous() and B.t().contiguous().t() and plan with layout='tn'")
+    if cfg.out_dtype is DType.tf32:
+        raise ValueError("out_dtype='tf32' is not an output type: use out_dtype='fp32' (the default for tf32)")
+
+
 def check_config(cfg: KernelConfig) -> None:
     """Raise ValueError with the reason and what would work if ``cfg``'s template cannot run it."""
+    if cfg.dtype is DType.tf32:
+        check_tf32(cfg)
     if cfg.family == "sm90":
         check_sm90(cfg)
     elif cfg.family == "sm80":
@@ -387,13 +408,14 @@ def check_sm90(cfg: KernelConfig) -> None:
         raise ValueError(sm80_knob_sentence("warps"))
     bm, bn, bk = cfg.tile
     all_bm = tuple(sorted({m for ms in SM90_BLOCK_M.values() for m in ms}))
-    if bk != SM90_BLOCK_K:
-        raise ValueError(f"tile {bm}x{bn}x{bk}: the sm90 family needs BK={SM90_BLOCK_K} (one 128-byte swizzle row "
-                         f"of 16-bit elements): use tile {bm}x{bn}x{SM90_BLOCK_K}")
+    block_k = sm90_block_k(cfg.dtype)
+    if bk != block_k:
+        raise ValueError(f"tile {bm}x{bn}x{bk}: the sm90 family needs BK={block_k} for {cfg.dtype.value} (one 128-byte "
+                         f"swizzle row of k values): use tile {bm}x{bn}x{block_k}")
     if bm not in all_bm or bn not in SM90_BLOCK_N:
         raise ValueError(f"tile {bm}x{bn}x{bk} is not one the sm90 template builds: BM in {all_bm} (64 with "
                          f"schedule 'pingpong' only, 256 with 'cooperative' or 'ws' only), BN in {SM90_BLOCK_N}, "
-                         f"BK = {SM90_BLOCK_K} (e.g. 128x256x64 or 128x128x64)")
+                         f"BK = {block_k} (e.g. 128x256x{block_k} or 128x128x{block_k})")
     if bm * bn > 2 * SM90_MAX_ACCUMULATORS * SM90_WARPGROUP_THREADS:
         raise ValueError(f"tile {bm}x{bn}x{bk} needs more accumulator registers than two consumer warpgroups have "
                          f"({bm * bn // (2 * SM90_WARPGROUP_THREADS)} per thread, at most "

@@ -15,19 +15,20 @@ class DType(Enum):
     fp16 = "fp16"
     bf16 = "bf16"
     fp32 = "fp32"
+    tf32 = "tf32"   # inputs only: fp32 tensors, multiplied on the tensor cores in tf32 (10-bit mantissa)
 
     @property
     def bytes(self) -> int:
-        return 4 if self is DType.fp32 else 2
+        return 4 if self in (DType.fp32, DType.tf32) else 2
 
     @property
     def cuda_type(self) -> str:
         """The C++ type of one element in the generated code."""
-        return {"fp16": "__half", "bf16": "__nv_bfloat16", "fp32": "float"}[self.value]
+        return {"fp16": "__half", "bf16": "__nv_bfloat16", "fp32": "float", "tf32": "float"}[self.value]
 
     @property
     def torch_name(self) -> str:
-        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}[self.value]
+        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}[self.value]
 
 
 # Every spelling a user may pass, mapped to one DType. Torch dtypes arrive as their str().
@@ -35,11 +36,21 @@ _DTYPE_ALIASES = {
     "fp16": DType.fp16, "float16": DType.fp16, "half": DType.fp16, "f16": DType.fp16,
     "bf16": DType.bf16, "bfloat16": DType.bf16,
     "fp32": DType.fp32, "float32": DType.fp32, "float": DType.fp32, "f32": DType.fp32,
+    "tf32": DType.tf32,
 }
 
-#: Input dtypes the shipped kernel families accept (fp32 is an output dtype only, for now).
+#: Input dtypes of the shipped kernels and of every family and layout.
 INPUT_DTYPES = (DType.fp16, DType.bf16)
+#: Every input dtype a plan takes: also tf32 (sm90, A and B K-major; see spec/config.py check_tf32).
+PLANNABLE_INPUT_DTYPES = (DType.fp16, DType.bf16, DType.tf32)
 OUTPUT_DTYPES = (DType.fp16, DType.bf16, DType.fp32)
+
+
+def parse_input_dtype(value: object) -> DType:
+    """The input dtype of a plan: as parse_dtype, and fp32 (``torch.float32``, "float32") means tf32: fp32 tensors
+    multiplied on the tensor cores, which take them as tf32."""
+    dtype = parse_dtype(value, allowed=(*PLANNABLE_INPUT_DTYPES, DType.fp32))
+    return DType.tf32 if dtype is DType.fp32 else dtype
 
 
 def parse_dtype(value: object, *, what: str = "dtype", allowed: tuple[DType, ...] = INPUT_DTYPES) -> DType:

@@ -62,8 +62,8 @@ struct RegisteredOp {
 c10::ScalarType scalar_type(const std::string& name) {
   if (name == "fp16") return c10::ScalarType::Half;
   if (name == "bf16") return c10::ScalarType::BFloat16;
-  if (name == "fp32") return c10::ScalarType::Float;
-  TORCH_CHECK_VALUE(false, "gemmgen JIT runtime: unknown dtype '", name, "' (fp16, bf16 or fp32)");
+  if (name == "fp32" || name == "tf32") return c10::ScalarType::Float;  // tf32: fp32 tensors, tf32 math
+  TORCH_CHECK_VALUE(false, "gemmgen JIT runtime: unknown dtype '", name, "' (fp16, bf16, fp32 or tf32)");
 }
 
 // The schema Python defined for the op must be the one the operands describe: the boxed kernels read the
