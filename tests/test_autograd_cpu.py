@@ -548,15 +548,18 @@ def test_linear_activation_knob_and_its_refusals():
 
 
 def test_wrong_input_dtype_names_only_fixes_that_exist(real_ops):
-    # Re-planning with the tensor's dtype is offered only for a dtype a plan can take (fp16, bf16 for now).
+    # Re-planning with the tensor's dtype is offered only for a dtype a plan can take (fp16, bf16, fp32 as tf32).
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     op = real_ops["row"]
     with FakeTensorMode():
         a, b = operands("tn", 64, 48, 32, torch.bfloat16, device="cuda")
         with pytest.raises(TypeError) as err:
-            op(a.float(), b)
-        assert str(err.value) == "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16)"
+            op(a.double(), b)
+        assert str(err.value) == "A is torch.float64; this plan computes bf16: pass A.to(torch.bfloat16)"
+        with pytest.raises(TypeError) as err:
+            op(a.float(), b)                       # fp32 tensors: a tf32 plan takes them
+        assert str(err.value).endswith("pass A.to(torch.bfloat16) or plan with dtype='float32'")
         with pytest.raises(TypeError) as err:
             op(a, b.half())
         assert str(err.value).endswith("pass B.to(torch.bfloat16) or plan with dtype='float16'")

@@ -698,8 +698,10 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
             else:
                 raise SystemExit("a CPU tensor was accepted")
         for call, error, message in [
+            (lambda: pkg.gemm_bf16_tn(A.double(), B), TypeError,
+             "A is torch.float64; this plan computes bf16: pass A.to(torch.bfloat16)"),
             (lambda: pkg.gemm_bf16_tn(A.float(), B), TypeError,
-             "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16)"),
+             "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float32'"),
             (lambda: pkg.gemm_bf16_tn(A.half(), B), TypeError,
              "A is torch.float16; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float16'"),
             (lambda: pkg.gemm_bf16_tn(A[None], B), ValueError, "A must be 2-D (M, K); got shape (1, 64, 32)"),

@@ -715,7 +715,7 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "family='sm70': use 'sm80' (cp.async + mma.sync, arch 80 and newer), 'sm90' (TMA + wgmma, arch 90) "
                  "or None (the architecture's default)", id="family-unknown"),
     pytest.param(dict(arch=90), "tile_shape", (128, 128, 32),
-                 "tile 128x128x32: the sm90 family needs BK=64 (one 128-byte swizzle row of 16-bit elements): use "
+                 "tile 128x128x32: the sm90 family needs BK=64 for bf16 (one 128-byte swizzle row of k values): use "
                  "tile 128x128x64", id="bk"),
     pytest.param(dict(arch=90), "tile_shape", (96, 128, 64), SM90_BAD_TILE.format("96x128x64"), id="bm"),
     pytest.param(dict(arch=90), "tile_shape", (128, 96, 64), SM90_BAD_TILE.format("128x96x64"), id="bn"),

@@ -187,8 +187,9 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
   const bool is_a = what[0] == 'A';
   TORCH_CHECK_VALUE(t.dim() == 2, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)", "; got shape ",
                     tuple_str(t.sym_sizes()));
-  // Planning with the tensor's dtype is a fix only where a plan can take it (16-bit inputs for now).
-  const bool plannable = t.scalar_type() == c10::ScalarType::Half || t.scalar_type() == c10::ScalarType::BFloat16;
+  // Planning with the tensor's dtype is a fix only where a plan can take it (fp32: tf32 on sm90).
+  const bool plannable = t.scalar_type() == c10::ScalarType::Half || t.scalar_type() == c10::ScalarType::BFloat16 ||
+                         t.scalar_type() == c10::ScalarType::Float;
   TORCH_CHECK_TYPE(t.scalar_type() == op.dtype, what, " is ", torch_dtype(t.scalar_type()), "; this plan computes ",
                    op.dtype_name, ": pass ", what, ".to(", torch_dtype(op.dtype), ")",
                    plannable ? " or plan with dtype='" + dtype_name(t.scalar_type()) + "'" : std::string());
