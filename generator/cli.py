@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from .spec.arch import ARCHS
 from .spec.config import FAMILIES, RASTERS, SM90_SCHEDULES
 from .spec.epilogue import ACTIVATIONS, KNOB_NAMES, Epilogue, trace
-from .spec.types import INPUT_DTYPES, LAYOUTS, OUTPUT_DTYPES, Order
+from .spec.types import LAYOUTS, OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, Order
 
 PROG = "python -m generator"
 #: --plan keys: Gemm keyword arguments (tile, cluster also under their option names) and the op name.
@@ -171,7 +171,7 @@ def _plan_option(text: str) -> dict[str, object]:
     """An argparse type for --plan "dtype=bf16,layout=tn,arch=90": a dict of Gemm keyword arguments
     (plus op_name). Keys and choice-valued values are checked here, so a bad one exits 2 with the choices."""
     choices: dict[str, list[str]] = {
-        "dtype": [d.value for d in INPUT_DTYPES], "out_dtype": [d.value for d in OUTPUT_DTYPES],
+        "dtype": [d.value for d in PLANNABLE_INPUT_DTYPES], "out_dtype": [d.value for d in OUTPUT_DTYPES],
         "layout": list(LAYOUTS), "layout_a": [o.value for o in Order], "layout_b": [o.value for o in Order],
         "layout_c": [o.value for o in Order], "arch": [str(a) for a in sorted(ARCHS)],
         "family": list(FAMILIES), "schedule": list(SM90_SCHEDULES), "raster": list(RASTERS),
@@ -218,8 +218,9 @@ _plan_option.__name__ = "plan"  # argparse says "invalid plan value"
 
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to compute")
-    g.add_argument("--dtype", default="bf16", choices=[d.value for d in INPUT_DTYPES],
-                   help="element type of A and B (default: %(default)s)")
+    g.add_argument("--dtype", default="bf16", choices=[d.value for d in PLANNABLE_INPUT_DTYPES],
+                   help="element type of A and B; tf32: fp32 tensors on the tensor cores, sm90 layout tn "
+                        "(default: %(default)s)")
     g.add_argument("--out-dtype", default=None, choices=[d.value for d in OUTPUT_DTYPES],
                    help="element type of D (default: the input dtype)")
     g.add_argument("--layout", default="tn", choices=list(LAYOUTS),

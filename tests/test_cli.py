@@ -24,6 +24,14 @@ def test_plan_prints_the_config_with_its_name():
     assert "stages:" in r.stdout and "why:" in r.stdout
 
 
+def test_plan_tf32_and_its_refusal():
+    r = cli("plan", "--dtype", "tf32", "--layout", "tn", "--arch", "90")
+    assert r.returncode == 0, r.stderr
+    assert "name:         sm90_tf32_tn_128x256x32_" in r.stdout and "dtype:        tf32 -> fp32" in r.stdout
+    r = cli("plan", "--dtype", "tf32", "--layout", "nn", "--arch", "90")
+    assert r.returncode == 2 and "needs A and B K-major (layout 'tn'" in r.stderr and "Traceback" not in r.stderr
+
+
 def test_plan_honours_every_knob():
     r = cli("plan", "--dtype", "fp16", "--out-dtype", "fp32", "--layout", "nt", "--layout-c", "col", "--arch", "90",
             "--family", "sm80", "--m", "512", "--n", "512", "--k", "1024", "--tile", "128x128x32", "--warps", "2x2",
@@ -95,7 +103,7 @@ def test_render_needs_out():
 
 @pytest.mark.parametrize("option, value, choices", [
     ("--layout", "xx", "'nn', 'nt', 'tn', 'tt'"),
-    ("--dtype", "fp8", "'fp16', 'bf16'"),
+    ("--dtype", "fp8", "'fp16', 'bf16', 'tf32'"),
     ("--out-dtype", "int8", "'fp16', 'bf16', 'fp32'"),
     ("--layout-b", "diag", "'row', 'col'"),
     ("--arch", "70", "80, 86, 89, 90"),
@@ -306,7 +314,7 @@ def test_a_package_without_autograd_re_emits_without_autograd(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--plan", "dtype=fp8"), "dtype='fp8' is not a valid choice (choose from 'fp16', 'bf16')"),
+    (("--plan", "dtype=fp8"), "dtype='fp8' is not a valid choice (choose from 'fp16', 'bf16', 'tf32')"),
     (("--plan", "layout=xy"), "layout='xy' is not a valid choice (choose from 'nn', 'nt', 'tn', 'tt')"),
     (("--plan", "arch=70"), "arch='70' is not a valid choice (choose from 80, 86, 89, 90)"),
     (("--plan", "colour=red"), "with a key of dtype, out_dtype, layout"),
