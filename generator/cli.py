@@ -23,14 +23,14 @@ from typing import Callable, Sequence
 
 from .spec.arch import ARCHS
 from .spec.config import FAMILIES, RASTERS, SM90_SCHEDULES
-from .spec.epilogue import ACTIVATIONS, KNOB_NAMES, Epilogue, trace
-from .spec.types import LAYOUTS, OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, Order
+from .spec.epilogue import ACTIVATIONS, KNOB_NAMES, SCALE_MODES, Epilogue, trace
+from .spec.types import LAYOUTS, PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, Order
 
 PROG = "python -m generator"
 #: --plan keys: Gemm keyword arguments (tile, cluster also under their option names) and the op name.
 PLAN_OPTION_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
                     "family", "tile", "warps", "stages", "raster_group", "schedule", "cluster", "raster",
-                    "activation", "bias", "alpha", "beta", "op_name")
+                    "activation", "bias", "alpha", "beta", "scale", "fast_accum", "op_name")
 #: --activation's choices: the names generator.epilogue.ACTIVATIONS accepts.
 ACTIVATION_CHOICES = tuple(name for name in ACTIVATIONS if isinstance(name, str))
 BIAS_CHOICES = ("row", "col")
@@ -171,11 +171,11 @@ def _plan_option(text: str) -> dict[str, object]:
     """An argparse type for --plan "dtype=bf16,layout=tn,arch=90": a dict of Gemm keyword arguments
     (plus op_name). Keys and choice-valued values are checked here, so a bad one exits 2 with the choices."""
     choices: dict[str, list[str]] = {
-        "dtype": [d.value for d in PLANNABLE_INPUT_DTYPES], "out_dtype": [d.value for d in OUTPUT_DTYPES],
+        "dtype": [d.value for d in PLANNABLE_INPUT_DTYPES], "out_dtype": [d.value for d in PLAN_OUTPUT_DTYPES],
         "layout": list(LAYOUTS), "layout_a": [o.value for o in Order], "layout_b": [o.value for o in Order],
         "layout_c": [o.value for o in Order], "arch": [str(a) for a in sorted(ARCHS)],
         "family": list(FAMILIES), "schedule": list(SM90_SCHEDULES), "raster": list(RASTERS),
-        "activation": list(ACTIVATION_CHOICES), "bias": list(BIAS_CHOICES),
+        "activation": list(ACTIVATION_CHOICES), "bias": list(BIAS_CHOICES), "scale": list(SCALE_MODES),
     }
     shapes = {"tile": _shape(3, "128x128x32"), "warps": _shape(2, "2x2"), "cluster": _shape(2, "2x1")}
     entry: dict[str, object] = {}
@@ -201,6 +201,10 @@ def _plan_option(text: str) -> dict[str, object]:
                 entry[key] = _coefficient(value)
             except argparse.ArgumentTypeError as err:
                 raise argparse.ArgumentTypeError(f"{key}={err}") from None
+        elif key == "fast_accum":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise argparse.ArgumentTypeError(f"fast_accum={value!r}: use true or false")
+            entry[key] = value.lower() in ("true", "1")
         elif key in ("stages", "raster_group"):
             try:
                 entry[key] = int(value)
@@ -219,10 +223,15 @@ _plan_option.__name__ = "plan"  # argparse says "invalid plan value"
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to compute")
     g.add_argument("--dtype", default="bf16", choices=[d.value for d in PLANNABLE_INPUT_DTYPES],
-                   help="element type of A and B; tf32: fp32 tensors on the tensor cores, sm90 layout tn "
-                        "(default: %(default)s)")
-    g.add_argument("--out-dtype", default=None, choices=[d.value for d in OUTPUT_DTYPES],
-                   help="element type of D (default: the input dtype)")
+                   help="element type of A and B; tf32: fp32 tensors on the tensor cores (sm90: layout tn; sm80: "
+                        "every layout); e4m3, e5m2, int8: sm90, layout tn (default: %(default)s)")
+    g.add_argument("--out-dtype", default=None, choices=[d.value for d in PLAN_OUTPUT_DTYPES],
+                   help="element type of D (default: the input dtype; fp32 for tf32, bf16 for fp8, int32 for int8)")
+    g.add_argument("--fast-accum", action="store_true", default=None,
+                   help="fp8: sum all of K inside wgmma (torch's use_fast_accum), no promotion into fp32")
+    g.add_argument("--scale", default=None, choices=list(SCALE_MODES),
+                   help="scales of fp8 A and B, taken by the op after them: tensor (one each), row (per row of A / "
+                        "column of B), block (1x128 of A, 128x128 of B)")
     g.add_argument("--layout", default="tn", choices=list(LAYOUTS),
                    help="storage of A then B, BLAS letters: 't' = row-major, 'n' = column-major "
                         "(default: %(default)s, torch's x @ W.t())")
@@ -334,7 +343,8 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, object]:
                 m=args.m, n=args.n, k=args.k, family=args.family, tile_shape=args.tile, warps=args.warps,
                 stages=args.stages, raster_group=args.raster_group, schedule=args.schedule,
                 cluster_shape=args.cluster, raster=args.raster, activation=args.activation, bias=args.bias,
-                alpha=args.alpha, beta=args.beta, epilogue=args.epilogue)
+                alpha=args.alpha, beta=args.beta, epilogue=args.epilogue, scale=args.scale,
+                fast_accum=args.fast_accum)
 
 
 def _one_line(err: BaseException) -> str:

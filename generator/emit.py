@@ -65,7 +65,7 @@ from .planner.backward import accumulator_config, backward_closure, backward_con
 from .render import included_headers, render, templates_dir
 from .render.epilogue_python import python_function
 from .spec.config import KernelConfig
-from .spec.epilogue import KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
+from .spec.epilogue import KINDS, KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from .spec.types import DType, Order
 
 
@@ -105,14 +105,16 @@ GENCODE = {
 
 # C++ spellings of the element types (c10::ScalarType) and their torch names.
 _SCALAR_TYPE = {DType.fp16: "c10::ScalarType::Half", DType.bf16: "c10::ScalarType::BFloat16",
-                DType.fp32: "c10::ScalarType::Float", DType.tf32: "c10::ScalarType::Float"}
+                DType.fp32: "c10::ScalarType::Float", DType.tf32: "c10::ScalarType::Float",
+                DType.e4m3: "c10::ScalarType::Float8_e4m3fn", DType.e5m2: "c10::ScalarType::Float8_e5m2",
+                DType.int8: "c10::ScalarType::Char", DType.int32: "c10::ScalarType::Int"}
 
 
 _GPU_DOC = {90: "built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200)"}
 
-# C++ spellings of the epilogue operands' kinds (gemmgen::OperandKind in templates/torch/gemm_op.h).
-_OPERAND_KIND = {"scalar": "gemmgen::OperandKind::Scalar", "row": "gemmgen::OperandKind::Row",
-                 "col": "gemmgen::OperandKind::Col", "matrix": "gemmgen::OperandKind::Matrix"}
+# C++ spellings of the epilogue operands' kinds (gemmgen::OperandKind in templates/torch/gemm_op.h): the kind in
+# CamelCase, "row_blocks" -> gemmgen::OperandKind::RowBlocks.
+_OPERAND_KIND = {kind: "gemmgen::OperandKind::" + kind.title().replace("_", "") for kind in KINDS}
 
 # How each operand is stored, for the docstrings: (operand, order) -> text.
 _OPERAND_DOC = {
@@ -207,16 +209,20 @@ class EmittedOp:
 
     @property
     def differentiable(self) -> bool:
-        """Whether a package emitted with autograd differentiates it: every op does (A @ B by gemm_autograd.h's
-        C++ formula, a fused epilogue by the Python formula of the package's __init__.py)."""
-        return True
+        """Whether a package emitted with autograd differentiates it: every op of a float type does (A @ B by
+        gemm_autograd.h's C++ formula, a fused epilogue by the Python formula of the package's __init__.py);
+        fp8 and int8 ops are forward only, and refuse arguments that require grad."""
+        return not self.config.dtype.is_quantized
 
     def context(self, package: str, autograd: bool) -> dict[str, Any]:
         cfg = self.config
         layout = cfg.layout
         flip = {"t": "n", "n": "t"}
+        autograd = autograd and self.differentiable
         return {
             "name": self.name,
+            "autograd": autograd,
+            "quantized": cfg.dtype.is_quantized,
             # per storage order of dD: the ops computing dA and dB, for binding.cpp's autograd specs (A @ B) and
             # __init__.py's formula (a fused epilogue: dacc in place of dD)
             "grads": _grads(cfg) if autograd else None,
@@ -246,7 +252,7 @@ class EmittedOp:
             "b_doc": _OPERAND_DOC["B", layout.b],
             "d_doc": _OPERAND_DOC["D", layout.c],
             "knobs": _knobs_doc(cfg),
-            **_epilogue_context(cfg.epilogue),
+            **_epilogue_context(cfg.epilogue, boxed=cfg.dtype.is_quantized),
             **self._epilogue_formula(autograd),
         }
 
@@ -276,6 +282,8 @@ class EmittedOp:
         }
         if cfg.family == "sm90":
             record.update(schedule=cfg.schedule, cluster_shape="x".join(map(str, cfg.cluster)), raster=cfg.raster)
+            if cfg.fast_accum:
+                record["fast_accum"] = True
         else:
             record["warps"] = "x".join(map(str, cfg.warps))
         record.update(stages=cfg.stages, raster_group=cfg.raster_group)
@@ -290,7 +298,7 @@ class EmittedOp:
         return record
 
 
-def _epilogue_context(ep: Epilogue) -> dict[str, Any]:
+def _epilogue_context(ep: Epilogue, boxed: bool = False) -> dict[str, Any]:
     """What the templates say and register of an op's fused epilogue (nothing of it for a plain op)."""
     operands = [{
         "name": o.name,
@@ -307,7 +315,8 @@ def _epilogue_context(ep: Epilogue) -> dict[str, Any]:
     return {
         "epilogue": not ep.is_identity,
         # operands or a second output: a schema of its own, so gemm_op.h's boxed kernels
-        "boxed": bool(ep.operands) or ep.aux is not None,
+        # (and every fp8 or int8 op, ``boxed``: the boxed Autograd kernel refuses grad where no formula exists)
+        "boxed": boxed or bool(ep.operands) or ep.aux is not None,
         "operands": operands,
         "aux": ep.aux is not None,
         "epilogue_text": ep.text,
@@ -341,6 +350,7 @@ def backward_ops(ops: Sequence[EmittedOp]) -> list[EmittedOp]:
     backward included (``backward_closure``), and for an op with a fused epilogue the kernel recomputing its
     acc (``accumulator_config``; its dA and dB kernels, and theirs, are the closure of the op's own config);
     sorted and deduplicated by kernel name."""
+    ops = [op for op in ops if op.differentiable]
     configs = backward_closure(op.config for op in ops)
     for op in ops:
         if not op.config.epilogue.is_identity:
@@ -455,7 +465,9 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) ->
     }
     context["all_ops"] = context["ops"] + context["backward_ops"]
     context["any_epilogue"] = any(op["epilogue"] for op in context["ops"])
-    context["epilogue_autograd"] = autograd and context["any_epilogue"]   # __init__.py registers formulas
+    # __init__.py registers the formulas of the differentiable epilogue ops
+    context["epilogue_autograd"] = any(op["epilogue"] and op["autograd"] for op in context["ops"])
+    context["any_boxed"] = any(op["boxed"] for op in context["ops"])
     for template, path in _PACKAGE_TEMPLATES:
         files[path.format(name=name)] = _render(template, **context).encode()
     record = {**MARKER, "name": name, "autograd": autograd, "plans": [op.plan_record() for op in ops],

@@ -26,7 +26,10 @@ The function
     ``ep.trace(lambda acc: ep.relu(acc))``).
 
 Operand kinds (annotations; bare or called with options)
-    ``Scalar``                       a runtime fp32 scalar argument of the op
+    ``Scalar``                       a runtime fp32 scalar argument of the op (a Python number)
+    ``ScalarTensor``                 a one-element fp32 tensor, shape (1,) or (), on A's device: read by the
+                                     kernel on the device (no host sync: works in CUDA graphs and under
+                                     torch.compile), e.g. an fp8 per-tensor scale; used like a Scalar
     ``Row(dtype=None)``              a per-row vector, shape (M,): one value per row of D
     ``Col(dtype=None)``              a per-column vector, shape (N,): one value per column (nn.Linear's bias)
     ``Matrix(dtype=None, order="row")``  an M x N matrix, row-major or ``order="col"`` (column-major)
@@ -58,12 +61,21 @@ The description
     ``Epilogue.operands``, ``.result`` (D's ``Expr``), ``.aux``; ``.text`` (infix formula), ``.describe()``
     (lines for a plan), ``.canonical`` / ``.digest`` (seed-independent identity), ``.tag`` /
     ``.name_suffix`` (kernel-name token), ``.nodes()`` (non-leaf nodes in evaluation order),
-    ``.resolved(out_dtype)``. ``IDENTITY`` stores the accumulator as is.
+    ``.resolved(out_dtype)``, ``.scale_mode``. ``IDENTITY`` stores the accumulator as is.
+
+fp8 scales
+    ``Gemm(..., scale=...)`` composes the epilogue with the scales of A and B
+    (``generator.spec.epilogue.with_scales``): the op then takes ``scale_a, scale_b`` right after A and B, per
+    tensor (ScalarTensors; every acc becomes ``acc * scale_a * scale_b``), per row of A and column of B (fp32
+    Row and Col; likewise), or per block (A's per row and 128-wide K block, (M, ceil(K/128)); B's per 128 x 128
+    block, (ceil(N/128), ceil(K/128)); fp32, row-major; applied by the kernel's main loop, the expression is
+    unchanged). The per-block kinds are not annotations: an expression cannot read them.
 """
-from .spec.epilogue import (ACTIVATIONS, IDENTITY, Col, Epilogue, EpilogueError, Matrix, Row, Scalar, abs, clamp,
-                            from_knobs, gelu, gelu_tanh, leaky_relu, max, min, relu, sigmoid, silu, tanh, trace)
+from .spec.epilogue import (ACTIVATIONS, IDENTITY, Col, Epilogue, EpilogueError, Matrix, Row, Scalar, ScalarTensor,
+                            abs, clamp, from_knobs, gelu, gelu_tanh, leaky_relu, max, min, relu, sigmoid, silu, tanh,
+                            trace)
 
 __all__ = [
-    "ACTIVATIONS", "IDENTITY", "Col", "Epilogue", "EpilogueError", "Matrix", "Row", "Scalar", "abs", "clamp",
-    "from_knobs", "gelu", "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu", "tanh", "trace",
+    "ACTIVATIONS", "IDENTITY", "Col", "Epilogue", "EpilogueError", "Matrix", "Row", "Scalar", "ScalarTensor", "abs",
+    "clamp", "from_knobs", "gelu", "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu", "tanh", "trace",
 ]

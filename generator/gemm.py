@@ -20,8 +20,8 @@ from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
-from .spec.epilogue import KNOB_NAMES, Epilogue, from_knobs, trace
-from .spec.types import OUTPUT_DTYPES, DType, Layout, parse_dtype, parse_input_dtype, parse_layout
+from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, from_knobs, trace, with_scales
+from .spec.types import PLAN_OUTPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype, parse_input_dtype, parse_layout
 
 if TYPE_CHECKING:
     from .runtime.op import GemmOp
@@ -54,6 +54,12 @@ def _integer(value: object, what: str, example: str) -> int:
     return value
 
 
+def _boolean(value: object, what: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{what}={value!r}: give True or False")
+    return value
+
+
 def _choice(value: object, what: str, choices: tuple[str, ...]) -> str:
     """A string knob; its value is judged by the planner (check_config), type errors here."""
     if not isinstance(value, str):
@@ -72,6 +78,7 @@ _KNOB_PARSERS: dict[str, tuple[str, Callable[[object], object]]] = {
     "schedule": ("schedule", lambda v: _choice(v, "schedule", SM90_SCHEDULES)),
     "cluster_shape": ("cluster", lambda v: _int_tuple(v, 2, "cluster_shape", "(2, 1)")),
     "raster": ("raster", lambda v: _choice(v, "raster", RASTERS)),
+    "fast_accum": ("fast_accum", lambda v: _boolean(v, "fast_accum")),
 }
 
 
@@ -101,15 +108,27 @@ class _Request:
     knobs: Knobs
     epilogue_fn: Epilogue | None = None     # the traced epilogue= function (or Epilogue), if one was given
     epilogue_knobs: EpilogueKnobs = EpilogueKnobs()
+    scale: str = "none"                     # the quantized operands' scales: none, tensor, row or block
 
     def epilogue(self) -> Epilogue:
-        """The epilogue this request asks for, its dtypes resolved to the output dtype."""
+        """The epilogue this request asks for, its scales composed in (``with_scales``: scale_a and scale_b
+        come first among the operands), its dtypes resolved to the output dtype."""
         if self.epilogue_fn is not None and self.epilogue_knobs != EpilogueKnobs():
             set_knobs = ", ".join(k for k in KNOB_NAMES if getattr(self.epilogue_knobs, k) is not None)
             raise ValueError(f"this plan has both an epilogue function and the knobs {set_knobs}: put everything in "
                              "the function, or set epilogue=None and use the knobs")
         chosen = self.epilogue_fn if self.epilogue_fn is not None else self.epilogue_knobs.epilogue()
-        return chosen.resolved(self.out_dtype)
+        return with_scales(chosen, self.scale).resolved(self.out_dtype)
+
+
+def _scale_arg(value: object) -> str:
+    if value is None:
+        return "none"
+    if value not in SCALE_MODES:
+        listed = ", ".join(repr(c) for c in SCALE_MODES)
+        raise ValueError(f"scale={value!r}: give one of {listed} (fp8 block scales: 'block', 1x128 of A and "
+                         "128x128 of B)")
+    return value
 
 
 def _epilogue_arg(value: object) -> Epilogue | None:
@@ -138,7 +157,8 @@ class Gemm:
                  raster_group: int | None = None, family: str | None = None, schedule: str | None = None,
                  cluster_shape: object = None, raster: str | None = None, epilogue: object = None,
                  activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
-                 beta: float | str | None = None, namespace: str = DEFAULT_NAMESPACE) -> None:
+                 beta: float | str | None = None, scale: str | None = None, fast_accum: bool | None = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_input_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -151,17 +171,18 @@ class Gemm:
             raise ValueError(f"namespace={namespace!r} must be a Python identifier, e.g. 'gemmgen'")
         self.namespace = namespace
         given = dict(family=family, tile_shape=tile_shape, warps=warps, stages=stages, raster_group=raster_group,
-                     schedule=schedule, cluster_shape=cluster_shape, raster=raster)
+                     schedule=schedule, cluster_shape=cluster_shape, raster=raster, fast_accum=fast_accum)
         # All knobs at once: a combination is judged as a whole (schedule="pingpong" with a tile that
         # only pingpong takes is fine, whatever the order of the keywords).
         knobs = Knobs(**{_KNOB_PARSERS[k][0]: _KNOB_PARSERS[k][1](v) for k, v in given.items() if v is not None})
         request = _Request(
             dtype=dtype_,
-            out_dtype=(parse_dtype(out_dtype, what="out_dtype", allowed=OUTPUT_DTYPES) if out_dtype else
-                       dtype_ if dtype_ in OUTPUT_DTYPES else DType.fp32),   # tf32 writes fp32
+            out_dtype=(parse_dtype(out_dtype, what="out_dtype", allowed=PLAN_OUTPUT_DTYPES) if out_dtype else
+                       default_out_dtype(dtype_)),
             layout=parse_layout(layout, layout_a=layout_a, layout_b=layout_b, layout_c=layout_c),
             spec=spec, sm_count=sm_count, problem=problem, knobs=knobs, epilogue_fn=_epilogue_arg(epilogue),
-            epilogue_knobs=EpilogueKnobs(activation=activation, bias=bias, alpha=alpha, beta=beta))
+            epilogue_knobs=EpilogueKnobs(activation=activation, bias=bias, alpha=alpha, beta=beta),
+            scale=_scale_arg(scale))
         self._set_request(request)
 
     # -- planning -------------------------------------------------------------------------------
@@ -221,7 +242,7 @@ class Gemm:
 
     @out_dtype.setter
     def out_dtype(self, value: object) -> None:
-        self._set_request(replace(self._request, out_dtype=parse_dtype(value, what="out_dtype", allowed=OUTPUT_DTYPES)))
+        self._set_request(replace(self._request, out_dtype=parse_dtype(value, what="out_dtype", allowed=PLAN_OUTPUT_DTYPES)))
 
     @property
     def family(self) -> str:
@@ -284,6 +305,16 @@ class Gemm:
         self._set_knob("cluster_shape", value)
 
     @property
+    def fast_accum(self) -> bool:
+        """fp8: True sums all of K inside wgmma (torch's use_fast_accum: faster, its additions keep fewer bits than
+        fp32); False (the default) promotes each k tile into fp32 accumulators, as cuBLAS does without it."""
+        return self.config.fast_accum
+
+    @fast_accum.setter
+    def fast_accum(self, value: bool) -> None:
+        self._set_knob("fast_accum", value)
+
+    @property
     def raster(self) -> str:
         """sm90: the order tiles are walked in, "m" or "n" (see README); "m" for the sm80 family."""
         return self.config.raster
@@ -342,6 +373,18 @@ class Gemm:
     @beta.setter
     def beta(self, value: float | str | None) -> None:
         self._set_epilogue_knob("beta", value)
+
+    @property
+    def scale(self) -> str:
+        """How A and B are scaled (fp8, int8): "none"; "tensor" (D = acc * scale_a * scale_b, one-element fp32
+        tensors); "row" (scale_a (M,), scale_b (N,)); "block" (fp8: scale_a (M, ceil(K/128)), one per row and
+        128-wide k block; scale_b (ceil(N/128), ceil(K/128)), one per 128 x 128 block of B). The op takes
+        scale_a and scale_b after A and B; generator.quantize makes them."""
+        return self._request.scale
+
+    @scale.setter
+    def scale(self, value: str | None) -> None:
+        self._set_request(replace(self._request, scale=_scale_arg(value)))
 
     # -- output -----------------------------------------------------------------------------------
 

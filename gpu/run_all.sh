@@ -13,6 +13,8 @@
 #   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
 #   STEPS=epilogue EPILOGUE_ARGS="--no-inductor" gpu/run_all.sh   (fused epilogues vs cuBLASLt, addmm, Inductor)
+#   STEPS=dtypes DTYPES_ARGS="--modes fp8_tensor,fp8_block" gpu/run_all.sh   (fp8/int8/tf32 tests, then the benchmark
+#                                                       against torch._scaled_mm, torch._int_mm, TF32 cuBLAS)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -37,6 +39,8 @@ for step in $STEPS; do
     power)  python3 gpu/power_probe.py --json "$OUT/power_probe.json" ${POWER_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/power_probe.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ceiling) python3 gpu/mma_ceiling.py --json "$OUT/mma_ceiling.json" ${CEILING_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/mma_ceiling.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     epilogue) python3 benchmarks/bench_epilogue.py --json "$OUT/bench_epilogue${EPILOGUE_TAG:-}.json" ${EPILOGUE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_epilogue${EPILOGUE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    dtypes) python3 -m pytest tests/gpu/test_fp8.py tests/gpu/test_int8.py tests/gpu/test_tf32.py -q -m gpu -s ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/dtypes_tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+            python3 benchmarks/bench_dtypes.py --json "$OUT/bench_dtypes.json" ${DTYPES_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_dtypes.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer

@@ -1,5 +1,6 @@
-"""One small ragged problem per sm90 schedule (and cluster shape), per sm80 epilogue, and fused epilogues of
-both families (a per-row and a per-column vector, an M x N operand and a scalar), for compute-sanitizer:
+"""One small ragged problem per sm90 schedule (and cluster shape), per sm80 epilogue, fused epilogues of both
+families (a per-row and a per-column vector, an M x N operand and a scalar), fp8 with each kind of scales
+and accumulation, and int8, for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
     compute-sanitizer --tool racecheck python3 gpu/sanitize.py
@@ -65,14 +66,62 @@ def epilogue_operands(op, a: torch.Tensor, b: torch.Tensor) -> tuple:
     return torch.randn(n, device="cuda").to(dt), torch.randn(m, device="cuda").to(dt), c, 0.5
 
 
+# fp8 (layout tn): per-block scales (promotion reading them), promoted per tensor on pingpong, fast accumulation.
+FP8_CASES = ({"scale": "block", "cluster_shape": (2, 1)},
+             {"scale": "tensor", "schedule": "pingpong", "tile_shape": (64, 128, 128)},
+             {"scale": "row", "fast_accum": True, "cluster_shape": (1, 2)})
+K8 = 336   # two whole k tiles of 128 and a ragged one; rows of 336 bytes keep TMA's 16-byte rule
+
+
+def fp8_operands(scale: str) -> tuple:
+    """A, B (= W.t()), scale_a, scale_b, and the float64 product of the dequantized operands."""
+    from generator import dequantize, quantize
+    x, w = torch.randn(M, K8, device="cuda"), torch.randn(N, K8, device="cuda")
+    a, sa = quantize(x, "e4m3", scale=scale)
+    q, sw = quantize(w, "e4m3", scale=scale, block=(128, 128) if scale == "block" else None)
+    blocks = ((1, 128), (128, 128)) if scale == "block" else (None, None)
+    ref = dequantize(a, sa, scale, blocks[0]).double() @ dequantize(q, sw, scale, blocks[1]).double().t()
+    return (a, q.t(), sa, sw), ref
+
+
+def check_fp8(ops) -> int:
+    failures = 0
+    for op, knobs in zip(ops, FP8_CASES):
+        args, ref = fp8_operands(knobs["scale"])
+        assert op.path(*args) == "fast"
+        buf = torch.full((M, N + 8), float("nan"), dtype=op.out_dtype, device="cuda")
+        d = op(*args, out=buf[:, :N])
+        torch.cuda.synchronize()
+        err = ((d.double() - ref).norm() / ref.norm()).item()
+        ok = err <= 1e-2 and bool(torch.isnan(buf[:, N:]).all())
+        failures += not ok
+        print(f"{op.name}: {M}x{N}x{K8} rel error {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+    return failures
+
+
+def check_int8(op) -> int:
+    """int8 -> int32 (exact) on a ragged problem: equal to the float64 product."""
+    a = torch.randint(-128, 128, (M, K8), device="cuda", dtype=torch.int8)
+    b = torch.randint(-128, 128, (N, K8), device="cuda", dtype=torch.int8).t()
+    assert op.path(a, b) == "fast"
+    buf = torch.full((M, N + 4), -(2**31), dtype=torch.int32, device="cuda")
+    d = op(a, b, out=buf[:, :N])
+    torch.cuda.synchronize()
+    ok = torch.equal(d.double(), a.double() @ b.double()) and bool((buf[:, N:] == -(2**31)).all())
+    print(f"{op.name}: {M}x{N}x{K8} {'exact ok' if ok else 'WRONG'}", flush=True)
+    return 0 if ok else 1
+
+
 def main() -> int:
     configs = [Gemm("bf16", lay, schedule=s, tile_shape=t, cluster_shape=c).config for s, t, c, lay in CASES]
     configs += [Gemm("bf16", lay, family="sm80", tile_shape=t, warps=w, out_dtype=od).config
                 for t, w, lay, od in SM80_CASES]
     plain = len(configs)
     configs += [Gemm("bf16", "tn", epilogue=fused, **knobs).config for knobs in EPILOGUE_CASES]
-    ops = compile_many(configs, namespace="gemmgen_sanitize")
-    failures = 0
+    fp8 = [Gemm("e4m3", "tn", **knobs).config for knobs in FP8_CASES]
+    int8 = Gemm("int8", "tn", cluster_shape=(2, 1)).config
+    ops = compile_many(configs + fp8 + [int8], namespace="gemmgen_sanitize")
+    failures = check_fp8(ops[len(configs):-1]) + check_int8(ops[-1])
     for index, (op, cfg) in enumerate(zip(ops, configs)):
         a = operand(M, K, cfg.layout.a.value == "row")
         b = operand(K, N, cfg.layout.b.value == "row")

@@ -50,7 +50,7 @@ class ReferenceOp(GemmOp):
     def run(self, A, B, operands, out):
         self._check(A, B)                       # dtype, device, K, and the planned storage orders
         ep = self.config.epilogue
-        check_operands(ep, operands, A, A.shape[0], B.shape[1])
+        check_operands(ep, operands, A, A.shape[0], B.shape[1], A.shape[1])
         if out is not None:
             self._check_out(out, A, B)
         D = self._empty_out(A, B) if out is None else out
@@ -590,3 +590,40 @@ def test_tf32_autograd_matches_float64_for_every_gradient_order(layout_c):
         for got, ref, t in ((a.grad, a64.grad, a), (b.grad, b64.grad, b)):
             assert got.dtype == torch.float32 and got.shape == t.shape
             assert rel(got, ref) <= 1e-5, (layout_c, m, n, k, kind)   # the reference op multiplies in fp32
+
+
+def test_tf32_sm80_backward_kernels_keep_the_gradient_layouts():
+    # The sm80 family reads tf32 in every layout: dA and dB take the layouts of 16-bit types, and write fp32.
+    for arch in (80, 90):
+        for layout in LAYOUTS:
+            cfg = Gemm("fp32", layout, arch=arch, family="sm80").config
+            for order in ("row", "col"):
+                grads = backward_configs(cfg, order)
+                assert tuple(g.layout for g in grads) == backward_layouts(layout, order)
+                assert all((g.family, g.dtype, g.out_dtype) == ("sm80", DType.tf32, DType.fp32) for g in grads)
+
+
+@pytest.mark.parametrize("layout", ["nt", "tn"])
+def test_tf32_sm80_autograd_copies_no_operand(layout, monkeypatch):
+    # The Python formula (tf32) hands each operand to its kernel as it is stored: no copy into K-major order.
+    from generator.runtime import autograd
+
+    stored_as_is = autograd._in_order
+
+    def in_order(t, order):
+        out = stored_as_is(t, order)
+        assert out is t, f"{layout}: an operand was copied into {order.value}-major order"
+        return out
+
+    monkeypatch.setattr(autograd, "_in_order", in_order)
+    op = ReferenceOp(Gemm("fp32", layout, arch=80).config, NAMESPACE + "_tf32_sm80")
+    assert not op.cpp_autograd
+    for (m, n, k), kind in itertools.product(((64, 48, 32), (37, 19, 23)), ("contiguous", "column-major")):
+        a, b = operands(layout, m, n, k, torch.float32, requires_grad=True)
+        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+        g = _upstream(kind, m, n, torch.float32)
+        op(a, b).backward(g)
+        (a64 @ b64).backward(g.double())
+        for got, ref, t in ((a.grad, a64.grad, a), (b.grad, b64.grad, b)):
+            assert got.dtype == torch.float32 and got.shape == t.shape and got.stride() == t.stride()
+            assert rel(got, ref) <= 1e-5, (layout, m, n, k, kind)

@@ -28,8 +28,12 @@ def test_plan_tf32_and_its_refusal():
     r = cli("plan", "--dtype", "tf32", "--layout", "tn", "--arch", "90")
     assert r.returncode == 0, r.stderr
     assert "name:         sm90_tf32_tn_128x256x32_" in r.stdout and "dtype:        tf32 -> fp32" in r.stdout
-    r = cli("plan", "--dtype", "tf32", "--layout", "nn", "--arch", "90")
+    r = cli("plan", "--dtype", "tf32", "--layout", "nn", "--arch", "90", "--family", "sm90")
     assert r.returncode == 2 and "needs A and B K-major (layout 'tn'" in r.stderr and "Traceback" not in r.stderr
+    assert "plan with family='sm80'" in r.stderr
+    r = cli("plan", "--dtype", "tf32", "--layout", "nt", "--arch", "80")   # the sm80 family: every layout
+    assert r.returncode == 0, r.stderr
+    assert "name:         sm80_tf32_nt_128x256x16_w2x4_s4_g8_ofp32\n" in r.stdout
 
 
 def test_plan_honours_every_knob():
@@ -314,7 +318,8 @@ def test_a_package_without_autograd_re_emits_without_autograd(tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (("--plan", "dtype=fp8"), "dtype='fp8' is not a valid choice (choose from 'fp16', 'bf16', 'tf32')"),
+    (("--plan", "dtype=fp4"), "dtype='fp4' is not a valid choice (choose from 'fp16', 'bf16', 'tf32', 'e4m3', "
+                               "'e5m2', 'int8')"),
     (("--plan", "layout=xy"), "layout='xy' is not a valid choice (choose from 'nn', 'nt', 'tn', 'tt')"),
     (("--plan", "arch=70"), "arch='70' is not a valid choice (choose from 80, 86, 89, 90)"),
     (("--plan", "colour=red"), "with a key of dtype, out_dtype, layout"),

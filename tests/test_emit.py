@@ -794,6 +794,25 @@ KNOB_OP, PLAIN_OP = "gemm_bf16_tn_gelu_cbias", "gemm_bf16_tn"
 FUNCTION_OP = "gemm_fp16_nt_dcol_gelu_rscale_mc_salpha_aux"
 
 
+def test_a_scaled_plan_is_packaged_with_its_scale_tensors(tmp_path):
+    """scale_a and scale_b of a per-tensor scaled epilogue: Tensor arguments of kind ScalarTensor, checked as
+    tensors of shape (1,), shaped to 0-dim tensors by the package's formula."""
+    from generator.spec.epilogue import with_scales
+
+    plan = Gemm("bf16", "tn", arch=90, epilogue=with_scales(ep.from_knobs(activation="relu", bias="col"), "tensor"))
+    out = emit([plan], name="scaled", out=tmp_path / "scaled")
+    init, binding = (out / "scaled" / "__init__.py").read_text(), (out / "csrc" / "binding.cpp").read_text()
+    compile(init, "__init__.py", "exec")
+    op = "gemm_bf16_tn_scale_tensor_relu_cbias"
+    schema = f"{op}(Tensor A, Tensor B, Tensor scale_a, Tensor scale_b, Tensor bias) -> Tensor"
+    assert f'm.def("{schema}", kTags);' in binding
+    assert ('{/*kind=*/gemmgen::OperandKind::ScalarTensor, /*name=*/"scale_a", /*dtype=*/c10::ScalarType::Float, '
+            '/*dtype_name=*/"fp32", /*row=*/true},  // scale_a: one-element tensor (1,), fp32, read on the device'
+            ) in binding
+    assert '_check_epilogue_operands((scale_a, "scale_a", "(1,)"), (scale_b, "scale_b", "(1,)"), ' in init
+    assert "    ep_scale_a = ep_scale_a.to(acc.dtype).reshape(())\n" in init
+
+
 def test_an_epilogue_plan_is_packaged_with_its_operands(tmp_path):
     plans = epilogue_plans()
     out = emit(plans, name="fused", out=tmp_path / "fused")

@@ -245,7 +245,7 @@ def test_operand_kinds_bare_and_called() -> None:
     (lambda: ep.Scalar(dtype="fp16"), "ep.Scalar takes no options"),
     (lambda: ep.Row(order="col"), "only ep.Matrix takes order"),
     (lambda: ep.Col(dtype="fp64"), "not a data type"),
-    (lambda: ep.Matrix(dtype="int8"), "not a data type"),
+    (lambda: ep.Matrix(dtype="int8"), "dtype of ep.Matrix='int8' is not supported here; supported: 'fp16', 'bf16', 'fp32'"),
     (lambda: ep.Matrix(order="diagonal"), "not a storage order"),
     (lambda: Operand("x", "tensor"), "not one of scalar, row, col, matrix"),
     (lambda: Operand("A", "row"), "reserved"),
@@ -989,3 +989,216 @@ def test_saving_config_stores_acc_for_smooth_epilogues_that_read_it() -> None:
     assert saving.tile == cfg.tile and saving.name != cfg.name
     for knobs in ({"activation": "relu", "bias": "col"}, {"bias": "col"}, {"alpha": 2.0, "beta": 0.5}, {}):
         assert saving_config(Gemm("bf16", "tn", arch=90, **knobs).config) is None
+
+
+# -- fp8 scales: scalar tensors, per-block scales, with_scales ----------------------------------------
+
+from generator.spec.epilogue import (  # noqa: E402
+    KINDS, MAINLOOP_KINDS, SCALE_BLOCK, SCALE_MODES, SHAPES, OperandKind, with_scales,
+)
+
+SCALED_BASES = {
+    "identity": ep.IDENTITY,
+    "gelu_bias": ep.from_knobs(activation="gelu", bias="col"),
+    "alpha_c": ep.from_knobs(alpha="scalar", beta=0.5),
+}
+
+
+def _scaled_acc() -> Expr:
+    return E("mul", E("mul", ACC, opnd("scale_a")), opnd("scale_b"))
+
+
+def test_scalar_tensor_is_an_annotation_used_like_a_scalar() -> None:
+    assert ep.ScalarTensor.operand("s") == Operand("s", "scalar_tensor", DType.fp32)
+    assert ep.ScalarTensor() == ep.ScalarTensor and repr(ep.ScalarTensor) == "ep.ScalarTensor"
+    assert "ScalarTensor" in ep.__all__
+
+    def f(acc, s: ep.ScalarTensor, bias: ep.Col):
+        return ep.relu(s * acc + bias) / s
+
+    desc = ep.trace(f)
+    assert desc.operands[0] == Operand("s", "scalar_tensor", DType.fp32) and desc.operands[0].shape == "(1,)"
+    assert desc.text == "relu(s * acc + bias) / s"
+    assert desc.describe()[1] == "s: one-element tensor (1,), fp32, read on the device"
+    assert desc.resolved("bf16").operand("s").dtype is DType.fp32 and desc.tag == "relu_ts_cbias"
+    assert desc.operands_of_kind("scalar_tensor") == (desc.operands[0],)
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda: ep.ScalarTensor(dtype="bf16"), "ep.ScalarTensor takes no options: it is always fp32"),
+    (lambda: Operand("s", "scalar_tensor", DType.fp16), "scalar_tensor operand 's' is fp32"),
+    (lambda: Operand("s", "row_blocks", DType.bf16), "row_blocks operand 's' is fp32"),
+    (lambda: Operand("s", "col_blocks", order="row"), "only a matrix has a storage order"),
+    (lambda: OperandKind("row_blocks"), "operand annotation kind 'row_blocks' is not one of"),
+])
+def test_new_kinds_refusals(make, fragment) -> None:
+    with pytest.raises(EpilogueError, match=re.escape(fragment)):
+        make()
+
+
+def test_new_kinds_shapes_dtypes_and_descriptions() -> None:
+    assert SHAPES["row_blocks"] == "(M, ceil(K/128))" and SHAPES["col_blocks"] == "(ceil(N/128), ceil(K/128))"
+    assert set(SHAPES) == set(KINDS)
+    for kind in ("scalar_tensor", *MAINLOOP_KINDS):
+        op = Operand("s", kind)
+        assert op.dtype is DType.fp32 and op.order is None and op.shape == SHAPES[kind]
+    assert Operand("s", "row_blocks").describe() == (
+        "s: per-block scales of A (M, ceil(K/128)), fp32, row-major (main loop)")
+    assert Operand("s", "col_blocks").describe() == (
+        "s: per-block scales of B (ceil(N/128), ceil(K/128)), fp32, row-major (main loop)")
+
+
+def test_scale_block_is_the_kernels_constant() -> None:
+    header = (ROOT / "templates" / "common" / "gemm_args.h").read_text()
+    assert re.search(r"#define GEMMGEN_SCALE_BLOCK_K (\d+)", header).group(1) == str(SCALE_BLOCK) == "128"
+
+
+def test_with_scales_none_is_the_epilogue_itself() -> None:
+    for base in SCALED_BASES.values():
+        assert with_scales(base, "none") is base and base.scale_mode == "none"
+
+
+@pytest.mark.parametrize("mode, kinds", [("tensor", ("scalar_tensor", "scalar_tensor")), ("row", ("row", "col"))])
+@pytest.mark.parametrize("base", list(SCALED_BASES))
+def test_with_scales_in_the_epilogue(mode, kinds, base) -> None:
+    plain = SCALED_BASES[base]
+    scaled = with_scales(plain, mode)
+    assert [(o.name, o.kind, o.dtype) for o in scaled.operands[:2]] == [
+        ("scale_a", kinds[0], DType.fp32), ("scale_b", kinds[1], DType.fp32)]
+    assert scaled.operands[2:] == plain.operands      # the op takes A, B, scale_a, scale_b, then the user's
+    # every acc became acc * scale_a * scale_b, one node of the DAG
+    assert not any(n == ACC for n in scaled.nodes())
+    assert sum(n == _scaled_acc() for n in scaled.nodes()) == 1
+    assert scaled.result == _substitute_acc(plain.result)
+    assert scaled.scale_mode == mode
+
+
+def _substitute_acc(root: Expr) -> Expr:
+    if root == ACC:
+        return _scaled_acc()
+    return Expr(root.op, tuple(_substitute_acc(a) for a in root.args), root.value, root.name)
+
+
+def test_with_scales_tensor_text_and_aux() -> None:
+    def f(acc, bias: ep.Col):
+        h = acc + bias
+        return ep.gelu(h), h
+
+    scaled = with_scales(ep.trace(f), "tensor")
+    assert scaled.text == "D = gelu(acc * scale_a * scale_b + bias), aux = acc * scale_a * scale_b + bias"
+    assert scaled.aux == E("add", _scaled_acc(), opnd("bias"))
+    assert with_scales(ep.IDENTITY, "tensor").text == "acc * scale_a * scale_b"
+
+
+@pytest.mark.parametrize("base", list(SCALED_BASES))
+def test_with_scales_block_leaves_the_expression(base) -> None:
+    plain = SCALED_BASES[base]
+    scaled = with_scales(plain, "block")
+    assert [(o.name, o.kind) for o in scaled.operands[:2]] == [("scale_a", "row_blocks"), ("scale_b", "col_blocks")]
+    assert scaled.operands[2:] == plain.operands
+    assert (scaled.result, scaled.aux, scaled.text) == (plain.result, plain.aux, plain.text)
+    assert scaled.scale_mode == "block" and not scaled.is_identity
+
+
+def test_scaled_equals_the_same_function_and_hashes_alike() -> None:
+    def by_hand(acc, scale_a: ep.ScalarTensor, scale_b: ep.ScalarTensor, bias: ep.Col):
+        return ep.gelu(acc * scale_a * scale_b + bias)
+
+    scaled = with_scales(SCALED_BASES["gelu_bias"], "tensor")
+    assert ep.trace(by_hand) == scaled and hash(ep.trace(by_hand)) == hash(scaled)
+    assert ep.trace(by_hand).scale_mode == "tensor"
+    for mode in SCALE_MODES[1:]:
+        again = with_scales(ep.from_knobs(activation="gelu", bias="col"), mode)
+        assert again == with_scales(SCALED_BASES["gelu_bias"], mode) and hash(again) == hash(
+            with_scales(SCALED_BASES["gelu_bias"], mode))
+        assert pickle.loads(pickle.dumps(again)) == again
+    descs = [with_scales(b, m) for b in SCALED_BASES.values() for m in SCALE_MODES]
+    assert len(set(descs)) == len({d.digest for d in descs}) == len(descs)
+
+
+def test_scale_mode_is_recognised_only_where_with_scales_made_it() -> None:
+    def other_order(acc, scale_a: ep.ScalarTensor, scale_b: ep.ScalarTensor):
+        return scale_a * acc * scale_b           # another expression: not with_scales' composition
+
+    def reads_a_scale_again(acc, scale_a: ep.ScalarTensor, scale_b: ep.ScalarTensor):
+        return acc * scale_a * scale_b + scale_a
+
+    def swapped(acc, scale_b: ep.ScalarTensor, scale_a: ep.ScalarTensor):
+        return acc * scale_a * scale_b
+
+    def row_scales_of_other_dtype(acc, scale_a: ep.Row(dtype="bf16"), scale_b: ep.Col(dtype="fp32")):
+        return acc * scale_a * scale_b
+
+    for fn in (other_order, reads_a_scale_again, swapped, row_scales_of_other_dtype):
+        desc = ep.trace(fn)
+        assert desc.scale_mode == "none" and not desc.tag.startswith("scale_"), fn.__name__
+
+
+def test_scaled_tags_and_names() -> None:
+    identity = with_scales(ep.IDENTITY, "tensor")
+    assert identity.canonical == ("(epilogue (operands (scale_a scalar_tensor fp32 -) (scale_b scalar_tensor fp32 -)) "
+                                  "(D (mul (mul acc scale_a) scale_b)) (aux none))")
+    assert identity.tag == "scale_tensor"
+    assert re.fullmatch(r"_ep_scale_tensor_[0-9a-f]{8}", identity.name_suffix)
+    assert with_scales(ep.IDENTITY, "row").tag == "scale_row"
+    assert with_scales(ep.IDENTITY, "block").tag == "scale_block"
+    assert with_scales(SCALED_BASES["gelu_bias"], "row").tag == "scale_row_gelu_cbias"
+    assert with_scales(SCALED_BASES["alpha_c"], "block").tag == "scale_block_mC_salpha"
+    for desc in (with_scales(b, m) for b in SCALED_BASES.values() for m in SCALE_MODES):
+        assert re.fullmatch(r"[A-Za-z0-9_]{1,40}", desc.tag), desc.tag
+
+
+def test_scaled_identity_name_is_stable_across_processes() -> None:
+    code = ("from generator.spec.epilogue import IDENTITY, with_scales\n"
+            "print(with_scales(IDENTITY, 'tensor').name_suffix, with_scales(IDENTITY, 'block').name_suffix)\n")
+    names = set()
+    for seed in ("1", "4242"):
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                             timeout=60)
+        assert run.returncode == 0, run.stderr
+        names.add(run.stdout)
+    assert names == {f"{with_scales(ep.IDENTITY, 'tensor').name_suffix} "
+                     f"{with_scales(ep.IDENTITY, 'block').name_suffix}\n"}
+
+
+def test_scaled_resolved_and_json() -> None:
+    from generator.spec.epilogue import epilogue_from_json, epilogue_to_json
+
+    for mode in SCALE_MODES:
+        scaled = with_scales(SCALED_BASES["gelu_bias"], mode).resolved("bf16")
+        assert scaled == with_scales(SCALED_BASES["gelu_bias"].resolved("bf16"), mode)
+        assert all(o.dtype is DType.fp32 for o in scaled.operands if o.name.startswith("scale_"))
+        assert epilogue_from_json(epilogue_to_json(scaled)) == scaled and scaled.scale_mode == mode
+
+
+@pytest.mark.parametrize("call, fragment", [
+    (lambda: with_scales(ep.IDENTITY, "channel"),
+     "scale mode 'channel' is not one of 'none', 'tensor', 'row', 'block'"),
+    (lambda: with_scales(ep.trace(_uses_scale_a), "row"),
+     "the epilogue has an operand named 'scale_a', which the scales of A and B take (scale_a, scale_b): rename"),
+    (lambda: with_scales(with_scales(ep.IDENTITY, "tensor"), "tensor"),
+     "the epilogue is already scaled (scale mode 'tensor'): apply with_scales once"),
+    (lambda: with_scales(with_scales(ep.IDENTITY, "block"), "row"), "already scaled (scale mode 'block')"),
+])
+def test_with_scales_refusals(call, fragment) -> None:
+    with pytest.raises(EpilogueError, match=re.escape(fragment)):
+        call()
+
+
+def _uses_scale_a(acc, scale_a: ep.Row):
+    return acc + scale_a
+
+
+def test_block_scales_are_the_main_loops_not_the_expressions() -> None:
+    a, b = Operand("scale_a", "row_blocks"), Operand("scale_b", "col_blocks")
+    assert Epilogue((a, b), ACC).scale_mode == "block"      # not "used": the main loop reads them
+    with pytest.raises(EpilogueError, match=re.escape(
+            "operand 'scale_a' holds per-block scales (row_blocks), which the kernel's main loop applies to each K "
+            "block of acc; the expression cannot read them: remove scale_a from the expression")):
+        Epilogue((a, b), E("mul", ACC, opnd("scale_a")))
+    with pytest.raises(EpilogueError, match=r"per-block scales come as one pair.*1 and 0: build it with "
+                                            r"with_scales\(epilogue, 'block'\)"):
+        Epilogue((a,), ACC)
+    with pytest.raises(EpilogueError, match="this epilogue has 1 and 2"):
+        Epilogue((a, b, Operand("other", "col_blocks")), ACC)

@@ -23,6 +23,8 @@ from generator.runtime import GemmOp, jit_runtime  # noqa: E402
 from generator.runtime import compile_op, registered_op  # noqa: E402
 from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
 from generator.runtime.library import GemmArgsStruct  # noqa: E402
+from generator.runtime.operands import scale_blocks  # noqa: E402
+from generator.spec.epilogue import with_scales  # noqa: E402
 
 CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
 
@@ -181,6 +183,9 @@ STAND_IN_PLANS = {
     "fused": dict(layout="tn", epilogue=fused),
     "rowwise_aux_dcol": dict(layout="tt", layout_c="col", out_dtype="fp32", epilogue=rowwise),
     "knobs_row_bias": dict(layout="nn", activation="relu", bias="row", alpha=0.5),
+    # fp8 scales: one-element tensors read on the device, and per-block scales with their leading dimension
+    "scaled_tensor": dict(layout="tn", epilogue=with_scales(ep.from_knobs(activation="gelu", bias="col"), "tensor")),
+    "scaled_block": dict(dtype="e4m3", layout="tn", epilogue=with_scales(ep.from_knobs(bias="col"), "block")),
 }
 _STAND_INS: dict = {}
 
@@ -190,7 +195,7 @@ def stand_in(key: str) -> StandInOp:
     if key not in _STAND_INS:
         if not jit_runtime.RUNTIME.ensure():
             pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
-        op = StandInOp(Gemm("bf16", arch=90, **STAND_IN_PLANS[key]).config, None, STAND_IN_NAMESPACE)
+        op = StandInOp(Gemm(**{"dtype": "bf16", **STAND_IN_PLANS[key]}, arch=90).config, None, STAND_IN_NAMESPACE)
         library = types.SimpleNamespace(launch=_record_launch, error_string=_error_string)
         assert jit_runtime.RUNTIME.register(op, library)
         # GemmOp.run's launch: the same recorder, and its message as bytes
@@ -219,12 +224,17 @@ def stored(rows, cols, order, dtype=torch.bfloat16):
 
 def stand_in_inputs(op, m=M, n=N, k=K):
     cfg = op.config
-    a, b = stored(m, k, cfg.layout.a.value), stored(k, n, cfg.layout.b.value)
+    ab_dtype = TORCH_DTYPES[cfg.dtype]
+    a, b = stored(m, k, cfg.layout.a.value, ab_dtype), stored(k, n, cfg.layout.b.value, ab_dtype)
     values = []
     for o in cfg.epilogue.operands:
         dtype = TORCH_DTYPES[o.dtype]
         if o.kind == "scalar":
             values.append(1.25 if o.name == "alpha" else -0.5)
+        elif o.kind == "scalar_tensor":
+            values.append(torch.rand(1) + 0.5)
+        elif o.kind in ("row_blocks", "col_blocks"):
+            values.append(torch.rand(m if o.kind == "row_blocks" else scale_blocks(n), scale_blocks(k)) + 0.5)
         elif o.kind in ("row", "col"):
             values.append(torch.randn(m if o.kind == "row" else n).to(dtype))
         else:
@@ -289,8 +299,8 @@ def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launche
         for i, (o, v) in enumerate(zip(ep_.operands, values)):
             if o.kind == "scalar":
                 assert cpp_args.ep_scalar[i] == v and not cpp_args.ep_ptr[i]
-            else:
-                assert cpp_args.ep_ptr[i] == v.data_ptr()
+            else:   # (None: the null address of K = 0's empty per-block scales)
+                assert (cpp_args.ep_ptr[i] or 0) == v.data_ptr()
         if ep_.aux is None:   # .out writes into the given out
             out = op._empty_out(a, b)
             got, cpp_args = launched(lambda: cpp_call(op, a, b, values, out))
@@ -330,6 +340,18 @@ BAD_OPERANDS = {
     ("rowwise_aux_dcol", "R wrong shape"): lambda v: (v[0], stored(M - 1, N, "col", torch.float32)),
     ("knobs_row_bias", "bias of N"): lambda v: (torch.randn(N).bfloat16(),),
     ("knobs_row_bias", "bias strided"): lambda v: (torch.randn(2 * M).bfloat16()[::2],),
+    ("scaled_tensor", "scale_a two elements"): lambda v: (torch.ones(2), *v[1:]),
+    ("scaled_tensor", "scale_a empty"): lambda v: (torch.ones(0), *v[1:]),
+    ("scaled_tensor", "scale_b 2-D"): lambda v: (v[0], torch.ones(1, 1), v[2]),
+    ("scaled_tensor", "scale_a float16"): lambda v: (v[0].half(), *v[1:]),
+    ("scaled_tensor", "scale_a float64"): lambda v: (v[0].double(), *v[1:]),
+    ("scaled_tensor", "scale_b on meta"): lambda v: (v[0], v[1].to("meta"), v[2]),
+    ("scaled_tensor", "scale_a None"): lambda v: (None, *v[1:]),
+    ("scaled_block", "scale_a one k block too many"): lambda v: (torch.ones(M, 2), *v[1:]),
+    ("scaled_block", "scale_b of N rows"): lambda v: (v[0], torch.ones(N, 1), v[2]),
+    ("scaled_block", "scale_a 1-D"): lambda v: (v[0][:, 0], *v[1:]),
+    ("scaled_block", "scale_b bfloat16"): lambda v: (v[0], v[1].bfloat16(), v[2]),
+    ("scaled_block", "scale_a on meta"): lambda v: (v[0].to("meta"), *v[1:]),
 }
 
 
@@ -431,3 +453,20 @@ def test_the_runtime_refuses_a_spec_that_does_not_match_the_schema():
     with pytest.raises(RuntimeError, match=r"the schema of gemmgen_rt_standin::.* does not match the op spec's 1 "
                                            r"epilogue operand\(s\)"):
         jit_runtime.RUNTIME.register(handle, types.SimpleNamespace(launch=_record_launch, error_string=_error_string))
+
+
+def test_cpp_block_scale_checks_say_what_the_python_checks_say(python_launches_on_cpu):
+    """Per-block scales over several K blocks: their storage order and leading dimension, both paths alike."""
+    op = stand_in("scaled_block")
+    a, b, (sa, sb, bias) = stand_in_inputs(op, M, 300, 260)
+    assert sa.shape == (M, 3) and sb.shape == (3, 3)
+    for bad in [(sa.t().contiguous().t(), sb, bias), (sa, sb.t().contiguous().t(), bias),
+                (sa, torch.ones(3, 6)[:, ::2], bias)]:
+        cpp = _raise(lambda: cpp_call(op, a, b, bad))
+        assert cpp == _raise(lambda: python_call(op, a, b, bad)) and cpp[0] is ValueError, cpp
+        assert "; the kernel reads per-block scales row-major: pass scale_" in cpp[1] and ".contiguous()" in cpp[1]
+    padded = torch.ones(M, 8)[:, :3]
+    cpp, cpp_args = launched(lambda: cpp_call(op, a, b, (padded, sb, bias)))
+    python, python_args = launched(lambda: python_call(op, a, b, (padded, sb, bias)))
+    assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python])
+    assert list(cpp_args.ep_ld)[:3] == [8, 3, 0] and cpp_args.ep_ptr[0] == padded.data_ptr()

@@ -23,6 +23,7 @@ from generator import Gemm
 from generator import epilogue as ep
 from generator.spec.arch import ARCHS
 from generator.spec.config import KernelConfig
+from generator.spec.epilogue import with_scales
 from generator.render import render, templates_dir
 from generator.planner.shipped import SHIPPED_ARCHS, shipped_configs
 
@@ -66,13 +67,30 @@ def _fused(acc, bias: ep.Col, scale: ep.Row, R: COL_MAJOR_FP32, alpha: ep.Scalar
 
 # Fused epilogues, in both families: the activations and every operand kind (a per-row and a per-column
 # vector, an M x N operand of another dtype and order, a scalar, a second output).
+# Per-tensor scales (ScalarTensor operands: one element read on the device with the per-row values) as well.
 EPILOGUES = ({"activation": "gelu_tanh", "bias": "col"}, {"activation": "silu", "bias": "row", "out_dtype": "fp32"},
-             {"alpha": 2.0, "beta": 0.5}, {"epilogue": _fused})
+             {"alpha": 2.0, "beta": 0.5}, {"epilogue": _fused},
+             {"epilogue": with_scales(ep.from_knobs(activation="gelu", bias="col"), "tensor")})
 CASES += [(arch, Gemm("bf16", "tn", arch=arch, **knobs).config) for arch in SHIPPED_ARCHS for knobs in EPILOGUES]
 # tf32 (fp32 tensors, A and B K-major): cooperative, pingpong, and a fused epilogue writing bf16.
 CASES += [(90, Gemm("fp32", "tn", arch=90, **knobs).config) for knobs in
           ({}, {"schedule": "pingpong", "tile_shape": (128, 128, 32)},
            {"activation": "gelu", "bias": "col", "out_dtype": "bf16"})]
+# fp8 (A and B K-major): promoted per tensor, fast accumulation, per-block scales at both tiles promotion allows
+# (128x192: two sets of 96 accumulators), rowwise on pingpong.
+CASES += [(90, Gemm("e4m3", "tn", arch=90, **knobs).config) for knobs in
+          ({"scale": "tensor"}, {"scale": "tensor", "fast_accum": True}, {"scale": "block"},
+           {"scale": "block", "tile_shape": (128, 192, 128), "cluster_shape": (1, 2)},
+           {"scale": "row", "schedule": "pingpong", "tile_shape": (64, 128, 128), "out_dtype": "fp16"})]
+CASES += [(90, Gemm("e5m2", "tn", arch=90, scale="row", out_dtype="fp32").config)]
+# int8 (int32 accumulators): exact int32 out, and rowwise scales with an activation writing bf16; pingpong with a
+# column-major D (direct stores of the int32 bits).
+CASES += [(90, Gemm("int8", "tn", arch=90, **knobs).config) for knobs in
+          ({}, {"scale": "row", "out_dtype": "bf16", "activation": "silu"},
+           {"schedule": "pingpong", "tile_shape": (128, 128, 128), "layout_c": "col"})]
+# tf32 on the sm80 family: K-major A and B (ldmatrix, cvt.rna on sm_80) and M/N-major ones (32-bit shared loads,
+# cvt.rn on sm_90a).
+CASES += [(80, Gemm("fp32", "tn", arch=80).config), (90, Gemm("fp32", "nt", arch=90, family="sm80").config)]
 #: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core).
 MAX_SHIPPED = {"sm80": 64, "sm90": 96}
 

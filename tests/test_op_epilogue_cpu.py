@@ -17,6 +17,8 @@ CPU in place of the kernel, the epilogue applied by ``generator.runtime.evaluate
 
 The kernels themselves are checked on the GPU by tests/gpu/test_epilogue.py.
 """
+import re
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -28,7 +30,8 @@ from generator import epilogue as ep  # noqa: E402
 from generator.runtime import GemmOp, jit_runtime  # noqa: E402
 from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
-from generator.runtime.operands import check_operands, check_out_aliasing  # noqa: E402
+from generator.runtime.operands import check_operands, check_out_aliasing, scale_blocks  # noqa: E402
+from generator.spec.epilogue import with_scales  # noqa: E402
 from test_autograd_cpu import BOUND, ReferenceOp, operand, rel  # noqa: E402
 
 NAMESPACE = "gemmgen_epilogue_cpu"
@@ -59,7 +62,7 @@ class EpilogueOp(ReferenceOp):
             return GemmOp.run(self, A, B, operands, out)
         if out is not None:   # GemmOp.run's order: A and B, the operands, out, then out's aliasing
             self._check(A, B)
-            check_operands(self.config.epilogue, operands, A, A.shape[0], B.shape[1])
+            check_operands(self.config.epilogue, operands, A, A.shape[0], B.shape[1], A.shape[1])
             self._check_out(out, A, B)
             check_out_aliasing(self.config.epilogue, operands, out, self.config.layout.c, A, B)
         return super().run(A, B, operands, out)
@@ -175,7 +178,7 @@ AUX_CASES = {
 
 
 def inputs(op, m=M, n=N, k=K, requires_grad=False):
-    """Fresh A, B (in the plan's orders) and operand values; scalars in [0.5, 2)."""
+    """Fresh A, B (in the plan's orders) and operand values; scalars and scales in [0.5, 2)."""
     cfg = op.config
     dtype = TORCH_DTYPES[cfg.dtype]
     a = operand(m, k, cfg.layout.a.value, dtype, requires_grad=requires_grad)
@@ -185,6 +188,11 @@ def inputs(op, m=M, n=N, k=K, requires_grad=False):
         t = TORCH_DTYPES[o.dtype]
         if o.kind == "scalar":
             values.append(float(torch.empty(()).uniform_(0.5, 2.0)))
+        elif o.kind == "scalar_tensor":
+            values.append(torch.empty(1).uniform_(0.5, 2.0).requires_grad_(requires_grad))
+        elif o.kind in ("row_blocks", "col_blocks"):
+            shape = (m if o.kind == "row_blocks" else scale_blocks(n), scale_blocks(k))
+            values.append(torch.empty(shape).uniform_(0.5, 2.0))
         elif o.kind in ("row", "col"):
             values.append(torch.randn(m if o.kind == "row" else n).to(t).requires_grad_(requires_grad))
         else:
@@ -204,7 +212,8 @@ def written(torch_fn, a, b, values):
 
 
 def bound(op) -> float:
-    return BOUND[TORCH_DTYPES[op.config.dtype]]
+    # fp8 inputs multiply exactly in fp32: the 16-bit output's rounding bounds the error
+    return BOUND.get(TORCH_DTYPES[op.config.dtype], BOUND[torch.bfloat16])
 
 
 def assert_close(got, ref, limit, what=""):
@@ -865,3 +874,186 @@ def test_compiled_training_step_matches_eager():
     got = torch.autograd.grad(compiled(a, b, bias), (a, b, bias), g)
     want = torch.autograd.grad(op(a, b, bias), (a, b, bias), g)
     assert all(torch.equal(x, y) for x, y in zip(got, want))
+
+
+# -- 7. fp8 scales: one-element scale tensors, fp32 row/column scales, per-block scales ------------------------
+# Per tensor and per row are applied by the epilogue (acc * scale_a * scale_b), so the reference computes them;
+# per-block scales are the kernel's main loop's (tests/gpu/test_fp8.py checks their results): here, their checks.
+
+SCALED_PLANS = {
+    "tensor": dict(epilogue=with_scales(ep.from_knobs(activation="gelu", bias="col"), "tensor")),
+    "row": dict(epilogue=with_scales(ep.trace(leaky_row), "row"), layout_c="col"),
+    "block": dict(dtype="e4m3", epilogue=with_scales(ep.from_knobs(bias="col"), "block")),
+}
+SCALED_CASES = {
+    "tensor": lambda x, sa, sb, bias: F.gelu(x * sa * sb + bias),
+    "row": lambda x, sa, sb, scale: F.leaky_relu(scale[:, None] * (x * sa[:, None] * sb), 0.2),
+}
+
+
+@pytest.mark.parametrize("key, operands", [
+    ("tensor", ", Tensor scale_a, Tensor scale_b, Tensor bias"),
+    ("row", ", Tensor scale_a, Tensor scale_b, Tensor scale"),
+    ("block", ", Tensor scale_a, Tensor scale_b, Tensor bias"),
+])
+def test_scaled_schema(key, operands):
+    op = make(**SCALED_PLANS[key])
+    assert f"_ep_scale_{key}_" in op.name
+    assert str(op.op.default._schema) == f"{NAMESPACE}::{op.name}(Tensor A, Tensor B{operands}) -> Tensor"
+
+
+@pytest.mark.parametrize("key", list(SCALED_CASES))
+def test_scaled_results_against_float64(key):
+    op = make(**SCALED_PLANS[key])
+    for m, n, k in ((M, N, K), (1, 7, 5), (17, 1, 9)):
+        check_call(op, SCALED_CASES[key], m, n, k)
+
+
+def test_a_scale_tensor_may_be_0_d_or_strided():
+    op = make(**SCALED_PLANS["tensor"])
+    a, b, (sa, sb, bias) = inputs(op)
+    want = op(a, b, sa, sb, bias)
+    assert torch.equal(op(a, b, sa.reshape(()), sb, bias), want)
+    assert torch.equal(op(a, b, sa, torch.stack([sb[0], sb[0] + 1])[:1], bias), want)      # a view of a larger one
+    assert torch.equal(ops_namespace(op)(a, b, sa.reshape(()), sb.reshape(()), bias), want)
+
+
+@pytest.mark.parametrize("key", list(SCALED_CASES))
+def test_scaled_autograd_against_float64(key):
+    grads_against_float64(make(**SCALED_PLANS[key]), SCALED_CASES[key])
+
+
+def test_block_scales_reach_the_launch_with_their_leading_dimension():
+    op = make(**SCALED_PLANS["block"])
+    a, b, (sa, sb, bias) = inputs(op, M, 300, 260)
+    assert sa.shape == (M, 3) and sb.shape == (3, 3)
+    padded = torch.empty(M, 8)[:, :3].copy_(sa)              # a leading dimension of 8
+    slots = check_operands(op.config.epilogue, [padded, sb, bias], a, M, 300, 260)
+    assert slots[0] == (padded.data_ptr(), 8, 0.0) and slots[1] == (sb.data_ptr(), 3, 0.0)
+    assert op(a, b, padded, sb, bias).shape == (M, 300)
+
+
+def _col_major(t):
+    return t.t().contiguous().t()
+
+
+# id -> (plan of SCALED_PLANS, the bad values from good ones, exception, the message, whether torch.ops reaches the
+# op's check). Each message names the fix. K = 24 and N = 40: one 128-wide block along K and N.
+BAD_SCALES = {
+    "tensor_a_float": ("tensor", lambda v: (2.0, *v[1:]), TypeError,
+                       "scale_a must be a torch.Tensor of shape (1,), got float", False),
+    "tensor_two_elements": ("tensor", lambda v: (torch.ones(2), *v[1:]), ValueError,
+                            "scale_a has shape (2,); a per-tensor scale is one element, shape (1,) or (): pass a "
+                            "one-element fp32 tensor", True),
+    "tensor_2d": ("tensor", lambda v: (v[0], torch.ones(1, 1), v[2]), ValueError,
+                  "scale_b has shape (1, 1); a per-tensor scale is one element, shape (1,) or (): pass a one-element "
+                  "fp32 tensor", True),
+    "tensor_empty": ("tensor", lambda v: (torch.ones(0), *v[1:]), ValueError, "scale_a has shape (0,)", True),
+    "tensor_fp16": ("tensor", lambda v: (v[0].half(), *v[1:]), TypeError,
+                    "scale_a is torch.float16; this plan's epilogue reads it as fp32: pass scale_a.to(torch.float32)",
+                    True),
+    "tensor_on_meta": ("tensor", lambda v: (v[0], v[1].to("meta"), v[2]), ValueError,
+                       "scale_b is on meta but A and B on cpu: pass scale_b.to('cpu')", True),
+    "row_scale_bf16": ("row", lambda v: (v[0].bfloat16(), *v[1:]), TypeError,
+                       "scale_a is torch.bfloat16; this plan's epilogue reads it as fp32: pass "
+                       "scale_a.to(torch.float32)", True),
+    "row_scale_b_short": ("row", lambda v: (v[0], v[1][:-1], v[2]), ValueError,
+                          f"scale_b has length {N - 1}; a per-col vector has one value per column of D: length N "
+                          f"(B's columns) = {N}", True),
+    "block_a_shape": ("block", lambda v: (torch.ones(M, 2), *v[1:]), ValueError,
+                      f"scale_a has shape ({M}, 2); per-block scales of A are (M, ceil(K/128)) = ({M}, 1) for this "
+                      "call", True),
+    "block_b_shape": ("block", lambda v: (v[0], torch.ones(N, 1), v[2]), ValueError,
+                      f"scale_b has shape ({N}, 1); per-block scales of B are (ceil(N/128), ceil(K/128)) = (1, 1) for "
+                      "this call", True),
+    "block_a_1d": ("block", lambda v: (v[0][:, 0], *v[1:]), ValueError,
+                   f"scale_a must be 2-D (M, ceil(K/128)); got shape ({M},)", True),
+    "block_a_bf16": ("block", lambda v: (v[0].bfloat16(), *v[1:]), TypeError,
+                     "scale_a is torch.bfloat16; this plan's epilogue reads it as fp32: pass scale_a.to(torch.float32)",
+                     True),
+    "block_a_list": ("block", lambda v: (v[0].tolist(), *v[1:]), TypeError,
+                     "scale_a must be a torch.Tensor of shape (M, ceil(K/128)), got list", False),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SCALES))
+def test_bad_scales_are_refused_with_the_fix(case):
+    key, bad, error, message, via_ops = BAD_SCALES[case]
+    op = make(**SCALED_PLANS[key])
+    a, b, values = inputs(op)
+    calls = [lambda *v: op(a, b, *v), lambda *v: op(a, b, *v, out=op._empty_out(a, b))]
+    if via_ops:
+        calls += [lambda *v: ops_namespace(op)(a, b, *v)]
+    for call in calls:
+        with pytest.raises(error) as info:
+            call(*bad(values))
+        assert message in str(info.value) and "declare" not in str(info.value), str(info.value)
+    assert op(a, b, *values).shape == (M, N)   # the next correct call is right
+
+
+def test_block_scales_must_be_row_major():
+    op = make(**SCALED_PLANS["block"])
+    a, b, (sa, sb, bias) = inputs(op, M, N, 200)               # two K blocks
+    with pytest.raises(ValueError, match=re.escape(
+            f"scale_a has strides (1, {M}) (column-major); the kernel reads per-block scales row-major: pass "
+            "scale_a.contiguous()")):
+        op(a, b, _col_major(sa), sb, bias)
+    assert op(a, b, _col_major(sa).contiguous(), sb, bias).shape == (M, N)
+
+
+def test_k_zero_takes_empty_block_scales():
+    op = make(**SCALED_PLANS["block"])
+    a, b, (sa, sb, bias) = inputs(op, M, N, 0)
+    assert sa.shape == (M, 0) and sb.shape == (1, 0)
+    assert op(a, b, sa, sb, bias).shape == (M, N)
+
+
+def test_fake_implementation_checks_scale_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    block, tensor = make(**SCALED_PLANS["block"]), make(**SCALED_PLANS["tensor"])
+    a, b, (sa, sb, bias) = inputs(block)
+    ta, tb, (tsa, tsb, tbias) = inputs(tensor)
+    with FakeTensorMode() as mode:
+        fa, fb, fsa, fsb, fbias = (mode.from_tensor(t) for t in (a, b, sa, sb, bias))
+        with pytest.raises(ValueError, match=re.escape(f"scale_a has shape ({M - 1}, 1); per-block scales of A are "
+                                                       f"(M, ceil(K/128)) = ({M}, 1) for this call")):
+            block.op.default(fa, fb, fsa[:-1], fsb, fbias)
+        assert tuple(block.op.default(fa, fb, fsa, fsb, fbias).shape) == (M, N)
+        fta, ftb, ftbias = (mode.from_tensor(t) for t in (ta, tb, tbias))
+        with pytest.raises(ValueError, match="a per-tensor scale is one element"):
+            tensor.op.default(fta, ftb, mode.from_tensor(torch.ones(3)), mode.from_tensor(tsb), ftbias)
+
+
+@pytest.mark.parametrize("key", list(SCALED_PLANS))
+def test_scaled_opcheck(key):
+    op = make(**SCALED_PLANS[key])
+    a, b, values = inputs(op)
+    # test_schema multiplies the inputs, which torch does not do for fp8 on the CPU
+    tests = {} if op.config.dtype.value in ("bf16", "fp16") else {
+        "test_utils": ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")}
+    torch.library.opcheck(op.op.default, (a, b, *values), **tests)
+    torch.library.opcheck(op.op.out, (a, b, *values), {"out": op._empty_out(a, b)}, **tests)
+
+
+@pytest.mark.parametrize("key", list(SCALED_PLANS))
+def test_scaled_compile_fullgraph_dynamic_m(key):
+    """Scale tensors stay on the device (no .item(), no graph break); per-block scales' (M, ceil(K/128)) is a
+    run-time assertion for a dynamic M, so one graph serves every M."""
+    op = make(**SCALED_PLANS[key])
+    _, b, values = inputs(op)
+
+    def f(x, sa, *rest):
+        return op(x, b, sa, *rest).float() * 2
+
+    counter = _compiled_counter()
+    compiled = torch.compile(f, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        for m in (64, 100, 37):
+            x, _, fresh = inputs(op, m=m)
+            torch._dynamo.mark_dynamic(x, 0)
+            for o, v in zip(op.config.epilogue.operands, fresh):
+                if o.kind in ("row", "row_blocks"):   # per row of A: dynamic with it
+                    torch._dynamo.mark_dynamic(v, 0)
+            assert torch.equal(compiled(x, *fresh), f(x, *fresh))
+    assert counter.frame_count == 1

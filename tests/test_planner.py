@@ -59,6 +59,40 @@ def test_default_plan_sm80_family_at_arch_90() -> None:
     assert p.rejected == []
 
 
+# tf32 on the sm80 family: every layout and order of D, the bf16 plan's tile with half its BK in elements (the same
+# bytes per row, stage and stage count), fp32 out by default.
+TF32_PROBLEMS = (None, Problem(128, 4096, 4096), Problem(197, 263, 141), Problem(8192, 8192, 8192))
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+@pytest.mark.parametrize("layout", ["nn", "nt", "tn", "tt"])
+@pytest.mark.parametrize("layout_c", ["row", "col"])
+def test_tf32_sm80_plans_the_bf16_tile_with_half_the_block_k(arch, layout, layout_c):
+    spec = arch_spec(arch)
+    for problem in TF32_PROBLEMS:
+        lay = parse_layout(layout, layout_c=layout_c)
+        knobs = Knobs(family="sm80")
+        tf32, rejected = choose(DType.tf32, DType.fp32, lay, spec, knobs=knobs, problem=problem)
+        bf16, _ = choose(DType.bf16, DType.bf16, lay, spec, knobs=knobs, problem=problem)
+        t, b = tf32.config, bf16.config
+        assert rejected == [], rejected
+        assert (t.family, t.dtype, t.out_dtype, t.layout) == ("sm80", DType.tf32, DType.fp32, lay)
+        assert t.tile == (b.tile[0], b.tile[1], b.tile[2] // 2) and t.warps == b.warps
+        assert (t.stages, t.stage_bytes, t.smem_bytes) == (b.stages, b.stage_bytes, b.smem_bytes)
+        assert t.smem_bytes <= spec.smem_per_block
+
+
+def test_tf32_sm80_plan_reads_as_tf32() -> None:
+    p = plan(dtype="float32", layout="nt")        # an fp32 tensor's dtype plans tf32
+    assert p.name == "sm80_tf32_nt_128x256x16_w2x4_s4_g8_ofp32"
+    assert "mma.sync m16n8k8" in str(p) and "dtype:        tf32 -> fp32" in str(p)
+    assert "mma.sync m16n8k16" in str(plan())
+    for out in ("bf16", "fp16"):
+        assert plan(dtype="tf32", layout="nn", out_dtype=out).name == f"sm80_tf32_nn_128x256x16_w2x4_s4_g8_o{out}"
+    assert plan(dtype="tf32", layout="nn", activation="gelu_tanh", bias="col", out_dtype="bf16").config.family == "sm80"
+    assert plan(dtype="tf32", layout="tt", tile_shape=(128, 128, 32)).name == "sm80_tf32_tt_128x128x32_w2x4_s4_g8_ofp32"
+
+
 @pytest.mark.parametrize("arch", [80, 86, 89])
 def test_sm80_is_the_family_below_arch_90(arch: int) -> None:
     assert Gemm(dtype="bf16", layout="tn", arch=arch).family == "sm80"
@@ -514,8 +548,7 @@ REFUSED_ASSIGNMENTS = [
     pytest.param({}, "warps", (0, 4), "warps=(0, 4): give 2 positive integers, e.g. warps=(2, 2)",
                  id="warps-zero"),
     pytest.param({}, "out_dtype", "int8",
-                 "out_dtype='int8' is not a data type this generator knows; use one of 'fp16', 'bf16', 'fp32' "
-                 "(or the matching torch dtype)", id="out-dtype"),
+                 "out_dtype='int8' is not supported here; supported: 'fp16', 'bf16', 'fp32', 'int32'", id="out-dtype"),
 ]
 
 
@@ -620,7 +653,7 @@ def test_out_dtype_refusal_in_check_config() -> None:
                        tile=(128, 128, 32), warps=(2, 2), stages=3, raster_group=8)
     with pytest.raises(ValueError) as err:
         check_config(cfg)
-    assert str(err.value) == "out_dtype=int8: use fp16, bf16 or fp32"
+    assert str(err.value) == "out_dtype=int8: use fp16, bf16 or fp32 (int32: int8 inputs)"
 
 
 def test_out_dtype_refused_assignment_keeps_plan() -> None:
@@ -636,17 +669,23 @@ def test_out_dtype_refused_assignment_keeps_plan() -> None:
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    pytest.param(dict(dtype="int8"), "dtype='int8' is not a data type this generator knows; use one of 'fp16', "
-                 "'bf16', 'tf32', 'fp32' (or the matching torch dtype)", id="dtype"),
-    pytest.param(dict(dtype="torch.float32", layout="nn", arch=90),
-                 "dtype='tf32' needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. x @ W.t() of "
-                 "row-major x and W); this plan is layout 'nn': pass A.contiguous() and B.t().contiguous().t() and "
-                 "plan with layout='tn'", id="dtype-fp32-input-not-k-major"),
-    pytest.param(dict(dtype="tf32", layout="tn", arch=80),
-                 "dtype='tf32' (fp32 inputs) runs on the sm90 family only, for now: plan with arch=90 and "
-                 "family='sm90', or pass A and B as bf16 (A.bfloat16()) and plan with dtype='bf16'", id="tf32-sm80"),
-    pytest.param(dict(out_dtype="e4m3"), "out_dtype='e4m3' is not a data type this generator knows; use one of "
-                 "'fp16', 'bf16', 'fp32' (or the matching torch dtype)", id="out-dtype"),
+    pytest.param(dict(dtype="int4"), "dtype='int4' is not a data type this generator knows; use one of 'fp16', "
+                 "'bf16', 'tf32', 'e4m3', 'e5m2', 'int8', 'fp32' (or the matching torch dtype)", id="dtype"),
+    pytest.param(dict(dtype="int8", arch=80), "dtype='int8' runs on the sm90 family only, for now: plan with "
+                 "arch=90 and family='sm90'", id="int8-sm80"),
+    pytest.param(dict(dtype="torch.float32", layout="nn", arch=90, family="sm90"),
+                 "dtype='tf32' on the sm90 family needs A and B K-major (layout 'tn': A row-major, B column-major, "
+                 "i.e. x @ W.t() of row-major x and W); this plan is layout 'nn': plan with family='sm80' (cp.async + "
+                 "mma.sync, which runs on Hopper too and takes every layout), or pass A.contiguous() and "
+                 "B.t().contiguous().t() and plan with layout='tn'", id="dtype-fp32-input-not-k-major-sm90"),
+    pytest.param(dict(dtype="tf32", layout="tn", arch=80, tile_shape=(128, 256, 32), stages=5),
+                 "stages=5 with tile 128x256x32 tf32 needs 245760 bytes of shared memory; sm80 allows 166912: use "
+                 "stages<=3 or tile 128x128x32", id="tf32-sm80-smem"),
+    pytest.param(dict(dtype="tf32", layout="nt", arch=80, tile_shape=(128, 256, 64)),
+                 "tile 128x256x64 is not one the sm80 template builds: BM in (64, 128, 256), BN in (64, 128, 256), "
+                 "BK in (16, 32) for tf32 (e.g. 128x128x16 or 128x256x32)", id="tf32-sm80-bk"),
+    pytest.param(dict(out_dtype="e4m3"), "out_dtype='e4m3' is not supported here; supported: 'fp16', 'bf16', "
+                 "'fp32', 'int32'", id="out-dtype"),
     pytest.param(dict(arch=70), "arch=70 is not an architecture this generator targets; use one of 80, 86, 89, 90",
                  id="arch"),
     pytest.param(dict(arch="sm_100a"), "arch='sm_100a' is not an architecture this generator targets; use one of "

@@ -42,13 +42,13 @@ EPILOGUE_KEYS = {"epilogue_identity", "epilogue_text", "epilogue_operands", "epi
                  "epilogue_col_fields", "epilogue_row_loads", "epilogue_col_loads",
                  "epilogue_has_matrix", "epilogue_prefetch",
                  "epilogue_uses_fast_math", "epilogue_source_slot", "epilogue_source_cuda", "epilogue_sourced_body",
-                 "epilogue_sourced_straight_line"}
+                 "epilogue_sourced_straight_line", "epilogue_row_blocks_slot", "epilogue_col_blocks_slot"}
 CONTEXT_KEYS = {
     "sm80": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "wm", "wn", "stages", "raster_group",
              "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes", *EPILOGUE_KEYS},
     "sm90": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
              "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes",
-             *EPILOGUE_KEYS},
+             "promote", *EPILOGUE_KEYS},
 }
 IDS = [c.name for c in CONFIGS]
 
@@ -388,3 +388,72 @@ def test_column_major_source_is_read_element_by_element() -> None:
     for family in ("sm80", "sm90"):
         cfg = Gemm("bf16", "tn", arch=90, family=family, epilogue=fused).config
         assert source_operand(cfg) is None
+
+
+# -- the functor of fp8 scales: scalar tensors once per row, per-block scales left to the main loop -------------
+
+from generator.render.epilogue import functor_context, operand_load  # noqa: E402
+from generator.spec.epilogue import IDENTITY, with_scales  # noqa: E402
+
+
+def _functor(epilogue: ep.Epilogue) -> str:
+    """The Epilogue struct the families' templates include, for a resolved epilogue."""
+    return _environment().get_template("common/epilogue_functor.cuh.j2").render(**functor_context(epilogue, True))
+
+
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+def test_every_functor_names_the_block_scale_slots(family) -> None:
+    for knobs in ({}, {"activation": "relu", "bias": "col"}):
+        text = only_source(Gemm("bf16", "tn", arch=90, family=family, **knobs).config)[1]
+        for line in ("static constexpr int kRowBlocksSlot = -1;", "static constexpr int kColBlocksSlot = -1;",
+                     "static constexpr int kScaleBlockK = GEMMGEN_SCALE_BLOCK_K;"):
+            assert text.count(line) == 1, (knobs, line)
+
+
+def test_scalar_tensor_is_read_once_per_row() -> None:
+    scaled = with_scales(ep.from_knobs(activation="gelu", bias="col"), "tensor")
+    cfg = Gemm("bf16", "tn", arch=90, epilogue=scaled).config
+    context = template_context(cfg)
+    assert context["epilogue_row_loads"] == ["v.ep_scale_a = gemmgen::epi::load<float>(args.ep_ptr[0], 0);",
+                                             "v.ep_scale_b = gemmgen::epi::load<float>(args.ep_ptr[1], 0);"]
+    assert context["epilogue_row_fields"] == ["float ep_scale_a;", "float ep_scale_b;"]
+    assert context["epilogue_col_loads"] == ["v.ep_bias = gemmgen::epi::load<__nv_bfloat16>(args.ep_ptr[2], col);"]
+    body = context["epilogue_body"]
+    assert body[:2] == ["const float ep_scale_a = r.ep_scale_a;", "const float ep_scale_b = r.ep_scale_b;"]
+    assert not any("args.ep_ptr" in line for line in body)      # nothing read per element
+    assert body[3:5] == ["const float t0 = acc * ep_scale_a;", "const float t1 = t0 * ep_scale_b;"]
+    assert (context["epilogue_row_blocks_slot"], context["epilogue_col_blocks_slot"]) == (-1, -1)
+    text = only_source(cfg)[1]
+    assert "//   slot 0: scale_a: one-element tensor (1,), fp32, read on the device" in text
+
+
+def test_row_scales_are_fp32_vectors() -> None:
+    cfg = Gemm("bf16", "tn", arch=90, family="sm80", epilogue=with_scales(IDENTITY, "row")).config
+    context = template_context(cfg)
+    assert context["epilogue_row_loads"] == ["v.ep_scale_a = gemmgen::epi::load<float>(args.ep_ptr[0], row);"]
+    assert context["epilogue_col_loads"] == ["v.ep_scale_b = gemmgen::epi::load<float>(args.ep_ptr[1], col);"]
+
+
+def test_block_scales_are_not_loaded_by_the_functor() -> None:
+    scaled = with_scales(ep.from_knobs(activation="relu", bias="col"), "block").resolved("bf16")
+    context = functor_context(scaled, True)
+    assert (context["epilogue_row_blocks_slot"], context["epilogue_col_blocks_slot"]) == (0, 1)
+    assert not context["epilogue_identity"]
+    lines = [*context["epilogue_body"], *context["epilogue_row_loads"], *context["epilogue_col_loads"],
+             *context["epilogue_prefetch"], *context["epilogue_row_fields"], *context["epilogue_col_fields"]]
+    assert not any("scale_" in line or "ep_ptr[0]" in line or "ep_ptr[1]" in line for line in lines), lines
+    assert context["epilogue_body"][0] == "const float ep_bias = c.ep_bias;"
+    text = _functor(scaled)
+    assert "static constexpr int kRowBlocksSlot = 0;" in text and "static constexpr int kColBlocksSlot = 1;" in text
+    assert "//   slot 0: scale_a: per-block scales of A (M, ceil(K/128)), fp32, row-major (main loop)" in text
+    with pytest.raises(ValueError, match="read by the kernel's main loop"):
+        operand_load(0, scaled.operands[0])
+
+
+def test_block_scales_alone_leave_the_functor_the_identity() -> None:
+    """D = acc once the main loop has applied the scales: the kernels skip the epilogue, and still find the slots."""
+    text = _functor(with_scales(IDENTITY, "block"))
+    assert "static constexpr bool kIdentity = true;" in text
+    assert "static constexpr int kRowBlocksSlot = 0;" in text and "static constexpr int kColBlocksSlot = 1;" in text
+    assert "static constexpr int kScaleBlockK = GEMMGEN_SCALE_BLOCK_K;" in text and "apply(" not in text
+    assert "static constexpr bool kIdentity = true;" not in _functor(with_scales(IDENTITY, "tensor"))

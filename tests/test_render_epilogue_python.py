@@ -9,7 +9,7 @@ import pytest
 
 from generator import epilogue as ep
 from generator.render.epilogue_python import python_function
-from generator.spec.epilogue import Epilogue, Expr, Operand
+from generator.spec.epilogue import Epilogue, Expr, Operand, with_scales
 
 torch = pytest.importorskip("torch")
 F = pytest.importorskip("torch.nn.functional")
@@ -64,6 +64,10 @@ EPILOGUES = {fn.__name__: ep.trace(fn).resolved("fp32")
              for fn in (fused, gelu_aux, row_clamp, one_sided, functions, activations)}
 EPILOGUES["keyword_names"] = _keyword_names().resolved("fp32")
 EPILOGUES["relu_knob"] = ep.from_knobs(activation="relu", bias="row", alpha="scalar", beta="scalar").resolved("bf16")
+# fp8 scales: one-element tensors in the expression, fp32 vectors, and per-block scales it never reads
+EPILOGUES["scaled_tensor"] = with_scales(ep.trace(fused), "tensor").resolved("fp32")
+EPILOGUES["scaled_row"] = with_scales(ep.trace(gelu_aux), "row").resolved("fp32")
+EPILOGUES["scaled_block"] = with_scales(ep.trace(gelu_aux), "block").resolved("fp32")
 
 
 def test_every_operation_is_covered():
@@ -85,6 +89,10 @@ def random_operands(e: Epilogue) -> list:
     for o in e.operands:
         if o.kind == "scalar":
             values.append(float(torch.empty(()).uniform_(0.5, 2.0)))
+        elif o.kind == "scalar_tensor":   # shape (1,) or (): both are taken
+            values.append(torch.empty((1,) if o.name == "scale_a" else (), dtype=torch.float64).uniform_(0.5, 2.0))
+        elif o.kind in ("row_blocks", "col_blocks"):
+            values.append(torch.empty(M if o.kind == "row_blocks" else 1, 1, dtype=torch.float64).uniform_(0.5, 2.0))
         elif o.kind in ("row", "col"):
             values.append(torch.randn(M if o.kind == "row" else N, dtype=torch.float64))
         elif o.order.value == "row":
@@ -169,3 +177,13 @@ def test_names_are_checked(bad):
     for kwargs in ({"fn_name": bad}, {"fn_name": "f", "torch_module": bad}, {"fn_name": "f", "functional_module": bad}):
         with pytest.raises(ValueError, match="must be an ASCII Python identifier"):
             python_function(EPILOGUES["fused"], **kwargs)
+
+
+def test_scales_in_the_source():
+    tensor = python_function(EPILOGUES["scaled_tensor"], "f")
+    assert tensor.startswith("def f(acc, ep_scale_a, ep_scale_b, ep_bias, ep_C, ep_alpha, ep_beta):\n")
+    assert "    ep_scale_a = ep_scale_a.to(acc.dtype).reshape(())\n" in tensor
+    assert "    t0 = acc * ep_scale_a\n    t1 = t0 * ep_scale_b\n" in tensor
+    block = python_function(EPILOGUES["scaled_block"], "f")   # parameters in the op's order, never read
+    assert block.startswith("def f(acc, ep_scale_a, ep_scale_b, ep_bias):\n")
+    assert block.count("ep_scale_a") == block.count("ep_scale_b") == 1

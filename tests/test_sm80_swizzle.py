@@ -5,13 +5,16 @@ The kernels rely on two properties of the swizzle that no GPU test would pin dow
 - a shift by whole swizzle periods only adds to the address (load_fragments and TileLoader fold warp,
   mma-tile and k-step offsets into immediates this way), for every tile shape the planner can pick;
 - the eight row addresses of one ldmatrix phase, and the chunks one cp.async phase writes, land in
-  eight different 16-byte bank groups (no bank conflicts).
+  eight different 16-byte bank groups (no bank conflicts);
+- tf32's word tiles (M/N-major operands read by 32-bit loads): every lane's fragment word is the element the
+  mma fragment names, the folded addressing equals the plain one, and a warp's 32 words hit 32 banks.
 """
 from __future__ import annotations
 
 import pytest
 
-from generator.spec.config import SM80_BLOCK_K, SM80_BLOCK_M, SM80_BLOCK_N
+from generator.spec.config import SM80_BLOCK_K, SM80_BLOCK_M, SM80_BLOCK_N, sm80_block_k
+from generator.spec.types import DType
 
 from test_nvcc_compile import NO_NVCC, NVCC, run_host_program
 
@@ -19,6 +22,10 @@ from test_nvcc_compile import NO_NVCC, NVCC, run_host_program
 # M/N-major ones BK x (BM or BN).
 TILES = sorted({(r, c) for mn in {*SM80_BLOCK_M, *SM80_BLOCK_N} for bk in SM80_BLOCK_K
                 for r, c in ((mn, bk), (bk, mn))})
+# tf32: K-major tiles (BM or BN) x BK of fp32 (ldmatrix, the bytes of a 16-bit tile with twice the BK), and the
+# word tiles BK x (BM or BN) of M/N-major operands.
+TF32_K_MAJOR = sorted({(mn, bk) for mn in {*SM80_BLOCK_M, *SM80_BLOCK_N} for bk in sm80_block_k(DType.tf32)})
+TF32_WORDS = sorted({(bk, mn) for mn in {*SM80_BLOCK_M, *SM80_BLOCK_N} for bk in sm80_block_k(DType.tf32)})
 
 PROGRAM = r"""
 #include <cstdio>
@@ -27,9 +34,9 @@ PROGRAM = r"""
 using gemmgen::sm80::SwizzledTile;
 static int failures = 0;
 
-template <int ROWS, int COLS>
+template <int ROWS, int COLS, int ELEM_BYTES = 2>
 void check() {
-  using Tile = SwizzledTile<ROWS, COLS>;
+  using Tile = SwizzledTile<ROWS, COLS, ELEM_BYTES>;
   // A shift by whole periods adds shift * row bytes, whatever the row and chunk.
   for (int shift = 0; shift < ROWS; shift += Tile::kPeriodRows)
     for (int row = 0; row + shift < ROWS; ++row)
@@ -70,7 +77,72 @@ def run_checks(program: str, checks: list[str], tmp_path) -> str:
 
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_swizzle_shifts_fold_and_phases_are_conflict_free(tmp_path) -> None:
-    assert run_checks(PROGRAM, [f"check<{r}, {c}>();" for r, c in TILES], tmp_path) == "0 failures"
+    checks = [f"check<{r}, {c}>();" for r, c in TILES] + [f"check<{r}, {c}, 4>();" for r, c in TF32_K_MAJOR]
+    assert run_checks(PROGRAM, checks, tmp_path) == "0 failures"
+
+
+# tf32's word tiles: ROWS = BK rows of k, COLS = BM or BN fp32 elements (SwizzledTile<..., 4, true>).
+WORDS_PROGRAM = r"""
+#include <cstdio>
+#include "sm80/gemm_kernel.cuh"
+
+static int failures = 0;
+
+template <int ROWS, int COLS>
+void check_words() {
+  using Tile = gemmgen::sm80::SwizzledTile<ROWS, COLS, 4, true>;
+  constexpr int kMmaN = gemmgen::sm80::kMmaN;  // a fragment's rows (A: m, m + 8) and columns (B: n) come in 8s
+  // Every element has its own word inside the tile, at the place of its chunk that cp.async writes.
+  static bool seen[ROWS * COLS];
+  for (bool& s : seen) s = false;
+  for (int row = 0; row < ROWS; ++row)
+    for (int e = 0; e < COLS; ++e) {
+      const unsigned at = Tile::element_offset(row, e, 0);
+      const unsigned chunk_at = Tile::offset(row, e / Tile::kChunkElems) + (e % Tile::kChunkElems) * 4;
+      if (at % 4 || at / 4 >= ROWS * COLS || seen[at / 4] || at != chunk_at) {
+        if (failures++ < 10) std::printf("words<%d,%d>: element (%d, %d) at %u\n", ROWS, COLS, row, e, at);
+      } else {
+        seen[at / 4] = true;
+      }
+    }
+  // A fragment load: lane (g, t) reads element mn + g of row k0 + t; the folded address is the plain one, and the
+  // 32 lanes hit 32 different banks.
+  for (int k0 = 0; k0 + Tile::kWordRows <= ROWS; k0 += Tile::kPeriodRows)
+    for (int mn = 0; mn + kMmaN <= COLS; mn += kMmaN) {
+      unsigned banks = 0;
+      for (int lane = 0; lane < 32; ++lane) {
+        const int g = lane / 4, t = lane % 4;
+        const unsigned at = Tile::fragment_word(mn, k0, g, t);
+        if (at != Tile::element_offset(k0 + t, mn + g, 0) && failures++ < 10)
+          std::printf("words<%d,%d>: fragment_word(%d, %d, %d, %d) = %u, element (%d, %d) is at %u\n", ROWS, COLS,
+                      mn, k0, g, t, at, k0 + t, mn + g, Tile::element_offset(k0 + t, mn + g, 0));
+        banks |= 1u << ((at / 4) % 32);
+      }
+      if (banks != 0xffffffffu && failures++ < 10)
+        std::printf("words<%d,%d>: fragment rows %d..%d at %d hit banks %#x\n", ROWS, COLS, k0, k0 + 3, mn, banks);
+    }
+  // A cp.async phase: eight consecutive chunks of the row-major walk cover the eight 16-byte bank groups.
+  for (int first = 0; first + 8 <= ROWS * Tile::kChunksPerRow; first += 8) {
+    unsigned groups = 0;
+    for (int i = first; i < first + 8; ++i)
+      groups |= 1u << ((Tile::offset(i / Tile::kChunksPerRow, i % Tile::kChunksPerRow) / 16) % 8);
+    if (groups != 0xffu && failures++ < 10)
+      std::printf("words<%d,%d>: copy chunks %d..%d hit bank groups %#x\n", ROWS, COLS, first, first + 7, groups);
+  }
+  // Shifts by whole periods of rows add to the address.
+  for (int shift = 0; shift < ROWS; shift += Tile::kPeriodRows)
+    for (int row = 0; row + shift < ROWS; ++row)
+      for (int chunk = 0; chunk < Tile::kChunksPerRow; ++chunk)
+        if (Tile::offset(row + shift, chunk) != Tile::offset(row, chunk, shift) && failures++ < 10)
+          std::printf("words<%d,%d>: offset(%d + %d, %d) does not fold\n", ROWS, COLS, row, shift, chunk);
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_tf32_word_tiles_are_conflict_free_and_fold(tmp_path) -> None:
+    checks = [f"check_words<{r}, {c}>();" for r, c in TF32_WORDS]
+    assert run_checks(WORDS_PROGRAM, checks, tmp_path) == "0 failures"
 
 
 # The staged epilogue's slab (EpilogueSlab<ROW_BYTES>, ROW_BYTES = WARP_N x sizeof(Out)): every row

@@ -54,7 +54,7 @@ def test_parse_dtype_real_torch_dtypes() -> None:
         parse_dtype(torch.float32)
 
 
-@pytest.mark.parametrize("value", ["int8", "torch.int8", "fp8", "", "bfloat", 3])
+@pytest.mark.parametrize("value", ["int4", "torch.int16", "fp6", "", "bfloat", 3])
 def test_parse_dtype_unknown_lists_choices(value: object) -> None:
     with pytest.raises(ValueError) as err:
         parse_dtype(value)

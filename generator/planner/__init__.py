@@ -30,7 +30,7 @@ def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
     epilogue, its dtypes resolved (``Epilogue.resolved(out_dtype)``).
     """
     sm_count = sm_count or spec.sm_count
-    family_choose = choose_sm90 if resolve_family(knobs, spec) == "sm90" else choose_sm80
+    family_choose = choose_sm90 if resolve_family(knobs, spec, dtype, layout) == "sm90" else choose_sm80
     return family_choose(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                          epilogue=epilogue)
 

@@ -66,10 +66,11 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tu
     layouts = backward_layouts(config.layout, grad_order)
     out_dtype = None
     if config.dtype is DType.tf32:
-        # tf32 reads A and B K-major only (spec/config.py check_tf32): its gradients' kernels take layout tn, and the
-        # autograd formula copies an operand stored otherwise; they write fp32.
-        layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
-        out_dtype = DType.fp32
+        out_dtype = DType.fp32   # tf32 inputs are fp32 tensors: so are their gradients
+        if config.family == "sm90":
+            # sm90 reads tf32 A and B K-major only (spec/config.py check_tf32): its gradients' kernels take layout
+            # tn, and the autograd formula copies an operand stored otherwise. The sm80 family takes every layout.
+            layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
     grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family, out_dtype=out_dtype)
                       for lay in layouts)
     return grad_a, grad_b

@@ -28,6 +28,8 @@ from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead
 # BK = 64: with their few mma per k tile, BK = 32 leaves the barrier and the copies exposed (H100,
 # of the 13 benchmark shapes whose pick changed, 12 ran 8-41 % faster and one 2 % slower; docs/planner.md
 # "sm80 small tiles take BK = 64"). The efficiencies are the BK = 32 era's; only the block K changed.
+# BK is given for 16-bit inputs; other input types keep its bytes per row (``block_k``: tf32 takes half as many
+# elements, so a stage, the swizzle and the copies stay those of the 16-bit config).
 SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], int, float]] = {
     (128, 256): ((2, 4), 32, 1.00),
     (256, 128): ((4, 2), 32, 1.00),
@@ -37,12 +39,18 @@ SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], int, float]] = {
     (64, 128): ((2, 2), 64, 0.70),
     (64, 64): ((2, 2), 64, 0.50),
 }
+TABLE_ELEM_BYTES = 2      # SM80_TILES' BK counts 16-bit elements
 PLANNER_MIN_STAGES, PLANNER_MAX_STAGES = 3, 4
 DEFAULT_RASTER_GROUP = 8
 # Registers per thread, for the occupancy estimate: the ptxas report gives 254 for a 64x64 warp tile
 # (128 accumulators, double-buffered fragments, addresses); smaller warp tiles need fewer.
 MAX_REGS_PER_THREAD = 255
 BASE_REGS_PER_THREAD = 64
+
+
+def block_k(table_bk: int, dtype: DType) -> int:
+    """SM80_TILES' BK (16-bit elements) for ``dtype``: the same bytes per row (tf32: 32 -> 16, 64 -> 32)."""
+    return table_bk * TABLE_ELEM_BYTES // dtype.bytes
 
 
 def regs_per_thread(cfg: KernelConfig) -> int:
@@ -103,7 +111,7 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
     if knobs.tile is not None:
         tiles = [knobs.tile]
     else:
-        tiles = [(bm, bn, bk) for (bm, bn), (_, bk, _) in SM80_TILES.items()]
+        tiles = [(bm, bn, block_k(bk, dtype)) for (bm, bn), (_, bk, _) in SM80_TILES.items()]
     configs = []
     for tile in tiles:
         warps = knobs.warps or default_warps(tile)

@@ -66,6 +66,9 @@ CANDIDATE_TILES: tuple[tuple[str, tuple[int, int]], ...] = (
     ("pingpong", (128, 128)),
     ("pingpong", (64, 128)),        # small M: 64 rows waste less of the tile than 128
 )
+# Promoted fp8 (KernelConfig.promoted) holds two sets of accumulators, which rules out the 128x256 tiles: the
+# widest tile left is 128x192, weighed for it alone (the 16-bit plans keep their measured candidates).
+PROMOTED_TILES: tuple[tuple[str, tuple[int, int]], ...] = (("cooperative", (128, 192)),)
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
 # The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
@@ -169,7 +172,8 @@ def choose_raster(cfg: KernelConfig, problem: Problem, sm_count: int, knobs: Kno
 
 # -- candidates ------------------------------------------------------------------------------------------
 
-def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64) -> list[tuple[str, tuple[int, int, int]]]:
+def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64,
+                     promoted: bool = False) -> list[tuple[str, tuple[int, int, int]]]:
     """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule.
 
     The narrow cooperative tile (128x64) only where M fits one 128-row tile: there it is the way to put
@@ -180,7 +184,8 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64) -> list[
         schedules = [knobs.schedule] if knobs.schedule else list(PLANNED_SCHEDULES)
         return [(schedule, knobs.tile) for schedule in schedules]
     wanted = "cooperative" if knobs.schedule == "ws" else knobs.schedule  # ws builds cooperative's tiles
-    shapes = [(knobs.schedule or schedule, (bm, bn, block_k)) for schedule, (bm, bn) in CANDIDATE_TILES
+    tiles = (PROMOTED_TILES if promoted else ()) + CANDIDATE_TILES
+    shapes = [(knobs.schedule or schedule, (bm, bn, block_k)) for schedule, (bm, bn) in tiles
               if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and problem.m > bm)]
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
     return shapes or [(str(knobs.schedule), (128, 256, block_k))]
@@ -205,11 +210,12 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
                problem: Problem, sm_count: int) -> list[KernelConfig]:
     """Every sm90 config the planner would consider, in order of preference (checked later by check_config)."""
     configs = []
-    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype)):
+    fast_accum = bool(knobs.fast_accum)
+    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype), dtype.is_fp8 and not fast_accum):
         for cluster in cluster_candidates(tile, knobs, problem, sm_count):
             cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=None,
                                stages=MIN_STAGES if knobs.stages is None else knobs.stages, raster_group=1,
-                               family="sm90", cluster=cluster, schedule=schedule)
+                               family="sm90", cluster=cluster, schedule=schedule, fast_accum=fast_accum)
             if knobs.stages is None:
                 cfg = replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
             configs.append(choose_raster(cfg, problem, sm_count, knobs))

@@ -65,6 +65,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
                 "cluster_m": cfg.cluster[0], "cluster_n": cfg.cluster[1],
                 "schedule": cfg.schedule,           # "ws" | "cooperative" | "pingpong"
                 "raster": cfg.raster,               # "m" | "n"
+                "promote": cfg.promoted,            # fp8: each k tile added into fp32 accumulators
                 "raster_group": cfg.raster_group,
                 **layout}
     return {**common, "wm": cfg.warps[0], "wn": cfg.warps[1], "raster_group": cfg.raster_group, **layout}

@@ -14,16 +14,25 @@ output (aux) when the plan has one. Per-row and per-column vectors are read apar
     };
 
 Operand i of the plan is slot i of the launch arguments (templates/common/gemm_args.h): ``args.ep_ptr[i]``
-(vectors, matrices), ``args.ep_ld[i]`` (matrices), ``args.ep_scalar[i]`` (scalars). Each node of the
-expression DAG becomes one ``const float`` temporary, in the DAG's order, so a shared subexpression is
-computed once. The kernels call ``apply`` only for elements inside M x N. Pure: no torch, no files.
+(vectors, matrices, scalar tensors, per-block scales), ``args.ep_ld[i]`` (matrices, per-block scales),
+``args.ep_scalar[i]`` (scalars). A scalar tensor (one fp32 element in device memory) is read with the per-row
+vectors, once per row: the kernels' load_row calls pick it up. Per-block scales (spec.epilogue.MAINLOOP_KINDS)
+are the main loop's: the functor only names their slots (``kRowBlocksSlot``, ``kColBlocksSlot``, -1 when
+absent) and the block's K extent (``kScaleBlockK``). Each node of the expression DAG becomes one ``const
+float`` temporary, in the DAG's order, so a shared subexpression is computed once. The kernels call ``apply``
+only for elements inside M x N. Pure: no torch, no files.
 """
 from __future__ import annotations
 
 import math
 
-from ..spec.epilogue import Epilogue, Expr, Operand
+from ..spec.epilogue import ACC, MAINLOOP_KINDS, Epilogue, Expr, Operand
 from ..spec.types import Order
+
+#: kind -> the values struct its operands are read into: "row" (``Row``, by load_row, once per row of D) or
+#: "col" (``Col``, by load_col, once per column). A scalar tensor's one element goes with the rows: read once
+#: per row rather than per element, and without a kernel of its own to call.
+_VALUES_STRUCT = {"row": "row", "col": "col", "scalar_tensor": "row"}
 
 # op -> C++ of its arguments (already C++ expressions). "FAST" is the functor's kFast: the activations'
 # hardware approximations for 16-bit outputs (templates/common/epilogue.cuh says why that is accurate enough).
@@ -67,8 +76,12 @@ def operand_load(slot: int, op: Operand) -> str:
     """The C++ expression that reads operand ``op`` (slot ``slot``) for the element (row, col)."""
     if op.kind == "scalar":
         return f"args.ep_scalar[{slot}]"
+    if op.kind in MAINLOOP_KINDS:
+        raise ValueError(f"{op.name} ({op.kind}) is read by the kernel's main loop, not by the epilogue functor")
     ctype = op.dtype.cuda_type
-    if op.kind == "row":
+    if op.kind == "scalar_tensor":
+        index = "0"
+    elif op.kind == "row":
         index = "row"
     elif op.kind == "col":
         index = "col"
@@ -88,14 +101,26 @@ def _leaf(node: Expr) -> str:
 
 
 def vector_loads(ep: Epilogue, kind: str) -> list[str]:
-    """Statements that read the ``kind`` ("row"/"col") vectors of one row or column into a ``Vectors`` value
-    ``v``: the kernels read them once per row or column, not once per element."""
+    """Statements that read the values of one row or column (``kind`` "row"/"col": the per-row vectors and
+    scalar tensors, or the per-column vectors) into a ``Row``/``Col`` value ``v``: the kernels read them once
+    per row or column, not once per element."""
     return [f"v.{operand_variable(op)} = {operand_load(i, op)};" for i, op in enumerate(ep.operands)
-            if op.kind == kind]
+            if _VALUES_STRUCT.get(op.kind) == kind]
 
 
 def vector_fields(ep: Epilogue, kind: str) -> list[str]:
-    return [f"float {operand_variable(op)};" for op in ep.operands if op.kind == kind]
+    return [f"float {operand_variable(op)};" for op in ep.operands if _VALUES_STRUCT.get(op.kind) == kind]
+
+
+def block_scale_slot(ep: Epilogue, kind: str) -> int:
+    """The slot of the ``kind`` (row_blocks / col_blocks) per-block scales, or -1 (spec allows one of each)."""
+    return next((i for i, op in enumerate(ep.operands) if op.kind == kind), -1)
+
+
+def functor_is_identity(ep: Epilogue) -> bool:
+    """Whether the functor leaves acc as the main loop made it: the identity, or per-block scales alone (which
+    the main loop applies), so that the kernels skip the epilogue at compile time."""
+    return ep.result == ACC and ep.aux is None and all(op.kind in MAINLOOP_KINDS for op in ep.operands)
 
 
 def prefetch_calls(ep: Epilogue) -> list[str]:
@@ -113,11 +138,14 @@ def prefetch_calls(ep: Epilogue) -> list[str]:
 def functor_body(ep: Epilogue, d_row_major: bool, source_slot: int | None = None) -> list[str]:
     """The statements of ``apply``: the element's matrix and scalar operands, one temporary per node, the
     aux store, the return. Vector operands come in ``r`` (per row) and ``c`` (per column); with
-    ``source_slot``, that M x N operand's value comes in ``source`` (the kernel read it from shared memory)."""
+    ``source_slot``, that M x N operand's value comes in ``source`` (the kernel read it from shared memory).
+    Per-block scales are not read here: the main loop applied them to acc."""
     lines = []
     for i, op in enumerate(ep.operands):
-        if op.kind in ("row", "col"):
-            lines.append(f"const float {operand_variable(op)} = {op.kind[0]}.{operand_variable(op)};")
+        if op.kind in MAINLOOP_KINDS:
+            continue
+        if op.kind in _VALUES_STRUCT:
+            lines.append(f"const float {operand_variable(op)} = {_VALUES_STRUCT[op.kind][0]}.{operand_variable(op)};")
         elif i == source_slot:
             lines.append(f"const float {operand_variable(op)} = source;")
         else:
@@ -143,7 +171,7 @@ def functor_context(ep: Epilogue, d_row_major: bool, source_slot: int | None = N
     body = functor_body(ep, d_row_major)
     matrices = [i for i, op in enumerate(ep.operands) if op.kind == "matrix"]
     context: dict[str, object] = {
-        "epilogue_identity": ep.is_identity,
+        "epilogue_identity": functor_is_identity(ep),
         "epilogue_text": ep.text,
         "epilogue_operands": [f"slot {i}: {line}" for i, line in
                               enumerate(ep.describe()[len(ep.describe()) - len(ep.operands):])],
@@ -156,6 +184,8 @@ def functor_context(ep: Epilogue, d_row_major: bool, source_slot: int | None = N
         "epilogue_row_loads": vector_loads(ep, "row"),
         "epilogue_col_loads": vector_loads(ep, "col"),
         "epilogue_source_slot": -1 if source_slot is None else source_slot,
+        "epilogue_row_blocks_slot": block_scale_slot(ep, "row_blocks"),
+        "epilogue_col_blocks_slot": block_scale_slot(ep, "col_blocks"),
         "epilogue_source_cuda": "float",
         "epilogue_sourced_body": [],
         "epilogue_sourced_straight_line": False,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import keyword
 import math
 
-from ..spec.epilogue import Epilogue, Expr, Operand
+from ..spec.epilogue import MAINLOOP_KINDS, Epilogue, Expr, Operand
 
 # op -> Python of its arguments (Python expressions already); {T}: the torch module, {F}: torch.nn.functional.
 _CALLS = {
@@ -52,9 +52,12 @@ _CALLS = {
     "leaky_relu": "{F}.leaky_relu({0}, {1})",
 }
 
-# How each kind of operand is shaped against the M x N accumulator (as evaluate's operand_values).
+# How each kind of operand is shaped against the M x N accumulator (as evaluate's operand_values). Per-block
+# scales are the kernel's main loop's: a parameter of the function (the op's operands keep their positions),
+# never read by it.
 _SHAPED = {
     "scalar": "float({0})",
+    "scalar_tensor": "{0}.to(acc.dtype).reshape(())",
     "row": "{0}.to(acc.dtype)[:, None]",
     "col": "{0}.to(acc.dtype)[None, :]",
     "matrix": "{0}.to(acc.dtype)",
@@ -113,7 +116,8 @@ def python_function(ep: Epilogue, fn_name: str, *, torch_module: str = "torch", 
     aux = "None" if ep.aux is None else f"{ref(ep.aux)}.expand_as(acc)"
     body.append(f"return {ref(ep.result)}.expand_as(acc), {aux}")
     head = ["like = dict(dtype=acc.dtype, device=acc.device)"] if wraps else []
-    head += [f"{parameter(op)} = {_SHAPED[op.kind].format(parameter(op))}" for op in ep.operands]
+    head += [f"{parameter(op)} = {_SHAPED[op.kind].format(parameter(op))}" for op in ep.operands
+             if op.kind not in MAINLOOP_KINDS]
     params = "".join(f", {parameter(op)}" for op in ep.operands)
     text = ep.text if ep.aux is not None else f"D = {ep.text}"
     doc = f'"""{text}, with torch operations: returns (D, aux or None)."""'

@@ -78,6 +78,10 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_autograd.h) where it is
     built, so that calls needing no gradient skip Python; else this module's, in Python. An op with a fused
     epilogue always takes the Python formula (``_register_epilogue_formula``)."""
+    if op.config.dtype.is_quantized:
+        _register_quantized_refusal(op, lib)
+        _register_out_refusal(op, lib)
+        return
     # Planned once here for both the formula and the backward ops' registration (planning is most of the
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
     configs = {order: backward_configs(op.config, order) for order in Order}
@@ -110,6 +114,22 @@ def _product_grads(op: OpHandle, A: torch.Tensor, B: torch.Tensor, grad: torch.T
     grad_a = grad_a_op(_in_order(grad, a_layout.a), _in_order(B.t(), a_layout.b)) if need_a else None
     grad_b = grad_b_op(_in_order(A.t(), b_layout.a), _in_order(grad, b_layout.b)) if need_b else None
     return grad_a, grad_b
+
+
+def _register_quantized_refusal(op: OpHandle, lib: torch.library.Library) -> None:
+    """fp8 and int8 ops are forward only: a call that would need a gradient is refused when it runs (torch calls
+    setup_context only when grad mode is on and an input requires grad), not answered with a wrong one later."""
+    def setup_context(ctx, inputs, output) -> None:
+        wanting = [name for name, t in zip(("A", "B", *(o.name for o in op.config.epilogue.operands)), inputs)
+                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        raise RuntimeError(f"{op.name} multiplies {op.config.dtype.value} operands and has no backward pass, but "
+                           f"{', '.join(wanting)} require(s) grad: call it under torch.no_grad(), or pass "
+                           f"{wanting[0]}.detach(); train through a bf16 or tf32 plan")
+
+    def backward(ctx, grad: torch.Tensor):  # never reached: setup_context refuses first
+        raise RuntimeError(f"{op.name} has no backward pass")
+
+    torch.library.register_autograd(f"{op.namespace}::{op.name}", backward, setup_context=setup_context, lib=lib)
 
 
 def _register_python_formula(op: OpHandle, lib: torch.library.Library) -> None:

@@ -8,7 +8,9 @@ import torch
 from ..spec.types import DType, Order
 
 TORCH_DTYPES = {DType.fp16: torch.float16, DType.bf16: torch.bfloat16, DType.fp32: torch.float32,
-                DType.tf32: torch.float32}   # tf32: fp32 tensors, multiplied in tf32
+                DType.tf32: torch.float32,   # tf32: fp32 tensors, multiplied in tf32
+                DType.e4m3: torch.float8_e4m3fn, DType.e5m2: torch.float8_e5m2, DType.int8: torch.int8,
+                DType.int32: torch.int32}
 INT32_MAX = 2**31 - 1
 
 

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..spec.epilogue import Epilogue, Expr
+from ..spec.epilogue import MAINLOOP_KINDS, Epilogue, Expr
 
 _UNARY = {
     "neg": torch.neg, "abs": torch.abs, "relu": torch.relu, "gelu": F.gelu,
@@ -27,20 +27,23 @@ def _as_tensor(x: Any, like: torch.Tensor) -> torch.Tensor:
     return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=like.dtype, device=like.device)
 
 
+# kind -> the operand as it broadcasts against an M x N accumulator, in a dtype (render/epilogue_python.py's
+# _SHAPED says the same in Python source).
+_SHAPED = {
+    "scalar": lambda value, dtype: float(value),
+    "scalar_tensor": lambda value, dtype: value.to(dtype).reshape(()),
+    "row": lambda value, dtype: value.to(dtype)[:, None],
+    "col": lambda value, dtype: value.to(dtype)[None, :],
+    "matrix": lambda value, dtype: value.to(dtype),
+}
+
+
 def operand_values(ep: Epilogue, values: Sequence[Any], dtype: torch.dtype) -> dict[str, Any]:
-    """Each operand as it broadcasts against an M x N accumulator, in ``dtype``: a row vector as (M, 1), a
-    column vector as (1, N), a scalar as a Python number."""
-    shaped: dict[str, Any] = {}
-    for op, value in zip(ep.operands, values):
-        if op.kind == "scalar":
-            shaped[op.name] = float(value)
-        elif op.kind == "row":
-            shaped[op.name] = value.to(dtype)[:, None]
-        elif op.kind == "col":
-            shaped[op.name] = value.to(dtype)[None, :]
-        else:
-            shaped[op.name] = value.to(dtype)
-    return shaped
+    """Each operand the expression reads as it broadcasts against an M x N accumulator, in ``dtype``: a row
+    vector as (M, 1), a column vector as (1, N), a scalar tensor as a 0-dim tensor, a scalar as a Python number.
+    Per-block scales are left out: the kernel's main loop applies them to acc, the expression cannot read them."""
+    return {op.name: _SHAPED[op.kind](value, dtype) for op, value in zip(ep.operands, values)
+            if op.kind not in MAINLOOP_KINDS}
 
 
 def evaluate(ep: Epilogue, acc: torch.Tensor, operands: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:

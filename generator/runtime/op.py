@@ -129,9 +129,10 @@ class GemmOp:
     # -- checks -----------------------------------------------------------------------------------
 
     def _wrong_dtype(self, t: torch.Tensor, what: str) -> TypeError:
-        # Planning with the tensor's dtype is a fix only where a plan can take it (fp32: tf32 on sm90).
+        # Planning with the tensor's dtype is a fix only where a plan can take it (fp32 as tf32, fp8, int8).
         name = str(t.dtype).removeprefix("torch.")
-        replan = f" or plan with dtype={name!r}" if t.dtype in (torch.float16, torch.bfloat16, torch.float32) else ""
+        plannable = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+        replan = f" or plan with dtype={name!r}" if t.dtype in plannable else ""
         return TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
                          f"{what}.to({self.dtype}){replan}")
 
@@ -211,7 +212,7 @@ class GemmOp:
                           lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
         for op, value in zip(self.config.epilogue.operands, operands):
             check_static(op, value, A)
-            check_sizes_symbolic(op, value, A.shape[0], B.shape[1])
+            check_sizes_symbolic(op, value, A.shape[0], B.shape[1], A.shape[1])
         if out is not None:
             if out.dtype != self.out_dtype:
                 raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}")
@@ -267,7 +268,7 @@ class GemmOp:
             D = self._empty_out(A, B) if out is None else out
             return self._outputs(D, self._empty_out(A, B) if ep.aux is not None else None)
         lda, ldb = self._check(A, B)
-        slots = check_operands(ep, operands, A, A.shape[0], B.shape[1])
+        slots = check_operands(ep, operands, A, A.shape[0], B.shape[1], A.shape[1])
         D = self._empty_out(A, B) if out is None else out
         if out is not None:
             ldd = self._check_out(D, A, B)

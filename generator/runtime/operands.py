@@ -2,7 +2,7 @@
 checks each gets before a launch (device, dtype, shape, strides), with errors that name the fix.
 
 Operand i of the plan's epilogue goes to slot i of the launch arguments (templates/common/gemm_args.h): a
-tensor's address (and a matrix's leading dimension), or a scalar's value.
+tensor's address (and a matrix's or per-block scales' leading dimension), or a scalar's value.
 """
 from __future__ import annotations
 
@@ -10,11 +10,33 @@ from typing import Any, Sequence
 
 import torch
 
-from ..spec.epilogue import Epilogue, Operand
+from ..spec.epilogue import MAINLOOP_KINDS, SCALE_BLOCK, SCALE_NAMES, Epilogue, Operand
 from ..spec.types import Order
 from .checks import TORCH_DTYPES, leading_dim, order_of
 
-_SHAPES = {"row": "(M,)", "col": "(N,)", "matrix": "(M, N)"}
+#: kind -> the ranks a tensor operand may have (a scalar tensor: shape (1,) or ()).
+_RANKS = {"row": (1,), "col": (1,), "matrix": (2,), "scalar_tensor": (0, 1), "row_blocks": (2,), "col_blocks": (2,)}
+
+
+def scale_blocks(size: Any) -> Any:
+    """ceil(size / SCALE_BLOCK): the number of per-block scales along a dimension (an int or a SymInt)."""
+    return (size + SCALE_BLOCK - 1) // SCALE_BLOCK
+
+
+def _block_shape(op: Operand, m: Any, n: Any, k: Any) -> tuple[Any, Any]:
+    """The shape of ``op``'s per-block scales for an m x n x k call (row_blocks: A's, col_blocks: B's)."""
+    return (m, scale_blocks(k)) if op.kind == "row_blocks" else (scale_blocks(n), scale_blocks(k))
+
+
+def _block_shape_message(op: Operand, shape: tuple[int, ...], wanted: tuple[Any, ...]) -> str:
+    whose = "A" if op.kind == "row_blocks" else "B"
+    return (f"{op.name} has shape {shape}; per-block scales of {whose} are {op.shape} = {tuple(wanted)} for "
+            "this call")
+
+
+def _scalar_tensor_message(op: Operand, shape: tuple[int, ...]) -> str:
+    return (f"{op.name} has shape {shape}; a per-tensor scale is one element, shape (1,) or (): pass a "
+            "one-element fp32 tensor")
 
 
 def schema_arguments(ep: Epilogue) -> str:
@@ -66,7 +88,14 @@ def check_type(op: Operand, value: object) -> None:
     if op.kind == "scalar":
         check_scalar(op, value)
     elif not isinstance(value, torch.Tensor):
-        raise TypeError(f"{op.name} must be a torch.Tensor of shape {_SHAPES[op.kind]}, got {type(value).__name__}")
+        raise TypeError(f"{op.name} must be a torch.Tensor of shape {op.shape}, got {type(value).__name__}")
+
+
+def _declarable(op: Operand, dtype: torch.dtype) -> bool:
+    """Whether declaring the operand with ``dtype`` is a fix: only for a dtype an operand may have (fp16, bf16,
+    fp32; not float64, say), of an operand whose dtype the user chose (not a scale's, always fp32)."""
+    return (dtype in (torch.float16, torch.bfloat16, torch.float32) and op.kind in ("row", "col", "matrix")
+            and op.name not in SCALE_NAMES)   # made by with_scales: fp32 by the plan, not by a declaration
 
 
 def check_static(op: Operand, value: object, A: torch.Tensor) -> None:
@@ -74,15 +103,15 @@ def check_static(op: Operand, value: object, A: torch.Tensor) -> None:
     check_type(op, value)
     if op.kind == "scalar":
         return
-    rank = 2 if op.kind == "matrix" else 1
-    if value.dim() != rank:
-        raise ValueError(f"{op.name} must be {rank}-D {_SHAPES[op.kind]}; got shape {tuple(value.shape)}")
+    ranks = _RANKS[op.kind]
+    if value.dim() not in ranks:
+        if op.kind == "scalar_tensor":
+            raise ValueError(_scalar_tensor_message(op, tuple(value.shape)))
+        raise ValueError(f"{op.name} must be {ranks[0]}-D {op.shape}; got shape {tuple(value.shape)}")
     want = TORCH_DTYPES[op.dtype]
     if value.dtype != want:
-        # Declaring the operand's dtype is a fix only for a dtype an operand may have (fp16, bf16, fp32):
-        # not for float64, say.
         declare = (f" or declare it with dtype={str(value.dtype).removeprefix('torch.')!r}"
-                   if value.dtype in TORCH_DTYPES.values() else "")
+                   if _declarable(op, value.dtype) else "")
         raise TypeError(f"{op.name} is {value.dtype}; this plan's epilogue reads it as {op.dtype.value}: pass "
                         f"{op.name}.to({want}){declare}")
     # Exactly A's device. (A meta operand used to pass beside real A and B: the launch then read its
@@ -91,24 +120,49 @@ def check_static(op: Operand, value: object, A: torch.Tensor) -> None:
         raise ValueError(f"{op.name} is on {value.device} but A and B on {A.device}: pass {op.name}.to('{A.device}')")
 
 
-def check_sizes_symbolic(op: Operand, value: object, m: object, n: object) -> None:
-    """A vector's length and a matrix's shape as ``torch._check``s: under torch.compile a size that may be
-    symbolic (a dynamic M) is recorded as a run-time assertion instead of specializing the graph, so a wrong
-    operand is refused at tracing when the sizes are static, and when the compiled graph runs otherwise."""
+def check_sizes_symbolic(op: Operand, value: object, m: object, n: object, k: object) -> None:
+    """A vector's length and a matrix's or per-block scales' shape as ``torch._check``s: under torch.compile a
+    size that may be symbolic (a dynamic M) is recorded as a run-time assertion instead of specializing the
+    graph, so a wrong operand is refused at tracing when the sizes are static, and when the compiled graph runs
+    otherwise. (A scalar tensor's one element: sizes 0 and 1 are never symbolic.)"""
     if op.kind == "scalar" or not isinstance(value, torch.Tensor):
         return
-    wanted = {"row": (m,), "col": (n,), "matrix": (m, n)}[op.kind]
+    shape = tuple(value.shape)
+    if op.kind == "scalar_tensor":
+        torch._check_with(ValueError, value.numel() == 1, lambda: _scalar_tensor_message(op, shape))
+        return
+    wanted = (_block_shape(op, m, n, k) if op.kind in MAINLOOP_KINDS else
+              {"row": (m,), "col": (n,), "matrix": (m, n)}[op.kind])
     for got, want in zip(value.shape, wanted):
-        torch._check_with(ValueError, got == want, lambda: f"{op.name} has shape {tuple(value.shape)}; it must be "
-                          f"{_SHAPES[op.kind]} = {tuple(wanted)} for this call")
+        torch._check_with(ValueError, got == want, lambda: (
+            _block_shape_message(op, shape, wanted) if op.kind in MAINLOOP_KINDS else
+            f"{op.name} has shape {shape}; it must be {op.shape} = {tuple(wanted)} for this call"))
 
 
-def check_operand(op: Operand, value: object, A: torch.Tensor, m: int, n: int) -> tuple[int, int, float]:
+def _check_block_scales(op: Operand, t: torch.Tensor, m: int, n: int, k: int) -> int:
+    """Per-block scales' shape and row-major storage; returns their leading dimension."""
+    wanted = _block_shape(op, m, n, k)
+    if tuple(t.shape) != wanted:
+        raise ValueError(_block_shape_message(op, tuple(t.shape), wanted))
+    ld = leading_dim(t, Order.row)
+    if ld is None:
+        raise ValueError(f"{op.name} has strides {tuple(t.stride())} ({order_of(t)}); the kernel reads per-block "
+                         f"scales row-major: pass {op.name}.contiguous()")
+    return ld
+
+
+def check_operand(op: Operand, value: object, A: torch.Tensor, m: int, n: int, k: int) -> tuple[int, int, float]:
     """Validate one operand for a launch; returns its slot's (address, leading dimension, scalar value)."""
     check_static(op, value, A)
     if op.kind == "scalar":
         return 0, 0, float(value)  # type: ignore[arg-type]
     t: torch.Tensor = value  # type: ignore[assignment]
+    if op.kind == "scalar_tensor":   # any strides: the kernel reads its one element
+        if t.numel() != 1:
+            raise ValueError(_scalar_tensor_message(op, tuple(t.shape)))
+        return t.data_ptr(), 0, 0.0
+    if op.kind in MAINLOOP_KINDS:
+        return t.data_ptr(), _check_block_scales(op, t, m, n, k), 0.0
     if op.kind in ("row", "col"):
         length = m if op.kind == "row" else n
         if t.shape[0] != length:
@@ -132,9 +186,9 @@ def check_operand(op: Operand, value: object, A: torch.Tensor, m: int, n: int) -
     return t.data_ptr(), ld, 0.0
 
 
-def check_operands(ep: Epilogue, values: Sequence[Any], A: torch.Tensor, m: int, n: int
+def check_operands(ep: Epilogue, values: Sequence[Any], A: torch.Tensor, m: int, n: int, k: int
                    ) -> list[tuple[int, int, float]]:
-    return [check_operand(op, v, A, m, n) for op, v in zip(ep.operands, values)]
+    return [check_operand(op, v, A, m, n, k) for op, v in zip(ep.operands, values)]
 
 
 def check_out_aliasing(ep: Epilogue, values: Sequence[Any], out: torch.Tensor, d_order: Order,

@@ -18,15 +18,20 @@ from .types import DType, Layout, Order
 FAMILIES = ("sm80", "sm90")
 
 # -- sm80 ---------------------------------------------------------------------------------------------
-# mma.sync m16n8k16 is the instruction shape; a warp loads B two n8 blocks at a time (ldmatrix.x4).
+# mma.sync m16n8k16 is the instruction shape (m16n8k8 for tf32: every shape reads 32 bytes of k per row); a warp
+# loads B two n8 blocks at a time (ldmatrix.x4).
 MMA_M, MMA_N, MMA_K = 16, 8, 16
+MMA_K_BYTES = 32
 WARP_N_STEP = 16
 # Accumulators per thread = warp_m * warp_n / 32 floats; past 64x64 a warp runs out of registers.
 MAX_WARP_TILE_ELEMS = 64 * 64
 CHUNK_BYTES = 16          # one cp.async / ldmatrix row
 SM80_BLOCK_M = (64, 128, 256)
 SM80_BLOCK_N = (64, 128, 256)
-SM80_BLOCK_K = (32, 64)
+SM80_BLOCK_K = (32, 64)    # 16-bit inputs; every input type: sm80_block_k
+# A k tile's row of a K-major operand: 64 or 128 bytes (BK 32 or 64 for 16-bit inputs, 16 or 32 for tf32), so that a
+# stage holds the same bytes whatever the input type, and the swizzle and 16-byte copies work alike.
+SM80_BLOCK_K_BYTES = (64, 128)
 SM80_WARP_COUNTS = (4, 8)
 MIN_STAGES, MAX_STAGES = 2, 8
 RASTER_GROUPS = (1, 2, 4, 8, 16)
@@ -89,6 +94,13 @@ class KernelConfig:
     schedule: str = ""               # sm90: "ws", "cooperative" or "pingpong"
     raster: str = "m"                # sm90: "m" or "n", see RASTERS
     epilogue: Epilogue = IDENTITY    # what is done to the fp32 accumulator before D is stored (resolved dtypes)
+    fast_accum: bool = False         # fp8: sum all of K inside wgmma (torch's use_fast_accum), no promotion
+
+    @property
+    def promoted(self) -> bool:
+        """fp8 sums each k tile inside wgmma, whose additions keep fewer bits than fp32, and adds it into fp32
+        accumulators of its own ("promotion"), unless fast_accum: as cuBLAS does without use_fast_accum."""
+        return self.dtype.is_fp8 and not self.fast_accum
 
     @property
     def name(self) -> str:
@@ -97,7 +109,8 @@ class KernelConfig:
         if self.family == "sm90":
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
-            return (f"sm90_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}"
+            fast = "_fa" if self.fast_accum else ""
+            return (f"sm90_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{fast}"
                     f"_g{self.raster_group}{self.raster}{out}{self.epilogue.name_suffix}")
         warps = "x".join(map(str, self.warps)) if self.warps else "None"
         return (f"{self.family}_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}"
@@ -145,7 +158,8 @@ class KernelConfig:
         wm, wn = self.warp_tile
         lines = [
             f"name:         {self.name}",
-            f"family:       {self.family} (cp.async multistage, ldmatrix, mma.sync m16n8k16, fp32 accumulate)",
+            f"family:       {self.family} (cp.async multistage, ldmatrix, mma.sync {sm80_mma_shape(self.dtype)}, "
+            "fp32 accumulate)",
             *_common_lines(self),
             f"warps:        {self.warps[0]}x{self.warps[1]} ({self.threads} threads, warp tile {wm}x{wn})",
             f"stages:       {self.stages} ({self.smem_bytes} bytes of shared memory)",
@@ -213,11 +227,21 @@ def describe_raster(cfg: KernelConfig) -> str:
     return f"n, group {group} (bands of {group} {many}, each walked along N then down M)"
 
 
+def _accumulation(cfg: KernelConfig) -> str:
+    if cfg.dtype is DType.int8:
+        return "int32 accumulate (exact)"
+    if cfg.promoted:
+        return "fp32 accumulate: each k tile summed in wgmma, then promoted into fp32 registers"
+    if cfg.fast_accum:
+        return "fast accumulation: all of K summed inside wgmma"
+    return "fp32 accumulate"
+
+
 def _describe_sm90(cfg: KernelConfig) -> str:
     lines = [
         f"name:         {cfg.name}",
-        f"family:       sm90 (TMA, mbarrier pipeline, wgmma m64nNk{32 // cfg.dtype.bytes}, warp-specialized, fp32 "
-        "accumulate)",
+        f"family:       sm90 (TMA, mbarrier pipeline, wgmma m64nNk{32 // cfg.dtype.bytes}, warp-specialized, "
+        f"{_accumulation(cfg)})",
         *_common_lines(cfg),
         f"schedule:     {describe_schedule(cfg)}",
         f"cluster:      {describe_cluster(cfg.cluster)}",
@@ -286,27 +310,104 @@ def _sm90_smem_parts(cfg: KernelConfig) -> str:
 # -- legality -------------------------------------------------------------------------------------------
 
 def sm90_block_k(dtype: DType) -> int:
-    """The sm90 family's BK: one 128-byte swizzle row of k values (64 16-bit, 32 tf32 elements)."""
+    """The sm90 family's BK: one 128-byte swizzle row of k values (64 16-bit, 32 tf32, 128 8-bit elements)."""
     return 128 // dtype.bytes
 
 
 def check_tf32(cfg: KernelConfig) -> None:
-    """tf32 inputs: the sm90 family, A and B K-major (wgmma reads tf32 from shared memory K-major only)."""
-    if cfg.family != "sm90":
-        raise ValueError("dtype='tf32' (fp32 inputs) runs on the sm90 family only, for now: plan with arch=90 and "
-                         "family='sm90', or pass A and B as bf16 (A.bfloat16()) and plan with dtype='bf16'")
-    if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
-        raise ValueError(f"dtype='tf32' needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. "
-                         f"x @ W.t() of row-major x and W); this plan is layout {cfg.layout.blas!r}: pass "
-                         "A.contiguous() and B.t().contiguous().t() and plan with layout='tn'")
+    """tf32 inputs (fp32 tensors): the sm80 family takes every layout (mma.sync's fragments come from registers);
+    the sm90 family needs A and B K-major (wgmma reads tf32 from shared memory K-major only)."""
+    if cfg.family == "sm90" and not (cfg.layout.a_k_major and cfg.layout.b_k_major):
+        raise ValueError(f"dtype='tf32' on the sm90 family needs A and B K-major (layout 'tn': A row-major, B "
+                         f"column-major, i.e. x @ W.t() of row-major x and W); this plan is layout "
+                         f"{cfg.layout.blas!r}: plan with family='sm80' (cp.async + mma.sync, which runs on Hopper "
+                         "too and takes every layout), or pass A.contiguous() and B.t().contiguous().t() and plan "
+                         "with layout='tn'")
     if cfg.out_dtype is DType.tf32:
         raise ValueError("out_dtype='tf32' is not an output type: use out_dtype='fp32' (the default for tf32)")
+
+
+def check_fp8(cfg: KernelConfig) -> None:
+    """fp8 inputs (e4m3, e5m2): the sm90 family (wgmma's fp8; sm80's mma.sync has none before sm89), A and B
+    K-major (wgmma reads 8-bit operands from shared memory K-major only), a 16- or 32-bit float output."""
+    name = cfg.dtype.value
+    if cfg.family != "sm90":
+        raise ValueError(f"dtype={name!r} (fp8) runs on the sm90 family only (wgmma, Hopper): plan with arch=90 and "
+                         "family='sm90'")
+    if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
+        raise ValueError(f"dtype={name!r} needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. "
+                         f"x @ W.t() of row-major x and W), as torch._scaled_mm does; this plan is layout "
+                         f"{cfg.layout.blas!r}: pass A.contiguous() and B.t().contiguous().t() and plan with "
+                         "layout='tn'")
+    if cfg.out_dtype not in (DType.bf16, DType.fp16, DType.fp32):
+        raise ValueError(f"out_dtype={cfg.out_dtype.value!r} is not an output of an fp8 GEMM: use 'bf16' (the "
+                         "default), 'fp16' or 'fp32'")
+    bm, bn, bk = cfg.tile
+    if cfg.promoted and cfg.family == "sm90" and cfg.accumulators_per_thread > SM90_PROMOTED_MAX_ACCUMULATORS:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}' needs {cfg.accumulators_per_thread} "
+                         f"accumulators per consumer thread, and fp8's promotion holds them twice (the tile's fp32 "
+                         f"sums and the current k tile's); at most {SM90_PROMOTED_MAX_ACCUMULATORS} fit: use tile "
+                         f"128x128x{bk} or 128x192x{bk} (schedule='cooperative'), or fast_accum=True (all of K "
+                         "summed inside wgmma, as torch's use_fast_accum)")
+
+
+def check_int8(cfg: KernelConfig) -> None:
+    """int8 inputs: the sm90 family (wgmma .s32.s8.s8), A and B K-major; D int32 (the exact sums, no epilogue) or a
+    float type (the sums in fp32, then any epilogue: scales for a dequantized output)."""
+    if cfg.family != "sm90":
+        raise ValueError("dtype='int8' runs on the sm90 family only, for now: plan with arch=90 and family='sm90'")
+    if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
+        raise ValueError(f"dtype='int8' needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. "
+                         f"x @ W.t() of row-major x and W), as torch._int_mm does; this plan is layout "
+                         f"{cfg.layout.blas!r}: pass A.contiguous() and B.t().contiguous().t() and plan with "
+                         "layout='tn'")
+    if cfg.out_dtype is DType.int32 and not cfg.epilogue.is_identity:
+        raise ValueError("out_dtype='int32' stores int8's exact sums as they are, with no epilogue: for scales, "
+                         "an activation or a bias plan out_dtype='bf16' (or 'fp16', 'fp32')")
+    if cfg.out_dtype not in (DType.int32, DType.bf16, DType.fp16, DType.fp32):
+        raise ValueError(f"out_dtype={cfg.out_dtype.value!r} is not an output of an int8 GEMM: use 'int32' (the "
+                         "default) or 'bf16', 'fp16', 'fp32'")
+
+
+def check_fast_accum(cfg: KernelConfig) -> None:
+    if cfg.fast_accum and not cfg.dtype.is_fp8:
+        raise ValueError(f"fast_accum=True is a knob of fp8 plans (e4m3, e5m2); this plan is {cfg.dtype.value}, "
+                         "whose wgmma sums in fp32 anyway: drop fast_accum")
+
+
+#: Promotion (fp8 without fast_accum) holds the current k tile's accumulators beside the tile's: at most this many
+#: per consumer thread each (the two sets within the 232 registers, with room for scales and addresses; ptxas
+#: reports no spills at 128x192).
+SM90_PROMOTED_MAX_ACCUMULATORS = 96
+SM90_BLOCK_SCALED_BLOCK_N = (64, 128, 192, 256)   # tiles starting at multiples of 64 span at most two 128-blocks
+
+
+def check_block_scales(cfg: KernelConfig) -> None:
+    """scale='block' (1x128 scales of A, 128x128 of B): fp8 on sm90, where the main loop applies them per k tile."""
+    if not cfg.dtype.is_fp8:
+        raise ValueError(f"scale='block' is for fp8 inputs (e4m3, e5m2), whose k tile is one 128-wide scale block; "
+                         f"this plan is {cfg.dtype.value}: use scale='row' or scale='tensor'")
+    bm, bn, bk = cfg.tile
+    if bn not in SM90_BLOCK_SCALED_BLOCK_N:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with scale='block': BN must be one of {SM90_BLOCK_SCALED_BLOCK_N} "
+                         f"(a tile then covers at most two 128-column scale blocks of B): use tile {bm}x128x{bk}")
+    if cfg.fast_accum:
+        raise ValueError("scale='block' applies the scales where each k tile is promoted into fp32, which "
+                         "fast_accum=True leaves out: drop fast_accum (or use scale='row' with fast_accum=True)")
 
 
 def check_config(cfg: KernelConfig) -> None:
     """Raise ValueError with the reason and what would work if ``cfg``'s template cannot run it."""
     if cfg.dtype is DType.tf32:
         check_tf32(cfg)
+    check_fast_accum(cfg)
+    if cfg.dtype.is_fp8:
+        check_fp8(cfg)
+    if cfg.dtype is DType.int8:
+        check_int8(cfg)
+    elif cfg.out_dtype is DType.int32:
+        raise ValueError(f"out_dtype='int32' is the output of int8 GEMMs; this plan is {cfg.dtype.value}: use "
+                         "out_dtype='fp32', 'bf16' or 'fp16'")
     if cfg.family == "sm90":
         check_sm90(cfg)
     elif cfg.family == "sm80":
@@ -314,6 +415,8 @@ def check_config(cfg: KernelConfig) -> None:
     else:
         raise ValueError(f"family={cfg.family!r}: use 'sm80' (cp.async + mma.sync, arch 80 and newer) or 'sm90' "
                          f"(TMA + wgmma, arch 90)")
+    if cfg.epilogue.scale_mode == "block":
+        check_block_scales(cfg)
 
 
 def sm90_knob_sentence(knob: str, arch: int) -> str:
@@ -328,6 +431,16 @@ def sm80_knob_sentence(knob: str) -> str:
             f"whose {SM90_THREADS} threads are fixed (1 producer + 2 consumer warpgroups): plan with family='sm80'")
 
 
+def sm80_block_k(dtype: DType) -> tuple[int, ...]:
+    """The sm80 family's BK choices for ``dtype``, in elements: rows of 64 or 128 bytes (SM80_BLOCK_K_BYTES)."""
+    return tuple(row_bytes // dtype.bytes for row_bytes in SM80_BLOCK_K_BYTES)
+
+
+def sm80_mma_shape(dtype: DType) -> str:
+    """The mma.sync shape of the sm80 family for ``dtype``: 32 bytes of k per row (k16 of 16-bit, k8 of tf32)."""
+    return f"m{MMA_M}n{MMA_N}k{MMA_K_BYTES // dtype.bytes}"
+
+
 def check_sm80(cfg: KernelConfig) -> None:
     """The sm80 template's rules (cp.async multistage, ldmatrix, mma.sync)."""
     spec = arch_spec(cfg.arch)
@@ -338,10 +451,12 @@ def check_sm80(cfg: KernelConfig) -> None:
     if cfg.warps is None:
         raise ValueError("the sm80 family needs warps=(WM, WN), e.g. warps=(2, 4) for tile 128x256")
     bm, bn, bk = cfg.tile
-    if bm not in SM80_BLOCK_M or bn not in SM80_BLOCK_N or bk not in SM80_BLOCK_K:
+    block_k = sm80_block_k(cfg.dtype)
+    if bm not in SM80_BLOCK_M or bn not in SM80_BLOCK_N or bk not in block_k:
+        for_dtype = "" if block_k == SM80_BLOCK_K else f" for {cfg.dtype.value}"
         raise ValueError(
             f"tile {bm}x{bn}x{bk} is not one the {cfg.family} template builds: BM in {SM80_BLOCK_M}, "
-            f"BN in {SM80_BLOCK_N}, BK in {SM80_BLOCK_K} (e.g. 128x128x32 or 128x256x64)")
+            f"BN in {SM80_BLOCK_N}, BK in {block_k}{for_dtype} (e.g. 128x128x{block_k[0]} or 128x256x{block_k[1]})")
     if bm * bn > 128 * 256:
         raise ValueError(
             f"tile {bm}x{bn}x{bk} needs more accumulator registers than 8 warps have: the largest tiles are "
@@ -381,8 +496,8 @@ def check_sm80(cfg: KernelConfig) -> None:
 def _check_raster_group_and_out(cfg: KernelConfig) -> None:
     if cfg.raster_group not in RASTER_GROUPS:
         raise ValueError(f"raster_group={cfg.raster_group}: use one of {RASTER_GROUPS}")
-    if cfg.out_dtype not in (DType.fp16, DType.bf16, DType.fp32):
-        raise ValueError(f"out_dtype={cfg.out_dtype.value}: use fp16, bf16 or fp32")
+    if cfg.out_dtype not in (DType.fp16, DType.bf16, DType.fp32, DType.int32):
+        raise ValueError(f"out_dtype={cfg.out_dtype.value}: use fp16, bf16 or fp32 (int32: int8 inputs)")
     _check_epilogue(cfg)
 
 

@@ -26,10 +26,11 @@ from typing import Any, Callable, Iterator
 from .types import OUTPUT_DTYPES, DType, Order, parse_dtype, parse_order
 
 __all__ = [
-    "ACC", "ACTIVATIONS", "IDENTITY", "KINDS", "KNOB_NAMES", "OPS", "RESERVED_NAMES", "Col", "Epilogue", "EpilogueError",
-    "Expr", "Matrix", "Operand", "OperandKind", "Row", "Scalar", "Value", "abs", "clamp", "epilogue_from_json",
-    "epilogue_to_json", "from_knobs", "gelu", "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu",
-    "tanh", "trace",
+    "ACC", "ACTIVATIONS", "IDENTITY", "KINDS", "KNOB_NAMES", "MAINLOOP_KINDS", "OPS", "RESERVED_NAMES", "SCALE_BLOCK",
+    "SCALE_MODES", "SCALE_NAMES", "SHAPES", "Col", "Epilogue", "EpilogueError", "Expr", "Matrix", "Operand",
+    "OperandKind", "Row", "Scalar", "ScalarTensor", "Value", "abs", "clamp", "epilogue_from_json", "epilogue_to_json",
+    "from_knobs", "gelu", "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu", "tanh", "trace",
+    "with_scales",
 ]
 
 
@@ -43,8 +44,45 @@ class _Refusal(EpilogueError):
 
 # -- operands ---------------------------------------------------------------------------------------
 
-KINDS = ("scalar", "row", "col", "matrix")
-_KIND_TITLE = {"scalar": "Scalar", "row": "Row", "col": "Col", "matrix": "Matrix"}
+#: The K extent of one per-block scale (GEMMGEN_SCALE_BLOCK_K in templates/common/gemm_args.h, which the
+#: kernels and the op's C++ checks read): A's scales are per row and 128-wide K block, B's per 128 x 128 block.
+SCALE_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """What the description knows of one operand kind."""
+
+    shape: str                 # as the op takes it, in M, N, K of the call
+    line: str                  # its line in a plan after "<name>: " (``Operand.describe``; {dtype}, {order})
+    tag: str                   # its letters before the operand's name in kernel-name tags (``Epilogue.tag``)
+    title: str | None = None   # its annotation ep.<title>; None: made by ``with_scales`` only
+    fp32: bool = False         # always fp32: no dtype option
+    main_loop: bool = False    # read by the kernel's main loop (per-block scales), never by the expression
+
+
+_BLOCKS_A, _BLOCKS_B = f"(M, ceil(K/{SCALE_BLOCK}))", f"(ceil(N/{SCALE_BLOCK}), ceil(K/{SCALE_BLOCK}))"
+# In this order: gemmgen::OperandKind (templates/torch/gemm_op.h) numbers the kinds by their index here.
+_KINDS = {
+    "scalar": _Kind("()", "runtime scalar (fp32)", "s", "Scalar", fp32=True),
+    "row": _Kind("(M,)", "per-row vector (M,), {dtype}", "r", "Row"),
+    "col": _Kind("(N,)", "per-column vector (N,), {dtype}", "c", "Col"),
+    "matrix": _Kind("(M, N)", "matrix (M, N), {order}, {dtype}", "m", "Matrix"),
+    "scalar_tensor": _Kind("(1,)", "one-element tensor (1,), fp32, read on the device", "t", "ScalarTensor",
+                           fp32=True),
+    "row_blocks": _Kind(_BLOCKS_A, f"per-block scales of A {_BLOCKS_A}, fp32, row-major (main loop)", "rb",
+                        fp32=True, main_loop=True),
+    "col_blocks": _Kind(_BLOCKS_B, f"per-block scales of B {_BLOCKS_B}, fp32, row-major (main loop)", "cb",
+                        fp32=True, main_loop=True),
+}
+KINDS = tuple(_KINDS)
+#: kind -> the operand's shape as the op takes it (M, N, K of the call).
+SHAPES = types.MappingProxyType({kind: k.shape for kind, k in _KINDS.items()})
+#: Kinds the kernel's main loop reads (per-block scales of A and B, applied to each K block's partial
+#: product), never the epilogue expression: it may not reference them, and they need not appear in it.
+MAINLOOP_KINDS = tuple(kind for kind, k in _KINDS.items() if k.main_loop)
+#: The kinds a user annotates with (ep.<title>).
+_KIND_TITLE = {kind: k.title for kind, k in _KINDS.items() if k.title is not None}
 
 #: Names an operand may not take: the op's own arguments (A, B, out) and the names the description
 #: itself prints for the accumulator and the two outputs (acc, D, aux).
@@ -80,7 +118,8 @@ def _operand_dtype(value: object, name: str) -> DType | None:
 @dataclass(frozen=True)
 class Operand:
     """One extra input of the epilogue. ``dtype`` None means "the GEMM's output dtype" (see Epilogue.resolved);
-    scalars are always fp32 and have no order; a matrix's order defaults to row-major."""
+    scalars, scalar tensors and per-block scales are always fp32; only a matrix has an order (row-major by
+    default)."""
 
     name: str
     kind: str  # one of KINDS
@@ -92,9 +131,9 @@ class Operand:
         if self.kind not in KINDS:
             raise EpilogueError(f"operand kind {self.kind!r} is not one of {', '.join(KINDS)}")
         dtype, order = _operand_dtype(self.dtype, self.name), self.order
-        if self.kind == "scalar" and dtype not in (None, DType.fp32):
-            raise EpilogueError(f"scalar operand {self.name!r} is fp32; it cannot be {dtype.value}")
-        if self.kind == "scalar":
+        if _KINDS[self.kind].fp32 and dtype not in (None, DType.fp32):
+            raise EpilogueError(f"{self.kind} operand {self.name!r} is fp32; it cannot be {dtype.value}")
+        if _KINDS[self.kind].fp32:
             dtype = DType.fp32
         if self.kind == "matrix":
             order = _order(order if order is not None else "row", f"order of {self.name}")
@@ -105,33 +144,32 @@ class Operand:
 
     @property
     def shape(self) -> str:
-        return {"scalar": "()", "row": "(M,)", "col": "(N,)", "matrix": "(M, N)"}[self.kind]
+        return SHAPES[self.kind]
 
     def describe(self) -> str:
         """One line for a plan, e.g. ``bias: per-column vector (N,), bf16``."""
         dtype = self.dtype.value if self.dtype is not None else "output dtype"
-        if self.kind == "scalar":
-            return f"{self.name}: runtime scalar (fp32)"
-        if self.kind == "matrix":
-            major = "row-major" if self.order is Order.row else "column-major"
-            return f"{self.name}: matrix (M, N), {major}, {dtype}"
-        vector = "per-row vector (M,)" if self.kind == "row" else "per-column vector (N,)"
-        return f"{self.name}: {vector}, {dtype}"
+        order = "row-major" if self.order is Order.row else "column-major"
+        return f"{self.name}: " + _KINDS[self.kind].line.format(dtype=dtype, order=order)
 
 
 @dataclass(frozen=True)
 class OperandKind:
-    """The annotation objects ``Scalar``, ``Row``, ``Col``, ``Matrix``; call one for options:
+    """The annotation objects ``Scalar``, ``ScalarTensor``, ``Row``, ``Col``, ``Matrix``; call one for options:
     ``Matrix(dtype="fp32", order="col")``, ``Col(dtype="bf16")``."""
 
     kind: str
     dtype: DType | None = None
     order: Order | None = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in _KIND_TITLE:
+            raise EpilogueError(f"operand annotation kind {self.kind!r} is not one of {', '.join(_KIND_TITLE)}")
+
     def __call__(self, *, dtype: object = None, order: object = None) -> OperandKind:
         title = f"ep.{_KIND_TITLE[self.kind]}"
-        if self.kind == "scalar" and (dtype is not None or order is not None):
-            raise EpilogueError(f"{title} takes no options: runtime scalars are fp32")
+        if _KINDS[self.kind].fp32 and (dtype is not None or order is not None):
+            raise EpilogueError(f"{title} takes no options: it is always fp32")
         if order is not None and self.kind != "matrix":
             raise EpilogueError(f"{title} has no order: only ep.Matrix takes order='row' or 'col'")
         new_order = _order(order, f"{title} order") if order is not None else self.order
@@ -149,6 +187,7 @@ class OperandKind:
 
 
 Scalar = OperandKind("scalar")
+ScalarTensor = OperandKind("scalar_tensor")
 Row = OperandKind("row")
 Col = OperandKind("col")
 Matrix = OperandKind("matrix", order=Order.row)
@@ -562,7 +601,12 @@ class Epilogue:
 
     def resolved(self, out_dtype: DType | str) -> Epilogue:
         """Operands whose dtype is None ("like the output") get ``out_dtype``."""
-        dtype = parse_dtype(out_dtype, what="out_dtype", allowed=OUTPUT_DTYPES)
+        dtype = parse_dtype(out_dtype, what="out_dtype", allowed=(*OUTPUT_DTYPES, DType.int32))
+        if all(op.dtype is not None for op in self.operands):
+            return self
+        if dtype not in OUTPUT_DTYPES:
+            raise EpilogueError(f"out_dtype={dtype.value!r} (int8's exact sums) takes no epilogue operand of the "
+                                "output's dtype: give the operands a dtype, or plan out_dtype='fp32' or 'bf16'")
         return replace(self, operands=tuple(op if op.dtype is not None else replace(op, dtype=dtype)
                                             for op in self.operands))
 
@@ -582,12 +626,25 @@ class Epilogue:
         return hashlib.sha256(self.canonical.encode()).hexdigest()[:8]
 
     @property
+    def scale_mode(self) -> str:
+        """The fp8 scale mode (SCALE_MODES) that ``with_scales`` gave this epilogue, "none" if it gave none:
+        recognised from the leading operands scale_a and scale_b, their kinds and the expression."""
+        split = _unscaled(self)
+        return split[0] if split is not None else "none"
+
+    @property
     def tag(self) -> str:
-        """Readable kernel-name token: functions used, then operands (kind letter + name), then 'aux'."""
+        """Readable kernel-name token: ``scale_<mode>`` for a scaled epilogue, then the functions used, the
+        operands (kind letter + name) and 'aux' of the epilogue without its scales."""
+        split = _unscaled(self)
+        if split is not None:
+            mode, base = split
+            tokens = [f"scale_{mode}"] + ([] if base.is_identity else [base.tag])
+            return "_".join(tokens)[:_TAG_MAX].rstrip("_")
         if self.is_identity:
             return "identity"
         tokens = list(dict.fromkeys(_TAG_TOKENS[n.op] for n in self.nodes() if n.op in _TAG_TOKENS))
-        tokens += [o.kind[0] + o.name for o in self.operands]
+        tokens += [_KINDS[o.kind].tag + o.name for o in self.operands]
         tokens += ["aux"] if self.aux is not None else []
         return ("_".join(tokens) or "expr")[:_TAG_MAX].rstrip("_")
 
@@ -637,12 +694,100 @@ def _problems(ep: Epilogue) -> Iterator[str]:
     if ep.aux is not None and ep.aux == ep.result:
         yield "aux is the same expression as D: return D alone"
     used = _uses(ep.result)[1] | (_uses(ep.aux)[1] if ep.aux is not None else set())
-    for name in names:
-        if name not in used:
-            yield f"operand {name!r} is not used: remove it, or the op would require it for nothing"
+    for op in ep.operands:
+        if op.kind in MAINLOOP_KINDS and op.name in used:
+            yield (f"operand {op.name!r} holds per-block scales ({op.kind}), which the kernel's main loop applies to "
+                   f"each K block of acc; the expression cannot read them: remove {op.name} from the expression")
+        elif op.kind not in MAINLOOP_KINDS and op.name not in used:
+            yield f"operand {op.name!r} is not used: remove it, or the op would require it for nothing"
+    # The main loop applies one scale of A and one of B per K block: exactly one of each, or none.
+    counts = [sum(op.kind == kind for op in ep.operands) for kind in MAINLOOP_KINDS]
+    if counts not in ([0, 0], [1, 1]):
+        yield (f"per-block scales come as one pair, a row_blocks operand (A's) and a col_blocks operand (B's); "
+               f"this epilogue has {counts[0]} and {counts[1]}: build it with with_scales(epilogue, 'block')")
 
 
 IDENTITY = Epilogue((), ACC)
+
+# -- fp8 scales -------------------------------------------------------------------------------------
+
+#: How an fp8 GEMM's scales (D = epilogue((A @ B) * scale_a * scale_b)) are given; see ``with_scales``.
+SCALE_MODES = ("none", "tensor", "row", "block")
+#: The operands of the scales of A and B, first among a scaled epilogue's operands.
+SCALE_NAMES = ("scale_a", "scale_b")
+#: mode -> the operands scale_a (of A) and scale_b (of B) that ``with_scales`` puts first, all fp32.
+_SCALE_OPERANDS = {
+    "tensor": (Operand("scale_a", "scalar_tensor"), Operand("scale_b", "scalar_tensor")),
+    "row": (Operand("scale_a", "row", DType.fp32), Operand("scale_b", "col", DType.fp32)),
+    "block": (Operand("scale_a", "row_blocks"), Operand("scale_b", "col_blocks")),
+}
+#: What each acc of the expression becomes where the epilogue applies the scales (not where the main loop
+#: does): one node, so that the functor computes it once per element.
+_SCALED_ACC = Expr("mul", (Expr("mul", (ACC, Expr("operand", name="scale_a"))), Expr("operand", name="scale_b")))
+
+
+def _substitute(root: Expr | None, old: Expr, new: Expr) -> Expr | None:
+    """``root`` with every node equal to ``old`` replaced by ``new`` (children first, without recursion)."""
+    if root is None:
+        return None
+    done: dict[int, Expr] = {}
+    for node in _walk(root):
+        if node == old:
+            done[id(node)] = new
+        elif node.args:
+            done[id(node)] = Expr(node.op, tuple(done[id(a)] for a in node.args), node.value, node.name)
+        else:
+            done[id(node)] = node
+    return done[id(root)]
+
+
+def _in_main_loop(mode: str) -> bool:
+    return all(op.kind in MAINLOOP_KINDS for op in _SCALE_OPERANDS[mode])
+
+
+def with_scales(ep: Epilogue, mode: str) -> Epilogue:
+    """``ep`` for an fp8 GEMM with scales, D = ep((A @ B) * scale_a * scale_b), by scale mode:
+
+    * ``"none"``: ep itself;
+    * ``"tensor"``: scale_a and scale_b are one-element fp32 tensors (``ScalarTensor``), read on the device;
+    * ``"row"``: scale_a one fp32 value per row of A (a Row), scale_b one per column of B (a Col);
+    * ``"block"``: scale_a per row of A and 128-wide K block, (M, ceil(K/128)); scale_b per 128 x 128 block of
+      B, (ceil(N/128), ceil(K/128)); the kernel's main loop applies them, the expression stays as it is.
+
+    The two operands come first (the op takes A, B, scale_a, scale_b, then ep's operands); for "tensor" and
+    "row" every acc of D and aux becomes ``acc * scale_a * scale_b``."""
+    if mode not in SCALE_MODES:
+        raise EpilogueError(f"scale mode {mode!r} is not one of {', '.join(map(repr, SCALE_MODES))}")
+    if mode == "none":
+        return ep
+    names = {op.name for op in ep.operands}
+    taken = [op.name for op in _SCALE_OPERANDS[mode] if op.name in names]
+    if taken and ep.scale_mode != "none":
+        raise EpilogueError(f"the epilogue is already scaled (scale mode {ep.scale_mode!r}): apply with_scales "
+                            "once, to the epilogue without scales")
+    if taken:
+        raise EpilogueError(f"the epilogue has an operand named {taken[0]!r}, which the scales of A and B take "
+                            "(scale_a, scale_b): rename the epilogue's operand")
+    operands = _SCALE_OPERANDS[mode] + ep.operands
+    if _in_main_loop(mode):
+        return Epilogue(operands, ep.result, ep.aux)
+    return Epilogue(operands, _substitute(ep.result, ACC, _SCALED_ACC), _substitute(ep.aux, ACC, _SCALED_ACC))
+
+
+def _unscaled(ep: Epilogue) -> tuple[str, Epilogue] | None:
+    """(scale mode, the epilogue without its scales) of an epilogue that ``with_scales`` made, else None."""
+    for mode, scales in _SCALE_OPERANDS.items():
+        if ep.operands[:2] != scales:
+            continue
+        result, aux = ep.result, ep.aux
+        if not _in_main_loop(mode):
+            result, aux = _substitute(result, _SCALED_ACC, ACC), _substitute(aux, _SCALED_ACC, ACC)
+        try:
+            base = Epilogue(ep.operands[2:], result, aux)
+        except EpilogueError:   # scale_a or scale_b read elsewhere too: not with_scales' doing
+            return None
+        return (mode, base) if with_scales(base, mode) == ep else None
+    return None
 
 # -- trace ------------------------------------------------------------------------------------------
 
@@ -750,7 +895,8 @@ def _parameter_problem(p: inspect.Parameter) -> str | None:
 
 
 def _operand_of(fn: Callable[..., Any], p: inspect.Parameter, where: str) -> Operand:
-    kinds = "ep.Scalar, ep.Row, ep.Col or ep.Matrix"
+    *first, last = (f"ep.{title}" for title in _KIND_TITLE.values())
+    kinds = f"{', '.join(first)} or {last}"
     if p.annotation is p.empty:
         raise EpilogueError(f"{where}: parameter {p.name!r} has no annotation: annotate it with {kinds}")
     try:

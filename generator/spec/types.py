@@ -16,19 +16,39 @@ class DType(Enum):
     bf16 = "bf16"
     fp32 = "fp32"
     tf32 = "tf32"   # inputs only: fp32 tensors, multiplied on the tensor cores in tf32 (10-bit mantissa)
+    e4m3 = "e4m3"   # fp8, 4 exponent and 3 mantissa bits (torch.float8_e4m3fn); inputs only
+    e5m2 = "e5m2"   # fp8, 5 exponent and 2 mantissa bits (torch.float8_e5m2); inputs only
+    int8 = "int8"   # inputs only; products accumulate in int32
+    int32 = "int32"  # outputs only: the exact accumulator of an int8 GEMM
 
     @property
     def bytes(self) -> int:
-        return 4 if self in (DType.fp32, DType.tf32) else 2
+        return _BYTES[self.value]
 
     @property
     def cuda_type(self) -> str:
         """The C++ type of one element in the generated code."""
-        return {"fp16": "__half", "bf16": "__nv_bfloat16", "fp32": "float", "tf32": "float"}[self.value]
+        return _CUDA_TYPES[self.value]
 
     @property
     def torch_name(self) -> str:
-        return {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "tf32": "float32"}[self.value]
+        return _TORCH_NAMES[self.value]
+
+    @property
+    def is_fp8(self) -> bool:
+        return self in (DType.e4m3, DType.e5m2)
+
+    @property
+    def is_quantized(self) -> bool:
+        """fp8 and int8: GEMMs of quantized operands, which have no gradient formula (forward only)."""
+        return self.is_fp8 or self is DType.int8
+
+
+_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4, "e4m3": 1, "e5m2": 1, "int8": 1, "int32": 4}
+_CUDA_TYPES = {"fp16": "__half", "bf16": "__nv_bfloat16", "fp32": "float", "tf32": "float",
+               "e4m3": "__nv_fp8_e4m3", "e5m2": "__nv_fp8_e5m2", "int8": "int8_t", "int32": "int32_t"}
+_TORCH_NAMES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32", "tf32": "float32",
+                "e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2", "int8": "int8", "int32": "int32"}
 
 
 # Every spelling a user may pass, mapped to one DType. Torch dtypes arrive as their str().
@@ -37,13 +57,28 @@ _DTYPE_ALIASES = {
     "bf16": DType.bf16, "bfloat16": DType.bf16,
     "fp32": DType.fp32, "float32": DType.fp32, "float": DType.fp32, "f32": DType.fp32,
     "tf32": DType.tf32,
+    "e4m3": DType.e4m3, "fp8_e4m3": DType.e4m3, "float8_e4m3fn": DType.e4m3, "fp8": DType.e4m3,
+    "e5m2": DType.e5m2, "fp8_e5m2": DType.e5m2, "float8_e5m2": DType.e5m2,
+    "int8": DType.int8, "s8": DType.int8, "i8": DType.int8,
+    "int32": DType.int32, "s32": DType.int32, "i32": DType.int32,
 }
 
 #: Input dtypes of the shipped kernels and of every family and layout.
 INPUT_DTYPES = (DType.fp16, DType.bf16)
-#: Every input dtype a plan takes: also tf32 (sm90, A and B K-major; see spec/config.py check_tf32).
-PLANNABLE_INPUT_DTYPES = (DType.fp16, DType.bf16, DType.tf32)
+#: Every input dtype a plan takes: also tf32 and fp8 (see spec/config.py check_tf32, check_fp8).
+PLANNABLE_INPUT_DTYPES = (DType.fp16, DType.bf16, DType.tf32, DType.e4m3, DType.e5m2, DType.int8)
+#: Element types of D and of an epilogue's tensor operands.
 OUTPUT_DTYPES = (DType.fp16, DType.bf16, DType.fp32)
+#: Every D a plan may write: also int32, the exact sums of an int8 GEMM (see spec/config.py check_int8).
+PLAN_OUTPUT_DTYPES = (*OUTPUT_DTYPES, DType.int32)
+
+
+def default_out_dtype(dtype: DType) -> DType:
+    """D's dtype when the plan names none: the input's for 16-bit types, fp32 for tf32 (fp32 tensors in, fp32
+    out), bf16 for fp8 (as DeepGEMM and the scaled-mm users of torch write), int32 for int8 (exact)."""
+    if dtype in OUTPUT_DTYPES:
+        return dtype
+    return {DType.tf32: DType.fp32, DType.int8: DType.int32}.get(dtype, DType.bf16)
 
 
 def parse_input_dtype(value: object) -> DType:

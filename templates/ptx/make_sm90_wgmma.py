@@ -3,35 +3,45 @@
 import os
 
 NS = (64, 128, 192, 256)  # every N a shipped tile uses (BN of one consumer warpgroup)
+E4M3, E5M2 = "__nv_fp8_e4m3", "__nv_fp8_e5m2"
+# (A's C++ type, B's (None: A's), PTX types, k per instruction, whether it takes transpose immediates).
+TYPES = (("__half", None, "f32.f16.f16", 16, True), ("__nv_bfloat16", None, "f32.bf16.bf16", 16, True),
+         ("float", None, "f32.tf32.tf32", 8, False),
+         (E4M3, None, "f32.e4m3.e4m3", 32, False), (E5M2, None, "f32.e5m2.e5m2", 32, False),
+         (E4M3, E5M2, "f32.e4m3.e5m2", 32, False), (E5M2, E4M3, "f32.e5m2.e4m3", 32, False),
+         ("int8_t", None, "s32.s8.s8", 32, False))
 out = []
-out.append('''// wgmma.mma_async wrappers, one per N the sm90 templates use: D(64xN, fp32) (+)= A(64x16) * B(16xN),
-// A and B from shared-memory matrix descriptors.
+out.append('''// wgmma.mma_async wrappers, one per N the sm90 templates use and input type: D(64xN, fp32) (+)= A(64xK) *
+// B(KxN), K = 32 bytes of k values (k16 for 16-bit types, k8 tf32, k32 fp8), A and B from shared-memory
+// matrix descriptors.
 // PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
 //
 // The operand lists are long (N/2 accumulators per thread), so this file is written out by
 // templates/ptx/make_sm90_wgmma.py: edit the pattern there and run it. The pattern is the same for
 // every N: "+f" accumulators, two descriptors, a predicate that zeroes D when scale_d == 0 (the first
 // k step of a tile), then the immediate scale-a, scale-b (1: no negation) and transpose flags
-// (0: K-major in shared memory, 1: M- or N-major).
+// (0: K-major in shared memory, 1: M- or N-major). int8 (int32 accumulators, "+r") has neither immediate.
 #pragma once
 
 #include <cstdint>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 namespace gemmgen {
 namespace ptx {
 
 // PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".
-template <int N, typename T, int TRANS_A, int TRANS_B>
+// T: A's element type; TB: B's (they differ only for the e4m3 x e5m2 mixes of fp8).
+template <int N, typename T, int TRANS_A, int TRANS_B, typename TB = T>
 struct Wgmma;
 ''')
 for n in NS:
     regs = n // 2
-    # (C++ type, PTX type, k per instruction, whether it takes transpose immediates): tf32 reads both operands
-    # K-major only (PTX ISA: the transpose immediates are for .f16/.bf16), so it is specialized for 0, 0.
-    for tname, ptx, k, trans in (("__half", "f16", 16, True), ("__nv_bfloat16", "bf16", 16, True),
-                                 ("float", "tf32", 8, False)):
+    # tf32, fp8 and int8 read both operands K-major only (PTX ISA: the transpose immediates are for .f16/.bf16),
+    # so they are specialized for 0, 0. Integer wgmma has no scale-a/scale-b immediates and int32 accumulators.
+    for tname, tbname, ptx, k, trans in TYPES:
+        integer = ptx.startswith("s32")
         dl = ", ".join(f"%{i}" for i in range(regs))
         body = []
         body.append('// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".')
@@ -40,15 +50,18 @@ for n in NS:
             body.append(f"struct Wgmma<{n}, {tname}, TRANS_A, TRANS_B> {{")
         else:
             body.append("template <>")
-            body.append(f"struct Wgmma<{n}, {tname}, 0, 0> {{")
+            mixed = f", {tbname}" if tbname else ""
+            body.append(f"struct Wgmma<{n}, {tname}, 0, 0{mixed}> {{")
+        accum = "int32_t" if integer else "float"
+        body.append(f"  using Accum = {accum};")
         body.append(f"  static constexpr int kAccum = {regs};")
-        body.append(f"  __device__ __forceinline__ static void run(float (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
+        body.append(f"  __device__ __forceinline__ static void run({accum} (&d)[{regs}], uint64_t desc_a, uint64_t desc_b, int scale_d) {{")
         body.append("    asm volatile(")
         body.append('        "{\\n"')
         body.append('        ".reg .pred p;\\n"')
         body.append(f'        "setp.ne.b32 p, %{regs + 2}, 0;\\n"')
         # split the register list over lines of 16
-        body.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{ptx}.{ptx} "')
+        body.append(f'        "wgmma.mma_async.sync.aligned.m64n{n}k{k}.{ptx} "')
         chunks = [list(range(i, min(i + 16, regs))) for i in range(0, regs, 16)]
         for ci, chunk in enumerate(chunks):
             s = ", ".join(f"%{i}" for i in chunk)
@@ -56,11 +69,13 @@ for n in NS:
             post = "}, " if ci == len(chunks) - 1 else ", "
             body.append(f'        "{pre}{s}{post}"')
         tail = f", %{regs + 3}, %{regs + 4}" if trans else ""
-        body.append(f'        "%{regs}, %{regs + 1}, p, 1, 1{tail};\\n"')
+        scales = "" if integer else ", 1, 1"
+        body.append(f'        "%{regs}, %{regs + 1}, p{scales}{tail};\\n"')
         body.append('        "}\\n"')
         outs = []
-        for i in range(0, regs, 8):
-            outs.append(", ".join(f'"+f"(d[{j}])' for j in range(i, min(i + 8, regs))))
+        reg, per_line = ('"+r"(d[{}])', 8) if integer else ('"+f"(d[{}])', 8)
+        for i in range(0, regs, per_line):
+            outs.append(", ".join(reg.format(j) for j in range(i, min(i + per_line, regs))))
         body.append("        : " + (",\n          ".join(outs)))
         immediates = ', "n"(TRANS_A), "n"(TRANS_B)' if trans else ""
         body.append(f'        : "l"(desc_a), "l"(desc_b), "r"(scale_d){immediates});')

@@ -1,4 +1,4 @@
-// PTX wrappers for the sm80 GEMM family: cp.async, mma.sync (ldmatrix: smem.cuh).
+// PTX wrappers for the sm80 GEMM family: cp.async, mma.sync, cvt to tf32, 32-bit shared loads (ldmatrix: smem.cuh).
 // One small __device__ helper per instruction, each naming the PTX ISA section it follows
 // (section numbers as in the PTX ISA 8.x/9.0 manuals, titles given so they survive renumbering).
 #pragma once
@@ -74,6 +74,47 @@ struct MmaM16N8K16<__nv_bfloat16> {
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 };
+
+// D = A * B + D for one m16n8k8 tile of tf32 inputs (fp32 registers), fp32 accumulators: the k8 shape is the
+// one tf32 has (4 bytes per element, so a k step is the same 32 bytes of a row as k16 of a 16-bit type).
+// Fragments: PTX ISA §9.7.14.5.8 "Matrix Fragments for mma.m16n8k8" (.tf32): with g = lane / 4, t = lane % 4,
+// a0 (row g, k t), a1 (row g + 8, k t), a2 (row g, k t + 4), a3 (row g + 8, k t + 4); b0 (k t, col g),
+// b1 (k t + 4, col g); C/D as for m16n8k16.
+// PTX ISA §9.7.14.5.14 "Multiply-and-Accumulate Instruction: mma" (shape .m16n8k8, types .tf32).
+struct MmaM16N8K8Tf32 {
+  __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+// fp32 bits -> tf32 bits, rounded to nearest (mma.sync would otherwise drop the 13 low mantissa bits:
+// truncation), as cuBLAS rounds its tf32 inputs. sm_90 has round-to-nearest-even in one instruction
+// (F2FP.TF32.F32.PACK_B); sm_80 has only ties-away (.rna), three instructions (a finiteness test, a predicated
+// add of half a tf32 ulp, a mask). The two differ only on exact ties. Inf and NaN pass unchanged.
+// PTX ISA §9.7.9.21 "Data Movement and Conversion Instructions: cvt" (cvt.rn.tf32.f32: sm_90 and newer;
+// cvt.rna.tf32.f32: sm_80 and newer).
+__device__ __forceinline__ uint32_t cvt_tf32(uint32_t bits) {
+  uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("cvt.rn.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(bits)));
+#else
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(bits)));
+#endif
+  return r;
+}
+
+// One 32-bit word from shared memory: the sm80 kernel's tf32 fragments of M- or N-major operands, which
+// ldmatrix cannot transpose (.trans moves 16-bit elements).
+// PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld".
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
 
 // PTX ISA §9.7.3.22 "Floating Point Instructions: tanh" (tanh.approx.f32, sm_75 and newer): maximum
 // relative error 2^-10.987, one MUFU operation.

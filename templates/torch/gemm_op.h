@@ -11,7 +11,7 @@
 // generator/runtime/operands.py's, so an op says the same whichever way it was built.
 //
 // A plain op, (A, B) -> D, has unboxed kernels (one functor type per overload, below). An op with a fused
-// epilogue takes its operands after A and B (Tensor for a vector or a matrix, float for a scalar) and may
+// epilogue takes its operands after A and B (float for a scalar, Tensor for the other kinds) and may
 // return a second output, so its schema differs from op to op; its kernels are boxed (EpilogueKernel and
 // the others at the end of this file): they read the arguments off the dispatcher's stack as the OpSpec's
 // operand list describes them, fill GemmArgs' epilogue slots, and push the outputs.
@@ -49,15 +49,20 @@ namespace __attribute__((visibility("hidden"))) gemmgen {
 using LaunchFn = int (*)(const GemmArgs*, void*);
 using ErrorStringFn = const char* (*)(int);
 
-// The kinds of a fused epilogue's operand (generator/spec/epilogue.py KINDS, in that order).
-enum class OperandKind : int { Scalar = 0, Row = 1, Col = 2, Matrix = 3 };
+// The kinds of a fused epilogue's operand (generator/spec/epilogue.py KINDS, in that order): a scalar (by value),
+// per-row and per-column vectors, an M x N matrix, a one-element fp32 tensor read on the device, and the
+// per-block fp32 scales of A (M, ceil(K/128)) and of B (ceil(N/128), ceil(K/128)) that the main loop applies.
+enum class OperandKind : int {
+  Scalar = 0, Row = 1, Col = 2, Matrix = 3, ScalarTensor = 4, RowBlocks = 5, ColBlocks = 6
+};
+inline constexpr int kOperandKinds = 7;
 
 // One operand of a fused epilogue, in the op's schema order (after A and B); operand i goes to slot i of
 // GemmArgs' ep_ptr / ep_ld / ep_scalar.
 struct OperandSpec {
   OperandKind kind;
   const char* name;         // its name in the schema and in the messages
-  c10::ScalarType dtype;    // the element type the kernel reads (a scalar: Float, passed as fp32)
+  c10::ScalarType dtype;    // the element type the kernel reads (Float for a scalar, passed as fp32, and the scales)
   const char* dtype_name;   // "fp16" | "bf16" | "fp32"
   bool row;                 // a matrix: stored row-major (false: column-major); unused otherwise
 };
@@ -189,7 +194,9 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
                     tuple_str(t.sym_sizes()));
   // Planning with the tensor's dtype is a fix only where a plan can take it (fp32: tf32 on sm90).
   const bool plannable = t.scalar_type() == c10::ScalarType::Half || t.scalar_type() == c10::ScalarType::BFloat16 ||
-                         t.scalar_type() == c10::ScalarType::Float;
+                         t.scalar_type() == c10::ScalarType::Float ||
+                         t.scalar_type() == c10::ScalarType::Float8_e4m3fn ||
+                         t.scalar_type() == c10::ScalarType::Float8_e5m2 || t.scalar_type() == c10::ScalarType::Char;
   TORCH_CHECK_TYPE(t.scalar_type() == op.dtype, what, " is ", torch_dtype(t.scalar_type()), "; this plan computes ",
                    op.dtype_name, ": pass ", what, ".to(", torch_dtype(op.dtype), ")",
                    plannable ? " or plan with dtype='" + dtype_name(t.scalar_type()) + "'" : std::string());
@@ -261,7 +268,39 @@ inline int64_t check_out(const OpSpec& op, const at::Tensor& out, const at::Tens
 // -- the epilogue's operands (generator/runtime/operands.py: check_static, check_operand) ------------
 
 inline const char* operand_shape(const OperandSpec& o) {
-  return o.kind == OperandKind::Row ? "(M,)" : o.kind == OperandKind::Col ? "(N,)" : "(M, N)";
+  switch (o.kind) {
+    case OperandKind::Scalar: return "()";
+    case OperandKind::Row: return "(M,)";
+    case OperandKind::Col: return "(N,)";
+    case OperandKind::Matrix: return "(M, N)";
+    case OperandKind::ScalarTensor: return "(1,)";
+    case OperandKind::RowBlocks: return "(M, ceil(K/128))";
+    case OperandKind::ColBlocks: return "(ceil(N/128), ceil(K/128))";
+  }
+  return "?";
+}
+static_assert(GEMMGEN_SCALE_BLOCK_K == 128, "operand_shape spells the scale block's K extent");
+
+inline bool is_block_scales(const OperandSpec& o) {
+  return o.kind == OperandKind::RowBlocks || o.kind == OperandKind::ColBlocks;
+}
+
+// ceil(size / GEMMGEN_SCALE_BLOCK_K): the number of per-block scales along a dimension.
+inline int64_t scale_blocks(int64_t size) { return (size + GEMMGEN_SCALE_BLOCK_K - 1) / GEMMGEN_SCALE_BLOCK_K; }
+
+// Whether declaring the operand with the tensor's dtype is a fix: only for a dtype an operand may have (fp16,
+// bf16, fp32; not float64, say), of an operand whose dtype the user chose (not a scale's, always fp32).
+inline bool dtype_declarable(const OperandSpec& o, c10::ScalarType got) {
+  const bool operand_dtype = got == c10::ScalarType::Half || got == c10::ScalarType::BFloat16 ||
+                             got == c10::ScalarType::Float;
+  const bool chosen = o.kind == OperandKind::Row || o.kind == OperandKind::Col || o.kind == OperandKind::Matrix;
+  const bool scale = std::string(o.name) == "scale_a" || std::string(o.name) == "scale_b";
+  return operand_dtype && chosen && !scale;
+}
+
+inline std::string scalar_tensor_message(const OperandSpec& o, const std::string& shape) {
+  return std::string(o.name) + " has shape " + shape +
+         "; a per-tensor scale is one element, shape (1,) or (): pass a one-element fp32 tensor";
 }
 
 // The tensor of a Tensor argument on the stack: torch.ops passes None as an undefined tensor.
@@ -280,17 +319,18 @@ inline float scalar_value(const OperandSpec& o, const c10::IValue& value) {
 // A tensor operand's type, rank, dtype and device: what holds whatever the sizes (the Meta kernels run it too).
 inline void check_operand_static(const OperandSpec& o, const at::Tensor& t, const at::Tensor& A) {
   TORCH_CHECK_TYPE(t.defined(), o.name, " must be a torch.Tensor of shape ", operand_shape(o), ", got NoneType");
-  const int64_t rank = o.kind == OperandKind::Matrix ? 2 : 1;
-  TORCH_CHECK_VALUE(t.dim() == rank, o.name, " must be ", rank, "-D ", operand_shape(o), "; got shape ",
-                    tuple_str(t.sym_sizes()));
+  if (o.kind == OperandKind::ScalarTensor) {
+    TORCH_CHECK_VALUE(t.dim() <= 1, scalar_tensor_message(o, tuple_str(t.sym_sizes())));
+  } else {
+    const int64_t rank = o.kind == OperandKind::Row || o.kind == OperandKind::Col ? 1 : 2;
+    TORCH_CHECK_VALUE(t.dim() == rank, o.name, " must be ", rank, "-D ", operand_shape(o), "; got shape ",
+                      tuple_str(t.sym_sizes()));
+  }
   if (t.scalar_type() != o.dtype) {
-    // Declaring the operand's dtype is a fix only for a dtype an operand may have (fp16, bf16, fp32).
     const c10::ScalarType got = t.scalar_type();
-    const bool declarable = got == c10::ScalarType::Half || got == c10::ScalarType::BFloat16 ||
-                            got == c10::ScalarType::Float;
     TORCH_CHECK_TYPE(false, o.name, " is ", torch_dtype(got), "; this plan's epilogue reads it as ", o.dtype_name,
                      ": pass ", o.name, ".to(", torch_dtype(o.dtype), ")",
-                     declarable ? " or declare it with dtype='" + dtype_name(got) + "'" : std::string());
+                     dtype_declarable(o, got) ? " or declare it with dtype='" + dtype_name(got) + "'" : std::string());
   }
   TORCH_CHECK_VALUE(t.device() == A.device(), o.name, " is on ", t.device().str(), " but A and B on ",
                     A.device().str(), ": pass ", o.name, ".to('", A.device().str(), "')");
@@ -303,9 +343,22 @@ inline void check_operands_static(const OpSpec& op, const c10::IValue* values, c
   }
 }
 
-// Checks every operand for a launch of an m x n D and fills its slot of args, in the operands' order.
+// Per-block scales' shape for an m x n x k call and row-major storage; returns their leading dimension.
+inline int64_t check_block_scales(const OperandSpec& o, const at::Tensor& t, int64_t m, int64_t n, int64_t k) {
+  const bool of_a = o.kind == OperandKind::RowBlocks;
+  const std::vector<int64_t> wanted = {of_a ? m : scale_blocks(n), scale_blocks(k)};
+  TORCH_CHECK_VALUE(t.size(0) == wanted[0] && t.size(1) == wanted[1], o.name, " has shape ", tuple_str(t.sizes()),
+                    "; per-block scales of ", of_a ? "A" : "B", " are ", operand_shape(o), " = ", tuple_str(wanted),
+                    " for this call");
+  const int64_t ld = leading_dim(t, true);
+  TORCH_CHECK_VALUE(ld >= 0, o.name, " has strides ", tuple_str(t.strides()), " (", order_str(t),
+                    "); the kernel reads per-block scales row-major: pass ", o.name, ".contiguous()");
+  return ld;
+}
+
+// Checks every operand for a launch of an m x n x k GEMM and fills its slot of args, in the operands' order.
 inline void check_epilogue_operands(const OpSpec& op, const c10::IValue* values, const at::Tensor& A, int64_t m,
-                                    int64_t n, GemmArgs& args) {
+                                    int64_t n, int64_t k, GemmArgs& args) {
   for (int i = 0; i < op.num_operands; ++i) {
     const OperandSpec& o = op.operands[i];
     if (o.kind == OperandKind::Scalar) {
@@ -314,6 +367,16 @@ inline void check_epilogue_operands(const OpSpec& op, const c10::IValue* values,
     }
     const at::Tensor& t = tensor_value(values[i]);
     check_operand_static(o, t, A);
+    if (o.kind == OperandKind::ScalarTensor) {  // any strides: the kernel reads its one element
+      TORCH_CHECK_VALUE(t.numel() == 1, scalar_tensor_message(o, tuple_str(t.sizes())));
+      args.ep_ptr[i] = t.data_ptr();
+      continue;
+    }
+    if (is_block_scales(o)) {
+      args.ep_ld[i] = check_block_scales(o, t, m, n, k);
+      args.ep_ptr[i] = t.data_ptr();
+      continue;
+    }
     if (o.kind != OperandKind::Matrix) {
       const bool row = o.kind == OperandKind::Row;
       const int64_t length = row ? m : n;
@@ -548,7 +611,7 @@ inline void gemm_epilogue(const OpSpec& op, torch::jit::Stack& stack) {
   const at::Tensor& B = tensor_value(args[1]);
   const auto [lda, ldb] = check_operands(op, A, B);
   GemmArgs launch_args{};
-  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), launch_args);
+  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), A.size(1), launch_args);
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
   at::Tensor D = empty_d(op, A.sym_size(0), B.sym_size(1), A.options());
   at::Tensor aux = op.aux ? empty_d(op, A.sym_size(0), B.sym_size(1), A.options()) : at::Tensor();
@@ -565,7 +628,7 @@ inline void gemm_epilogue_out(const OpSpec& op, torch::jit::Stack& stack) {
   at::Tensor out = tensor_value(args[count - 1]);
   const auto [lda, ldb] = check_operands(op, A, B);
   GemmArgs launch_args{};
-  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), launch_args);
+  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), A.size(1), launch_args);
   const int64_t ldd = check_out(op, out, A, B);
   check_out_aliasing(op, args + 2, out, A, B);
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
@@ -636,6 +699,11 @@ inline void refuse_grad(const OpSpec& op, const torch::jit::Stack& stack, bool w
     const at::Tensor& t = tensor_value(args[i]);
     if (!(t.defined() && t.requires_grad())) continue;
     TORCH_CHECK(!backward_registered, op.op, kOutNotDifferentiable);
+    const bool quantized = op.dtype == c10::ScalarType::Float8_e4m3fn || op.dtype == c10::ScalarType::Float8_e5m2 ||
+                           op.dtype == c10::ScalarType::Char;
+    TORCH_CHECK(!quantized, op.op, with_out ? ".out" : "", " multiplies ", op.dtype_name,
+                " operands and has no backward pass, but one of the arguments requires grad: call it under "
+                "torch.no_grad() or with detached tensors; train through a bf16 or tf32 op");
     TORCH_CHECK(false, op.op, with_out ? ".out" : "",
                 ": this op has a fused epilogue, which the package cannot differentiate (it was emitted without "
                 "autograd), but one of the arguments requires grad: call it under torch.no_grad() or with detached "

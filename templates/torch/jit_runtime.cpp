@@ -25,7 +25,8 @@ namespace {
 
 // One operand of an op's fused epilogue (its ctypes mirror is JitOperandSpec in jit_runtime.py).
 struct JitOperandSpec {
-  int kind;           // gemmgen::OperandKind: 0 scalar, 1 row, 2 col, 3 matrix
+  int kind;           // gemmgen::OperandKind: 0 scalar, 1 row, 2 col, 3 matrix, 4 scalar_tensor, 5 row_blocks,
+                      // 6 col_blocks
   const char* name;   // its name in the schema
   const char* dtype;  // "fp16" | "bf16" | "fp32"
   int row;            // a matrix: 1 = row-major, 0 = column-major
@@ -63,7 +64,12 @@ c10::ScalarType scalar_type(const std::string& name) {
   if (name == "fp16") return c10::ScalarType::Half;
   if (name == "bf16") return c10::ScalarType::BFloat16;
   if (name == "fp32" || name == "tf32") return c10::ScalarType::Float;  // tf32: fp32 tensors, tf32 math
-  TORCH_CHECK_VALUE(false, "gemmgen JIT runtime: unknown dtype '", name, "' (fp16, bf16, fp32 or tf32)");
+  if (name == "e4m3") return c10::ScalarType::Float8_e4m3fn;
+  if (name == "e5m2") return c10::ScalarType::Float8_e5m2;
+  if (name == "int8") return c10::ScalarType::Char;
+  if (name == "int32") return c10::ScalarType::Int;
+  TORCH_CHECK_VALUE(false, "gemmgen JIT runtime: unknown dtype '", name,
+                    "' (fp16, bf16, fp32, tf32, e4m3, e5m2, int8 or int32)");
 }
 
 // The schema Python defined for the op must be the one the operands describe: the boxed kernels read the
@@ -100,8 +106,8 @@ void register_op(const JitOpSpec& in) {
                     "gemmgen JIT runtime: device type ", in.device_type, " (CUDA or a CPU stand-in)");
   for (int i = 0; i < in.num_operands; ++i) {
     const JitOperandSpec& o = in.operands[i];
-    TORCH_CHECK_VALUE(o.name && o.dtype && o.kind >= 0 && o.kind <= 3, "gemmgen JIT runtime: operand ", i,
-                      " of the op spec is incomplete");
+    TORCH_CHECK_VALUE(o.name && o.dtype && o.kind >= 0 && o.kind < gemmgen::kOperandKinds,
+                      "gemmgen JIT runtime: operand ", i, " of the op spec is incomplete");
   }
   // Never freed: the dispatcher keeps pointers to the kernels (and they to the spec) until the process
   // ends, and a torch::Library destroyed at exit would deregister from a dispatcher that may be gone.

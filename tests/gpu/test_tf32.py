@@ -1,19 +1,27 @@
-"""tf32 on the GPU (sm90): fp32 tensors in, the tensor cores multiplying in tf32, fp32 (or 16-bit) out, against a
-float64 reference; ragged sizes, NaN-poisoned outputs, every schedule and a cluster, a fused epilogue, autograd
-(its kernels read both operands K-major, so the formula copies the others), and the refusals."""
+"""tf32 on the GPU: fp32 tensors in, the tensor cores multiplying in tf32, fp32 (or 16-bit) out, against a float64
+reference computed from the fp32 inputs; ragged sizes, NaN-poisoned outputs, a fused epilogue, autograd.
+
+* sm90 (an H100-class GPU): layout tn only, every schedule and a cluster; its autograd kernels read both operands
+  K-major, so the formula copies the others; the refusals.
+* sm80 family (Ampere and newer, Hopper included): every layout and order of D, the fast path (leading dimensions
+  padded to the 16-byte rule) and the unaligned one, the inputs rounded to nearest tf32 (not truncated), NaN inputs
+  kept, and autograd, whose kernels take every layout (no copies).
+"""
 from __future__ import annotations
 
 import pytest
 
 torch = pytest.importorskip("torch")
-if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
-    pytest.skip("tf32 kernels are sm90 (an H100-class GPU)", allow_module_level=True)
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 0):
+    pytest.skip("tf32 kernels need sm80 or newer (an A100- or H100-class GPU)", allow_module_level=True)
 
-from gpu_cases import RAGGED  # noqa: E402
+from gpu_cases import LAYOUTS, RAGGED  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 
 pytestmark = pytest.mark.gpu
+needs_sm90 = pytest.mark.skipif(torch.cuda.get_device_capability() < (9, 0),
+                                reason="the sm90 family's tf32 kernels need an H100-class GPU")
 #: ||D - ref|| / ||ref|| for tf32 inputs (10-bit mantissa, each product rounded once) against float64.
 BOUND = 2e-3
 PLANS = {
@@ -45,6 +53,7 @@ def inputs(m: int, n: int, k: int, requires_grad: bool = False):
 
 
 @pytest.mark.parametrize("key", list(PLANS))
+@needs_sm90
 def test_against_float64(ops, key):
     op = ops[key]
     for m, n, k in SHAPES:
@@ -60,6 +69,7 @@ def test_against_float64(ops, key):
         assert rel(out, ref) <= bound, f"{op.name} {m}x{n}x{k}: {rel(out, ref):.2e}"
 
 
+@needs_sm90
 def test_autograd_against_float64(ops):
     op = ops["cooperative"]
     for m, n, k in ((300, 200, 100), (64, 48, 32)):
@@ -71,6 +81,7 @@ def test_autograd_against_float64(ops):
         assert rel(a.grad, a64.grad) <= BOUND and rel(b.grad, b64.grad) <= BOUND
 
 
+@needs_sm90
 def test_refusals_keep_the_process_working(ops):
     op = ops["cooperative"]
     a, b = inputs(128, 64, 32)
@@ -79,3 +90,125 @@ def test_refusals_keep_the_process_working(ops):
     with pytest.raises(TypeError, match="this plan computes tf32"):
         op(a.bfloat16(), b)
     assert rel(op(a, b), a.double() @ b.double()) <= BOUND
+
+
+# -- the sm80 family: every layout ---------------------------------------------------------------------------------
+
+#: (M, N, K): aligned; ragged inside the tiles (K ends inside a k tile and inside a 16-byte chunk); one row; a few
+#: hundred tiles; a wide N; K = 0.
+SM80_SHAPES = ((256, 256, 256), (197, 263, 141), (1, 7, 5), (1000, 1000, 1000), (65, 4097, 260), (300, 200, 0))
+SM80_PLANS = {f"{layout}_d{order}": dict(layout=layout, layout_c=order)
+              for layout in LAYOUTS for order in ("row", "col")}
+SM80_PLANS["tn_gelu_tanh_bias_bf16"] = dict(layout="tn", activation="gelu_tanh", bias="col", out_dtype="bf16")
+#: The fast kernel's 16-byte rule in fp32 elements: leading dimensions padded to it take the fast path.
+ALIGN_ELEMS = 4
+
+
+@pytest.fixture(scope="module")
+def sm80_ops():
+    """One sm80-family op per plan, for the visible GPU (family='sm80' on Hopper, where sm90 is the default)."""
+    plans = {key: Gemm("fp32", family="sm80", **kw) for key, kw in SM80_PLANS.items()}
+    assert all(p.config.family == "sm80" for p in plans.values())
+    built = compile_many([p.config for p in plans.values()], namespace="gemmgen_tf32_sm80_test")
+    return dict(zip(plans, built))
+
+
+def stored(rows: int, cols: int, order: str, padded: bool) -> torch.Tensor:
+    """A random fp32 (rows, cols) matrix stored row- or column-major; padded: its leading dimension rounded up to
+    the fast kernel's 16-byte rule (a view into a wider buffer), else exactly the matrix's."""
+    inner, outer = (cols, rows) if order == "row" else (rows, cols)
+    ld = inner + (-inner % ALIGN_ELEMS if padded else 0)
+    t = torch.randn(outer, ld, device="cuda")[:, :inner]
+    return t if order == "row" else t.t()
+
+
+def sm80_inputs(layout: str, m: int, n: int, k: int, padded: bool):
+    a_order, b_order = ("row" if letter == "t" else "col" for letter in layout)
+    return stored(m, k, a_order, padded), stored(k, n, b_order, padded)
+
+
+def poisoned_out(op, m: int, n: int):
+    """(buffer, D): D a view of a NaN-filled buffer whose leading dimension is padded (so a row-major D takes the
+    staged epilogue's 16-byte stores, ragged N included); the padding must stay NaN."""
+    row = op.config.layout.c.value == "row"
+    inner, outer = (n, m) if row else (m, n)
+    buf = torch.full((outer, inner + -inner % ALIGN_ELEMS + ALIGN_ELEMS), float("nan"), dtype=op.out_dtype,
+                     device="cuda")
+    view = buf[:, :inner]
+    return buf, view if row else view.t()
+
+
+def check_sm80(op, a, b, operands, m: int, n: int, k: int) -> None:
+    ref = a.double() @ b.double()
+    if operands:
+        ref = torch.nn.functional.gelu(ref + operands[0].double(), approximate="tanh")
+    buf, out = poisoned_out(op, m, n)
+    op(a, b, *operands, out=out)
+    assert torch.isfinite(out).all(), f"{op.name} {m}x{n}x{k}: unwritten elements"
+    assert torch.isnan(buf[:, out.shape[1] if op.config.layout.c.value == "row" else out.shape[0]:]).all(), (
+        f"{op.name} {m}x{n}x{k}: wrote past the matrix")
+    if ref.norm() == 0:
+        assert torch.count_nonzero(out) == 0, f"{op.name} {m}x{n}x{k}: K = 0 gives zeros"
+        return
+    bound = 1e-2 if out.dtype == torch.bfloat16 else BOUND
+    assert rel(out, ref) <= bound, f"{op.name} {m}x{n}x{k}: {rel(out, ref):.2e}"
+
+
+@pytest.mark.parametrize("key", list(SM80_PLANS))
+def test_sm80_against_float64(sm80_ops, key):
+    op = sm80_ops[key]
+    layout = SM80_PLANS[key]["layout"]
+    for m, n, k in SM80_SHAPES:
+        for padded in (True, False):
+            a, b = sm80_inputs(layout, m, n, k, padded)
+            operands = [torch.randn(n, device="cuda").bfloat16()] if op.config.epilogue.operands else []
+            if padded and min(m, n, k) > 1:   # (a single row's leading dimension is its length: maybe unaligned)
+                assert op.path(a, b, *operands) == "fast", f"{op.name} {m}x{n}x{k}"
+            check_sm80(op, a, b, operands, m, n, k)
+
+
+def tf32_of(t: torch.Tensor, rounded: bool) -> torch.Tensor:
+    """fp32 -> the tf32 the tensor cores multiply, in float64: the 13 low mantissa bits dropped after adding half of
+    them (rounded to nearest, ties away, as cvt.rna; sm_90's cvt.rn breaks ties to even: rare, and an ulp apart) or
+    not (truncated, what mma.sync makes of raw fp32 bits)."""
+    bits = t.contiguous().view(torch.int32)
+    if rounded:
+        bits = bits + 0x1000
+    return (bits & -0x2000).view(torch.float32).double()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sm80_rounds_inputs_to_nearest_tf32(sm80_ops, layout):
+    # Products of tf32 values are exact in fp32: against the rounded inputs only the fp32 accumulation is left, far
+    # below what truncating them would cost (~3e-4).
+    op = sm80_ops[f"{layout}_drow"]
+    a, b = sm80_inputs(layout, 256, 256, 256, padded=True)
+    assert op.path(a, b) == "fast"
+    d = op(a, b)
+    rounded = rel(d, tf32_of(a, True) @ tf32_of(b, True))
+    truncated = rel(d, tf32_of(a, False) @ tf32_of(b, False))
+    assert rounded <= 1e-4 and rounded < 0.25 * truncated, (rounded, truncated)
+
+
+@pytest.mark.parametrize("layout", ["nt", "tn"])
+def test_sm80_nan_inputs_stay_nan(sm80_ops, layout):
+    op = sm80_ops[f"{layout}_drow"]
+    a, b = sm80_inputs(layout, 256, 192, 128, padded=True)
+    a[3, 5] = float("nan")
+    d = op(a, b)
+    assert torch.isnan(d[3]).all() and torch.isfinite(torch.cat([d[:3], d[4:]])).all()
+
+
+def test_sm80_autograd_against_float64(sm80_ops):
+    # layout nt: A and B M/N-major. dA and dB run sm80 tf32 kernels of the gradient's own layouts, no copies.
+    op = sm80_ops["nt_drow"]
+    for m, n, k in ((300, 200, 100), (64, 48, 32)):      # dense operands, every leading dimension aligned
+        for grad_order in ("row", "col"):
+            a, b = (t.requires_grad_() for t in sm80_inputs("nt", m, n, k, padded=False))
+            a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+            g = stored(m, n, grad_order, padded=False)
+            op(a, b).backward(g)
+            (a64 @ b64).backward(g.double())
+            for got, ref, t in ((a.grad, a64.grad, a), (b.grad, b64.grad, b)):
+                assert got.dtype == torch.float32 and got.stride() == t.stride()
+                assert rel(got, ref) <= BOUND, (m, n, k, grad_order, rel(got, ref))

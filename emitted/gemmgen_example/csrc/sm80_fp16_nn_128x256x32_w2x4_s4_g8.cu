@@ -33,9 +33,18 @@ struct Config {
   static constexpr bool kBKMajor = true;
   static constexpr bool kDRowMajor = true;
 
-  struct Epilogue {  // none: D = acc (the kernels skip the epilogue at compile time)
+
+  struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)
     static constexpr bool kIdentity = true;
     static constexpr int kSourceSlot = -1;
+    // The slots of the per-block scales of A (row_blocks) and B (col_blocks), -1: none; the main
+    // loop multiplies each K block's partial product by them (kScaleBlockK wide), the functor never reads them.
+    static constexpr int kRowBlocksSlot = -1;
+    static constexpr int kColBlocksSlot = -1;
+    static constexpr int kScaleBlockK = GEMMGEN_SCALE_BLOCK_K;  // common/gemm_args.h
+    // (Referenced here too, so that nvcc does not warn of unused members where a kernel reads none of them.)
+    static_assert((kRowBlocksSlot < 0) == (kColBlocksSlot < 0) && kScaleBlockK > 0,
+                  "per-block scales come in pairs, of A and of B (spec/epilogue.py)");
   };
 };
 

@@ -7,6 +7,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 namespace gemmgen {
 
@@ -19,6 +20,18 @@ __device__ __forceinline__ __half from_float<__half>(float x) { return __float2h
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
 
+// D's element from an accumulator register after the epilogue. An int32 D comes only from an int8 GEMM without
+// an epilogue (generator/spec/config.py check_int8), whose registers hold the tensor cores' exact int32 sums as
+// bits (the s32 mma/wgmma wrappers write them so): stored as they are.
+template <typename Out>
+__device__ __forceinline__ Out from_accumulator(float reg) {
+  if constexpr (std::is_same_v<Out, int32_t>) {
+    return __float_as_int(reg);
+  } else {
+    return from_float<Out>(reg);
+  }
+}
+
 template <typename T>
 __device__ __forceinline__ float to_float(T x);
 template <>
@@ -27,6 +40,10 @@ template <>
 __device__ __forceinline__ float to_float<__half>(__half x) { return __half2float(x); }
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_fp8_e4m3>(__nv_fp8_e4m3 x) { return static_cast<float>(x); }
+template <>
+__device__ __forceinline__ float to_float<__nv_fp8_e5m2>(__nv_fp8_e5m2 x) { return static_cast<float>(x); }
 
 // Two neighbouring outputs stored with one access (4 bytes for 16-bit types, 8 for fp32).
 template <typename T>
@@ -45,6 +62,13 @@ template <>
 struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   __device__ __forceinline__ static __nv_bfloat162 make(float x, float y) { return __floats2bfloat162_rn(x, y); }
+};
+
+// int32 D: two accumulator registers holding int8's int32 sums as bits (see from_accumulator).
+template <>
+struct Pair<int32_t> {
+  using type = int2;
+  __device__ __forceinline__ static int2 make(float x, float y) { return make_int2(__float_as_int(x), __float_as_int(y)); }
 };
 
 // Two neighbouring 16-bit outputs as one 32-bit register (first in the low half), for the stores that

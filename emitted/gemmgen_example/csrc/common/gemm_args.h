@@ -11,6 +11,11 @@ extern "C" {
 // The most extra operands a fused epilogue takes (MAX_EPILOGUE_OPERANDS in generator/spec/config.py).
 #define GEMMGEN_MAX_EPILOGUE_OPERANDS 8
 
+// The K extent of one per-block scale of fp8 A and B (SCALE_BLOCK in generator/spec/epilogue.py): A's scales
+// are (M, ceil(K / 128)), one per row and 128-wide K block; B's (ceil(N / 128), ceil(K / 128)), one per
+// 128 x 128 block; both fp32, row-major, their leading dimension in ep_ld.
+#define GEMMGEN_SCALE_BLOCK_K 128
+
 // D (m x n) = epilogue(A (m x k) * B (k x n), operands...). Leading dimensions are in elements and follow
 // the storage order the kernel was generated for: lda is the stride between rows of a row-major A, or
 // between columns of a column-major A; likewise ldb, ldd, the matrix operands' and the second output's.
@@ -24,8 +29,9 @@ typedef struct GemmArgs {
   int64_t lda;
   int64_t ldb;
   int64_t ldd;
-  // The fused epilogue's operands, in the plan's order (slot i = operand i): a vector's or a matrix's
-  // base address and (matrices) leading dimension, a scalar's value. Unused slots stay zero.
+  // The fused epilogue's operands, in the plan's order (slot i = operand i): a tensor's base address (a
+  // vector's, a matrix's, a one-element scale's or per-block scales') and (matrices, per-block scales) leading
+  // dimension, a scalar's value. Unused slots stay zero.
   const void* ep_ptr[GEMMGEN_MAX_EPILOGUE_OPERANDS];
   int64_t ep_ld[GEMMGEN_MAX_EPILOGUE_OPERANDS];
   float ep_scalar[GEMMGEN_MAX_EPILOGUE_OPERANDS];

@@ -229,6 +229,7 @@ __device__ __forceinline__ void wgmma_wait() {
 // the register accesses where PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Instructions:
 // wgmma.fence" requires them (between the fence and the wait).
 __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
+__device__ __forceinline__ void fence_operand(int32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
 
 // Make a value opaque to the compiler (an empty asm: no instruction), so that it keeps it in a register
 // instead of deriving it again where it is used: the main loop's bases of the matrix descriptors of

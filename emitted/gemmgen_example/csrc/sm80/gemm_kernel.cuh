@@ -1,5 +1,6 @@
 // The sm80 GEMM family: a multistage cp.async pipeline into XOR-swizzled shared memory,
-// ldmatrix(.trans) to registers and mma.sync m16n8k16 with fp32 accumulators.
+// ldmatrix(.trans) to registers and mma.sync m16n8k16 with fp32 accumulators. tf32 (fp32 tensors): mma.sync
+// m16n8k8, K-major fragments by ldmatrix as for 16-bit types, M/N-major ones by 32-bit shared loads.
 //
 // A generated kernel supplies a Config struct of compile-time constants (see sm80/gemm.cu.j2)
 // and calls gemm_block<Config>. Everything below is ordinary C++ over those constants.
@@ -20,28 +21,62 @@ namespace sm80 {
 
 constexpr int kChunkBytes = 16;  // one cp.async and one ldmatrix row
 constexpr int kLineBytes = 128;  // 32 banks x 4 bytes: the span a conflict-free access must cover
-constexpr int kMmaM = 16, kMmaN = 8, kMmaK = 16;
+constexpr int kMmaM = 16, kMmaN = 8;  // the mma.sync tile of D; its k depends on the input type
+// Every mma.sync shape here reads 32 bytes of k per row: k16 of 16-bit inputs, k8 of tf32. A k step therefore
+// covers two 16-byte chunks of a K-major row whatever the input type.
+constexpr int kMmaKBytes = 32;
+// A k step of m16n8k8 (tf32) splits into two halves of four k each: a2/a3 and b1 read k + 4.
+constexpr int kTf32HalfK = 4;
 
-// An operand tile of ROWS x COLS 16-bit elements in shared memory, COLS contiguous, stored as
-// 16-byte chunks whose position within their row is XOR-ed with the row's index. The eight
-// addresses of one ldmatrix phase (eight consecutive rows, one logical chunk) and the eight chunks
-// a cp.async phase writes then fall in eight different 16-byte bank groups: no bank conflicts.
-template <int ROWS, int COLS>
+// The mma.sync of an input type: m16n8k16 for fp16 and bf16, m16n8k8 for tf32 (fp32 tensors).
+template <typename Elem>
+struct MmaFor {
+  using Op = ptx::MmaM16N8K16<Elem>;
+};
+template <>
+struct MmaFor<float> {
+  using Op = ptx::MmaM16N8K8Tf32;
+};
+
+// An operand tile of ROWS x COLS elements of ELEM_BYTES in shared memory, COLS contiguous, stored as
+// 16-byte chunks whose position within their row is XOR-ed with a function of the row's index.
+//
+// ldmatrix tiles (WORD_READS false): the chunk is XOR-ed with the row's index. The eight addresses of one
+// ldmatrix phase (eight consecutive rows, one logical chunk) and the eight chunks a cp.async phase writes then
+// fall in eight different 16-byte bank groups: no bank conflicts.
+//
+// Word tiles (WORD_READS, tf32 M/N-major operands, read by 32-bit loads): a warp's load reads four consecutive
+// rows (k = t) at eight consecutive elements (m or n = g), i.e. two chunks of each of four rows. The chunk is
+// XOR-ed with 2 * (row % 4), so the four rows' pairs of chunks land in four different pairs of bank groups: the
+// 32 words hit 32 different banks. (The ldmatrix swizzle, chunk ^ row, would put rows 0 and 1 on the same two
+// chunks: a 2-way conflict.) Rows span whole 128-byte lines, so the cp.async writes stay conflict-free too.
+template <int ROWS, int COLS, int ELEM_BYTES = 2, bool WORD_READS = false>
 struct SwizzledTile {
-  static constexpr int kChunkElems = kChunkBytes / 2;
+  static constexpr int kRows = ROWS, kCols = COLS;
+  static constexpr int kChunkElems = kChunkBytes / ELEM_BYTES;
   static constexpr int kChunksPerRow = COLS / kChunkElems;
-  static constexpr int kRowsPerLine = kChunksPerRow >= 8 ? 1 : 8 / kChunksPerRow;
-  static constexpr int kSwizzleSpan = kChunksPerRow >= 8 ? 8 : kChunksPerRow;
+  static constexpr int kLineChunks = kLineBytes / kChunkBytes;
+  static constexpr int kRowsPerLine = kChunksPerRow >= kLineChunks ? 1 : kLineChunks / kChunksPerRow;
+  static constexpr int kSwizzleSpan = kChunksPerRow >= kLineChunks ? kLineChunks : kChunksPerRow;
+  // Word tiles: four rows (the k = t of one half k step), each on its own pair of bank groups.
+  static constexpr int kWordRows = 4;
   static constexpr int kElems = ROWS * COLS;
-  static constexpr int kRowBytes = COLS * 2;
-  // The XOR pattern repeats every kPeriodRows rows (8 for every COLS here).
-  static constexpr int kPeriodRows = kRowsPerLine * kSwizzleSpan;
-  static_assert(COLS * 2 >= 64, "rows of at least 64 bytes keep the swizzle conflict-free");
+  static constexpr int kRowBytes = COLS * ELEM_BYTES;
+  static constexpr int kBytes = ROWS * kRowBytes;
+  // The XOR pattern repeats every kPeriodRows rows (8 for every ldmatrix tile here, 4 for word tiles).
+  static constexpr int kPeriodRows = WORD_READS ? kWordRows : kRowsPerLine * kSwizzleSpan;
+  static_assert(kRowBytes >= 64, "rows of at least 64 bytes keep the swizzle conflict-free");
+  static_assert(!WORD_READS || (ELEM_BYTES == 4 && kRowBytes % kLineBytes == 0),
+                "word tiles hold 32-bit elements in rows of whole 128-byte lines");
+
+  __host__ __device__ __forceinline__ static int swizzle(int row) {
+    return WORD_READS ? 2 * (row % kWordRows) : (row / kRowsPerLine) % kSwizzleSpan;
+  }
 
   // Byte offset of chunk `chunk` of row `row`.
   __host__ __device__ __forceinline__ static uint32_t offset(int row, int chunk) {
-    const int physical = chunk ^ ((row / kRowsPerLine) % kSwizzleSpan);
-    return static_cast<uint32_t>((row * COLS + physical * kChunkElems) * 2);
+    const int physical = chunk ^ swizzle(row);
+    return static_cast<uint32_t>((row * COLS + physical * kChunkElems) * ELEM_BYTES);
   }
 
   // Byte offset of chunk `chunk` of row `row + shift`, where `shift` is a multiple of kPeriodRows: the
@@ -50,16 +85,35 @@ struct SwizzledTile {
   __host__ __device__ __forceinline__ static uint32_t offset(int row, int chunk, int shift) {
     return offset(row, chunk) + static_cast<uint32_t>(shift * kRowBytes);
   }
+
+  // Word tiles: byte offset of element `elem` of row `row + shift` (shift as above), moved along the row by
+  // `line_shift` elements, a multiple of kLineElems: the swizzle permutes the chunks of a 128-byte line only, so
+  // whole lines add to the address as whole periods of rows do.
+  static constexpr int kLineElems = kLineBytes / ELEM_BYTES;
+  __host__ __device__ __forceinline__ static uint32_t element_offset(int row, int elem, int shift, int line_shift = 0) {
+    return offset(row, elem / kChunkElems, shift) +
+           static_cast<uint32_t>((elem % kChunkElems + line_shift) * ELEM_BYTES);
+  }
+
+  // Word tiles: the word lane (g, t) of an mma fragment reads, element mn + g of row k0 + t, where mn (the
+  // fragment's first m or n) and k0 (a multiple of kPeriodRows) are the same for the whole warp. Only mn's place
+  // in its line meets the swizzle; its whole lines, like k0's rows, add to the address: a warp tile aligned to
+  // lines then reads through a few base registers and immediate offsets.
+  __host__ __device__ __forceinline__ static uint32_t fragment_word(int mn, int k0, int g, int t) {
+    const int inside = mn & (kLineElems - 1);
+    return element_offset(t, inside + g, k0, mn - inside);
+  }
 };
 
 // Copies one operand's slice of a block tile from global to shared memory, one k tile at a time.
-// The shared tile is OUTER x INNER with INNER contiguous in both memories. K_INNER: K is the inner
+// The shared tile (Tile) is OUTER x INNER with INNER contiguous in both memories. K_INNER: K is the inner
 // dimension (a K-major operand: rows are M or N); otherwise K is the outer one (an M/N-major operand).
 // Every thread owns the chunks tid, tid + THREADS, ...: they share one inner position and step
 // through rows, so one base pointer and one validity value per thread describe them all.
-template <typename Elem, int OUTER, int INNER, bool K_INNER, int THREADS>
+template <typename Elem, class Tile, bool K_INNER, int THREADS>
 struct TileLoader {
-  using Tile = SwizzledTile<OUTER, INNER>;
+  static constexpr int OUTER = Tile::kRows, INNER = Tile::kCols;
+  static constexpr int kElemBytes = static_cast<int>(sizeof(Elem));
   static constexpr int kChunkElems = Tile::kChunkElems;
   static constexpr int kChunks = OUTER * INNER / kChunkElems;
   static constexpr int kPerThread = kChunks / THREADS;
@@ -96,7 +150,7 @@ struct TileLoader {
       k_tile_stride = kBlockK * ld;
       const int mn = mn0 + chunk * kChunkElems;
       const int left = mn_extent - mn;
-      inner_bytes = left <= 0 ? 0 : (left >= kChunkElems ? kChunkBytes : left * 2);
+      inner_bytes = left <= 0 ? 0 : (left >= kChunkElems ? kChunkBytes : left * kElemBytes);
       row_valid = ~0u;
       next = operand + row0 * ld + (inner_bytes ? mn : 0);
     }
@@ -125,7 +179,7 @@ struct TileLoader {
       int bytes = (row_valid >> i) & 1u ? inner_bytes : 0;
       if (K_INNER) {
         const int k_elems = k_left - chunk * kChunkElems;
-        bytes = k_elems <= 0 ? 0 : (k_elems >= kChunkElems ? bytes : (bytes ? k_elems * 2 : 0));
+        bytes = k_elems <= 0 ? 0 : (k_elems >= kChunkElems ? bytes : (bytes ? k_elems * kElemBytes : 0));
       } else if (row >= k_left) {
         bytes = 0;
       }
@@ -182,14 +236,23 @@ struct Kernel {
   static constexpr int THREADS = WARPS_M * WARPS_N * 32;
   static constexpr int WARP_M = BM / WARPS_M, WARP_N = BN / WARPS_N;
   static constexpr int MMA_TILES_M = WARP_M / kMmaM, MMA_TILES_N = WARP_N / kMmaN;
-  static constexpr int K_STEPS = BK / kMmaK;
+  static constexpr int ELEM_BYTES = static_cast<int>(sizeof(Elem));
+  static constexpr int MMA_K = kMmaKBytes / ELEM_BYTES;  // 16 for 16-bit inputs, 8 for tf32
+  static constexpr int K_STEPS = BK / MMA_K;
   static constexpr bool A_K_MAJOR = Cfg::kAKMajor, B_K_MAJOR = Cfg::kBKMajor, D_ROW_MAJOR = Cfg::kDRowMajor;
+  // tf32: fp32 tensors, rounded to tf32 in registers. ldmatrix.trans moves 16-bit elements only, so M/N-major
+  // tf32 operands are read by 32-bit loads from word tiles (see SwizzledTile).
+  static constexpr bool TF32 = std::is_same_v<Elem, float>;
+  static constexpr bool A_WORDS = TF32 && !A_K_MAJOR, B_WORDS = TF32 && !B_K_MAJOR;
+  using Mma = typename MmaFor<Elem>::Op;
 
-  using ATile = std::conditional_t<A_K_MAJOR, SwizzledTile<BM, BK>, SwizzledTile<BK, BM>>;
-  using BTile = std::conditional_t<B_K_MAJOR, SwizzledTile<BN, BK>, SwizzledTile<BK, BN>>;
-  using ALoader = TileLoader<Elem, (A_K_MAJOR ? BM : BK), (A_K_MAJOR ? BK : BM), A_K_MAJOR, THREADS>;
-  using BLoader = TileLoader<Elem, (B_K_MAJOR ? BN : BK), (B_K_MAJOR ? BK : BN), B_K_MAJOR, THREADS>;
-  static constexpr uint32_t A_STAGE_BYTES = ATile::kElems * 2, B_STAGE_BYTES = BTile::kElems * 2;
+  using ATile = std::conditional_t<A_K_MAJOR, SwizzledTile<BM, BK, ELEM_BYTES>,
+                                   SwizzledTile<BK, BM, ELEM_BYTES, A_WORDS>>;
+  using BTile = std::conditional_t<B_K_MAJOR, SwizzledTile<BN, BK, ELEM_BYTES>,
+                                   SwizzledTile<BK, BN, ELEM_BYTES, B_WORDS>>;
+  using ALoader = TileLoader<Elem, ATile, A_K_MAJOR, THREADS>;
+  using BLoader = TileLoader<Elem, BTile, B_K_MAJOR, THREADS>;
+  static constexpr uint32_t A_STAGE_BYTES = ATile::kBytes, B_STAGE_BYTES = BTile::kBytes;
   static constexpr uint32_t STAGE_BYTES = A_STAGE_BYTES + B_STAGE_BYTES;
   static constexpr int SMEM_BYTES = STAGES * STAGE_BYTES;
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the stages within the arch's shared memory");
@@ -203,43 +266,77 @@ struct Kernel {
   };
 
   // The shifts below (warp_m0, warp_n0, mma tiles, k steps) are multiples of the swizzle period.
-  static_assert(kMmaM % ATile::kPeriodRows == 0 && kMmaK % ATile::kPeriodRows == 0 &&
-                    2 * kMmaN % BTile::kPeriodRows == 0 && kMmaK % BTile::kPeriodRows == 0,
-                "ldmatrix addresses move by whole swizzle periods");
+  static_assert(kMmaM % ATile::kPeriodRows == 0 && MMA_K % ATile::kPeriodRows == 0 &&
+                    2 * kMmaN % BTile::kPeriodRows == 0 && MMA_K % BTile::kPeriodRows == 0,
+                "fragment addresses move by whole swizzle periods");
+  static_assert(!TF32 || kTf32HalfK % ATile::kPeriodRows == 0 || A_K_MAJOR, "a2/a3 rows are whole periods away");
+  static_assert(!TF32 || kTf32HalfK % BTile::kPeriodRows == 0 || B_K_MAJOR, "b1 rows are whole periods away");
 
   // One k step's fragments. Each address is a per-lane swizzled offset plus a shift along whole swizzle
   // periods: K-major operands shift by the warp's and the mma tile's rows (a register per k step,
   // immediates across mma tiles), M/N-major ones by the k step's rows (a register per mma tile).
+  //
+  // K-major rows hold 32 bytes of k per k step in two chunks, so one ldmatrix.x4 gives the A fragment of
+  // m16n8k16 (16-bit) and of m16n8k8 (tf32) alike: an 8x8 b16 matrix is 8 rows x 4 fp32, and lane (g, t)
+  // receives the word at row g, column t: a0..a3 = (g, t) (g+8, t) (g, t+4) (g+8, t+4) for tf32.
   __device__ __forceinline__ static void load_fragments(Fragments& f, uint32_t stage, int ks, int warp_m0,
                                                         int warp_n0, int lane) {
     const uint32_t a_smem = stage, b_smem = stage + A_STAGE_BYTES;
+    const int g = lane / 4, t = lane % 4;  // word reads: the lane's row (m or n) and k in the mma fragment
 #pragma unroll
     for (int mt = 0; mt < MMA_TILES_M; ++mt) {
       const int m = warp_m0 + mt * kMmaM;
-      if (A_K_MAJOR) {  // rows are m: matrices (m0-7,k0-7) (m8-15,k0-7) (m0-7,k8-15) (m8-15,k8-15)
+      if constexpr (A_K_MAJOR) {  // rows are m: matrices (m0-7,k0-7) (m8-15,k0-7) (m0-7,k8-15) (m8-15,k8-15)
         const int row = (lane % 8) + 8 * ((lane / 8) % 2);
         ptx::ldmatrix_x4(f.a[mt], a_smem + ATile::offset(row, ks * 2 + lane / 16, m));
-      } else {  // rows are k: the same four matrices, read transposed
-        const int row = (lane % 8) + 8 * (lane / 16);
-        ptx::ldmatrix_x4_trans(f.a[mt], a_smem + ATile::offset(row, m / 8 + (lane / 8) % 2, ks * kMmaK));
-      }
-    }
+      } else if constexpr (A_WORDS) {  // tf32, rows are k: a0..a3 = (m g, k t) (g+8, t) (g, t+4) (g+8, t+4)
 #pragma unroll
-    for (int np = 0; np < MMA_TILES_N / 2; ++np) {
-      const int n = warp_n0 + np * 2 * kMmaN;
-      uint32_t r[4];
-      if (B_K_MAJOR) {  // rows are n: matrices (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15)
-        const int row = (lane % 8) + 8 * (lane / 16);
-        ptx::ldmatrix_x4(r, b_smem + BTile::offset(row, ks * 2 + (lane / 8) % 2, n));
+        for (int i = 0; i < 4; ++i)
+          f.a[mt][i] = ptx::ld_shared_b32(
+              a_smem + ATile::fragment_word(m + (i % 2) * kMmaN, ks * MMA_K + (i / 2) * kTf32HalfK, g, t));
       } else {  // rows are k: the same four matrices, read transposed
-        const int row = (lane % 8) + 8 * ((lane / 8) % 2);
-        ptx::ldmatrix_x4_trans(r, b_smem + BTile::offset(row, n / 8 + lane / 16, ks * kMmaK));
+        const int row = (lane % 8) + 8 * (lane / 16);
+        ptx::ldmatrix_x4_trans(f.a[mt], a_smem + ATile::offset(row, m / 8 + (lane / 8) % 2, ks * MMA_K));
       }
-      f.b[2 * np][0] = r[0];
-      f.b[2 * np][1] = r[1];
-      f.b[2 * np + 1][0] = r[2];
-      f.b[2 * np + 1][1] = r[3];
     }
+    if constexpr (B_WORDS) {  // tf32, rows are k: b0, b1 = (k t, n g) (k t+4, n g)
+#pragma unroll
+      for (int nt = 0; nt < MMA_TILES_N; ++nt)
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+          f.b[nt][i] = ptx::ld_shared_b32(
+              b_smem + BTile::fragment_word(warp_n0 + nt * kMmaN, ks * MMA_K + i * kTf32HalfK, g, t));
+    } else {
+#pragma unroll
+      for (int np = 0; np < MMA_TILES_N / 2; ++np) {
+        const int n = warp_n0 + np * 2 * kMmaN;
+        uint32_t r[4];
+        if constexpr (B_K_MAJOR) {  // rows are n: matrices (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15)
+          const int row = (lane % 8) + 8 * (lane / 16);
+          ptx::ldmatrix_x4(r, b_smem + BTile::offset(row, ks * 2 + (lane / 8) % 2, n));
+        } else {  // rows are k: the same four matrices, read transposed
+          const int row = (lane % 8) + 8 * ((lane / 8) % 2);
+          ptx::ldmatrix_x4_trans(r, b_smem + BTile::offset(row, n / 8 + lane / 16, ks * MMA_K));
+        }
+        f.b[2 * np][0] = r[0];
+        f.b[2 * np][1] = r[1];
+        f.b[2 * np + 1][0] = r[2];
+        f.b[2 * np + 1][1] = r[3];
+      }
+    }
+    if constexpr (TF32) round_to_tf32(f);
+  }
+
+  // tf32: the fragments' fp32 bits rounded to tf32 in place, once per k step (mma.sync would truncate them).
+  __device__ __forceinline__ static void round_to_tf32(Fragments& f) {
+#pragma unroll
+    for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) f.a[mt][i] = ptx::cvt_tf32(f.a[mt][i]);
+#pragma unroll
+    for (int nt = 0; nt < MMA_TILES_N; ++nt)
+#pragma unroll
+      for (int i = 0; i < 2; ++i) f.b[nt][i] = ptx::cvt_tf32(f.b[nt][i]);
   }
 
   __device__ __forceinline__ static void mma_all(float (&acc)[MMA_TILES_M][MMA_TILES_N][4], const Fragments& f) {
@@ -249,13 +346,13 @@ struct Kernel {
       for (int nt = 0; nt < MMA_TILES_N; ++nt) {
         // Serpentine order along n reuses the last B fragment between rows.
         const int n = (mt % 2) ? MMA_TILES_N - 1 - nt : nt;
-        ptx::MmaM16N8K16<Elem>::run(acc[mt][n], f.a[mt], f.b[n]);
+        Mma::run(acc[mt][n], f.a[mt], f.b[n]);
       }
   }
 
   // Where a lane's accumulator pair `half` (elements 2*half and 2*half + 1, neighbouring columns) sits
   // in its m16n8 tile: PTX ISA §9.7.14.5.14 "Multiply-and-Accumulate Instruction: mma", the m16n8k16
-  // fragment layout of C/D.
+  // fragment layout of C/D (m16n8k8's is the same).
   struct AccumPair {
     int row, col;
   };

@@ -155,7 +155,8 @@ struct OperandTile {
   // The TMA box (innermost first) the host must encode for this operand.
   static constexpr int kBoxInner = kRowElems;
   static constexpr int kBoxOuter = kSliceRows;
-  static_assert(ROWS % kRowElems == 0, "operand tiles are whole chunks of one 128-byte row");
+  static_assert(K_MAJOR ? ROWS % 8 == 0 : ROWS % kRowElems == 0,
+                "K-major tiles are whole 8-row swizzle atoms; M/N-major ones whole chunks of one 128-byte row");
   static_assert(kSliceRows % 8 == 0, "a slice is whole 1024-byte swizzle atoms, so each CTA's writes keep the pattern");
   static_assert(kBoxOuter <= 256, "a TMA box is at most 256 elements along each dimension");
 
@@ -215,10 +216,11 @@ struct TileMma {
   using First = ptx::Wgmma<kFirstN, T, TRANS_A, TRANS_B>;
   using Rest = ptx::Wgmma<(BN > 256 ? BN - 256 : 64), T, TRANS_A, TRANS_B>;  // instantiated only when BN > 256
   static constexpr int kAccum = BN / 2;
-  __device__ __forceinline__ static void run(float (&d)[kAccum], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-    First::run(*reinterpret_cast<float(*)[First::kAccum]>(&d[0]), desc_a, desc_b, scale_d);
+  using Accum = typename First::Accum;  // float, or int32_t for int8
+  __device__ __forceinline__ static void run(Accum (&d)[kAccum], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+    First::run(*reinterpret_cast<Accum(*)[First::kAccum]>(&d[0]), desc_a, desc_b, scale_d);
     if constexpr (BN > 256) {
-      Rest::run(*reinterpret_cast<float(*)[Rest::kAccum]>(&d[First::kAccum]), desc_a,
+      Rest::run(*reinterpret_cast<Accum(*)[Rest::kAccum]>(&d[First::kAccum]), desc_a,
                 ptx::desc_advance(desc_b, TileB::offset_units(kFirstN, 0)), scale_d);
     }
   }
@@ -293,7 +295,23 @@ struct Kernel {
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
   static_assert(MMA_BLOCKS_M * ACCUM <= 160, "accumulators beyond 160 of the 232 registers per thread would spill");
 
+  // Promotion (fp8, see mainloop_promoted) holds a second set of accumulators, the current k tile's; per-block
+  // scales (fp8 with scale="block") are applied there.
+  static constexpr bool kBlockScaled = Cfg::Epilogue::kRowBlocksSlot >= 0;
+  static_assert(!kBlockScaled || Cfg::kPromote, "block scales are applied where k tiles are promoted");
+  static_assert(kBlockScaled == (Cfg::Epilogue::kColBlocksSlot >= 0), "A and B are block-scaled together");
+  static_assert(!kBlockScaled || kBlockK == Cfg::Epilogue::kScaleBlockK,
+                "a k tile is one scale block (8-bit types: BK = 128)");
+  static_assert(!Cfg::kPromote || 2 * MMA_BLOCKS_M * ACCUM <= 192,
+                "promotion keeps two sets of accumulators: the planner limits the tile (spec/config.py)");
+
   static constexpr bool STREAM_K = GEMMGEN_SM90_STREAM_K && SCHEDULE == Schedule::kCooperative;
+  // int8: wgmma sums into int32 registers (Accum); after the main loop they go on to the epilogue as fp32 values,
+  // or, for an int32 D, as their bits in float variables (stored as they are: from_accumulator).
+  using Accum = typename Mma::Accum;
+  static constexpr bool kIntAccum = std::is_same_v<Accum, int32_t>;
+  static constexpr bool kAccumBits = kIntAccum && std::is_same_v<Out, int32_t>;
+  static_assert(!(STREAM_K && kIntAccum), "stream-K adds partial tiles as fp32");
   // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
   // order: register r of thread t at r * 128 + t, so each access is coalesced), then a flag each.
   static constexpr int kPartialFloats = WG_M * BN;
@@ -420,8 +438,12 @@ struct Kernel {
       __syncwarp();
     } else {
       ptx::setmaxnreg_inc<kConsumerRegisters>();
-      if (STREAM_K && p.k_tiles > 0) {
-        consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
+      if constexpr (STREAM_K) {  // (not instantiated otherwise: its partial tiles are fp32 only)
+        if (p.k_tiles > 0) {
+          consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
+        } else {
+          consume(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+        }
       } else {
         consume(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
       }
@@ -515,21 +537,39 @@ struct Kernel {
       }
       // The source's first subtiles come in while the main loop runs.
       const bool sourced = epi.load_source(p, m0 + row_in_tile, n0);
-      float acc[MMA_BLOCKS_M][ACCUM];
-      mainloop(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles);
+      Accum acc[MMA_BLOCKS_M][ACCUM];
+      if constexpr (Cfg::kPromote) {
+        mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles,
+                          block_scales(args, p, m0 + row_in_tile, n0));
+      } else {
+        mainloop(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles);
+      }
       if (PINGPONG) {
         if (next_exists) pass_turn(consumer);
         pos.advance(p.k_tiles);  // skip the other warpgroup's tile
       }
-#if GEMMGEN_SM90_EXPERIMENT_NO_EPILOGUE
-      // Timing experiment only, wrong results: what the epilogue costs (docs/sm90.md, "The epilogue"). The
-      // never-taken branch keeps the accumulators live.
-      if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0, sourced);
-#else
-      epi.store(args, p, acc, m0 + row_in_tile, n0, sourced);
-#endif
+      if constexpr (kIntAccum) {
+        // In place: a second array would be live beside acc, which the next tile's first wgmma reads ("+r").
+        int_sums_for_epilogue(acc);
+        store_tile(epi, args, p, reinterpret_cast<float(&)[MMA_BLOCKS_M][ACCUM]>(acc), m0 + row_in_tile, n0, sourced);
+      } else {
+        store_tile(epi, args, p, acc, m0 + row_in_tile, n0, sourced);
+      }
     }
     epi.finish();
+  }
+
+  template <class Epi>  // Epilogue, declared further down
+  __device__ __forceinline__ static void store_tile(Epi& epi, const GemmArgs& args, const Problem& p,
+                                                    float (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0,
+                                                    bool sourced) {
+#if GEMMGEN_SM90_EXPERIMENT_NO_EPILOGUE
+    // Timing experiment only, wrong results: what the epilogue costs (docs/sm90.md, "The epilogue"). The
+    // never-taken branch keeps the accumulators live.
+    if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0, n0, sourced);
+#else
+    epi.store(args, p, acc, m0, n0, sourced);
+#endif
   }
 
   // The cooperative consumers under stream-K: this cluster's whole units (stored as usual), then the
@@ -548,7 +588,12 @@ struct Kernel {
       int m0, n0;
       tile_origin(p, s.unit, rank, m0, n0);
       float acc[MMA_BLOCKS_M][ACCUM];
-      mainloop(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end);
+      if constexpr (Cfg::kPromote) {
+        mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
+                          block_scales(args, p, m0 + row_in_tile, n0));
+      } else {
+        mainloop(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end);
+      }
       if (s.kt_begin > 0) {  // a contributor: the owner adds this part and stores the tile
 #if GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP  // timing experiment only, wrong results: no partials exchanged
         if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);  // keeps acc live
@@ -636,7 +681,7 @@ struct Kernel {
 
   // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
   // ring from `pos` on; the first k tile overwrites acc.
-  __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, float (&acc)[MMA_BLOCKS_M][ACCUM],
+  __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
                                                   int row_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
                                                   int kt_end) {
     // Stage 0's descriptors, this warpgroup's rows of A; a stage is STAGE_BYTES further on.
@@ -681,6 +726,136 @@ struct Kernel {
 #pragma unroll
       for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
     release(smem, previous, rank);
+  }
+
+  // Where one thread's block scales of a tile are: scale_a (M x ceil(K/128), row-major) at its fragment rows, and
+  // scale_b (ceil(N/128) x ceil(K/128), row-major) at the tile's first 128-column block and the next (a tile of
+  // BN <= 256 columns starting at a multiple of 64 spans at most two). Rows and blocks beyond the matrix are
+  // clamped to its last ones: their products are zeros (TMA fills them so) and their D elements are not stored.
+  struct BlockScales {
+    const float* a[MMA_BLOCKS_M][2];  // fragment rows (i, h): k block kb at a[i][h][kb]
+    const float* b_first;             // k block kb at b_first[kb]
+    const float* b_next;
+    int next_col;                     // the first column of the tile that b_next's block covers
+  };
+  struct NoScales {};
+  using Scales = std::conditional_t<kBlockScaled, BlockScales, NoScales>;
+
+  __device__ __forceinline__ static Scales block_scales(const GemmArgs& args, const Problem& p, int m0, int n0) {
+    if constexpr (!kBlockScaled) {
+      return {};
+    } else {
+      constexpr int kRowsSlot = Cfg::Epilogue::kRowBlocksSlot, kColsSlot = Cfg::Epilogue::kColBlocksSlot;
+      constexpr int kBlock = Cfg::Epilogue::kScaleBlockK;
+      const float* scale_a = static_cast<const float*>(args.ep_ptr[kRowsSlot]);
+      const float* scale_b = static_cast<const float*>(args.ep_ptr[kColsSlot]);
+      const int t = threadIdx.x % kWarpgroupThreads, warp = t / 32, lane = t % 32;
+      BlockScales s;
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = min(m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h, p.m - 1);
+          s.a[i][h] = scale_a + static_cast<int64_t>(row) * args.ep_ld[kRowsSlot];
+        }
+      const int first_block = n0 / kBlock, last_block = (p.n - 1) / kBlock;
+      s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot];
+      s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot];
+      s.next_col = (first_block + 1) * kBlock - n0;
+      return s;
+    }
+  }
+
+  // The main loop of fp8 (PTX ISA §9.7.15: fp8 wgmma accumulates into fp32 registers, but its additions keep
+  // fewer bits than fp32): each k tile is summed alone in `part`, then added into acc in fp32 ("promotion", as
+  // DeepGEMM and CUTLASS do), times its scales under per-block scaling (a k tile is one 128-wide scale block).
+  // The wait for part ends this warpgroup's overlap of k tiles; the other consumer warpgroup's wgmmas keep the
+  // tensor cores busy meanwhile. The ring protocol is mainloop's.
+  __device__ __forceinline__ static void mainloop_promoted(const Problem& p, const Smem& smem,
+                                                           float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
+                                                           RingPos& pos, uint32_t rank, int kt_begin, int kt_end,
+                                                           const Scales& scales) {
+    const uint64_t stage0_a = ptx::desc_advance(TileA::descriptor(smem.a(0)), TileA::offset_units(row_in_tile, 0));
+    const uint64_t stage0_b = TileB::descriptor(smem.b(0));
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; ++r) acc[i][r] = 0.f;
+    float part[MMA_BLOCKS_M][ACCUM];
+    for (int kt = kt_begin; kt < kt_end; ++kt) {
+      // This k block's scales, read before the waits so that their latency hides behind them.
+      float row_scale[MMA_BLOCKS_M][2], col_scale[2];
+      if constexpr (kBlockScaled) {
+#pragma unroll
+        for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) row_scale[i][h] = __ldg(scales.a[i][h] + kt);
+        col_scale[0] = __ldg(scales.b_first + kt);
+        col_scale[1] = __ldg(scales.b_next + kt);
+      }
+      ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(part[i][r]);
+      ptx::wgmma_fence();
+      const uint32_t stage = pos.stage * (STAGE_BYTES / 16);
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
+        const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(0, kk));
+#pragma unroll
+        for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+          const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
+          Mma::run(part[i], desc_a, desc_b, kk > 0 ? 1 : 0);
+        }
+      }
+      ptx::wgmma_commit();
+      ptx::wgmma_wait<0>();
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(part[i][r]);
+      release(smem, pos.stage, rank);
+      pos.next();
+      promote(acc, part, row_scale, col_scale, scales);
+    }
+  }
+
+  // acc += part, each element times its row's and column block's scales under per-block scaling. Fragment
+  // layout as in store_direct: acc[i][4j + 2h + e] is row 16w + l/4 + 8h, column 8j + 2(l%4) + e.
+  __device__ __forceinline__ static void promote(float (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                 const float (&part)[MMA_BLOCKS_M][ACCUM],
+                                                 const float (&row_scale)[MMA_BLOCKS_M][2], const float (&col_scale)[2],
+                                                 const Scales& scales) {
+    const int lane_col = 2 * (threadIdx.x % 4);
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = 4 * j + 2 * h + e;
+            if constexpr (kBlockScaled) {
+              const float column = 8 * j + lane_col >= scales.next_col ? col_scale[1] : col_scale[0];
+              acc[i][r] = fmaf(part[i][r], row_scale[i][h] * column, acc[i][r]);
+            } else {
+              acc[i][r] += part[i][r];
+            }
+          }
+  }
+
+  // int8's int32 sums as the epilogue takes them: fp32 values (exact up to 2^24), or for an int32 D their bits
+  // (no instruction: registers have no type in SASS), which from_accumulator stores as they are.
+  // Each register then holds a float's bits.
+  __device__ __forceinline__ static void int_sums_for_epilogue(int32_t (&acc)[MMA_BLOCKS_M][ACCUM]) {
+    if constexpr (!kAccumBits) {
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int r = 0; r < ACCUM; ++r) acc[i][r] = __float_as_int(static_cast<float>(acc[i][r]));
+    }
   }
 
   // One thread of the warpgroup frees the slot in every CTA of the cluster that wrote into it: this one,
@@ -729,12 +904,12 @@ struct Kernel {
             if (pairs && col + 1 < p.n) {
               *reinterpret_cast<typename Pair<Out>::type*>(at) = Pair<Out>::make(x, y);
             } else {
-              if (col < p.n) at[0] = from_float<Out>(x);
-              if (col + 1 < p.n) at[1] = from_float<Out>(y);
+              if (col < p.n) at[0] = from_accumulator<Out>(x);
+              if (col + 1 < p.n) at[1] = from_accumulator<Out>(y);
             }
           } else {
-            if (col < p.n) d[static_cast<int64_t>(col) * ldd + row] = from_float<Out>(x);
-            if (col + 1 < p.n) d[static_cast<int64_t>(col + 1) * ldd + row] = from_float<Out>(y);
+            if (col < p.n) d[static_cast<int64_t>(col) * ldd + row] = from_accumulator<Out>(x);
+            if (col + 1 < p.n) d[static_cast<int64_t>(col + 1) * ldd + row] = from_accumulator<Out>(y);
           }
         }
       }

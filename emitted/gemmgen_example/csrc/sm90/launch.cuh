@@ -74,6 +74,23 @@ template <>
 struct TensorMapType<float> {
   static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_FLOAT32;
 };
+// TMA copies bytes: 8-bit types travel as UINT8 (the tensor map has no fp8 type, and needs none).
+template <>
+struct TensorMapType<__nv_fp8_e4m3> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+};
+template <>
+struct TensorMapType<__nv_fp8_e5m2> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+};
+template <>
+struct TensorMapType<int8_t> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_UINT8;
+};
+template <>
+struct TensorMapType<int32_t> {
+  static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_INT32;
+};
 
 using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, float*);
 

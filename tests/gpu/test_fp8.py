@@ -1,0 +1,148 @@
+"""fp8 on the GPU (sm90): e4m3 and e5m2 operands with each scale mode (none, per tensor, per row/column, per block)
+and each output dtype, against a float64 reference computed from the same quantized operands and scales; ragged
+sizes, NaN-poisoned outputs, the accuracy that promotion buys, bad scales and gradients refused with the process
+left working."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("fp8 kernels are sm90 (an H100-class GPU)", allow_module_level=True)
+
+from gpu_cases import RAGGED  # noqa: E402
+from generator import Gemm, dequantize, quantize  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+#: ||D - ref|| / ||ref|| against float64 of the same quantized operands: the output's rounding (bf16 8 bits,
+#: fp16 11) dominates; fp32 output shows the accumulation's own error (fp8 products are exact in fp32).
+BOUNDS = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 5e-4}
+FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
+PLANS = {
+    "e4m3_none_bf16": dict(dtype="e4m3"),
+    "e4m3_tensor_bf16": dict(dtype="e4m3", scale="tensor"),
+    "e4m3_row_bf16": dict(dtype="e4m3", scale="row"),
+    "e4m3_block_bf16": dict(dtype="e4m3", scale="block"),
+    "e4m3_tensor_fp32": dict(dtype="e4m3", scale="tensor", out_dtype="fp32"),
+    "e4m3_block_fp32": dict(dtype="e4m3", scale="block", out_dtype="fp32"),
+    "e4m3_row_fp16_pingpong": dict(dtype="e4m3", scale="row", out_dtype="fp16", schedule="pingpong",
+                                   tile_shape=(64, 128, 128)),
+    "e4m3_tensor_fast_accum": dict(dtype="e4m3", scale="tensor", fast_accum=True),
+    "e4m3_row_fast_accum_pingpong": dict(dtype="e4m3", scale="row", fast_accum=True, schedule="pingpong",
+                                         tile_shape=(128, 128, 128)),
+    "e4m3_tensor_fast_accum_fp32": dict(dtype="e4m3", scale="tensor", fast_accum=True, out_dtype="fp32"),
+    "e4m3_block_c1x2_128x192": dict(dtype="e4m3", scale="block", cluster_shape=(1, 2), tile_shape=(128, 192, 128)),
+    "e4m3_block_64": dict(dtype="e4m3", scale="block", tile_shape=(128, 64, 128), cluster_shape=(1, 1)),
+    "e5m2_row_bf16": dict(dtype="e5m2", scale="row"),
+    "e5m2_block_bf16": dict(dtype="e5m2", scale="block"),
+    "e4m3_row_gelu_bias": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col"),
+}
+SHAPES = [(1024, 1024, 1024), (RAGGED[4], RAGGED[5], RAGGED[6] + 16), (300, 520, 1104), (129, 4100, 272)]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    plans = {key: Gemm(layout="tn", arch=90, **kw) for key, kw in PLANS.items()}
+    built = compile_many([p.config for p in plans.values()], namespace="gemmgen_fp8_test")
+    return dict(zip(plans, built))
+
+
+def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref).norm() / ref.norm()).item()
+
+
+def quantized(dtype: str, scale: str, m: int, n: int, k: int):
+    """(A, B, scale_a, scale_b) as the op takes them, and A, B dequantized in float64."""
+    x, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+    if scale == "none":
+        a, q = x.to(FP8[dtype]), w.to(FP8[dtype])
+        return (a, q.t()), a.double(), q.t().double()
+    a, sa = quantize(x, dtype, scale=scale)
+    q, sw = quantize(w, dtype, scale=scale, block=(128, 128) if scale == "block" else None)
+    block_a, block_w = ((1, 128), (128, 128)) if scale == "block" else (None, None)
+    ref_a = dequantize(a, sa, scale=scale, block=block_a).double()
+    ref_b = dequantize(q, sw, scale=scale, block=block_w).double().t()
+    return (a, q.t(), sa, sw), ref_a, ref_b
+
+
+def reference(op, ref_a: torch.Tensor, ref_b: torch.Tensor, extra: list[torch.Tensor]) -> torch.Tensor:
+    ref = ref_a @ ref_b
+    if extra:   # the gelu_tanh + bias plan
+        ref = torch.nn.functional.gelu(ref + extra[0].double(), approximate="tanh")
+    return ref
+
+
+@pytest.mark.parametrize("key", list(PLANS))
+def test_against_float64(ops, key):
+    op = ops[key]
+    dtype, scale = PLANS[key]["dtype"], PLANS[key].get("scale", "none")
+    for m, n, k in SHAPES:
+        args, ref_a, ref_b = quantized(dtype, scale, m, n, k)
+        extra = [torch.randn(n, device="cuda").bfloat16()] if "bias" in PLANS[key] else []
+        out = op._empty_out(args[0], args[1]).fill_(float("nan"))
+        op(*args, *extra, out=out)
+        assert torch.isfinite(out).all(), f"{op.name} {m}x{n}x{k}: unwritten elements"
+        err = rel(out, reference(op, ref_a, ref_b, extra))
+        bound = BOUNDS[op.config.out_dtype.value]
+        assert err <= bound, f"{op.name} {m}x{n}x{k}: {err:.2e} > {bound:.0e}"
+
+
+def test_promotion_is_closer_to_float64(ops):
+    """fp32 out at a long K: all of K summed inside wgmma (fast_accum) against each 128-wide k tile summed there
+    and then added in fp32 (promotion; per tensor and per block, equal scales everywhere)."""
+    m, n, k = 256, 256, 16384
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    ref = a.double() @ b.double()
+    one = torch.ones((), device="cuda")
+    fast_err = rel(ops["e4m3_tensor_fast_accum_fp32"](a, b, one, one), ref)
+    tensor_err = rel(ops["e4m3_tensor_fp32"](a, b, one, one), ref)
+    sa = torch.ones(m, k // 128, device="cuda")
+    sb = torch.ones(n // 128, k // 128, device="cuda")
+    block_err = rel(ops["e4m3_block_fp32"](a, b, sa, sb), ref)
+    print(f"K={k}: fast accumulation {fast_err:.2e}, promoted per tensor {tensor_err:.2e}, per block {block_err:.2e}")
+    assert tensor_err < fast_err and block_err < fast_err
+
+
+def test_bad_scales_raise_and_keep_the_process_working(ops):
+    op = ops["e4m3_block_bf16"]
+    (a, b, sa, sb), ref_a, ref_b = quantized("e4m3", "block", 256, 256, 384)
+    with pytest.raises(ValueError, match="scale_a"):
+        op(a, b, sa[:, :2], sb)                                   # one k block short
+    with pytest.raises(ValueError, match="scale_b"):
+        op(a, b, sa, sb.t().contiguous())
+    with pytest.raises(TypeError, match="scale_a"):
+        op(a, b, sa.double(), sb)
+    with pytest.raises(ValueError, match="scale_b"):
+        op(a, b, sa, sb.cpu())
+    with pytest.raises(TypeError, match="float8_e4m3fn|e4m3"):
+        op(a.bfloat16(), b, sa, sb)
+    row = ops["e4m3_row_bf16"]
+    (ra, rb, rsa, rsb), _, _ = quantized("e4m3", "row", 64, 96, 128)
+    with pytest.raises(ValueError, match="scale_b"):
+        row(ra, rb, rsa, rsb[:-1])
+    tensor = ops["e4m3_tensor_bf16"]
+    with pytest.raises((TypeError, ValueError), match="scale_a"):
+        tensor(ra, rb, torch.ones(2, device="cuda"), torch.ones((), device="cuda"))
+    assert rel(op(a, b, sa, sb), ref_a @ ref_b) <= BOUNDS["bf16"]
+
+
+def test_gradients_are_refused(ops):
+    op = ops["e4m3_tensor_bf16"]
+    (a, b, sa, sb), _, _ = quantized("e4m3", "tensor", 128, 128, 128)
+    with pytest.raises(RuntimeError, match="no backward"):
+        op(a, b, sa.requires_grad_(), sb)
+    with torch.no_grad():
+        assert torch.isfinite(op(a, b, sa, sb)).all()
+
+
+def test_k_zero_and_unaligned_rows(ops):
+    op = ops["e4m3_block_bf16"]
+    (a, b, sa, sb), _, _ = quantized("e4m3", "block", 130, 200, 1)
+    a0, b0 = a[:, :0], b[:0, :]
+    out = op(a0, b0, sa[:, :0], sb[:, :0])
+    assert (out == 0).all()
+    # K = 40: rows of 40 bytes break TMA's 16-byte rule: the unaligned kernel applies the block scales itself
+    (a, b, sa, sb), ref_a, ref_b = quantized("e4m3", "block", 130, 200, 40)
+    assert rel(op(a, b, sa, sb), ref_a @ ref_b) <= BOUNDS["bf16"]

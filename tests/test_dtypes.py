@@ -1,0 +1,152 @@
+"""The data types beyond 16-bit at the plan stage (no GPU): which type each family and layout takes, the refusals
+and their fixes, fp8's scale modes and promotion, and what the rendered kernels say of them."""
+from __future__ import annotations
+
+import pytest
+
+from generator import Gemm
+from generator.render import render
+from generator.spec.config import SM90_PROMOTED_MAX_ACCUMULATORS
+from generator.spec.types import LAYOUTS, DType, default_out_dtype, parse_input_dtype
+
+FP8 = ("e4m3", "e5m2")
+
+
+def source(plan: Gemm) -> str:
+    return next(iter(render(plan.config).values()))
+
+
+@pytest.mark.parametrize("spelling, dtype", [
+    ("e4m3", DType.e4m3), ("torch.float8_e4m3fn", DType.e4m3), ("float8_e4m3fn", DType.e4m3), ("fp8", DType.e4m3),
+    ("e5m2", DType.e5m2), ("torch.float8_e5m2", DType.e5m2), ("float32", DType.tf32), ("torch.float32", DType.tf32),
+])
+def test_input_spellings(spelling, dtype):
+    assert parse_input_dtype(spelling) is dtype
+
+
+@pytest.mark.parametrize("dtype, out", [(DType.bf16, DType.bf16), (DType.tf32, DType.fp32), (DType.e4m3, DType.bf16),
+                                        (DType.e5m2, DType.bf16), (DType.int8, DType.int32)])
+def test_default_output(dtype, out):
+    assert default_out_dtype(dtype) is out
+
+
+@pytest.mark.parametrize("dtype", FP8)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_fp8_layouts(dtype, layout):
+    """wgmma reads 8-bit operands K-major only: tn plans, every other layout is refused with the fix."""
+    if layout == "tn":
+        plan = Gemm(dtype, layout, arch=90)
+        assert plan.config.tile[2] == 128 and plan.out_dtype is DType.bf16
+        return
+    with pytest.raises(ValueError, match=f"dtype='{dtype}' needs A and B K-major .* plan with layout='tn'"):
+        Gemm(dtype, layout, arch=90)
+
+
+@pytest.mark.parametrize("arch", [80, 86, 89])
+def test_fp8_is_sm90_only(arch):
+    with pytest.raises(ValueError, match="runs on the sm90 family only .* plan with arch=90"):
+        Gemm("e4m3", "tn", arch=arch)
+
+
+def test_fp8_outputs():
+    for out in ("bf16", "fp16", "fp32"):
+        assert Gemm("e4m3", "tn", arch=90, out_dtype=out).out_dtype.value == out
+    with pytest.raises(ValueError, match="out_dtype"):
+        Gemm("e4m3", "tn", arch=90, out_dtype="e4m3")
+
+
+def test_promotion_limits_the_tile_and_fast_accum_lifts_it():
+    promoted = Gemm("e4m3", "tn", arch=90, m=8192, n=8192, k=8192)
+    assert promoted.config.promoted and not promoted.fast_accum
+    assert promoted.config.accumulators_per_thread <= SM90_PROMOTED_MAX_ACCUMULATORS
+    fast = Gemm("e4m3", "tn", arch=90, m=8192, n=8192, k=8192, fast_accum=True)
+    assert fast.config.tile == (128, 256, 128) and "_fa_" in fast.name and not fast.config.promoted
+    with pytest.raises(ValueError, match="promotion holds them twice .* or fast_accum=True"):
+        Gemm("e4m3", "tn", arch=90, tile_shape=(128, 256, 128), schedule="cooperative")
+    with pytest.raises(ValueError, match="fast_accum=True is a knob of fp8 plans"):
+        Gemm("bf16", "tn", arch=90, fast_accum=True)
+    with pytest.raises(ValueError, match="fast_accum=True: give True or False|give True or False"):
+        Gemm("e4m3", "tn", arch=90, fast_accum="yes")
+
+
+@pytest.mark.parametrize("scale, kinds", [("tensor", ("scalar_tensor", "scalar_tensor")), ("row", ("row", "col")),
+                                          ("block", ("row_blocks", "col_blocks"))])
+def test_scale_modes_are_the_first_operands(scale, kinds):
+    plan = Gemm("e4m3", "tn", arch=90, scale=scale, bias="col")
+    ops = plan.config.epilogue.operands
+    assert [o.name for o in ops[:2]] == ["scale_a", "scale_b"] and tuple(o.kind for o in ops[:2]) == kinds
+    assert plan.scale == scale and f"scale_{scale}" in plan.name
+    assert plan.config.epilogue.scale_mode == scale
+
+
+def test_block_scales_refusals():
+    with pytest.raises(ValueError, match="scale='block' is for fp8 inputs"):
+        Gemm("bf16", "tn", arch=90, scale="block")
+    with pytest.raises(ValueError, match="fast_accum"):
+        Gemm("e4m3", "tn", arch=90, scale="block", fast_accum=True)
+    with pytest.raises(ValueError, match="scale="):
+        Gemm("e4m3", "tn", arch=90, scale="channel")
+
+
+def test_rendered_fp8_kernels():
+    promoted = source(Gemm("e4m3", "tn", arch=90, scale="block"))
+    assert "using Elem = __nv_fp8_e4m3;" in promoted and "kPromote = true" in promoted
+    assert "kRowBlocksSlot = 0" in promoted and "kColBlocksSlot = 1" in promoted
+    fast = source(Gemm("e5m2", "tn", arch=90, fast_accum=True))
+    assert "using Elem = __nv_fp8_e5m2;" in fast and "kPromote = false" in fast
+    bf16 = source(Gemm("bf16", "tn", arch=90))
+    assert "kPromote = false" in bf16 and "kRowBlocksSlot = -1" in bf16
+
+
+def test_fp8_describes_its_accumulation():
+    assert "promoted into fp32" in str(Gemm("e4m3", "tn", arch=90))
+    assert "all of K summed inside wgmma" in str(Gemm("e4m3", "tn", arch=90, fast_accum=True))
+    assert "wgmma m64nNk32" in str(Gemm("e4m3", "tn", arch=90))
+
+
+def test_emitted_fp8_ops_are_forward_only(tmp_path):
+    from generator.emit import backward_ops, package_files, resolve_ops
+    ops = resolve_ops([Gemm("e4m3", "tn", arch=90, scale="row"), Gemm("e4m3", "tn", arch=90, fast_accum=True)])
+    assert not any(op.differentiable for op in ops) and backward_ops(ops) == []
+    files = package_files(ops, "fp8pkg")
+    binding = files["csrc/binding.cpp"].decode()
+    for op in ops:
+        assert f'm.impl("{op.name}", gemmgen::epilogue_autograd_kernel(&k_{op.name}));' in binding
+    assert "c10::ScalarType::Float8_e4m3fn" in binding
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_int8_layouts_and_outputs(layout):
+    if layout != "tn":
+        with pytest.raises(ValueError, match="dtype='int8' needs A and B K-major .* torch._int_mm"):
+            Gemm("int8", layout, arch=90)
+        return
+    plan = Gemm("int8", layout, arch=90)
+    assert plan.out_dtype is DType.int32 and plan.config.tile[2] == 128 and not plan.config.promoted
+    assert "int32 accumulate" in str(plan)
+    for out in ("bf16", "fp16", "fp32"):
+        assert Gemm("int8", "tn", arch=90, out_dtype=out, scale="row").out_dtype.value == out
+
+
+def test_int8_refusals():
+    with pytest.raises(ValueError, match="out_dtype='int32' stores int8's exact sums .* out_dtype='bf16'"):
+        Gemm("int8", "tn", arch=90, scale="row")
+    with pytest.raises(ValueError, match="out_dtype='int32' is the output of int8 GEMMs"):
+        Gemm("bf16", "tn", arch=90, out_dtype="int32")
+    with pytest.raises(ValueError, match="sm90 family only"):
+        Gemm("int8", "tn", arch=80)
+    with pytest.raises(ValueError, match="scale='block' is for fp8"):
+        Gemm("int8", "tn", arch=90, scale="block", out_dtype="bf16")
+
+
+def test_rendered_int8_kernel():
+    text = source(Gemm("int8", "tn", arch=90))
+    assert "using Elem = int8_t;" in text and "using Out = int32_t;" in text
+
+
+def test_emitted_int8_op_is_forward_only():
+    from generator.emit import package_files, resolve_ops
+    ops = resolve_ops([Gemm("int8", "tn", arch=90)])
+    binding = package_files(ops, "int8pkg")["csrc/binding.cpp"].decode()
+    assert f'm.impl("{ops[0].name}", gemmgen::epilogue_autograd_kernel(&k_{ops[0].name}));' in binding
+    assert "c10::ScalarType::Char" in binding and "c10::ScalarType::Int" in binding
