@@ -119,9 +119,10 @@ def main() -> int:
     plain = len(configs)
     configs += [Gemm("bf16", "tn", epilogue=fused, **knobs).config for knobs in EPILOGUE_CASES]
     fp8 = [Gemm("e4m3", "tn", **knobs).config for knobs in FP8_CASES]
-    int8 = Gemm("int8", "tn", cluster_shape=(2, 1)).config
-    ops = compile_many(configs + fp8 + [int8], namespace="gemmgen_sanitize")
-    failures = check_fp8(ops[len(configs):-1]) + check_int8(ops[-1])
+    int8 = [Gemm("int8", "tn", cluster_shape=(2, 1)).config, Gemm("int8", "tn", family="sm80").config]
+    ops = compile_many(configs + fp8 + int8, namespace="gemmgen_sanitize")
+    failures = check_fp8(ops[len(configs):len(configs) + len(fp8)])
+    failures += sum(check_int8(op) for op in ops[len(configs) + len(fp8):])
     for index, (op, cfg) in enumerate(zip(ops, configs)):
         a = operand(M, K, cfg.layout.a.value == "row")
         b = operand(K, N, cfg.layout.b.value == "row")

@@ -133,15 +133,18 @@ def test_int8_refusals():
         Gemm("int8", "tn", arch=90, scale="row")
     with pytest.raises(ValueError, match="out_dtype='int32' is the output of int8 GEMMs"):
         Gemm("bf16", "tn", arch=90, out_dtype="int32")
-    with pytest.raises(ValueError, match="sm90 family only"):
-        Gemm("int8", "tn", arch=80)
+    with pytest.raises(ValueError, match="dtype='int8' needs A and B K-major"):
+        Gemm("int8", "tt", arch=80)
     with pytest.raises(ValueError, match="scale='block' is for fp8"):
         Gemm("int8", "tn", arch=90, scale="block", out_dtype="bf16")
 
 
-def test_rendered_int8_kernel():
-    text = source(Gemm("int8", "tn", arch=90))
+@pytest.mark.parametrize("arch", [80, 90])
+def test_rendered_int8_kernel(arch):
+    plan = Gemm("int8", "tn", arch=arch)
+    text = source(plan)
     assert "using Elem = int8_t;" in text and "using Out = int32_t;" in text
+    assert ("m16n8k32" if arch == 80 else "m64nNk32") in str(plan)
 
 
 def test_emitted_int8_op_is_forward_only():

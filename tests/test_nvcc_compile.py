@@ -88,6 +88,9 @@ CASES += [(90, Gemm("e5m2", "tn", arch=90, scale="row", out_dtype="fp32").config
 CASES += [(90, Gemm("int8", "tn", arch=90, **knobs).config) for knobs in
           ({}, {"scale": "row", "out_dtype": "bf16", "activation": "silu"},
            {"schedule": "pingpong", "tile_shape": (128, 128, 128), "layout_c": "col"})]
+# int8 on the sm80 family (mma.sync m16n8k32): int32 out through the staged stores, and rowwise scales to bf16.
+CASES += [(80, Gemm("int8", "tn", arch=80, **knobs).config) for knobs in
+          ({}, {"scale": "row", "out_dtype": "bf16", "activation": "gelu"})]
 # tf32 on the sm80 family: K-major A and B (ldmatrix, cvt.rna on sm_80) and M/N-major ones (32-bit shared loads,
 # cvt.rn on sm_90a).
 CASES += [(80, Gemm("fp32", "tn", arch=80).config), (90, Gemm("fp32", "nt", arch=90, family="sm80").config)]

@@ -671,8 +671,10 @@ def test_out_dtype_refused_assignment_keeps_plan() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     pytest.param(dict(dtype="int4"), "dtype='int4' is not a data type this generator knows; use one of 'fp16', "
                  "'bf16', 'tf32', 'e4m3', 'e5m2', 'int8', 'fp32' (or the matching torch dtype)", id="dtype"),
-    pytest.param(dict(dtype="int8", arch=80), "dtype='int8' runs on the sm90 family only, for now: plan with "
-                 "arch=90 and family='sm90'", id="int8-sm80"),
+    pytest.param(dict(dtype="int8", layout="nt", arch=80), "dtype='int8' needs A and B K-major (layout 'tn': A "
+                 "row-major, B column-major, i.e. x @ W.t() of row-major x and W), as torch._int_mm does; this plan is "
+                 "layout 'nt': pass A.contiguous() and B.t().contiguous().t() and plan with layout='tn'",
+                 id="int8-not-k-major"),
     pytest.param(dict(dtype="torch.float32", layout="nn", arch=90, family="sm90"),
                  "dtype='tf32' on the sm90 family needs A and B K-major (layout 'tn': A row-major, B column-major, "
                  "i.e. x @ W.t() of row-major x and W); this plan is layout 'nn': plan with family='sm80' (cp.async + "

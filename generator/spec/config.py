@@ -352,10 +352,9 @@ def check_fp8(cfg: KernelConfig) -> None:
 
 
 def check_int8(cfg: KernelConfig) -> None:
-    """int8 inputs: the sm90 family (wgmma .s32.s8.s8), A and B K-major; D int32 (the exact sums, no epilogue) or a
-    float type (the sums in fp32, then any epilogue: scales for a dequantized output)."""
-    if cfg.family != "sm90":
-        raise ValueError("dtype='int8' runs on the sm90 family only, for now: plan with arch=90 and family='sm90'")
+    """int8 inputs: both families (wgmma .s32.s8.s8, mma.sync m16n8k32 .s32.s8.s8), A and B K-major (neither
+    transposes bytes); D int32 (the exact sums, no epilogue) or a float type (the sums in fp32, then any epilogue:
+    scales for a dequantized output)."""
     if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
         raise ValueError(f"dtype='int8' needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. "
                          f"x @ W.t() of row-major x and W), as torch._int_mm does; this plan is layout "

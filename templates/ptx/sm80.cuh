@@ -55,6 +55,7 @@ struct MmaM16N8K16;
 
 template <>
 struct MmaM16N8K16<__half> {
+  using Accum = float;
   __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -66,6 +67,7 @@ struct MmaM16N8K16<__half> {
 
 template <>
 struct MmaM16N8K16<__nv_bfloat16> {
+  using Accum = float;
   __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
@@ -82,11 +84,27 @@ struct MmaM16N8K16<__nv_bfloat16> {
 // b1 (k t + 4, col g); C/D as for m16n8k16.
 // PTX ISA §9.7.14.5.14 "Multiply-and-Accumulate Instruction: mma" (shape .m16n8k8, types .tf32).
 struct MmaM16N8K8Tf32 {
+  using Accum = float;
   __device__ __forceinline__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+// D = A * B + D for one m16n8k32 tile of int8 inputs, int32 accumulators (exact). Its fragments in bytes are
+// m16n8k16's: a0 holds row g, k 4t .. 4t + 3 (m16n8k16: k 2t, 2t + 1), and so on, so the same ldmatrix
+// addresses of K-major operands feed it. PTX ISA §9.7.14.5.14 "Multiply-and-Accumulate Instruction: mma"
+// (shape .m16n8k32, types .s8, .s32); fragments §9.7.14.5.9 "Matrix Fragments for mma.m16n8k32".
+struct MmaM16N8K32S8 {
+  using Accum = int32_t;
+  __device__ __forceinline__ static void run(int32_t (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
   }
 };

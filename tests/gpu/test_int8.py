@@ -1,4 +1,4 @@
-"""int8 on the GPU (sm90): int8 operands, int32 accumulation; D int32 (exact, compared for equality with a float64
+"""int8 on the GPU (both families, on an sm90 GPU): int8 operands, int32 accumulation; D int32 (exact, compared for equality with a float64
 reference, exact below 2^53) or a float type with rowwise scales and an epilogue; ragged sizes, NaN/poisoned
 outputs, the unaligned kernel, bad inputs and gradients refused with the process left working."""
 from __future__ import annotations
@@ -20,6 +20,9 @@ PLANS = {
     "int32_c1x2": dict(tile_shape=(128, 128, 128), cluster_shape=(1, 2)),
     "row_bf16_silu": dict(scale="row", out_dtype="bf16", activation="silu"),
     "fp32": dict(out_dtype="fp32"),
+    "int32_sm80": dict(family="sm80"),
+    "int32_sm80_dcol_small": dict(family="sm80", tile_shape=(64, 64, 128), warps=(2, 2), layout_c="col"),
+    "row_bf16_silu_sm80": dict(family="sm80", scale="row", out_dtype="bf16", activation="silu"),
 }
 # K = 143: rows of 143 bytes break TMA's 16-byte rule (the unaligned kernel, int32 multiply-adds).
 SHAPES = [(1024, 1024, 1024), (RAGGED[4], RAGGED[5], RAGGED[6] + 16), (300, 520, 1104), (129, 4100, 272),
@@ -51,8 +54,9 @@ def test_int32_is_exact(ops, key):
         assert torch.equal(out.double(), ref), f"{op.name} {m}x{n}x{k}: {(out.double() - ref).abs().max().item()}"
 
 
-def test_rowwise_scales_and_epilogue(ops):
-    op = ops["row_bf16_silu"]
+@pytest.mark.parametrize("key", ["row_bf16_silu", "row_bf16_silu_sm80"])
+def test_rowwise_scales_and_epilogue(ops, key):
+    op = ops[key]
     for m, n, k in SHAPES:
         a, b, acc = operands(m, n, k)
         sa, sb = torch.rand(m, device="cuda") / 64, torch.rand(n, device="cuda") / 64

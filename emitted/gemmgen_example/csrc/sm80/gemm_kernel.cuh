@@ -28,7 +28,7 @@ constexpr int kMmaKBytes = 32;
 // A k step of m16n8k8 (tf32) splits into two halves of four k each: a2/a3 and b1 read k + 4.
 constexpr int kTf32HalfK = 4;
 
-// The mma.sync of an input type: m16n8k16 for fp16 and bf16, m16n8k8 for tf32 (fp32 tensors).
+// The mma.sync of an input type: m16n8k16 for fp16 and bf16, m16n8k8 for tf32 (fp32 tensors), m16n8k32 for int8.
 template <typename Elem>
 struct MmaFor {
   using Op = ptx::MmaM16N8K16<Elem>;
@@ -36,6 +36,10 @@ struct MmaFor {
 template <>
 struct MmaFor<float> {
   using Op = ptx::MmaM16N8K8Tf32;
+};
+template <>
+struct MmaFor<int8_t> {
+  using Op = ptx::MmaM16N8K32S8;
 };
 
 // An operand tile of ROWS x COLS elements of ELEM_BYTES in shared memory, COLS contiguous, stored as
@@ -245,6 +249,11 @@ struct Kernel {
   static constexpr bool TF32 = std::is_same_v<Elem, float>;
   static constexpr bool A_WORDS = TF32 && !A_K_MAJOR, B_WORDS = TF32 && !B_K_MAJOR;
   using Mma = typename MmaFor<Elem>::Op;
+  // float, or int32_t for int8: after the main loop its sums become fp32 values in place, or stay bits for an
+  // int32 D (see int_sums_for_epilogue).
+  using Accum = typename Mma::Accum;
+  static constexpr bool INT_ACCUM = std::is_same_v<Accum, int32_t>;
+  static_assert(!INT_ACCUM || (A_K_MAJOR && B_K_MAJOR), "8-bit operands are read K-major (ldmatrix of bytes)");
 
   using ATile = std::conditional_t<A_K_MAJOR, SwizzledTile<BM, BK, ELEM_BYTES>,
                                    SwizzledTile<BK, BM, ELEM_BYTES, A_WORDS>>;
@@ -339,7 +348,7 @@ struct Kernel {
       for (int i = 0; i < 2; ++i) f.b[nt][i] = ptx::cvt_tf32(f.b[nt][i]);
   }
 
-  __device__ __forceinline__ static void mma_all(float (&acc)[MMA_TILES_M][MMA_TILES_N][4], const Fragments& f) {
+  __device__ __forceinline__ static void mma_all(Accum (&acc)[MMA_TILES_M][MMA_TILES_N][4], const Fragments& f) {
 #pragma unroll
     for (int mt = 0; mt < MMA_TILES_M; ++mt)
 #pragma unroll
@@ -484,12 +493,12 @@ struct Kernel {
             if (pairs_aligned && col + 1 < N) {
               *reinterpret_cast<typename Pair::type*>(p) = Pair::make(v0, v1);
             } else {
-              if (col < N) p[0] = from_float<Out>(v0);
-              if (col + 1 < N) p[1] = from_float<Out>(v1);
+              if (col < N) p[0] = from_accumulator<Out>(v0);
+              if (col + 1 < N) p[1] = from_accumulator<Out>(v1);
             }
           } else {
-            if (col < N) d[col * ldd + row] = from_float<Out>(v0);
-            if (col + 1 < N) d[(col + 1) * ldd + row] = from_float<Out>(v1);
+            if (col < N) d[col * ldd + row] = from_accumulator<Out>(v0);
+            if (col + 1 < N) d[(col + 1) * ldd + row] = from_accumulator<Out>(v1);
           }
         }
   }
@@ -508,8 +517,10 @@ struct Kernel {
 
   // Element j (a constant once unrolled) of a 16-byte chunk held as four words.
   __device__ __forceinline__ static Out chunk_element(const uint32_t (&words)[4], int j) {
-    if constexpr (sizeof(Out) == 4) {
-      return __uint_as_float(words[j]);
+    if constexpr (sizeof(Out) == 4) {  // fp32, or int32 (int8's sums as bits)
+      Out x;
+      memcpy(&x, &words[j], sizeof(x));
+      return x;
     } else {
       const unsigned short bits = static_cast<unsigned short>(words[j / 2] >> (16 * (j % 2)));
       Out x;
@@ -582,7 +593,7 @@ struct Kernel {
   template <bool EDGE>
   __device__ __forceinline__ static void k_tile(Pipeline& p, ALoader& a_loader, BLoader& b_loader, uint32_t smem_base,
                                                 int full_tiles, int k_tiles, int K, int warp_m0, int warp_n0,
-                                                int lane, float (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
+                                                int lane, Accum (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
 #pragma unroll
     for (int ks = 0; ks < K_STEPS; ++ks) {
       if (ks == K_STEPS - 1) {
@@ -610,7 +621,7 @@ struct Kernel {
   template <bool EDGE>
   __device__ __forceinline__ static void mainloop(ALoader& a_loader, BLoader& b_loader, uint32_t smem_base, int K,
                                                   int warp_m0, int warp_n0, int lane,
-                                                  float (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
+                                                  Accum (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
     const int k_tiles = (K + BK - 1) / BK;
     const int full_tiles = K / BK;  // tiles that need no clipping along K
     // Prologue: STAGES-1 tiles in flight, one commit group each (empty groups keep the count right).
@@ -633,6 +644,19 @@ struct Kernel {
     ptx::cp_async_wait<0>();
   }
 
+  // int8: each int32 sum becomes the bits of its fp32 value (exact up to 2^24), or, for an int32 D, stays as it is
+  // (from_accumulator stores it unchanged).
+  __device__ __forceinline__ static void int_sums_for_epilogue(int32_t (&sums)[MMA_TILES_M][MMA_TILES_N][4]) {
+    if constexpr (!std::is_same_v<Out, int32_t>) {
+#pragma unroll
+      for (int mt = 0; mt < MMA_TILES_M; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < MMA_TILES_N; ++nt)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) sums[mt][nt][i] = __float_as_int(static_cast<float>(sums[mt][nt][i]));
+    }
+  }
+
   // Where a thread's work lies: its block's first row and column of D, its warp's offsets in the block.
   struct Coords {
     int block_m0, block_n0, warp_m0, warp_n0, lane;
@@ -651,13 +675,13 @@ struct Kernel {
 
   __device__ __forceinline__ static void run(const GemmArgs& args, char* smem) {
     const int M = static_cast<int>(args.m), N = static_cast<int>(args.n), K = static_cast<int>(args.k);
-    float acc[MMA_TILES_M][MMA_TILES_N][4];
+    Accum sums[MMA_TILES_M][MMA_TILES_N][4];
 #pragma unroll
     for (int mt = 0; mt < MMA_TILES_M; ++mt)
 #pragma unroll
       for (int nt = 0; nt < MMA_TILES_N; ++nt)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+        for (int i = 0; i < 4; ++i) sums[mt][nt][i] = Accum(0);
     {
       const int tid = threadIdx.x;
       const Coords at(blockIdx.x, tid, M, N);
@@ -670,11 +694,15 @@ struct Kernel {
       b_loader.init(static_cast<const Elem*>(args.b), args.ldb, at.block_n0, N, tid);
       const uint32_t smem_base = ptx::smem_addr(smem);
       if (at.block_m0 + BM <= M && at.block_n0 + BN <= N) {
-        mainloop<false>(a_loader, b_loader, smem_base, K, at.warp_m0, at.warp_n0, at.lane, acc);
+        mainloop<false>(a_loader, b_loader, smem_base, K, at.warp_m0, at.warp_n0, at.lane, sums);
       } else {
-        mainloop<true>(a_loader, b_loader, smem_base, K, at.warp_m0, at.warp_n0, at.lane, acc);
+        mainloop<true>(a_loader, b_loader, smem_base, K, at.warp_m0, at.warp_n0, at.lane, sums);
       }
     }
+    // The epilogue takes fp32 registers: int8's sums are converted in place (one array, not a second one beside
+    // them), after which the same registers are read as floats.
+    if constexpr (INT_ACCUM) int_sums_for_epilogue(sums);
+    float (&acc)[MMA_TILES_M][MMA_TILES_N][4] = reinterpret_cast<float(&)[MMA_TILES_M][MMA_TILES_N][4]>(sums);
     // The epilogue's coordinates, derived again: every register the main loop can have is one
     // fewer it spills (a few integer operations once per block).
     const Coords at(ptx::ctaid_x_fresh(), ptx::tid_x_fresh(), M, N);
