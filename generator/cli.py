@@ -30,7 +30,7 @@ PROG = "python -m generator"
 #: --plan keys: Gemm keyword arguments (tile, cluster also under their option names) and the op name.
 PLAN_OPTION_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
                     "family", "tile", "warps", "stages", "raster_group", "schedule", "cluster", "raster",
-                    "activation", "bias", "alpha", "beta", "scale", "fast_accum", "op_name")
+                    "activation", "bias", "alpha", "beta", "scale", "fast_accum", "dtype_b", "op_name")
 #: --activation's choices: the names generator.epilogue.ACTIVATIONS accepts.
 ACTIVATION_CHOICES = tuple(name for name in ACTIVATIONS if isinstance(name, str))
 BIAS_CHOICES = ("row", "col")
@@ -176,6 +176,7 @@ def _plan_option(text: str) -> dict[str, object]:
         "layout_c": [o.value for o in Order], "arch": [str(a) for a in sorted(ARCHS)],
         "family": list(FAMILIES), "schedule": list(SM90_SCHEDULES), "raster": list(RASTERS),
         "activation": list(ACTIVATION_CHOICES), "bias": list(BIAS_CHOICES), "scale": list(SCALE_MODES),
+        "dtype_b": ["e4m3", "e5m2"],
     }
     shapes = {"tile": _shape(3, "128x128x32"), "warps": _shape(2, "2x2"), "cluster": _shape(2, "2x1")}
     entry: dict[str, object] = {}
@@ -227,6 +228,8 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
                         "every layout); e4m3, e5m2, int8: sm90, layout tn (default: %(default)s)")
     g.add_argument("--out-dtype", default=None, choices=[d.value for d in PLAN_OUTPUT_DTYPES],
                    help="element type of D (default: the input dtype; fp32 for tf32, bf16 for fp8, int32 for int8)")
+    g.add_argument("--dtype-b", default=None, choices=["e4m3", "e5m2"],
+                   help="B's element type where it is not A's: fp8 e4m3 x e5m2 mixes (default: --dtype)")
     g.add_argument("--fast-accum", action="store_true", default=None,
                    help="fp8: sum all of K inside wgmma (torch's use_fast_accum), no promotion into fp32")
     g.add_argument("--scale", default=None, choices=list(SCALE_MODES),
@@ -344,7 +347,7 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, object]:
                 stages=args.stages, raster_group=args.raster_group, schedule=args.schedule,
                 cluster_shape=args.cluster, raster=args.raster, activation=args.activation, bias=args.bias,
                 alpha=args.alpha, beta=args.beta, epilogue=args.epilogue, scale=args.scale,
-                fast_accum=args.fast_accum)
+                fast_accum=args.fast_accum, dtype_b=args.dtype_b)
 
 
 def _one_line(err: BaseException) -> str:

@@ -236,6 +236,8 @@ class EmittedOp:
             "torch_dtype": f"torch.{cfg.dtype.torch_name}",
             "torch_out_dtype": f"torch.{cfg.out_dtype.torch_name}",
             "scalar_type": _SCALAR_TYPE[cfg.dtype],
+            "dtype_b": cfg.dtype_b.value if cfg.dtype_b is not None else None,   # fp8 e4m3 x e5m2
+            "scalar_type_b": _SCALAR_TYPE[cfg.b_dtype],
             "out_scalar_type": _SCALAR_TYPE[cfg.out_dtype],
             "layout": layout.blas,
             "layout_tag": layout.tag,
@@ -284,6 +286,8 @@ class EmittedOp:
             record.update(schedule=cfg.schedule, cluster_shape="x".join(map(str, cfg.cluster)), raster=cfg.raster)
             if cfg.fast_accum:
                 record["fast_accum"] = True
+            if cfg.dtype_b is not None:
+                record["dtype_b"] = cfg.dtype_b.value
         else:
             record["warps"] = "x".join(map(str, cfg.warps))
         record.update(stages=cfg.stages, raster_group=cfg.raster_group)

@@ -21,7 +21,7 @@ from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
 from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, from_knobs, trace, with_scales
-from .spec.types import PLAN_OUTPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype, parse_input_dtype, parse_layout
+from .spec.types import PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype, parse_input_dtype, parse_layout
 
 if TYPE_CHECKING:
     from .runtime.op import GemmOp
@@ -109,6 +109,7 @@ class _Request:
     epilogue_fn: Epilogue | None = None     # the traced epilogue= function (or Epilogue), if one was given
     epilogue_knobs: EpilogueKnobs = EpilogueKnobs()
     scale: str = "none"                     # the quantized operands' scales: none, tensor, row or block
+    dtype_b: DType | None = None            # B's type where it differs from A's (fp8: e4m3 x e5m2)
 
     def epilogue(self) -> Epilogue:
         """The epilogue this request asks for, its scales composed in (``with_scales``: scale_a and scale_b
@@ -119,6 +120,14 @@ class _Request:
                              "the function, or set epilogue=None and use the knobs")
         chosen = self.epilogue_fn if self.epilogue_fn is not None else self.epilogue_knobs.epilogue()
         return with_scales(chosen, self.scale).resolved(self.out_dtype)
+
+
+def _dtype_b_arg(value: object, dtype: DType) -> DType | None:
+    """dtype_b=: B's element type where it is not A's (fp8 e4m3 x e5m2); A's own type means None."""
+    if value is None:
+        return None
+    dtype_b = parse_dtype(value, what="dtype_b", allowed=PLANNABLE_INPUT_DTYPES)
+    return None if dtype_b is dtype else dtype_b
 
 
 def _scale_arg(value: object) -> str:
@@ -158,7 +167,7 @@ class Gemm:
                  cluster_shape: object = None, raster: str | None = None, epilogue: object = None,
                  activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
                  beta: float | str | None = None, scale: str | None = None, fast_accum: bool | None = None,
-                 namespace: str = DEFAULT_NAMESPACE) -> None:
+                 dtype_b: object = None, namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_input_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -182,7 +191,7 @@ class Gemm:
             layout=parse_layout(layout, layout_a=layout_a, layout_b=layout_b, layout_c=layout_c),
             spec=spec, sm_count=sm_count, problem=problem, knobs=knobs, epilogue_fn=_epilogue_arg(epilogue),
             epilogue_knobs=EpilogueKnobs(activation=activation, bias=bias, alpha=alpha, beta=beta),
-            scale=_scale_arg(scale))
+            scale=_scale_arg(scale), dtype_b=_dtype_b_arg(dtype_b, dtype_))
         self._set_request(request)
 
     # -- planning -------------------------------------------------------------------------------
@@ -191,7 +200,7 @@ class Gemm:
         """Plan for ``request``; on a ValueError the plan keeps its previous state."""
         best, rejected = choose(request.dtype, request.out_dtype, request.layout, request.spec,
                                 knobs=request.knobs, problem=request.problem, sm_count=request.sm_count,
-                                epilogue=request.epilogue())
+                                epilogue=request.epilogue(), dtype_b=request.dtype_b)
         self._request, self._estimate, self._rejected = request, best, rejected
 
     def _with_knobs(self, **changes: object) -> None:
@@ -303,6 +312,11 @@ class Gemm:
     @cluster_shape.setter
     def cluster_shape(self, value: object) -> None:
         self._set_knob("cluster_shape", value)
+
+    @property
+    def dtype_b(self) -> DType:
+        """B's element type: the plan's dtype, or (fp8) the other format, e.g. Gemm("e5m2", dtype_b="e4m3")."""
+        return self.config.b_dtype
 
     @property
     def fast_accum(self) -> bool:

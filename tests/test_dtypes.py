@@ -153,3 +153,31 @@ def test_emitted_int8_op_is_forward_only():
     binding = package_files(ops, "int8pkg")["csrc/binding.cpp"].decode()
     assert f'm.impl("{ops[0].name}", gemmgen::epilogue_autograd_kernel(&k_{ops[0].name}));' in binding
     assert "c10::ScalarType::Char" in binding and "c10::ScalarType::Int" in binding
+
+
+@pytest.mark.parametrize("a, b", [("e4m3", "e5m2"), ("e5m2", "e4m3")])
+def test_fp8_mixes(a, b):
+    plan = Gemm(a, "tn", arch=90, dtype_b=b, scale="row")
+    assert plan.dtype.value == a and plan.dtype_b.value == b and f"_{a}x{b}_" in plan.name
+    assert f"dtype:        {a} x {b} -> bf16" in str(plan)
+    text = source(plan)
+    assert f"using Elem = __nv_fp8_{a};" in text and f"using ElemB = __nv_fp8_{b};" in text
+    # dtype_b equal to dtype is no mix: the same kernel as without it
+    assert Gemm(a, "tn", arch=90, dtype_b=a).name == Gemm(a, "tn", arch=90).name
+
+
+def test_mixes_are_fp8_only():
+    with pytest.raises(ValueError, match="A and B may differ only as fp8's e4m3 and e5m2"):
+        Gemm("bf16", "tn", arch=90, dtype_b="fp16")
+    with pytest.raises(ValueError, match="A and B may differ only as fp8's e4m3 and e5m2"):
+        Gemm("e4m3", "tn", arch=90, dtype_b="int8", out_dtype="bf16")
+    with pytest.raises(ValueError, match="dtype_b"):
+        Gemm("e4m3", "tn", arch=90, dtype_b="fp64")
+
+
+def test_emitted_mix_names_b_type():
+    from generator.emit import package_files, resolve_ops
+    ops = resolve_ops([Gemm("e5m2", "tn", arch=90, dtype_b="e4m3", scale="tensor")])
+    binding = package_files(ops, "mixpkg")["csrc/binding.cpp"].decode()
+    assert "/*dtype_b=*/c10::ScalarType::Float8_e4m3fn," in binding and '/*dtype_b_name=*/"e4m3",' in binding
+    assert ops[0].plan_record()["dtype_b"] == "e4m3"

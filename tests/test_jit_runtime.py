@@ -186,6 +186,8 @@ STAND_IN_PLANS = {
     # fp8 scales: one-element tensors read on the device, and per-block scales with their leading dimension
     "scaled_tensor": dict(layout="tn", epilogue=with_scales(ep.from_knobs(activation="gelu", bias="col"), "tensor")),
     "scaled_block": dict(dtype="e4m3", layout="tn", epilogue=with_scales(ep.from_knobs(bias="col"), "block")),
+    # fp8 of two formats: B's dtype is checked apart from A's
+    "mixed_fp8": dict(dtype="e5m2", dtype_b="e4m3", layout="tn", epilogue=with_scales(ep.IDENTITY, "tensor")),
 }
 _STAND_INS: dict = {}
 
@@ -224,8 +226,8 @@ def stored(rows, cols, order, dtype=torch.bfloat16):
 
 def stand_in_inputs(op, m=M, n=N, k=K):
     cfg = op.config
-    ab_dtype = TORCH_DTYPES[cfg.dtype]
-    a, b = stored(m, k, cfg.layout.a.value, ab_dtype), stored(k, n, cfg.layout.b.value, ab_dtype)
+    a = stored(m, k, cfg.layout.a.value, TORCH_DTYPES[cfg.dtype])
+    b = stored(k, n, cfg.layout.b.value, TORCH_DTYPES[cfg.b_dtype])
     values = []
     for o in cfg.epilogue.operands:
         dtype = TORCH_DTYPES[o.dtype]
@@ -470,3 +472,17 @@ def test_cpp_block_scale_checks_say_what_the_python_checks_say(python_launches_o
     python, python_args = launched(lambda: python_call(op, a, b, (padded, sb, bias)))
     assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python])
     assert list(cpp_args.ep_ld)[:3] == [8, 3, 0] and cpp_args.ep_ptr[0] == padded.data_ptr()
+
+
+def test_cpp_checks_of_a_mixed_fp8_plan_say_what_python_says(python_launches_on_cpu):
+    """e5m2 x e4m3: each of A and B against its own dtype, in both paths."""
+    op = stand_in("mixed_fp8")
+    a, b, values = stand_in_inputs(op)
+    for bad_a, bad_b in ((a, b.to(torch.float8_e5m2)), (a.to(torch.float8_e4m3fn), b)):
+        cpp = _raise(lambda: cpp_call(op, bad_a, bad_b, values))
+        assert cpp == _raise(lambda: python_call(op, bad_a, bad_b, values)) and cpp[0] is TypeError, cpp
+    assert "B is torch.float8_e5m2; this plan computes e4m3: pass B.to(torch.float8_e4m3fn) or plan with dtype_b=" in \
+        _raise(lambda: cpp_call(op, a, b.to(torch.float8_e5m2), values))[1]
+    cpp, cpp_args = launched(lambda: cpp_call(op, a, b, values))
+    python, python_args = launched(lambda: python_call(op, a, b, values))
+    assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python])

@@ -82,7 +82,8 @@ CASES += [(90, Gemm("e4m3", "tn", arch=90, **knobs).config) for knobs in
           ({"scale": "tensor"}, {"scale": "tensor", "fast_accum": True}, {"scale": "block"},
            {"scale": "block", "tile_shape": (128, 192, 128), "cluster_shape": (1, 2)},
            {"scale": "row", "schedule": "pingpong", "tile_shape": (64, 128, 128), "out_dtype": "fp16"})]
-CASES += [(90, Gemm("e5m2", "tn", arch=90, scale="row", out_dtype="fp32").config)]
+CASES += [(90, Gemm("e5m2", "tn", arch=90, scale="row", out_dtype="fp32").config),
+          (90, Gemm("e5m2", "tn", arch=90, dtype_b="e4m3", scale="row").config)]
 # int8 (int32 accumulators): exact int32 out, and rowwise scales with an activation writing bf16; pingpong with a
 # column-major D (direct stores of the int32 bits).
 CASES += [(90, Gemm("int8", "tn", arch=90, **knobs).config) for knobs in

@@ -44,9 +44,9 @@ EPILOGUE_KEYS = {"epilogue_identity", "epilogue_text", "epilogue_operands", "epi
                  "epilogue_uses_fast_math", "epilogue_source_slot", "epilogue_source_cuda", "epilogue_sourced_body",
                  "epilogue_sourced_straight_line", "epilogue_row_blocks_slot", "epilogue_col_blocks_slot"}
 CONTEXT_KEYS = {
-    "sm80": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "wm", "wn", "stages", "raster_group",
+    "sm80": {"name", "description", "elem_cuda", "elem_b_cuda", "out_cuda", "bm", "bn", "bk", "wm", "wn", "stages", "raster_group",
              "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes", *EPILOGUE_KEYS},
-    "sm90": {"name", "description", "elem_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
+    "sm90": {"name", "description", "elem_cuda", "elem_b_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
              "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes",
              "promote", *EPILOGUE_KEYS},
 }

@@ -21,18 +21,19 @@ __all__ = ["DEFAULT_PROBLEM", "Estimate", "Knobs", "Problem", "check_family", "c
 
 def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs = Knobs(),
            problem: Problem | None = None, sm_count: int | None = None,
-           epilogue: Epilogue = IDENTITY) -> tuple[Estimate, list[str]]:
+           epilogue: Epilogue = IDENTITY, dtype_b: DType | None = None) -> tuple[Estimate, list[str]]:
     """The cheapest legal config, and one line per candidate that was filtered out.
 
     With every knob of a candidate fixed by the user, an illegal combination raises ValueError
     (check_config's sentence); otherwise illegal candidates are dropped with their reason.
     ``problem`` None plans for a large square problem (the user gave no size hints). ``epilogue``: the fused
-    epilogue, its dtypes resolved (``Epilogue.resolved(out_dtype)``).
+    epilogue, its dtypes resolved (``Epilogue.resolved(out_dtype)``). ``dtype_b``: B's type where it differs from
+    A's (fp8 e4m3 x e5m2).
     """
     sm_count = sm_count or spec.sm_count
     family_choose = choose_sm90 if resolve_family(knobs, spec, dtype, layout) == "sm90" else choose_sm80
     return family_choose(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
-                         epilogue=epilogue)
+                         epilogue=epilogue, dtype_b=dtype_b)
 
 
 def plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = None, out_dtype: DType | None = None,

@@ -283,11 +283,12 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
 
 
 def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
-                problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY) -> tuple[Estimate, list[str]]:
+                problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY,
+                dtype_b: DType | None = None) -> tuple[Estimate, list[str]]:
     """planner.choose for the sm90 family. ``problem`` None: no size hints (plan for a large square)."""
     hinted = problem is not None
     problem = problem or Problem(*DEFAULT_PROBLEM)
-    configs = [replace(c, epilogue=epilogue)
+    configs = [replace(c, epilogue=epilogue, dtype_b=dtype_b)
                for c in candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)]
 
     def refuse(cfg: KernelConfig) -> str | None:

@@ -48,6 +48,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
         "name": cfg.name,
         "description": cfg.describe().splitlines(),
         "elem_cuda": cfg.dtype.cuda_type,
+        "elem_b_cuda": cfg.b_dtype.cuda_type,
         "out_cuda": cfg.out_dtype.cuda_type,
         "bm": bm, "bn": bn, "bk": bk,
         "stages": cfg.stages,

@@ -52,7 +52,7 @@ class JitOpSpec(ctypes.Structure):
                 ("layout_a_flipped", ctypes.c_char_p), ("layout_b_flipped", ctypes.c_char_p),
                 ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p),
                 ("num_operands", ctypes.c_int), ("operands", ctypes.POINTER(JitOperandSpec)),
-                ("aux", ctypes.c_int), ("device_type", ctypes.c_int)]
+                ("aux", ctypes.c_int), ("device_type", ctypes.c_int), ("dtype_b", ctypes.c_char_p)]
 
 
 #: gemmgen::OperandKind in templates/torch/gemm_op.h: the index of each kind in generator.spec.epilogue.KINDS.
@@ -166,7 +166,8 @@ class _Runtime:
             launch=ctypes.cast(library.launch, ctypes.c_void_p).value,
             error_string=ctypes.cast(library.error_string, ctypes.c_void_p).value,
             num_operands=len(cfg.epilogue.operands), operands=operands, aux=int(cfg.epilogue.aux is not None),
-            device_type=DEVICE_TYPES[op.device_type])
+            device_type=DEVICE_TYPES[op.device_type],
+            dtype_b=cfg.dtype_b.value.encode() if cfg.dtype_b is not None else None)
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 

@@ -54,6 +54,7 @@ class GemmOp:
         self.namespace = namespace
         self.name = config.name
         self.dtype = TORCH_DTYPES[config.dtype]
+        self.dtype_b = TORCH_DTYPES[config.b_dtype]   # B's (fp8: e4m3 x e5m2 plans differ)
         self.out_dtype = TORCH_DTYPES[config.out_dtype]
         _register(self, library)
         self.op = getattr(getattr(torch.ops, namespace), self.name)
@@ -128,13 +129,20 @@ class GemmOp:
 
     # -- checks -----------------------------------------------------------------------------------
 
+    def _expected_dtype(self, what: str) -> torch.dtype:
+        return self.dtype if what == "A" else self.dtype_b
+
     def _wrong_dtype(self, t: torch.Tensor, what: str) -> TypeError:
         # Planning with the tensor's dtype is a fix only where a plan can take it (fp32 as tf32, fp8, int8).
         name = str(t.dtype).removeprefix("torch.")
         plannable = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
-        replan = f" or plan with dtype={name!r}" if t.dtype in plannable else ""
-        return TypeError(f"{what} is {t.dtype}; this plan computes {self.config.dtype.value}: pass "
-                         f"{what}.to({self.dtype}){replan}")
+        # (B of the other fp8 format: a mixed plan, dtype_b; any other B: a plan of B's dtype)
+        fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+        knob = "dtype_b" if what == "B" and t.dtype in fp8 and self.dtype in fp8 else "dtype"
+        replan = f" or plan with {knob}={name!r}" if t.dtype in plannable else ""
+        computes = self.config.dtype if what == "A" else self.config.b_dtype
+        return TypeError(f"{what} is {t.dtype}; this plan computes {computes.value}: pass "
+                         f"{what}.to({self._expected_dtype(what)}){replan}")
 
     def _check_operand(self, t: object, what: str, order: Order) -> int:
         """Validate A or B; returns its leading dimension."""
@@ -143,7 +151,7 @@ class GemmOp:
         if t.dim() != 2:
             shape = "(M, K)" if what == "A" else "(K, N)"
             raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
-        if t.dtype != self.dtype:
+        if t.dtype != self._expected_dtype(what):
             raise self._wrong_dtype(t, what)
         if t.device.type != self.device_type:
             raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
@@ -202,7 +210,7 @@ class GemmOp:
         for t, what, shape in ((A, "A", "(M, K)"), (B, "B", "(K, N)")):
             if t.dim() != 2:
                 raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
-            if t.dtype != self.dtype:
+            if t.dtype != self._expected_dtype(what):
                 raise self._wrong_dtype(t, what)
             if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
                 raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")

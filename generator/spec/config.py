@@ -95,6 +95,16 @@ class KernelConfig:
     raster: str = "m"                # sm90: "m" or "n", see RASTERS
     epilogue: Epilogue = IDENTITY    # what is done to the fp32 accumulator before D is stored (resolved dtypes)
     fast_accum: bool = False         # fp8: sum all of K inside wgmma (torch's use_fast_accum), no promotion
+    dtype_b: DType | None = None     # B's element type where it differs from A's (fp8: e4m3 x e5m2); None: dtype
+
+    @property
+    def b_dtype(self) -> DType:
+        return self.dtype if self.dtype_b is None else self.dtype_b
+
+    @property
+    def dtype_tag(self) -> str:
+        """The input types in kernel names: 'bf16', or 'e4m3xe5m2' for A e4m3 and B e5m2."""
+        return self.dtype.value if self.dtype_b is None else f"{self.dtype.value}x{self.dtype_b.value}"
 
     @property
     def promoted(self) -> bool:
@@ -110,10 +120,10 @@ class KernelConfig:
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
             fast = "_fa" if self.fast_accum else ""
-            return (f"sm90_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{fast}"
+            return (f"sm90_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{fast}"
                     f"_g{self.raster_group}{self.raster}{out}{self.epilogue.name_suffix}")
         warps = "x".join(map(str, self.warps)) if self.warps else "None"
-        return (f"{self.family}_{self.dtype.value}_{self.layout.tag}_{bm}x{bn}x{bk}"
+        return (f"{self.family}_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}"
                 f"_w{warps}_s{self.stages}_g{self.raster_group}{out}{self.epilogue.name_suffix}")
 
     @property
@@ -172,7 +182,7 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
     bm, bn, bk = cfg.tile
     return [
         f"arch:         sm_{cfg.arch}",
-        f"dtype:        {cfg.dtype.value} -> {cfg.out_dtype.value}",
+        f"dtype:        {cfg.dtype_tag.replace('x', ' x ')} -> {cfg.out_dtype.value}",
         f"layout:       {cfg.layout.blas} (A {cfg.layout.a.value}-major, B {cfg.layout.b.value}-major,"
         f" D {cfg.layout.c.value}-major)",
         f"tile:         {bm}x{bn}x{bk}",
@@ -395,8 +405,21 @@ def check_block_scales(cfg: KernelConfig) -> None:
                          "fast_accum=True leaves out: drop fast_accum (or use scale='row' with fast_accum=True)")
 
 
+def check_mixed_inputs(cfg: KernelConfig) -> None:
+    """A and B of different types: fp8's e4m3 x e5m2 (wgmma takes each combination), nothing else."""
+    if cfg.dtype_b is None:
+        return
+    if cfg.dtype_b is cfg.dtype:
+        raise ValueError(f"dtype_b={cfg.dtype_b.value!r} is A's dtype: leave dtype_b out (KernelConfig.dtype_b=None)")
+    if not (cfg.dtype.is_fp8 and cfg.dtype_b.is_fp8):
+        raise ValueError(f"dtype={cfg.dtype.value!r} with dtype_b={cfg.dtype_b.value!r}: A and B may differ only as "
+                         "fp8's e4m3 and e5m2 (e.g. an e5m2 gradient times an e4m3 weight); convert one of them, "
+                         f"e.g. B.to(A.dtype), and leave dtype_b out")
+
+
 def check_config(cfg: KernelConfig) -> None:
     """Raise ValueError with the reason and what would work if ``cfg``'s template cannot run it."""
+    check_mixed_inputs(cfg)
     if cfg.dtype is DType.tf32:
         check_tf32(cfg)
     check_fast_accum(cfg)

@@ -52,7 +52,7 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
   __shared__ V a_tile[kBlockK][kTile + 1];
   __shared__ V b_tile[kBlockK][kTile + 1];
   const Elem* a = static_cast<const Elem*>(args.a);
-  const Elem* b = static_cast<const Elem*>(args.b);
+  const typename Cfg::ElemB* b = static_cast<const typename Cfg::ElemB*>(args.b);
   Out* d = static_cast<Out*>(args.d);
   const int64_t M = args.m, N = args.n, K = args.k;
   const int64_t tiles_n = (N + kTile - 1) / kTile;

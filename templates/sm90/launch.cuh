@@ -235,7 +235,8 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
   thread_local CachedMap map_a, map_b;
   int code = operand_map<Elem, typename K::TileA, Cfg::kAKMajor>(map_a, args->a, args->m, args->k, args->lda);
   if (code != 0) return code;
-  code = operand_map<Elem, typename K::TileB, Cfg::kBKMajor>(map_b, args->b, args->n, args->k, args->ldb);
+  code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(map_b, args->b, args->n, args->k,
+                                                                          args->ldb);
   if (code != 0) return code;
   // D through TMA stores when its base and row pitch allow (the kernel makes the same test); an
   // unused map stays zero.

@@ -90,7 +90,14 @@ struct OpSpec {
   // The device type of the tensors the kernels take: CUDA. (gemmgen's CPU tests register CPU stand-in
   // kernels with CPU here, to run every check and the filling of GemmArgs without a GPU.)
   c10::DeviceType device_type;
+  // B's element type where it differs from A's (fp8: e4m3 x e5m2); Undefined: B is dtype too.
+  c10::ScalarType dtype_b = c10::ScalarType::Undefined;
+  const char* dtype_b_name = nullptr;
 };
+
+inline c10::ScalarType b_dtype(const OpSpec& op) {
+  return op.dtype_b == c10::ScalarType::Undefined ? op.dtype : op.dtype_b;
+}
 
 inline bool has_epilogue_schema(const OpSpec& op) { return op.num_operands > 0 || op.aux; }
 inline bool on_cuda(const OpSpec& op) { return op.device_type == c10::DeviceType::CUDA; }
@@ -197,9 +204,18 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
                          t.scalar_type() == c10::ScalarType::Float ||
                          t.scalar_type() == c10::ScalarType::Float8_e4m3fn ||
                          t.scalar_type() == c10::ScalarType::Float8_e5m2 || t.scalar_type() == c10::ScalarType::Char;
-  TORCH_CHECK_TYPE(t.scalar_type() == op.dtype, what, " is ", torch_dtype(t.scalar_type()), "; this plan computes ",
-                   op.dtype_name, ": pass ", what, ".to(", torch_dtype(op.dtype), ")",
-                   plannable ? " or plan with dtype='" + dtype_name(t.scalar_type()) + "'" : std::string());
+  const c10::ScalarType want = is_a ? op.dtype : b_dtype(op);
+  const char* want_name = is_a || op.dtype_b_name == nullptr ? op.dtype_name : op.dtype_b_name;
+  // B of the other fp8 format: a mixed plan (dtype_b); any other B: a plan of B's dtype.
+  const auto fp8 = [](c10::ScalarType s) {
+    return s == c10::ScalarType::Float8_e4m3fn || s == c10::ScalarType::Float8_e5m2;
+  };
+  const bool mix = !is_a && fp8(t.scalar_type()) && fp8(op.dtype);
+  TORCH_CHECK_TYPE(t.scalar_type() == want, what, " is ", torch_dtype(t.scalar_type()), "; this plan computes ",
+                   want_name, ": pass ", what, ".to(", torch_dtype(want), ")",
+                   plannable ? std::string(" or plan with ") + (mix ? "dtype_b" : "dtype") + "='" +
+                                   dtype_name(t.scalar_type()) + "'"
+                             : std::string());
 }
 
 // A or B on the GPU; returns its leading dimension.

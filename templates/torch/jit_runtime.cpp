@@ -49,11 +49,12 @@ struct JitOpSpec {
   const JitOperandSpec* operands;
   int aux;                       // 1: the epilogue stores a second output
   int device_type;               // c10::DeviceType of the tensors the kernels take: 1 CUDA (0 CPU: tests)
+  const char* dtype_b;           // of B where it differs from A's (fp8 e4m3 x e5m2), else null
 };
 
 // An OpSpec and the strings and operands it points to, and the registration that uses them.
 struct RegisteredOp {
-  std::string ns, op, kernel, dtype_name, out_dtype_name, layout_a_flipped, layout_b_flipped;
+  std::string ns, op, kernel, dtype_name, out_dtype_name, layout_a_flipped, layout_b_flipped, dtype_b_name;
   std::vector<std::string> operand_names, operand_dtype_names;  // sized once: the specs point into them
   std::vector<gemmgen::OperandSpec> operands;
   gemmgen::OpSpec spec{};
@@ -145,6 +146,11 @@ void register_op(const JitOpSpec& in) {
   spec.operands = entry->operands.data();
   spec.aux = in.aux != 0;
   spec.device_type = static_cast<c10::DeviceType>(in.device_type);
+  if (in.dtype_b != nullptr) {
+    entry->dtype_b_name = in.dtype_b;
+    spec.dtype_b = scalar_type(entry->dtype_b_name);
+    spec.dtype_b_name = entry->dtype_b_name.c_str();
+  }
   const bool boxed = gemmgen::has_epilogue_schema(spec);
   if (boxed) check_schema(*entry);
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);

@@ -37,6 +37,8 @@ PLANS = {
     "e5m2_row_bf16": dict(dtype="e5m2", scale="row"),
     "e5m2_block_bf16": dict(dtype="e5m2", scale="block"),
     "e4m3_row_gelu_bias": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col"),
+    "e5m2xe4m3_row": dict(dtype="e5m2", dtype_b="e4m3", scale="row"),      # an e5m2 gradient times an e4m3 weight
+    "e4m3xe5m2_block": dict(dtype="e4m3", dtype_b="e5m2", scale="block"),
 }
 SHAPES = [(1024, 1024, 1024), (RAGGED[4], RAGGED[5], RAGGED[6] + 16), (300, 520, 1104), (129, 4100, 272)]
 
@@ -52,14 +54,15 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double() - ref).norm() / ref.norm()).item()
 
 
-def quantized(dtype: str, scale: str, m: int, n: int, k: int):
+def quantized(dtype: str, scale: str, m: int, n: int, k: int, dtype_b: str | None = None):
     """(A, B, scale_a, scale_b) as the op takes them, and A, B dequantized in float64."""
     x, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+    dtype_b = dtype_b or dtype
     if scale == "none":
-        a, q = x.to(FP8[dtype]), w.to(FP8[dtype])
+        a, q = x.to(FP8[dtype]), w.to(FP8[dtype_b])
         return (a, q.t()), a.double(), q.t().double()
     a, sa = quantize(x, dtype, scale=scale)
-    q, sw = quantize(w, dtype, scale=scale, block=(128, 128) if scale == "block" else None)
+    q, sw = quantize(w, dtype_b, scale=scale, block=(128, 128) if scale == "block" else None)
     block_a, block_w = ((1, 128), (128, 128)) if scale == "block" else (None, None)
     ref_a = dequantize(a, sa, scale=scale, block=block_a).double()
     ref_b = dequantize(q, sw, scale=scale, block=block_w).double().t()
@@ -78,7 +81,7 @@ def test_against_float64(ops, key):
     op = ops[key]
     dtype, scale = PLANS[key]["dtype"], PLANS[key].get("scale", "none")
     for m, n, k in SHAPES:
-        args, ref_a, ref_b = quantized(dtype, scale, m, n, k)
+        args, ref_a, ref_b = quantized(dtype, scale, m, n, k, PLANS[key].get("dtype_b"))
         extra = [torch.randn(n, device="cuda").bfloat16()] if "bias" in PLANS[key] else []
         out = op._empty_out(args[0], args[1]).fill_(float("nan"))
         op(*args, *extra, out=out)
@@ -118,6 +121,8 @@ def test_bad_scales_raise_and_keep_the_process_working(ops):
         op(a, b, sa, sb.cpu())
     with pytest.raises(TypeError, match="float8_e4m3fn|e4m3"):
         op(a.bfloat16(), b, sa, sb)
+    with pytest.raises(TypeError, match="B is torch.float8_e5m2; this plan computes e4m3 .* or plan with dtype_b="):
+        op(a, b.to(torch.float8_e5m2), sa, sb)
     row = ops["e4m3_row_bf16"]
     (ra, rb, rsa, rsb), _, _ = quantized("e4m3", "row", 64, 96, 128)
     with pytest.raises(ValueError, match="scale_b"):

@@ -19,6 +19,7 @@ namespace {
 
 struct Config {
   using Elem = __half;
+  using ElemB = __half;  // B's element type (differs from A's only for fp8 e4m3 x e5m2)
   using Out = __half;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 256;

@@ -20,6 +20,7 @@ namespace {
 
 struct Config {
   using Elem = __nv_bfloat16;
+  using ElemB = __nv_bfloat16;  // B's element type (differs from A's only for fp8 e4m3 x e5m2)
   using Out = __nv_bfloat16;
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 256;

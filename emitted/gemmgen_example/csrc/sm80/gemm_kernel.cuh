@@ -249,6 +249,7 @@ struct Kernel {
   static constexpr bool TF32 = std::is_same_v<Elem, float>;
   static constexpr bool A_WORDS = TF32 && !A_K_MAJOR, B_WORDS = TF32 && !B_K_MAJOR;
   using Mma = typename MmaFor<Elem>::Op;
+  static_assert(std::is_same_v<typename Cfg::ElemB, Elem>, "the sm80 family takes A and B of one type");
   // float, or int32_t for int8: after the main loop its sums become fp32 values in place, or stay bits for an
   // int32 D (see int_sums_for_epilogue).
   using Accum = typename Mma::Accum;

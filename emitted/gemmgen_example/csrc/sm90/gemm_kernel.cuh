@@ -210,11 +210,11 @@ struct OperandTile {
 // One m64 block's wgmma for a k step across the tile's BN columns. wgmma takes N up to 256, so a wider
 // tile (BN = 320) issues two: n256 on B's rows [0, 256) into accumulators [0, 128), then the rest of the
 // rows into the accumulators after them. Both keep the fragment layout (n8 block j at d[4j .. 4j + 3]).
-template <int BN, typename T, int TRANS_A, int TRANS_B, class TileB>
+template <int BN, typename T, typename TB, int TRANS_A, int TRANS_B, class TileB>
 struct TileMma {
   static constexpr int kFirstN = BN > 256 ? 256 : BN;
-  using First = ptx::Wgmma<kFirstN, T, TRANS_A, TRANS_B>;
-  using Rest = ptx::Wgmma<(BN > 256 ? BN - 256 : 64), T, TRANS_A, TRANS_B>;  // instantiated only when BN > 256
+  using First = ptx::Wgmma<kFirstN, T, TRANS_A, TRANS_B, TB>;
+  using Rest = ptx::Wgmma<(BN > 256 ? BN - 256 : 64), T, TRANS_A, TRANS_B, TB>;  // instantiated only when BN > 256
   static constexpr int kAccum = BN / 2;
   using Accum = typename First::Accum;  // float, or int32_t for int8
   __device__ __forceinline__ static void run(Accum (&d)[kAccum], uint64_t desc_a, uint64_t desc_b, int scale_d) {
@@ -290,7 +290,8 @@ struct Kernel {
   static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
-  using Mma = TileMma<BN, Elem, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
+  using Mma = TileMma<BN, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
+  static_assert(sizeof(typename Cfg::ElemB) == sizeof(Elem), "A and B differ only as fp8 formats (one byte each)");
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
   static_assert(MMA_BLOCKS_M * ACCUM <= 160, "accumulators beyond 160 of the 232 registers per thread would spill");
