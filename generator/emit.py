@@ -383,11 +383,12 @@ def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], .
         if not isinstance(config, KernelConfig):
             raise TypeError(f"plans[{i}] is a {type(item).__name__}; pass Gemm plans (or KernelConfigs)")
         check_operand_names(config)
-        if config.dtype is DType.tf32:
-            # The package's C++ autograd formula takes the gradient as it is stored, which tf32's K-major-only
-            # kernels cannot always read; the JIT op (Gemm(...).compile()) has the formula that copies it.
-            raise ValueError(f"plans[{i}] is a tf32 plan: emitted packages do not carry tf32 ops yet; use "
-                             "Gemm(...).compile() for it, or plan with dtype='bf16'")
+        if config.dtype is DType.tf32 and config.family == "sm90":
+            # The package's C++ autograd formula takes the gradient as it is stored, which sm90's tf32 kernels
+            # (K-major only) cannot always read; the JIT op (Gemm(...).compile()) has the formula that copies it.
+            # sm80's tf32 kernels take every layout.
+            raise ValueError(f"plans[{i}] is an sm90 tf32 plan: emitted packages carry tf32 ops of the sm80 family "
+                             "only; plan it with family='sm80', or use Gemm(...).compile() for it")
         configs.append((config, () if isinstance(item, KernelConfig) else _plan_knobs(item, config)))
     return configs
 
