@@ -512,11 +512,15 @@ def cmd_emit(args: argparse.Namespace) -> int:
     for op in ops:
         epilogue = op.config.epilogue
         fused = "" if epilogue.is_identity else f", D = {epilogue.text}"
-        print(f"  {name}.{op.name}  ({op.config.dtype.value} -> {op.config.out_dtype.value}, layout "
+        inputs = op.config.dtype_tag.replace("x", " x ")
+        print(f"  {name}.{op.name}  ({inputs} -> {op.config.out_dtype.value}, layout "
               f"{op.config.layout.tag}{fused}, kernel {op.config.name}, sm_{op.config.arch})")
-    if autograd:
+    forward_only = [op.name for op in ops if not op.differentiable]
+    if autograd and len(forward_only) < len(ops):
         print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
               "(--no-autograd leaves them out)")
+    if autograd and forward_only:
+        print(f"autograd: forward only (fp8 and int8 refuse inputs that require grad): {', '.join(forward_only)}")
     else:
         why = "--no-autograd" if args.autograd is False else 'the plans file says "autograd": false'
         print(f"autograd: none ({why}): the ops are not differentiable")

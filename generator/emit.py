@@ -169,12 +169,14 @@ def grad_op_name(config: KernelConfig) -> str:
 
 
 def default_op_name(config: KernelConfig) -> str:
-    """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs, ``_dcol`` for a column-major D, and
-    the epilogue's tag (lowercase) for a fused epilogue: ``gemm_bf16_tn_gelu_cbias``."""
+    """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs, ``_dcol`` for a column-major D, ``_fa``
+    for fp8's fast accumulation, and the epilogue's tag (lowercase) for a fused epilogue:
+    ``gemm_bf16_tn_gelu_cbias``; ``<dtype>`` names both inputs where they differ (``e5m2xe4m3``)."""
     out = "" if config.out_dtype == config.dtype else f"_o{config.out_dtype.value}"
     dcol = "_dcol" if config.layout.c is Order.col else ""
+    fast = "_fa" if config.fast_accum else ""
     epilogue = "" if config.epilogue.is_identity else f"_{config.epilogue.tag.lower()}"
-    return f"gemm_{config.dtype.value}_{config.layout.blas}{out}{dcol}{epilogue}"
+    return f"gemm_{config.dtype_tag}_{config.layout.blas}{out}{dcol}{fast}{epilogue}"
 
 
 def check_operand_names(config: KernelConfig) -> None:
@@ -234,6 +236,12 @@ class EmittedOp:
             "dtype": cfg.dtype.value,
             "out_dtype": cfg.out_dtype.value,
             "torch_dtype": f"torch.{cfg.dtype.torch_name}",
+            "torch_dtype_b": f"torch.{cfg.b_dtype.torch_name}",
+            "inputs": cfg.dtype_tag.replace("x", " x "),                           # "bf16", "e5m2 x e4m3"
+            "inputs_doc": (f"{cfg.dtype.value} (torch.{cfg.dtype.torch_name})" if cfg.dtype_b is None else
+                           f"A {cfg.dtype.value} (torch.{cfg.dtype.torch_name}) and B {cfg.dtype_b.value} "
+                           f"(torch.{cfg.dtype_b.torch_name})"),
+            "accumulation": "int32" if cfg.dtype is DType.int8 else "fp32",
             "torch_out_dtype": f"torch.{cfg.out_dtype.torch_name}",
             "scalar_type": _SCALAR_TYPE[cfg.dtype],
             "dtype_b": cfg.dtype_b.value if cfg.dtype_b is not None else None,   # fp8 e4m3 x e5m2

@@ -680,6 +680,28 @@ struct Kernel {
     ptx::named_barrier_arrive(kTurnBarrier + (consumer ^ 1), kTurnThreads);
   }
 
+  // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
+  // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A).
+  template <typename A>
+  __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][ACCUM], uint64_t stage0_a,
+                                                      uint64_t stage0_b, int slot, bool accumulate) {
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
+    ptx::wgmma_fence();
+    const uint32_t stage = slot * (STAGE_BYTES / 16);
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
+      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(0, kk));
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+        const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
+        Mma::run(acc[i], desc_a, desc_b, (accumulate || kk > 0) ? 1 : 0);
+      }
+    }
+  }
+
   // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
   // ring from `pos` on; the first k tile overwrites acc.
   __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
@@ -695,21 +717,7 @@ struct Kernel {
     int previous = -1;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
-#pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
-      ptx::wgmma_fence();
-      const uint32_t stage = pos.stage * (STAGE_BYTES / 16);
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
-        const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(0, kk));
-#pragma unroll
-        for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-          const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
-          Mma::run(acc[i], desc_a, desc_b, (kt > kt_begin || kk > 0) ? 1 : 0);
-        }
-      }
+      issue_k_tile(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin);
       ptx::wgmma_commit();
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i)
@@ -795,21 +803,7 @@ struct Kernel {
         col_scale[1] = __ldg(scales.b_next + kt);
       }
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
-#pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(part[i][r]);
-      ptx::wgmma_fence();
-      const uint32_t stage = pos.stage * (STAGE_BYTES / 16);
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
-        const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(0, kk));
-#pragma unroll
-        for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-          const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
-          Mma::run(part[i], desc_a, desc_b, kk > 0 ? 1 : 0);
-        }
-      }
+      issue_k_tile(part, stage0_a, stage0_b, pos.stage, false);
       ptx::wgmma_commit();
       ptx::wgmma_wait<0>();
 #pragma unroll
