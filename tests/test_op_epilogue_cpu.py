@@ -180,9 +180,8 @@ AUX_CASES = {
 def inputs(op, m=M, n=N, k=K, requires_grad=False):
     """Fresh A, B (in the plan's orders) and operand values; scalars and scales in [0.5, 2)."""
     cfg = op.config
-    dtype = TORCH_DTYPES[cfg.dtype]
-    a = operand(m, k, cfg.layout.a.value, dtype, requires_grad=requires_grad)
-    b = operand(k, n, cfg.layout.b.value, dtype, requires_grad=requires_grad)
+    a = operand(m, k, cfg.layout.a.value, TORCH_DTYPES[cfg.dtype], requires_grad=requires_grad)
+    b = operand(k, n, cfg.layout.b.value, TORCH_DTYPES[cfg.b_dtype], requires_grad=requires_grad)
     values = []
     for o in cfg.epilogue.operands:
         t = TORCH_DTYPES[o.dtype]
@@ -884,6 +883,9 @@ SCALED_PLANS = {
     "tensor": dict(epilogue=with_scales(ep.from_knobs(activation="gelu", bias="col"), "tensor")),
     "row": dict(epilogue=with_scales(ep.trace(leaky_row), "row"), layout_c="col"),
     "block": dict(dtype="e4m3", epilogue=with_scales(ep.from_knobs(bias="col"), "block")),
+    # int8 dequantized by rows (SmoothQuant's W8A8), and fp8 of two formats
+    "int8_row": dict(dtype="int8", out_dtype="bf16", epilogue=with_scales(ep.IDENTITY, "row")),
+    "mixed_fp8": dict(dtype="e5m2", dtype_b="e4m3", epilogue=with_scales(ep.IDENTITY, "tensor")),
 }
 SCALED_CASES = {
     "tensor": lambda x, sa, sb, bias: F.gelu(x * sa * sb + bias),
@@ -1057,3 +1059,17 @@ def test_scaled_compile_fullgraph_dynamic_m(key):
                     torch._dynamo.mark_dynamic(v, 0)
             assert torch.equal(compiled(x, *fresh), f(x, *fresh))
     assert counter.frame_count == 1
+
+
+@pytest.mark.parametrize("key", ["block", "int8_row", "mixed_fp8"])
+def test_quantized_ops_refuse_grad_and_run_without_it(key):
+    """fp8 and int8 are forward only: a call that would need a gradient is refused when it runs, not answered
+    with a result that has none; without grad mode (or with detached inputs) the same call runs."""
+    op = make(**SCALED_PLANS[key])
+    a, b, values = inputs(op)
+    wanting = [v.clone().requires_grad_() if i == 0 else v for i, v in enumerate(values)]
+    with pytest.raises(RuntimeError, match=f"{op.name} multiplies {op.config.dtype.value} operands and has no "
+                                           "backward pass, but scale_a require"):
+        op(a, b, *wanting)
+    with torch.no_grad():
+        assert op(a, b, *wanting).shape == (a.shape[0], b.shape[1])
