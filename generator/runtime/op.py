@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import torch
 
 from ..spec.config import KernelConfig
-from ..spec.types import Order
+from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from . import jit_runtime
 from .autograd import register_autograd
 from .checks import INT32_MAX, TORCH_DTYPES, leading_dim, order_of, other_layout
@@ -135,7 +135,7 @@ class GemmOp:
     def _wrong_dtype(self, t: torch.Tensor, what: str) -> TypeError:
         # Planning with the tensor's dtype is a fix only where a plan can take it (fp32 as tf32, fp8, int8).
         name = str(t.dtype).removeprefix("torch.")
-        plannable = (torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2, torch.int8)
+        plannable = {TORCH_DTYPES[d] for d in PLANNABLE_INPUT_DTYPES}   # fp32 tensors: tf32 plans
         # (B of the other fp8 format: a mixed plan, dtype_b; any other B: a plan of B's dtype)
         fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
         knob = "dtype_b" if what == "B" and t.dtype in fp8 and self.dtype in fp8 else "dtype"

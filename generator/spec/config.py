@@ -337,6 +337,16 @@ def check_tf32(cfg: KernelConfig) -> None:
         raise ValueError("out_dtype='tf32' is not an output type: use out_dtype='fp32' (the default for tf32)")
 
 
+def _check_k_major(cfg: KernelConfig, like: str) -> None:
+    """8-bit inputs: A and B K-major, the only order wgmma and mma.sync read bytes in (``like``: the torch op that
+    has the same rule, for the message)."""
+    if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
+        raise ValueError(f"dtype={cfg.dtype.value!r} needs A and B K-major (layout 'tn': A row-major, B column-major, "
+                         f"i.e. x @ W.t() of row-major x and W), as {like} does; this plan is layout "
+                         f"{cfg.layout.blas!r}: pass A.contiguous() and B.t().contiguous().t() and plan with "
+                         "layout='tn'")
+
+
 def check_fp8(cfg: KernelConfig) -> None:
     """fp8 inputs (e4m3, e5m2): the sm90 family (wgmma's fp8; sm80's mma.sync has none before sm89), A and B
     K-major (wgmma reads 8-bit operands from shared memory K-major only), a 16- or 32-bit float output."""
@@ -344,16 +354,12 @@ def check_fp8(cfg: KernelConfig) -> None:
     if cfg.family != "sm90":
         raise ValueError(f"dtype={name!r} (fp8) runs on the sm90 family only (wgmma, Hopper): plan with arch=90 and "
                          "family='sm90'")
-    if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
-        raise ValueError(f"dtype={name!r} needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. "
-                         f"x @ W.t() of row-major x and W), as torch._scaled_mm does; this plan is layout "
-                         f"{cfg.layout.blas!r}: pass A.contiguous() and B.t().contiguous().t() and plan with "
-                         "layout='tn'")
+    _check_k_major(cfg, "torch._scaled_mm")
     if cfg.out_dtype not in (DType.bf16, DType.fp16, DType.fp32):
         raise ValueError(f"out_dtype={cfg.out_dtype.value!r} is not an output of an fp8 GEMM: use 'bf16' (the "
                          "default), 'fp16' or 'fp32'")
     bm, bn, bk = cfg.tile
-    if cfg.promoted and cfg.family == "sm90" and cfg.accumulators_per_thread > SM90_PROMOTED_MAX_ACCUMULATORS:
+    if cfg.promoted and cfg.accumulators_per_thread > SM90_PROMOTED_MAX_ACCUMULATORS:
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}' needs {cfg.accumulators_per_thread} "
                          f"accumulators per consumer thread, and fp8's promotion holds them twice (the tile's fp32 "
                          f"sums and the current k tile's); at most {SM90_PROMOTED_MAX_ACCUMULATORS} fit: use tile "
@@ -365,11 +371,7 @@ def check_int8(cfg: KernelConfig) -> None:
     """int8 inputs: both families (wgmma .s32.s8.s8, mma.sync m16n8k32 .s32.s8.s8), A and B K-major (neither
     transposes bytes); D int32 (the exact sums, no epilogue) or a float type (the sums in fp32, then any epilogue:
     scales for a dequantized output)."""
-    if not (cfg.layout.a_k_major and cfg.layout.b_k_major):
-        raise ValueError(f"dtype='int8' needs A and B K-major (layout 'tn': A row-major, B column-major, i.e. "
-                         f"x @ W.t() of row-major x and W), as torch._int_mm does; this plan is layout "
-                         f"{cfg.layout.blas!r}: pass A.contiguous() and B.t().contiguous().t() and plan with "
-                         "layout='tn'")
+    _check_k_major(cfg, "torch._int_mm")
     if cfg.out_dtype is DType.int32 and not cfg.epilogue.is_identity:
         raise ValueError("out_dtype='int32' stores int8's exact sums as they are, with no epilogue: for scales, "
                          "an activation or a bias plan out_dtype='bf16' (or 'fp16', 'fp32')")
