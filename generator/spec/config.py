@@ -390,7 +390,6 @@ def check_fast_accum(cfg: KernelConfig) -> None:
 #: per consumer thread each (the two sets within the 232 registers, with room for scales and addresses; ptxas
 #: reports no spills at 128x192).
 SM90_PROMOTED_MAX_ACCUMULATORS = 96
-SM90_BLOCK_SCALED_BLOCK_N = (64, 128, 192, 256)   # tiles starting at multiples of 64 span at most two 128-blocks
 
 
 def check_block_scales(cfg: KernelConfig) -> None:
@@ -398,10 +397,8 @@ def check_block_scales(cfg: KernelConfig) -> None:
     if not cfg.dtype.is_fp8:
         raise ValueError(f"scale='block' is for fp8 inputs (e4m3, e5m2), whose k tile is one 128-wide scale block; "
                          f"this plan is {cfg.dtype.value}: use scale='row' or scale='tensor'")
-    bm, bn, bk = cfg.tile
-    if bn not in SM90_BLOCK_SCALED_BLOCK_N:
-        raise ValueError(f"tile {bm}x{bn}x{bk} with scale='block': BN must be one of {SM90_BLOCK_SCALED_BLOCK_N} "
-                         f"(a tile then covers at most two 128-column scale blocks of B): use tile {bm}x128x{bk}")
+    # (Promotion's register limit keeps BN <= 192, so a tile spans at most two 128-column blocks of B, which the
+    # kernel's BlockScales assumes.)
     if cfg.fast_accum:
         raise ValueError("scale='block' applies the scales where each k tile is promoted into fp32, which "
                          "fast_accum=True leaves out: drop fast_accum (or use scale='row' with fast_accum=True)")

@@ -305,6 +305,7 @@ struct Kernel {
                 "a k tile is one scale block (8-bit types: BK = 128)");
   static_assert(!Cfg::kPromote || 2 * MMA_BLOCKS_M * ACCUM <= 192,
                 "promotion keeps two sets of accumulators: the planner limits the tile (spec/config.py)");
+  static_assert(!kBlockScaled || BN <= 256, "a tile spans at most two 128-column scale blocks (BlockScales)");
 
   static constexpr bool STREAM_K = GEMMGEN_SM90_STREAM_K && SCHEDULE == Schedule::kCooperative;
   // int8: wgmma sums into int32 registers (Accum); after the main loop they go on to the epilogue as fp32 values,
