@@ -1,7 +1,11 @@
 """Benchmark the data types beyond 16-bit: our kernels next to torch's own kernel of the same type, in one run.
 
     python benchmarks/bench_dtypes.py [--modes fp8_tensor,fp8_tensor_fast,fp8_row,fp8_block,tf32] [--shapes ...]
-        [--rounds 3] [--json out.json]
+        [--rounds 3] [--json out.json] [--variant t192=tile_shape:128x192x128,cluster_shape:1x2 ...]
+
+--variant adds rows with the planner's choice overridden by Gemm knobs (name=knob:value,...; a tuple as AxBxC;
+tile:BMxBN is tile_shape with each type's BK), labelled mode@name, next to the planner's own rows: the
+measurements behind the planner's fp8/int8/tf32 tables.
 
 Rows (layout tn: A row-major M x K, B = W.t() of a row-major N x K weight W, as torch._scaled_mm and
 torch._int_mm take them):
@@ -34,6 +38,8 @@ sys.path.insert(0, str(HERE))
 from bench import parse_shapes, tflops  # noqa: E402
 from generator import Gemm, quantize  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
+from generator.spec.config import sm90_block_k  # noqa: E402
+from generator.spec.types import DType  # noqa: E402
 
 MODES = ("fp8_tensor", "fp8_tensor_fast", "fp8_row", "fp8_block", "int8", "tf32")
 DEFAULT_MODES = MODES
@@ -66,8 +72,25 @@ class Case:
     reference: Callable[[], torch.Tensor]
 
 
-def plan_for(mode: str, m: int, n: int, k: int) -> Gemm:
-    hints = dict(arch=90, m=m, n=n, k=k)
+def parse_variant(text: str) -> tuple[str, dict[str, object]]:
+    """'name=knob:value,...' -> (name, Gemm keyword arguments); values AxBxC become tuples, digits ints."""
+    name, _, spec = text.partition("=")
+    knobs: dict[str, object] = {}
+    for item in filter(None, spec.split(",")):
+        key, _, value = item.partition(":")
+        if "x" in value and value.replace("x", "").isdigit():
+            knobs[key] = tuple(int(v) for v in value.split("x"))
+        else:
+            knobs[key] = int(value) if value.isdigit() else value
+    return name, knobs
+
+
+def plan_for(mode: str, m: int, n: int, k: int, knobs: dict[str, object] | None = None) -> Gemm:
+    knobs = dict(knobs or {})
+    if "tile" in knobs:
+        dtype = DType("e4m3" if mode.startswith("fp8") else mode)
+        knobs["tile_shape"] = (*knobs.pop("tile"), sm90_block_k(dtype))
+    hints = dict(arch=90, m=m, n=n, k=k, **knobs)
     if mode.startswith("fp8"):
         scale = mode.removeprefix("fp8_").removesuffix("_fast")
         return Gemm("e4m3", "tn", out_dtype="bf16", scale=scale, fast_accum=mode.endswith("_fast"), **hints)
@@ -148,18 +171,23 @@ def main() -> int:
     parser.add_argument("--shapes", default=SHAPES)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument("--variant", action="append", default=[], help="name=knob:value,... (see above)")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     unknown = set(modes) - set(MODES)
     if unknown:
         parser.error(f"unknown mode(s) {', '.join(sorted(unknown))}: choose from {', '.join(MODES)}")
     shapes = parse_shapes(args.shapes)
-    work = [(mode, shape, plan_for(mode, *shape)) for mode in modes for shape in shapes]
-    ops = compile_many([plan.config for _, _, plan in work], namespace="gemmgen_bench_dtypes")
+    variants = [("", {})] + [parse_variant(v) for v in args.variant]
+    work = [(mode, name, shape, plan_for(mode, *shape, knobs)) for mode in modes for shape in shapes
+            for name, knobs in variants]
+    ops = compile_many([plan.config for *_, plan in work], namespace="gemmgen_bench_dtypes")
     rows: list[Row] = []
     ok = True
-    for (mode, (m, n, k), plan), op in zip(work, ops):
+    for (mode, name, (m, n, k), plan), op in zip(work, ops):
         row = measure(mode, m, n, k, op, make_case(mode, plan, m, n, k), args.rounds)
+        if name:
+            row.mode = f"{mode}@{name}"
         # our fp8_block kernel's peer is our own per-tensor kernel at the same shape (torch has no block scaling)
         if mode == "fp8_block":
             peer = next((r for r in rows if r.mode == "fp8_tensor" and (r.m, r.n, r.k) == (m, n, k)), None)
@@ -169,7 +197,7 @@ def main() -> int:
         ok &= row.rel_error <= BOUNDS[mode]
         rows.append(row)
         base = "  ".join(f"{name} {value:7.1f} ({row.ratios[name]:.3f}x)" for name, value in row.baselines.items())
-        print(f"{mode:10s} {m}x{n}x{k:<6d} ours {row.ours_tflops:7.1f}  {base}  err {row.rel_error:.1e}  {row.kernel}",
+        print(f"{row.mode:10s} {m}x{n}x{k:<6d} ours {row.ours_tflops:7.1f}  {base}  err {row.rel_error:.1e}  {row.kernel}",
               flush=True)
     if args.json:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds}

@@ -18,6 +18,9 @@ pytestmark = pytest.mark.gpu
 #: ||D - ref|| / ||ref|| against float64 of the same quantized operands: the output's rounding (bf16 8 bits,
 #: fp16 11) dominates; fp32 output shows the accumulation's own error (fp8 products are exact in fp32).
 BOUNDS = {"bf16": 1e-2, "fp16": 2e-3, "fp32": 5e-4}
+#: fp32 output of fast accumulation (all of K inside wgmma, whose additions keep fewer bits than fp32): measured
+#: 5.4e-4 at K = 1024, growing about as sqrt(K) (3.1e-3 at K = 16384, test_promotion_is_closer_to_float64).
+FAST_ACCUM_FP32_BOUND = 1e-3
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 PLANS = {
     "e4m3_none_bf16": dict(dtype="e4m3"),
@@ -87,7 +90,8 @@ def test_against_float64(ops, key):
         op(*args, *extra, out=out)
         assert torch.isfinite(out).all(), f"{op.name} {m}x{n}x{k}: unwritten elements"
         err = rel(out, reference(op, ref_a, ref_b, extra))
-        bound = BOUNDS[op.config.out_dtype.value]
+        fp32_fast = op.config.fast_accum and op.config.out_dtype.value == "fp32"
+        bound = FAST_ACCUM_FP32_BOUND if fp32_fast else BOUNDS[op.config.out_dtype.value]
         assert err <= bound, f"{op.name} {m}x{n}x{k}: {err:.2e} > {bound:.0e}"
 
 
@@ -121,7 +125,7 @@ def test_bad_scales_raise_and_keep_the_process_working(ops):
         op(a, b, sa, sb.cpu())
     with pytest.raises(TypeError, match="float8_e4m3fn|e4m3"):
         op(a.bfloat16(), b, sa, sb)
-    with pytest.raises(TypeError, match="B is torch.float8_e5m2; this plan computes e4m3 .* or plan with dtype_b="):
+    with pytest.raises(TypeError, match="B is torch.float8_e5m2; this plan computes e4m3: pass B.to.* or plan with dtype_b="):
         op(a, b.to(torch.float8_e5m2), sa, sb)
     row = ops["e4m3_row_bf16"]
     (ra, rb, rsa, rsb), _, _ = quantized("e4m3", "row", 64, 96, 128)
