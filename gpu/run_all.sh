@@ -45,7 +45,7 @@ for step in $STEPS; do
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer
       for tool in memcheck racecheck; do
-        compute-sanitizer --tool $tool python3 gpu/sanitize.py 2>&1 | tail -24 | tee "$OUT/sanitize_$tool.log"
+        compute-sanitizer --tool $tool python3 gpu/sanitize.py 2>&1 | tail -60 | tee "$OUT/sanitize_$tool.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
       done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;

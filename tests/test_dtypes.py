@@ -6,7 +6,7 @@ import pytest
 
 from generator import Gemm
 from generator.render import render
-from generator.spec.config import SM90_PROMOTED_MAX_ACCUMULATORS
+from generator.spec.config import SM90_PROMOTED_MAX_ACCUMULATORS, promote_slices, promoted_accumulators
 from generator.spec.types import LAYOUTS, DType, default_out_dtype, parse_input_dtype
 
 FP8 = ("e4m3", "e5m2")
@@ -58,11 +58,16 @@ def test_fp8_outputs():
 def test_promotion_limits_the_tile_and_fast_accum_lifts_it():
     promoted = Gemm("e4m3", "tn", arch=90, m=8192, n=8192, k=8192)
     assert promoted.config.promoted and not promoted.fast_accum
-    assert promoted.config.accumulators_per_thread <= SM90_PROMOTED_MAX_ACCUMULATORS
+    assert promoted.config.tile == (128, 192, 128) and promote_slices(promoted.config) == 1
+    assert promoted_accumulators(promoted.config) <= 2 * SM90_PROMOTED_MAX_ACCUMULATORS
+    # 4096^3: 128x256 (4 waves of tiles against 128x192's 6), its k tiles summed in two column slices
+    sliced = Gemm("e4m3", "tn", arch=90, m=4096, n=4096, k=4096)
+    assert sliced.config.tile == (128, 256, 128) and promote_slices(sliced.config) == 2
+    assert promoted_accumulators(sliced.config) == 128 + 64
     fast = Gemm("e4m3", "tn", arch=90, m=8192, n=8192, k=8192, fast_accum=True)
     assert fast.config.tile == (128, 256, 128) and "_fa_" in fast.name and not fast.config.promoted
-    with pytest.raises(ValueError, match="promotion holds them twice .* or fast_accum=True"):
-        Gemm("e4m3", "tn", arch=90, tile_shape=(128, 256, 128), schedule="cooperative")
+    with pytest.raises(ValueError, match="under fp8's promotion .* or fast_accum=True"):
+        Gemm("e4m3", "tn", arch=90, tile_shape=(128, 320, 128), schedule="cooperative")
     with pytest.raises(ValueError, match="fast_accum=True is a knob of fp8 plans"):
         Gemm("bf16", "tn", arch=90, fast_accum=True)
     with pytest.raises(ValueError, match="fast_accum=True: give True or False|give True or False"):

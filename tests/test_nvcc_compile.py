@@ -76,11 +76,13 @@ CASES += [(arch, Gemm("bf16", "tn", arch=arch, **knobs).config) for arch in SHIP
 CASES += [(90, Gemm("fp32", "tn", arch=90, **knobs).config) for knobs in
           ({}, {"schedule": "pingpong", "tile_shape": (128, 128, 32)},
            {"activation": "gelu", "bias": "col", "out_dtype": "bf16"})]
-# fp8 (A and B K-major): promoted per tensor, fast accumulation, per-block scales at both tiles promotion allows
-# (128x192: two sets of 96 accumulators), rowwise on pingpong.
+# fp8 (A and B K-major): promoted per tensor, fast accumulation, per-block scales at the tiles promotion allows
+# (128x256 in two column slices: 128 + 64 accumulators; 128x192 whole: 96 + 96; 256x128: two m64 blocks in slices),
+# rowwise on pingpong.
 CASES += [(90, Gemm("e4m3", "tn", arch=90, **knobs).config) for knobs in
           ({"scale": "tensor"}, {"scale": "tensor", "fast_accum": True}, {"scale": "block"},
            {"scale": "block", "tile_shape": (128, 192, 128), "cluster_shape": (1, 2)},
+           {"scale": "block", "tile_shape": (256, 128, 128)},
            {"scale": "row", "schedule": "pingpong", "tile_shape": (64, 128, 128), "out_dtype": "fp16"})]
 CASES += [(90, Gemm("e5m2", "tn", arch=90, scale="row", out_dtype="fp32").config),
           (90, Gemm("e5m2", "tn", arch=90, dtype_b="e4m3", scale="row").config)]

@@ -50,7 +50,8 @@ import math
 from dataclasses import replace
 
 from ..spec.arch import ArchSpec
-from ..spec.config import MIN_STAGES, RASTER_GROUPS, RASTERS, KernelConfig, sm90_block_k, sm90_max_stages_that_fit
+from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, KernelConfig, promote_slices, sm90_block_k,
+                           sm90_max_stages_that_fit)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -66,9 +67,13 @@ CANDIDATE_TILES: tuple[tuple[str, tuple[int, int]], ...] = (
     ("pingpong", (128, 128)),
     ("pingpong", (64, 128)),        # small M: 64 rows waste less of the tile than 128
 )
-# Promoted fp8 (KernelConfig.promoted) holds two sets of accumulators, which rules out the 128x256 tiles: the
-# widest tile left is 128x192, weighed for it alone (the 16-bit plans keep their measured candidates).
+# Promoted fp8 (KernelConfig.promoted) holds a second set of accumulators: 128x192 is the widest tile whose k tile
+# fits whole beside the tile's sums, weighed for promoted plans alone (the 16-bit plans keep their measured
+# candidates). 128x256 and 256x128 sum each k tile in two column slices (spec/config.py promote_slices), which
+# costs the efficiency below: measured 0.97 of 128x192 at 8192^3 (1184 against 1220 TFLOP/s) and at 4096x14336x4096
+# equal, while at 4096^3 its fewer waves win (1228 against 1149; docs/dtypes.md).
 PROMOTED_TILES: tuple[tuple[str, tuple[int, int]], ...] = (("cooperative", (128, 192)),)
+PROMOTION_SLICED_EFFICIENCY = 0.97
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
 # The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
@@ -254,6 +259,8 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
            * ISSUE_EFFICIENCY.get(streams, 1.0))
     if cm * cn > 1:
         eff *= CLUSTER_COUPLING
+    if cfg.promoted and promote_slices(cfg) > 1:
+        eff *= PROMOTION_SLICED_EFFICIENCY
     return eff, loaded / (rows_a + cols_b)
 
 

@@ -359,12 +359,13 @@ def check_fp8(cfg: KernelConfig) -> None:
         raise ValueError(f"out_dtype={cfg.out_dtype.value!r} is not an output of an fp8 GEMM: use 'bf16' (the "
                          "default), 'fp16' or 'fp32'")
     bm, bn, bk = cfg.tile
-    if cfg.promoted and cfg.accumulators_per_thread > SM90_PROMOTED_MAX_ACCUMULATORS:
-        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}' needs {cfg.accumulators_per_thread} "
-                         f"accumulators per consumer thread, and fp8's promotion holds them twice (the tile's fp32 "
-                         f"sums and the current k tile's); at most {SM90_PROMOTED_MAX_ACCUMULATORS} fit: use tile "
-                         f"128x128x{bk} or 128x192x{bk} (schedule='cooperative'), or fast_accum=True (all of K "
-                         "summed inside wgmma, as torch's use_fast_accum)")
+    if cfg.promoted and promoted_accumulators(cfg) > 2 * SM90_PROMOTED_MAX_ACCUMULATORS:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}' needs {promoted_accumulators(cfg)} "
+                         f"accumulators per consumer thread under fp8's promotion (the tile's fp32 sums and the "
+                         f"current k tile's, {cfg.accumulators_per_thread} each, or half of them in two slices); at "
+                         f"most {2 * SM90_PROMOTED_MAX_ACCUMULATORS} fit: use tile 128x256x{bk}, 128x192x{bk} or "
+                         f"128x128x{bk} (schedule='cooperative'), or fast_accum=True (all of K summed inside wgmma, "
+                         "as torch's use_fast_accum)")
 
 
 def check_int8(cfg: KernelConfig) -> None:
@@ -386,10 +387,21 @@ def check_fast_accum(cfg: KernelConfig) -> None:
                          "whose wgmma sums in fp32 anyway: drop fast_accum")
 
 
-#: Promotion (fp8 without fast_accum) holds the current k tile's accumulators beside the tile's: at most this many
-#: per consumer thread each (the two sets within the 232 registers, with room for scales and addresses; ptxas
-#: reports no spills at 128x192).
+#: Promotion (fp8 without fast_accum) holds the current k tile's accumulators beside the tile's: up to this many
+#: per consumer thread the whole tile's, beyond it the k tile is summed in two column halves, one after the other
+#: (the kernel's PROMOTE_N). Both sets stay within twice this (the 232 registers, with room for scales and
+#: addresses; ptxas reports no spills at 128x192 and 128x256).
 SM90_PROMOTED_MAX_ACCUMULATORS = 96
+
+
+def promote_slices(cfg: KernelConfig) -> int:
+    """The column slices a promoted k tile is summed in, one after the other (the kernel's BN / PROMOTE_N)."""
+    return 1 if cfg.accumulators_per_thread <= SM90_PROMOTED_MAX_ACCUMULATORS else 2
+
+
+def promoted_accumulators(cfg: KernelConfig) -> int:
+    """Accumulator registers of one consumer thread under promotion: the tile's sums and one slice's."""
+    return cfg.accumulators_per_thread + cfg.accumulators_per_thread // promote_slices(cfg)
 
 
 def check_block_scales(cfg: KernelConfig) -> None:
@@ -397,7 +409,7 @@ def check_block_scales(cfg: KernelConfig) -> None:
     if not cfg.dtype.is_fp8:
         raise ValueError(f"scale='block' is for fp8 inputs (e4m3, e5m2), whose k tile is one 128-wide scale block; "
                          f"this plan is {cfg.dtype.value}: use scale='row' or scale='tensor'")
-    # (Promotion's register limit keeps BN <= 192, so a tile spans at most two 128-column blocks of B, which the
+    # (Promotion's register limit keeps BN <= 256, so a tile spans at most two 128-column blocks of B, which the
     # kernel's BlockScales assumes.)
     if cfg.fast_accum:
         raise ValueError("scale='block' applies the scales where each k tile is promoted into fp32, which "

@@ -303,8 +303,15 @@ struct Kernel {
   static_assert(kBlockScaled == (Cfg::Epilogue::kColBlocksSlot >= 0), "A and B are block-scaled together");
   static_assert(!kBlockScaled || kBlockK == Cfg::Epilogue::kScaleBlockK,
                 "a k tile is one scale block (8-bit types: BK = 128)");
-  static_assert(!Cfg::kPromote || 2 * MMA_BLOCKS_M * ACCUM <= 192,
-                "promotion keeps two sets of accumulators: the planner limits the tile (spec/config.py)");
+  // Promotion sums each k tile in slices of PROMOTE_N columns, one slice after the other into `part`, so that the
+  // tile's sums and one slice's fit the registers together: the whole tile up to 96 accumulators, halves beyond
+  // (128x256: 128 + 64; the halves re-read A from shared memory, which has the bandwidth to spare).
+  static constexpr int kPromotedMaxAccumulators = 96;  // spec/config.py SM90_PROMOTED_MAX_ACCUMULATORS
+  static constexpr int PROMOTE_N = MMA_BLOCKS_M * ACCUM <= kPromotedMaxAccumulators ? BN : BN / 2;
+  static constexpr int PROMOTE_SLICES = BN / PROMOTE_N;
+  static constexpr int SLICE_ACCUM = PROMOTE_N / 2;
+  static_assert(!Cfg::kPromote || MMA_BLOCKS_M * (ACCUM + SLICE_ACCUM) <= 2 * kPromotedMaxAccumulators,
+                "promotion keeps the tile's sums and a slice's: the planner limits the tile (spec/config.py)");
   static_assert(!kBlockScaled || BN <= 256, "a tile spans at most two 128-column scale blocks (BlockScales)");
 
   static constexpr bool STREAM_K = GEMMGEN_SM90_STREAM_K && SCHEDULE == Schedule::kCooperative;
@@ -682,23 +689,26 @@ struct Kernel {
   }
 
   // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
-  // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A).
-  template <typename A>
-  __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][ACCUM], uint64_t stage0_a,
-                                                      uint64_t stage0_b, int slot, bool accumulate) {
+  // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A). COLUMNS < BN:
+  // the slice of the tile's columns [column0, column0 + COLUMNS) only (B's rows there; promotion's slices).
+  template <int COLUMNS = BN, typename A, int N>
+  __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][N], uint64_t stage0_a,
+                                                      uint64_t stage0_b, int slot, bool accumulate, int column0 = 0) {
+    using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
+    static_assert(N == SliceMma::kAccum, "acc holds the slice's accumulators");
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
-      for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
+      for (int r = 0; r < N; ++r) ptx::fence_operand(acc[i][r]);
     ptx::wgmma_fence();
     const uint32_t stage = slot * (STAGE_BYTES / 16);
 #pragma unroll
     for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
-      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(0, kk));
+      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(column0, kk));
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
         const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
-        Mma::run(acc[i], desc_a, desc_b, (accumulate || kk > 0) ? 1 : 0);
+        SliceMma::run(acc[i], desc_a, desc_b, (accumulate || kk > 0) ? 1 : 0);
       }
     }
   }
@@ -841,53 +851,58 @@ struct Kernel {
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
       for (int r = 0; r < ACCUM; ++r) acc[i][r] = 0.f;
-    float part[MMA_BLOCKS_M][ACCUM];
+    float part[MMA_BLOCKS_M][SLICE_ACCUM];
     // Block scales: k block kt's products in k_scales, kt + 1's loaded values in `ahead`, and kt + 2's loads issued
     // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
     KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_begin));
     RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
-      issue_k_tile(part, stage0_a, stage0_b, pos.stage, false);
-      ptx::wgmma_commit();
-      const RawKBlockScales later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
-      ptx::wgmma_wait<0>();
+      RawKBlockScales later;
 #pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+      for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
+        issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
+        ptx::wgmma_commit();
+        if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
+        ptx::wgmma_wait<0>();
 #pragma unroll
-        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(part[i][r]);
-      release(smem, pos.stage, rank);
-      pos.next();
-      if constexpr (kBlockScaled) {
-        promote_block_scaled<kSplitStep>(acc, part, k_scales, scales.split);
-      } else {
-        promote_block<BN / 8>(acc, part, nullptr);
+        for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+          for (int r = 0; r < SLICE_ACCUM; ++r) ptx::fence_operand(part[i][r]);
+        if (slice == PROMOTE_SLICES - 1) release(smem, pos.stage, rank);
+        if constexpr (kBlockScaled) {
+          promote_block_scaled<kSplitStep>(acc, part, slice, k_scales, scales.split);
+        } else {
+          promote_block<BN / 8>(acc, part, slice, nullptr);
+        }
       }
+      pos.next();
       k_scales = scale_products(ahead);
       ahead = later;
     }
   }
 
-  // acc += part (no scales) or acc += part * its row's and column block's scale product (per-block scaling),
-  // the columns 8j + (0..7) with j < SPLIT taking the first block's scales. Fragment layout as in store_direct:
-  // acc[i][4j + 2h + e] is row 16w + l/4 + 8h, column 8j + 2(l%4) + e.
+  // acc += part (no scales) or acc += part * its row's and column block's scale product (per-block scaling), part
+  // holding the tile's columns from slice * PROMOTE_N on; the columns 8j + (0..7) with j < SPLIT take the first
+  // block's scales. Fragment layout as in store_direct: acc[i][4j + 2h + e] is row 16w + l/4 + 8h, column
+  // 8j + 2(l%4) + e.
   template <int SPLIT>
   __device__ __forceinline__ static void promote_block(float (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                       const float (&part)[MMA_BLOCKS_M][ACCUM],
+                                                       const float (&part)[MMA_BLOCKS_M][SLICE_ACCUM], int slice,
                                                        const KBlockScales* k_scales) {
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
+      for (int js = 0; js < PROMOTE_N / 8; ++js)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int r = 4 * j + 2 * h + e;
+            const int j = slice * (PROMOTE_N / 8) + js, r = 4 * j + 2 * h + e, rs = 4 * js + 2 * h + e;
             if (k_scales == nullptr) {
-              acc[i][r] += part[i][r];
+              acc[i][r] += part[i][rs];
             } else {
-              acc[i][r] = fmaf(part[i][r], j < SPLIT ? k_scales->first[i][h] : k_scales->next[i][h], acc[i][r]);
+              acc[i][r] = fmaf(part[i][rs], j < SPLIT ? k_scales->first[i][h] : k_scales->next[i][h], acc[i][r]);
             }
           }
   }
@@ -895,15 +910,15 @@ struct Kernel {
   // promote_block at the tile's split point, found among its few possible values (a warp-uniform branch).
   template <int SPLIT>
   __device__ __forceinline__ static void promote_block_scaled(float (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                              const float (&part)[MMA_BLOCKS_M][ACCUM],
-                                                              const KBlockScales& k_scales, int split) {
+                                                              const float (&part)[MMA_BLOCKS_M][SLICE_ACCUM],
+                                                              int slice, const KBlockScales& k_scales, int split) {
     if constexpr (SPLIT >= BN / 8) {
-      promote_block<BN / 8>(acc, part, &k_scales);
+      promote_block<BN / 8>(acc, part, slice, &k_scales);
     } else {
       if (split == SPLIT) {
-        promote_block<SPLIT>(acc, part, &k_scales);
+        promote_block<SPLIT>(acc, part, slice, &k_scales);
       } else {
-        promote_block_scaled<SPLIT + kSplitStep>(acc, part, k_scales, split);
+        promote_block_scaled<SPLIT + kSplitStep>(acc, part, slice, k_scales, split);
       }
     }
   }

@@ -37,6 +37,12 @@ PLANS = {
     "e4m3_tensor_fast_accum_fp32": dict(dtype="e4m3", scale="tensor", fast_accum=True, out_dtype="fp32"),
     "e4m3_block_c1x2_128x192": dict(dtype="e4m3", scale="block", cluster_shape=(1, 2), tile_shape=(128, 192, 128)),
     "e4m3_block_64": dict(dtype="e4m3", scale="block", tile_shape=(128, 64, 128), cluster_shape=(1, 1)),
+    # promotion in two column slices (the kernel's PROMOTE_N): 128x256 (two B scale blocks, one per slice),
+    # 256x128 (two m64 blocks per warpgroup), 64x256 pingpong
+    "e4m3_block_128x256": dict(dtype="e4m3", scale="block", tile_shape=(128, 256, 128)),
+    "e4m3_block_256x128": dict(dtype="e4m3", scale="block", tile_shape=(256, 128, 128), cluster_shape=(1, 2)),
+    "e4m3_tensor_pingpong_64x256": dict(dtype="e4m3", scale="tensor", tile_shape=(64, 256, 128),
+                                        schedule="pingpong"),
     "e5m2_row_bf16": dict(dtype="e5m2", scale="row"),
     "e5m2_block_bf16": dict(dtype="e5m2", scale="block"),
     "e4m3_row_gelu_bias": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col"),
