@@ -303,8 +303,15 @@ struct Kernel {
   static_assert(kBlockScaled == (Cfg::Epilogue::kColBlocksSlot >= 0), "A and B are block-scaled together");
   static_assert(!kBlockScaled || kBlockK == Cfg::Epilogue::kScaleBlockK,
                 "a k tile is one scale block (8-bit types: BK = 128)");
-  static_assert(!Cfg::kPromote || 2 * MMA_BLOCKS_M * ACCUM <= 192,
-                "promotion keeps two sets of accumulators: the planner limits the tile (spec/config.py)");
+  // Promotion sums each k tile in slices of PROMOTE_N columns, one slice after the other into `part`, so that the
+  // tile's sums and one slice's fit the registers together: the whole tile up to 96 accumulators, halves beyond
+  // (128x256: 128 + 64; the halves re-read A from shared memory, which has the bandwidth to spare).
+  static constexpr int kPromotedMaxAccumulators = 96;  // spec/config.py SM90_PROMOTED_MAX_ACCUMULATORS
+  static constexpr int PROMOTE_N = MMA_BLOCKS_M * ACCUM <= kPromotedMaxAccumulators ? BN : BN / 2;
+  static constexpr int PROMOTE_SLICES = BN / PROMOTE_N;
+  static constexpr int SLICE_ACCUM = PROMOTE_N / 2;
+  static_assert(!Cfg::kPromote || MMA_BLOCKS_M * (ACCUM + SLICE_ACCUM) <= 2 * kPromotedMaxAccumulators,
+                "promotion keeps the tile's sums and a slice's: the planner limits the tile (spec/config.py)");
   static_assert(!kBlockScaled || BN <= 256, "a tile spans at most two 128-column scale blocks (BlockScales)");
 
   static constexpr bool STREAM_K = GEMMGEN_SM90_STREAM_K && SCHEDULE == Schedule::kCooperative;
@@ -682,23 +689,26 @@ struct Kernel {
   }
 
   // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
-  // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A).
-  template <typename A>
-  __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][ACCUM], uint64_t stage0_a,
-                                                      uint64_t stage0_b, int slot, bool accumulate) {
+  // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A). COLUMNS < BN:
+  // the slice of the tile's columns [column0, column0 + COLUMNS) only (B's rows there; promotion's slices).
+  template <int COLUMNS = BN, typename A, int N>
+  __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][N], uint64_t stage0_a,
+                                                      uint64_t stage0_b, int slot, bool accumulate, int column0 = 0) {
+    using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
+    static_assert(N == SliceMma::kAccum, "acc holds the slice's accumulators");
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
-      for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
+      for (int r = 0; r < N; ++r) ptx::fence_operand(acc[i][r]);
     ptx::wgmma_fence();
     const uint32_t stage = slot * (STAGE_BYTES / 16);
 #pragma unroll
     for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
-      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(0, kk));
+      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(column0, kk));
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
         const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
-        Mma::run(acc[i], desc_a, desc_b, (accumulate || kk > 0) ? 1 : 0);
+        SliceMma::run(acc[i], desc_a, desc_b, (accumulate || kk > 0) ? 1 : 0);
       }
     }
   }
@@ -742,21 +752,38 @@ struct Kernel {
   // scale_b (ceil(N/128) x ceil(K/128), row-major) at the tile's first 128-column block and the next (a tile of
   // BN <= 256 columns starting at a multiple of 64 spans at most two). Rows and blocks beyond the matrix are
   // clamped to its last ones: their products are zeros (TMA fills them so) and their D elements are not stored.
+  // The tile's columns 8j + (0..7) take the first block's scale for j < split, the next block's from there on.
   struct BlockScales {
     const float* a[MMA_BLOCKS_M][2];  // fragment rows (i, h): k block kb at a[i][h][kb]
     const float* b_first;             // k block kb at b_first[kb]
     const float* b_next;
-    int next_col;                     // the first column of the tile that b_next's block covers
+    int split;                        // in 8-column groups, a multiple of kSplitStep, 1 .. BN / 8
   };
   struct NoScales {};
   using Scales = std::conditional_t<kBlockScaled, BlockScales, NoScales>;
+  // One k block's scales as loaded (RawKBlockScales) and as promote takes them (KBlockScales: row scale times
+  // column block scale, per fragment row).
+  struct RawKBlockScales {
+    float a[MMA_BLOCKS_M][2];
+    float b_first, b_next;
+  };
+  struct KBlockScales {
+    float first[MMA_BLOCKS_M][2];
+    float next[MMA_BLOCKS_M][2];
+  };
+  // n0 is a multiple of BN, so the column where the next 128-wide scale block begins is a multiple of
+  // gcd(BN, 128): a few split points, each with a promote of its own (a select per element would cost more
+  // instructions than the additions it guards).
+  static constexpr int kScaleColumns = 128;
+  static constexpr int kSplitStep = (BN % kScaleColumns == 0 ? kScaleColumns
+                                     : BN % 64 == 0 ? 64 : BN % 32 == 0 ? 32 : BN % 16 == 0 ? 16 : 8) / 8;
 
   __device__ __forceinline__ static Scales block_scales(const GemmArgs& args, const Problem& p, int m0, int n0) {
     if constexpr (!kBlockScaled) {
       return {};
     } else {
       constexpr int kRowsSlot = Cfg::Epilogue::kRowBlocksSlot, kColsSlot = Cfg::Epilogue::kColBlocksSlot;
-      constexpr int kBlock = Cfg::Epilogue::kScaleBlockK;
+      static_assert(Cfg::Epilogue::kScaleBlockK == kScaleColumns, "B's scale blocks are square");
       const float* scale_a = static_cast<const float*>(args.ep_ptr[kRowsSlot]);
       const float* scale_b = static_cast<const float*>(args.ep_ptr[kColsSlot]);
       const int t = threadIdx.x % kWarpgroupThreads, warp = t / 32, lane = t % 32;
@@ -768,12 +795,45 @@ struct Kernel {
           const int row = min(m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h, p.m - 1);
           s.a[i][h] = scale_a + static_cast<int64_t>(row) * args.ep_ld[kRowsSlot];
         }
-      const int first_block = n0 / kBlock, last_block = (p.n - 1) / kBlock;
+      const int first_block = n0 / kScaleColumns, last_block = (p.n - 1) / kScaleColumns;
       s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot];
       s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot];
-      s.next_col = (first_block + 1) * kBlock - n0;
+      s.split = min((first_block + 1) * kScaleColumns - n0, BN) / 8;
       return s;
     }
+  }
+
+  // k block kb's scales, from L2 (the loads are issued two k tiles ahead of their use: see mainloop_promoted).
+  __device__ __forceinline__ static RawKBlockScales load_k_block_scales(const Scales& scales, int kb) {
+    RawKBlockScales raw{};
+    if constexpr (kBlockScaled) {
+      raw.b_first = __ldg(scales.b_first + kb);
+      raw.b_next = __ldg(scales.b_next + kb);
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) raw.a[i][h] = __ldg(scales.a[i][h] + kb);
+    }
+    return raw;
+  }
+
+  // The products promote takes. The empty asm pins the first use of the loaded values here: the compiler would
+  // otherwise multiply right after the loads and so wait for L2 there, inside the k tile they were meant to hide in.
+  __device__ __forceinline__ static KBlockScales scale_products(RawKBlockScales raw) {
+    KBlockScales k{};
+    if constexpr (kBlockScaled) {
+      ptx::fence_operand(raw.b_first);
+      ptx::fence_operand(raw.b_next);
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          ptx::fence_operand(raw.a[i][h]);
+          k.first[i][h] = raw.a[i][h] * raw.b_first;
+          k.next[i][h] = raw.a[i][h] * raw.b_next;
+        }
+    }
+    return k;
   }
 
   // The main loop of fp8 (PTX ISA §9.7.15: fp8 wgmma accumulates into fp32 registers, but its additions keep
@@ -791,55 +851,76 @@ struct Kernel {
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
       for (int r = 0; r < ACCUM; ++r) acc[i][r] = 0.f;
-    float part[MMA_BLOCKS_M][ACCUM];
+    float part[MMA_BLOCKS_M][SLICE_ACCUM];
+    // Block scales: k block kt's products in k_scales, kt + 1's loaded values in `ahead`, and kt + 2's loads issued
+    // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
+    KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_begin));
+    RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-      // This k block's scales, read before the waits so that their latency hides behind them.
-      float row_scale[MMA_BLOCKS_M][2], col_scale[2];
-      if constexpr (kBlockScaled) {
+      ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
+      RawKBlockScales later;
+#pragma unroll
+      for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
+        issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
+        ptx::wgmma_commit();
+        if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
+        ptx::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) row_scale[i][h] = __ldg(scales.a[i][h] + kt);
-        col_scale[0] = __ldg(scales.b_first + kt);
-        col_scale[1] = __ldg(scales.b_next + kt);
+          for (int r = 0; r < SLICE_ACCUM; ++r) ptx::fence_operand(part[i][r]);
+        if (slice == PROMOTE_SLICES - 1) release(smem, pos.stage, rank);
+        if constexpr (kBlockScaled) {
+          promote_block_scaled<kSplitStep>(acc, part, slice, k_scales, scales.split);
+        } else {
+          promote_block<BN / 8>(acc, part, slice, nullptr);
+        }
       }
-      ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
-      issue_k_tile(part, stage0_a, stage0_b, pos.stage, false);
-      ptx::wgmma_commit();
-      ptx::wgmma_wait<0>();
-#pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-        for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(part[i][r]);
-      release(smem, pos.stage, rank);
       pos.next();
-      promote(acc, part, row_scale, col_scale, scales);
+      k_scales = scale_products(ahead);
+      ahead = later;
     }
   }
 
-  // acc += part, each element times its row's and column block's scales under per-block scaling. Fragment
-  // layout as in store_direct: acc[i][4j + 2h + e] is row 16w + l/4 + 8h, column 8j + 2(l%4) + e.
-  __device__ __forceinline__ static void promote(float (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                 const float (&part)[MMA_BLOCKS_M][ACCUM],
-                                                 const float (&row_scale)[MMA_BLOCKS_M][2], const float (&col_scale)[2],
-                                                 const Scales& scales) {
-    const int lane_col = 2 * (threadIdx.x % 4);
+  // acc += part (no scales) or acc += part * its row's and column block's scale product (per-block scaling), part
+  // holding the tile's columns from slice * PROMOTE_N on; the columns 8j + (0..7) with j < SPLIT take the first
+  // block's scales. Fragment layout as in store_direct: acc[i][4j + 2h + e] is row 16w + l/4 + 8h, column
+  // 8j + 2(l%4) + e.
+  template <int SPLIT>
+  __device__ __forceinline__ static void promote_block(float (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                       const float (&part)[MMA_BLOCKS_M][SLICE_ACCUM], int slice,
+                                                       const KBlockScales* k_scales) {
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
-      for (int j = 0; j < BN / 8; ++j)
+      for (int js = 0; js < PROMOTE_N / 8; ++js)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const int r = 4 * j + 2 * h + e;
-            if constexpr (kBlockScaled) {
-              const float column = 8 * j + lane_col >= scales.next_col ? col_scale[1] : col_scale[0];
-              acc[i][r] = fmaf(part[i][r], row_scale[i][h] * column, acc[i][r]);
+            const int j = slice * (PROMOTE_N / 8) + js, r = 4 * j + 2 * h + e, rs = 4 * js + 2 * h + e;
+            if (k_scales == nullptr) {
+              acc[i][r] += part[i][rs];
             } else {
-              acc[i][r] += part[i][r];
+              acc[i][r] = fmaf(part[i][rs], j < SPLIT ? k_scales->first[i][h] : k_scales->next[i][h], acc[i][r]);
             }
           }
+  }
+
+  // promote_block at the tile's split point, found among its few possible values (a warp-uniform branch).
+  template <int SPLIT>
+  __device__ __forceinline__ static void promote_block_scaled(float (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                              const float (&part)[MMA_BLOCKS_M][SLICE_ACCUM],
+                                                              int slice, const KBlockScales& k_scales, int split) {
+    if constexpr (SPLIT >= BN / 8) {
+      promote_block<BN / 8>(acc, part, slice, &k_scales);
+    } else {
+      if (split == SPLIT) {
+        promote_block<SPLIT>(acc, part, slice, &k_scales);
+      } else {
+        promote_block_scaled<SPLIT + kSplitStep>(acc, part, slice, k_scales, split);
+      }
+    }
   }
 
   // int8's int32 sums as the epilogue takes them: fp32 values (exact up to 2^24), or for an int32 D their bits

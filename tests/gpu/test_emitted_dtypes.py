@@ -1,0 +1,86 @@
+"""An emitted package with the 8-bit types on the GPU (sm90): fp8 with per-block scales (promoted, two column
+slices), a mixed e5m2 x e4m3 rowwise op, int8 -> int32; pip-installed (--no-build-isolation --no-deps) and
+imported, each op checked against the float64 product of the same quantized operands and scales, bit-equal to the
+JIT op of the same plan, NaN-poisoned out= written, the same refusal of a bad scale as the JIT op, and gradients
+refused (fp8 and int8 ops are forward only).
+"""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("fp8 kernels are sm90 (an H100-class GPU)", allow_module_level=True)
+
+from generator import Gemm, dequantize, emit, quantize  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+from toolchain import find_cuda_home, pip_install_and_import  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+PACKAGE = "gemmgen_gpu_emitted_dtypes"
+PLANS = {
+    "fp8_block": dict(dtype="e4m3", scale="block", tile_shape=(128, 256, 128)),
+    "fp8_mixed_row": dict(dtype="e5m2", dtype_b="e4m3", scale="row"),
+    "int8": dict(dtype="int8", out_dtype="int32"),
+}
+SHAPES = [(256, 384, 512), (130, 200, 272), (1000, 1500, 1104)]
+#: ||D - ref|| / ||ref||: bf16 output rounding (fp8 ops); int8 -> int32 is exact.
+BOUND = {"fp8_block": 1e-2, "fp8_mixed_row": 1e-2, "int8": 0.0}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    cuda_home = find_cuda_home()
+    if cuda_home is None:
+        pytest.skip("nvcc not found (set CUDA_HOME): cannot build the emitted package")
+    root = tmp_path_factory.mktemp("emitted_dtypes")
+    plans = {op: Gemm(layout="tn", arch=90, **kw) for op, kw in PLANS.items()}
+    pkg = emit(list(plans.values()), name=PACKAGE, out=root / PACKAGE, op_names=list(plans))
+    module, _ = pip_install_and_import(pkg, PACKAGE, root, cuda_home)
+    jit = dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen_emitted_dtypes_jit")))
+    return {"module": module, "plans": plans, "jit": jit}
+
+
+def operands(op: str, m: int, n: int, k: int):
+    """The op's arguments and the float64 product they stand for."""
+    if op == "int8":
+        a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
+        w = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
+        return (a, w.t()), a.double() @ w.double().t()
+    scale = PLANS[op]["scale"]
+    dtype_a, dtype_b = PLANS[op]["dtype"], PLANS[op].get("dtype_b", PLANS[op]["dtype"])
+    block_a, block_w = ((1, 128), (128, 128)) if scale == "block" else (None, None)
+    a, sa = quantize(torch.randn(m, k, device="cuda"), dtype_a, scale=scale)
+    w, sw = quantize(torch.randn(n, k, device="cuda"), dtype_b, scale=scale, block=block_w)
+    ref = dequantize(a, sa, scale=scale, block=block_a).double() @ dequantize(w, sw, scale=scale,
+                                                                              block=block_w).double().t()
+    return (a, w.t(), sa, sw), ref
+
+
+@pytest.mark.parametrize("op", PLANS)
+def test_numerics_and_the_jit_op(installed, op):
+    fn, jit = getattr(installed["module"], op), installed["jit"][op]
+    for m, n, k in SHAPES:
+        args, ref = operands(op, m, n, k)
+        out = jit._empty_out(args[0], args[1])
+        out.fill_(float("nan") if out.is_floating_point() else -1)
+        assert fn(*args, out=out) is out
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err <= BOUND[op], f"{op} {m}x{n}x{k}: {err:.2e} > {BOUND[op]}"
+        assert torch.equal(out, jit(*args)), f"{op} {m}x{n}x{k}: differs from the JIT op"
+
+
+def test_bad_scale_and_gradients_are_refused_as_by_the_jit_op(installed):
+    fn, jit = installed["module"].fp8_block, installed["jit"]["fp8_block"]
+    (a, b, sa, sb), _ = operands("fp8_block", 256, 256, 384)
+    messages = []
+    for f in (fn, jit):
+        with pytest.raises(ValueError, match="scale_a") as info:
+            f(a, b, sa[:, :2], sb)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    assert installed["module"].PLANS["fp8_block"]["differentiable"] is False
+    with pytest.raises(RuntimeError, match="no backward"):
+        fn(a, b, sa.requires_grad_(), sb)
+    assert torch.isfinite(fn(a, b, sa.detach(), sb)).all()
