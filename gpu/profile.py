@@ -2,6 +2,7 @@
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/profile.py --schedule pingpong --cluster 1x1
     ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/profile.py --family sm80 --tile 128x256x32
     ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/profile.py --cublas   (torch.matmul, same data)
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/profile.py --dtype e4m3 --scale block
 """
 from __future__ import annotations
 
@@ -31,8 +32,13 @@ def main() -> None:
     parser.add_argument("--raster", default=None)
     parser.add_argument("--activation", default=None, help="a fused epilogue activation (no operands), e.g. gelu_tanh")
     parser.add_argument("--cublas", action="store_true", help="run torch.matmul on the same operands instead")
+    parser.add_argument("--scale", default=None, choices=["tensor", "row", "block"],
+                        help="fp8 (--dtype e4m3, layout tn): quantized operands with scales of this mode")
     args = parser.parse_args()
     (m, n, k), = parse_shapes(args.shape)
+    if args.scale:
+        run_fp8(args, m, n, k)
+        return
     # bench.py's operands: strided as --layout says (the plan refuses others), so --cublas sees the same.
     a, b = operands(args.layout, m, n, k, DTYPES[args.dtype])
     if args.cublas:
@@ -47,6 +53,19 @@ def main() -> None:
     op = plan.compile()
     for _ in range(5):
         op(a, b)
+    torch.cuda.synchronize()
+    print(plan.name)
+
+
+def run_fp8(args: argparse.Namespace, m: int, n: int, k: int) -> None:
+    """The planned fp8 kernel with scales (bench_dtypes' operands: quantized x and W, their scales)."""
+    from bench_dtypes import fp8_case
+    plan = Gemm("e4m3", "tn", out_dtype="bf16", scale=args.scale, m=m, n=n, k=k, tile_shape=args.tile,
+                stages=args.stages, schedule=args.schedule, cluster_shape=args.cluster)
+    case = fp8_case(f"fp8_{args.scale}", plan, m, n, k)
+    op = plan.compile()
+    for _ in range(5):
+        op(*case.args)
     torch.cuda.synchronize()
     print(plan.name)
 
