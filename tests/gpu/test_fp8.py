@@ -161,3 +161,20 @@ def test_k_zero_and_unaligned_rows(ops):
     # K = 40: rows of 40 bytes break TMA's 16-byte rule: the unaligned kernel applies the block scales itself
     (a, b, sa, sb), ref_a, ref_b = quantized("e4m3", "block", 130, 200, 40)
     assert rel(op(a, b, sa, sb), ref_a @ ref_b) <= BOUNDS["bf16"]
+
+
+@pytest.mark.parametrize("key", ["e4m3_block_bf16", "e5m2xe4m3_row", "e4m3_tensor_fast_accum"])
+def test_opcheck_and_compile_fullgraph(ops, key):
+    """The real kernels through torch.library.opcheck (default and .out) and torch.compile(fullgraph=True) with
+    a dynamic M: the same values as the eager op."""
+    op = ops[key]
+    dtype, scale = PLANS[key]["dtype"], PLANS[key]["scale"]
+    for m, n, k in ((256, 384, 512), (130, 200, 272)):
+        args, _, _ = quantized(dtype, scale, m, n, k, PLANS[key].get("dtype_b"))
+        assert set(torch.library.opcheck(op.op.default, args).values()) == {"SUCCESS"}
+        result = torch.library.opcheck(op.op.out, args, {"out": op._empty_out(args[0], args[1])})
+        assert set(result.values()) == {"SUCCESS"}, result
+    compiled = torch.compile(lambda *xs: op.op.default(*xs).float().relu(), fullgraph=True, dynamic=True)
+    for m in (128, 96, 200):
+        args, _, _ = quantized(dtype, scale, m, 256, 384, PLANS[key].get("dtype_b"))
+        assert torch.equal(compiled(*args), op(*args).float().relu())

@@ -84,3 +84,19 @@ def test_bad_inputs_raise_and_keep_the_process_working(ops):
     with pytest.raises(RuntimeError, match="no backward"):
         ops["row_bf16_silu"](a, b, scale.clone().requires_grad_(), scale)
     assert torch.equal(op(a, b).double(), ref)
+
+
+@pytest.mark.parametrize("key", ["int32", "int32_sm80"])
+def test_opcheck_and_compile_fullgraph(ops, key):
+    """The real kernels through torch.library.opcheck (default and .out) and torch.compile(fullgraph=True) with
+    a dynamic M: equal to the eager op."""
+    op = ops[key]
+    for m, n, k in ((256, 384, 512), (130, 200, 272)):
+        a, b, _ = operands(m, n, k)
+        assert set(torch.library.opcheck(op.op.default, (a, b)).values()) == {"SUCCESS"}
+        result = torch.library.opcheck(op.op.out, (a, b), {"out": op._empty_out(a, b)})
+        assert set(result.values()) == {"SUCCESS"}, result
+    compiled = torch.compile(lambda a, b: op.op.default(a, b) * 2, fullgraph=True, dynamic=True)
+    for m in (128, 96, 200):
+        a, b, _ = operands(m, 256, 384)
+        assert torch.equal(compiled(a, b), op(a, b) * 2)
