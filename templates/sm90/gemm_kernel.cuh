@@ -837,10 +837,11 @@ struct Kernel {
   }
 
   // The main loop of fp8 (PTX ISA §9.7.15: fp8 wgmma accumulates into fp32 registers, but its additions keep
-  // fewer bits than fp32): each k tile is summed alone in `part`, then added into acc in fp32 ("promotion", as
-  // DeepGEMM and CUTLASS do), times its scales under per-block scaling (a k tile is one 128-wide scale block).
-  // The wait for part ends this warpgroup's overlap of k tiles; the other consumer warpgroup's wgmmas keep the
-  // tensor cores busy meanwhile. The ring protocol is mainloop's.
+  // fewer bits than fp32): each k tile is summed alone in `part` (whole, or slice by slice: PROMOTE_N), then added
+  // into acc in fp32 ("promotion", as DeepGEMM and CUTLASS do), times its scales under per-block scaling (a k tile
+  // is one 128-wide scale block). The wait for part ends this warpgroup's overlap of k tiles (ptxas serializes
+  // every wgmma if registers of a finished group are read while another group is in flight: docs/dtypes.md); the
+  // other consumer warpgroup's wgmmas keep the tensor cores busy meanwhile. The ring protocol is mainloop's.
   __device__ __forceinline__ static void mainloop_promoted(const Problem& p, const Smem& smem,
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                            RingPos& pos, uint32_t rank, int kt_begin, int kt_end,
