@@ -5,7 +5,9 @@
 
 --variant adds rows with the planner's choice overridden by Gemm knobs (name=knob:value,...; a tuple as AxBxC;
 tile:BMxBN is tile_shape with each type's BK), labelled mode@name, next to the planner's own rows: the
-measurements behind the planner's fp8/int8/tf32 tables.
+measurements behind the planner's fp8/int8/tf32 tables. define:MACRO=VALUE (several joined by +) builds the
+variant's kernels with those preprocessor switches of the templates' experiments instead (as gpu/ab_variants.py,
+which takes no epilogue operands), e.g. --variant trim=define:GEMMGEN_SOME_SWITCH=1.
 
 Rows (layout tn: A row-major M x K, B = W.t() of a row-major N x K weight W, as torch._scaled_mm and
 torch._int_mm take them):
@@ -26,7 +28,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -37,7 +39,8 @@ sys.path.insert(0, str(HERE))
 
 from bench import parse_shapes, tflops  # noqa: E402
 from generator import Gemm, quantize  # noqa: E402
-from generator.runtime import compile_many  # noqa: E402
+from generator.build import build_many  # noqa: E402
+from generator.runtime import GemmOp, KernelLibrary, build_request, compile_many  # noqa: E402
 from generator.spec.config import sm90_block_k  # noqa: E402
 from generator.spec.types import DType  # noqa: E402
 
@@ -86,7 +89,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, object]]:
 
 
 def plan_for(mode: str, m: int, n: int, k: int, knobs: dict[str, object] | None = None) -> Gemm:
-    knobs = dict(knobs or {})
+    knobs = {key: value for key, value in (knobs or {}).items() if key != "define"}
     if "tile" in knobs:
         dtype = DType("e4m3" if mode.startswith("fp8") else mode)
         knobs["tile_shape"] = (*knobs.pop("tile"), sm90_block_k(dtype))
@@ -138,6 +141,25 @@ def tf32_case(plan: Gemm, m: int, n: int, k: int) -> Case:
     return Case(plan, (a, b), {"cublas_tf32": cublas_tf32}, lambda: a.double() @ b.double())
 
 
+def build_ops(work: list, knobs_by_variant: dict[str, dict[str, object]]) -> list:
+    """One op per row of ``work``: the planner's and knob variants' in one parallel build; a variant with
+    preprocessor switches (define:...) built apart with them, its ops in a namespace of their own."""
+    def defines(name: str) -> tuple[str, ...]:
+        return tuple(f"-D{d}" for d in str(knobs_by_variant[name].get("define", "")).split("+") if d)
+
+    plain = [i for i, (_, name, *_) in enumerate(work) if not defines(name)]
+    ops: list = [None] * len(work)
+    for i, op in zip(plain, compile_many([work[i][-1].config for i in plain], namespace="gemmgen_bench_dtypes")):
+        ops[i] = op
+    switched = [i for i in range(len(work)) if i not in plain]
+    if switched:
+        configs = [work[i][-1].config for i in switched]
+        requests = [replace(build_request(c), extra_flags=defines(work[i][1])) for i, c in zip(switched, configs)]
+        for i, c, result in zip(switched, configs, build_many(requests)):
+            ops[i] = GemmOp(c, KernelLibrary.load(result.library, c.name), f"gemmgen_bench_dtypes_{work[i][1]}")
+    return ops
+
+
 def make_case(mode: str, plan: Gemm, m: int, n: int, k: int) -> Case:
     if mode.startswith("fp8"):
         return fp8_case(mode, plan, m, n, k)
@@ -181,7 +203,7 @@ def main() -> int:
     variants = [("", {})] + [parse_variant(v) for v in args.variant]
     work = [(mode, name, shape, plan_for(mode, *shape, knobs)) for mode in modes for shape in shapes
             for name, knobs in variants]
-    ops = compile_many([plan.config for *_, plan in work], namespace="gemmgen_bench_dtypes")
+    ops = build_ops(work, dict(variants))
     rows: list[Row] = []
     ok = True
     for (mode, name, (m, n, k), plan), op in zip(work, ops):
