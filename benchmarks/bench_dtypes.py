@@ -7,7 +7,8 @@
 tile:BMxBN is tile_shape with each type's BK), labelled mode@name, next to the planner's own rows: the
 measurements behind the planner's fp8/int8/tf32 tables. define:MACRO=VALUE (several joined by +) builds the
 variant's kernels with those preprocessor switches of the templates' experiments instead (as gpu/ab_variants.py,
-which takes no epilogue operands), e.g. --variant trim=define:GEMMGEN_SOME_SWITCH=1.
+which takes no epilogue operands), e.g. --variant trim=define:GEMMGEN_SOME_SWITCH=1; stream_k:1 sets
+KernelConfig.stream_k (not planned yet), e.g. --variant sk=stream_k:1,schedule:cooperative,cluster_shape:1x1.
 
 Rows (layout tn: A row-major M x K, B = W.t() of a row-major N x K weight W, as torch._scaled_mm and
 torch._int_mm take them):
@@ -41,7 +42,7 @@ from bench import parse_shapes, tflops  # noqa: E402
 from generator import Gemm, quantize  # noqa: E402
 from generator.build import build_many  # noqa: E402
 from generator.runtime import GemmOp, KernelLibrary, build_request, compile_many  # noqa: E402
-from generator.spec.config import sm90_block_k  # noqa: E402
+from generator.spec.config import KernelConfig, sm90_block_k  # noqa: E402
 from generator.spec.types import DType  # noqa: E402
 
 MODES = ("fp8_tensor", "fp8_tensor_fast", "fp8_row", "fp8_block", "int8", "tf32")
@@ -75,6 +76,10 @@ class Case:
     reference: Callable[[], torch.Tensor]
 
 
+#: Variant knobs that are not Gemm's: template switches (define) and config fields not yet planned (stream_k).
+CONFIG_ONLY_KNOBS = ("define", "stream_k")
+
+
 def parse_variant(text: str) -> tuple[str, dict[str, object]]:
     """'name=knob:value,...' -> (name, Gemm keyword arguments); values AxBxC become tuples, digits ints."""
     name, _, spec = text.partition("=")
@@ -89,7 +94,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, object]]:
 
 
 def plan_for(mode: str, m: int, n: int, k: int, knobs: dict[str, object] | None = None) -> Gemm:
-    knobs = {key: value for key, value in (knobs or {}).items() if key != "define"}
+    knobs = {key: value for key, value in (knobs or {}).items() if key not in CONFIG_ONLY_KNOBS}
     if "tile" in knobs:
         dtype = DType("e4m3" if mode.startswith("fp8") else mode)
         knobs["tile_shape"] = (*knobs.pop("tile"), sm90_block_k(dtype))
@@ -147,13 +152,17 @@ def build_ops(work: list, knobs_by_variant: dict[str, dict[str, object]]) -> lis
     def defines(name: str) -> tuple[str, ...]:
         return tuple(f"-D{d}" for d in str(knobs_by_variant[name].get("define", "")).split("+") if d)
 
+    def config(i: int) -> KernelConfig:
+        name, plan = work[i][1], work[i][-1]
+        return replace(plan.config, stream_k=True) if knobs_by_variant[name].get("stream_k") else plan.config
+
     plain = [i for i, (_, name, *_) in enumerate(work) if not defines(name)]
     ops: list = [None] * len(work)
-    for i, op in zip(plain, compile_many([work[i][-1].config for i in plain], namespace="gemmgen_bench_dtypes")):
+    for i, op in zip(plain, compile_many([config(i) for i in plain], namespace="gemmgen_bench_dtypes")):
         ops[i] = op
     switched = [i for i in range(len(work)) if i not in plain]
     if switched:
-        configs = [work[i][-1].config for i in switched]
+        configs = [config(i) for i in switched]
         requests = [replace(build_request(c), extra_flags=defines(work[i][1])) for i, c in zip(switched, configs)]
         for i, c, result in zip(switched, configs, build_many(requests)):
             ops[i] = GemmOp(c, KernelLibrary.load(result.library, c.name), f"gemmgen_bench_dtypes_{work[i][1]}")

@@ -1016,3 +1016,21 @@ def test_epilogue_refusals_name_the_fix() -> None:
 def test_epilogue_argument_must_be_a_function() -> None:
     with pytest.raises(ValueError, match=r"epilogue='gelu': give a function of the accumulator and its operands"):
         Gemm("bf16", "tn", arch=90, epilogue="gelu")
+
+
+def test_stream_k_is_a_cooperative_sm90_config_field_with_its_own_name() -> None:
+    """KernelConfig.stream_k (an experiment: not planned, not a Gemm knob): the name says it (``_sk``), and a
+    schedule or type the kernel cannot cut is refused with the fix."""
+    base = Gemm("bf16", "tn", arch=90, tile_shape=(128, 256, 64), schedule="cooperative").config
+    cut = replace(base, stream_k=True)
+    check_config(cut)
+    assert "_coop_sk_" in cut.name and "_sk" not in base.name
+    assert not Gemm("bf16", "tn", arch=90, m=128, n=4096, k=4096).config.stream_k   # never planned
+    with pytest.raises(ValueError, match="stream_k is built for the sm90 cooperative schedule; this config is sm90 "
+                                         "pingpong: use family='sm90', schedule='cooperative'"):
+        check_config(replace(Gemm("bf16", "tn", arch=90, schedule="pingpong").config, stream_k=True))
+    with pytest.raises(ValueError, match="stream_k is built for the sm90 cooperative schedule; this config is sm80"):
+        check_config(replace(Gemm("bf16", "tn", arch=80).config, stream_k=True))
+    int8 = Gemm("int8", "tn", arch=90, tile_shape=(128, 256, 128), schedule="cooperative").config
+    with pytest.raises(ValueError, match="int8's int32 sums"):
+        check_config(replace(int8, stream_k=True))

@@ -1,7 +1,8 @@
 """The sm90 stream-K partition (templates/sm90/gemm_kernel.cuh, StreamK), checked on the host: the
 struct compiled by nvcc into a small host program (CPU only, no GPU).
 
-What the kernel relies on, for every problem size and grid: whole units (in waves) and the shares of the
+What the kernel relies on, for every problem size and grid (the launch starts at most units x k_tiles clusters;
+with fewer units than clusters every unit is cut): whole units (in waves) and the shares of the
 cut tail cover each (work unit, k tile) iteration exactly once; no share of a cut tail is empty; a unit
 cut between clusters has exactly one owner (the cluster with its k = 0 iteration, for which it is the
 last segment) and its other parts are the first segments of the clusters the owner waits for (those
@@ -83,6 +84,14 @@ int main() {
   check(1, 1, 1);
   check(1, 7, 7);
   check(3, 5, 15);
+  // Fewer units than clusters (a small M: 128x4096 in 128x64 tiles, 32 or 64 k tiles, 132 clusters of one
+  // block): every unit is cut, no whole waves, each unit's k tiles split among consecutive clusters.
+  check(64, 32, 132);
+  check(64, 64, 132);
+  check(16, 64, 132);
+  const StreamK small(64, 32, 132);
+  CHECK(small.whole_waves == 0 && small.tail_begin == 0, "128x4096x4096: %d whole waves, tail at %lld",
+        small.whole_waves, static_cast<long long>(small.tail_begin));
   for (int units = 1; units <= 12; ++units)
     for (int k_tiles = 1; k_tiles <= 9; ++k_tiles)
       for (int clusters = 1; clusters <= units * k_tiles && clusters <= 40; ++clusters) check(units, k_tiles, clusters);

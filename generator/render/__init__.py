@@ -67,6 +67,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
                 "schedule": cfg.schedule,           # "ws" | "cooperative" | "pingpong"
                 "raster": cfg.raster,               # "m" | "n"
                 "promote": cfg.promoted,            # fp8: each k tile added into fp32 accumulators
+                "stream_k": cfg.stream_k,
                 "raster_group": cfg.raster_group,
                 **layout}
     return {**common, "wm": cfg.warps[0], "wn": cfg.warps[1], "raster_group": cfg.raster_group, **layout}

@@ -96,6 +96,10 @@ class KernelConfig:
     epilogue: Epilogue = IDENTITY    # what is done to the fp32 accumulator before D is stored (resolved dtypes)
     fast_accum: bool = False         # fp8: sum all of K inside wgmma (torch's use_fast_accum), no promotion
     dtype_b: DType | None = None     # B's element type where it differs from A's (fp8: e4m3 x e5m2); None: dtype
+    # sm90 cooperative: stream-K, the (tile, k tile) iterations of the last partial wave of tiles, or of all of
+    # them when there are fewer tiles than SMs, cut into equal shares, partial sums added in a fixed order. Not
+    # planned and not a Gemm knob yet (not measured on a GPU): set on a config for experiments (bench_dtypes).
+    stream_k: bool = False
 
     @property
     def b_dtype(self) -> DType:
@@ -119,7 +123,7 @@ class KernelConfig:
         if self.family == "sm90":
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
-            fast = "_fa" if self.fast_accum else ""
+            fast = ("_fa" if self.fast_accum else "") + ("_sk" if self.stream_k else "")
             return (f"sm90_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{fast}"
                     f"_g{self.raster_group}{self.raster}{out}{self.epilogue.name_suffix}")
         warps = "x".join(map(str, self.warps)) if self.warps else "None"
@@ -259,6 +263,9 @@ def _describe_sm90(cfg: KernelConfig) -> str:
         f"raster:       {describe_raster(cfg)}",
         f"threads:      {SM90_THREADS} (1 producer warpgroup + 2 consumer warpgroups)",
     ]
+    if cfg.stream_k:
+        lines.append("stream-K:     the last partial wave of tiles (every tile, when there are fewer tiles than SMs) "
+                     "cut into equal shares of k tiles; partial sums added in a fixed order")
     return "\n".join(lines)
 
 
@@ -450,6 +457,17 @@ def check_config(cfg: KernelConfig) -> None:
                          f"(TMA + wgmma, arch 90)")
     if cfg.epilogue.scale_mode == "block":
         check_block_scales(cfg)
+    if cfg.stream_k:
+        check_stream_k(cfg)
+
+
+def check_stream_k(cfg: KernelConfig) -> None:
+    """Stream-K (KernelConfig.stream_k): the sm90 cooperative schedule, whose partial tiles are added as fp32."""
+    if cfg.family != "sm90" or cfg.schedule != "cooperative":
+        raise ValueError(f"stream_k is built for the sm90 cooperative schedule; this config is {cfg.family} "
+                         f"{cfg.schedule or ''}".rstrip() + ": use family='sm90', schedule='cooperative'")
+    if cfg.dtype is DType.int8:
+        raise ValueError("stream_k adds partial tiles as fp32, which int8's int32 sums are not: leave stream_k off")
 
 
 def sm90_knob_sentence(knob: str, arch: int) -> str:

@@ -37,6 +37,9 @@ struct Config {
   static constexpr bool kDRowMajor = true;
   // fp8: each k tile summed inside wgmma, then added into fp32 accumulators (false: fast accumulation).
   static constexpr bool kPromote = false;
+  // Stream-K: the iterations of the last partial wave of tiles (all of them with fewer tiles than SMs) in equal
+  // shares, partial sums added in a fixed order (gemm_kernel.cuh StreamK).
+  static constexpr bool kStreamK = false;
 
 
   struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)

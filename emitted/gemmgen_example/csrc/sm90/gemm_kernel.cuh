@@ -56,7 +56,9 @@ namespace sm90 {
 // work queued ahead of its own. (Cutting every unit into equal shares instead, v1 of this experiment,
 // ran 25-55 % slower: each cluster walked its own stretch of the matrix, and L2 reuse was lost.)
 // A tail of fewer iterations than clusters (an empty share could not be told from a missing part)
-// stays data-parallel.
+// stays data-parallel. With fewer units than clusters (a small M), every unit is cut: the launch then
+// starts at most units x k_tiles clusters, and each unit's k tiles are split among consecutive clusters
+// (split-K, summed in cluster order).
 struct StreamK {
   struct Segment {
     int unit, kt_begin, kt_end;  // k tiles [kt_begin, kt_end) of work unit `unit`
@@ -68,8 +70,8 @@ struct StreamK {
 
   __host__ __device__ __forceinline__ StreamK(int units_, int k_tiles_, int clusters_)
       : units(units_), k_tiles(k_tiles_), clusters(clusters_) {
-    const int rest = units % clusters;
-    const bool cut = rest > 0 && units > clusters && static_cast<int64_t>(rest) * k_tiles >= clusters;
+    const int rest = units % clusters;  // all of them when there are fewer units than clusters
+    const bool cut = rest > 0 && static_cast<int64_t>(rest) * k_tiles >= clusters;
     whole_waves = cut ? units / clusters : (units + clusters - 1) / clusters;
     tail_begin = static_cast<int64_t>(cut ? units - rest : units) * k_tiles;
   }
@@ -314,7 +316,7 @@ struct Kernel {
                 "promotion keeps the tile's sums and a slice's: the planner limits the tile (spec/config.py)");
   static_assert(!kBlockScaled || BN <= 256, "a tile spans at most two 128-column scale blocks (BlockScales)");
 
-  static constexpr bool STREAM_K = GEMMGEN_SM90_STREAM_K && SCHEDULE == Schedule::kCooperative;
+  static constexpr bool STREAM_K = (GEMMGEN_SM90_STREAM_K || Cfg::kStreamK) && SCHEDULE == Schedule::kCooperative;
   // int8: wgmma sums into int32 registers (Accum); after the main loop they go on to the epilogue as fp32 values,
   // or, for an int32 D, as their bits in float variables (stored as they are: from_accumulator).
   using Accum = typename Mma::Accum;

@@ -260,7 +260,9 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, c
 
   const auto problem = K::problem(*args);
   const bool stream_k = K::STREAM_K && problem.k_tiles > 0;
-  const int64_t work = problem.units;  // stream-K too: it cuts only the last, partial wave of units
+  // Stream-K cuts the last, partial wave of units; with fewer units than resident clusters, all of their k tiles
+  // (StreamK: no share may be empty, hence at most units x k_tiles clusters).
+  const int64_t work = stream_k ? problem.units * problem.k_tiles : problem.units;
   int64_t clusters = work;
   if (K::PERSISTENT) {
     int resident = 0;

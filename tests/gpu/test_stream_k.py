@@ -1,0 +1,72 @@
+"""Stream-K on the GPU (KernelConfig.stream_k, sm90 cooperative): a partial last wave of tiles cut into equal
+shares, and a small M whose tiles are fewer than the SMs (every tile's k tiles split among clusters), for 16-bit,
+fp8 (promoted, per-block scales) and tf32 inputs; against a float64 reference, NaN-poisoned outputs, and
+bit-identical results across repeated runs (the partial sums are added in a fixed order)."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("stream-K is built for the sm90 family (an H100-class GPU)", allow_module_level=True)
+
+from generator import Gemm, dequantize, quantize  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+PLANS = {
+    "bf16": dict(dtype="bf16"),
+    "bf16_c1x1_128x64": dict(dtype="bf16", tile_shape=(128, 64, 64), cluster_shape=(1, 1)),
+    "e4m3_block": dict(dtype="e4m3", scale="block", tile_shape=(128, 64, 128), cluster_shape=(1, 1)),
+    "tf32": dict(dtype="tf32", tile_shape=(128, 64, 32), cluster_shape=(1, 1)),
+}
+#: Small M (fewer tiles than SMs: all cut), a partial last wave, ragged sizes with a ragged last k tile.
+SHAPES = [(128, 4096, 4096), (1, 1000, 2048), (2048, 4096, 512), (300, 520, 1104)]
+BOUND = {"bf16": 1e-2, "e4m3": 1e-2, "tf32": 2e-3}
+
+
+@pytest.fixture(scope="module")
+def ops():
+    configs = {key: replace(Gemm(layout="tn", arch=90, schedule="cooperative", **kw).config, stream_k=True)
+               for key, kw in PLANS.items()}
+    return dict(zip(configs, compile_many(list(configs.values()), namespace="gemmgen_stream_k_test")))
+
+
+def operands(dtype: str, m: int, n: int, k: int):
+    """The op's arguments and their float64 product."""
+    x, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+    if dtype == "e4m3":
+        a, sa = quantize(x, "e4m3", scale="block")
+        q, sw = quantize(w, "e4m3", scale="block", block=(128, 128))
+        ref = (dequantize(a, sa, scale="block", block=(1, 128)).double()
+               @ dequantize(q, sw, scale="block", block=(128, 128)).double().t())
+        return (a, q.t(), sa, sw), ref
+    t = {"bf16": torch.bfloat16, "tf32": torch.float32}[dtype]
+    a, b = x.to(t), w.to(t).t()
+    return (a, b), a.double() @ b.double()
+
+
+@pytest.mark.parametrize("key", list(PLANS))
+def test_against_float64_and_repeatable(ops, key):
+    op = ops[key]
+    assert "_sk_" in op.name
+    dtype = PLANS[key]["dtype"]
+    for m, n, k in SHAPES:
+        args, ref = operands(dtype, m, n, k)
+        out = op._empty_out(args[0], args[1]).fill_(float("nan"))
+        op(*args, out=out)
+        assert torch.isfinite(out).all(), f"{op.name} {m}x{n}x{k}: unwritten elements"
+        err = ((out.double() - ref).norm() / ref.norm()).item()
+        assert err <= BOUND[dtype], f"{op.name} {m}x{n}x{k}: {err:.2e} > {BOUND[dtype]}"
+        for _ in range(3):   # the owner adds the parts in cluster order: the same bits every run
+            assert torch.equal(op(*args), out), f"{op.name} {m}x{n}x{k}: differs between runs"
+
+
+def test_k_zero(ops):
+    op = ops["bf16"]
+    a = torch.randn(70, 0, device="cuda").bfloat16()
+    b = torch.randn(0, 90, device="cuda").bfloat16()
+    assert (op(a, b) == 0).all()
