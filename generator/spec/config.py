@@ -123,8 +123,8 @@ class KernelConfig:
         if self.family == "sm90":
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
-            fast = ("_fa" if self.fast_accum else "") + ("_sk" if self.stream_k else "")
-            return (f"sm90_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{fast}"
+            tags = ("_fa" if self.fast_accum else "") + ("_sk" if self.stream_k else "")
+            return (f"sm90_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{tags}"
                     f"_g{self.raster_group}{self.raster}{out}{self.epilogue.name_suffix}")
         warps = "x".join(map(str, self.warps)) if self.warps else "None"
         return (f"{self.family}_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}"
