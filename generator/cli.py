@@ -516,14 +516,15 @@ def cmd_emit(args: argparse.Namespace) -> int:
         print(f"  {name}.{op.name}  ({inputs} -> {op.config.out_dtype.value}, layout "
               f"{op.config.layout.tag}{fused}, kernel {op.config.name}, sm_{op.config.arch})")
     forward_only = [op.name for op in ops if not op.differentiable]
-    if autograd and len(forward_only) < len(ops):
-        print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
-              "(--no-autograd leaves them out)")
-    if autograd and forward_only:
-        print(f"autograd: forward only (fp8 and int8 refuse inputs that require grad): {', '.join(forward_only)}")
-    else:
+    if not autograd:
         why = "--no-autograd" if args.autograd is False else 'the plans file says "autograd": false'
         print(f"autograd: none ({why}): the ops are not differentiable")
+    else:
+        if len(forward_only) < len(ops):
+            print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
+                  "(--no-autograd leaves them out)")
+        if forward_only:
+            print(f"autograd: forward only (fp8 and int8 refuse inputs that require grad): {', '.join(forward_only)}")
     print(f"install: pip install --no-build-isolation {out}")
     return 0
 

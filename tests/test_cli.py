@@ -272,6 +272,15 @@ def test_emit_one_plan_from_the_knobs(tmp_path):
     assert files_of(out) == files_of(expected)
 
 
+def test_emit_says_which_ops_are_forward_only(tmp_path):
+    """fp8 ops are forward only, beside a differentiable bf16 op in the same package."""
+    status, out, err = run_main("emit", "--arch", "90", "--plan", "dtype=e4m3,scale=row", "--plan", "dtype=bf16",
+                                "--name", "q", "--out", str(tmp_path / "q"))
+    assert status == 0, err
+    assert "autograd: differentiable, with" in out and "autograd: none" not in out
+    assert "autograd: forward only (fp8 and int8 refuse inputs that require grad): gemm_e4m3_tn_" in out
+
+
 def test_emit_several_plans_and_op_names(tmp_path):
     r = cli("emit", "--arch", "80", "--plan", "dtype=bf16", "--plan", "dtype=fp16,out_dtype=fp32,op_name=mm_f32",
             "--plan", "layout=nt,layout_c=col,arch=90,family=sm80,tile=128x128x32,warps=2x2,stages=3,raster_group=4",
@@ -576,6 +585,7 @@ def test_emit_epilogue_plans(epilogue_file, tmp_path):
            "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_ep_gelutanh_cbias_" in out
     # differentiable: the 8 backward kernels of bf16 sm_90 and the one recomputing acc in fp32
     assert "autograd: differentiable, with 9 backward kernel(s) in the package" in out
+    assert "autograd: none" not in out and "autograd: forward only" not in out
     expected = emit([Gemm("bf16", "tn", arch=90, activation="gelu_tanh", bias="col")], name="ep", out=tmp_path / "api")
     assert files_of(tmp_path / "a") == files_of(expected)
     # --plan keys, beside a plain plan; a --plans file of the package re-emits it
