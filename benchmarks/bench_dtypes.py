@@ -228,8 +228,8 @@ def main() -> int:
         ok &= row.rel_error <= BOUNDS[mode]
         rows.append(row)
         base = "  ".join(f"{name} {value:7.1f} ({row.ratios[name]:.3f}x)" for name, value in row.baselines.items())
-        print(f"{row.mode:10s} {m}x{n}x{k:<6d} ours {row.ours_tflops:7.1f}  {base}  err {row.rel_error:.1e}  {row.kernel}",
-              flush=True)
+        print(f"{row.mode:10s} {m}x{n}x{k:<6d} ours {row.ours_tflops:7.1f}  {base}  err {row.rel_error:.1e}  "
+              f"{row.kernel}", flush=True)
     if args.json:
         meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rounds": args.rounds}
         Path(args.json).write_text(json.dumps({"meta": meta, "rows": [asdict(r) for r in rows]}, indent=1))

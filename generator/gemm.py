@@ -21,7 +21,8 @@ from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
 from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, from_knobs, trace, with_scales
-from .spec.types import PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype, parse_input_dtype, parse_layout
+from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype,
+                         parse_input_dtype, parse_layout)
 
 if TYPE_CHECKING:
     from .runtime.op import GemmOp
@@ -251,7 +252,8 @@ class Gemm:
 
     @out_dtype.setter
     def out_dtype(self, value: object) -> None:
-        self._set_request(replace(self._request, out_dtype=parse_dtype(value, what="out_dtype", allowed=PLAN_OUTPUT_DTYPES)))
+        out_dtype = parse_dtype(value, what="out_dtype", allowed=PLAN_OUTPUT_DTYPES)
+        self._set_request(replace(self._request, out_dtype=out_dtype))
 
     @property
     def family(self) -> str:

@@ -129,5 +129,6 @@ def choose_sm80(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
                 dtype_b: DType | None = None) -> tuple[Estimate, list[str]]:
     """planner.choose for the sm80 family. ``problem`` None: no size hints (plan for a large square)."""
     problem = problem or Problem(*DEFAULT_PROBLEM)
-    configs = [replace(c, epilogue=epilogue, dtype_b=dtype_b) for c in candidates(dtype, out_dtype, layout, spec, knobs)]
+    configs = [replace(c, epilogue=epilogue, dtype_b=dtype_b)
+               for c in candidates(dtype, out_dtype, layout, spec, knobs)]
     return pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem))

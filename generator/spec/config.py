@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from .arch import ArchSpec, arch_spec
 from .epilogue import IDENTITY, Epilogue
-from .types import DType, Layout, Order
+from .types import PLAN_OUTPUT_DTYPES, DType, Layout, Order
 
 FAMILIES = ("sm80", "sm90")
 
@@ -464,8 +464,9 @@ def check_config(cfg: KernelConfig) -> None:
 def check_stream_k(cfg: KernelConfig) -> None:
     """Stream-K (KernelConfig.stream_k): the sm90 cooperative schedule, whose partial tiles are added as fp32."""
     if cfg.family != "sm90" or cfg.schedule != "cooperative":
-        raise ValueError(f"stream_k is built for the sm90 cooperative schedule; this config is {cfg.family} "
-                         f"{cfg.schedule or ''}".rstrip() + ": use family='sm90', schedule='cooperative'")
+        this = " ".join(filter(None, (cfg.family, cfg.schedule)))
+        raise ValueError(f"stream_k is built for the sm90 cooperative schedule; this config is {this}: use "
+                         "family='sm90', schedule='cooperative'")
     if cfg.dtype is DType.int8:
         raise ValueError("stream_k adds partial tiles as fp32, which int8's int32 sums are not: leave stream_k off")
 
@@ -547,7 +548,7 @@ def check_sm80(cfg: KernelConfig) -> None:
 def _check_raster_group_and_out(cfg: KernelConfig) -> None:
     if cfg.raster_group not in RASTER_GROUPS:
         raise ValueError(f"raster_group={cfg.raster_group}: use one of {RASTER_GROUPS}")
-    if cfg.out_dtype not in (DType.fp16, DType.bf16, DType.fp32, DType.int32):
+    if cfg.out_dtype not in PLAN_OUTPUT_DTYPES:
         raise ValueError(f"out_dtype={cfg.out_dtype.value}: use fp16, bf16 or fp32 (int32: int8 inputs)")
     _check_epilogue(cfg)
 
