@@ -163,6 +163,22 @@ def test_k_zero_and_unaligned_rows(ops):
     assert rel(op(a, b, sa, sb), ref_a @ ref_b) <= BOUNDS["bf16"]
 
 
+# opcheck's test_schema compares inputs before and after with torch.allclose, which torch 2.11 does not implement
+# for float8 on CUDA ("mul_cuda" not implemented for 'Float8_e4m3fn'); the other three run, and the mutation check
+# test_schema would make is done on the bytes below.
+OPCHECK_UTILS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+def assert_inputs_unchanged(call, inputs):
+    """The op writes only its out tensor: every input's bytes are the same after the call."""
+    before = [x.detach().view(torch.uint8).clone() if x.element_size() == 1 else x.detach().clone() for x in inputs]
+    call()
+    torch.cuda.synchronize()
+    for x, saved in zip(inputs, before):
+        now = x.detach().view(torch.uint8) if x.element_size() == 1 else x.detach()
+        assert torch.equal(now, saved)
+
+
 @pytest.mark.parametrize("key", ["e4m3_block_bf16", "e5m2xe4m3_row", "e4m3_tensor_fast_accum"])
 def test_opcheck_and_compile_fullgraph(ops, key):
     """The real kernels through torch.library.opcheck (default and .out) and torch.compile(fullgraph=True) with
@@ -171,9 +187,11 @@ def test_opcheck_and_compile_fullgraph(ops, key):
     dtype, scale = PLANS[key]["dtype"], PLANS[key]["scale"]
     for m, n, k in ((256, 384, 512), (130, 200, 272)):
         args, _, _ = quantized(dtype, scale, m, n, k, PLANS[key].get("dtype_b"))
-        assert set(torch.library.opcheck(op.op.default, args).values()) == {"SUCCESS"}
-        result = torch.library.opcheck(op.op.out, args, {"out": op._empty_out(args[0], args[1])})
+        assert set(torch.library.opcheck(op.op.default, args, test_utils=OPCHECK_UTILS).values()) == {"SUCCESS"}
+        out = op._empty_out(args[0], args[1])
+        result = torch.library.opcheck(op.op.out, args, {"out": out}, test_utils=OPCHECK_UTILS)
         assert set(result.values()) == {"SUCCESS"}, result
+        assert_inputs_unchanged(lambda: op.op.out(*args, out=out), args)
     compiled = torch.compile(lambda *xs: op.op.default(*xs).float().relu(), fullgraph=True, dynamic=True)
     for m in (128, 96, 200):
         args, _, _ = quantized(dtype, scale, m, 256, 384, PLANS[key].get("dtype_b"))
