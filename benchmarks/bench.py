@@ -1,11 +1,12 @@
 """Benchmark: our planned kernel next to torch.matmul (cuBLAS) and a Triton matmul, side by side in one run.
 
-    python benchmarks/bench.py [--set square,llm,ragged] [--dtypes bf16,fp16] [--layout tn] [--family sm80]
-        [--json out.json]
+    python benchmarks/bench.py [--set square,llm,ragged | --shapes 1x4096x4096,...] [--dtypes bf16,fp16]
+        [--layout tn] [--family sm80] [--json out.json]
     python -m generator bench ...   (the same)
 
 Times are triton.testing.do_bench medians (ms) on fresh random data, measured --rounds times per row in
-interleaved column order (--order; the table has the median of the rounds); TFLOP/s = 2*M*N*K / time.
+interleaved column order (--order; the table has the median of the rounds); TFLOP/s = 2*M*N*K / time; GB/s = the
+bytes of A, B and D / time (what small-M shapes are bound by); the path is the kernel our call took (op.path).
 Each shape is also checked against a float32 reference, so a fast wrong kernel cannot hide here.
 """
 from __future__ import annotations
@@ -52,6 +53,11 @@ class Row:
     triton_mma_sync_ms: float | None = None
     triton_mma_sync_tflops: float | None = None
     vs_triton_mma_sync: float | None = None
+    # The kernel the call took (op.path: fast, small_m, unaligned) and the bytes of A, B and D over the time,
+    # GB/s: what a decode shape (small M) is bound by.
+    path: str = "fast"
+    ours_gbps: float = 0.0
+    cublas_gbps: float = 0.0
 
 
 def parse_shapes(text: str) -> list[tuple[int, int, int]]:
@@ -79,6 +85,11 @@ def operands(layout: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[t
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2.0 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def gbps(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, ms: float) -> float:
+    """The operands' and the result's bytes over the time: each read or written once at least."""
+    return sum(t.numel() * t.element_size() for t in (a, b, d)) / (ms * 1e-3) / 1e9
 
 
 def bench_ms(fn) -> float:
@@ -180,7 +191,8 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
         ours, cublas, tri, tri_v2 = ms["ours"], ms["cublas"], ms.get("triton"), ms.get("triton_mma_sync")
         row = Row(m, n, k, dname, layout, plan.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),
                   tflops(m, n, k, tri) if tri else None, cublas / ours, (tri / ours) if tri else None, err,
-                  tri_v2, tflops(m, n, k, tri_v2) if tri_v2 else None, (tri_v2 / ours) if tri_v2 else None)
+                  tri_v2, tflops(m, n, k, tri_v2) if tri_v2 else None, (tri_v2 / ours) if tri_v2 else None,
+                  op.path(a, b), gbps(a, b, d, ours), gbps(a, b, d, cublas))
         rows.append(row)
         print(format_row(row), flush=True)
     return rows
@@ -197,7 +209,7 @@ def check_mma_sync_build(found: set[str]) -> None:
 def header(mma_sync_column: bool = False) -> str:
     extra = f" {'Tri.mma':>8} {'ours/T.mma':>10}" if mma_sync_column else ""
     return (f"{'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'ours':>8} {'cuBLAS':>8} {'Triton':>8} "
-            f"{'ours/cuBLAS':>11} {'ours/Triton':>11}{extra} {'rel.err':>8}  kernel")
+            f"{'ours/cuBLAS':>11} {'ours/Triton':>11}{extra} {'GB/s':>6} {'cuBLAS':>6} {'rel.err':>8}  kernel (path)")
 
 
 def format_row(r: Row) -> str:
@@ -205,7 +217,8 @@ def format_row(r: Row) -> str:
     vs_tri = f"{r.vs_triton:11.3f}" if r.vs_triton else f"{'-':>11}"
     extra = f" {r.triton_mma_sync_tflops:8.1f} {r.vs_triton_mma_sync:10.3f}" if r.triton_mma_sync_tflops else ""
     return (f"{r.m:>6} {r.n:>6} {r.k:>6} {r.dtype:>5} {r.ours_tflops:8.1f} {r.cublas_tflops:8.1f} {tri} "
-            f"{r.vs_cublas:11.3f} {vs_tri}{extra} {r.rel_error:8.1e}  {r.kernel}")
+            f"{r.vs_cublas:11.3f} {vs_tri}{extra} {r.ours_gbps:6.0f} {r.cublas_gbps:6.0f} {r.rel_error:8.1e}  "
+            f"{r.kernel} ({r.path})")
 
 
 def geomean(values: list[float]) -> float:
@@ -215,6 +228,8 @@ def geomean(values: list[float]) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--set", default="square,llm,ragged", help="comma list of shapes.json sets")
+    parser.add_argument("--shapes", default=None,
+                        help="MxNxK,... instead of --set (e.g. the decode shapes 1x4096x4096,16x8192x8192)")
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma list of bf16, fp16")
     parser.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
     parser.add_argument("--family", choices=["sm80", "sm90"], default=None,
@@ -238,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     for d in dtypes:
         if d not in DTYPES:
             parser.error(f"--dtypes: {d!r} is not one of {', '.join(DTYPES)}")
-    shapes = load_shapes([s for s in args.set.split(",") if s])
+    shapes = parse_shapes(args.shapes) if args.shapes else load_shapes([s for s in args.set.split(",") if s])
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("TFLOP/s (do_bench median, random data)")
     if args.rounds < 1:

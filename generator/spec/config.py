@@ -191,7 +191,29 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
         f" D {cfg.layout.c.value}-major)",
         f"tile:         {bm}x{bn}x{bk}",
         *_epilogue_lines(cfg.epilogue),
+        *_path_lines(cfg),
     ]
+
+
+#: The most rows of A a call may have to take the small-M kernel (small_m::kMaxRows, common/gemm_small_m.cuh).
+SMALL_M_MAX_ROWS = 16
+
+
+def has_small_m_kernel(cfg: KernelConfig) -> bool:
+    """Whether calls with at most SMALL_M_MAX_ROWS rows take the small-M kernel (small_m::kAvailable of
+    templates/common/gemm_small_m.cuh): 16-bit A and B, both K-major, no per-block scales, a floating-point D."""
+    return (cfg.dtype in (DType.fp16, DType.bf16) and cfg.b_dtype is cfg.dtype and cfg.layout.a_k_major
+            and cfg.layout.b_k_major and cfg.epilogue.scale_mode != "block" and cfg.out_dtype is not DType.int32)
+
+
+def _path_lines(cfg: KernelConfig) -> list[str]:
+    """The kernels other than the config's own that a call may take (the launch chooses per call)."""
+    unaligned = "A or B not 16-byte aligned (base or leading dimension): the unaligned kernel"
+    if not has_small_m_kernel(cfg):
+        return [f"other paths:  {unaligned}"]
+    return [f"other paths:  M <= {SMALL_M_MAX_ROWS}: the small-M kernel (streams B once from HBM: D^T = B^T A^T on "
+            "mma.sync, K split between warps)",
+            f"              {unaligned}"]
 
 
 def _epilogue_lines(epilogue: Epilogue) -> list[str]:

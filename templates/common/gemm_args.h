@@ -40,8 +40,9 @@ typedef struct GemmArgs {
   int64_t ldaux;
 } GemmArgs;
 
-// Which kernel of a library a launch takes (returned by <name>_path).
-enum GemmPath { GEMM_PATH_FAST = 0, GEMM_PATH_UNALIGNED = 1 };
+// Which kernel of a library a launch takes (returned by <name>_path): the config's own, the unaligned one
+// (common/gemm_unaligned.cuh) or the small-M one (common/gemm_small_m.cuh).
+enum GemmPath { GEMM_PATH_FAST = 0, GEMM_PATH_UNALIGNED = 1, GEMM_PATH_SMALL_M = 2 };
 
 #ifdef __cplusplus
 }

@@ -8,6 +8,7 @@
 
 #include "alignment.cuh"
 #include "gemm_args.h"
+#include "gemm_small_m.cuh"
 #include "gemm_unaligned.cuh"
 
 namespace gemmgen {
@@ -23,12 +24,13 @@ inline const char* cuda_error_text(int code) {
 
 // The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
 // 16-byte-aligned base addresses and strides): each operand's base address and leading dimension
-// must keep every chunk 16-byte aligned. Anything else takes the unaligned kernel.
+// must keep every chunk 16-byte aligned. Anything else takes the unaligned kernel. Aligned calls with at most
+// small_m::kMaxRows rows take the small-M kernel where the config has one (its 16-byte loads follow the same rule).
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
   const int64_t elem = sizeof(typename Cfg::Elem);
-  return fast_aligned(args.a, args.lda, elem) && fast_aligned(args.b, args.ldb, elem) ? GEMM_PATH_FAST
-                                                                                      : GEMM_PATH_UNALIGNED;
+  if (!fast_aligned(args.a, args.lda, elem) || !fast_aligned(args.b, args.ldb, elem)) return GEMM_PATH_UNALIGNED;
+  return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
 }
 
 // The always-correct kernel of common/gemm_unaligned.cuh, for operands the fast kernel cannot take.
@@ -37,6 +39,21 @@ inline int launch_unaligned(void (*slow)(GemmArgs), const GemmArgs* args, cudaSt
                         ((args->n + unaligned::kTile - 1) / unaligned::kTile);
   slow<<<static_cast<unsigned>(tiles), unaligned::kThreads, 0, stream>>>(*args);
   return static_cast<int>(cudaGetLastError());
+}
+
+// The small-M kernel of common/gemm_small_m.cuh: one block per 16 rows of W (columns of D).
+inline int launch_small_m(void (*small)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
+  const int64_t blocks = (args->n + small_m::kRowsW - 1) / small_m::kRowsW;
+  small<<<static_cast<unsigned>(blocks), small_m::kThreads, 0, stream>>>(*args);
+  return static_cast<int>(cudaGetLastError());
+}
+
+// The kernel of a path other than the fast one, launched; -1 for the fast path (the caller's own launch).
+inline int launch_other_path(GemmPath path, void (*slow)(GemmArgs), void (*small)(GemmArgs), const GemmArgs* args,
+                             cudaStream_t stream) {
+  if (path == GEMM_PATH_UNALIGNED) return launch_unaligned(slow, args, stream);
+  if (path == GEMM_PATH_SMALL_M) return launch_small_m(small, args, stream);
+  return -1;
 }
 
 // Kernels may ask for more than 48 KB of shared memory only after opting in, once per device;
@@ -53,10 +70,11 @@ inline cudaError_t raise_smem_limit(const void* kernel, int smem_bytes, bool (&r
 }
 
 template <class Cfg>
-inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), int smem_bytes, const GemmArgs* args,
-                  cudaStream_t stream) {
+inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(GemmArgs), int smem_bytes,
+                  const GemmArgs* args, cudaStream_t stream) {
   if (args->m <= 0 || args->n <= 0) return 0;
-  if (choose_path<Cfg>(*args) == GEMM_PATH_UNALIGNED) return launch_unaligned(slow, args, stream);
+  const GemmPath path = choose_path<Cfg>(*args);
+  if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);
   static bool smem_raised[kMaxDevices] = {};
   const cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), smem_bytes, smem_raised, nullptr);
   if (err != cudaSuccess) return static_cast<int>(err);

@@ -7,6 +7,7 @@
 //   dtype:        fp16 -> fp16
 //   layout:       nn (A col-major, B col-major, D row-major)
 //   tile:         128x256x32
+//   other paths:  A or B not 16-byte aligned (base or leading dimension): the unaligned kernel
 //   warps:        2x4 (256 threads, warp tile 64x64)
 //   stages:       4 (98304 bytes of shared memory)
 //   raster_group: 8
@@ -62,14 +63,20 @@ extern "C" __global__ void __launch_bounds__(gemmgen::unaligned::kThreads) sm80_
   gemmgen::unaligned::run<Config>(args);
 }
 
+// Calls with at most 16 rows of A (common/gemm_small_m.cuh); an empty stub where the config has no such kernel
+// (the host never launches it then).
+extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm80_fp16_nn_128x256x32_w2x4_s4_g8_small_m(GemmArgs args) {
+  if constexpr (gemmgen::small_m::kAvailable<Config>) gemmgen::small_m::run<Config>(args);
+}
+
 extern "C" {
 
-// Which kernel a launch with these arguments takes: GEMM_PATH_FAST or GEMM_PATH_UNALIGNED.
+// Which kernel a launch with these arguments takes: GEMM_PATH_FAST, GEMM_PATH_UNALIGNED or GEMM_PATH_SMALL_M.
 int sm80_fp16_nn_128x256x32_w2x4_s4_g8_path(const GemmArgs* args) { return gemmgen::choose_path<Config>(*args); }
 
 // Launch on `stream` (a cudaStream_t); returns a cudaError_t value, 0 on success.
 int sm80_fp16_nn_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream) {
-  return gemmgen::launch<Config>(sm80_fp16_nn_128x256x32_w2x4_s4_g8, sm80_fp16_nn_128x256x32_w2x4_s4_g8_unaligned, Kernel::SMEM_BYTES, args,
+  return gemmgen::launch<Config>(sm80_fp16_nn_128x256x32_w2x4_s4_g8, sm80_fp16_nn_128x256x32_w2x4_s4_g8_unaligned, sm80_fp16_nn_128x256x32_w2x4_s4_g8_small_m, Kernel::SMEM_BYTES, args,
                                  static_cast<cudaStream_t>(stream));
 }
 

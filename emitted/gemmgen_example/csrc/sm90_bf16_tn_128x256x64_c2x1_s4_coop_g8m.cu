@@ -7,6 +7,8 @@
 //   dtype:        bf16 -> bf16
 //   layout:       tn (A row-major, B col-major, D row-major)
 //   tile:         128x256x64
+//   other paths:  M <= 16: the small-M kernel (streams B once from HBM: D^T = B^T A^T on mma.sync, K split between warps)
+//                 A or B not 16-byte aligned (base or leading dimension): the unaligned kernel
 //   schedule:     cooperative (persistent: two consumer warpgroups split each tile along M, 64x256 each)
 //   cluster:      2x1 (2 blocks along M share each B tile: TMA multicasts B to both)
 //   stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 epilogue + 1024 barriers and alignment)
@@ -81,14 +83,20 @@ extern "C" __global__ void __launch_bounds__(gemmgen::unaligned::kThreads) sm90_
   gemmgen::unaligned::run<Config>(args);
 }
 
+// Calls with at most 16 rows of A (common/gemm_small_m.cuh); an empty stub where the config has no such kernel
+// (the host never launches it then).
+extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_small_m(GemmArgs args) {
+  if constexpr (gemmgen::small_m::kAvailable<Config>) gemmgen::small_m::run<Config>(args);
+}
+
 extern "C" {
 
-// Which kernel a launch with these arguments takes: GEMM_PATH_FAST or GEMM_PATH_UNALIGNED.
+// Which kernel a launch with these arguments takes: GEMM_PATH_FAST, GEMM_PATH_UNALIGNED or GEMM_PATH_SMALL_M.
 int sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_path(const GemmArgs* args) { return gemmgen::choose_path<Config>(*args); }
 
 // Launch on `stream` (a cudaStream_t); returns a cudaError_t value, 0 on success.
 int sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream) {
-  return gemmgen::sm90::launch<Config>(sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_unaligned, args, static_cast<cudaStream_t>(stream));
+  return gemmgen::sm90::launch<Config>(sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_unaligned, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_small_m, args, static_cast<cudaStream_t>(stream));
 }
 
 const char* sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string(int code) { return gemmgen::sm90::error_string(code); }

@@ -134,6 +134,29 @@ __device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
   return v;
 }
 
+// 16 bytes of global memory read once and never again by this SM (a weight streamed by the small-M kernel):
+// through the non-coherent path, not kept in L1, the L2 asked to fetch the whole 256-byte sector group. Not
+// volatile (nor the next): a read of inputs no kernel writes, which the compiler may hoist and batch.
+// PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld" (.global.nc, .L1::no_allocate,
+// .L2::256B, .v4; sm_80 and newer for the L2 prefetch size).
+__device__ __forceinline__ uint4 ld_global_stream_16(const void* addr) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(addr));
+  return v;
+}
+
+// 16 bytes of global memory that other warps of this SM read too (the small-M kernel's rows of A): through
+// the non-coherent path and kept in L1. PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld".
+__device__ __forceinline__ uint4 ld_global_shared_16(const void* addr) {
+  uint4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(addr));
+  return v;
+}
+
 // PTX ISA §9.7.3.22 "Floating Point Instructions: tanh" (tanh.approx.f32, sm_75 and newer): maximum
 // relative error 2^-10.987, one MUFU operation.
 __device__ __forceinline__ float tanh_approx(float x) {

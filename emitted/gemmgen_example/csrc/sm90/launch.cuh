@@ -220,11 +220,13 @@ inline cudaError_t workspace_pool(int device, cudaMemPool_t* pool) {
 }
 
 template <class Cfg>
-inline int launch(KernelFn fast, void (*slow)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
+inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs), const GemmArgs* args,
+                  cudaStream_t stream) {
   using K = Kernel<Cfg>;
   using Elem = typename Cfg::Elem;
   if (args->m <= 0 || args->n <= 0) return 0;
-  if (choose_path<Cfg>(*args) == GEMM_PATH_UNALIGNED) return launch_unaligned(slow, args, stream);
+  const GemmPath path = choose_path<Cfg>(*args);
+  if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);
 
   static bool smem_raised[kMaxDevices] = {};
   int device = 0;

@@ -1,0 +1,155 @@
+// The small-M kernel: calls with at most 16 rows of A (a decoding step of a language model, x @ W.t()).
+// D = A x B then reads all of B (the weight W, N x K, K-major) once and A hardly at all: its time is B's bytes
+// over the HBM bandwidth. The fast kernels' 64- or 128-row tiles would multiply mostly zero rows, and their N / BN
+// tiles leave most SMs idle; this kernel keeps every SM streaming W instead.
+//
+// It computes D^T = W x A^T on mma.sync m16n8k16: 16 rows of W are the MMA's M side, up to 16 rows of A its N side
+// (two n8 halves), so W goes from global memory straight into A fragments with 16-byte loads, no shared memory.
+// Within one MMA the order of k is free as long as both operands agree: lane (g, t) = (lane / 4, lane % 4) loads
+// the 8 k values 8t .. 8t + 7 of a 32-wide k slice from W's rows g and g + 8 and from A's rows g (and g + 8); the
+// first four of them stand for the fragment's k 2t, 2t + 1, 2t + 8, 2t + 9 of one k16 step, the last four for the
+// same k of a second step. PTX ISA §9.7.14.5.8 "Matrix Fragments for mma.m16n8k16".
+//
+// A block owns 16 rows of W (16 columns of D); its warps split K in 128-wide steps and their partial sums are
+// added in shared memory in warp order, so every run gives the same bits.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "convert.cuh"
+#include "gemm_args.h"
+#include "ptx/sm80.cuh"
+
+namespace gemmgen {
+namespace small_m {
+
+constexpr int kMaxRows = 16;                       // the most rows of A (M) a call may have to take this kernel
+constexpr int kRowsW = 16;                         // rows of W (columns of D) per block: one MMA's M side
+constexpr int kWarps = 8;                          // per block, splitting K
+constexpr int kThreads = kWarps * 32;
+constexpr int kChunk = 8;                          // 16-bit elements per 16-byte load
+constexpr int kLanesK = 4;                         // lanes side by side along k (t = lane % 4)
+constexpr int kChunksPerStep = 4;                  // chunks per lane and row in one step
+constexpr int kStepK = kChunksPerStep * kLanesK * kChunk;  // 128 k per warp and step: 256 bytes of each W row
+
+// Which configs have this kernel: 16-bit A and B, both K-major, no per-block scales (their K blocks would need the
+// promotion of the fast kernels) and a floating-point D. spec/config.py small_m_kernel says the same in Python.
+template <class Cfg>
+constexpr bool kAvailable = (std::is_same_v<typename Cfg::Elem, __half> ||
+                             std::is_same_v<typename Cfg::Elem, __nv_bfloat16>) &&
+                            std::is_same_v<typename Cfg::Elem, typename Cfg::ElemB> && Cfg::kAKMajor &&
+                            Cfg::kBKMajor && Cfg::Epilogue::kRowBlocksSlot < 0 &&
+                            !std::is_same_v<typename Cfg::Out, int32_t>;
+
+// Chunk k .. k + 7 of a row. Guarded (the last, partial k step): a chunk that crosses K is read element by element
+// and the rest is zero, since the row may end there and the elements past K must not reach the sums; a chunk past
+// K is zero.
+template <bool kGuarded, bool kStream, typename Elem>
+__device__ __forceinline__ uint4 load_chunk(const Elem* row, int64_t k, int64_t K) {
+  if constexpr (kGuarded) {
+    if (k >= K) return make_uint4(0, 0, 0, 0);
+    if (k + kChunk > K) {
+      union {
+        uint4 bits;
+        Elem elems[kChunk];
+      } chunk;
+      chunk.bits = make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) {   // constant indices: the chunk stays in registers
+        if (k + i < K) chunk.elems[i] = row[k + i];
+      }
+      return chunk.bits;
+    }
+  }
+  return kStream ? ptx::ld_global_stream_16(row + k) : ptx::ld_global_shared_16(row + k);
+}
+
+// One warp's k step: kChunksPerStep chunks of its lanes' rows of W and A, all loads issued before the MMAs.
+template <bool kGuarded, typename Elem>
+__device__ __forceinline__ void step(const Elem* w_lo, const Elem* w_hi, const Elem* a_lo, const Elem* a_hi,
+                                     bool two_halves, int64_t k0, int64_t K, int t, float (&acc_lo)[4],
+                                     float (&acc_hi)[4]) {
+  using Mma = ptx::MmaM16N8K16<Elem>;
+  uint4 wl[kChunksPerStep], wh[kChunksPerStep], al[kChunksPerStep], ah[kChunksPerStep];
+#pragma unroll
+  for (int c = 0; c < kChunksPerStep; ++c) {
+    const int64_t k = k0 + (c * kLanesK + t) * kChunk;
+    wl[c] = load_chunk<kGuarded, true>(w_lo, k, K);
+    wh[c] = load_chunk<kGuarded, true>(w_hi, k, K);
+    al[c] = load_chunk<kGuarded, false>(a_lo, k, K);
+  }
+  if (two_halves) {
+#pragma unroll
+    for (int c = 0; c < kChunksPerStep; ++c)
+      ah[c] = load_chunk<kGuarded, false>(a_hi, k0 + (c * kLanesK + t) * kChunk, K);
+  }
+#pragma unroll
+  for (int c = 0; c < kChunksPerStep; ++c) {
+    const uint32_t first[4] = {wl[c].x, wh[c].x, wl[c].y, wh[c].y};
+    const uint32_t second[4] = {wl[c].z, wh[c].z, wl[c].w, wh[c].w};
+    Mma::run(acc_lo, first, {al[c].x, al[c].y});
+    Mma::run(acc_lo, second, {al[c].z, al[c].w});
+    if (two_halves) {
+      Mma::run(acc_hi, first, {ah[c].x, ah[c].y});
+      Mma::run(acc_hi, second, {ah[c].z, ah[c].w});
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void run(const GemmArgs& args) {
+  using Elem = typename Cfg::Elem;
+  using Out = typename Cfg::Out;
+  __shared__ float partial[kWarps][kRowsW][kMaxRows];
+
+  const Elem* a = static_cast<const Elem*>(args.a);
+  const Elem* w = static_cast<const Elem*>(args.b);   // B (K x N) K-major: row n of W is column n of B
+  const int64_t M = args.m, N = args.n, K = args.k;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / kLanesK, t = lane % kLanesK;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
+  const bool two_halves = M > 8;                      // A's rows 8 .. 15 exist: a second n8 MMA per k16 step
+
+  // Rows past N (of W) or M (of A) read the last row instead: each element of D^T depends on one row of each, and
+  // those elements are never stored, so no load needs a guard for them.
+  const auto row_of = [](const Elem* base, int64_t row, int64_t rows, int64_t ld) {
+    return base + (row < rows ? row : rows - 1) * ld;
+  };
+  const Elem* w_lo = row_of(w, n0 + g, N, args.ldb);
+  const Elem* w_hi = row_of(w, n0 + g + 8, N, args.ldb);
+  const Elem* a_lo = row_of(a, g, M, args.lda);
+  const Elem* a_hi = row_of(a, g + 8, M, args.lda);
+
+  float acc_lo[4] = {}, acc_hi[4] = {};   // D^T rows g, g + 8 x columns 2t, 2t + 1 (lo) and 8 + 2t, 9 + 2t (hi)
+  int64_t k0 = static_cast<int64_t>(warp) * kStepK;
+  for (; k0 + kStepK <= K; k0 += kWarps * kStepK) {
+    step<false>(w_lo, w_hi, a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+  }
+  if (k0 < K) step<true>(w_lo, w_hi, a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);   // the one partial step
+
+  // C fragment of m16n8: c0, c1 at (row g, columns 2t, 2t + 1), c2, c3 at row g + 8 (§9.7.14.5.8).
+  partial[warp][g][2 * t] = acc_lo[0];
+  partial[warp][g][2 * t + 1] = acc_lo[1];
+  partial[warp][g + 8][2 * t] = acc_lo[2];
+  partial[warp][g + 8][2 * t + 1] = acc_lo[3];
+  partial[warp][g][8 + 2 * t] = acc_hi[0];
+  partial[warp][g][9 + 2 * t] = acc_hi[1];
+  partial[warp][g + 8][8 + 2 * t] = acc_hi[2];
+  partial[warp][g + 8][9 + 2 * t] = acc_hi[3];
+  __syncthreads();
+
+  // One thread per element of D's 16 x 16 block, neighbouring threads on neighbouring columns n.
+  static_assert(kThreads == kRowsW * kMaxRows, "one thread per element of the block's part of D");
+  const int col = threadIdx.x % kRowsW, row = threadIdx.x / kRowsW;
+  const int64_t m = row, n = n0 + col;
+  if (m >= M || n >= N) return;
+  float value = 0.0f;
+#pragma unroll
+  for (int i = 0; i < kWarps; ++i) value += partial[i][col][row];
+  if constexpr (!Cfg::Epilogue::kIdentity) value = Cfg::Epilogue::apply(args, value, m, n);
+  Out* d = static_cast<Out*>(args.d);
+  d[Cfg::kDRowMajor ? m * args.ldd + n : n * args.ldd + m] = from_float<Out>(value);
+}
+
+}  // namespace small_m
+}  // namespace gemmgen

@@ -1,0 +1,125 @@
+"""The small-M kernel (templates/common/gemm_small_m.cuh) on the GPU: calls with at most 16 rows of A in a K-major
+layout, both families' libraries, against a float64 reference with NaN-poisoned outputs; ragged N and K, a K that
+ends inside a 16-byte chunk with NaN in the padding past it (nothing past K may reach the sums), D column-major and
+fp32, a fused epilogue; bit-identical results across runs (warps' partial sums added in a fixed order); and the
+path each call takes (op.path), agreeing with spec.config.has_small_m_kernel."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+from gpu_cases import BOUND  # noqa: E402
+from generator import Gemm  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+from generator.spec.config import SMALL_M_MAX_ROWS, has_small_m_kernel  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+IS_SM90 = torch.cuda.get_device_capability() >= (9, 0)
+TORCH = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+PLANS = {
+    "sm90_bf16": dict(dtype="bf16", layout="tn", family="sm90"),
+    "sm90_fp16_dcol_fp32": dict(dtype="fp16", layout="tn", layout_c="col", out_dtype="fp32", family="sm90"),
+    "sm90_bias_gelu": dict(dtype="bf16", layout="tn", activation="gelu", bias="col", alpha=0.5, family="sm90"),
+    "sm80_fp16": dict(dtype="fp16", layout="tn", family="sm80"),
+    "sm80_bf16_dcol": dict(dtype="bf16", layout="tn", layout_c="col", family="sm80"),
+    # Configs without the kernel: every call takes the fast path.
+    "sm90_bf16_nn": dict(dtype="bf16", layout="nn", family="sm90"),
+    "sm80_fp16_nt": dict(dtype="fp16", layout="nt", family="sm80"),
+}
+SMALL = [k for k in PLANS if not k.endswith(("_nn", "_nt"))]
+#: M up to 16 (one and two n8 halves), N and K ragged against the 16 rows and 128-wide k steps of a block.
+SHAPES = [(1, 4096, 4096), (2, 1000, 2048), (7, 17, 100), (8, 16, 128), (9, 129, 1000), (15, 4097, 520),
+          (16, 3000, 4104), (1, 1, 8), (16, 64, 8)]
+
+
+@pytest.fixture(scope="module")
+def ops():
+    plans = {key: Gemm(**kw) for key, kw in PLANS.items() if IS_SM90 or kw["family"] == "sm80"}
+    built = compile_many([p.config for p in plans.values()], namespace="gemmgen_small_m_test")
+    return dict(zip(plans, built))
+
+
+def operands(op, m: int, n: int, k: int, pad: int = 0):
+    """x (m, k) and B = W.t() (W: n x k) of the op's dtype, rows `pad` elements longer than k and the padding NaN."""
+    dtype = op.dtype
+    x = torch.full((m, k + pad), float("nan"), device="cuda", dtype=dtype)
+    w = torch.full((n, k + pad), float("nan"), device="cuda", dtype=dtype)
+    x[:, :k] = torch.randn(m, k, device="cuda").to(dtype)
+    w[:, :k] = torch.randn(n, k, device="cuda").to(dtype)
+    return x[:, :k], w[:, :k].t()
+
+
+def reference(op, key: str, a, b):
+    ref = a.double() @ b.double()
+    if "bias_gelu" in key:
+        return ref, lambda bias: torch.nn.functional.gelu(0.5 * ref + bias.double())
+    return ref, None
+
+
+def check(op, key: str, m: int, n: int, k: int, pad: int = 0) -> None:
+    a, b = operands(op, m, n, k, pad)
+    ref, with_epilogue = reference(op, key, a, b)
+    extra = {}
+    if with_epilogue is not None:
+        bias = torch.randn(n, device="cuda", dtype=op.dtype)
+        extra, ref = {"bias": bias}, with_epilogue(bias)
+    assert op.path(a, b, **extra) == "small_m"
+    out = op._empty_out(a, b).fill_(float("nan"))
+    op(a, b, out=out, **extra)
+    assert torch.isfinite(out).all(), f"{key} {m}x{n}x{k}: unwritten elements or NaN from past K"
+    scale = ref.norm() if ref.norm() > 0 else 1.0
+    err = ((out.double() - ref).norm() / scale).item()
+    assert err <= BOUND[op.dtype], f"{key} {m}x{n}x{k}: {err:.2e} > {BOUND[op.dtype]}"
+    for _ in range(2):   # the warps' partial sums are added in warp order: the same bits every run
+        assert torch.equal(op(a, b, **extra), out), f"{key} {m}x{n}x{k}: differs between runs"
+
+
+@pytest.mark.parametrize("key", SMALL)
+def test_against_float64_and_repeatable(ops, key):
+    if key not in ops:
+        pytest.skip("sm90 kernels need an sm90 GPU")
+    for m, n, k in SHAPES:
+        check(ops[key], key, m, n, k)
+
+
+@pytest.mark.parametrize("key", ["sm90_bf16", "sm80_fp16"])
+def test_k_ends_inside_a_chunk(ops, key):
+    """K = 8j + r with rows padded to a multiple of 8 (16-byte aligned, so not the unaligned kernel): the last chunk
+    is read element by element and the NaN past K stays out."""
+    if key not in ops:
+        pytest.skip("sm90 kernels need an sm90 GPU")
+    for m, n, k in ((1, 300, 1001), (16, 33, 13), (5, 4096, 4095)):
+        check(ops[key], key, m, n, k, pad=(-k) % 8 + 8)
+
+
+def test_k_zero(ops):
+    op = ops["sm80_fp16"]
+    a = torch.randn(3, 0, device="cuda").half()
+    b = torch.randn(0, 90, device="cuda").half()
+    assert op.path(a, b) == "small_m"
+    assert (op(a, b) == 0).all()
+
+
+def test_paths(ops):
+    """op.path: small_m up to 16 rows where the config has the kernel (has_small_m_kernel), fast above and for
+    configs without it, unaligned for an operand off the 16-byte rule."""
+    for key, op in ops.items():
+        a, b = operands(op, SMALL_M_MAX_ROWS, 256, 512)
+        if PLANS[key]["layout"][0] == "n":   # A column-major
+            a = a.t().contiguous().t()
+        if PLANS[key]["layout"][1] == "t":   # B row-major
+            b = b.contiguous()
+        expected = "small_m" if has_small_m_kernel(op.config) else "fast"
+        assert op.path(a, b) == expected, key
+        a17, b17 = operands(op, SMALL_M_MAX_ROWS + 1, 256, 512)
+        if PLANS[key]["layout"] == "tn":
+            assert op.path(a17, b17) == "fast", key
+            odd_a, odd_b = operands(op, 4, 256, 511)   # rows of 511 elements: not 16-byte aligned
+            assert op.path(odd_a, odd_b) == "unaligned", key
+    assert not has_small_m_kernel(Gemm("e4m3", "tn", scale="tensor", arch=90).config)
+    assert not has_small_m_kernel(Gemm("tf32", "tn", arch=90).config)
+    assert not has_small_m_kernel(Gemm("int8", "tn", out_dtype="int32", arch=90).config)
