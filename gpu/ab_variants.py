@@ -3,7 +3,8 @@
 
     python3 gpu/ab_variants.py --configs sm90 --dtype fp16 --variant dp= --variant sk=-DGEMMGEN_SM90_STREAM_K=1 \\
         [--shapes 4096x4096x4096,8192x8192x8192] [--json $OUT/ab.json]
-    python3 gpu/ab_variants.py --configs sm80 --variant a= --variant b=-DSOME_SWITCH=1   (a switch in the templates)
+    python3 gpu/ab_variants.py --configs sm80 --variant a= --variant b=-DSOME_SWITCH=1   (a switch in the templates;
+        several joined by +, as b=-DONE=1+-DTWO=4, so that a shell variable can carry them)
     python3 gpu/ab_variants.py --configs sm90 --kernel 128x256x64:2x1:cooperative:3 --variant a= --variant b=...
 
 Each variant's kernels are separate libraries (the flags are part of the build cache key). Timing
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernel and args.configs != "sm90":
         ap.error("--kernel takes sm90 kernels: add --configs sm90")
     configs = family_configs(args.configs, args.dtype, args.layout, args.arch, args.kernel)
-    requests = [dataclasses.replace(build_request(c), extra_flags=tuple(flags.split()))
+    requests = [dataclasses.replace(build_request(c), extra_flags=tuple(flags.replace("+", " ").split()))
                 for flags in variants.values() for c in configs]
     t0 = time.time()
     results = build_many(requests)

@@ -1,6 +1,6 @@
 """One small ragged problem per sm90 schedule (and cluster shape), per sm80 epilogue, fused epilogues of both
 families (a per-row and a per-column vector, an M x N operand and a scalar), fp8 with each kind of scales
-and accumulation, and int8, for compute-sanitizer:
+and accumulation, int8, and the small-M kernel (a few rows of A), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
     compute-sanitizer --tool racecheck python3 gpu/sanitize.py
@@ -138,7 +138,28 @@ def main() -> int:
             ok = err <= 1e-2 and bool(torch.isnan(buf[:, N:]).all())
             failures += not ok
             print(f"{op.name}: {M}x{N}x{K} D pitch {pitch} rel error {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+    tn = {cfg.family: op for op, cfg in reversed(list(zip(ops, configs[:plain]))) if cfg.layout.blas == "tn"}
+    failures += check_small_m(list(tn.values()))   # the first tn op of each family
     return 1 if failures else 0
+
+
+def check_small_m(ops) -> int:
+    """The small-M kernel (common/gemm_small_m.cuh) of the given tn ops: one and two n8 halves of A's rows, a K that ends
+    inside a 16-byte chunk, D in a NaN-poisoned buffer."""
+    failures = 0
+    for op in ops:
+        for m in (5, 13):
+            a, b = operand(m, K - 3, True), operand(K - 3, N, False)
+            assert op.path(a, b) == "small_m", op.name
+            buf = torch.full((m, N + 8), float("nan"), dtype=op.out_dtype, device="cuda")
+            d = op(a, b, out=buf[:, :N])
+            torch.cuda.synchronize()
+            ref = a.double() @ b.double()
+            err = ((d.double() - ref).norm() / ref.norm()).item()
+            ok = err <= 1e-2 and bool(torch.isnan(buf[:, N:]).all())
+            failures += not ok
+            print(f"{op.name} (small_m): {m}x{N}x{K - 3} rel error {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+    return failures
 
 
 if __name__ == "__main__":

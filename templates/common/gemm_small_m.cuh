@@ -26,7 +26,14 @@ namespace small_m {
 
 constexpr int kMaxRows = 16;                       // the most rows of A (M) a call may have to take this kernel
 constexpr int kRowsW = 16;                         // rows of W (columns of D) per block: one MMA's M side
-constexpr int kWarps = 8;                          // per block, splitting K
+#ifndef GEMMGEN_SMALL_M_WARPS
+#define GEMMGEN_SMALL_M_WARPS 8
+#endif
+// Experiment switch (gpu/ab_variants.py): 1 issues a warp's next k step of W before the current step's MMAs.
+#ifndef GEMMGEN_SMALL_M_PREFETCH
+#define GEMMGEN_SMALL_M_PREFETCH 0
+#endif
+constexpr int kWarps = GEMMGEN_SMALL_M_WARPS;      // per block, splitting K
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunk = 8;                          // 16-bit elements per 16-byte load
 constexpr int kLanesK = 4;                         // lanes side by side along k (t = lane % 4)
@@ -65,20 +72,32 @@ __device__ __forceinline__ uint4 load_chunk(const Elem* row, int64_t k, int64_t 
   return kStream ? ptx::ld_global_stream_16(row + k) : ptx::ld_global_shared_16(row + k);
 }
 
-// One warp's k step: kChunksPerStep chunks of its lanes' rows of W and A, all loads issued before the MMAs.
+// One warp's k step of W: kChunksPerStep chunks of each of its lanes' two rows.
+struct WStep {
+  uint4 lo[kChunksPerStep], hi[kChunksPerStep];
+};
+
 template <bool kGuarded, typename Elem>
-__device__ __forceinline__ void step(const Elem* w_lo, const Elem* w_hi, const Elem* a_lo, const Elem* a_hi,
-                                     bool two_halves, int64_t k0, int64_t K, int t, float (&acc_lo)[4],
-                                     float (&acc_hi)[4]) {
-  using Mma = ptx::MmaM16N8K16<Elem>;
-  uint4 wl[kChunksPerStep], wh[kChunksPerStep], al[kChunksPerStep], ah[kChunksPerStep];
+__device__ __forceinline__ WStep load_w(const Elem* w_lo, const Elem* w_hi, int64_t k0, int64_t K, int t) {
+  WStep w;
 #pragma unroll
   for (int c = 0; c < kChunksPerStep; ++c) {
     const int64_t k = k0 + (c * kLanesK + t) * kChunk;
-    wl[c] = load_chunk<kGuarded, true>(w_lo, k, K);
-    wh[c] = load_chunk<kGuarded, true>(w_hi, k, K);
-    al[c] = load_chunk<kGuarded, false>(a_lo, k, K);
+    w.lo[c] = load_chunk<kGuarded, true>(w_lo, k, K);
+    w.hi[c] = load_chunk<kGuarded, true>(w_hi, k, K);
   }
+  return w;
+}
+
+// The step's chunks of A's rows (issued first), then its MMAs into the accumulators.
+template <bool kGuarded, typename Elem>
+__device__ __forceinline__ void multiply(const WStep& w, const Elem* a_lo, const Elem* a_hi, bool two_halves,
+                                         int64_t k0, int64_t K, int t, float (&acc_lo)[4], float (&acc_hi)[4]) {
+  using Mma = ptx::MmaM16N8K16<Elem>;
+  uint4 al[kChunksPerStep], ah[kChunksPerStep];
+#pragma unroll
+  for (int c = 0; c < kChunksPerStep; ++c)
+    al[c] = load_chunk<kGuarded, false>(a_lo, k0 + (c * kLanesK + t) * kChunk, K);
   if (two_halves) {
 #pragma unroll
     for (int c = 0; c < kChunksPerStep; ++c)
@@ -86,8 +105,8 @@ __device__ __forceinline__ void step(const Elem* w_lo, const Elem* w_hi, const E
   }
 #pragma unroll
   for (int c = 0; c < kChunksPerStep; ++c) {
-    const uint32_t first[4] = {wl[c].x, wh[c].x, wl[c].y, wh[c].y};
-    const uint32_t second[4] = {wl[c].z, wh[c].z, wl[c].w, wh[c].w};
+    const uint32_t first[4] = {w.lo[c].x, w.hi[c].x, w.lo[c].y, w.hi[c].y};
+    const uint32_t second[4] = {w.lo[c].z, w.hi[c].z, w.lo[c].w, w.hi[c].w};
     Mma::run(acc_lo, first, {al[c].x, al[c].y});
     Mma::run(acc_lo, second, {al[c].z, al[c].w});
     if (two_halves) {
@@ -122,10 +141,28 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
 
   float acc_lo[4] = {}, acc_hi[4] = {};   // D^T rows g, g + 8 x columns 2t, 2t + 1 (lo) and 8 + 2t, 9 + 2t (hi)
   int64_t k0 = static_cast<int64_t>(warp) * kStepK;
-  for (; k0 + kStepK <= K; k0 += kWarps * kStepK) {
-    step<false>(w_lo, w_hi, a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+#if GEMMGEN_SMALL_M_PREFETCH
+  if (k0 + kStepK <= K) {
+    WStep current = load_w<false>(w_lo, w_hi, k0, K, t);
+    for (;;) {
+      const int64_t next = k0 + kWarps * kStepK;
+      const bool more = next + kStepK <= K;
+      WStep ahead{};
+      if (more) ahead = load_w<false>(w_lo, w_hi, next, K, t);
+      multiply<false>(current, a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+      k0 = next;
+      if (!more) break;
+      current = ahead;
+    }
   }
-  if (k0 < K) step<true>(w_lo, w_hi, a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);   // the one partial step
+#else
+  for (; k0 + kStepK <= K; k0 += kWarps * kStepK) {
+    multiply<false>(load_w<false>(w_lo, w_hi, k0, K, t), a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+  }
+#endif
+  if (k0 < K) {   // the one partial step
+    multiply<true>(load_w<true>(w_lo, w_hi, k0, K, t), a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+  }
 
   // C fragment of m16n8: c0, c1 at (row g, columns 2t, 2t + 1), c2, c3 at row g + 8 (§9.7.14.5.8).
   partial[warp][g][2 * t] = acc_lo[0];
@@ -138,17 +175,18 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
   partial[warp][g + 8][9 + 2 * t] = acc_hi[3];
   __syncthreads();
 
-  // One thread per element of D's 16 x 16 block, neighbouring threads on neighbouring columns n.
-  static_assert(kThreads == kRowsW * kMaxRows, "one thread per element of the block's part of D");
-  const int col = threadIdx.x % kRowsW, row = threadIdx.x / kRowsW;
-  const int64_t m = row, n = n0 + col;
-  if (m >= M || n >= N) return;
-  float value = 0.0f;
+  // The elements of D's 16 x 16 block, neighbouring threads on neighbouring columns n.
+  for (int e = threadIdx.x; e < kRowsW * kMaxRows; e += kThreads) {
+    const int col = e % kRowsW, row = e / kRowsW;
+    const int64_t m = row, n = n0 + col;
+    if (m >= M || n >= N) continue;
+    float value = 0.0f;
 #pragma unroll
-  for (int i = 0; i < kWarps; ++i) value += partial[i][col][row];
-  if constexpr (!Cfg::Epilogue::kIdentity) value = Cfg::Epilogue::apply(args, value, m, n);
-  Out* d = static_cast<Out*>(args.d);
-  d[Cfg::kDRowMajor ? m * args.ldd + n : n * args.ldd + m] = from_float<Out>(value);
+    for (int i = 0; i < kWarps; ++i) value += partial[i][col][row];
+    if constexpr (!Cfg::Epilogue::kIdentity) value = Cfg::Epilogue::apply(args, value, m, n);
+    Out* d = static_cast<Out*>(args.d);
+    d[Cfg::kDRowMajor ? m * args.ldd + n : n * args.ldd + m] = from_float<Out>(value);
+  }
 }
 
 }  // namespace small_m

@@ -60,8 +60,9 @@ def reference(op, key: str, a, b):
     return ref, None
 
 
-def check(op, key: str, m: int, n: int, k: int, pad: int = 0) -> None:
-    a, b = operands(op, m, n, k, pad)
+def check(op, key: str, m: int, n: int, k: int, pad: int | None = None) -> None:
+    """pad: elements of NaN past K in each row; by default the fewest that keep rows 16-byte aligned."""
+    a, b = operands(op, m, n, k, (-k) % 8 if pad is None else pad)
     ref, with_epilogue = reference(op, key, a, b)
     extra = {}
     if with_epilogue is not None:
@@ -92,16 +93,19 @@ def test_k_ends_inside_a_chunk(ops, key):
     is read element by element and the NaN past K stays out."""
     if key not in ops:
         pytest.skip("sm90 kernels need an sm90 GPU")
-    for m, n, k in ((1, 300, 1001), (16, 33, 13), (5, 4096, 4095)):
+    for m, n, k in ((2, 300, 1001), (16, 33, 13), (5, 4096, 4095)):   # (one row of A: its ld is K, unaligned)
         check(ops[key], key, m, n, k, pad=(-k) % 8 + 8)
 
 
 def test_k_zero(ops):
+    """K = 0 with rows 16-byte apart (slices of wider tensors, so the small-M kernel takes them): D = 0."""
     op = ops["sm80_fp16"]
-    a = torch.randn(3, 0, device="cuda").half()
-    b = torch.randn(0, 90, device="cuda").half()
+    a = torch.randn(3, 8, device="cuda").half()[:, :0]
+    b = torch.randn(90, 8, device="cuda").half()[:, :0].t()
     assert op.path(a, b) == "small_m"
-    assert (op(a, b) == 0).all()
+    out = op._empty_out(a, b).fill_(float("nan"))
+    op(a, b, out=out)
+    assert (out == 0).all()
 
 
 def test_paths(ops):
