@@ -112,18 +112,19 @@ def test_paths(ops):
     """op.path: small_m up to 16 rows where the config has the kernel (has_small_m_kernel), fast above and for
     configs without it, unaligned for an operand off the 16-byte rule."""
     for key, op in ops.items():
+        bias = {"bias": torch.randn(256, device="cuda", dtype=op.dtype)} if "bias" in key else {}
         a, b = operands(op, SMALL_M_MAX_ROWS, 256, 512)
         if PLANS[key]["layout"][0] == "n":   # A column-major
             a = a.t().contiguous().t()
         if PLANS[key]["layout"][1] == "t":   # B row-major
             b = b.contiguous()
         expected = "small_m" if has_small_m_kernel(op.config) else "fast"
-        assert op.path(a, b) == expected, key
+        assert op.path(a, b, **bias) == expected, key
         a17, b17 = operands(op, SMALL_M_MAX_ROWS + 1, 256, 512)
         if PLANS[key]["layout"] == "tn":
-            assert op.path(a17, b17) == "fast", key
+            assert op.path(a17, b17, **bias) == "fast", key
             odd_a, odd_b = operands(op, 4, 256, 511)   # rows of 511 elements: not 16-byte aligned
-            assert op.path(odd_a, odd_b) == "unaligned", key
+            assert op.path(odd_a, odd_b, **bias) == "unaligned", key
     assert not has_small_m_kernel(Gemm("e4m3", "tn", scale="tensor", arch=90).config)
     assert not has_small_m_kernel(Gemm("tf32", "tn", arch=90).config)
     assert not has_small_m_kernel(Gemm("int8", "tn", out_dtype="int32", arch=90).config)
