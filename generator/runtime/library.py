@@ -8,7 +8,7 @@ from pathlib import Path
 from ..spec.config import MAX_EPILOGUE_OPERANDS
 
 #: What the library's path chooser answers: the kernel a call takes.
-PATHS = {0: "fast", 1: "unaligned", 2: "small_m"}
+PATHS = {0: "fast", 1: "unaligned", 2: "small_m", 3: "repacked"}
 
 
 #: GEMMGEN_MAX_EPILOGUE_OPERANDS of templates/common/gemm_args.h.

@@ -256,8 +256,10 @@ class GemmOp:
         return args
 
     def path(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, **named: Any) -> str:
-        """Which kernel ``op(A, B, ...)`` takes: 'fast', 'unaligned' or 'small_m' (at most 16 rows of A, where the
-        plan has that kernel: ``print(plan)`` lists its paths); the epilogue's operands do not decide."""
+        """Which kernel ``op(A, B, ...)`` takes: 'fast'; 'small_m' (at most 16 rows of A, where the plan has that
+        kernel); 'repacked' (A or B off the 16-byte rule, copied into an aligned workspace, then the fast or small-M
+        kernel) or 'unaligned' (the same operands in a problem too small to repay the copy). ``print(plan)`` lists
+        the paths; the epilogue's operands do not decide."""
         bind(self.config.epilogue, operands, named)
         lda, ldb = self._check(A, B)
         D = self._empty_out(A, B)

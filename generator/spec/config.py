@@ -206,14 +206,20 @@ def has_small_m_kernel(cfg: KernelConfig) -> bool:
             and cfg.layout.b_k_major and cfg.epilogue.scale_mode != "block" and cfg.out_dtype is not DType.int32)
 
 
+#: M x N x K from which an operand off the 16-byte rule is copied into an aligned workspace rather than run on the
+#: unaligned kernel (kRepackMinVolume, templates/common/workspace.cuh).
+REPACK_MIN_VOLUME = 1 << 26
+
+
 def _path_lines(cfg: KernelConfig) -> list[str]:
     """The kernels other than the config's own that a call may take (the launch chooses per call)."""
-    unaligned = "A or B not 16-byte aligned (base or leading dimension): the unaligned kernel"
-    if not has_small_m_kernel(cfg):
-        return [f"other paths:  {unaligned}"]
-    return [f"other paths:  M <= {SMALL_M_MAX_ROWS}: the small-M kernel (streams B once from HBM: D^T = B^T A^T on "
-            "mma.sync, K split between warps)",
-            f"              {unaligned}"]
+    unaligned = ["A or B not 16-byte aligned (base or leading dimension): copied into an aligned workspace (its",
+                 f"rows padded to 16 bytes) when M*N*K >= 2^{REPACK_MIN_VOLUME.bit_length() - 1}, else the unaligned "
+                 "kernel"]
+    small = ([f"M <= {SMALL_M_MAX_ROWS}: the small-M kernel (streams B once from HBM: D^T = B^T A^T on mma.sync, K "
+              "split between warps)"] if has_small_m_kernel(cfg) else [])
+    first, *rest = small + unaligned
+    return [f"other paths:  {first}", *(f"              {line}" for line in rest)]
 
 
 def _epilogue_lines(epilogue: Epilogue) -> list[str]:

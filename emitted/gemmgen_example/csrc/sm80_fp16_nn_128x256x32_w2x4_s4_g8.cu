@@ -7,7 +7,8 @@
 //   dtype:        fp16 -> fp16
 //   layout:       nn (A col-major, B col-major, D row-major)
 //   tile:         128x256x32
-//   other paths:  A or B not 16-byte aligned (base or leading dimension): the unaligned kernel
+//   other paths:  A or B not 16-byte aligned (base or leading dimension): copied into an aligned workspace (its
+//                 rows padded to 16 bytes) when M*N*K >= 2^26, else the unaligned kernel
 //   warps:        2x4 (256 threads, warp tile 64x64)
 //   stages:       4 (98304 bytes of shared memory)
 //   raster_group: 8

@@ -8,7 +8,8 @@
 //   layout:       tn (A row-major, B col-major, D row-major)
 //   tile:         128x256x64
 //   other paths:  M <= 16: the small-M kernel (streams B once from HBM: D^T = B^T A^T on mma.sync, K split between warps)
-//                 A or B not 16-byte aligned (base or leading dimension): the unaligned kernel
+//                 A or B not 16-byte aligned (base or leading dimension): copied into an aligned workspace (its
+//                 rows padded to 16 bytes) when M*N*K >= 2^26, else the unaligned kernel
 //   schedule:     cooperative (persistent: two consumer warpgroups split each tile along M, 64x256 each)
 //   cluster:      2x1 (2 blocks along M share each B tile: TMA multicasts B to both)
 //   stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 epilogue + 1024 barriers and alignment)

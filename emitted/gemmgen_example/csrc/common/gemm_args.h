@@ -41,8 +41,9 @@ typedef struct GemmArgs {
 } GemmArgs;
 
 // Which kernel of a library a launch takes (returned by <name>_path): the config's own, the unaligned one
-// (common/gemm_unaligned.cuh) or the small-M one (common/gemm_small_m.cuh).
-enum GemmPath { GEMM_PATH_FAST = 0, GEMM_PATH_UNALIGNED = 1, GEMM_PATH_SMALL_M = 2 };
+// (common/gemm_unaligned.cuh), the small-M one (common/gemm_small_m.cuh), or the config's own (or the small-M one)
+// on aligned copies of the operands that break the 16-byte rule (common/workspace.cuh).
+enum GemmPath { GEMM_PATH_FAST = 0, GEMM_PATH_UNALIGNED = 1, GEMM_PATH_SMALL_M = 2, GEMM_PATH_REPACKED = 3 };
 
 #ifdef __cplusplus
 }

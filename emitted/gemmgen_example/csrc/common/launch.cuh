@@ -10,10 +10,9 @@
 #include "gemm_args.h"
 #include "gemm_small_m.cuh"
 #include "gemm_unaligned.cuh"
+#include "workspace.cuh"
 
 namespace gemmgen {
-
-constexpr int kMaxDevices = 64;
 
 // A launch code (a cudaError_t value) as the op's error message says it: "CUDA error 2 (out of memory)".
 inline const char* cuda_error_text(int code) {
@@ -24,12 +23,15 @@ inline const char* cuda_error_text(int code) {
 
 // The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
 // 16-byte-aligned base addresses and strides): each operand's base address and leading dimension
-// must keep every chunk 16-byte aligned. Anything else takes the unaligned kernel. Aligned calls with at most
+// must keep every chunk 16-byte aligned. Anything else is copied into an aligned workspace first (repacked) when
+// the problem is big enough to repay the copy, else it takes the unaligned kernel. Aligned calls with at most
 // small_m::kMaxRows rows take the small-M kernel where the config has one (its 16-byte loads follow the same rule).
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
-  const int64_t elem = sizeof(typename Cfg::Elem);
-  if (!fast_aligned(args.a, args.lda, elem) || !fast_aligned(args.b, args.ldb, elem)) return GEMM_PATH_UNALIGNED;
+  if (!fast_aligned(args.a, args.lda, sizeof(typename Cfg::Elem)) ||
+      !fast_aligned(args.b, args.ldb, sizeof(typename Cfg::ElemB))) {
+    return args.m * args.n * args.k >= kRepackMinVolume ? GEMM_PATH_REPACKED : GEMM_PATH_UNALIGNED;
+  }
   return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
 }
 
@@ -74,6 +76,11 @@ inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(
                   const GemmArgs* args, cudaStream_t stream) {
   if (args->m <= 0 || args->n <= 0) return 0;
   const GemmPath path = choose_path<Cfg>(*args);
+  if (path == GEMM_PATH_REPACKED) {
+    return launch_repacked<Cfg>(args, stream, [&](const GemmArgs* packed) -> int {
+      return launch<Cfg>(fast, slow, small, smem_bytes, packed, stream);
+    });
+  }
   if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);
   static bool smem_raised[kMaxDevices] = {};
   const cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), smem_bytes, smem_raised, nullptr);

@@ -193,32 +193,6 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
   return cudaSuccess;
 }
 
-// The stream-K workspace's memory pool on `device`: one of this library's own, which keeps up to
-// kWorkspacePoolKeepBytes between launches instead of handing memory back to the driver at every
-// synchronization (the default pool's behaviour), and leaves the process's default pool alone.
-constexpr uint64_t kWorkspacePoolKeepBytes = uint64_t(256) << 20;
-inline cudaError_t workspace_pool(int device, cudaMemPool_t* pool) {
-  static std::mutex mutex;
-  static cudaMemPool_t pools[kMaxDevices] = {};
-  if (device < 0 || device >= kMaxDevices) return cudaErrorInvalidDevice;
-  const std::lock_guard<std::mutex> lock(mutex);
-  if (pools[device] == nullptr) {
-    cudaMemPoolProps props = {};
-    props.allocType = cudaMemAllocationTypePinned;
-    props.location.type = cudaMemLocationTypeDevice;
-    props.location.id = device;
-    cudaMemPool_t created = nullptr;
-    cudaError_t err = cudaMemPoolCreate(&created, &props);
-    if (err != cudaSuccess) return err;
-    uint64_t keep = kWorkspacePoolKeepBytes;
-    err = cudaMemPoolSetAttribute(created, cudaMemPoolAttrReleaseThreshold, &keep);
-    if (err != cudaSuccess) return err;
-    pools[device] = created;
-  }
-  *pool = pools[device];
-  return cudaSuccess;
-}
-
 template <class Cfg>
 inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs), const GemmArgs* args,
                   cudaStream_t stream) {
@@ -226,6 +200,11 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   using Elem = typename Cfg::Elem;
   if (args->m <= 0 || args->n <= 0) return 0;
   const GemmPath path = choose_path<Cfg>(*args);
+  if (path == GEMM_PATH_REPACKED) {
+    return launch_repacked<Cfg>(args, stream, [&](const GemmArgs* packed) -> int {
+      return launch<Cfg>(fast, slow, small, packed, stream);
+    });
+  }
   if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);
 
   static bool smem_raised[kMaxDevices] = {};
