@@ -61,7 +61,8 @@ class GemmOp:
         self.__doc__ = (f"D = A @ B with {config.dtype.value} inputs and {config.out_dtype.value} output; "
                         f"A (M, K) {config.layout.a.value}-major, B (K, N) {config.layout.b.value}-major, "
                         f"D (M, N) {config.layout.c.value}-major. Kernel {self.name}. Operands whose base "
-                        "address or leading dimension is not 16-byte aligned run on a slower unaligned kernel.")
+                        "address or leading dimension is not 16-byte aligned are copied into an aligned workspace "
+                        "(large problems) or run on a slower unaligned kernel; op.path(A, B) says which.")
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, out: torch.Tensor | None = None,
                  **named: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
