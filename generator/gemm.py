@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
-from .spec.config import RASTERS, SM90_SCHEDULES, KernelConfig
+from .spec.config import RASTERS, SM90_SCHEDULES, SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
 from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, from_knobs, trace, with_scales
 from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype,
                          parse_input_dtype, parse_layout)
@@ -221,7 +221,17 @@ class Gemm:
 
     @property
     def why(self) -> str:
-        return self._estimate.reason
+        """One line: why the planner chose this config (and, for a problem of at most 16 rows, which kernel its
+        calls take instead)."""
+        problem = self._request.problem
+        if problem is None or problem.m > SMALL_M_MAX_ROWS or not has_small_m_kernel(self.config):
+            return self._estimate.reason
+        elem = self.config.dtype.bytes
+        floor_us = problem.n * problem.k * elem / self._request.spec.hbm_bytes_per_s * 1e6
+        return (f"M = {problem.m} <= {SMALL_M_MAX_ROWS}: calls take the small-M kernel, which streams B once "
+                f"({problem.n}x{problem.k}, {problem.n * problem.k * elem / 1e6:.1f} MB: {floor_us:.1f} us at the "
+                f"HBM's {self._request.spec.hbm_bytes_per_s / 1e12:.2f} TB/s), not a tile of 64 or more mostly empty "
+                f"rows; this config serves calls with more rows: {self._estimate.reason}")
 
     @property
     def estimate(self) -> Estimate:

@@ -17,6 +17,7 @@ class ArchSpec:
     max_threads_per_sm: int
     sm_count: int                 # a typical part; the planner uses the live GPU's count when it has one
     gencode: str                  # nvcc target for code built for this architecture
+    hbm_bytes_per_s: float        # the typical part's datasheet memory bandwidth (bound of the small-M kernel)
 
     @property
     def label(self) -> str:
@@ -24,11 +25,11 @@ class ArchSpec:
 
 
 ARCHS: dict[int, ArchSpec] = {
-    80: ArchSpec(80, 166912, 167936, 65536, 2048, 108, "-gencode=arch=compute_80,code=sm_80"),
-    86: ArchSpec(86, 101376, 102400, 65536, 1536, 84, "-gencode=arch=compute_86,code=sm_86"),
-    89: ArchSpec(89, 101376, 102400, 65536, 1536, 128, "-gencode=arch=compute_89,code=sm_89"),
+    80: ArchSpec(80, 166912, 167936, 65536, 2048, 108, "-gencode=arch=compute_80,code=sm_80", 2.04e12),  # A100 80GB
+    86: ArchSpec(86, 101376, 102400, 65536, 1536, 84, "-gencode=arch=compute_86,code=sm_86", 0.94e12),   # RTX 3090
+    89: ArchSpec(89, 101376, 102400, 65536, 1536, 128, "-gencode=arch=compute_89,code=sm_89", 1.01e12),  # RTX 4090
     # sm_90a, not sm_90: wgmma and setmaxnreg exist only in the arch-specific target.
-    90: ArchSpec(90, 232448, 233472, 65536, 2048, 132, "-gencode=arch=compute_90a,code=sm_90a"),
+    90: ArchSpec(90, 232448, 233472, 65536, 2048, 132, "-gencode=arch=compute_90a,code=sm_90a", 3.35e12),  # H100 SXM
 }
 
 
