@@ -14,7 +14,7 @@ import difflib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
@@ -25,9 +25,14 @@ from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layo
                          parse_input_dtype, parse_layout)
 
 if TYPE_CHECKING:
+    from .runtime.buckets import BucketedOp
     from .runtime.op import GemmOp
 
 DEFAULT_NAMESPACE = "gemmgen"
+
+#: Rows of A up to which an M-bucketed op (Gemm.compile_buckets) keeps a kernel planned for that M; above the
+#: last, the plan's own (large-M) kernel. Calls of at most 16 rows take the small-M kernel within any of them.
+M_BUCKETS = (128, 512)
 
 
 def _positive_or_none(value: object, what: str) -> int | None:
@@ -439,6 +444,34 @@ class Gemm:
         from .runtime.op import compile_op
 
         return compile_op(self.config, namespace=self.namespace, verbose=verbose)
+
+    def bucket_plans(self, bounds: Sequence[int] = M_BUCKETS) -> list[tuple[int | None, Gemm]]:
+        """The plans of an M-bucketed op: this plan re-planned for M = each bound (N and K as this plan's hints,
+        4096 where none was given; every knob set here stays set), then this plan for any larger M (max_m None).
+        Neighbouring buckets that plan the same kernel are merged into the larger one."""
+        if list(bounds) != sorted(set(bounds)) or any(not isinstance(b, int) or b < 1 for b in bounds):
+            raise ValueError(f"bounds={tuple(bounds)}: give distinct positive row counts in increasing order, e.g. "
+                             f"{M_BUCKETS}")
+        problem = self._request.problem
+        n, k = (problem.n, problem.k) if problem is not None else (4096, 4096)
+        plans: list[tuple[int | None, Gemm]] = []
+        for bound in bounds:
+            plan = object.__new__(Gemm)
+            object.__setattr__(plan, "namespace", self.namespace)
+            plan._set_request(replace(self._request, problem=Problem(bound, n, k)))
+            plans.append((bound, plan))
+        plans.append((None, self))
+        merged = [pair for pair, after in zip(plans, plans[1:]) if pair[1].config != after[1].config]
+        return merged + [plans[-1]]
+
+    def compile_buckets(self, bounds: Sequence[int] = M_BUCKETS, *, verbose: bool = False) -> BucketedOp:
+        """One op with a kernel per bucket of M (``bucket_plans``), chosen per call by A's rows; the kernels are
+        built in one parallel run (cached). ``op.path(A, B)`` names the kernel a call takes."""
+        from .runtime import BucketedOp, MBucket, compile_many
+
+        plans = self.bucket_plans(bounds)
+        ops = compile_many([plan.config for _, plan in plans], namespace=self.namespace, verbose=verbose)
+        return BucketedOp([MBucket(bound, op) for (bound, _), op in zip(plans, ops)])
 
     def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None,
              autograd: bool = True) -> Path:

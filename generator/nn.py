@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gemm import DEFAULT_NAMESPACE, Gemm
-from .runtime import GemmOp, compile_many, leading_dim
+from .runtime import BucketedOp, GemmOp, MBucket, compile_many, leading_dim
 from .spec.types import INPUT_DTYPES, Order, parse_dtype
 
 __all__ = ["Linear", "plan_linear", "replace_linear"]
@@ -77,11 +77,13 @@ class Linear(nn.Module):
       output is cast back to x's dtype.
     * **Shapes**: inputs (..., K) are reshaped to (M, K) and back; a row-major view is used as it is,
       anything else is made contiguous first.
-    * **One plan per layer, not per call**: the kernel is planned once for N = out_features,
-      K = in_features and M = ``m`` (default: a large M), not per (M, N, K) bucket. The tile choice
-      depends mostly on N and K; one op per layer keeps torch.compile to one graph for every M (a
-      dynamic M traces one op and does not recompile) and never builds a kernel in the middle of a
-      forward pass. Pass ``m=`` (e.g. the token count) when M is known and small.
+    * **A kernel per bucket of M**: without ``m``, the layer's op (``Gemm.compile_buckets``) holds kernels
+      planned for M <= 128, M <= 512 and larger M (N = out_features, K = in_features), built together when
+      the layer is made, never in the middle of a forward pass; each call takes its batch's kernel (and, at
+      most 16 rows, the small-M kernel within it): prefill and decode of one model each get theirs.
+      ``self.op.path(x, W.t())`` names it. With ``m=`` (e.g. a fixed token count) the layer holds the one
+      kernel planned for that M. Under torch.compile the large-M kernel serves every M (one graph for any M,
+      no recompiles; ``runtime.buckets``).
     * **Bias and activation**: the bias is added in the kernel's epilogue (no separate add);
       ``activation=`` ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh") is applied there too.
     * **Fallback**: inputs the kernel cannot take (not on the weights' CUDA device, or of a dtype other
@@ -91,7 +93,7 @@ class Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear, *, dtype: object = None, arch: object = None, m: int | None = None,
-                 activation: str | None = None, op: GemmOp | None = None) -> None:
+                 activation: str | None = None, op: GemmOp | BucketedOp | None = None) -> None:
         super().__init__()
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"Linear wraps a torch.nn.Linear, got {type(linear).__name__}")
@@ -107,7 +109,8 @@ class Linear(nn.Module):
             raise ValueError(f"activation={activation!r}: use one of {choices}")
         self.activation = activation
         if op is None:
-            op = plan_linear(linear, dtype=dtype, arch=arch, m=m, activation=activation).compile()
+            plan = plan_linear(linear, dtype=dtype, arch=arch, m=m, activation=activation)
+            op = plan.compile() if m is not None else plan.compile_buckets()
         elif op.config.layout.blas != "tn":
             raise ValueError(f"{op!r} has layout {op.config.layout.blas!r}; Linear computes x @ W.t(): plan with layout='tn'")
         expected = plan_linear(linear, dtype=op.dtype, arch=op.config.arch, activation=activation).config.epilogue
@@ -202,9 +205,19 @@ def replace_linear(model: nn.Module, *, dtype: object = None, arch: object = Non
     activation = {key: fused[key][2] if key in fused else None for key in layers}
     plans = {key: plan_linear(layer, dtype=dtype, arch=arch, m=m, activation=activation[key])
              for key, layer in layers.items()}
-    configs = list(dict.fromkeys(p.config for p in plans.values()))
-    ops = dict(zip(configs, compile_many(configs, namespace=DEFAULT_NAMESPACE))) if configs else {}
-    new = {key: Linear(layer, activation=activation[key], op=ops[plans[key].config]) for key, layer in layers.items()}
+    # Without m, each layer's op holds a kernel per bucket of M (Gemm.compile_buckets); layers of equal
+    # buckets share one op.
+    buckets = {key: plan.bucket_plans() if m is None else [(None, plan)] for key, plan in plans.items()}
+    configs = list(dict.fromkeys(p.config for pairs in buckets.values() for _, p in pairs))
+    built = dict(zip(configs, compile_many(configs, namespace=DEFAULT_NAMESPACE))) if configs else {}
+    shared: dict[tuple, GemmOp | BucketedOp] = {}
+    for pairs in buckets.values():
+        key = tuple((bound, p.config) for bound, p in pairs)
+        if key not in shared:
+            shared[key] = (built[pairs[0][1].config] if m is not None else
+                           BucketedOp([MBucket(bound, built[p.config]) for bound, p in pairs]))
+    ops = {key: shared[tuple((bound, p.config) for bound, p in pairs)] for key, pairs in buckets.items()}
+    new = {key: Linear(layer, activation=activation[key], op=ops[key]) for key, layer in layers.items()}
     for parent, name, child in parents:
         setattr(parent, name, new[id(child)])
     for sequential, name, _ in fused.values():

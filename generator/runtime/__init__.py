@@ -1,10 +1,11 @@
 """The runtime stage: a built kernel library behind a torch op (``op.GemmOp``), with its argument checks
 (``checks``), its ctypes entry points (``library``), the build-and-load step (``loader``), the C++ call path
 (``jit_runtime``) and the autograd formula (``autograd``). Needs torch."""
+from .buckets import BucketedOp, MBucket
 from .checks import leading_dim
 from .library import GemmArgsStruct, KernelLibrary
 from .loader import build_request, load_library
 from .op import GemmOp, compile_many, compile_op, registered_op
 
-__all__ = ["GemmArgsStruct", "GemmOp", "KernelLibrary", "build_request", "compile_many", "compile_op",
+__all__ = ["BucketedOp", "GemmArgsStruct", "GemmOp", "MBucket", "KernelLibrary", "build_request", "compile_many", "compile_op",
            "leading_dim", "load_library", "registered_op"]

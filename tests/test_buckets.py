@@ -1,0 +1,71 @@
+"""M-bucketed ops on the CPU: the plans Gemm.bucket_plans makes (pinned for the H100's decode-to-prefill range),
+merging of equal neighbours, refusals, and BucketedOp's choice per call with stand-in ops (the GPU side:
+tests/gpu/test_buckets.py)."""
+from __future__ import annotations
+
+import pytest
+
+from generator import Gemm
+from generator.gemm import M_BUCKETS
+
+torch = pytest.importorskip("torch")
+
+from generator.runtime import BucketedOp, MBucket  # noqa: E402
+
+
+def test_bucket_plans_for_an_llm_layer():
+    plans = Gemm("bf16", "tn", n=4096, k=4096, arch=90).bucket_plans()
+    assert [(bound, plan.name) for bound, plan in plans] == [
+        (128, "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),
+        (512, "sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m"),
+        (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+    ]
+    assert M_BUCKETS == (128, 512)
+
+
+def test_equal_neighbours_merge_and_knobs_stay():
+    plans = Gemm("bf16", "tn", arch=80).bucket_plans()
+    assert [bound for bound, _ in plans] == [128, None]   # M = 512 plans the large-M kernel: one bucket
+    fixed = Gemm("bf16", "tn", n=4096, k=4096, arch=90, tile_shape=(128, 128, 64)).bucket_plans()
+    assert {plan.config.tile for _, plan in fixed} == {(128, 128, 64)}
+
+
+@pytest.mark.parametrize("bounds", [(512, 128), (0, 128), (128, 128)])
+def test_bad_bounds_are_refused(bounds):
+    with pytest.raises(ValueError, match="distinct positive row counts in increasing order"):
+        Gemm("bf16", "tn", arch=90).bucket_plans(bounds)
+
+
+class Recorder:
+    def __init__(self, name: str) -> None:
+        self.name, self.config, self.dtype, self.out_dtype, self.device_type = name, name, torch.bfloat16, \
+            torch.bfloat16, "cuda"
+        self.calls: list[int] = []
+
+    def __call__(self, A, B, *operands, out=None, **named):
+        self.calls.append(A.shape[0])
+        return A @ B
+
+    def path(self, A, B, *operands, **named) -> str:
+        return "small_m" if A.shape[0] <= 16 else "fast"
+
+
+def test_each_call_takes_its_buckets_kernel(monkeypatch):
+    small, mid, large = Recorder("small"), Recorder("mid"), Recorder("large")
+    op = BucketedOp([MBucket(128, small), MBucket(512, mid), MBucket(None, large)])
+    for m in (1, 128, 129, 512, 513, 5000):
+        op(torch.randn(m, 8), torch.randn(8, 4))
+    assert (small.calls, mid.calls, large.calls) == ([1, 128], [129, 512], [513, 5000])
+    assert op.path(torch.randn(4, 8), torch.randn(8, 4)) == "small: small_m"
+    assert op.path(torch.randn(300, 8), torch.randn(8, 4)) == "mid: fast"
+    assert op.config == "large" and "M <= 128: small" in repr(op)
+    # Under torch.compile every M takes the large-M kernel: one graph, no guard on M.
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    op(torch.randn(4, 8), torch.randn(8, 4))
+    assert large.calls[-1] == 4
+
+
+@pytest.mark.parametrize("bounds", [(128, 64, None), (128, 512), (128, None, None)])
+def test_bucket_order_is_checked(bounds):
+    with pytest.raises(ValueError):
+        BucketedOp([MBucket(b, Recorder(str(b))) for b in bounds])
