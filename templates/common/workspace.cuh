@@ -47,7 +47,9 @@ constexpr int64_t kRepackMinVolume = int64_t(1) << 26;
 // Row pitches of repacked copies are multiples of this many bytes (the fast kernels' chunks).
 constexpr int64_t kRepackAlignBytes = 16;
 
-namespace {   // one instantiation per kernel library: libraries linked into one package must not share it
+// Internal linkage from here on: each kernel library (translation unit) has its own copy kernel and launch code,
+// so that the libraries linked into one package never share (and never register twice) a kernel.
+namespace {
 
 // dst (lines x cols, pitch ld_dst elements) = src (the same, pitch ld_src): element by element, consecutive threads
 // on consecutive elements of a line, the grid striding over lines.
@@ -60,8 +62,6 @@ __global__ void repack_lines(const T* __restrict__ src, int64_t ld_src, T* __res
     for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) to[c] = from[c];
   }
 }
-
-}  // namespace
 
 // One operand's copy: `lines` rows (K-major storage) or columns (the other) of `cols` contiguous elements each.
 struct RepackPlan {
@@ -129,4 +129,5 @@ inline int launch_repacked(const GemmArgs* args, cudaStream_t stream, Relaunch&&
   return code;
 }
 
+}  // namespace
 }  // namespace gemmgen
