@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runpy
 
 from generator import Gemm  # noqa: E402
-from generator.runtime import compile_many  # noqa: E402
+from generator.runtime import BucketedOp, MBucket, compile_many  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -154,23 +154,36 @@ def timed_rounds(fns: dict, rounds: int, order: str = "balanced") -> dict[str, f
     return {name: statistics.median(t) for name, t in interleaved_rounds(fns, rounds, bench_ms, order).items()}
 
 
-def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,
-        order: str = "balanced", with_triton_mma_sync: bool = False) -> list[Row]:
-    family_arg = {"family": family} if family else {}
-    plans = {(s, d): Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2], **family_arg) for s in shapes
-             for d in dtypes}
-    unique = {p.name: p.config for p in plans.values()}
+def planned_ops(shapes, dtypes, layout, family_arg: dict, bucketed: bool) -> dict:
+    """{(shape, dtype): op}: the op planned for each shape, or (bucketed) the M-bucketed op of its N and K, as
+    generator.nn.Linear holds one (Gemm.compile_buckets); all kernels built in one parallel run."""
+    if bucketed:
+        plans = {(s, d): Gemm(dtype=d, layout=layout, n=s[1], k=s[2], **family_arg).bucket_plans() for s in shapes
+                 for d in dtypes}
+    else:
+        plans = {(s, d): [(None, Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2], **family_arg))]
+                 for s in shapes for d in dtypes}
+    configs = list(dict.fromkeys(p.config for pairs in plans.values() for _, p in pairs))
     start = time.perf_counter()
-    ops = dict(zip(unique, compile_many(list(unique.values()), namespace="gemmgen")))
-    print(f"built {len(unique)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
+    built = dict(zip(configs, compile_many(configs, namespace="gemmgen")))
+    print(f"built {len(configs)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
+    if not bucketed:
+        return {key: built[pairs[0][1].config] for key, pairs in plans.items()}
+    return {key: BucketedOp([MBucket(bound, built[p.config]) for bound, p in pairs]) for key, pairs in plans.items()}
+
+
+def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,
+        order: str = "balanced", with_triton_mma_sync: bool = False, bucketed: bool = False) -> list[Row]:
+    family_arg = {"family": family} if family else {}
+    ops = planned_ops(shapes, dtypes, layout, family_arg, bucketed)
     warm_up_gpu()
     if with_triton or with_triton_mma_sync:
         from triton_matmul import mma_sync_build_instructions, triton_matmul
     rows = []
-    for (shape, dname), plan in plans.items():
+    for (shape, dname), op in ops.items():
         m, n, k = shape
         dtype = DTYPES[dname]
-        op = ops[plan.name]
+        kernel = op.select(m) if bucketed else op   # the kernel this M's calls take
         a, b = operands(layout, m, n, k, dtype)
         d = op(a, b)
         ref = a.float() @ b.float()
@@ -189,10 +202,10 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
             check_mma_sync_build(mma_sync_build_instructions())
         ms = timed_rounds(timed, rounds, order)
         ours, cublas, tri, tri_v2 = ms["ours"], ms["cublas"], ms.get("triton"), ms.get("triton_mma_sync")
-        row = Row(m, n, k, dname, layout, plan.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),
+        row = Row(m, n, k, dname, layout, kernel.name, ours, cublas, tri, tflops(m, n, k, ours), tflops(m, n, k, cublas),
                   tflops(m, n, k, tri) if tri else None, cublas / ours, (tri / ours) if tri else None, err,
                   tri_v2, tflops(m, n, k, tri_v2) if tri_v2 else None, (tri_v2 / ours) if tri_v2 else None,
-                  op.path(a, b), gbps(a, b, d, ours), gbps(a, b, d, cublas))
+                  kernel.path(a, b), gbps(a, b, d, ours), gbps(a, b, d, cublas))
         rows.append(row)
         print(format_row(row), flush=True)
     return rows
@@ -231,6 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default=None,
                         help="MxNxK,... instead of --set (e.g. the decode shapes 1x4096x4096,16x8192x8192)")
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma list of bf16, fp16")
+    parser.add_argument("--bucketed", action="store_true",
+                        help="time the M-bucketed op of each N and K (Gemm.compile_buckets, as generator.nn.Linear "
+                             "holds) instead of a kernel planned for each shape's M")
     parser.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
     parser.add_argument("--family", choices=["sm80", "sm90"], default=None,
                         help="kernel family to plan (default: the planner's choice for the GPU, sm90 on Hopper)")
@@ -260,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     print(header(args.triton_mma_sync))
     rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds, args.family, args.order,
-               args.triton_mma_sync)
+               args.triton_mma_sync, args.bucketed)
     print("\n" + header(args.triton_mma_sync))
     for r in rows:
         print(format_row(r))

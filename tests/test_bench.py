@@ -146,3 +146,30 @@ def test_triton_mma_sync_column_is_printed_and_checked():
     bench.check_mma_sync_build({"mma.sync"})
     with pytest.raises(RuntimeError, match="ignores DISABLE_MMA_V3"):
         bench.check_mma_sync_build({"wgmma", "mma.sync"})
+
+
+def test_planned_ops_per_shape_or_bucketed(monkeypatch):
+    """--bucketed times the op generator.nn.Linear holds (one per N and K, a kernel per bucket of M); without it,
+    a kernel planned for each shape. Every distinct kernel is built once, in one call."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from generator import Gemm
+
+    builds = []
+
+    def fake_compile_many(configs, *, namespace):
+        builds.append(list(configs))
+        return [SimpleNamespace(name=c.name, config=c, dtype=None, out_dtype=None, device_type="cuda") for c in configs]
+
+    monkeypatch.setattr(bench, "compile_many", fake_compile_many)
+    monkeypatch.setattr(bench, "Gemm", partial(Gemm, arch=90))
+    shapes = [(16, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096)]
+    per_shape = bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=False)
+    assert [op.name for op in per_shape.values()] == [
+        "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m", "sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m",
+        "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"]
+    bucketed = bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=True)
+    ops = list(bucketed.values())
+    assert len(builds) == 2 and len(builds[1]) == len(set(builds[1])) == 3   # one build, each kernel once
+    assert [op.select(m).name for op, (m, _, _) in zip(ops, shapes)] == [op.name for op in per_shape.values()]
