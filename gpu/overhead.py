@@ -1,6 +1,7 @@
 """Where the time of a small GEMM goes: the JIT op (the JIT runtime's C++ checks and autograd kernel, also
 recording a graph node, and its Python path: checks + ctypes), the emitted op (the same C++ checks), the
-kernel library called directly, and the kernel alone (CUDA graph replay), next to torch.matmul. Writes
+kernel library called directly, the M-bucketed op (runtime.BucketedOp, as generator.nn.Linear holds), and the
+kernel alone (CUDA graph replay), next to torch.matmul. Writes
 $OUT/overhead.json.
 
     python3 gpu/overhead.py
@@ -50,6 +51,8 @@ def main() -> None:
     sys.path.insert(0, str(root / "site"))
     import gg_overhead
 
+    # The M-bucketed op generator.nn.Linear holds (a kernel per bucket of M, picked per call on the host).
+    bucketed = {(n, k): Gemm(dtype="bf16", layout="tn", n=n, k=k).compile_buckets() for _, n, k in SHAPES}
     rows = []
     for (m, n, k), plan, name in zip(SHAPES, plans, names):
         op = plan.compile()
@@ -71,6 +74,7 @@ def main() -> None:
                  # the Python path that serves when the JIT runtime is missing (checks + ctypes, no dispatcher)
                  "jit python path": lambda: op.run(a, b, (), None),
                  "emitted op": lambda: emitted(a, b), "emitted .out": lambda: emitted(a, b, out=d),
+                 "bucketed op": lambda: bucketed[(n, k)](a, b),
                  "library launch": raw}
         row = {"m": m, "n": n, "k": k, "kernel": plan.name}
         for label, fn in calls.items():
