@@ -26,14 +26,15 @@ namespace small_m {
 
 constexpr int kMaxRows = 16;                       // the most rows of A (M) a call may have to take this kernel
 constexpr int kRowsW = 16;                         // rows of W (columns of D) per block: one MMA's M side
+// Experiment switches (gpu/ab_variants.py; docs/small_m.md has what they measured). Warps per block:
 #ifndef GEMMGEN_SMALL_M_WARPS
 #define GEMMGEN_SMALL_M_WARPS 8
 #endif
-// Experiment switch (gpu/ab_variants.py): 1 issues a warp's next k step of W before the current step's MMAs.
+// 1 issues a warp's next k step of W before the current step's MMAs.
 #ifndef GEMMGEN_SMALL_M_PREFETCH
 #define GEMMGEN_SMALL_M_PREFETCH 0
 #endif
-// Experiment switch: 1 reads W under an L2 evict-first policy (ptx::l2_policy_evict_first), so that the stream
+// 1 reads W under an L2 evict-first policy (ptx::l2_policy_evict_first), so that the stream
 // evicts its own lines before others'; not measured yet.
 #ifndef GEMMGEN_SMALL_M_EVICT_FIRST
 #define GEMMGEN_SMALL_M_EVICT_FIRST 0
@@ -46,7 +47,7 @@ constexpr int kChunksPerStep = 4;                  // chunks per lane and row in
 constexpr int kStepK = kChunksPerStep * kLanesK * kChunk;  // 128 k per warp and step: 256 bytes of each W row
 
 // Which configs have this kernel: 16-bit A and B, both K-major, no per-block scales (their K blocks would need the
-// promotion of the fast kernels) and a floating-point D. spec/config.py small_m_kernel says the same in Python.
+// promotion of the fast kernels) and a floating-point D. spec/config.py has_small_m_kernel says the same in Python.
 template <class Cfg>
 constexpr bool kAvailable = (std::is_same_v<typename Cfg::Elem, __half> ||
                              std::is_same_v<typename Cfg::Elem, __nv_bfloat16>) &&
