@@ -194,15 +194,15 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
 }
 
 template <class Cfg>
-inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs), const GemmArgs* args,
-                  cudaStream_t stream) {
+inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs), void (*repack)(RepackArgs),
+                  const GemmArgs* args, cudaStream_t stream) {
   using K = Kernel<Cfg>;
   using Elem = typename Cfg::Elem;
   if (args->m <= 0 || args->n <= 0) return 0;
   const GemmPath path = choose_path<Cfg>(*args);
   if (path == GEMM_PATH_REPACKED) {
-    return launch_repacked<Cfg>(args, stream, [&](const GemmArgs* packed) -> int {
-      return launch<Cfg>(fast, slow, small, packed, stream);
+    return launch_repacked<Cfg>(repack, args, stream, [&](const GemmArgs* packed) -> int {
+      return launch<Cfg>(fast, slow, small, repack, packed, stream);
     });
   }
   if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);

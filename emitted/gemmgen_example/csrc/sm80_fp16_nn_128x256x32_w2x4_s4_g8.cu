@@ -70,6 +70,11 @@ extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm80_fp
   if constexpr (gemmgen::small_m::kAvailable<Config>) gemmgen::small_m::run<Config>(args);
 }
 
+// Aligned copies of operands off the 16-byte rule, for large problems (common/workspace.cuh).
+extern "C" __global__ void __launch_bounds__(gemmgen::kRepackThreads) sm80_fp16_nn_128x256x32_w2x4_s4_g8_repack(gemmgen::RepackArgs args) {
+  gemmgen::repack_lines(args);
+}
+
 extern "C" {
 
 // Which kernel a launch with these arguments takes: GEMM_PATH_FAST, GEMM_PATH_UNALIGNED or GEMM_PATH_SMALL_M.
@@ -77,8 +82,8 @@ int sm80_fp16_nn_128x256x32_w2x4_s4_g8_path(const GemmArgs* args) { return gemmg
 
 // Launch on `stream` (a cudaStream_t); returns a cudaError_t value, 0 on success.
 int sm80_fp16_nn_128x256x32_w2x4_s4_g8_launch(const GemmArgs* args, void* stream) {
-  return gemmgen::launch<Config>(sm80_fp16_nn_128x256x32_w2x4_s4_g8, sm80_fp16_nn_128x256x32_w2x4_s4_g8_unaligned, sm80_fp16_nn_128x256x32_w2x4_s4_g8_small_m, Kernel::SMEM_BYTES, args,
-                                 static_cast<cudaStream_t>(stream));
+  return gemmgen::launch<Config>(sm80_fp16_nn_128x256x32_w2x4_s4_g8, sm80_fp16_nn_128x256x32_w2x4_s4_g8_unaligned, sm80_fp16_nn_128x256x32_w2x4_s4_g8_small_m, sm80_fp16_nn_128x256x32_w2x4_s4_g8_repack,
+                                 Kernel::SMEM_BYTES, args, static_cast<cudaStream_t>(stream));
 }
 
 const char* sm80_fp16_nn_128x256x32_w2x4_s4_g8_error_string(int code) { return gemmgen::cuda_error_text(code); }

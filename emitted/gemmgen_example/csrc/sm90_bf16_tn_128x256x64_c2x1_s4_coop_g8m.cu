@@ -90,6 +90,11 @@ extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm90_bf
   if constexpr (gemmgen::small_m::kAvailable<Config>) gemmgen::small_m::run<Config>(args);
 }
 
+// Aligned copies of operands off the 16-byte rule, for large problems (common/workspace.cuh).
+extern "C" __global__ void __launch_bounds__(gemmgen::kRepackThreads) sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_repack(gemmgen::RepackArgs args) {
+  gemmgen::repack_lines(args);
+}
+
 extern "C" {
 
 // Which kernel a launch with these arguments takes: GEMM_PATH_FAST, GEMM_PATH_UNALIGNED or GEMM_PATH_SMALL_M.
@@ -97,7 +102,8 @@ int sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_path(const GemmArgs* args) { return
 
 // Launch on `stream` (a cudaStream_t); returns a cudaError_t value, 0 on success.
 int sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_launch(const GemmArgs* args, void* stream) {
-  return gemmgen::sm90::launch<Config>(sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_unaligned, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_small_m, args, static_cast<cudaStream_t>(stream));
+  return gemmgen::sm90::launch<Config>(sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_unaligned, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_small_m, sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_repack, args,
+                                       static_cast<cudaStream_t>(stream));
 }
 
 const char* sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_error_string(int code) { return gemmgen::sm90::error_string(code); }

@@ -72,13 +72,13 @@ inline cudaError_t raise_smem_limit(const void* kernel, int smem_bytes, bool (&r
 }
 
 template <class Cfg>
-inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(GemmArgs), int smem_bytes,
-                  const GemmArgs* args, cudaStream_t stream) {
+inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(GemmArgs),
+                  void (*repack)(RepackArgs), int smem_bytes, const GemmArgs* args, cudaStream_t stream) {
   if (args->m <= 0 || args->n <= 0) return 0;
   const GemmPath path = choose_path<Cfg>(*args);
   if (path == GEMM_PATH_REPACKED) {
-    return launch_repacked<Cfg>(args, stream, [&](const GemmArgs* packed) -> int {
-      return launch<Cfg>(fast, slow, small, smem_bytes, packed, stream);
+    return launch_repacked<Cfg>(repack, args, stream, [&](const GemmArgs* packed) -> int {
+      return launch<Cfg>(fast, slow, small, repack, smem_bytes, packed, stream);
     });
   }
   if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);

@@ -1,5 +1,5 @@
 // Stream-ordered workspaces of a kernel library: its own memory pool, and the aligned copies of operands whose
-// rows break the fast kernels' 16-byte rule (repacking). Host code and one copy kernel; no torch.
+// rows break the fast kernels' 16-byte rule (repacking). Host code and the copy kernel's body; no torch.
 #pragma once
 
 #include <cstdint>
@@ -47,19 +47,39 @@ constexpr int64_t kRepackMinVolume = int64_t(1) << 26;
 // Row pitches of repacked copies are multiples of this many bytes (the fast kernels' chunks).
 constexpr int64_t kRepackAlignBytes = 16;
 
-// Internal linkage from here on: each kernel library (translation unit) has its own copy kernel and launch code,
-// so that the libraries linked into one package never share (and never register twice) a kernel.
-namespace {
+// One copy of the repacking: `lines` lines of `cols` elements of `elem_bytes` (1, 2 or 4), from a pitch of ld_src
+// elements to one of ld_dst. Each library has a named kernel that runs it (<name>_repack, rendered beside the
+// unaligned one), so profiles and ptxas reports name it.
+struct RepackArgs {
+  const void* src;
+  void* dst;
+  int64_t ld_src, ld_dst, lines, cols;
+  int elem_bytes;
+};
 
-// dst (lines x cols, pitch ld_dst elements) = src (the same, pitch ld_src): element by element, consecutive threads
-// on consecutive elements of a line, the grid striding over lines.
+constexpr int kRepackThreads = 256;
+constexpr int64_t kRepackMaxBlocks = 8192;   // grid-stride beyond: each block copies several lines
+
 template <typename T>
-__global__ void repack_lines(const T* __restrict__ src, int64_t ld_src, T* __restrict__ dst, int64_t ld_dst,
-                             int64_t lines, int64_t cols) {
-  for (int64_t line = blockIdx.x; line < lines; line += gridDim.x) {
-    const T* from = src + line * ld_src;
-    T* to = dst + line * ld_dst;
-    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) to[c] = from[c];
+__device__ __forceinline__ void copy_lines(const RepackArgs& args) {
+  const T* __restrict__ src = static_cast<const T*>(args.src);
+  T* __restrict__ dst = static_cast<T*>(args.dst);
+  for (int64_t line = blockIdx.x; line < args.lines; line += gridDim.x) {
+    const T* from = src + line * args.ld_src;
+    T* to = dst + line * args.ld_dst;
+    for (int64_t c = threadIdx.x; c < args.cols; c += blockDim.x) to[c] = from[c];
+  }
+}
+
+// The copy kernel's body: element by element, consecutive threads on consecutive elements of a line, the grid
+// striding over lines.
+__device__ __forceinline__ void repack_lines(const RepackArgs& args) {
+  if (args.elem_bytes == 1) {
+    copy_lines<uint8_t>(args);
+  } else if (args.elem_bytes == 2) {
+    copy_lines<uint16_t>(args);
+  } else {
+    copy_lines<uint32_t>(args);
   }
 }
 
@@ -82,20 +102,20 @@ inline RepackPlan plan_repack(bool needed, bool k_major, int64_t outer, int64_t 
   return plan;
 }
 
-template <typename T>
-inline void launch_repack(const RepackPlan& plan, const void* src, int64_t ld_src, void* dst, cudaStream_t stream) {
-  constexpr int kThreads = 256;
-  constexpr int64_t kMaxBlocks = 8192;   // grid-stride beyond: each block copies several lines
-  const unsigned blocks = static_cast<unsigned>(plan.lines < kMaxBlocks ? plan.lines : kMaxBlocks);
-  repack_lines<T><<<blocks, kThreads, 0, stream>>>(static_cast<const T*>(src), ld_src, static_cast<T*>(dst),
-                                                    plan.ld, plan.lines, plan.cols);
+inline void launch_repack(void (*repack)(RepackArgs), const RepackPlan& plan, const void* src, int64_t ld_src,
+                          void* dst, int elem_bytes, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(plan.lines < kRepackMaxBlocks ? plan.lines : kRepackMaxBlocks);
+  repack<<<blocks, kRepackThreads, 0, stream>>>(RepackArgs{src, dst, ld_src, plan.ld, plan.lines, plan.cols,
+                                                           elem_bytes});
 }
 
 // The call with A and/or B (whichever breaks the 16-byte rule) copied into one workspace of the library's pool with
-// 16-byte-aligned pitches, run by `relaunch` (the fast or small-M path), the workspace freed in the stream after it.
-// Workspace: each copied operand's lines x its padded pitch, never more than its own bytes plus 15 per line.
+// 16-byte-aligned pitches by the library's `repack` kernel, run by `relaunch` (the fast or small-M path), the
+// workspace freed in the stream after it. Workspace: each copied operand's lines x its padded pitch, never more than
+// its own bytes plus 15 per line.
 template <class Cfg, class Relaunch>
-inline int launch_repacked(const GemmArgs* args, cudaStream_t stream, Relaunch&& relaunch) {
+inline int launch_repacked(void (*repack)(RepackArgs), const GemmArgs* args, cudaStream_t stream,
+                           Relaunch&& relaunch) {
   using ElemA = typename Cfg::Elem;
   using ElemB = typename Cfg::ElemB;
   const RepackPlan plan_a = plan_repack(!fast_aligned(args->a, args->lda, sizeof(ElemA)), Cfg::kAKMajor, args->m,
@@ -113,12 +133,12 @@ inline int launch_repacked(const GemmArgs* args, cudaStream_t stream, Relaunch&&
   if (err != cudaSuccess) return static_cast<int>(err);
   GemmArgs packed = *args;
   if (plan_a.needed) {
-    launch_repack<ElemA>(plan_a, args->a, args->lda, workspace, stream);
+    launch_repack(repack, plan_a, args->a, args->lda, workspace, sizeof(ElemA), stream);
     packed.a = workspace;
     packed.lda = plan_a.ld;
   }
   if (plan_b.needed) {
-    launch_repack<ElemB>(plan_b, args->b, args->ldb, workspace + plan_a.bytes, stream);
+    launch_repack(repack, plan_b, args->b, args->ldb, workspace + plan_a.bytes, sizeof(ElemB), stream);
     packed.b = workspace + plan_a.bytes;
     packed.ldb = plan_b.ld;
   }
@@ -129,5 +149,4 @@ inline int launch_repacked(const GemmArgs* args, cudaStream_t stream, Relaunch&&
   return code;
 }
 
-}  // namespace
 }  // namespace gemmgen
