@@ -454,15 +454,17 @@ class Gemm:
                              f"{M_BUCKETS}")
         problem = self._request.problem
         n, k = (problem.n, problem.k) if problem is not None else (4096, 4096)
-        plans: list[tuple[int | None, Gemm]] = []
-        for bound in bounds:
-            plan = object.__new__(Gemm)
-            object.__setattr__(plan, "namespace", self.namespace)
-            plan._set_request(replace(self._request, problem=Problem(bound, n, k)))
-            plans.append((bound, plan))
+        plans: list[tuple[int | None, Gemm]] = [(bound, self._replanned(Problem(bound, n, k))) for bound in bounds]
         plans.append((None, self))
         merged = [pair for pair, after in zip(plans, plans[1:]) if pair[1].config != after[1].config]
         return merged + [plans[-1]]
+
+    def _replanned(self, problem: Problem) -> Gemm:
+        """A copy of this plan, every knob as set here, planned for ``problem``."""
+        plan = object.__new__(Gemm)
+        plan.namespace = self.namespace
+        plan._set_request(replace(self._request, problem=problem))
+        return plan
 
     def compile_buckets(self, bounds: Sequence[int] = M_BUCKETS, *, verbose: bool = False) -> BucketedOp:
         """One op with a kernel per bucket of M (``bucket_plans``), chosen per call by A's rows; the kernels are
