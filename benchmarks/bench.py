@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runpy
 
 from generator import Gemm  # noqa: E402
-from generator.runtime import BucketedOp, MBucket, compile_many  # noqa: E402
+from generator.runtime import BucketedOp, compile_many  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -169,7 +169,7 @@ def planned_ops(shapes, dtypes, layout, family_arg: dict, bucketed: bool) -> dic
     print(f"built {len(configs)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
     if not bucketed:
         return {key: built[pairs[0][1].config] for key, pairs in plans.items()}
-    return {key: BucketedOp([MBucket(bound, built[p.config]) for bound, p in pairs]) for key, pairs in plans.items()}
+    return {key: BucketedOp.from_built([(bound, p.config) for bound, p in pairs], built) for key, pairs in plans.items()}
 
 
 def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,

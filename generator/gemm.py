@@ -469,11 +469,12 @@ class Gemm:
     def compile_buckets(self, bounds: Sequence[int] = M_BUCKETS, *, verbose: bool = False) -> BucketedOp:
         """One op with a kernel per bucket of M (``bucket_plans``), chosen per call by A's rows; the kernels are
         built in one parallel run (cached). ``op.path(A, B)`` names the kernel a call takes."""
-        from .runtime import BucketedOp, MBucket, compile_many
+        from .runtime import BucketedOp, compile_many
 
-        plans = self.bucket_plans(bounds)
-        ops = compile_many([plan.config for _, plan in plans], namespace=self.namespace, verbose=verbose)
-        return BucketedOp([MBucket(bound, op) for (bound, _), op in zip(plans, ops)])
+        bounded = [(bound, plan.config) for bound, plan in self.bucket_plans(bounds)]
+        configs = [config for _, config in bounded]
+        built = dict(zip(configs, compile_many(configs, namespace=self.namespace, verbose=verbose)))
+        return BucketedOp.from_built(bounded, built)
 
     def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None,
              autograd: bool = True) -> Path:

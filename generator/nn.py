@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .gemm import DEFAULT_NAMESPACE, Gemm
-from .runtime import BucketedOp, GemmOp, MBucket, compile_many, leading_dim
+from .runtime import BucketedOp, GemmOp, compile_many, leading_dim
 from .spec.types import INPUT_DTYPES, Order, parse_dtype
 
 __all__ = ["Linear", "plan_linear", "replace_linear"]
@@ -207,17 +207,13 @@ def replace_linear(model: nn.Module, *, dtype: object = None, arch: object = Non
              for key, layer in layers.items()}
     # Without m, each layer's op holds a kernel per bucket of M (Gemm.compile_buckets); layers of equal
     # buckets share one op.
-    buckets = {key: plan.bucket_plans() if m is None else [(None, plan)] for key, plan in plans.items()}
-    configs = list(dict.fromkeys(p.config for pairs in buckets.values() for _, p in pairs))
+    bounded = {key: tuple((bound, p.config) for bound, p in (plan.bucket_plans() if m is None else [(None, plan)]))
+               for key, plan in plans.items()}
+    configs = list(dict.fromkeys(config for pairs in bounded.values() for _, config in pairs))
     built = dict(zip(configs, compile_many(configs, namespace=DEFAULT_NAMESPACE))) if configs else {}
-    shared: dict[tuple, GemmOp | BucketedOp] = {}
-    for pairs in buckets.values():
-        key = tuple((bound, p.config) for bound, p in pairs)
-        if key not in shared:
-            shared[key] = (built[pairs[0][1].config] if m is not None else
-                           BucketedOp([MBucket(bound, built[p.config]) for bound, p in pairs]))
-    ops = {key: shared[tuple((bound, p.config) for bound, p in pairs)] for key, pairs in buckets.items()}
-    new = {key: Linear(layer, activation=activation[key], op=ops[key]) for key, layer in layers.items()}
+    shared = {pairs: built[pairs[0][1]] if m is not None else BucketedOp.from_built(pairs, built)
+              for pairs in set(bounded.values())}
+    new = {key: Linear(layer, activation=activation[key], op=shared[bounded[key]]) for key, layer in layers.items()}
     for parent, name, child in parents:
         setattr(parent, name, new[id(child)])
     for sequential, name, _ in fused.values():

@@ -7,5 +7,5 @@ from .library import GemmArgsStruct, KernelLibrary
 from .loader import build_request, load_library
 from .op import GemmOp, compile_many, compile_op, registered_op
 
-__all__ = ["BucketedOp", "GemmArgsStruct", "GemmOp", "MBucket", "KernelLibrary", "build_request", "compile_many", "compile_op",
-           "leading_dim", "load_library", "registered_op"]
+__all__ = ["BucketedOp", "GemmArgsStruct", "GemmOp", "KernelLibrary", "MBucket", "build_request", "compile_many",
+           "compile_op", "leading_dim", "load_library", "registered_op"]

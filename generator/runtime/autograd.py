@@ -5,9 +5,9 @@ Which kernels (their layouts for a row- or column-major dD, and why) is pure pla
 emitted packages: see ``generator.planner.backward`` (``backward_layouts``, ``backward_configs``, re-exported
 here). A gradient stored in neither order (an expanded ``sum()`` gradient has strides (0, 0)) is made
 contiguous first. Strided operands whose order matches are taken as they are: the ops accept any
-leading dimension, and unaligned ones are repacked or run the unaligned kernel (``op.path``). A gradient of another dtype
-than the inputs' (an op with ``out_dtype=fp32``) is cast to the input dtype, because the kernels take
-fp16/bf16 operands.
+leading dimension, and unaligned ones are repacked or run the unaligned kernel (``op.path``). A gradient
+of another dtype than the inputs' (an op with ``out_dtype=fp32``) is cast to the input dtype, because the
+kernels take fp16/bf16 operands.
 
 The backward ops are planned and registered together with the forward op (both gradient orders:
 planning is pure Python and cheap), so that a compiled backward graph loaded from torch.compile's

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 
@@ -46,6 +46,12 @@ class BucketedOp:
         self.dtype = largest.dtype
         self.out_dtype = largest.out_dtype
         self.device_type = largest.device_type
+
+    @classmethod
+    def from_built(cls, bounded_configs: Sequence[tuple[int | None, Any]], built: Mapping[Any, Any]) -> BucketedOp:
+        """The op of ``Gemm.bucket_plans``' (bound, config) pairs, each config's op taken from ``built`` (the
+        callers build every kernel of several bucketed ops in one parallel run)."""
+        return cls([MBucket(bound, built[config]) for bound, config in bounded_configs])
 
     @property
     def name(self) -> str:
