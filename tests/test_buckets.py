@@ -65,7 +65,11 @@ def test_each_call_takes_its_buckets_kernel(monkeypatch):
     assert large.calls[-1] == 4
 
 
-@pytest.mark.parametrize("bounds", [(128, 64, None), (128, 512), (128, None, None)])
-def test_bucket_order_is_checked(bounds):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("bounds, message", [
+    ((128, 64, None), r"bucket bounds \[128, 64\] must be distinct, increasing integers"),
+    ((128, 512), r"the last one for any larger M \(max_m=None\)"),
+    ((128, None, None), r"bucket bounds \[128, None\] must be distinct, increasing integers"),
+])
+def test_bucket_order_is_checked(bounds, message):
+    with pytest.raises(ValueError, match=message):
         BucketedOp([MBucket(b, Recorder(str(b))) for b in bounds])
