@@ -34,11 +34,6 @@ constexpr int kRowsW = 16;                         // rows of W (columns of D) p
 #ifndef GEMMGEN_SMALL_M_PREFETCH
 #define GEMMGEN_SMALL_M_PREFETCH 0
 #endif
-// 1 reads W under an L2 evict-first policy (ptx::l2_policy_evict_first), so that the stream
-// evicts its own lines before others'; not measured yet.
-#ifndef GEMMGEN_SMALL_M_EVICT_FIRST
-#define GEMMGEN_SMALL_M_EVICT_FIRST 0
-#endif
 constexpr int kWarps = GEMMGEN_SMALL_M_WARPS;      // per block, splitting K
 constexpr int kThreads = kWarps * 32;
 constexpr int kChunk = 8;                          // 16-bit elements per 16-byte load
@@ -76,7 +71,6 @@ __device__ __forceinline__ uint4 load_chunk(const Elem* row, int64_t k, int64_t 
     }
   }
   if constexpr (!kStream) return ptx::ld_global_shared_16(row + k);
-  if constexpr (GEMMGEN_SMALL_M_EVICT_FIRST) return ptx::ld_global_stream_16(row + k, ptx::l2_policy_evict_first());
   return ptx::ld_global_stream_16(row + k);
 }
 

@@ -147,26 +147,6 @@ __device__ __forceinline__ uint4 ld_global_stream_16(const void* addr) {
   return v;
 }
 
-// An L2 cache policy that marks every line it is applied to first to go (evict_first, fraction 1.0).
-// PTX ISA §9.7.9.18 "Data Movement and Conversion Instructions: createpolicy" (sm_80 and newer).
-__device__ __forceinline__ uint64_t l2_policy_evict_first() {
-  uint64_t policy;
-  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
-}
-
-// The streaming read above under an L2 cache policy (.L2::cache_hint; on sm_90 ld takes .L2::evict_first only
-// for 32-byte vectors): with l2_policy_evict_first, a stream of W's lines displaces its own earlier lines rather
-// than what other kernels left in L2 (dirty lines among them, whose write-back would share the HBM with the
-// stream). PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld" (.level::cache_hint).
-__device__ __forceinline__ uint4 ld_global_stream_16(const void* addr, uint64_t policy) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::cache_hint.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4], %5;\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(addr), "l"(policy));
-  return v;
-}
-
 // 16 bytes of global memory that other warps of this SM read too (the small-M kernel's rows of A): through
 // the non-coherent path and kept in L1. PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld".
 __device__ __forceinline__ uint4 ld_global_shared_16(const void* addr) {
