@@ -162,13 +162,14 @@ class Gemm:
     Knobs: ``tile_shape`` (BM, BN, BK), ``stages``, ``raster_group``, ``out_dtype``, ``family``
     ("sm80" / "sm90"; default: sm90 at arch 90, sm80 below); sm80 only: ``warps`` (WM, WN); sm90
     only: ``schedule`` ("ws" / "cooperative" / "pingpong"), ``cluster_shape`` (e.g. (2, 1) or "2x1"),
-    ``raster`` ("m" / "n"). ``arch=None`` plans for the visible GPU.
+    ``raster`` ("m" / "n"). ``arch=None`` plans for the visible GPU. Size hints: ``m``, ``n``, ``k`` (one
+    problem's) and ``batch`` (how many problems a batched call multiplies at once: 3-D A or B, see the README).
     """
 
     def __init__(self, dtype: object = "bf16", layout: object = "tn", *, arch: object = None,
                  out_dtype: object = None, layout_a: object = None, layout_b: object = None,
                  layout_c: object = None, m: int | None = None, n: int | None = None, k: int | None = None,
-                 tile_shape: object = None, warps: object = None, stages: int | None = None,
+                 batch: int | None = None, tile_shape: object = None, warps: object = None, stages: int | None = None,
                  raster_group: int | None = None, family: str | None = None, schedule: str | None = None,
                  cluster_shape: object = None, raster: str | None = None, epilogue: object = None,
                  activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
@@ -181,7 +182,9 @@ class Gemm:
             spec = arch_spec(arch)
             sm_count = spec.sm_count
         hints = [_positive_or_none(v, w) for v, w in ((m, "m"), (n, "n"), (k, "k"))]
-        problem = Problem(*(h or d for h, d in zip(hints, (4096, 4096, 4096)))) if any(hints) else None
+        batch_ = _positive_or_none(batch, "batch") or 1
+        problem = (Problem(*(h or d for h, d in zip(hints, (4096, 4096, 4096))), batch_)
+                   if any(hints) or batch_ > 1 else None)
         if not isinstance(namespace, str) or not namespace.isidentifier():
             raise ValueError(f"namespace={namespace!r} must be a Python identifier, e.g. 'gemmgen'")
         self.namespace = namespace

@@ -387,6 +387,8 @@ tile:         128x256x64
 other paths:  M <= 16: the small-M kernel (streams B once from HBM: D^T = B^T A^T on mma.sync, K split between warps)
               A or B not 16-byte aligned (base or leading dimension): copied into an aligned workspace (its
               rows padded to 16 bytes) when M*N*K >= 2^26, else the unaligned kernel
+batched:      3-D A or B (batch, ., .): every problem in one launch
+              a 2-D B with A's matrices back to back (no per-row operand): one batch*M-row problem
 schedule:     cooperative (persistent: two consumer warpgroups split each tile along M, 64x256 each)
 cluster:      2x1 (2 blocks along M share each B tile: TMA multicasts B to both)
 stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 epilogue + 1024 barriers and \
@@ -1037,3 +1039,17 @@ def test_stream_k_is_a_cooperative_sm90_config_field_with_its_own_name() -> None
     int8 = Gemm("int8", "tn", arch=90, tile_shape=(128, 256, 128), schedule="cooperative").config
     with pytest.raises(ValueError, match="int8's int32 sums"):
         check_config(replace(int8, stream_k=True))
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_batch_hint_counts_every_problems_tiles(arch: int) -> None:
+    p = plan(arch=arch, m=256, n=256, k=256, batch=512)
+    bm, bn, _ = p.config.tile
+    tiles = -(-256 // bm) * -(-256 // bn) * 512
+    assert p.why.startswith(f"{tiles} tiles of {bm}x{bn} in ")
+
+
+@pytest.mark.parametrize("batch", [0, -3, 2.5, True])
+def test_batch_hint_must_be_a_positive_integer(batch: object) -> None:
+    with pytest.raises(ValueError, match=r"batch=.*give a positive integer problem size"):
+        plan(m=256, batch=batch)

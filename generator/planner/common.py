@@ -17,9 +17,13 @@ DEFAULT_PROBLEM = (4096, 4096, 4096)
 
 @dataclass(frozen=True)
 class Problem:
+    """The size the planner plans for: ``batch`` problems of M x N x K (a batched GEMM's tiles are all its
+    problems' tiles)."""
+
     m: int
     n: int
     k: int
+    batch: int = 1
 
 
 @dataclass(frozen=True)

@@ -90,7 +90,7 @@ def default_stages(tile: tuple[int, int, int], warps: tuple[int, int], dtype: DT
 def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
     bm, bn, _ = cfg.tile
     efficiency = SM80_TILES.get((bm, bn), (None, None, 0.5))[2]
-    tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
+    tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn) * problem.batch
     resident = blocks_per_sm(cfg, spec)
     per_sm = math.ceil(tiles / sm_count)          # tiles the busiest SM computes
     # 4-warp blocks reach their efficiency only with two of them on an SM (four schedulers to feed).

@@ -267,9 +267,9 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
 def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
     bm, bn, _ = cfg.tile
     cm, cn = cfg.cluster
-    tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
+    tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn) * problem.batch
     units_m, units_n = grid_units(cfg, problem)
-    blocks = units_m * units_n * cm * cn              # whole clusters, idle blocks included
+    blocks = units_m * units_n * cm * cn * problem.batch    # whole clusters, idle blocks included
     slots = resident_clusters(sm_count, cm * cn) * cm * cn   # one block per SM: the ring takes the shared memory
     per_sm = math.ceil(blocks / slots)
     last_wave_fill = (blocks - (per_sm - 1) * slots) / slots

@@ -22,7 +22,9 @@ class GemmArgsStruct(ctypes.Structure):
                 ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
                 ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64), ("ldd", ctypes.c_int64),
                 ("ep_ptr", ctypes.c_void_p * EPILOGUE_SLOTS), ("ep_ld", ctypes.c_int64 * EPILOGUE_SLOTS),
-                ("ep_scalar", ctypes.c_float * EPILOGUE_SLOTS), ("aux", ctypes.c_void_p), ("ldaux", ctypes.c_int64)]
+                ("ep_scalar", ctypes.c_float * EPILOGUE_SLOTS), ("aux", ctypes.c_void_p), ("ldaux", ctypes.c_int64),
+                ("batch", ctypes.c_int64), ("batch_stride_a", ctypes.c_int64), ("batch_stride_b", ctypes.c_int64),
+                ("batch_stride_d", ctypes.c_int64)]
 
 
 @dataclass(frozen=True)

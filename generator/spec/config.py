@@ -192,6 +192,7 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
         f"tile:         {bm}x{bn}x{bk}",
         *_epilogue_lines(cfg.epilogue),
         *_path_lines(cfg),
+        *_batch_lines(cfg),
     ]
 
 
@@ -220,6 +221,18 @@ def _path_lines(cfg: KernelConfig) -> list[str]:
               "split between warps)"] if has_small_m_kernel(cfg) else [])
     first, *rest = small + unaligned
     return [f"other paths:  {first}", *(f"              {line}" for line in rest)]
+
+
+def _batch_lines(cfg: KernelConfig) -> list[str]:
+    """How a batched call (3-D A or B) runs: every problem in one launch (common/batch.cuh), and when a batch is
+    one larger problem (fold_batch there), as that problem."""
+    first = "batched:      3-D A or B (batch, ., .): every problem in one launch"
+    if cfg.layout.a_k_major and cfg.layout.c.value == "row":
+        return [first, "              a 2-D B with A's matrices back to back (no per-row operand): one batch*M-row problem"]
+    if cfg.layout.b_k_major and cfg.layout.c.value == "col":
+        return [first, "              a 2-D A with B's matrices back to back (no per-column operand): one batch*N-column "
+                       "problem"]
+    return [first]
 
 
 def _epilogue_lines(epilogue: Epilogue) -> list[str]:
