@@ -228,10 +228,11 @@ def _batch_lines(cfg: KernelConfig) -> list[str]:
     one larger problem (fold_batch there), as that problem."""
     first = "batched:      3-D A or B (batch, ., .): every problem in one launch"
     if cfg.layout.a_k_major and cfg.layout.c.value == "row":
-        return [first, "              a 2-D B with A's matrices back to back (no per-row operand): one batch*M-row problem"]
-    if cfg.layout.b_k_major and cfg.layout.c.value == "col":
-        return [first, "              a 2-D A with B's matrices back to back (no per-column operand): one batch*N-column "
+        return [first, "              a 2-D B with A's matrices back to back (no per-row operand): one batch*M-row "
                        "problem"]
+    if cfg.layout.b_k_major and cfg.layout.c.value == "col":
+        return [first, "              a 2-D A with B's matrices back to back (no per-column operand): one "
+                       "batch*N-column problem"]
     return [first]
 
 

@@ -47,18 +47,19 @@ __host__ __device__ inline bool batch_aligned(const GemmArgs& args, const void* 
 
 // A batch that is one problem with more rows or columns, as one problem: the shared operand's single matrix times
 // the other's matrices stacked back to back along M (row-major A and D, B shared) or along N (K-major B and
-// column-major D, A shared), where the epilogue reads no vector along that dimension. One launch of bigger tiles then fills the GPU better than a batch of small ones.
+// column-major D, A shared), where the epilogue reads no vector along that dimension. One launch of bigger
+// tiles then fills the GPU better than a batch of small ones.
 template <class Cfg>
 inline GemmArgs fold_batch(const GemmArgs& args) {
   constexpr int64_t kInt32Max = 2147483647;
   const int64_t batch = batch_count(args);
   GemmArgs folded = args;
   if (batch == 1) return folded;
-  const bool rows_stack = args.batch_stride_b == 0 && !Cfg::Epilogue::kReadsRows && Cfg::kAKMajor && Cfg::kDRowMajor &&
-                          args.batch_stride_a == args.m * args.lda && args.batch_stride_d == args.m * args.ldd &&
+  const bool rows_stack = args.batch_stride_b == 0 && !Cfg::Epilogue::kReadsRows && Cfg::kAKMajor &&
+                          Cfg::kDRowMajor && args.batch_stride_a == args.m * args.lda && args.batch_stride_d == args.m * args.ldd &&
                           args.m * batch <= kInt32Max;
-  const bool cols_stack = args.batch_stride_a == 0 && !Cfg::Epilogue::kReadsCols && Cfg::kBKMajor && !Cfg::kDRowMajor &&
-                          args.batch_stride_b == args.n * args.ldb && args.batch_stride_d == args.n * args.ldd &&
+  const bool cols_stack = args.batch_stride_a == 0 && !Cfg::Epilogue::kReadsCols && Cfg::kBKMajor &&
+                          !Cfg::kDRowMajor && args.batch_stride_b == args.n * args.ldb && args.batch_stride_d == args.n * args.ldd &&
                           args.n * batch <= kInt32Max;
   if (rows_stack) folded.m = args.m * batch;
   if (cols_stack) folded.n = args.n * batch;
