@@ -55,12 +55,13 @@ inline GemmArgs fold_batch(const GemmArgs& args) {
   const int64_t batch = batch_count(args);
   GemmArgs folded = args;
   if (batch == 1) return folded;
+  // The stacked operand's matrices (and D's) follow each other at exactly one matrix's pitch.
   const bool rows_stack = args.batch_stride_b == 0 && !Cfg::Epilogue::kReadsRows && Cfg::kAKMajor &&
-                          Cfg::kDRowMajor && args.batch_stride_a == args.m * args.lda && args.batch_stride_d == args.m * args.ldd &&
-                          args.m * batch <= kInt32Max;
+                          Cfg::kDRowMajor && args.batch_stride_a == args.m * args.lda &&
+                          args.batch_stride_d == args.m * args.ldd && args.m * batch <= kInt32Max;
   const bool cols_stack = args.batch_stride_a == 0 && !Cfg::Epilogue::kReadsCols && Cfg::kBKMajor &&
-                          !Cfg::kDRowMajor && args.batch_stride_b == args.n * args.ldb && args.batch_stride_d == args.n * args.ldd &&
-                          args.n * batch <= kInt32Max;
+                          !Cfg::kDRowMajor && args.batch_stride_b == args.n * args.ldb &&
+                          args.batch_stride_d == args.n * args.ldd && args.n * batch <= kInt32Max;
   if (rows_stack) folded.m = args.m * batch;
   if (cols_stack) folded.n = args.n * batch;
   if (rows_stack || cols_stack) folded.batch = 1;
