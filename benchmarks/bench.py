@@ -2,12 +2,18 @@
 
     python benchmarks/bench.py [--set square,llm,ragged | --shapes 1x4096x4096,...] [--dtypes bf16,fp16]
         [--layout tn] [--family sm80] [--json out.json]
+    python benchmarks/bench.py --set bmm --dtypes bf16         (batched: ours on 3-D operands next to torch.bmm)
     python -m generator bench ...   (the same)
 
 Times are triton.testing.do_bench medians (ms) on fresh random data, measured --rounds times per row in
 interleaved column order (--order; the table has the median of the rounds); TFLOP/s = 2*M*N*K / time; GB/s = the
 bytes of A, B and D / time (what small-M shapes are bound by); the path is the kernel our call took (op.path).
 Each shape is also checked against a float32 reference, so a fast wrong kernel cannot hide here.
+
+Batched shapes (--set bmm, or BxMxNxK in --shapes): the op planned for the batch of M x N x K problems, called on
+(batch, M, K) and (batch, K, N) operands (default layout tt: both row-major, torch.bmm's usual operands), next to
+torch.bmm on the same tensors (its column is the cuBLAS one); TFLOP/s = 2*batch*M*N*K / time; rel.err is the largest
+per-problem error. The Triton column is not measured for them (triton_matmul.py has no batched kernel).
 """
 from __future__ import annotations
 
@@ -30,6 +36,10 @@ from generator import Gemm  # noqa: E402
 from generator.runtime import BucketedOp, compile_many  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+#: Issue 21's batched shapes (batch, M, N, K): attention-like (K or N = 128), a large square batch, many small ones.
+BMM_SHAPES = [(32, 2048, 2048, 128), (32, 2048, 128, 2048), (8, 4096, 4096, 4096), (512, 256, 256, 256)]
+#: Sets of batched shapes, which --set takes like the sets of shapes.json (whose shapes are M x N x K).
+BATCHED_SETS = {"bmm": BMM_SHAPES}
 
 
 @dataclass
@@ -58,29 +68,60 @@ class Row:
     path: str = "fast"
     ours_gbps: float = 0.0
     cublas_gbps: float = 0.0
+    # Batched rows: the number of problems (m, n, k are each one's), and what the cuBLAS column timed (torch.bmm).
+    # Left out of the JSON of 2-D rows (row_json), whose rows keep the keys they had.
+    batch: int | None = None
+    baseline: str = "torch.matmul"
 
 
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """"4096x4096x4096,8192x8192x8192" -> [(4096, 4096, 4096), (8192, 8192, 8192)] (the scripts' --shapes)."""
+def row_json(r: Row) -> dict:
+    """A row as the JSON has it: 2-D rows without the batched rows' keys."""
+    d = asdict(r)
+    if r.batch is None:
+        del d["batch"], d["baseline"]
+    return d
+
+
+def parse_shapes(text: str, batched: bool = False) -> list[tuple[int, ...]]:
+    """"4096x4096x4096,8192x8192x8192" -> [(4096, 4096, 4096), (8192, 8192, 8192)] (the scripts' --shapes); with
+    ``batched``, BxMxNxK entries too ("32x2048x2048x128" -> (32, 2048, 2048, 128)), as bench.py's --shapes takes."""
     shapes = []
     for item in text.split(","):
-        m, n, k = (int(v) for v in item.lower().split("x"))
-        shapes.append((m, n, k))
+        values = tuple(int(v) for v in item.lower().split("x"))
+        if len(values) != 3 and not (batched and len(values) == 4):
+            raise ValueError(f"shape {item!r}: expected MxNxK{' or BxMxNxK' if batched else ''}")
+        shapes.append(values)
     return shapes
 
 
-def load_shapes(sets: list[str]) -> list[tuple[int, int, int]]:
+def load_shapes(sets: list[str]) -> list[tuple[int, ...]]:
+    """The shapes of shapes.json's sets (M, N, K) and of BATCHED_SETS (batch, M, N, K), in the order named."""
     data = json.loads((HERE / "shapes.json").read_text())
-    shapes: list[tuple[int, int, int]] = []
+    shapes: list[tuple[int, ...]] = []
     for name in sets:
-        shapes += [tuple(s) for s in data[name]]
+        shapes += [tuple(s) for s in (data[name] if name in data or name not in BATCHED_SETS else BATCHED_SETS[name])]
     return shapes
+
+
+def split_shape(shape: tuple[int, ...]) -> tuple[int | None, int, int, int]:
+    """(batch, M, N, K) of a shape: batch None for an M x N x K one."""
+    return (None, *shape) if len(shape) == 3 else tuple(shape)
 
 
 def operands(layout: str, m: int, n: int, k: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     a = torch.randn(m, k, device="cuda").to(dtype) if layout[0] == "t" else torch.randn(k, m, device="cuda").to(dtype).t()
     b = torch.randn(k, n, device="cuda").to(dtype) if layout[1] == "t" else torch.randn(n, k, device="cuda").to(dtype).t()
     return a, b
+
+
+def batched_operands(layout: str, batch: int, m: int, n: int, k: int, dtype: torch.dtype
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A (batch, M, K) and B (batch, K, N), packed, each matrix in the layout's order (tt: both contiguous)."""
+    def stack(rows: int, cols: int, row_major: bool) -> torch.Tensor:
+        if row_major:
+            return torch.randn(batch, rows, cols, device="cuda").to(dtype)
+        return torch.randn(batch, cols, rows, device="cuda").to(dtype).transpose(1, 2)
+    return stack(m, k, layout[0] == "t"), stack(k, n, layout[1] == "t")
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
@@ -154,15 +195,26 @@ def timed_rounds(fns: dict, rounds: int, order: str = "balanced") -> dict[str, f
     return {name: statistics.median(t) for name, t in interleaved_rounds(fns, rounds, bench_ms, order).items()}
 
 
-def planned_ops(shapes, dtypes, layout, family_arg: dict, bucketed: bool) -> dict:
+def planned_ops(shapes, dtypes, layout, family_arg: dict, bucketed: bool, batched_layout: str | None = None) -> dict:
     """{(shape, dtype): op}: the op planned for each shape, or (bucketed) the M-bucketed op of its N and K, as
-    generator.nn.Linear holds one (Gemm.compile_buckets); all kernels built in one parallel run."""
+    generator.nn.Linear holds one (Gemm.compile_buckets); all kernels built in one parallel run. A batched shape
+    (batch, M, N, K) gets the op planned for its problems (Gemm's m, n, k and batch: the planner counts every
+    problem's tiles) in ``batched_layout`` (default: ``layout``)."""
+    def layout_of(s: tuple[int, ...]) -> str:
+        return layout if len(s) == 3 else (batched_layout or layout)
+
     if bucketed:
+        if any(len(s) != 3 for s in shapes):
+            raise ValueError("bucketed ops pick their kernel by A's rows: time batched shapes without --bucketed")
         plans = {(s, d): Gemm(dtype=d, layout=layout, n=s[1], k=s[2], **family_arg).bucket_plans() for s in shapes
                  for d in dtypes}
     else:
-        plans = {(s, d): [(None, Gemm(dtype=d, layout=layout, m=s[0], n=s[1], k=s[2], **family_arg))]
-                 for s in shapes for d in dtypes}
+        plans = {}
+        for s in shapes:
+            batch, m, n, k = split_shape(s)
+            hints = dict(m=m, n=n, k=k, **({"batch": batch} if batch is not None else {}))
+            for d in dtypes:
+                plans[(s, d)] = [(None, Gemm(dtype=d, layout=layout_of(s), **hints, **family_arg))]
     configs = list(dict.fromkeys(p.config for pairs in plans.values() for _, p in pairs))
     start = time.perf_counter()
     built = dict(zip(configs, compile_many(configs, namespace="gemmgen")))
@@ -173,14 +225,21 @@ def planned_ops(shapes, dtypes, layout, family_arg: dict, bucketed: bool) -> dic
 
 
 def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,
-        order: str = "balanced", with_triton_mma_sync: bool = False, bucketed: bool = False) -> list[Row]:
+        order: str = "balanced", with_triton_mma_sync: bool = False, bucketed: bool = False,
+        batched_layout: str | None = None) -> list[Row]:
     family_arg = {"family": family} if family else {}
-    ops = planned_ops(shapes, dtypes, layout, family_arg, bucketed)
+    ops = planned_ops(shapes, dtypes, layout, family_arg, bucketed, batched_layout)
     warm_up_gpu()
     if with_triton or with_triton_mma_sync:
         from triton_matmul import mma_sync_build_instructions, triton_matmul
     rows = []
+    batch_column = any(len(s) == 4 for s in shapes)
     for (shape, dname), op in ops.items():
+        if len(shape) == 4:
+            row = run_batched(shape, dname, op, batched_layout or layout, rounds, order)
+            rows.append(row)
+            print(format_row(row, batch_column), flush=True)
+            continue
         m, n, k = shape
         dtype = DTYPES[dname]
         kernel = op.select(m) if bucketed else op   # the kernel this M's calls take
@@ -207,8 +266,27 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
                   tri_v2, tflops(m, n, k, tri_v2) if tri_v2 else None, (tri_v2 / ours) if tri_v2 else None,
                   kernel.path(a, b), gbps(a, b, d, ours), gbps(a, b, d, cublas))
         rows.append(row)
-        print(format_row(row), flush=True)
+        print(format_row(row, batch_column), flush=True)
     return rows
+
+
+def run_batched(shape: tuple[int, int, int, int], dname: str, op, layout: str, rounds: int, order: str) -> Row:
+    """One batched row: our op on (batch, M, K) and (batch, K, N) next to torch.bmm on the same tensors; no Triton
+    column (triton_matmul.py has no batched kernel)."""
+    batch, m, n, k = shape
+    a, b = batched_operands(layout, batch, m, n, k, DTYPES[dname])
+    d = op(a, b)
+    ref = torch.bmm(a.float(), b.float())
+    err = ((d.float() - ref).flatten(1).norm(dim=1) / ref.flatten(1).norm(dim=1)).max().item()
+    timed = {"ours": lambda: op(a, b), "cublas": lambda: torch.bmm(a, b)}
+    for fn in timed.values():
+        fn()
+    torch.cuda.synchronize()
+    ms = timed_rounds(timed, rounds, order)
+    ours, cublas = ms["ours"], ms["cublas"]
+    return Row(m, n, k, dname, layout, op.name, ours, cublas, None, tflops(batch * m, n, k, ours),
+               tflops(batch * m, n, k, cublas), None, cublas / ours, None, err, path=op.path(a, b),
+               ours_gbps=gbps(a, b, d, ours), cublas_gbps=gbps(a, b, d, cublas), batch=batch, baseline="torch.bmm")
 
 
 def check_mma_sync_build(found: set[str]) -> None:
@@ -219,17 +297,20 @@ def check_mma_sync_build(found: set[str]) -> None:
         print("note: could not read the Triton mma.sync build's PTX; its instructions are unchecked", flush=True)
 
 
-def header(mma_sync_column: bool = False) -> str:
+def header(mma_sync_column: bool = False, batch_column: bool = False) -> str:
+    """The table's column names; ``batch_column`` (a run with batched shapes) puts the batch size first."""
     extra = f" {'Tri.mma':>8} {'ours/T.mma':>10}" if mma_sync_column else ""
-    return (f"{'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'ours':>8} {'cuBLAS':>8} {'Triton':>8} "
+    first = f"{'batch':>5} " if batch_column else ""
+    return (f"{first}{'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'ours':>8} {'cuBLAS':>8} {'Triton':>8} "
             f"{'ours/cuBLAS':>11} {'ours/Triton':>11}{extra} {'GB/s':>6} {'cuBLAS':>6} {'rel.err':>8}  kernel (path)")
 
 
-def format_row(r: Row) -> str:
+def format_row(r: Row, batch_column: bool = False) -> str:
     tri = f"{r.triton_tflops:8.1f}" if r.triton_tflops else f"{'-':>8}"
     vs_tri = f"{r.vs_triton:11.3f}" if r.vs_triton else f"{'-':>11}"
     extra = f" {r.triton_mma_sync_tflops:8.1f} {r.vs_triton_mma_sync:10.3f}" if r.triton_mma_sync_tflops else ""
-    return (f"{r.m:>6} {r.n:>6} {r.k:>6} {r.dtype:>5} {r.ours_tflops:8.1f} {r.cublas_tflops:8.1f} {tri} "
+    first = f"{r.batch if r.batch is not None else '-':>5} " if batch_column else ""
+    return (f"{first}{r.m:>6} {r.n:>6} {r.k:>6} {r.dtype:>5} {r.ours_tflops:8.1f} {r.cublas_tflops:8.1f} {tri} "
             f"{r.vs_cublas:11.3f} {vs_tri}{extra} {r.ours_gbps:6.0f} {r.cublas_gbps:6.0f} {r.rel_error:8.1e}  "
             f"{r.kernel} ({r.path})")
 
@@ -238,16 +319,46 @@ def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
+BATCHED_LEGEND = ("batched rows (batch column): M, N, K per problem, TFLOP/s = 2*batch*M*N*K / time; the cuBLAS "
+                  "column is torch.bmm on the same 3-D tensors; Triton not measured (benchmarks/triton_matmul.py has "
+                  "no batched kernel); rel.err the largest per problem")
+
+
+def summarize(rows: list[Row], dtypes: list[str]) -> dict[str, float]:
+    """Geomeans of ours/cuBLAS: the issue's three targets (big squares; the LLM shapes with M >= 1024; with M = 128),
+    2-D rows only, and the batched rows' ours/torch.bmm."""
+    summary = {}
+    llm = set(load_shapes(["llm"]))
+    flat = [r for r in rows if r.batch is None]
+    for d in dtypes:
+        for label, pick in (("square 4096/8192", lambda r: r.m == r.n == r.k and r.m >= 4096),
+                            ("llm M>=1024", lambda r: (r.m, r.n, r.k) in llm and r.m >= 1024),
+                            ("llm M=128", lambda r: (r.m, r.n, r.k) in llm and r.m == 128)):
+            ratios = [r.vs_cublas for r in flat if r.dtype == d and pick(r)]
+            if ratios:
+                summary[f"{d} {label} geomean ours/cuBLAS"] = round(geomean(ratios), 4)
+    for d in dtypes:
+        ratios = [r.vs_cublas for r in rows if r.batch is not None and r.dtype == d]
+        if ratios:
+            summary[f"{d} batched geomean ours/torch.bmm"] = round(geomean(ratios), 4)
+    return summary
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--set", default="square,llm,ragged", help="comma list of shapes.json sets")
+    parser.add_argument("--set", default="square,llm,ragged",
+                        help="comma list of shapes.json sets, and bmm (batched: " +
+                             ", ".join("x".join(map(str, s)) for s in BMM_SHAPES) + ", batch x M x N x K)")
     parser.add_argument("--shapes", default=None,
-                        help="MxNxK,... instead of --set (e.g. the decode shapes 1x4096x4096,16x8192x8192)")
+                        help="MxNxK,... instead of --set (e.g. the decode shapes 1x4096x4096,16x8192x8192); BxMxNxK "
+                             "for a batch of B problems (e.g. 32x2048x2048x128)")
     parser.add_argument("--dtypes", default="bf16,fp16", help="comma list of bf16, fp16")
     parser.add_argument("--bucketed", action="store_true",
                         help="time the M-bucketed op of each N and K (Gemm.compile_buckets, as generator.nn.Linear "
                              "holds) instead of a kernel planned for each shape's M")
-    parser.add_argument("--layout", default="tn", choices=["nn", "nt", "tn", "tt"])
+    parser.add_argument("--layout", default=None, choices=["nn", "nt", "tn", "tt"],
+                        help="the operands' storage (README, Layouts); default tn, and tt (A and B row-major, as "
+                             "torch.bmm's usual operands) for batched shapes")
     parser.add_argument("--family", choices=["sm80", "sm90"], default=None,
                         help="kernel family to plan (default: the planner's choice for the GPU, sm90 on Hopper)")
     parser.add_argument("--no-triton", action="store_true", help="skip the Triton column")
@@ -269,32 +380,29 @@ def main(argv: list[str] | None = None) -> int:
     for d in dtypes:
         if d not in DTYPES:
             parser.error(f"--dtypes: {d!r} is not one of {', '.join(DTYPES)}")
-    shapes = parse_shapes(args.shapes) if args.shapes else load_shapes([s for s in args.set.split(",") if s])
+    shapes = (parse_shapes(args.shapes, batched=True) if args.shapes
+              else load_shapes([s for s in args.set.split(",") if s]))
+    batched = any(len(s) == 4 for s in shapes)
+    if batched and args.bucketed:
+        parser.error("--bucketed picks a kernel by A's rows: leave it out for batched shapes (BxMxNxK, --set bmm)")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("TFLOP/s (do_bench median, random data)")
+    if batched:
+        print(BATCHED_LEGEND)
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    print(header(args.triton_mma_sync))
-    rows = run(shapes, dtypes, args.layout, not args.no_triton, args.rounds, args.family, args.order,
-               args.triton_mma_sync, args.bucketed)
-    print("\n" + header(args.triton_mma_sync))
+    print(header(args.triton_mma_sync, batched))
+    rows = run(shapes, dtypes, args.layout or "tn", not args.no_triton, args.rounds, args.family, args.order,
+               args.triton_mma_sync, args.bucketed, args.layout or "tt")
+    print("\n" + header(args.triton_mma_sync, batched))
     for r in rows:
-        print(format_row(r))
-    summary = {}
-    llm = set(load_shapes(["llm"]))
-    # The issue's three targets: big squares; the LLM shapes with M >= 1024; the LLM shapes with M = 128.
-    for d in dtypes:
-        for label, pick in (("square 4096/8192", lambda r: r.m == r.n == r.k and r.m >= 4096),
-                            ("llm M>=1024", lambda r: (r.m, r.n, r.k) in llm and r.m >= 1024),
-                            ("llm M=128", lambda r: (r.m, r.n, r.k) in llm and r.m == 128)):
-            ratios = [r.vs_cublas for r in rows if r.dtype == d and pick(r)]
-            if ratios:
-                summary[f"{d} {label} geomean ours/cuBLAS"] = round(geomean(ratios), 4)
+        print(format_row(r, batched))
+    summary = summarize(rows, dtypes)
     for key, value in summary.items():
         print(f"{key}: {value}")
     out = Path(args.json) if args.json else Path(os.environ.get("OUT", ".")) / "bench.json"
     out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                               "rows": [asdict(r) for r in rows], "summary": summary}, indent=1))
+                               "rows": [row_json(r) for r in rows], "summary": summary}, indent=1))
     print(f"wrote {out}")
     return 0
 

@@ -1,6 +1,7 @@
 """One small ragged problem per sm90 schedule (and cluster shape), per sm80 epilogue, fused epilogues of both
 families (a per-row and a per-column vector, an M x N operand and a scalar), fp8 with each kind of scales
-and accumulation, int8, and the small-M kernel (a few rows of A), for compute-sanitizer:
+and accumulation, int8, the small-M kernel (a few rows of A), and a batched call per family (3 problems, one operand
+shared with batch stride 0, the other's matrices a few rows apart), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
     compute-sanitizer --tool racecheck python3 gpu/sanitize.py
@@ -134,20 +135,49 @@ def main() -> int:
             failures += not poisoned_call(op, a, b, values, ref, pitch, f"{op.name}: {M}x{N}x{K} D pitch {pitch}")
     tn = {cfg.family: op for op, cfg in reversed(list(zip(ops, configs[:plain]))) if cfg.layout.blas == "tn"}
     failures += check_small_m(list(tn.values()))   # the first tn op of each family
+    failures += check_batched(tn)
     return 1 if failures else 0
 
 
 def poisoned_call(op, a: torch.Tensor, b: torch.Tensor, values: tuple, ref: torch.Tensor, pitch: int,
                   label: str) -> bool:
-    """D written into a NaN buffer of row pitch `pitch`: within 1e-2 of `ref`, and the columns past N untouched."""
-    m, n = ref.shape
-    buf = torch.full((m, pitch), float("nan"), dtype=op.out_dtype, device="cuda")
-    d = op(a, b, *values, out=buf[:, :n])
+    """D written into a NaN buffer of row pitch `pitch`: within 1e-2 of `ref`, and the columns past N untouched.
+    A batched `ref` (batch, M, N): each problem within 1e-2 of its own."""
+    *batch, m, n = ref.shape
+    buf = torch.full((*batch, m, pitch), float("nan"), dtype=op.out_dtype, device="cuda")
+    d = op(a, b, *values, out=buf[..., :n])
     torch.cuda.synchronize()
-    err = ((d.double() - ref).norm() / ref.norm()).item()
-    ok = err <= 1e-2 and bool(torch.isnan(buf[:, n:]).all())
+    err = ((d.double() - ref).norm(dim=(-2, -1)) / ref.norm(dim=(-2, -1))).max().item()
+    ok = err <= 1e-2 and bool(torch.isnan(buf[..., n:]).all())
     print(f"{label} rel error {err:.3g} {'ok' if ok else 'WRONG'}", flush=True)
     return ok
+
+
+def batched_operand(batch: int, rows: int, cols: int, row_major: bool, gap: int) -> torch.Tensor:
+    """(batch, rows, cols), each matrix as operand() stores it (leading dimension padded to 16 bytes), `gap` more
+    leading dimensions of NaN between the matrices (so a wrong batch stride reads NaN)."""
+    outer, inner = (rows, cols) if row_major else (cols, rows)
+    ld = -(-inner // 8) * 8
+    buf = torch.full((batch, outer + gap, ld), float("nan"), device="cuda").bfloat16()
+    buf[:, :outer] = torch.randn(batch, outer, ld, device="cuda").bfloat16()
+    return buf[:, :outer, :inner] if row_major else buf[:, :outer, :inner].transpose(1, 2)
+
+
+def check_batched(ops: dict) -> int:
+    """One batched call per family (the given tn ops): 3 ragged problems, D (3, M, N) in a NaN-poisoned buffer. sm90:
+    A (3, M, K) with its matrices 2 rows apart and B 2-D (batch stride 0); sm80: A 2-D and B (3, K, N) 3 columns
+    apart. Neither A's matrices back to back with a shared B, so the batch is not folded into M."""
+    failures = 0
+    batch, m, n, k = 3, 77, 130, 100
+    for family, op in ops.items():
+        if family == "sm90":
+            a, b = batched_operand(batch, m, k, True, gap=2), operand(k, n, False)
+        else:
+            a, b = operand(m, k, True), batched_operand(batch, k, n, False, gap=3)
+        assert op.path(a, b) == "fast", op.name
+        label = f"{op.name} (batched): {batch}x{m}x{n}x{k} A {tuple(a.stride())} B {tuple(b.stride())}"
+        failures += not poisoned_call(op, a, b, (), a.double() @ b.double(), -(-n // 8) * 8 + 8, label)
+    return failures
 
 
 def check_small_m(ops) -> int:

@@ -31,7 +31,7 @@ from generator.runtime import jit_runtime  # noqa: E402
 from generator.runtime.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
 from generator.runtime import GemmOp  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
-from generator.runtime.operands import check_operands  # noqa: E402
+from generator.runtime.operands import check_batchable, check_operands  # noqa: E402
 from generator.spec.types import DType, Order  # noqa: E402
 
 NAMESPACE = "gemmgen_reference"
@@ -48,13 +48,15 @@ class ReferenceOp(GemmOp):
         super().__init__(config, library=None, namespace=namespace)
 
     def run(self, A, B, operands, out):
-        self._check(A, B)                       # dtype, device, K, and the planned storage orders
+        problem = self._check(A, B)             # dtype, device, K, batch, and the planned storage orders
         ep = self.config.epilogue
-        check_operands(ep, operands, A, A.shape[0], B.shape[1], A.shape[1])
+        if problem.batch is not None:
+            check_batchable(ep)
+        check_operands(ep, operands, A, problem.m, problem.n, problem.k)
         if out is not None:
             self._check_out(out, A, B)
         D = self._empty_out(A, B) if out is None else out
-        acc = A.float() @ B.float()             # fp32 accumulation, one rounding: as the kernel
+        acc = A.float() @ B.float()             # fp32 accumulation, one rounding: as the kernel (batched: matmul's)
         d, aux = evaluate(ep, acc, operand_values(ep, operands, torch.float32))
         D.copy_(d.to(self.out_dtype))
         if aux is None:
@@ -410,6 +412,89 @@ def test_double_backward(formula):
     (g64,) = torch.autograd.grad((a64 @ b64).pow(2).sum(), a64, create_graph=True)
     g64.sum().backward()
     assert rel(b.grad, b64.grad) <= 2e-2
+
+
+# -- batched calls (3-D A or B) on the registration -----------------------------------------------------------
+
+def batched(batch, rows, cols, order, dtype=torch.bfloat16, **kw):
+    """A (batch, rows, cols) operand, each matrix stored in order, packed; batch None: a 2-D one."""
+    if batch is None:
+        return operand(rows, cols, order, dtype, **kw)
+    t = torch.randn(batch, rows, cols) if order == "row" else torch.randn(batch, cols, rows).transpose(1, 2)
+    return t.to(dtype).requires_grad_(kw.get("requires_grad", False))
+
+
+def batched_operands(layout, batches, m, n, k, dtype=torch.bfloat16, **kw):
+    """A and B of a layout, with A's and B's batch sizes (None: 2-D)."""
+    orders = ["row" if letter == "t" else "col" for letter in layout]
+    return batched(batches[0], m, k, orders[0], dtype, **kw), batched(batches[1], k, n, orders[1], dtype, **kw)
+
+
+#: (A's batch, B's batch): None is a 2-D operand, 1 a batch of 1 broadcast against the other's.
+BATCHES = [(3, None), (None, 3), (3, 3), (1, 3), (3, 1)]
+
+
+def batched_refusal(op, wanting):
+    return (f"{op.name}: batched calls (3-D A or B) have no backward pass yet, but {wanting} require(s) grad: call it "
+            "under torch.no_grad() or with detached tensors, or call it once per problem with 2-D tensors")
+
+
+@pytest.mark.parametrize("batches", BATCHES)
+def test_batched_calls_refuse_grad_and_run_without_it(formula, batches):
+    """Both formulas (C++ and Python) refuse a batched call that would need a gradient, naming the inputs; without
+    grad mode, or with detached inputs, it runs (against float64), and 2-D calls still differentiate."""
+    op = formula_op(formula, "tn")
+    a, b = batched_operands("tn", batches, 16, 8, 12, requires_grad=True)
+    for x, y, wanting in ((a, b, "A, B"), (a, b.detach(), "A"), (a.detach(), b, "B")):
+        with pytest.raises(RuntimeError) as info:
+            op(x, y)
+        assert batched_refusal(op, wanting) in str(info.value), str(info.value)
+    with torch.no_grad():
+        d = op(a, b)
+    assert d.grad_fn is None and d.shape == torch.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (16, 8)
+    assert rel(d, a.detach().double() @ b.detach().double()) <= BOUND[torch.bfloat16]
+    assert torch.equal(op(a.detach(), b.detach()), d)
+    a2, b2 = operands("tn", 16, 8, 12, torch.bfloat16, requires_grad=True)
+    op(a2, b2).float().sum().backward()
+    assert a2.grad is not None and b2.grad is not None
+
+
+@pytest.mark.parametrize("layout, layout_c", [("tn", "row"), ("nt", "col")])
+def test_opcheck_on_batched_calls(layout, layout_c):
+    """Schema, fake (3-D D, the batch sizes symbolic in test_aot_dispatch_dynamic) and the .out decomposition."""
+    op = reference_op(layout, layout_c=layout_c)
+    for batches in BATCHES:
+        a, b = batched_operands(layout, batches, 33, 40, 24)
+        torch.library.opcheck(op.op.default, (a, b))
+        out = op._empty_out(a, b)
+        assert out.dim() == 3 and out.stride()[1:] == ((40, 1) if layout_c == "row" else (1, 33))
+        torch.library.opcheck(op.op.out, (a, b), {"out": out})
+
+
+@pytest.mark.parametrize("batches", [(3, None), (3, 3)], ids=["A 3-D", "both 3-D"])
+def test_compile_fullgraph_dynamic_batch_compiles_once(batches):
+    """A dynamic batch (and M) is traced once: no guard specializes it (batch sizes that must agree are a run-time
+    assertion, a batch of 1 is not assumed)."""
+    op = reference_op("tn")
+    counter = _compile_counter()
+    compiled = torch.compile(lambda a, b: op(a, b).float() * 2, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        for batch, m in ((2, 64), (5, 37), (3, 100)):
+            a, b = batched_operands("tn", [batch if x is not None else None for x in batches], m, 24, 32)
+            torch._dynamo.mark_dynamic(a, 0)
+            torch._dynamo.mark_dynamic(a, 1)
+            if b.dim() == 3:
+                torch._dynamo.mark_dynamic(b, 0)
+            got = compiled(a, b)
+            assert got.shape == (batch, m, 24) and torch.equal(got, op(a, b).float() * 2)
+    assert counter.frame_count == 1
+
+
+def _compile_counter():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    return CompileCounterWithBackend("aot_eager")
 
 
 # -- generator.nn with the reference op --------------------------------------------------------------------

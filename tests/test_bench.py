@@ -173,3 +173,65 @@ def test_planned_ops_per_shape_or_bucketed(monkeypatch):
     ops = list(bucketed.values())
     assert len(builds) == 2 and len(builds[1]) == len(set(builds[1])) == 3   # one build, each kernel once
     assert [op.select(m).name for op, (m, _, _) in zip(ops, shapes)] == [op.name for op in per_shape.values()]
+
+
+def test_batched_shapes_parse_and_the_bmm_set():
+    """--set bmm is issue 21's batched shapes (batch, M, N, K); bench.py's --shapes takes BxMxNxK next to MxNxK, the
+    other scripts' parse_shapes still only MxNxK."""
+    assert bench.load_shapes(["bmm"]) == [(32, 2048, 2048, 128), (32, 2048, 128, 2048), (8, 4096, 4096, 4096),
+                                          (512, 256, 256, 256)]
+    assert bench.load_shapes(["square", "bmm"])[:4] == [(1024,) * 3, (2048,) * 3, (4096,) * 3, (8192,) * 3]
+    assert bench.parse_shapes("32x2048x2048x128,128x4096x4096", batched=True) == [(32, 2048, 2048, 128),
+                                                                                  (128, 4096, 4096)]
+    assert bench.split_shape((32, 2048, 128, 2048)) == (32, 2048, 128, 2048)
+    assert bench.split_shape((128, 4096, 4096)) == (None, 128, 4096, 4096)
+    for bad, batched in (("32x2048x2048x128", False), ("4096x4096", True), ("1x2x3x4x5", True)):
+        with pytest.raises(ValueError):
+            bench.parse_shapes(bad, batched=batched)
+
+
+def test_planned_ops_for_batched_shapes(monkeypatch):
+    """A batched shape gets the op planned for its batch of M x N x K problems (Gemm's batch hint), in the batched
+    layout (tt by default in main: torch.bmm's row-major A and B); bucketed ops refuse batched shapes."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from generator import Gemm
+
+    def fake_compile_many(configs, *, namespace):
+        return [SimpleNamespace(name=c.name, config=c) for c in configs]
+
+    monkeypatch.setattr(bench, "compile_many", fake_compile_many)
+    monkeypatch.setattr(bench, "Gemm", partial(Gemm, arch=90))
+    shapes = [(8, 4096, 4096, 4096), (4096, 4096, 4096), (512, 256, 256, 256)]
+    ops = bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=False, batched_layout="tt")
+    assert [op.name for op in ops.values()] == [Gemm("bf16", "tt", arch=90, m=4096, n=4096, k=4096, batch=8).name,
+                                                Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096).name,
+                                                Gemm("bf16", "tt", arch=90, m=256, n=256, k=256, batch=512).name]
+    # the batch counts: 512 problems of 256^3 are not planned as one 256^3 problem
+    assert ops[((512, 256, 256, 256), "bf16")].name != Gemm("bf16", "tt", arch=90, m=256, n=256, k=256).name
+    with pytest.raises(ValueError, match="batched shapes without --bucketed"):
+        bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=True)
+
+
+def test_batched_rows_print_and_write_json():
+    """A batch column only in runs with batched shapes (the other sets' table and JSON rows stay as they were); a
+    batched row shows no Triton numbers and its JSON names the batch and the baseline, torch.bmm."""
+    row = bench.Row(4096, 4096, 4096, "bf16", "tn", "k", 0.3, 0.2, 0.25, 458.1, 687.2, 549.8, 0.667, 0.833, 1e-3)
+    bmm = bench.Row(2048, 2048, 128, "bf16", "tt", "k", 0.3, 0.2, None, 458.1, 687.2, None, 0.667, None, 1e-3,
+                    batch=32, baseline="torch.bmm")
+    assert "batch" not in bench.header() and bench.format_row(row) == bench.format_row(row, False)
+    assert bench.header(False, True).startswith("batch ")
+    assert len(bench.header(False, True)) - len(bench.header()) == len(bench.format_row(bmm, True)) - len(
+        bench.format_row(bmm))
+    assert bench.format_row(bmm, True).split()[:4] == ["32", "2048", "2048", "128"]
+    assert bench.format_row(row, True).split()[0] == "-"
+    assert bench.format_row(bmm).split()[6] == "-"   # the Triton column: not measured
+    assert "batch" not in bench.row_json(row) and "baseline" not in bench.row_json(row)
+    assert bench.row_json(bmm)["batch"] == 32 and bench.row_json(bmm)["baseline"] == "torch.bmm"
+    # (a batched 8 x 8192^3 is not a square of the 2-D targets)
+    square = bench.Row(**{**row.__dict__, "m": 8192, "n": 8192, "k": 8192, "vs_cublas": 0.9})
+    batched_square = bench.Row(**{**square.__dict__, "batch": 8, "baseline": "torch.bmm", "vs_cublas": 0.5})
+    assert bench.summarize([square, bmm, batched_square], ["bf16"]) == {
+        "bf16 square 4096/8192 geomean ours/cuBLAS": 0.9,
+        "bf16 batched geomean ours/torch.bmm": round((0.667 * 0.5) ** 0.5, 4)}

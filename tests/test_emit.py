@@ -704,9 +704,18 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
              "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float32'"),
             (lambda: pkg.gemm_bf16_tn(A.half(), B), TypeError,
              "A is torch.float16; this plan computes bf16: pass A.to(torch.bfloat16) or plan with dtype='float16'"),
-            (lambda: pkg.gemm_bf16_tn(A[None], B), ValueError, "A must be 2-D (M, K); got shape (1, 64, 32)"),
+            (lambda: pkg.gemm_bf16_tn(A[None, None], B), ValueError,
+             "A must be 2-D (M, K) or 3-D (batch, M, K); got shape (1, 1, 64, 32)"),
             (lambda: pkg.gemm_bf16_tn(A.to("meta"), B.to("meta"), out=torch.empty(3, 5, device="meta").bfloat16()),
              ValueError, "out has shape (3, 5); D = A @ B is (64, 48): pass torch.empty(64, 48, "
+                         "dtype=torch.bfloat16, device='meta')"),
+            # batched calls on meta tensors: the C++ Meta kernels (gemm_op.h's gemm_meta, gemm_out_meta)
+            (lambda: pkg.gemm_bf16_tn(A.expand(3, 64, 32).to("meta"), B.expand(2, 32, 48).to("meta")), ValueError,
+             "A is (3, 64, 32) and B is (2, 32, 48): their batch sizes must agree, or one be 1 (broadcast, as "
+             "torch.matmul)"),
+            (lambda: pkg.gemm_bf16_tn(A.expand(3, 64, 32).to("meta"), B.to("meta"),
+                                      out=torch.empty(64, 48, device="meta").bfloat16()),
+             ValueError, "out has shape (64, 48); D = A @ B is (3, 64, 48): pass torch.empty(3, 64, 48, "
                          "dtype=torch.bfloat16, device='meta')"),
             (lambda: pkg.gemm_bf16_tn([[1.0]], B), TypeError, "A must be a torch.Tensor, got list"),
             (lambda: pkg.gemm_bf16_tn(A, B, out=3), TypeError, "out must be a torch.Tensor, got int"),
@@ -717,6 +726,13 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
                 assert str(err) == message, str(err)
             else:
                 raise SystemExit(f"no {{error.__name__}}: {{message}}")
+        for a, b in ((A[None].expand(3, 64, 32), B), (A, B[None].expand(3, 32, 48)),
+                     (A[None], B[None].expand(3, 32, 48))):
+            d = pkg.gemm_bf16_tn(a.to("meta"), b.to("meta"))     # batch-contiguous, each D[b] row-major
+            assert (tuple(d.shape), d.stride()) == ((3, 64, 48), (64 * 48, 48, 1)), (d.shape, d.stride())
+        a = torch.empty(3, 32, 64, dtype=torch.float16, device="meta").transpose(1, 2)   # column-major A[b]
+        d = pkg.gemm_fp16_nt_ofp32_dcol(a, torch.empty(32, 48, dtype=torch.float16, device="meta"))
+        assert (tuple(d.shape), d.stride(), d.dtype) == ((3, 64, 48), (64 * 48, 1, 64), torch.float32), d.stride()
         print("CHECKS OK")
     """)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -861,6 +877,9 @@ def test_an_epilogue_plan_is_packaged_with_its_operands(tmp_path):
             in init, op
         assert f"def _epilogue_{op}(acc, " in init
     assert init.count("_torch.library.register_autograd(") == 1 and "import torch.nn.functional as _F" in init
+    # a batched call that wants a gradient is refused, in the words of gemmgen's formula (autograd.py)
+    assert ('raise RuntimeError(f"{op}: batched calls (3-D A or B) have no backward pass yet, but {\', \'.join('
+            'wanting)} "') in init
     # the docstrings state the expression and the operands
     fn_doc = init.split(f"def {FUNCTION_OP}(A, B, scale, C, alpha, *, out=None):")[1].split('"""')[1]
     assert fn_doc.startswith("D = gelu(scale * acc + alpha * C), acc = A @ B: fp16 (torch.float16) inputs")

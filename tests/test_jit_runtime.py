@@ -11,6 +11,7 @@ CUDA call of a JIT op in tests/gpu/ goes through this kernel."""
 from __future__ import annotations
 
 import ctypes
+import itertools
 import types
 
 import pytest
@@ -60,7 +61,8 @@ def _raise(call):
 
 
 BAD = {
-    "A 3-D": lambda: (torch.randn(2, 4, 8).bfloat16(), torch.randn(4, 8).bfloat16().t()),
+    "A 4-D": lambda: (torch.randn(2, 2, 4, 8).bfloat16(), torch.randn(4, 8).bfloat16().t()),
+    "A 3-D on the CPU": lambda: (torch.randn(2, 4, 8).bfloat16(), torch.randn(4, 8).bfloat16().t()),
     "A float32": lambda: (torch.randn(4, 8), torch.randn(4, 8).bfloat16().t()),
     "A on the CPU": lambda: (torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16().t()),
 }
@@ -131,6 +133,16 @@ def rowwise(acc, scale: BF16_ROW, R: FP32_COL_MAJOR):
     return ep.tanh(z) + R, z
 
 
+def shared_vectors(acc, bias: ep.Col, scale: ep.Row, alpha: ep.Scalar):
+    """Vectors and a scalar: the operands a batched call shares between its problems."""
+    return ep.silu(alpha * acc * scale + bias)
+
+
+def gelu_aux(acc, bias: ep.Col):
+    h = acc + bias
+    return ep.gelu(h), h
+
+
 @pytest.fixture(scope="module")
 def epilogue_op(build_cache):
     return Gemm(dtype="bf16", layout="tn", arch=90, activation="gelu", bias="col", namespace="gemmgen_rt").compile()
@@ -159,13 +171,22 @@ LAUNCHES: list = []
 LAUNCH_CODE = [0]
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgsStruct), ctypes.c_void_p)
 _ERROR_STRING = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int)
+_PATH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgsStruct))
 _FAILURE = ctypes.create_string_buffer(b"the stand-in kernel failed")
+#: The GemmArgs each op.path(...) asked the stand-in library's path chooser about; it answers 1 ('unaligned').
+PATHS_ASKED: list = []
 
 
 @_LAUNCH
 def _record_launch(args, stream):
     LAUNCHES.append(GemmArgsStruct.from_buffer_copy(args.contents))
     return LAUNCH_CODE[0]
+
+
+@_PATH
+def _record_path(args):
+    PATHS_ASKED.append(GemmArgsStruct.from_buffer_copy(args.contents))
+    return 1
 
 
 @_ERROR_STRING
@@ -188,6 +209,9 @@ STAND_IN_PLANS = {
     "scaled_block": dict(dtype="e4m3", layout="tn", epilogue=with_scales(ep.from_knobs(bias="col"), "block")),
     # fp8 of two formats: B's dtype is checked apart from A's
     "mixed_fp8": dict(dtype="e5m2", dtype_b="e4m3", layout="tn", epilogue=with_scales(ep.IDENTITY, "tensor")),
+    # what a batched call shares between its problems, D column-major; and a second output, which it refuses
+    "vectors_dcol": dict(layout="tt", layout_c="col", epilogue=shared_vectors),
+    "aux_col_bias": dict(layout="tn", epilogue=gelu_aux),
 }
 _STAND_INS: dict = {}
 
@@ -201,7 +225,8 @@ def stand_in(key: str) -> StandInOp:
         library = types.SimpleNamespace(launch=_record_launch, error_string=_error_string)
         assert jit_runtime.RUNTIME.register(op, library)
         # GemmOp.run's launch: the same recorder, and its message as bytes
-        op._library = types.SimpleNamespace(launch=_record_launch, error_string=lambda code: _FAILURE.value)
+        op._library = types.SimpleNamespace(launch=_record_launch, error_string=lambda code: _FAILURE.value,
+                                            choose_path=_record_path)
         _STAND_INS[key] = op
     return _STAND_INS[key]
 
@@ -277,6 +302,11 @@ def outputs_of(result):
     return list(result) if isinstance(result, tuple) else [result]
 
 
+def batch_fields(args):
+    """GemmArgs' batch and batch strides (A, B, D)."""
+    return (args.batch, args.batch_stride_a, args.batch_stride_b, args.batch_stride_d)
+
+
 @pytest.mark.parametrize("key", list(STAND_IN_PLANS))
 def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launches_on_cpu, key):
     op = stand_in(key)
@@ -292,6 +322,7 @@ def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launche
             assert cpp_args is None and python_args is None
             continue
         assert args_dict(cpp_args, cpp) == args_dict(python_args, python)
+        assert batch_fields(cpp_args) == (0, 0, 0, 0)   # a 2-D call: one problem, as before batching
         # (ctypes reads a null pointer as None: K = 0 gives empty A and B)
         assert (cpp_args.d, cpp_args.a or 0, cpp_args.b or 0) == (cpp[0].data_ptr(), a.data_ptr(), b.data_ptr())
         if ep_.aux is not None:
@@ -486,3 +517,267 @@ def test_cpp_checks_of_a_mixed_fp8_plan_say_what_python_says(python_launches_on_
     cpp, cpp_args = launched(lambda: cpp_call(op, a, b, values))
     python, python_args = launched(lambda: python_call(op, a, b, values))
     assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python])
+
+
+# -- batched calls (3-D A or B): the same checks and GemmArgs on both paths --------------------------------------
+
+BATCH = 3
+GAP = 3   # lines (rows of a row-major matrix, columns of a column-major one) between a padded operand's matrices
+
+
+def batched_operand(rows, cols, order, mode, dtype=torch.bfloat16, batch=BATCH):
+    """(an operand of rows x cols matrices stored in order, the batch stride its launch takes): 'shared' a 2-D one,
+    'one' a batch of 1, 'packed' matrices back to back, 'padded' GAP lines apart, 'expanded' one matrix for every
+    problem (batch stride 0)."""
+    one = stored(rows, cols, order, dtype)
+    if mode == "shared":
+        return one, 0
+    if mode == "one":
+        return one[None], 0
+    if mode == "expanded":
+        return one.expand(batch, rows, cols), 0
+    pad = GAP if mode == "padded" else 0
+    if order == "row":   # (the dtype before the slice: .to() of a padded view would pack it)
+        return torch.randn(batch, rows + pad, cols).to(dtype)[:, :rows], (rows + pad) * cols
+    return torch.randn(batch, cols + pad, rows).to(dtype)[:, :cols].transpose(1, 2), (cols + pad) * rows
+
+
+def batched_inputs(op, a_mode="packed", b_mode="packed", m=M, n=N, k=K):
+    """A and B of op's plan as batched_operand makes them (without their batch strides)."""
+    cfg = op.config
+    a, _ = batched_operand(m, k, cfg.layout.a.value, a_mode, TORCH_DTYPES[cfg.dtype])
+    b, _ = batched_operand(k, n, cfg.layout.b.value, b_mode, TORCH_DTYPES[cfg.b_dtype])
+    return a, b
+
+
+def batched_out(op, m, n, batch=BATCH):
+    """(an out for a batched call, its matrices in the plan's order of D and GAP lines apart; its batch stride)."""
+    if op.config.layout.c.value == "row":
+        return torch.empty(batch, m + GAP, n, dtype=op.out_dtype)[:, :m], (m + GAP) * n
+    return torch.empty(batch, n + GAP, m, dtype=op.out_dtype)[:, :n].transpose(1, 2), (n + GAP) * m
+
+
+def line(rows, cols, order):
+    """The leading dimension of a packed rows x cols matrix stored in order."""
+    return cols if order == "row" else rows
+
+
+#: (A's mode, B's mode) of batched_operand: each with the other, a batch of 1 broadcast, and a batch of 1 only.
+MODES = [("packed", "packed"), ("packed", "shared"), ("shared", "packed"), ("padded", "expanded"), ("one", "padded"),
+         ("expanded", "one"), ("one", "one")]
+#: The stand-in plans that take a batched call: plain, and scalars, one-element scales and vectors.
+BATCHABLE = ["plain", "knobs_row_bias", "scaled_tensor", "mixed_fp8", "vectors_dcol"]
+
+
+@pytest.mark.parametrize("key", BATCHABLE)
+def test_batched_calls_fill_the_batch_fields_alike_on_both_paths(python_launches_on_cpu, key):
+    op = stand_in(key)
+    cfg = op.config
+    orders = (cfg.layout.a.value, cfg.layout.b.value, cfg.layout.c.value)
+    for (a_mode, b_mode), (m, n, k) in itertools.product(MODES, ((M, N, K), (1, 7, 5))):
+        label = (a_mode, b_mode, m, n, k)
+        _, _, values = stand_in_inputs(op, m, n, k)
+        a, stride_a = batched_operand(m, k, orders[0], a_mode, TORCH_DTYPES[cfg.dtype])
+        b, stride_b = batched_operand(k, n, orders[1], b_mode, TORCH_DTYPES[cfg.b_dtype])
+        batch = max(1 if mode == "one" else BATCH for mode in (a_mode, b_mode) if mode != "shared")
+        cpp, cpp_args = launched(lambda: cpp_call(op, a, b, values))
+        python, python_args = launched(lambda: python_call(op, a, b, values))
+        # D batch-contiguous, each D[b] in the plan's order
+        strides = (m * n, n, 1) if orders[2] == "row" else (m * n, 1, m)
+        for d in (cpp, python):
+            assert (tuple(d.shape), d.stride(), d.dtype) == ((batch, m, n), strides, op.out_dtype), label
+        assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python]), label
+        assert batch_fields(cpp_args) == (batch, stride_a, stride_b, m * n if batch > 1 else 0), label
+        assert (cpp_args.m, cpp_args.n, cpp_args.k, cpp_args.lda, cpp_args.ldb, cpp_args.ldd) == (
+            m, n, k, line(m, k, orders[0]), line(k, n, orders[1]), line(m, n, orders[2])), label
+        assert (cpp_args.a, cpp_args.b, cpp_args.d) == (a.data_ptr(), b.data_ptr(), cpp.data_ptr())
+        # out= with its matrices GAP lines apart: its batch stride reaches the launch
+        out, stride_out = batched_out(op, m, n, batch)
+        got, cpp_args = launched(lambda: cpp_call(op, a, b, values, out))
+        _, python_args = launched(lambda: python_call(op, a, b, values, out))
+        assert got.data_ptr() == out.data_ptr() and cpp_args.d == out.data_ptr()
+        assert args_dict(cpp_args, [out]) == args_dict(python_args, [out]), label
+        assert batch_fields(cpp_args) == (batch, stride_a, stride_b, stride_out if batch > 1 else 0), label
+
+
+def test_empty_batches_launch_nothing_on_both_paths(python_launches_on_cpu):
+    """A batch of 0, or problems of M = 0 or N = 0: an empty 3-D D and no launch, as torch.matmul."""
+    op = stand_in("vectors_dcol")
+    for batch, m, n in ((0, M, N), (BATCH, 0, N), (BATCH, M, 0)):
+        _, _, values = stand_in_inputs(op, m, n, K)
+        a = batched_operand(m, K, "row", "packed", batch=batch)[0]
+        for call in (cpp_call, python_call):
+            d, args = launched(lambda: call(op, a, stored(K, n, "row"), values))
+            assert args is None and tuple(d.shape) == (batch, m, n), (call, batch, m, n)
+            out = batched_out(op, m, n, batch)[0]
+            d, args = launched(lambda: call(op, a, stored(K, n, "row"), values, out))
+            assert args is None and d.data_ptr() == out.data_ptr()
+            if batch > 1:   # an empty out with a batch stride of 0: no problem writes it, so it is taken
+                empty = torch.empty(1, m, n, dtype=op.out_dtype).expand(batch, m, n)
+                d, args = launched(lambda: call(op, a, stored(K, n, "row"), values, empty))
+                assert args is None and d.stride()[0] == 0
+
+
+def test_path_of_a_batched_call_asks_with_the_arguments_of_its_launch(python_launches_on_cpu):
+    op = stand_in("vectors_dcol")
+    _, _, values = stand_in_inputs(op)
+    a, b = batched_inputs(op, "padded", "one")
+    PATHS_ASKED.clear()
+    assert op.path(a, b, *values) == "unaligned"   # what the stand-in chooser answers
+    d, launch_args = launched(lambda: python_call(op, a, b, values))
+    (asked,) = PATHS_ASKED
+    core = ("a", "b", "m", "n", "k", "lda", "ldb", "ldd", "batch", "batch_stride_a", "batch_stride_b", "batch_stride_d")
+    assert {f: getattr(asked, f) for f in core} == {f: getattr(launch_args, f) for f in core}
+    assert batch_fields(asked) == (BATCH, (M + GAP) * K, 0, M * N)
+
+
+def _plain_batched(op, values, a_mode="packed", b_mode="packed"):
+    return (*batched_inputs(op, a_mode, b_mode), values, None)
+
+
+def _with_out(out_of):
+    """A case whose batched A and B are right and whose out is out_of(op)."""
+    return lambda op, values: (*batched_inputs(op), values, out_of(op))
+
+
+def _out_over_b(op, values):
+    # B (3, K, N) row-major and out (3, M, N) in one buffer, out's first row on B's last
+    buf = torch.randn(BATCH * K * N + BATCH * M * N - N).bfloat16()
+    return batched_inputs(op)[0], buf[:BATCH * K * N].view(BATCH, K, N), values, buf[BATCH * K * N - N:].view(
+        BATCH, M, N)
+
+
+def _bf16(*shape):
+    return torch.empty(*shape, dtype=torch.bfloat16)
+
+
+# label -> (stand-in plan, make (A, B, operand values, out or None) from the op and good 2-D values, what both paths
+# raise). M, N, K = 33, 40, 24; "plain" is layout nt (A column-major, B row-major, D row-major).
+BATCHED_BAD = {
+    "A 4-D": ("plain", lambda op, v: (torch.randn(2, BATCH, M, K).bfloat16(), stored(K, N, "row"), v, None),
+              (ValueError, f"A must be 2-D (M, K) or 3-D (batch, M, K); got shape (2, {BATCH}, {M}, {K})")),
+    "B 1-D": ("plain", lambda op, v: (batched_inputs(op)[0], torch.randn(N).bfloat16(), v, None),
+              (ValueError, f"B must be 2-D (K, N) or 3-D (batch, K, N); got shape ({N},)")),
+    "batch sizes 3 and 2": ("plain", lambda op, v: (batched_inputs(op)[0], batched_operand(K, N, "row", "packed",
+                                                                                          batch=2)[0], v, None),
+                            (ValueError, f"A is ({BATCH}, {M}, {K}) and B is (2, {K}, {N}): their batch sizes must "
+                                         "agree, or one be 1 (broadcast, as torch.matmul)")),
+    "A's matrices row-major": (
+        "plain", lambda op, v: (torch.randn(BATCH, M, K).bfloat16(), stored(K, N, "row"), v, None),
+        (ValueError, f"A has strides ({M * K}, {K}, 1) (row-major); this plan was made for layout_a='col': plan with "
+                     "layout='tt' or pass A.transpose(-1, -2).contiguous().transpose(-1, -2) (a column-major copy)")),
+    "B's matrices column-major": (
+        "plain", lambda op, v: (batched_inputs(op)[0], torch.randn(BATCH, N, K).bfloat16().transpose(1, 2), v, None),
+        (ValueError, f"B has strides ({N * K}, 1, {K}) (column-major); this plan was made for layout_b='row': plan "
+                     "with layout='nn' or pass B.contiguous()")),
+    "A's matrices in neither order": ("plain", lambda op, v: (torch.randn(BATCH, M, 2 * K).bfloat16()[:, :, ::2],
+                                                              stored(K, N, "row"), v, None),
+                                      (ValueError, f"A has strides ({2 * M * K}, {2 * K}, 2) (neither row- nor "
+                                                   "column-major); this plan was made for layout_a='col'")),
+    "K of B's matrices": ("plain", lambda op, v: (batched_inputs(op)[0], torch.randn(BATCH, K - 1, N).bfloat16(), v,
+                                                  None),
+                          (ValueError, f"A is ({BATCH}, {M}, {K}) and B is ({BATCH}, {K - 1}, {N}): K must agree (A's "
+                                       "columns = B's rows); for x @ W.t() pass B = W.t()")),
+    "a batch past int32": ("plain", lambda op, v: (stored(M, K, "col")[None].expand(2**31, M, K), stored(K, N, "row"),
+                                                   v, None),
+                           (ValueError, "batch=2147483648 is larger than the kernels index (2**31 - 1): split the "
+                                        "problem")),
+    "out 2-D": ("plain", _with_out(lambda op: _bf16(M, N)),
+                (ValueError, f"out has shape ({M}, {N}); D = A @ B is ({BATCH}, {M}, {N}): pass torch.empty({BATCH}, "
+                             f"{M}, {N}, dtype=torch.bfloat16, device='cpu')")),
+    "out of batch 2": ("plain", _with_out(lambda op: _bf16(2, M, N)),
+                       (ValueError, f"out has shape (2, {M}, {N}); D = A @ B is ({BATCH}, {M}, {N}): pass "
+                                    f"torch.empty({BATCH}, {M}, {N}, dtype=torch.bfloat16, device='cpu')")),
+    "out float32": ("plain", _with_out(lambda op: torch.empty(BATCH, M, N)),
+                    (TypeError, "out is torch.float32; this plan writes bf16: pass an out of dtype torch.bfloat16 or "
+                                "plan with out_dtype='float32'")),
+    "out's matrices column-major": (
+        "plain", _with_out(lambda op: _bf16(BATCH, N, M).transpose(1, 2)),
+        (ValueError, f"out has strides ({M * N}, 1, {M}) (column-major); this plan writes D row-major: pass "
+                     "out=torch.empty(batch, M, N) or plan with layout_c='col'")),
+    "out with batch stride 0": ("plain", _with_out(lambda op: _bf16(1, M, N).expand(BATCH, M, N)),
+                                (ValueError, f"out has strides (0, {N}, 1): with a batch stride of 0, all {BATCH} "
+                                             "problems would write the same D; pass out=torch.empty(batch, M, N)")),
+    "out over B's last row": ("plain", _out_over_b,
+                              (ValueError, "out shares memory with B: the kernel reads B while it writes D; pass a "
+                                           "separate out")),
+    "column-major D: out's matrices row-major": (
+        "vectors_dcol", _with_out(lambda op: _bf16(BATCH, M, N)),
+        (ValueError, f"out has strides ({M * N}, {N}, 1) (row-major); this plan writes D col-major: pass "
+                     "out=torch.empty(batch, N, M).transpose(1, 2) or plan with layout_c='row'")),
+    "column-major D: out with batch stride 0": (
+        "vectors_dcol", _with_out(lambda op: _bf16(1, N, M).transpose(1, 2).expand(BATCH, M, N)),
+        (ValueError, f"out has strides (0, 1, {M}): with a batch stride of 0, all {BATCH} problems would write the "
+                     "same D; pass out=torch.empty(batch, N, M).transpose(1, 2)")),
+    "a per-problem bias": ("vectors_dcol", lambda op, v: (*batched_inputs(op), (torch.randn(BATCH, N).bfloat16(),
+                                                                                *v[1:]), None),
+                           (ValueError, f"bias must be 1-D (N,); got shape ({BATCH}, {N})")),
+    "a row bias of batch * M": ("knobs_row_bias", lambda op, v: (*batched_inputs(op, "shared", "packed"),
+                                                                 (torch.randn(BATCH * M).bfloat16(),), None),
+                                (ValueError, f"bias has length {BATCH * M}; a per-row vector has one value per row of "
+                                             f"D: length M (A's rows) = {M}")),
+    "a matrix operand": ("fused", lambda op, v: (*batched_inputs(op, "packed", "shared"), v, None),
+                         (ValueError, "a batched call (3-D A or B) takes no matrix operand 'C': call the op once per "
+                                      "problem with 2-D tensors, or plan without it")),
+    "a matrix operand of 3-D C, B batched": (
+        "fused", lambda op, v: (*batched_inputs(op, "shared", "packed"),
+                                (v[0], torch.randn(BATCH, M, N).bfloat16(), *v[2:]), _bf16(BATCH, M, N)),
+        (ValueError, "a batched call (3-D A or B) takes no matrix operand 'C': call the op once per problem with 2-D "
+                     "tensors, or plan without it")),
+    "a matrix operand before aux": ("rowwise_aux_dcol", _plain_batched,
+                                    (ValueError, "a batched call (3-D A or B) takes no matrix operand 'R': call the op "
+                                                 "once per problem with 2-D tensors, or plan without it")),
+    "a second output": ("aux_col_bias", _plain_batched,
+                        (ValueError, "a batched call (3-D A or B) cannot store the plan's second output (aux): call "
+                                     "the op once per problem with 2-D tensors, or plan without it")),
+    "per-block scales": ("scaled_block", _plain_batched,
+                         (ValueError, "a batched call (3-D A or B) takes no per-block scales 'scale_a': call the op "
+                                      "once per problem with 2-D tensors, or plan with scale='tensor' or "
+                                      "scale='row'")),
+}
+
+
+@pytest.mark.parametrize("case", list(BATCHED_BAD))
+def test_cpp_batched_checks_say_what_the_python_checks_say(python_launches_on_cpu, case):
+    key, make, expected = BATCHED_BAD[case]
+    op = stand_in(key)
+    _, _, values = stand_in_inputs(op)
+    a, b, bad, out = make(op, values)
+    before = len(LAUNCHES)
+    cpp = _raise(lambda: cpp_call(op, a, b, bad, out))
+    assert cpp == _raise(lambda: python_call(op, a, b, bad, out)), case
+    if expected[0] is ValueError and "neither" in expected[1]:
+        assert cpp[0] is ValueError and cpp[1].startswith(expected[1]), cpp
+    else:
+        assert cpp == expected, cpp
+    assert len(LAUNCHES) == before   # refused before any launch
+    # the next correct call launches: batched where the plan takes one, else with 2-D operands
+    good_a, good_b = batched_inputs(op) if key in BATCHABLE else stand_in_inputs(op)[:2]
+    _, args = launched(lambda: cpp_call(op, good_a, good_b, values))
+    assert args is not None and args.batch == (BATCH if key in BATCHABLE else 0)
+
+
+def test_fake_batched_outputs_have_the_real_shapes_and_strides(python_launches_on_cpu):
+    """The fake implementation (torch.compile's) gives D's 3-D shape, dtype and strides, as eager calls allocate it,
+    and refuses what a batched call refuses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for key, (a_mode, b_mode) in itertools.product(("plain", "vectors_dcol"), MODES):
+        op = stand_in(key)
+        _, _, values = stand_in_inputs(op)
+        a, b = batched_inputs(op, a_mode, b_mode)
+        real = cpp_call(op, a, b, values)
+        with FakeTensorMode() as mode:
+            fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in (a, b, *values)]
+            fake = op.op.default(*fakes)
+            out = mode.from_tensor(batched_out(op, M, N, real.shape[0])[0])
+            assert op.op.out(*fakes, out=out) is out    # .out's decomposition
+        assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype), (key, a_mode, b_mode)
+    op = stand_in("fused")
+    _, _, values = stand_in_inputs(op)
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for v in (*batched_inputs(op), *values)]
+        with pytest.raises(ValueError, match="a batched call .3-D A or B. takes no matrix operand 'C'"):
+            op.op.default(*fakes)
+        with pytest.raises(ValueError, match="their batch sizes must agree"):
+            op.op.default(mode.from_tensor(batched_operand(M, K, "row", "packed", batch=2)[0]), *fakes[1:])

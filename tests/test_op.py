@@ -2,12 +2,15 @@
 torch op with a fake implementation, and refuses bad operands before any launch."""
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
 from generator.runtime import GemmArgsStruct, leading_dim  # noqa: E402
+from generator.runtime.checks import batch_stride  # noqa: E402
 from generator.spec.types import Order  # noqa: E402
 
 
@@ -57,9 +60,30 @@ def test_fake_tensors_give_the_output_shape(op):
     assert tuple(d.shape) == (64, 48) and d.dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("shapes, expected", [
+    (((5, 64, 32), (48, 32)), (5, 64, 48)),      # x @ W.t() on a 3-D x: W shared
+    (((64, 32), (5, 48, 32)), (5, 64, 48)),      # A shared
+    (((5, 64, 32), (5, 48, 32)), (5, 64, 48)),
+    (((1, 64, 32), (5, 48, 32)), (5, 64, 48)),   # a batch of 1 broadcasts, as torch.matmul
+])
+def test_fake_tensors_give_the_batched_output_shape(op, shapes, expected):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    (a_shape, b_shape) = shapes
+    with FakeTensorMode():
+        a = torch.empty(*a_shape, dtype=torch.bfloat16, device="cuda")
+        b = torch.empty(*b_shape, dtype=torch.bfloat16, device="cuda").transpose(-1, -2)
+        d = op(a, b)
+        with pytest.raises(ValueError, match=r"D = A @ B is 3-D \(batch, M, N\)"):
+            op(a, b, out=torch.empty(64, 48, dtype=torch.bfloat16, device="cuda"))
+    assert (tuple(d.shape), d.stride(), d.dtype) == (expected, (64 * 48, 48, 1), torch.bfloat16)
+
+
 def test_args_struct_matches_the_c_header():
-    # templates/common/gemm_args.h: three pointers, then six int64 fields.
+    # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields last.
     assert GemmArgsStruct.m.offset == 24 and GemmArgsStruct.ldd.offset == 64
+    assert GemmArgsStruct.batch.offset == GemmArgsStruct.ldaux.offset + 8
+    assert GemmArgsStruct.batch_stride_d.offset + 8 == ctypes.sizeof(GemmArgsStruct)
 
 
 @pytest.mark.parametrize("shape, strides, order, expected", [
@@ -69,7 +93,24 @@ def test_args_struct_matches_the_c_header():
     ((4, 8), (1, 4), Order.col, 4),
     ((1, 8), (99, 1), Order.row, 8),       # one row: its stride means nothing
     ((4, 8), (2, 1), Order.row, None),     # rows overlap
+    # 3-D: each matrix's (its last two dimensions), whatever the batch stride
+    ((3, 4, 8), (32, 8, 1), Order.row, 8),
+    ((3, 4, 8), (0, 16, 1), Order.row, 16),   # one matrix for every problem
+    ((3, 4, 8), (40, 1, 4), Order.col, 4),
+    ((3, 4, 8), (40, 1, 4), Order.row, None),
+    ((3, 1, 8), (8, 99, 1), Order.row, 8),
 ])
 def test_leading_dim(shape, strides, order, expected):
     t = torch.empty_strided(shape, strides)
     assert leading_dim(t, order) == expected
+
+
+@pytest.mark.parametrize("shape, strides, expected", [
+    ((4, 8), (8, 1), 0),            # 2-D: one matrix
+    ((3, 4, 8), (32, 8, 1), 32),
+    ((3, 4, 8), (40, 8, 1), 40),    # padded
+    ((3, 4, 8), (0, 8, 1), 0),      # expanded
+    ((1, 4, 8), (99, 8, 1), 0),     # a batch of one: its stride means nothing
+])
+def test_batch_stride(shape, strides, expected):
+    assert batch_stride(torch.empty_strided(shape, strides)) == expected

@@ -30,7 +30,7 @@ from generator import epilogue as ep  # noqa: E402
 from generator.runtime import GemmOp, jit_runtime  # noqa: E402
 from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
-from generator.runtime.operands import check_operands, check_out_aliasing, scale_blocks  # noqa: E402
+from generator.runtime.operands import check_batchable, check_operands, check_out_aliasing, scale_blocks  # noqa: E402
 from generator.spec.epilogue import with_scales  # noqa: E402
 from test_autograd_cpu import BOUND, ReferenceOp, operand, rel  # noqa: E402
 
@@ -61,8 +61,10 @@ class EpilogueOp(ReferenceOp):
         if isinstance(A, torch.Tensor) and A.device.type == "meta":
             return GemmOp.run(self, A, B, operands, out)
         if out is not None:   # GemmOp.run's order: A and B, the operands, out, then out's aliasing
-            self._check(A, B)
-            check_operands(self.config.epilogue, operands, A, A.shape[0], B.shape[1], A.shape[1])
+            problem = self._check(A, B)
+            if problem.batch is not None:
+                check_batchable(self.config.epilogue)
+            check_operands(self.config.epilogue, operands, A, problem.m, problem.n, problem.k)
             self._check_out(out, A, B)
             check_out_aliasing(self.config.epilogue, operands, out, self.config.layout.c, A, B)
         return super().run(A, B, operands, out)
@@ -1073,3 +1075,129 @@ def test_quantized_ops_refuse_grad_and_run_without_it(key):
         op(a, b, *wanting)
     with torch.no_grad():
         assert op(a, b, *wanting).shape == (a.shape[0], b.shape[1])
+
+
+# -- 8. batched calls (3-D A or B): shared scalars, scales and vectors; refusals -------------------------------
+
+BATCH = 3
+#: (A's batch, B's batch): None a 2-D operand, 1 a batch of 1 broadcast against the other's.
+BATCHES = [(BATCH, None), (None, BATCH), (BATCH, BATCH), (1, BATCH), (BATCH, 1)]
+#: The cases whose operands a batched call takes (no matrix operand, no second output).
+BATCHABLE_CASES = [key for key, (plan, _) in CASES.items()
+                   if all(o.kind != "matrix" for o in make(**plan).config.epilogue.operands)]
+
+
+def batched_inputs(op, batches, m=M, n=N, k=K):
+    """Fresh A and B of the batch sizes (None: 2-D), each matrix in the plan's order, packed; and operand values."""
+    cfg = op.config
+    _, _, values = inputs(op, m, n, k)
+
+    def one(batch, rows, cols, order, dtype):
+        if batch is None:
+            return operand(rows, cols, order, dtype)
+        t = torch.randn(batch, rows, cols) if order == "row" else torch.randn(batch, cols, rows).transpose(1, 2)
+        return t.to(dtype)   # (a dense tensor keeps its strides)
+
+    return (one(batches[0], m, k, cfg.layout.a.value, TORCH_DTYPES[cfg.dtype]),
+            one(batches[1], k, n, cfg.layout.b.value, TORCH_DTYPES[cfg.b_dtype]), values)
+
+
+def batched_reference(op, a, b, values):
+    """(D, aux) of the epilogue on the float64 batched product, each problem as torch.matmul broadcasts them."""
+    e = op.config.epilogue
+    return evaluate(e, a.double() @ b.double(), operand_values(e, values, torch.float64))
+
+
+@pytest.mark.parametrize("case", BATCHABLE_CASES + list(SCALED_CASES))
+def test_batched_results_against_float64(case):
+    plan = {**CASES, **{k: (SCALED_PLANS[k], f) for k, f in SCALED_CASES.items()}}[case][0]
+    op = make(**plan)
+    for batches in BATCHES:
+        a, b, values = batched_inputs(op, batches)
+        want = batched_reference(op, a, b, values)[0]
+        got = op(a, b, *values)
+        assert got.stride() == op._empty_out(a, b).stride() and got.shape == (BATCH, M, N)
+        meta = op(a.to("meta"), b.to("meta"), *(v.to("meta") if isinstance(v, torch.Tensor) else v for v in values))
+        assert (meta.device.type, meta.shape, meta.stride()) == ("meta", got.shape, got.stride())
+        assert_close(got, want, bound(op), f"{op.name} {batches}")
+        # out= with its matrices 5 lines apart
+        lines = (M + 5, N) if op.config.layout.c.value == "row" else (N + 5, M)
+        padded = torch.full((BATCH, *lines), float("nan"), dtype=op.out_dtype)
+        out = padded[:, :M] if op.config.layout.c.value == "row" else padded[:, :N].transpose(1, 2)
+        assert op(a, b, *values, out=out) is out
+        assert_close(out, want, bound(op), f"{op.name} {batches} out=")
+        assert torch.isnan(padded[:, M:] if op.config.layout.c.value == "row" else padded[:, N:]).all()
+
+
+# id -> (plan, the message of a batched call's refusal)
+BATCH_REFUSED = {
+    "matrix": (dict(epilogue=fused), "a batched call (3-D A or B) takes no matrix operand 'C': call the op once per "
+                                     "problem with 2-D tensors, or plan without it"),
+    "aux": (dict(epilogue=with_aux), "a batched call (3-D A or B) cannot store the plan's second output (aux): call "
+                                     "the op once per problem with 2-D tensors, or plan without it"),
+    "block_scales": (SCALED_PLANS["block"], "a batched call (3-D A or B) takes no per-block scales 'scale_a': call the "
+                                            "op once per problem with 2-D tensors, or plan with scale='tensor' or "
+                                            "scale='row'"),
+}
+
+
+@pytest.mark.parametrize("key", list(BATCH_REFUSED))
+def test_batched_calls_refuse_per_problem_operands_with_the_fix(key):
+    """op(...), torch.ops and .out alike; meta and fake tensors too (the refusal depends on ranks only); the next
+    2-D call is right."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    plan, message = BATCH_REFUSED[key]
+    op = make(**plan)
+    for batches in ((BATCH, None), (None, BATCH), (1, 1)):
+        a, b, values = batched_inputs(op, batches)
+        calls = [lambda *v: op(a, b, *v), lambda *v: ops_namespace(op)(a, b, *v),
+                 lambda *v: op(a.to("meta"), b.to("meta"), *(x.to("meta") if isinstance(x, torch.Tensor) else x
+                                                               for x in v))]
+        if op.config.epilogue.aux is None:
+            calls += [lambda *v: ops_namespace(op).out(a, b, *v, out=torch.empty(a.shape[0], M, N, dtype=op.out_dtype))]
+        for call in calls:
+            with pytest.raises(ValueError) as info:
+                call(*values)
+            assert str(info.value) == message
+        with FakeTensorMode() as mode:
+            fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in (a, b, *values)]
+            with pytest.raises(ValueError, match=re.escape(message)):
+                ops_namespace(op)(*fakes)
+    if key != "block_scales":   # (fp8: no CPU reference product here)
+        check_call(op)
+    else:
+        assert op(*inputs(op)[:2], *inputs(op)[2]).shape == (M, N)
+
+
+def test_batched_epilogue_calls_refuse_grad_naming_the_inputs():
+    op = make(activation="gelu_tanh", bias="col", alpha="scalar")
+    a, b, (bias, alpha) = batched_inputs(op, (BATCH, None))
+    for wanting in ("A", "bias", "B, bias"):
+        x, y, v = (t.detach().clone().requires_grad_(name in wanting)
+                   for t, name in ((a, "A"), (b, "B"), (bias, "bias")))
+        with pytest.raises(RuntimeError) as info:
+            op(x, y, v, alpha)
+        assert str(info.value) == (f"{op.name}: batched calls (3-D A or B) have no backward pass yet, but {wanting} "
+                                   "require(s) grad: call it under torch.no_grad() or with detached tensors, or call "
+                                   "it once per problem with 2-D tensors")
+    with torch.no_grad():
+        d = op(a, b, bias, alpha)
+    assert d.grad_fn is None
+    assert_close(d, batched_reference(op, a.detach(), b.detach(), [bias.detach(), alpha])[0], bound(op))
+
+
+def test_batched_compile_fullgraph_dynamic_batch_and_m():
+    """Shared vectors and a scalar under torch.compile: one graph for every batch size and M."""
+    op = make(epilogue=clamp_by_operands, layout_c="col")     # a per-row and a per-column vector
+    counter = _compiled_counter()
+    compiled = torch.compile(lambda a, b, lo, hi: op(a, b, lo, hi).float() - 1, backend=counter, fullgraph=True)
+    with torch.no_grad():
+        for batch, m in ((2, 64), (5, 37), (4, 100)):
+            a, b, (lo, hi) = batched_inputs(op, (batch, batch), m=m)
+            for t, dims in ((a, (0, 1)), (b, (0,)), (lo, (0,))):
+                for dim in dims:
+                    torch._dynamo.mark_dynamic(t, dim)
+            got = compiled(a, b, lo, hi)
+            assert got.shape == (batch, m, N) and torch.equal(got, op(a, b, lo, hi).float() - 1)
+    assert counter.frame_count == 1

@@ -16,6 +16,9 @@ cache makes that a load in later processes). Their dtype, architecture and famil
 their output dtype is the input dtype; they are registered ops with this same formula, so double
 backward works too (the layouts of dA, dB, their dA and dB, ... form a small closed set, at most
 eight per dtype and architecture, all registered at once).
+
+A batched call (3-D A or B) has no formula yet: one that needs a gradient is refused when it runs
+(``refuse_batched_grad``, as templates/torch/gemm_autograd.h's C++ formula).
 """
 from __future__ import annotations
 
@@ -116,12 +119,27 @@ def _product_grads(op: OpHandle, A: torch.Tensor, B: torch.Tensor, grad: torch.T
     return grad_a, grad_b
 
 
+def refuse_batched_grad(op: OpHandle, A: torch.Tensor, B: torch.Tensor, wanting: list[str]) -> None:
+    """A batched call (3-D A or B) that would need a gradient is refused when it runs (the formulas below are
+    A @ B's for 2-D operands). ``wanting``: the names of the inputs that require grad. gemm_autograd.h's
+    GemmAutogradKernel says the same."""
+    if A.dim() == 3 or B.dim() == 3:
+        raise RuntimeError(f"{op.name}: batched calls (3-D A or B) have no backward pass yet, but "
+                           f"{', '.join(wanting)} require(s) grad: call it under torch.no_grad() or with detached "
+                           "tensors, or call it once per problem with 2-D tensors")
+
+
+def _wanting(op: OpHandle, inputs: tuple[Any, ...]) -> list[str]:
+    """The names of the op's inputs (A, B, the epilogue's operands) that require grad."""
+    names = ("A", "B", *(o.name for o in op.config.epilogue.operands))
+    return [name for name, t in zip(names, inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
+
+
 def _register_quantized_refusal(op: OpHandle, lib: torch.library.Library) -> None:
     """fp8 and int8 ops are forward only: a call that would need a gradient is refused when it runs (torch calls
     setup_context only when grad mode is on and an input requires grad), not answered with a wrong one later."""
     def setup_context(ctx, inputs, output) -> None:
-        wanting = [name for name, t in zip(("A", "B", *(o.name for o in op.config.epilogue.operands)), inputs)
-                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        wanting = _wanting(op, inputs)
         raise RuntimeError(f"{op.name} multiplies {op.config.dtype.value} operands and has no backward pass, but "
                            f"{', '.join(wanting)} require(s) grad: call it under torch.no_grad(), or pass "
                            f"{wanting[0]}.detach(); train through a bf16 or tf32 plan")
@@ -135,6 +153,7 @@ def _register_quantized_refusal(op: OpHandle, lib: torch.library.Library) -> Non
 def _register_python_formula(op: OpHandle, lib: torch.library.Library) -> None:
     def setup_context(ctx, inputs, output) -> None:
         A, B = inputs
+        refuse_batched_grad(op, A, B, _wanting(op, inputs))   # (torch calls it only when a gradient is wanted)
         ctx.save_for_backward(A, B)
 
     def backward(ctx, grad: torch.Tensor):
@@ -184,6 +203,7 @@ def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None
     def autograd_kernel(A: torch.Tensor, B: torch.Tensor, *values: Any) -> Any:
         tensors = (A, B, *(v for v in values if isinstance(v, torch.Tensor)))
         if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+            refuse_batched_grad(op, A, B, _wanting(op, (A, B, *values)))
             return Formula.apply(A, B, *values)
         with torch._C._AutoDispatchBelowAutograd():
             return below(A, B, *values)

@@ -3,7 +3,8 @@
 The kernel library is plain CUDA (no torch headers: a new kernel costs one nvcc run); it is loaded
 with ctypes and called with raw pointers on the operands' current stream. The op is registered as
 ``torch.ops.<namespace>.<kernel name>`` (default namespace ``gemmgen``) with two overloads,
-``(A, B) -> D`` and ``.out(A, B, *, out) -> out``.
+``(A, B) -> D`` and ``.out(A, B, *, out) -> out``. A and B are 2-D, or either or both 3-D for a batch of
+problems (``Problem``, ``batch_size``): D[b] = epilogue(A[b] @ B[b]), GemmArgs' batch fields.
 
 What each overload has, so that it behaves like a native op (see ``_register``):
 
@@ -22,19 +23,75 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
+
+try:   # torch's broadcasting's test for a size of 1 (older torch: guard_size_oblivious, deprecated since)
+    from torch.fx.experimental.symbolic_shapes import guard_or_false
+except ImportError:   # pragma: no cover
+    from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
 
 from ..spec.config import KernelConfig
 from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from . import jit_runtime
 from .autograd import register_autograd
-from .checks import INT32_MAX, TORCH_DTYPES, leading_dim, order_of, other_layout
+from .checks import INT32_MAX, TORCH_DTYPES, batch_stride, leading_dim, order_of, other_layout
 from .library import PATHS, GemmArgsStruct, KernelLibrary
 from .loader import build_libraries, load_library
-from .operands import (bind, check_operands, check_out_aliasing, check_sizes_symbolic, check_static,
-                       check_type, schema_arguments, schema_returns)
+from .operands import (bind, check_batchable, check_operands, check_out_aliasing, check_sizes_symbolic,
+                       check_static, check_type, schema_arguments, schema_returns)
+
+#: A's and B's shapes, as one problem and as a batch of them (for messages).
+_SHAPES = {"A": ("(M, K)", "(batch, M, K)"), "B": ("(K, N)", "(batch, K, N)")}
+
+
+class Problem(NamedTuple):
+    """A call's GEMM as its checked A and B describe it: GemmArgs' sizes and leading dimensions, and for a
+    batched call (3-D A or B) the number of problems and A's and B's batch strides (elements; 0: one matrix
+    for every problem)."""
+
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    batch: int | None = None   # None: one problem (2-D A and B)
+    batch_stride_a: int = 0
+    batch_stride_b: int = 0
+
+
+def _check_rank(t: torch.Tensor, what: str) -> None:
+    if t.dim() not in (2, 3):
+        one, batched = _SHAPES[what]
+        raise ValueError(f"{what} must be 2-D {one} or 3-D {batched}; got shape {tuple(t.shape)}")
+
+
+def batch_size(A: torch.Tensor, B: torch.Tensor) -> Any:
+    """The number of problems of a call to A and B of checked ranks: None for one (2-D A and B); for a batched
+    call (3-D A or B), the batch of the 3-D operand(s), where a batch of 1 broadcasts against the other's, as in
+    torch.matmul. Sizes may be symbolic (torch.compile): the tests for 1 are torch's own broadcasting's (a dynamic
+    batch, whose size is at least 2, is not 1, without a guard), and equal batches a torch._check (a run-time
+    assertion rather than a specialization)."""
+    if A.dim() != 3 and B.dim() != 3:
+        return None
+    if B.dim() != 3:
+        return A.shape[0]
+    if A.dim() != 3:
+        return B.shape[0]
+    a, b = A.shape[0], B.shape[0]
+    if guard_or_false(a == 1):
+        return b
+    if guard_or_false(b == 1):
+        return a
+    torch._check_with(ValueError, a == b, lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: their batch "
+                                                  "sizes must agree, or one be 1 (broadcast, as torch.matmul)")
+    return a
+
+
+def _shape_str(sizes: Sequence[Any]) -> str:
+    # (2, 3): as a tuple prints, for sizes that may be symbolic (str(s0), not repr)
+    return "(" + ", ".join(str(s) for s in sizes) + ")"
 
 
 class GemmOp:
@@ -60,7 +117,9 @@ class GemmOp:
         self.op = getattr(getattr(torch.ops, namespace), self.name)
         self.__doc__ = (f"D = A @ B with {config.dtype.value} inputs and {config.out_dtype.value} output; "
                         f"A (M, K) {config.layout.a.value}-major, B (K, N) {config.layout.b.value}-major, "
-                        f"D (M, N) {config.layout.c.value}-major. Kernel {self.name}. Operands whose base "
+                        f"D (M, N) {config.layout.c.value}-major. A batched call takes a 3-D A (batch, M, K) "
+                        "or B (batch, K, N), or both, and gives D (batch, M, N): a 2-D operand, or a batch of 1, "
+                        f"serves every problem, as in torch.matmul. Kernel {self.name}. Operands whose base "
                         "address or leading dimension is not 16-byte aligned are copied into an aligned workspace "
                         "(large problems) or run on a slower unaligned kernel; op.path(A, B) says which.")
 
@@ -146,12 +205,11 @@ class GemmOp:
                          f"{what}.to({self._expected_dtype(what)}){replan}")
 
     def _check_operand(self, t: object, what: str, order: Order) -> int:
-        """Validate A or B; returns its leading dimension."""
+        """Validate A or B (2-D, or 3-D: a batch of matrices, each stored in ``order``, any batch stride);
+        returns its leading dimension."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 2:
-            shape = "(M, K)" if what == "A" else "(K, N)"
-            raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
+        _check_rank(t, what)
         if t.dtype != self._expected_dtype(what):
             raise self._wrong_dtype(t, what)
         if t.device.type != self.device_type:
@@ -160,32 +218,50 @@ class GemmOp:
         if ld is None:
             letter = "a" if what == "A" else "b"
             other = other_layout(self.config.layout.blas, what)
-            copy = f"{what}.contiguous()" if order is Order.row else f"{what}.t().contiguous().t() (a column-major copy)"
+            if order is Order.row:
+                copy = f"{what}.contiguous()"
+            else:   # (.t() takes 2-D tensors only)
+                swap = ".t()" if t.dim() == 2 else ".transpose(-1, -2)"
+                copy = f"{what}{swap}.contiguous(){swap} (a column-major copy)"
             raise ValueError(
                 f"{what} has strides {tuple(t.stride())} ({order_of(t)}); this plan was made for "
                 f"layout_{letter}={order.value!r}: plan with layout={other!r} or pass {copy}")
         return ld
 
-    def _check(self, A: object, B: object) -> tuple[int, int]:
+    def _check(self, A: object, B: object) -> Problem:
+        """Validate A and B (each 2-D, or 3-D for a batch of problems); returns the problem they describe."""
         lda = self._check_operand(A, "A", self.config.layout.a)
         ldb = self._check_operand(B, "B", self.config.layout.b)
         if A.device != B.device:
             raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
-        if A.shape[1] != B.shape[0]:
+        if A.shape[-1] != B.shape[-2]:
             raise ValueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree (A's columns "
                              f"= B's rows); for x @ W.t() pass B = W.t()")
-        for size, what in ((A.shape[0], "M"), (B.shape[1], "N"), (A.shape[1], "K")):
+        batch = batch_size(A, B)
+        m, n, k = A.shape[-2], B.shape[-1], A.shape[-1]
+        sizes = [(m, "M"), (n, "N"), (k, "K")] + ([(batch, "batch")] if batch is not None else [])
+        for size, what in sizes:
             if size > INT32_MAX:
                 raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
-        return lda, ldb
+        return Problem(m, n, k, lda, ldb, batch, batch_stride(A), batch_stride(B))
 
-    def _check_out(self, out: object, A: torch.Tensor, B: torch.Tensor) -> int:
+    def _out_fix(self, batched: bool) -> str:
+        """An out in the plan's order of D, for messages."""
+        row = self.config.layout.c is Order.row
+        if not batched:
+            return "torch.empty(M, N)" if row else "torch.empty(N, M).t()"
+        return "torch.empty(batch, M, N)" if row else "torch.empty(batch, N, M).transpose(1, 2)"
+
+    def _check_out(self, out: object, A: torch.Tensor, B: torch.Tensor) -> tuple[int, int]:
+        """Validate out= for A and B (checked); returns its leading dimension and batch stride (elements, 0 for a
+        2-D call)."""
         if not isinstance(out, torch.Tensor):
             raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-        shape = (A.shape[0], B.shape[1])
+        batch = batch_size(A, B)
+        shape = (A.shape[-2], B.shape[-1]) if batch is None else (batch, A.shape[-2], B.shape[-1])
         if tuple(out.shape) != shape:
             raise ValueError(f"out has shape {tuple(out.shape)}; D = A @ B is {shape}: pass "
-                             f"torch.empty({shape[0]}, {shape[1]}, dtype={self.out_dtype}, device='{A.device}')")
+                             f"torch.empty({', '.join(map(str, shape))}, dtype={self.out_dtype}, device='{A.device}')")
         if out.dtype != self.out_dtype:
             raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}: pass an out of "
                             f"dtype {self.out_dtype} or plan with out_dtype={str(out.dtype).removeprefix('torch.')!r}")
@@ -194,44 +270,55 @@ class GemmOp:
         order = self.config.layout.c
         ld = leading_dim(out, order)
         if ld is None:
-            fix = "torch.empty(M, N)" if order is Order.row else "torch.empty(N, M).t()"
             other = "col" if order is Order.row else "row"
             raise ValueError(f"out has strides {tuple(out.stride())} ({order_of(out)}); this plan writes D "
-                             f"{order.value}-major: pass out={fix} or plan with layout_c={other!r}")
-        return ld
+                             f"{order.value}-major: pass out={self._out_fix(batch is not None)} or plan with "
+                             f"layout_c={other!r}")
+        stride = batch_stride(out)
+        # (an expanded tensor) every problem would write one D; an empty out is written by none: any strides
+        if batch is not None and batch > 1 and stride == 0 and out.numel() > 0:
+            raise ValueError(f"out has strides {tuple(out.stride())}: with a batch stride of 0, all {batch} problems "
+                             f"would write the same D; pass out={self._out_fix(True)}")
+        return ld, stride
 
     def _check_meta(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                     operands: Sequence[Any] = ()) -> None:
         """The checks a fake implementation can make without guarding on sizes or strides.
 
-        Types, ranks, dtypes and devices are static under torch.compile; K must agree (a
-        ``torch._check``, so a symbolic K adds a guard rather than failing). Strides and the int32
-        size limit are left to the real call: checking them here would specialize a dynamic M.
+        Types, ranks, dtypes and devices are static under torch.compile; K and the batch sizes must agree
+        (``torch._check``s, so a symbolic size adds a run-time assertion rather than failing; see
+        ``batch_size``). A batched call's refusal of some epilogues depends on ranks only. Strides and the
+        int32 size limit are left to the real call: checking them here would specialize a dynamic M.
         """
-        for t, what, shape in ((A, "A", "(M, K)"), (B, "B", "(K, N)")):
-            if t.dim() != 2:
-                raise ValueError(f"{what} must be 2-D {shape}; got shape {tuple(t.shape)}")
+        for t, what in ((A, "A"), (B, "B")):
+            _check_rank(t, what)
             if t.dtype != self._expected_dtype(what):
                 raise self._wrong_dtype(t, what)
             if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
                 raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
         if A.device != B.device:
             raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
-        torch._check_with(ValueError, A.shape[1] == B.shape[0],
+        torch._check_with(ValueError, A.shape[-1] == B.shape[-2],
                           lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
+        batch = batch_size(A, B)
+        if batch is not None:
+            check_batchable(self.config.epilogue)
+        m, n, k = A.shape[-2], B.shape[-1], A.shape[-1]
         for op, value in zip(self.config.epilogue.operands, operands):
             check_static(op, value, A)
-            check_sizes_symbolic(op, value, A.shape[0], B.shape[1], A.shape[1])
+            check_sizes_symbolic(op, value, m, n, k)
         if out is not None:
             if out.dtype != self.out_dtype:
                 raise TypeError(f"out is {out.dtype}; this plan writes {self.config.out_dtype.value}")
             if out.device != A.device:
                 raise ValueError(f"out is on {out.device} but A and B on {A.device}: allocate out on {A.device}")
-            if out.dim() != 2:
-                raise ValueError(f"out has shape {tuple(out.shape)}; D = A @ B is 2-D (M, N)")
-            for got, want in ((out.shape[0], A.shape[0]), (out.shape[1], B.shape[1])):
+            shape = (m, n) if batch is None else (batch, m, n)
+            if out.dim() != len(shape):
+                rank = "2-D (M, N)" if batch is None else "3-D (batch, M, N)"
+                raise ValueError(f"out has shape {tuple(out.shape)}; D = A @ B is {rank}")
+            for got, want in zip(out.shape, shape):
                 torch._check_with(ValueError, got == want,
-                                  lambda: f"out has shape {tuple(out.shape)}; D = A @ B is ({A.shape[0]}, {B.shape[1]})")
+                                  lambda: f"out has shape {tuple(out.shape)}; D = A @ B is {_shape_str(shape)}")
 
     def derived(self, configs: list[KernelConfig]) -> list[GemmOp]:
         """Other ops of this generator in this op's namespace, registered now and built on their first
@@ -239,17 +326,25 @@ class GemmOp:
         return [registered_op(c, self.namespace) for c in configs]
 
     def _empty_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
-        m, n = A.shape[0], B.shape[1]
-        if self.config.layout.c is Order.row:
-            return torch.empty((m, n), dtype=self.out_dtype, device=A.device)
-        return torch.empty((n, m), dtype=self.out_dtype, device=A.device).t()
+        """D for A and B (of checked ranks), in the plan's order of D: (M, N), or for a batched call
+        (batch, M, N) with its matrices one after another (batch stride M * N)."""
+        m, n, batch = A.shape[-2], B.shape[-1], batch_size(A, B)
+        row = self.config.layout.c is Order.row
+        like = dict(dtype=self.out_dtype, device=A.device)
+        if batch is None:
+            return torch.empty((m, n), **like) if row else torch.empty((n, m), **like).t()
+        return torch.empty((batch, m, n), **like) if row else torch.empty((batch, n, m), **like).transpose(1, 2)
 
     # -- launch -----------------------------------------------------------------------------------
 
-    def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, lda: int, ldb: int, ldd: int,
-              slots: Sequence[tuple[int, int, float]] = (), aux: torch.Tensor | None = None) -> GemmArgsStruct:
-        args = GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), A.shape[0], B.shape[1], A.shape[1],
-                              lda, ldb, ldd)
+    def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, problem: Problem, ldd: int,
+              batch_stride_d: int = 0, slots: Sequence[tuple[int, int, float]] = (),
+              aux: torch.Tensor | None = None) -> GemmArgsStruct:
+        p = problem
+        args = GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), p.m, p.n, p.k, p.lda, p.ldb, ldd)
+        if p.batch is not None:   # a 2-D call leaves them 0: one problem, the launch of before batching
+            args.batch, args.batch_stride_a, args.batch_stride_b = p.batch, p.batch_stride_a, p.batch_stride_b
+            args.batch_stride_d = batch_stride_d
         for i, (ptr, ld, scalar) in enumerate(slots):
             args.ep_ptr[i], args.ep_ld[i], args.ep_scalar[i] = ptr, ld, scalar
         if aux is not None:
@@ -262,9 +357,9 @@ class GemmOp:
         kernel) or 'unaligned' (the same operands in a problem too small to repay the copy). ``print(plan)`` lists
         the paths; the epilogue's operands do not decide."""
         bind(self.config.epilogue, operands, named)
-        lda, ldb = self._check(A, B)
+        problem = self._check(A, B)
         D = self._empty_out(A, B)
-        args = self._args(A, B, D, lda, ldb, leading_dim(D, self.config.layout.c))
+        args = self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), batch_stride(D))
         return PATHS[self.library.choose_path(ctypes.byref(args))]
 
     def _outputs(self, D: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -279,18 +374,20 @@ class GemmOp:
             self._check_meta(A, B, out, operands)
             D = self._empty_out(A, B) if out is None else out
             return self._outputs(D, self._empty_out(A, B) if ep.aux is not None else None)
-        lda, ldb = self._check(A, B)
-        slots = check_operands(ep, operands, A, A.shape[0], B.shape[1], A.shape[1])
+        problem = self._check(A, B)
+        if problem.batch is not None:
+            check_batchable(ep)
+        slots = check_operands(ep, operands, A, problem.m, problem.n, problem.k)
         D = self._empty_out(A, B) if out is None else out
         if out is not None:
-            ldd = self._check_out(D, A, B)
+            ldd, stride_d = self._check_out(D, A, B)
             check_out_aliasing(ep, operands, out, self.config.layout.c, A, B)
         else:
-            ldd = leading_dim(D, self.config.layout.c)
-        aux = self._empty_out(A, B) if ep.aux is not None else None
+            ldd, stride_d = leading_dim(D, self.config.layout.c), batch_stride(D)
+        aux = self._empty_out(A, B) if ep.aux is not None else None   # (a batched call has none: refused)
         if D.numel() == 0:
             return self._outputs(D, aux)
-        args = self._args(A, B, D, lda, ldb, ldd, slots, aux)
+        args = self._args(A, B, D, problem, ldd, stride_d, slots, aux)
         device = A.device
         if torch.cuda.current_device() != device.index:
             with torch.cuda.device(device):

@@ -191,6 +191,27 @@ def check_operands(ep: Epilogue, values: Sequence[Any], A: torch.Tensor, m: int,
     return [check_operand(op, v, A, m, n, k) for op, v in zip(ep.operands, values)]
 
 
+#: The fix every refusal of ``check_batchable`` starts with.
+_PER_PROBLEM = "call the op once per problem with 2-D tensors"
+
+
+def check_batchable(ep: Epilogue) -> None:
+    """A batched call (3-D A or B) gives every problem the same epilogue operands (templates/common/gemm_args.h):
+    scalars, one-element scales and vectors of length M or N serve them all, but a matrix operand or per-block
+    scales are one problem's, and the second output has no batch stride. Refused before any operand's own check,
+    in the operands' order, then aux (templates/torch/gemm_op.h's check_batched_epilogue says the same)."""
+    for op in ep.operands:
+        if op.kind == "matrix":
+            raise ValueError(f"a batched call (3-D A or B) takes no matrix operand {op.name!r}: {_PER_PROBLEM}, "
+                             "or plan without it")
+        if op.kind in MAINLOOP_KINDS:
+            raise ValueError(f"a batched call (3-D A or B) takes no per-block scales {op.name!r}: {_PER_PROBLEM}, "
+                             "or plan with scale='tensor' or scale='row'")
+    if ep.aux is not None:
+        raise ValueError(f"a batched call (3-D A or B) cannot store the plan's second output (aux): {_PER_PROBLEM}, "
+                         "or plan without it")
+
+
 def check_out_aliasing(ep: Epilogue, values: Sequence[Any], out: torch.Tensor, d_order: Order,
                        A: torch.Tensor, B: torch.Tensor) -> None:
     """out may be a matrix operand itself (``D += A @ B`` in place): each element of the operand is read by

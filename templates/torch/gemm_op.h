@@ -10,6 +10,9 @@
 // The messages are generator/runtime/op.py's (GemmOp._check*) and, for a fused epilogue's operands,
 // generator/runtime/operands.py's, so an op says the same whichever way it was built.
 //
+// A and B are 2-D, or either or both 3-D for a batch of problems (D[b] = epilogue(A[b] @ B[b]), D 3-D): Problem
+// and batch_size below, GemmArgs' batch fields; a 2-D call leaves those 0.
+//
 // A plain op, (A, B) -> D, has unboxed kernels (one functor type per overload, below). An op with a fused
 // epilogue takes its operands after A and B (float for a scalar, Tensor for the other kinds) and may
 // return a second output, so its schema differs from op to op; its kernels are boxed (EpilogueKernel and
@@ -152,14 +155,17 @@ inline std::string dtype_name(c10::ScalarType t) {
 
 inline std::string torch_dtype(c10::ScalarType t) { return "torch." + dtype_name(t); }
 
+// The storage order of a matrix, or of each matrix of a 3-D tensor (its last two dimensions).
 inline const char* order_str(const at::Tensor& t) {
-  if (t.dim() == 2 && t.stride(1) == 1) return "row-major";
-  if (t.dim() == 2 && t.stride(0) == 1) return "column-major";
+  const bool matrices = t.dim() == 2 || t.dim() == 3;
+  if (matrices && t.stride(-1) == 1) return "row-major";
+  if (matrices && t.stride(-2) == 1) return "column-major";
   return "neither row- nor column-major";
 }
 
-// The leading dimension of a 2-D tensor stored row-major (row) or column-major, or -1 if it is not
-// stored so. A dimension of size 1 has no meaningful stride; its leading dimension is the other size.
+// The leading dimension of a 2-D tensor (of each matrix of a 3-D one: its last two dimensions) stored
+// row-major (row) or column-major, or -1 if it is not stored so. A dimension of size 1 has no meaningful
+// stride; its leading dimension is the other size.
 // Int: int64_t, or c10::SymInt for sizes that may be symbolic (torch.compile), whose comparisons add
 // guards where int64_t sizes would specialize a dynamic dimension.
 template <class Int>
@@ -176,19 +182,49 @@ inline Int leading_dim_of(const Int& rows, const Int& cols, const Int& stride0, 
 }
 
 inline int64_t leading_dim(const at::Tensor& t, bool row) {
-  return leading_dim_of<int64_t>(t.size(0), t.size(1), t.stride(0), t.stride(1), row);
+  return leading_dim_of<int64_t>(t.size(-2), t.size(-1), t.stride(-2), t.stride(-1), row);
 }
 
 // Whether t is stored in the order (row: row-major), for tensors whose sizes may be symbolic.
 inline bool stored_in(const at::Tensor& t, bool row) {
-  return leading_dim_of<c10::SymInt>(t.sym_size(0), t.sym_size(1), t.sym_stride(0), t.sym_stride(1), row) >=
+  return leading_dim_of<c10::SymInt>(t.sym_size(-2), t.sym_size(-1), t.sym_stride(-2), t.sym_stride(-1), row) >=
          c10::SymInt(0);
 }
 
-// D, allocated in the storage order the kernel writes (sizes may be symbolic: shared with the Meta impl).
-inline at::Tensor empty_d(const OpSpec& op, const c10::SymInt& m, const c10::SymInt& n, const at::TensorOptions& options) {
-  if (op.d_row) return at::empty_symint({m, n}, options.dtype(op.out_dtype));
-  return at::empty_symint({n, m}, options.dtype(op.out_dtype)).t();
+// The elements between the matrices of a 3-D tensor (GemmArgs' batch strides): 0 for a 2-D tensor or a batch of
+// one, whose one matrix every problem reads (or writes).
+inline int64_t batch_stride(const at::Tensor& t) { return t.dim() == 3 && t.size(0) > 1 ? t.stride(0) : 0; }
+
+inline bool is_batched(const at::Tensor& A, const at::Tensor& B) { return A.dim() == 3 || B.dim() == 3; }
+
+// The number of problems of a batched call (3-D A or B; ranks checked): the batch of the 3-D operand(s), where a
+// batch of 1 broadcasts against the other's, as in torch.matmul (generator/runtime/op.py: batch_size). Sizes may
+// be symbolic: the tests for 1 are size-oblivious, as torch's broadcasting (a dynamic batch is taken for not 1,
+// without a guard), and equal batches a deferred run-time assertion (expect_true), as check_k's K.
+inline c10::SymInt batch_size(const at::Tensor& A, const at::Tensor& B) {
+  if (B.dim() != 3) return A.sym_size(0);
+  if (A.dim() != 3) return B.sym_size(0);
+  const c10::SymInt a = A.sym_size(0), b = B.sym_size(0);
+  if (a.sym_eq(1).guard_size_oblivious(__FILE__, __LINE__)) return b;
+  if (b.sym_eq(1).guard_size_oblivious(__FILE__, __LINE__)) return a;
+  TORCH_CHECK_VALUE(a.sym_eq(b).expect_true(__FILE__, __LINE__), "A is ", tuple_str(A.sym_sizes()), " and B is ",
+                    tuple_str(B.sym_sizes()),
+                    ": their batch sizes must agree, or one be 1 (broadcast, as torch.matmul)");
+  return a;
+}
+
+// D for A and B (ranks checked), allocated in the storage order the kernel writes: (M, N), or for a batched call
+// (batch, M, N) with its matrices one after another (sizes may be symbolic: shared with the Meta impl).
+inline at::Tensor empty_d(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
+  const c10::SymInt m = A.sym_size(-2), n = B.sym_size(-1);
+  const at::TensorOptions options = A.options().dtype(op.out_dtype);
+  if (!is_batched(A, B)) {
+    if (op.d_row) return at::empty_symint({m, n}, options);
+    return at::empty_symint({n, m}, options).t();
+  }
+  const c10::SymInt batch = batch_size(A, B);
+  if (op.d_row) return at::empty_symint({batch, m, n}, options);
+  return at::empty_symint({batch, n, m}, options).transpose(1, 2);
 }
 
 // -- checks ------------------------------------------------------------------------------------------
@@ -197,8 +233,8 @@ inline at::Tensor empty_d(const OpSpec& op, const c10::SymInt& m, const c10::Sym
 inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const char* what) {
   TORCH_CHECK_TYPE(t.defined(), what, " must be a torch.Tensor, got NoneType");  // None from torch.ops
   const bool is_a = what[0] == 'A';
-  TORCH_CHECK_VALUE(t.dim() == 2, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)", "; got shape ",
-                    tuple_str(t.sym_sizes()));
+  TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)", " or 3-D ",
+                    is_a ? "(batch, M, K)" : "(batch, K, N)", "; got shape ", tuple_str(t.sym_sizes()));
   // Planning with the tensor's dtype is a fix only where a plan can take it (fp32: tf32 on sm90).
   const bool plannable = t.scalar_type() == c10::ScalarType::Half || t.scalar_type() == c10::ScalarType::BFloat16 ||
                          t.scalar_type() == c10::ScalarType::Float ||
@@ -218,7 +254,8 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
                              : std::string());
 }
 
-// A or B on the GPU; returns its leading dimension.
+// A or B on the GPU (2-D, or 3-D: a batch of matrices, each stored in the order, any batch stride); returns its
+// leading dimension.
 inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* what, bool row) {
   check_rank_and_dtype(op, t, what);
   TORCH_CHECK_VALUE(t.device().type() == op.device_type, what, " is on ", t.device().str(),
@@ -228,12 +265,14 @@ inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* 
   TORCH_CHECK_VALUE(ld >= 0, what, " has strides ", tuple_str(t.strides()), " (", order_str(t),
                     "); this plan was made for layout_", is_a ? "a" : "b", "='", row ? "row" : "col",
                     "': plan with layout='", is_a ? op.layout_a_flipped : op.layout_b_flipped, "' or pass ", what,
-                    row ? ".contiguous()" : ".t().contiguous().t() (a column-major copy)");
+                    row                ? ".contiguous()"
+                    : t.dim() == 2     ? ".t().contiguous().t() (a column-major copy)"
+                                       : ".transpose(-1, -2).contiguous().transpose(-1, -2) (a column-major copy)");
   return ld;
 }
 
 inline void check_k(const at::Tensor& A, const at::Tensor& B) {
-  TORCH_CHECK_VALUE(A.sym_size(1).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__), "A is ",
+  TORCH_CHECK_VALUE(A.sym_size(-1).sym_eq(B.sym_size(-2)).expect_true(__FILE__, __LINE__), "A is ",
                     tuple_str(A.sym_sizes()), " and B is ", tuple_str(B.sym_sizes()),
                     ": K must agree (A's columns = B's rows); for x @ W.t() pass B = W.t()");
 }
@@ -242,43 +281,73 @@ inline void check_index(const char* what, int64_t size) {
   TORCH_CHECK_VALUE(size <= kInt32Max, what, "=", size, " is larger than the kernels index (2**31 - 1): split the problem");
 }
 
-inline std::pair<int64_t, int64_t> check_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
+// A call's GEMM as its checked A and B describe it (op.py's Problem): GemmArgs' sizes and leading dimensions, and
+// for a batched call (3-D A or B) the number of problems and A's and B's batch strides (elements; 0: one matrix for
+// every problem).
+struct Problem {
+  int64_t m, n, k, lda, ldb;
+  bool batched;  // false: one problem (2-D A and B), GemmArgs' batch fields left 0
+  int64_t batch, batch_stride_a, batch_stride_b;
+};
+
+inline Problem check_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
   const int64_t lda = check_operand(op, A, "A", op.a_row);
   const int64_t ldb = check_operand(op, B, "B", op.b_row);
   TORCH_CHECK_VALUE(A.device() == B.device(), "A is on ", A.device().str(), " and B on ", B.device().str(),
                     ": put both on one GPU");
   check_k(A, B);
-  check_index("M", A.size(0));
-  check_index("N", B.size(1));
-  check_index("K", A.size(1));
-  return std::make_pair(lda, ldb);
+  const bool batched = is_batched(A, B);
+  const int64_t batch = batched ? batch_size(A, B).expect_int() : 0;
+  check_index("M", A.size(-2));
+  check_index("N", B.size(-1));
+  check_index("K", A.size(-1));
+  if (batched) check_index("batch", batch);
+  return Problem{A.size(-2), B.size(-1), A.size(-1), lda, ldb, batched, batch, batch_stride(A), batch_stride(B)};
 }
 
-// Shape and dtype of out (the Meta impl runs this too).
+// An out in the op's order of D, for messages.
+inline const char* out_fix(const OpSpec& op, bool batched) {
+  if (!batched) return op.d_row ? "torch.empty(M, N)" : "torch.empty(N, M).t()";
+  return op.d_row ? "torch.empty(batch, M, N)" : "torch.empty(batch, N, M).transpose(1, 2)";
+}
+
+// Shape and dtype of out (the Meta impl runs this too): (M, N), or (batch, M, N) for a batched call.
 inline void check_out_shape_and_dtype(const OpSpec& op, const at::Tensor& out, const at::Tensor& A, const at::Tensor& B) {
   TORCH_CHECK_TYPE(out.defined(), "out must be a torch.Tensor, got NoneType");
-  const c10::SymInt m = A.sym_size(0), n = B.sym_size(1);
-  TORCH_CHECK_VALUE(out.dim() == 2 && out.sym_size(0).sym_eq(m).expect_true(__FILE__, __LINE__) &&
-                        out.sym_size(1).sym_eq(n).expect_true(__FILE__, __LINE__),
-                    "out has shape ", tuple_str(out.sym_sizes()), "; D = A @ B is (", size_str(m), ", ",
-                    size_str(n), "): pass torch.empty(", size_str(m), ", ", size_str(n),
-                    ", dtype=", torch_dtype(op.out_dtype), ", device='", A.device().str(), "')");
+  std::vector<c10::SymInt> shape = {A.sym_size(-2), B.sym_size(-1)};
+  if (is_batched(A, B)) shape.insert(shape.begin(), batch_size(A, B));
+  bool same = out.dim() == static_cast<int64_t>(shape.size());
+  for (size_t d = 0; same && d < shape.size(); ++d) {
+    same = out.sym_size(static_cast<int64_t>(d)).sym_eq(shape[d]).expect_true(__FILE__, __LINE__);
+  }
+  std::string sizes;  // "2, 33, 40"
+  for (const auto& s : shape) sizes += (sizes.empty() ? "" : ", ") + size_str(s);
+  TORCH_CHECK_VALUE(same, "out has shape ", tuple_str(out.sym_sizes()), "; D = A @ B is (", sizes,
+                    "): pass torch.empty(", sizes, ", dtype=", torch_dtype(op.out_dtype), ", device='",
+                    A.device().str(), "')");
   TORCH_CHECK_TYPE(out.scalar_type() == op.out_dtype, "out is ", torch_dtype(out.scalar_type()),
                    "; this plan writes ", op.out_dtype_name, ": pass an out of dtype ", torch_dtype(op.out_dtype),
                    " or plan with out_dtype='", dtype_name(out.scalar_type()), "'");
 }
 
-// out on the GPU; returns its leading dimension.
-inline int64_t check_out(const OpSpec& op, const at::Tensor& out, const at::Tensor& A, const at::Tensor& B) {
+// out on the GPU; returns its leading dimension and batch stride (elements; 0 for a 2-D call).
+inline std::pair<int64_t, int64_t> check_out(const OpSpec& op, const at::Tensor& out, const at::Tensor& A,
+                                             const at::Tensor& B) {
   check_out_shape_and_dtype(op, out, A, B);
   TORCH_CHECK_VALUE(out.device() == A.device(), "out is on ", out.device().str(), " but A and B on ",
                     A.device().str(), ": allocate out on ", A.device().str());
+  const bool batched = is_batched(A, B);
   const int64_t ld = leading_dim(out, op.d_row);
   TORCH_CHECK_VALUE(ld >= 0, "out has strides ", tuple_str(out.strides()), " (", order_str(out),
-                    "); this plan writes D ", op.d_row ? "row" : "col", "-major: pass out=",
-                    op.d_row ? "torch.empty(M, N)" : "torch.empty(N, M).t()", " or plan with layout_c='",
-                    op.d_row ? "col" : "row", "'");
-  return ld;
+                    "); this plan writes D ", op.d_row ? "row" : "col", "-major: pass out=", out_fix(op, batched),
+                    " or plan with layout_c='", op.d_row ? "col" : "row", "'");
+  const int64_t stride = batch_stride(out);
+  // (an expanded tensor) every problem would write one D; an empty out is written by none: any strides
+  TORCH_CHECK_VALUE(!(batched && out.size(0) > 1 && stride == 0 && out.numel() > 0), "out has strides ",
+                    tuple_str(out.strides()),
+                    ": with a batch stride of 0, all ", out.size(0), " problems would write the same D; pass out=",
+                    out_fix(op, true));
+  return {ld, stride};
 }
 
 // -- the epilogue's operands (generator/runtime/operands.py: check_static, check_operand) ------------
@@ -357,6 +426,23 @@ inline void check_operands_static(const OpSpec& op, const c10::IValue* values, c
   for (int i = 0; i < op.num_operands; ++i) {
     if (op.operands[i].kind != OperandKind::Scalar) check_operand_static(op.operands[i], tensor_value(values[i]), A);
   }
+}
+
+// A batched call (3-D A or B) gives every problem the same epilogue operands (common/gemm_args.h): scalars,
+// one-element scales and vectors serve them all, but a matrix operand or per-block scales are one problem's, and
+// the second output has no batch stride. Refused before any operand's own check, in the operands' order, then aux
+// (generator/runtime/operands.py: check_batchable).
+inline void check_batched_epilogue(const OpSpec& op) {
+  static constexpr const char kPerProblem[] = "call the op once per problem with 2-D tensors";
+  for (int i = 0; i < op.num_operands; ++i) {
+    const OperandSpec& o = op.operands[i];
+    TORCH_CHECK_VALUE(o.kind != OperandKind::Matrix, "a batched call (3-D A or B) takes no matrix operand '", o.name,
+                      "': ", kPerProblem, ", or plan without it");
+    TORCH_CHECK_VALUE(!is_block_scales(o), "a batched call (3-D A or B) takes no per-block scales '", o.name, "': ",
+                      kPerProblem, ", or plan with scale='tensor' or scale='row'");
+  }
+  TORCH_CHECK_VALUE(!op.aux, "a batched call (3-D A or B) cannot store the plan's second output (aux): ", kPerProblem,
+                    ", or plan without it");
 }
 
 // Per-block scales' shape for an m x n x k call and row-major storage; returns their leading dimension.
@@ -487,20 +573,27 @@ inline std::optional<c10::Device> launch_device(const OpSpec& op, const at::Tens
   return on_cuda(op) ? std::optional<c10::Device>(A.device()) : std::nullopt;
 }
 
-// Launches with args filled but for A, B, D and the sizes; aux, when given, is the second output.
-inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& D, int64_t lda,
-                   int64_t ldb, int64_t ldd, GemmArgs& args, at::Tensor* aux = nullptr) {
+// Launches with args filled but for A, B, D, the sizes and the batch; aux, when given, is the second output.
+// ldd and batch_stride_d: D's (check_out's, or of D as empty_d allocates it).
+inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& D, const Problem& p,
+                   int64_t ldd, int64_t batch_stride_d, GemmArgs& args, at::Tensor* aux = nullptr) {
   check_arch(op, A.device());
-  if (D.numel() == 0) return;  // M = 0 or N = 0; K = 0 launches: the kernel writes epilogue(0)
+  if (D.numel() == 0) return;  // M = 0, N = 0 or no problem; K = 0 launches: the kernel writes epilogue(0)
   args.a = A.data_ptr();
   args.b = B.data_ptr();
   args.d = D.data_ptr();
-  args.m = A.size(0);
-  args.n = B.size(1);
-  args.k = A.size(1);
-  args.lda = lda;
-  args.ldb = ldb;
+  args.m = p.m;
+  args.n = p.n;
+  args.k = p.k;
+  args.lda = p.lda;
+  args.ldb = p.ldb;
   args.ldd = ldd;
+  if (p.batched) {  // a 2-D call leaves them 0: one problem, the launch of before batching
+    args.batch = p.batch;
+    args.batch_stride_a = p.batch_stride_a;
+    args.batch_stride_b = p.batch_stride_b;
+    args.batch_stride_d = batch_stride_d;
+  }
   if (aux != nullptr) {
     args.aux = aux->data_ptr();
     args.ldaux = leading_dim(*aux, op.d_row);
@@ -511,21 +604,21 @@ inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, a
 }
 
 inline at::Tensor gemm(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
-  const auto [lda, ldb] = check_operands(op, A, B);
+  const Problem p = check_operands(op, A, B);
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
-  at::Tensor D = empty_d(op, A.sym_size(0), B.sym_size(1), A.options());
+  at::Tensor D = empty_d(op, A, B);
   GemmArgs args{};
-  launch(op, A, B, D, lda, ldb, leading_dim(D, op.d_row), args);
+  launch(op, A, B, D, p, leading_dim(D, op.d_row), batch_stride(D), args);
   return D;
 }
 
 inline at::Tensor& gemm_out(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
-  const auto [lda, ldb] = check_operands(op, A, B);
-  const int64_t ldd = check_out(op, out, A, B);
+  const Problem p = check_operands(op, A, B);
+  const auto [ldd, batch_stride_d] = check_out(op, out, A, B);
   check_out_aliasing(op, nullptr, out, A, B);
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
   GemmArgs args{};
-  launch(op, A, B, out, lda, ldb, ldd, args);
+  launch(op, A, B, out, p, ldd, batch_stride_d, args);
   return out;
 }
 
@@ -534,7 +627,7 @@ inline at::Tensor gemm_meta(const OpSpec& op, const at::Tensor& A, const at::Ten
   check_rank_and_dtype(op, A, "A");
   check_rank_and_dtype(op, B, "B");
   check_k(A, B);
-  return empty_d(op, A.sym_size(0), B.sym_size(1), A.options());
+  return empty_d(op, A, B);  // (a batched call's batch sizes checked there)
 }
 
 inline at::Tensor& gemm_out_meta(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& out) {
@@ -625,13 +718,14 @@ inline void gemm_epilogue(const OpSpec& op, torch::jit::Stack& stack) {
   const c10::IValue* args = arguments(stack, count);
   const at::Tensor& A = tensor_value(args[0]);
   const at::Tensor& B = tensor_value(args[1]);
-  const auto [lda, ldb] = check_operands(op, A, B);
+  const Problem p = check_operands(op, A, B);
+  if (p.batched) check_batched_epilogue(op);
   GemmArgs launch_args{};
-  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), A.size(1), launch_args);
+  check_epilogue_operands(op, args + 2, A, p.m, p.n, p.k, launch_args);
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
-  at::Tensor D = empty_d(op, A.sym_size(0), B.sym_size(1), A.options());
-  at::Tensor aux = op.aux ? empty_d(op, A.sym_size(0), B.sym_size(1), A.options()) : at::Tensor();
-  launch(op, A, B, D, lda, ldb, leading_dim(D, op.d_row), launch_args, op.aux ? &aux : nullptr);
+  at::Tensor D = empty_d(op, A, B);
+  at::Tensor aux = op.aux ? empty_d(op, A, B) : at::Tensor();  // (a batched call has none: refused)
+  launch(op, A, B, D, p, leading_dim(D, op.d_row), batch_stride(D), launch_args, op.aux ? &aux : nullptr);
   replace_arguments(stack, count, std::move(D), std::move(aux));  // A and B are gone from here on
 }
 
@@ -642,13 +736,14 @@ inline void gemm_epilogue_out(const OpSpec& op, torch::jit::Stack& stack) {
   const at::Tensor& A = tensor_value(args[0]);
   const at::Tensor& B = tensor_value(args[1]);
   at::Tensor out = tensor_value(args[count - 1]);
-  const auto [lda, ldb] = check_operands(op, A, B);
+  const Problem p = check_operands(op, A, B);
+  if (p.batched) check_batched_epilogue(op);
   GemmArgs launch_args{};
-  check_epilogue_operands(op, args + 2, A, A.size(0), B.size(1), A.size(1), launch_args);
-  const int64_t ldd = check_out(op, out, A, B);
+  check_epilogue_operands(op, args + 2, A, p.m, p.n, p.k, launch_args);
+  const auto [ldd, batch_stride_d] = check_out(op, out, A, B);
   check_out_aliasing(op, args + 2, out, A, B);
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
-  launch(op, A, B, out, lda, ldb, ldd, launch_args);
+  launch(op, A, B, out, p, ldd, batch_stride_d, launch_args);
   replace_arguments(stack, count, std::move(out));
 }
 
@@ -659,8 +754,9 @@ inline void gemm_epilogue_meta(const OpSpec& op, torch::jit::Stack& stack) {
   const at::Tensor& A = tensor_value(args[0]);
   const at::Tensor& B = tensor_value(args[1]);
   at::Tensor D = gemm_meta(op, A, B);
+  if (is_batched(A, B)) check_batched_epilogue(op);
   check_operands_static(op, args + 2, A);
-  at::Tensor aux = op.aux ? empty_d(op, A.sym_size(0), B.sym_size(1), A.options()) : at::Tensor();
+  at::Tensor aux = op.aux ? empty_d(op, A, B) : at::Tensor();
   replace_arguments(stack, count, std::move(D), std::move(aux));
 }
 
@@ -671,6 +767,7 @@ inline void gemm_epilogue_out_meta(const OpSpec& op, torch::jit::Stack& stack) {
   const at::Tensor& A = tensor_value(args[0]);
   at::Tensor out = tensor_value(args[count - 1]);
   gemm_meta(op, A, tensor_value(args[1]));
+  if (is_batched(A, tensor_value(args[1]))) check_batched_epilogue(op);
   check_operands_static(op, args + 2, A);
   check_out_shape_and_dtype(op, out, A, tensor_value(args[1]));
   replace_arguments(stack, count, std::move(out));
@@ -688,6 +785,7 @@ inline void gemm_epilogue_out_decomposition(const OpSpec& op, torch::jit::Stack&
   check_rank_and_dtype(op, A, "A");
   check_rank_and_dtype(op, B, "B");
   check_k(A, B);
+  if (is_batched(A, B)) check_batched_epilogue(op);
   check_operands_static(op, args + 2, A);
   check_out_shape_and_dtype(op, out, A, B);
   torch::jit::Stack call(args, args + count - 1);

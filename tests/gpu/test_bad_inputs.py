@@ -32,7 +32,8 @@ def assert_still_right(op):
 
 BAD_CASES = {
     "A not a tensor": (lambda: ([[1.0]], good()[1]), TypeError, "A must be a torch.Tensor"),
-    "A 3-D": (lambda: (torch.randn(2, 4, 8, device="cuda").bfloat16(), good()[1]), ValueError, "A must be 2-D"),
+    "A 4-D": (lambda: (torch.randn(2, 2, 4, 8, device="cuda").bfloat16(), good()[1]), ValueError,
+              "A must be 2-D (M, K) or 3-D (batch, M, K)"),
     "A float32": (lambda: (good()[0].float(), good()[1]), TypeError, "pass A.to(torch.bfloat16)"),
     "B float16": (lambda: (good()[0], good()[1].half()), TypeError, "this plan computes bf16"),
     "A on CPU": (lambda: (good()[0].cpu(), good()[1]), ValueError, "pass A.cuda()"),

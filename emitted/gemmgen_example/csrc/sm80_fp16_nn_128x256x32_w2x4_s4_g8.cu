@@ -9,6 +9,7 @@
 //   tile:         128x256x32
 //   other paths:  A or B not 16-byte aligned (base or leading dimension): copied into an aligned workspace (its
 //                 rows padded to 16 bytes) when M*N*K >= 2^26, else the unaligned kernel
+//   batched:      3-D A or B (batch, ., .): every problem in one launch
 //   warps:        2x4 (256 threads, warp tile 64x64)
 //   stages:       4 (98304 bytes of shared memory)
 //   raster_group: 8
@@ -40,6 +41,7 @@ struct Config {
   struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)
     static constexpr bool kIdentity = true;
     static constexpr int kSourceSlot = -1;
+    static constexpr bool kReadsRows = false, kReadsCols = false;
     // The slots of the per-block scales of A (row_blocks) and B (col_blocks), -1: none; the main
     // loop multiplies each K block's partial product by them (kScaleBlockK wide), the functor never reads them.
     static constexpr int kRowBlocksSlot = -1;
@@ -57,17 +59,19 @@ using Kernel = gemmgen::sm80::Kernel<Config>;
 
 extern "C" __global__ void __launch_bounds__(Config::kThreads, 1) sm80_fp16_nn_128x256x32_w2x4_s4_g8(GemmArgs args) {
   extern __shared__ __align__(128) char smem[];
-  Kernel::run(args, smem);
+  Kernel::run(gemmgen::problem_args<Config>(args, blockIdx.y), smem);  // grid y: the problem of a batch
 }
 
 extern "C" __global__ void __launch_bounds__(gemmgen::unaligned::kThreads) sm80_fp16_nn_128x256x32_w2x4_s4_g8_unaligned(GemmArgs args) {
-  gemmgen::unaligned::run<Config>(args);
+  gemmgen::unaligned::run<Config>(gemmgen::problem_args<Config>(args, blockIdx.y));
 }
 
 // Calls with at most 16 rows of A (common/gemm_small_m.cuh); an empty stub where the config has no such kernel
 // (the host never launches it then).
 extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm80_fp16_nn_128x256x32_w2x4_s4_g8_small_m(GemmArgs args) {
-  if constexpr (gemmgen::small_m::kAvailable<Config>) gemmgen::small_m::run<Config>(args);
+  if constexpr (gemmgen::small_m::kAvailable<Config>) {
+    gemmgen::small_m::run<Config>(gemmgen::problem_args<Config>(args, blockIdx.y));
+  }
 }
 
 // Aligned copies of operands off the 16-byte rule, for large problems (common/workspace.cuh).

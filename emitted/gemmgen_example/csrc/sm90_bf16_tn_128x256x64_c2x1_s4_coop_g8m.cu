@@ -10,6 +10,8 @@
 //   other paths:  M <= 16: the small-M kernel (streams B once from HBM: D^T = B^T A^T on mma.sync, K split between warps)
 //                 A or B not 16-byte aligned (base or leading dimension): copied into an aligned workspace (its
 //                 rows padded to 16 bytes) when M*N*K >= 2^26, else the unaligned kernel
+//   batched:      3-D A or B (batch, ., .): every problem in one launch
+//                 a 2-D B with A's matrices back to back (no per-row operand): one batch*M-row problem
 //   schedule:     cooperative (persistent: two consumer warpgroups split each tile along M, 64x256 each)
 //   cluster:      2x1 (2 blocks along M share each B tile: TMA multicasts B to both)
 //   stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 epilogue + 1024 barriers and alignment)
@@ -48,6 +50,7 @@ struct Config {
   struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)
     static constexpr bool kIdentity = true;
     static constexpr int kSourceSlot = -1;
+    static constexpr bool kReadsRows = false, kReadsCols = false;
     // The slots of the per-block scales of A (row_blocks) and B (col_blocks), -1: none; the main
     // loop multiplies each K block's partial product by them (kScaleBlockK wide), the functor never reads them.
     static constexpr int kRowBlocksSlot = -1;
@@ -81,13 +84,15 @@ extern "C" __global__ void __launch_bounds__(gemmgen::sm90::kThreads, 1)
 }
 
 extern "C" __global__ void __launch_bounds__(gemmgen::unaligned::kThreads) sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_unaligned(GemmArgs args) {
-  gemmgen::unaligned::run<Config>(args);
+  gemmgen::unaligned::run<Config>(gemmgen::problem_args<Config>(args, blockIdx.y));
 }
 
 // Calls with at most 16 rows of A (common/gemm_small_m.cuh); an empty stub where the config has no such kernel
 // (the host never launches it then).
 extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_small_m(GemmArgs args) {
-  if constexpr (gemmgen::small_m::kAvailable<Config>) gemmgen::small_m::run<Config>(args);
+  if constexpr (gemmgen::small_m::kAvailable<Config>) {
+    gemmgen::small_m::run<Config>(gemmgen::problem_args<Config>(args, blockIdx.y));
+  }
 }
 
 // Aligned copies of operands off the 16-byte rule, for large problems (common/workspace.cuh).

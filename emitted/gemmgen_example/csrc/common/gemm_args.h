@@ -38,6 +38,14 @@ typedef struct GemmArgs {
   // The epilogue's second output (same dtype and order as D), or null when the plan has none.
   void* aux;
   int64_t ldaux;
+  // A batch of problems (batch > 1): D[b] = epilogue(A[b] * B[b]) for b < batch, each of the same m, n, k and
+  // leading dimensions, operand X's matrix b at X + b * batch_stride_x elements; a stride of 0 gives every
+  // problem the same matrix (x @ W on a 3-D x). The epilogue's operands are the same for every problem (scalars
+  // and vectors only: a batched call takes no matrix operand and no second output). batch 0 or 1: one problem.
+  int64_t batch;
+  int64_t batch_stride_a;
+  int64_t batch_stride_b;
+  int64_t batch_stride_d;
 } GemmArgs;
 
 // Which kernel of a library a launch takes (returned by <name>_path): the config's own, the unaligned one

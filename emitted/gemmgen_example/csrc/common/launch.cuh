@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include "alignment.cuh"
+#include "batch.cuh"
 #include "gemm_args.h"
 #include "gemm_small_m.cuh"
 #include "gemm_unaligned.cuh"
@@ -22,39 +23,67 @@ inline const char* cuda_error_text(int code) {
 }
 
 // The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
-// 16-byte-aligned base addresses and strides): each operand's base address and leading dimension
-// must keep every chunk 16-byte aligned. Anything else is copied into an aligned workspace first (repacked) when
-// the problem is big enough to repay the copy, else it takes the unaligned kernel. Aligned calls with at most
-// small_m::kMaxRows rows take the small-M kernel where the config has one (its 16-byte loads follow the same rule).
+// 16-byte-aligned base addresses and strides): each operand's base address, leading dimension and (in a batch)
+// batch stride must keep every chunk 16-byte aligned. Anything else is copied into an aligned workspace first
+// (repacked) when the problem is big enough to repay the copy (single problems only), else it takes the unaligned
+// kernel. Aligned calls with at most small_m::kMaxRows rows take the small-M kernel where the config has one (its
+// 16-byte loads follow the same rule). `args` as the launch sees them: after fold_batch.
 template <class Cfg>
-inline GemmPath choose_path(const GemmArgs& args) {
-  if (!fast_aligned(args.a, args.lda, sizeof(typename Cfg::Elem)) ||
-      !fast_aligned(args.b, args.ldb, sizeof(typename Cfg::ElemB))) {
-    return args.m * args.n * args.k >= kRepackMinVolume ? GEMM_PATH_REPACKED : GEMM_PATH_UNALIGNED;
+inline GemmPath choose_folded_path(const GemmArgs& args) {
+  if (!batch_aligned(args, args.a, args.lda, args.batch_stride_a, sizeof(typename Cfg::Elem)) ||
+      !batch_aligned(args, args.b, args.ldb, args.batch_stride_b, sizeof(typename Cfg::ElemB))) {
+    const bool repays = batch_count(args) == 1 && args.m * args.n * args.k >= kRepackMinVolume;
+    return repays ? GEMM_PATH_REPACKED : GEMM_PATH_UNALIGNED;
   }
   return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
 }
 
+template <class Cfg>
+inline GemmPath choose_path(const GemmArgs& args) {
+  return choose_folded_path<Cfg>(fold_batch<Cfg>(args));
+}
+
+// Runs launch_chunk(chunk, problems) for each run of at most kMaxBatchPerLaunch problems of a batch (one run for a
+// single problem): the grid's y extent, which the pointer-addressed kernels take their problem from.
+template <class Cfg, class LaunchChunk>
+inline int for_each_batch_chunk(const GemmArgs& args, LaunchChunk&& launch_chunk) {
+  const int64_t batch = batch_count(args);
+  for (int64_t first = 0; first < batch; first += kMaxBatchPerLaunch) {
+    GemmArgs chunk = problem_args<Cfg>(args, first);
+    chunk.batch = batch - first < kMaxBatchPerLaunch ? batch - first : kMaxBatchPerLaunch;
+    const int code = launch_chunk(chunk, static_cast<unsigned>(chunk.batch));
+    if (code != 0) return code;
+  }
+  return 0;
+}
+
 // The always-correct kernel of common/gemm_unaligned.cuh, for operands the fast kernel cannot take.
+template <class Cfg>
 inline int launch_unaligned(void (*slow)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
   const int64_t tiles = ((args->m + unaligned::kTile - 1) / unaligned::kTile) *
                         ((args->n + unaligned::kTile - 1) / unaligned::kTile);
-  slow<<<static_cast<unsigned>(tiles), unaligned::kThreads, 0, stream>>>(*args);
-  return static_cast<int>(cudaGetLastError());
+  return for_each_batch_chunk<Cfg>(*args, [&](const GemmArgs& chunk, unsigned problems) {
+    slow<<<dim3(static_cast<unsigned>(tiles), problems), unaligned::kThreads, 0, stream>>>(chunk);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 // The small-M kernel of common/gemm_small_m.cuh: one block per 16 rows of W (columns of D).
+template <class Cfg>
 inline int launch_small_m(void (*small)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
   const int64_t blocks = (args->n + small_m::kRowsW - 1) / small_m::kRowsW;
-  small<<<static_cast<unsigned>(blocks), small_m::kThreads, 0, stream>>>(*args);
-  return static_cast<int>(cudaGetLastError());
+  return for_each_batch_chunk<Cfg>(*args, [&](const GemmArgs& chunk, unsigned problems) {
+    small<<<dim3(static_cast<unsigned>(blocks), problems), small_m::kThreads, 0, stream>>>(chunk);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 // The kernel of a path other than the fast one, launched; -1 for the fast path (the caller's own launch).
+template <class Cfg>
 inline int launch_other_path(GemmPath path, void (*slow)(GemmArgs), void (*small)(GemmArgs), const GemmArgs* args,
                              cudaStream_t stream) {
-  if (path == GEMM_PATH_UNALIGNED) return launch_unaligned(slow, args, stream);
-  if (path == GEMM_PATH_SMALL_M) return launch_small_m(small, args, stream);
+  if (path == GEMM_PATH_UNALIGNED) return launch_unaligned<Cfg>(slow, args, stream);
+  if (path == GEMM_PATH_SMALL_M) return launch_small_m<Cfg>(small, args, stream);
   return -1;
 }
 
@@ -73,21 +102,26 @@ inline cudaError_t raise_smem_limit(const void* kernel, int smem_bytes, bool (&r
 
 template <class Cfg>
 inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(GemmArgs),
-                  void (*repack)(RepackArgs), int smem_bytes, const GemmArgs* args, cudaStream_t stream) {
-  if (args->m <= 0 || args->n <= 0) return 0;
-  const GemmPath path = choose_path<Cfg>(*args);
+                  void (*repack)(RepackArgs), int smem_bytes, const GemmArgs* call, cudaStream_t stream) {
+  if (batch_invalid(*call)) return static_cast<int>(cudaErrorInvalidValue);
+  if (call->m <= 0 || call->n <= 0) return 0;
+  const GemmArgs folded = fold_batch<Cfg>(*call);
+  const GemmArgs* args = &folded;
+  const GemmPath path = choose_folded_path<Cfg>(*args);
   if (path == GEMM_PATH_REPACKED) {
     return launch_repacked<Cfg>(repack, args, stream, [&](const GemmArgs* packed) -> int {
       return launch<Cfg>(fast, slow, small, repack, smem_bytes, packed, stream);
     });
   }
-  if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);
+  if (path != GEMM_PATH_FAST) return launch_other_path<Cfg>(path, slow, small, args, stream);
   static bool smem_raised[kMaxDevices] = {};
   const cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), smem_bytes, smem_raised, nullptr);
   if (err != cudaSuccess) return static_cast<int>(err);
   const int64_t tiles = ((args->m + Cfg::kBlockM - 1) / Cfg::kBlockM) * ((args->n + Cfg::kBlockN - 1) / Cfg::kBlockN);
-  fast<<<static_cast<unsigned>(tiles), Cfg::kThreads, smem_bytes, stream>>>(*args);
-  return static_cast<int>(cudaGetLastError());
+  return for_each_batch_chunk<Cfg>(*args, [&](const GemmArgs& chunk, unsigned problems) {
+    fast<<<dim3(static_cast<unsigned>(tiles), problems), Cfg::kThreads, smem_bytes, stream>>>(chunk);
+    return static_cast<int>(cudaGetLastError());
+  });
 }
 
 }  // namespace gemmgen

@@ -91,34 +91,36 @@ __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 
-// 2-D tile global -> shared of this CTA, completing `bytes` on barrier `bar`. Coordinates are in
-// elements, innermost first; parts of the box outside the tensor are filled with zeros.
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor".
-__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0, int32_t c1) {
+// A tile of a 3-D tensor (a batch of matrices: c2 the matrix) global -> shared of this CTA, completing `bytes` on
+// barrier `bar`. Coordinates are in elements, innermost first; parts of the box outside the tensor are filled
+// with zeros.
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.3d).
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0, int32_t c1,
+                                            int32_t c2) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5}], [%2];\n"
+      ::"r"(dst), "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2)
       : "memory");
 }
 
 // The same tile written to the same shared-memory offset of every CTA in `cta_mask` (bit i: cluster
 // rank i), each completing the bytes on its own barrier at offset `bar`.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.multicast::cluster).
-__device__ __forceinline__ void tma_load_2d_multicast(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0,
-                                                      int32_t c1, uint16_t cta_mask) {
+__device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const void* tmap, uint32_t bar, int32_t c0,
+                                                      int32_t c1, int32_t c2, uint16_t cta_mask) {
   asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
-      " [%0], [%1, {%3, %4}], [%2], %5;\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "h"(cta_mask)
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%3, %4, %5}], [%2], %6;\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "h"(cta_mask)
       : "memory");
 }
 
-// 2-D tile shared -> global; the parts of the box outside the tensor are not written.
+// A 3-D tile shared -> global; the parts of the box outside the tensor are not written.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.tensor" (.global.shared::cta).
-__device__ __forceinline__ void tma_store_2d(const void* tmap, uint32_t src, int32_t c0, int32_t c1) {
-  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];\n" ::"l"(
+__device__ __forceinline__ void tma_store_3d(const void* tmap, uint32_t src, int32_t c0, int32_t c1, int32_t c2) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
                    reinterpret_cast<uint64_t>(tmap)),
-               "r"(src), "r"(c0), "r"(c1)
+               "r"(src), "r"(c0), "r"(c1), "r"(c2)
                : "memory");
 }
 

@@ -26,6 +26,7 @@
 #include <cuda.h>  // CUtensorMap (a type only: nothing links against the driver)
 
 #include "../common/alignment.cuh"
+#include "../common/batch.cuh"
 #include "../common/convert.cuh"
 #include "../common/gemm_args.h"
 #include "../ptx/sm90.cuh"
@@ -162,26 +163,27 @@ struct OperandTile {
   static_assert(kSliceRows % 8 == 0, "a slice is whole 1024-byte swizzle atoms, so each CTA's writes keep the pattern");
   static_assert(kBoxOuter <= 256, "a TMA box is at most 256 elements along each dimension");
 
-  // Issue this CTA's loads of the stage: rows [mn0, mn0 + ROWS), k values [k0, k0 + kBlockK).
+  // Issue this CTA's loads of the stage: rows [mn0, mn0 + ROWS), k values [k0, k0 + kBlockK) of matrix `matrix`
+  // (the map's third dimension: the problem of a batch, 0 for an operand shared by all problems).
   // `part`: this CTA's slice; `sharers`: the cluster ranks that share the tile (bit r: rank r).
   __device__ __forceinline__ static void load(const void* tmap, uint32_t dst, uint32_t full_bar, int mn0, int k0,
-                                              int part, uint16_t sharers) {
+                                              int matrix, int part, uint16_t sharers) {
     const int offset = kShared ? part * kSliceRows : 0;
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       if constexpr (K_MAJOR) {
         const uint32_t to = dst + offset * kSwizzleRowBytes;
         if constexpr (kShared) {
-          ptx::tma_load_2d_multicast(to, tmap, full_bar, k0, mn0 + offset, sharers);
+          ptx::tma_load_3d_multicast(to, tmap, full_bar, k0, mn0 + offset, matrix, sharers);
         } else {
-          ptx::tma_load_2d(to, tmap, full_bar, k0, mn0);
+          ptx::tma_load_3d(to, tmap, full_bar, k0, mn0, matrix);
         }
       } else {
         const uint32_t to = dst + c * kChunkBytes + offset * kSwizzleRowBytes;
         if constexpr (kShared) {
-          ptx::tma_load_2d_multicast(to, tmap, full_bar, mn0 + c * kRowElems, k0 + offset, sharers);
+          ptx::tma_load_3d_multicast(to, tmap, full_bar, mn0 + c * kRowElems, k0 + offset, matrix, sharers);
         } else {
-          ptx::tma_load_2d(to, tmap, full_bar, mn0 + c * kRowElems, k0);
+          ptx::tma_load_3d(to, tmap, full_bar, mn0 + c * kRowElems, k0, matrix);
         }
       }
     }
@@ -334,12 +336,16 @@ struct Kernel {
     return workspace_partials_bytes(ctas) + static_cast<size_t>(ctas) * kConsumerWarpgroups * sizeof(int);
   }
 
+  // One problem's sizes and tiles; a batch (GemmArgs::batch) repeats them per problem, and its work units
+  // are (problem, unit of the problem) pairs, problem-major.
   struct Problem {
     int m, n, k;
     int tiles_m, tiles_n;  // CTA tiles
     int units_m, units_n;  // cluster-sized blocks of tiles
-    int units;
+    int units_per_problem;
+    int units;             // of all problems
     int k_tiles;
+    bool a_batched, b_batched;  // whether A's (B's) matrix differs per problem (else batch stride 0: one for all)
   };
 
   // Also the host's (launch.cuh: the persistent grid is sized by p.units).
@@ -352,8 +358,11 @@ struct Kernel {
     p.tiles_n = (p.n + BN - 1) / BN;
     p.units_m = (p.tiles_m + CM - 1) / CM;
     p.units_n = (p.tiles_n + CN - 1) / CN;
-    p.units = p.units_m * p.units_n;
+    p.units_per_problem = p.units_m * p.units_n;
+    p.units = p.units_per_problem * static_cast<int>(batch_count(args));
     p.k_tiles = (p.k + kBlockK - 1) / kBlockK;
+    p.a_batched = batch_count(args) > 1 && args.batch_stride_a != 0;
+    p.b_batched = batch_count(args) > 1 && args.batch_stride_b != 0;
     return p;
   }
 
@@ -365,13 +374,19 @@ struct Kernel {
     return {static_cast<int>(rank % CM), static_cast<int>(rank / CM)};
   }
 
-  // The tile (m0, n0 in elements) this CTA computes for work unit `unit`.
-  __device__ __forceinline__ static void tile_origin(const Problem& p, int unit, uint32_t rank, int& m0, int& n0) {
+  // A CTA's tile: its problem of the batch and its origin in that problem's D (elements).
+  struct TileAt {
+    int problem, m0, n0;
+  };
+
+  // The tile this CTA computes for work unit `unit`.
+  __device__ __forceinline__ static TileAt tile_origin(const Problem& p, int unit, uint32_t rank) {
+    const int problem = unit / p.units_per_problem;
     int um, un;
-    Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(unit, p.units_m, p.units_n, um, un);
+    Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(unit - problem * p.units_per_problem, p.units_m, p.units_n,
+                                                          um, un);
     const ClusterPlace at = place(rank);
-    m0 = (um * CM + at.rm) * BM;
-    n0 = (un * CN + at.rn) * BN;
+    return TileAt{problem, (um * CM + at.rm) * BM, (un * CN + at.rn) * BN};
   }
 
   struct Smem {
@@ -505,14 +520,14 @@ struct Kernel {
   __device__ __forceinline__ static void load_k_tiles(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
                                                       const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos, int unit,
                                                       int kt_begin, int kt_end, const Sharing& share) {
-    int m0, n0;
-    tile_origin(p, unit, rank, m0, n0);
+    const TileAt at = tile_origin(p, unit, rank);
+    const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
       const uint32_t full = smem.full_bar(pos.stage);
       ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
-      TileA::load(tmap_a, smem.a(pos.stage), full, m0, kt * kBlockK, share.part_a, share.sharers_a);
-      TileB::load(tmap_b, smem.b(pos.stage), full, n0, kt * kBlockK, share.part_b, share.sharers_b);
+      TileA::load(tmap_a, smem.a(pos.stage), full, at.m0, kt * kBlockK, matrix_a, share.part_a, share.sharers_a);
+      TileB::load(tmap_b, smem.b(pos.stage), full, at.n0, kt * kBlockK, matrix_b, share.part_b, share.sharers_b);
       pos.next();
     }
   }
@@ -527,8 +542,9 @@ struct Kernel {
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
       if (PINGPONG && (local & 1) != consumer) continue;
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
-      int m0, n0;
-      tile_origin(p, unit, rank, m0, n0);
+      const TileAt at = tile_origin(p, unit, rank);
+      const int m0 = at.m0, n0 = at.n0;
+      epi.problem = at.problem;
       if constexpr (!Cfg::Epilogue::kIdentity) {
         Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, BN, threadIdx.x % kWarpgroupThreads,
                                 kWarpgroupThreads);
@@ -542,7 +558,8 @@ struct Kernel {
           const float zeros[MMA_BLOCKS_M][ACCUM] = {};
           epi.store(args, p, zeros, m0 + row_in_tile, n0);
         } else {
-          store_epilogue_of_zero(args, p, m0 + row_in_tile, n0);  // a zero array would spill beside the epilogue
+          // (a zero array would spill beside the epilogue)
+          store_epilogue_of_zero(args, p, m0 + row_in_tile, n0, at.problem);
         }
         continue;
       }
@@ -596,8 +613,9 @@ struct Kernel {
     const int cluster = first_unit();
     RingPos pos;
     auto compute = [&](const StreamK::Segment& s) {
-      int m0, n0;
-      tile_origin(p, s.unit, rank, m0, n0);
+      const TileAt at = tile_origin(p, s.unit, rank);
+      const int m0 = at.m0, n0 = at.n0;
+      epi.problem = at.problem;
       float acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
@@ -958,10 +976,11 @@ struct Kernel {
   // Accumulators -> D, bounded by M and N. wgmma's fp32 layout: in m64 block i, warp w of the
   // warpgroup owns rows 16w .. 16w + 15; lane l holds rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1}
   // at acc[i][4j + {0, 1}] and acc[i][4j + {2, 3}].
+  // `problem`: the tile's problem of a batch.
   template <typename ACC>
   __device__ __forceinline__ static void store_direct(const GemmArgs& args, const Problem& p,
-                                               ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
-    Out* d = static_cast<Out*>(args.d);
+                                               ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int problem) {
+    Out* d = static_cast<Out*>(args.d) + problem * args.batch_stride_d;
     const int64_t ldd = args.ldd;
     const int t = threadIdx.x % kWarpgroupThreads;
     const int warp = t / 32, lane = t % 32;
@@ -1059,8 +1078,8 @@ struct Kernel {
 
   // K = 0 under a fused epilogue: D = epilogue(0), element by element, written directly.
   __device__ __forceinline__ static void store_epilogue_of_zero(const GemmArgs& args, const Problem& p, int m0,
-                                                                int n0) {
-    Out* d = static_cast<Out*>(args.d);
+                                                                int n0, int problem) {
+    Out* d = static_cast<Out*>(args.d) + problem * args.batch_stride_d;
     const int t = threadIdx.x % kWarpgroupThreads;
     for (int r = t / 8; r < WG_M; r += kWarpgroupThreads / 8) {
       const int row = m0 + r;
@@ -1077,7 +1096,7 @@ struct Kernel {
   // The same through shared memory and TMA stores, 64 x kEpiCols subtiles at a time (row-major D with
   // a 16-byte-aligned base and row pitch); TMA clips the parts outside M and N.
   __host__ __device__ __forceinline__ static bool tma_store_possible(const GemmArgs& args) {
-    return Cfg::kDRowMajor && fast_aligned(args.d, args.ldd, sizeof(Out));
+    return Cfg::kDRowMajor && batch_aligned(args, args.d, args.ldd, args.batch_stride_d, sizeof(Out));
   }
 
   static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns
@@ -1108,6 +1127,7 @@ struct Kernel {
     const CUtensorMap* tmap_source;
     bool use_source_tma;
     uint32_t source_phase = 0;  // bit b: the parity of the next phase of source barrier b
+    int problem = 0;            // of a batch: the current tile's (the third coordinate of D's map)
 
     // A tile whose D goes out by TMA stores through the staging buffers.
     __device__ __forceinline__ bool stores_by_tma(const Problem& p, int n0) const {
@@ -1135,8 +1155,8 @@ struct Kernel {
     __device__ __forceinline__ void issue_source(int s, int b, int m0, int n0) const {
       const uint32_t bar = smem.source_bar(consumer, b);
       ptx::mbarrier_arrive_expect_tx(bar, kEpiBufferBytes);  // the whole box, zeros outside M x N included
-      ptx::tma_load_2d(smem.epi_buffer(consumer, b), tmap_source, bar, n0 + (s % kSubtilesPerBlock) * kEpiCols,
-                       m0 + (s / kSubtilesPerBlock) * kMmaM);
+      ptx::tma_load_3d(smem.epi_buffer(consumer, b), tmap_source, bar, n0 + (s % kSubtilesPerBlock) * kEpiCols,
+                       m0 + (s / kSubtilesPerBlock) * kMmaM, /*matrix (never batched)=*/0);
     }
 
     // Subtile (i, sub) of a sourced tile: the source's values out of the staging buffer they came into, then
@@ -1202,7 +1222,7 @@ struct Kernel {
     __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
                                           int m0, int n0, bool sourced = false) {
       if (!stores_by_tma(p, n0)) {
-        store_direct(args, p, acc, m0, n0);
+        store_direct(args, p, acc, m0, n0, problem);
         return;
       }
       const int t = threadIdx.x % kWarpgroupThreads;
@@ -1276,7 +1296,7 @@ struct Kernel {
 
     __device__ __forceinline__ void store_subtile(uint32_t buf, int i, int sub, int m0, int n0) const {
 #if !GEMMGEN_SM90_EXPERIMENT_NO_TMA_STORE  // timing experiment only, wrong results: stage, never store
-      ptx::tma_store_2d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM);
+      ptx::tma_store_3d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM, problem);
 #endif
     }
 

@@ -98,9 +98,10 @@ using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, Ge
 // last one (the common case: a layer's weight) skips the encoding.
 struct OperandKey {
   const void* base = nullptr;
-  uint64_t inner = 0, outer = 0, ld = 0;
+  uint64_t inner = 0, outer = 0, ld = 0, matrices = 0, matrix_stride = 0;
   bool operator==(const OperandKey& o) const {
-    return base == o.base && inner == o.inner && outer == o.outer && ld == o.ld;
+    return base == o.base && inner == o.inner && outer == o.outer && ld == o.ld && matrices == o.matrices &&
+           matrix_stride == o.matrix_stride;
   }
 };
 
@@ -110,23 +111,29 @@ struct CachedMap {
   bool valid = false;
 };
 
-// A 2-D map over a matrix whose `inner` dimension is contiguous and whose rows
-// (the `outer` dimension) are `ld` elements apart; boxes of box_inner x box_outer, 128-byte swizzle,
-// zeros outside the matrix. Sizes of 0 (K = 0) are encoded as 1: no box is ever loaded then.
+// A 3-D map over `matrices` matrices `matrix_stride` elements apart (one matrix: the stride is not used), each
+// with a contiguous `inner` dimension and rows (the `outer` dimension) `ld` elements apart; boxes of box_inner x
+// box_outer x 1, 128-byte swizzle, zeros outside the matrix. Sizes of 0 (K = 0) are encoded as 1: no box is ever
+// loaded then.
 // Returns 0, cudaErrorInsufficientDriver, or kTensorMapEncodeError + the encoder's CUresult.
 template <typename Elem, int BOX_INNER, int BOX_OUTER>
-inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t outer, int64_t ld) {
+inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t outer, int64_t ld,
+                      int64_t matrices = 1, int64_t matrix_stride = 0) {
   const auto at_least_1 = [](int64_t v) { return static_cast<uint64_t>(v > 0 ? v : 1); };
-  const OperandKey key{base, at_least_1(inner), at_least_1(outer), at_least_1(ld)};
+  // One matrix: the stride of a matrix past its end, which the encoder takes (it is never stepped over).
+  const int64_t stride = matrices > 1 ? matrix_stride : static_cast<int64_t>(at_least_1(outer) * at_least_1(ld));
+  const OperandKey key{base, at_least_1(inner), at_least_1(outer), at_least_1(ld), at_least_1(matrices),
+                       static_cast<uint64_t>(stride)};
   if (cache.valid && cache.key == key) return 0;
   const EncodeTiledFn encode = encode_tiled();
   if (encode == nullptr) return static_cast<int>(cudaErrorInsufficientDriver);
-  const cuuint64_t dims[2] = {key.inner, key.outer};
-  const cuuint64_t strides[1] = {key.ld * sizeof(Elem)};  // bytes between rows; dimension 0 is contiguous
-  const cuuint32_t box[2] = {BOX_INNER, BOX_OUTER};
-  const cuuint32_t element_strides[2] = {1, 1};
+  const cuuint64_t dims[3] = {key.inner, key.outer, key.matrices};
+  // Bytes between rows and between matrices; dimension 0 is contiguous.
+  const cuuint64_t strides[2] = {key.ld * sizeof(Elem), key.matrix_stride * sizeof(Elem)};
+  const cuuint32_t box[3] = {BOX_INNER, BOX_OUTER, 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
   const auto encode_map = [&] {
-    return encode(&cache.map, TensorMapType<Elem>::kValue, 2, const_cast<void*>(base), dims, strides, box,
+    return encode(&cache.map, TensorMapType<Elem>::kValue, 3, const_cast<void*>(base), dims, strides, box,
                   element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   };
@@ -144,11 +151,14 @@ inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t
   return cache.valid ? 0 : kTensorMapEncodeError + static_cast<int>(res);
 }
 
-// The map of operand tile TILE's matrix, `rows` (M or N) x `k` elements: K-major keeps k innermost.
+// The map of operand tile TILE's matrices, `rows` (M or N) x `k` elements: K-major keeps k innermost. A batch's
+// operand with a batch stride of 0 is one matrix, which every problem reads (the kernel's Problem::a_batched).
 template <typename Elem, class TILE, bool K_MAJOR>
-inline int operand_map(CachedMap& cache, const void* base, int64_t rows, int64_t k, int64_t ld) {
-  return K_MAJOR ? tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, k, rows, ld)
-                 : tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, rows, k, ld);
+inline int operand_map(CachedMap& cache, const void* base, int64_t rows, int64_t k, int64_t ld, int64_t batch,
+                       int64_t batch_stride) {
+  const int64_t matrices = batch_stride != 0 ? batch : 1;
+  return K_MAJOR ? tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, k, rows, ld, matrices, batch_stride)
+                 : tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, rows, k, ld, matrices, batch_stride);
 }
 
 // The launch configuration of `blocks` blocks of kernel K, in clusters of K::CLUSTER blocks along x.
@@ -193,19 +203,29 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
   return cudaSuccess;
 }
 
+// The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
+constexpr int64_t kMaxWorkUnits = 2147483647;
+
 template <class Cfg>
 inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs), void (*repack)(RepackArgs),
-                  const GemmArgs* args, cudaStream_t stream) {
+                  const GemmArgs* call, cudaStream_t stream) {
   using K = Kernel<Cfg>;
   using Elem = typename Cfg::Elem;
-  if (args->m <= 0 || args->n <= 0) return 0;
-  const GemmPath path = choose_path<Cfg>(*args);
+  if (batch_invalid(*call)) return static_cast<int>(cudaErrorInvalidValue);
+  if (call->m <= 0 || call->n <= 0) return 0;
+  const GemmArgs folded = fold_batch<Cfg>(*call);
+  const GemmArgs* args = &folded;
+  const GemmPath path = choose_folded_path<Cfg>(*args);
   if (path == GEMM_PATH_REPACKED) {
     return launch_repacked<Cfg>(repack, args, stream, [&](const GemmArgs* packed) -> int {
       return launch<Cfg>(fast, slow, small, repack, packed, stream);
     });
   }
-  if (path != GEMM_PATH_FAST) return launch_other_path(path, slow, small, args, stream);
+  if (path != GEMM_PATH_FAST) return launch_other_path<Cfg>(path, slow, small, args, stream);
+  const int64_t batch = batch_count(*args);
+  const int64_t units_per_problem = ((args->m + Cfg::kBlockM * K::CM - 1) / (Cfg::kBlockM * K::CM)) *
+                                    ((args->n + Cfg::kBlockN * K::CN - 1) / (Cfg::kBlockN * K::CN));
+  if (units_per_problem * batch > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
 
   static bool smem_raised[kMaxDevices] = {};
   int device = 0;
@@ -214,16 +234,18 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
 
   // A (M x K): K-major = row-major (inner K); M-major = column-major (inner M). B (K x N) likewise.
   thread_local CachedMap map_a, map_b;
-  int code = operand_map<Elem, typename K::TileA, Cfg::kAKMajor>(map_a, args->a, args->m, args->k, args->lda);
+  int code = operand_map<Elem, typename K::TileA, Cfg::kAKMajor>(map_a, args->a, args->m, args->k, args->lda, batch,
+                                                                 args->batch_stride_a);
   if (code != 0) return code;
   code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(map_b, args->b, args->n, args->k,
-                                                                          args->ldb);
+                                                                          args->ldb, batch, args->batch_stride_b);
   if (code != 0) return code;
   // D through TMA stores when its base and row pitch allow (the kernel makes the same test); an
   // unused map stays zero.
   thread_local CachedMap map_d;
   if (K::tma_store_possible(*args)) {
-    code = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd);
+    code = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd, batch,
+                                                                   args->batch_stride_d);
     if (code != 0) return code;
   } else {
     map_d = CachedMap{};

@@ -101,6 +101,17 @@ struct GemmFunction : public torch::autograd::Function<GemmFunction> {
   }
 };
 
+// A batched call (3-D A or B) has no formula yet (GemmFunction is A @ B's for 2-D operands): one that needs a
+// gradient is refused at the call, in generator/runtime/autograd.py's words (refuse_batched_grad).
+inline void refuse_batched_grad(const AutogradSpec& spec, const at::Tensor& A, const at::Tensor& B) {
+  const bool batched = (A.defined() && A.dim() == 3) || (B.defined() && B.dim() == 3);
+  if (!batched) return;
+  const bool a = A.defined() && A.requires_grad(), b = B.defined() && B.requires_grad();
+  TORCH_CHECK(false, spec.op, ": batched calls (3-D A or B) have no backward pass yet, but ",
+              a && b ? "A, B" : a ? "A" : "B", " require(s) grad: call it under torch.no_grad() or with detached "
+              "tensors, or call it once per problem with 2-D tensors");
+}
+
 // The Autograd kernel of the default overload: straight to the kernel when no gradient is wanted.
 struct GemmAutogradKernel {
   const AutogradSpec* spec;
@@ -109,6 +120,7 @@ struct GemmAutogradKernel {
       at::AutoDispatchBelowADInplaceOrView below;
       return found(*spec).self->call(A, B);
     }
+    refuse_batched_grad(*spec, A, B);
     return GemmFunction::apply(A, B, reinterpret_cast<int64_t>(spec));
   }
 };
