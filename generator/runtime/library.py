@@ -24,7 +24,8 @@ class GemmArgsStruct(ctypes.Structure):
                 ("ep_ptr", ctypes.c_void_p * EPILOGUE_SLOTS), ("ep_ld", ctypes.c_int64 * EPILOGUE_SLOTS),
                 ("ep_scalar", ctypes.c_float * EPILOGUE_SLOTS), ("aux", ctypes.c_void_p), ("ldaux", ctypes.c_int64),
                 ("batch", ctypes.c_int64), ("batch_stride_a", ctypes.c_int64), ("batch_stride_b", ctypes.c_int64),
-                ("batch_stride_d", ctypes.c_int64)]
+                ("batch_stride_d", ctypes.c_int64),
+                ("group_ends", ctypes.c_void_p)]
 
 
 @dataclass(frozen=True)
