@@ -449,8 +449,6 @@ struct Kernel {
   // one D of all groups) and where the problem's rows end (M, or the group's end).
   struct TileAt {
     int problem, m0, n0, row_end;
-    // The matrix of D's map it writes to: grouped rows share one D.
-    __device__ __forceinline__ int matrix_d(const Problem& p) const { return p.group_ends != nullptr ? 0 : problem; }
     // The problem as the tile's epilogue bounds its rows: a group's rows end at its end.
     __device__ __forceinline__ Problem bounded(const Problem& p) const {
       Problem tile = p;
@@ -459,10 +457,12 @@ struct Kernel {
     }
   };
 
-  // The tile this CTA computes for work unit `unit`; `walk`: the calling thread's walk over grouped rows.
+  // The tile this CTA computes for work unit `unit`; GROUPED: of grouped rows, `walk` the calling thread's walk
+  // over them (compile-time, so that the consumers' walk state costs the other calls no registers).
+  template <bool GROUPED>
   __device__ __forceinline__ static TileAt tile_origin(const Problem& p, int unit, uint32_t rank, GroupWalk& walk) {
     int problem, local, units_m, row0 = 0, row_end = p.m;
-    if (p.group_ends != nullptr) {
+    if constexpr (GROUPED) {
       walk.seek(grouped_rows(p), unit);
       problem = walk.group;
       local = unit - walk.first_unit;
@@ -559,10 +559,12 @@ struct Kernel {
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
         } else {
-          consume(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+          consume<false>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
         }
+      } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
+        consume<Cfg::kWalksGroups>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
       } else {
-        consume(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+        consume<false>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
       }
     }
     // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
@@ -613,7 +615,8 @@ struct Kernel {
                                                       const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos,
                                                       GroupWalk& walk, int unit, int kt_begin, int kt_end,
                                                       const Sharing& share) {
-    const TileAt at = tile_origin(p, unit, rank, walk);
+    const TileAt at = p.group_ends != nullptr ? tile_origin<true>(p, unit, rank, walk)
+                                              : tile_origin<false>(p, unit, rank, walk);
     const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
@@ -625,9 +628,12 @@ struct Kernel {
     }
   }
 
+  // GROUPED: the units walk grouped rows (the launch passes them only to a config with Cfg::kWalksGroups).
+  template <bool GROUPED>
   __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
                                  const CUtensorMap* tmap_source, uint32_t rank, int consumer) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
+    epi.grouped = GROUPED;
     const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
     RingPos pos;
     if (PINGPONG && consumer == 1) pos.advance(p.k_tiles);  // the first tile is the other warpgroup's
@@ -636,10 +642,10 @@ struct Kernel {
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
       if (PINGPONG && (local & 1) != consumer) continue;
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
-      const TileAt at = tile_origin(p, unit, rank, walk);
+      const TileAt at = tile_origin<GROUPED>(p, unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0;
-      const Problem tile = at.bounded(p);  // the stores' bounds
-      epi.problem = at.matrix_d(p);
+      const Problem tile = GROUPED ? at.bounded(p) : p;  // the stores' bounds
+      epi.problem = GROUPED ? 0 : at.problem;            // grouped rows share one D
       if constexpr (!Cfg::Epilogue::kIdentity) {
         Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, BN, threadIdx.x % kWarpgroupThreads,
                                 kWarpgroupThreads);
@@ -654,7 +660,7 @@ struct Kernel {
           epi.store(args, tile, zeros, m0 + row_in_tile, n0);
         } else {
           // (a zero array would spill beside the epilogue)
-          store_epilogue_of_zero(args, tile, m0 + row_in_tile, n0, at.matrix_d(p));
+          store_epilogue_of_zero(args, tile, m0 + row_in_tile, n0, epi.problem);
         }
         continue;
       }
@@ -708,9 +714,9 @@ struct Kernel {
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
     const int cluster = first_unit();
     RingPos pos;
-    GroupWalk walk;  // (never grouped: Cfg::kWalksGroups excludes stream-K)
+    GroupWalk walk;  // (unused: Cfg::kWalksGroups excludes stream-K)
     auto compute = [&](const StreamK::Segment& s) {
-      const TileAt at = tile_origin(p, s.unit, rank, walk);
+      const TileAt at = tile_origin<false>(p, s.unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0;
       epi.problem = at.problem;
       float acc[MMA_BLOCKS_M][ACCUM];
@@ -1225,6 +1231,7 @@ struct Kernel {
     bool use_source_tma;
     uint32_t source_phase = 0;  // bit b: the parity of the next phase of source barrier b
     int problem = 0;            // of a batch: the current tile's (the third coordinate of D's map)
+    bool grouped = false;       // grouped rows: the rows' bound is the group's end (consume<true>)
 
     // A tile whose D goes out by TMA stores through the staging buffers (this warpgroup's rows from m0).
     __device__ __forceinline__ bool stores_by_tma(const Problem& p, int m0, int n0) const {
@@ -1233,7 +1240,7 @@ struct Kernel {
       // (gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
       const bool partial_chunk_at_n = n0 + BN > p.n && p.n % kStoreChunkElems != 0;
       // A group's last rows: TMA clips at D's end, not the group's, and would write the next group's rows.
-      const bool past_group_end = p.group_ends != nullptr && m0 + WG_M > p.m;
+      const bool past_group_end = grouped && m0 + WG_M > p.m;
       return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
     }
 
