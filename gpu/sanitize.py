@@ -1,7 +1,8 @@
 """One small ragged problem per sm90 schedule (and cluster shape), per sm80 epilogue, fused epilogues of both
 families (a per-row and a per-column vector, an M x N operand and a scalar), fp8 with each kind of scales
-and accumulation, int8, the small-M kernel (a few rows of A), and a batched call per family (3 problems, one operand
-shared with batch stride 0, the other's matrices a few rows apart), for compute-sanitizer:
+and accumulation, int8, the small-M kernel (a few rows of A), a batched call per family (3 problems, one operand
+shared with batch stride 0, the other's matrices a few rows apart), and a grouped call (sm90: 4 experts of 0, 77, 130
+and 1 rows, B's experts a few rows apart), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
     compute-sanitizer --tool racecheck python3 gpu/sanitize.py
@@ -136,6 +137,8 @@ def main() -> int:
     tn = {cfg.family: op for op, cfg in reversed(list(zip(ops, configs[:plain]))) if cfg.layout.blas == "tn"}
     failures += check_small_m(list(tn.values()))   # the first tn op of each family
     failures += check_batched(tn)
+    if "sm90" in tn:
+        failures += check_grouped(tn["sm90"])
     return 1 if failures else 0
 
 
@@ -178,6 +181,30 @@ def check_batched(ops: dict) -> int:
         label = f"{op.name} (batched): {batch}x{m}x{n}x{k} A {tuple(a.stride())} B {tuple(b.stride())}"
         failures += not poisoned_call(op, a, b, (), a.double() @ b.double(), -(-n // 8) * 8 + 8, label)
     return failures
+
+
+def check_grouped(op) -> int:
+    """One grouped call (op.grouped, the default sm90 tn plan): E = 4 groups of [0, 77, 130, 1] rows (empty first, one
+    row last), N = 136, K = 200; A (208, K) row-major, B (4, K, N) K-major with 2 rows of NaN between the experts (a
+    wrong expert stride reads NaN). D is the op's own (no out=): a NaN block of its size is freed just before the call
+    (the caching allocator is likely to hand it to D), so an unwritten row reads NaN. Each group within 1e-2 of its
+    float64 product."""
+    sizes, n, k = [0, 77, 130, 1], 136, 200
+    ends = [sum(sizes[:g + 1]) for g in range(len(sizes))]
+    a, b = operand(sum(sizes), k, True), batched_operand(len(sizes), k, n, False, gap=2)
+    offsets = torch.tensor(ends, dtype=torch.int32, device="cuda")
+    torch.full((sum(sizes), n), float("nan"), dtype=op.out_dtype, device="cuda")   # freed at once
+    d = op.grouped(a, b, offsets)
+    torch.cuda.synchronize()
+    ok, worst = d.shape == (sum(sizes), n) and bool(torch.isfinite(d).all()), 0.0
+    for g, (start, end) in enumerate(zip([0] + ends[:-1], ends)):
+        if end > start:
+            ref = a[start:end].double() @ b[g].double()
+            worst = max(worst, ((d[start:end].double() - ref).norm() / ref.norm()).item())
+    ok = ok and worst <= 1e-2
+    print(f"{op.name} (grouped): E={len(sizes)} sizes {sizes} N={n} K={k} B {tuple(b.stride())} worst group rel error "
+          f"{worst:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+    return 0 if ok else 1
 
 
 def check_small_m(ops) -> int:

@@ -235,3 +235,40 @@ def test_batched_rows_print_and_write_json():
     assert bench.summarize([square, bmm, batched_square], ["bf16"]) == {
         "bf16 square 4096/8192 geomean ours/cuBLAS": 0.9,
         "bf16 batched geomean ours/torch.bmm": round((0.667 * 0.5) ** 0.5, 4)}
+
+
+def test_bench_grouped_shapes_and_group_sizes():
+    """benchmarks/bench_grouped.py: issue 21's MoE shapes by default; --ragged group sizes keep the total, are seeded
+    (the same sizes on every run, others for another seed) and uneven; equal sizes otherwise; ExTxNxK parsing."""
+    import bench_grouped as g
+
+    assert g.SHAPES == [(8, 2048, 14336, 4096), (8, 2048, 4096, 14336), (64, 256, 2048, 7168), (128, 64, 768, 2048)]
+    assert set(g.ANCHOR_GROUPED_MM) == set(g.SHAPES)
+    assert g.parse_grouped_shapes("8x2048x14336x4096,128X64X768X2048") == [(8, 2048, 14336, 4096), (128, 64, 768, 2048)]
+    with pytest.raises(ValueError, match="ExTxNxK"):
+        g.parse_grouped_shapes("2048x14336x4096")
+    for experts, tokens, _, _ in g.SHAPES + [(3, 1, 8, 8), (17, 5, 8, 8)]:
+        assert g.group_sizes(experts, tokens) == [tokens] * experts
+        sizes = g.group_sizes(experts, tokens, ragged=True, seed=0)
+        assert len(sizes) == experts and sum(sizes) == experts * tokens and min(sizes) >= 0, sizes
+        assert sizes == g.group_sizes(experts, tokens, ragged=True, seed=0)
+        if experts * tokens >= 64:
+            assert len(set(sizes)) > 1, sizes
+            assert sizes != g.group_sizes(experts, tokens, ragged=True, seed=1)
+    assert g.ends([0, 3, 0, 5]) == [0, 3, 3, 8]
+
+
+def test_bench_grouped_table_lines_up():
+    """The grouped benchmark's header and rows have the same width, with and without the _grouped_mm column."""
+    import bench_grouped as g
+
+    row = g.Row(8, 2048, 14336, 4096, 16384, "bf16", "k", "grouped", 2.8, 2.8, 3.0, 690.1, 690.2, 640.5, 1.0, 1.07,
+                2e-3, 2e-3, 2e-3, 693.6)
+    refused = g.Row(**{**row.__dict__, "grouped_mm_ms": None, "grouped_mm_tflops": None, "vs_grouped_mm": None,
+                       "anchor_grouped_mm_tflops": None})
+    width = len(g.header().split("  kernel")[0])
+    for r in (row, refused):
+        assert len(g.format_row(r).split("  k (grouped)")[0]) == width, g.format_row(r)
+    assert "WRONG" in g.format_row(g.Row(**{**row.__dict__, "rel_error": 0.5}))
+    assert "WRONG" not in g.format_row(row)
+    assert g.summarize([row, refused]) == {"geomean ours/torch._grouped_mm": 1.0, "geomean ours/loop": 1.07}
