@@ -64,7 +64,7 @@ import jinja2
 from .planner.backward import accumulator_config, backward_closure, backward_configs
 from .render import included_headers, render, templates_dir
 from .render.epilogue_python import python_function
-from .spec.config import KernelConfig
+from .spec.config import KernelConfig, grouped_refusal
 from .spec.epilogue import KINDS, KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from .spec.types import DType, Order
 
@@ -125,6 +125,17 @@ _OPERAND_DOC = {
                       "(an nn.Linear weight)",
     ("D", Order.row): "row-major, strides (N, 1): torch.empty(M, N)",
     ("D", Order.col): "column-major, strides (1, M): torch.empty(N, M).t()",
+}
+
+#: The operands of a grouped call (op.grouped: a mixture of experts' rows), per storage order, for docstrings.
+_GROUPED_DOC = {
+    ("A", Order.row): "row-major, strides (lda, 1) with lda >= K: every group's rows, sorted by group",
+    ("A", Order.col): "column-major, strides (1, lda) with lda >= total_M: every group's rows, sorted by group",
+    ("B", Order.row): "each matrix row-major, strides (stride, ldb, 1) with ldb >= N",
+    ("B", Order.col): "each matrix column-major, strides (stride, 1, ldb) with ldb >= K: W.transpose(1, 2) for "
+                      "experts' weights W (E, N, K)",
+    ("D", Order.row): "row-major: torch.empty(total_M, N)",
+    ("D", Order.col): "column-major: torch.empty(N, total_M).t()",
 }
 
 
@@ -264,6 +275,7 @@ class EmittedOp:
             "knobs": _knobs_doc(cfg),
             **_epilogue_context(cfg.epilogue, boxed=cfg.dtype.is_quantized),
             **self._epilogue_formula(autograd),
+            **_grouped_context(cfg),
         }
 
     def _epilogue_formula(self, autograd: bool) -> dict[str, Any]:
@@ -336,6 +348,19 @@ def _epilogue_context(ep: Epilogue, boxed: bool = False) -> dict[str, Any]:
         "schema_arguments": "".join(f", {o['schema_type']} {o['name']}" for o in operands),
         "schema_returns": "(Tensor, Tensor)" if ep.aux is not None else "Tensor",
     }
+
+
+def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
+    """An op without a fused epilogue has the .grouped overload (grouped GEMM: a mixture of experts' rows), as the
+    JIT ops (generator.runtime.op: has_grouped); its OpSpec says why the plan takes no grouped call, if it does not
+    (generator.spec.config.grouped_refusal: the op refuses such a call with these words)."""
+    grouped = cfg.epilogue.is_identity
+    refusal = grouped_refusal(cfg) if grouped else None
+    docs = {f"grouped_{what.lower()}_doc": _GROUPED_DOC[what, order]
+            for what, order in (("A", cfg.layout.a), ("B", cfg.layout.b), ("D", cfg.layout.c))}
+    return {"grouped": grouped, "grouped_refusal": refusal, **docs,
+            # as a C string literal (the sentence is the generator's own, but escaped all the same)
+            "grouped_refusal_c": None if refusal is None else json.dumps(refusal, ensure_ascii=True)}
 
 
 def _plan_knobs(item: object, config: KernelConfig) -> tuple[tuple[str, Any], ...]:
@@ -481,6 +506,7 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) ->
     # __init__.py registers the formulas of the differentiable epilogue ops
     context["epilogue_autograd"] = any(op["epilogue"] and op["autograd"] for op in context["ops"])
     context["any_boxed"] = any(op["boxed"] for op in context["ops"])
+    context["any_grouped"] = any(op["grouped"] for op in context["all_ops"])
     for template, path in _PACKAGE_TEMPLATES:
         files[path.format(name=name)] = _render(template, **context).encode()
     record = {**MARKER, "name": name, "autograd": autograd, "plans": [op.plan_record() for op in ops],

@@ -31,6 +31,7 @@ from generator.runtime import jit_runtime  # noqa: E402
 from generator.runtime.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
 from generator.runtime import GemmOp  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
+from generator.runtime.checks import check_group_ends  # noqa: E402
 from generator.runtime.operands import check_batchable, check_operands  # noqa: E402
 from generator.spec.types import DType, Order  # noqa: E402
 
@@ -64,6 +65,16 @@ class ReferenceOp(GemmOp):
         aux_out = self._empty_out(A, B)
         aux_out.copy_(aux.to(self.out_dtype))
         return D, aux_out
+
+    def run_grouped(self, A, B, offsets):
+        problem = self._check_grouped(A, B, offsets)   # ranks, dtypes, devices, K, offsets, storage orders
+        check_group_ends(offsets.tolist(), problem.m)
+        D = self._empty_grouped_out(A, B)
+        start = 0
+        for g, end in enumerate(offsets.tolist()):   # each group's rows by its matrix, fp32 accumulation
+            D[start:end] = (A[start:end].float() @ B[g].float()).to(self.out_dtype)
+            start = end
+        return D
 
     def derived(self, configs):
         return [ReferenceOp(c, self.namespace) for c in configs]
@@ -487,6 +498,71 @@ def test_compile_fullgraph_dynamic_batch_compiles_once(batches):
                 torch._dynamo.mark_dynamic(b, 0)
             got = compiled(a, b)
             assert got.shape == (batch, m, 24) and torch.equal(got, op(a, b).float() * 2)
+    assert counter.frame_count == 1
+
+
+# -- grouped calls (.grouped) on the registration ---------------------------------------------------------------
+
+def grouped_operands(layout, sizes, n, k, dtype=torch.bfloat16, **kw):
+    """A (sum(sizes), K), B (E, K, N) of a layout (each matrix in its order) and offsets."""
+    orders = ["row" if letter == "t" else "col" for letter in layout]
+    a = operand(sum(sizes), k, orders[0], dtype, **kw)
+    b = batched(len(sizes), k, n, orders[1], dtype, **kw)
+    offsets = torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32)
+    return a, b, offsets
+
+
+def grouped_reference(a, b, offsets):
+    ends = [0, *offsets.tolist()]
+    return torch.cat([a[s:e].double() @ b[g].double() for g, (s, e) in enumerate(zip(ends, ends[1:]))])
+
+
+def test_grouped_calls_refuse_grad_and_run_without_it(formula):
+    """Both formulas' registrations (C++: gemm_op.h's GroupedAutogradKernel; Python: autograd.py's) refuse a grouped
+    call that would need a gradient, naming the inputs; without grad mode, or with detached inputs, it runs."""
+    op = formula_op(formula, "tn")
+    dump = torch._C._dispatch_dump(f"{formula}::{op.name}.grouped")
+    where = dump.split("Autograd[alias]: registered at ")[1].split("\n")[0]
+    assert ("jit_runtime.cpp" in where) == (formula == NAMESPACE), where   # which Autograd kernel
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, requires_grad=True)
+    for x, y, wanting in ((a, b, "A, B"), (a, b.detach(), "A"), (a.detach(), b, "B")):
+        with pytest.raises(RuntimeError) as info:
+            op.grouped(x, y, offsets)
+        assert str(info.value).startswith(f"{op.name}.grouped: grouped calls have no backward pass yet, but {wanting} "
+                                          "require(s) grad: call it under torch.no_grad() or with detached tensors")
+    with torch.no_grad():
+        d = op.grouped(a, b, offsets)
+    assert d.grad_fn is None and d.shape == (40, 24) and d.stride() == (24, 1)
+    assert rel(d, grouped_reference(a.detach(), b.detach(), offsets)) <= BOUND[torch.bfloat16]
+    assert torch.equal(op.grouped(a.detach(), b.detach(), offsets), d)
+
+
+@pytest.mark.parametrize("layout, layout_c", [("tn", "row"), ("nt", "col")])
+def test_opcheck_on_grouped_calls(layout, layout_c):
+    """Schema, fake (D (total_M, N) in the plan's order; E and the sizes symbolic in test_aot_dispatch_dynamic) and
+    the Autograd kernel's registration of .grouped."""
+    op = reference_op(layout, layout_c=layout_c)
+    for sizes in ([5, 0, 17, 18], [40], [0, 0]):
+        a, b, offsets = grouped_operands(layout, sizes, 24, 32)
+        torch.library.opcheck(op.op.grouped, (a, b, offsets))
+        d = op.grouped(a, b, offsets)
+        assert d.shape == (sum(sizes), 24)
+        if sum(sizes):
+            assert d.stride() == ((24, 1) if layout_c == "row" else (1, sum(sizes)))
+            assert rel(d, grouped_reference(a, b, offsets)) <= BOUND[torch.bfloat16]
+
+
+def test_compile_fullgraph_grouped_call_with_dynamic_sizes_compiles_once():
+    """A dynamic total_M and number of groups trace once: no size of D depends on the offsets' values."""
+    op = reference_op("tn")
+    counter = _compile_counter()
+    compiled = torch.compile(lambda a, b, o: op.grouped(a, b, o).float() * 2, backend=counter, fullgraph=True)
+    for sizes in ([5, 0, 17, 18], [7, 30], [3, 3, 3, 3, 50]):
+        a, b, offsets = grouped_operands("tn", sizes, 24, 32)
+        for t in (a, b, offsets):
+            torch._dynamo.mark_dynamic(t, 0)
+        got = compiled(a, b, offsets)
+        assert got.shape == (sum(sizes), 24) and torch.equal(got, op.grouped(a, b, offsets).float() * 2)
     assert counter.frame_count == 1
 
 

@@ -343,7 +343,11 @@ def test_no_autograd_leaves_the_backward_out(tmp_path):
     assert not [rel for rel, data in files.items() if b"_grad_" in data], "backward ops in a --no-autograd package"
     init = files["my_gemms/__init__.py"].decode()
     binding = files["csrc/binding.cpp"].decode()
-    assert "AUTOGRAD = False" in init and "AutogradSpec" not in binding and ", Autograd, m)" not in binding
+    assert "AUTOGRAD = False" in init and "AutogradSpec" not in binding
+    # its one Autograd block refuses grad for the .grouped overloads (as an epilogue op's refuses it: no formula)
+    autograd_block = binding.split("TORCH_LIBRARY_IMPL(my_gemms, Autograd, m) {\n")[1].split("}")[0]
+    assert autograd_block == "".join(f'  m.impl("{op}.grouped", gemmgen::grouped_autograd_kernel("{op}"));\n'
+                                     for op in ("gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol")), autograd_block
     compile(init, "__init__.py", "exec")
     record = json.loads(files["plans.json"])
     assert record["autograd"] is False and record["backward_kernels"] == []
@@ -682,8 +686,8 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
         assert all(has("{WHEEL_PACKAGE}::" + op, "Autograd") is {WHEEL_AUTOGRAD} for op in ops)
         for op in ops:
             packet = getattr(torch.ops.{WHEEL_PACKAGE}, op)
-            assert sorted(packet.overloads()) == ["default", "out"], packet.overloads()
-            for overload in (packet.default, packet.out):
+            assert sorted(packet.overloads()) == ["default", "grouped", "out"], packet.overloads()
+            for overload in (packet.default, packet.out, packet.grouped):
                 assert torch.Tag.needs_fixed_stride_order in overload.tags, overload.tags
                 assert torch.Tag.pt2_compliant_tag in overload.tags, overload.tags
             assert f"Kernel sm{{pkg.PLANS[op]['arch']}}_" in getattr(pkg, op).__doc__
@@ -737,6 +741,74 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
     """)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "CHECKS OK" in r.stdout
+
+
+def test_installed_package_grouped_overload(built_wheel):
+    """.grouped of the installed package (gemm_op.h's gemm_grouped, compiled into the wheel): the sm80 plan's op
+    refuses it before any other check, with the JIT op's words; the sm90 one checks CPU tensors, gives meta and fake
+    shapes (D (total_M, N) in the plan's order), and refuses inputs that require grad (an Autograd kernel of its own
+    in a package without autograd)."""
+    from generator.spec.config import grouped_refusal
+
+    plans = [Gemm(**kw) for kw in WHEEL_PLANS]
+    refusal = f"gemm_bf16_tn: {grouped_refusal(plans[0].config)}"   # (the package's op name)
+    assert grouped_refusal(plans[1].config) is None, plans[1].config.name
+    r = run_installed(built_wheel, f"""
+        import torch
+        import {WHEEL_PACKAGE} as pkg
+        from torch._subclasses.fake_tensor import FakeTensorMode
+
+        def error(call):
+            try:
+                call()
+            except Exception as err:
+                return type(err).__name__, str(err)
+            raise SystemExit("no error")
+
+        dump = torch._C._dispatch_dump("{WHEEL_PACKAGE}::gemm_fp16_nt_ofp32_dcol.grouped")
+        for key in ("CompositeExplicitAutograd[alias]", "Meta", "Autograd[alias]"):
+            assert "binding.cpp" in dump.split(key + ": registered at ")[1].split("\\n")[0], (key, dump)
+        offsets = torch.tensor([10, 10, 64], dtype=torch.int32)
+        A, B = torch.randn(64, 32).bfloat16(), torch.randn(3, 48, 32).bfloat16().transpose(1, 2)
+        for call in (lambda: pkg.gemm_bf16_tn.grouped(A, B, offsets),
+                     lambda: torch.ops.{WHEEL_PACKAGE}.gemm_bf16_tn.grouped(A, B, offsets),
+                     lambda: pkg.gemm_bf16_tn.grouped(A[None], B, offsets.float())):   # the plan first
+            assert error(call) == ("ValueError", {refusal!r}), error(call)
+        assert error(lambda: pkg.gemm_bf16_tn.grouped(A, B, [10, 64])) == (
+            "TypeError", "offsets must be a torch.Tensor, got list")
+        fn = pkg.gemm_fp16_nt_ofp32_dcol.grouped
+        assert "grouped GEMM" in fn.__doc__ and "offsets" in fn.__doc__
+        X, Y = torch.randn(32, 64).half().t(), torch.randn(3, 32, 48).half()   # A column-major, B's matrices row-major
+        assert error(lambda: fn(X, Y, offsets)) == ("ValueError", "A is on cpu; this op runs on CUDA tensors: pass "
+                                                    "A.cuda()")
+        m = dict(device="meta")
+        D = fn(X.to(**m), Y.to(**m), offsets.to(**m))
+        assert (tuple(D.shape), D.stride(), D.dtype) == ((64, 48), (1, 64), torch.float32), (D.shape, D.stride())
+        for bad, expected in [
+            ((X.to(**m), Y.to(**m), offsets[1:].to(**m)),
+             ("ValueError", "offsets has 2 group ends but B has 3 matrices (B.size(0)): pass one end per group")),
+            ((X.to(**m), Y.to(**m), offsets.long().to(**m)),
+             ("TypeError", "offsets is torch.int64; group ends are int32: pass offsets.to(torch.int32)")),
+            ((X.to(**m), Y[0].to(**m), offsets.to(**m)),
+             ("ValueError", "B must be 3-D (E, K, N) for a grouped call: one matrix per group (expert); got shape "
+                            "(32, 48)")),
+        ]:
+            assert error(lambda: fn(*bad)) == expected, error(lambda: fn(*bad))
+        wanting = X.to(**m).requires_grad_()
+        assert error(lambda: fn(wanting, Y.to(**m), offsets.to(**m))) == (
+            "RuntimeError", "gemm_fp16_nt_ofp32_dcol.grouped: grouped calls have no backward pass yet, but A "
+                            "require(s) grad: call it under torch.no_grad() or with detached tensors")
+        with torch.no_grad():
+            assert fn(wanting, Y.to(**m), offsets.to(**m)).shape == (64, 48)
+        with FakeTensorMode():
+            a = torch.empty(32, 7, dtype=torch.float16, device="cuda").t()
+            b = torch.empty(3, 32, 48, dtype=torch.float16, device="cuda")
+            d = fn(a, b, torch.empty(3, dtype=torch.int32, device="cuda"))
+            assert (tuple(d.shape), d.stride(), d.device.type) == ((7, 48), (1, 7), "cuda")
+        print("GROUPED OK")
+    """)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "GROUPED OK" in r.stdout
 
 
 def test_installed_package_meta_shapes(built_wheel):
@@ -1060,6 +1132,18 @@ for label, call in [("bias float32", lambda: fn(A, B, BIAS.float())), ("bias 2-D
                     ("bias on cpu", lambda: fn(A, B, bias)), ("C 1-D", lambda: aux_fn(X, Y, SCALE, CC[0], 1.0)),
                     ("scale float64", lambda: aux_fn(X, Y, SCALE.double(), CC, 1.0))]:
     assert error(call) == EXPECTED[label], (label, error(call), EXPECTED[label])
+# .grouped: the plain op's (with the refusal of grad of a package with autograd), none for an epilogue op
+for op in ("{knob}", "{function}"):
+    assert "grouped" not in getattr(torch.ops.{name}, op).overloads() and not hasattr(getattr(pkg, op), "grouped")
+assert "grouped" in torch.ops.{name}.{plain}.overloads()
+offsets = torch.tensor([5, 5, 33], dtype=torch.int32)
+experts = torch.randn(3, 40, 24).bfloat16().transpose(1, 2)
+assert error(lambda: pkg.{plain}.grouped(a, experts, offsets)) == on_cpu
+D = pkg.{plain}.grouped(A, experts.to(**m), offsets.to(**m))
+assert (tuple(D.shape), D.stride(), D.dtype) == ((33, 40), (40, 1), torch.bfloat16), (D.shape, D.stride())
+assert error(lambda: pkg.{plain}.grouped(A, experts.to(**m).requires_grad_(), offsets.to(**m))) == (
+    "RuntimeError", "{plain}.grouped: grouped calls have no backward pass yet, but B require(s) grad: call it under "
+                    "torch.no_grad() or with detached tensors")
 with FakeTensorMode():   # what torch.compile traces with
     D, AUX = aux_fn(torch.empty(24, 7, device="cuda").half().t(), torch.empty(24, 40, device="cuda").half(),
                     torch.empty(7, device="cuda").half(), torch.empty(7, 40, device="cuda").half(), 1.0)

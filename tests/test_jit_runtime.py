@@ -11,6 +11,7 @@ CUDA call of a JIT op in tests/gpu/ goes through this kernel."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import itertools
 import types
 
@@ -173,8 +174,10 @@ _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgsStruct), ctypes.
 _ERROR_STRING = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int)
 _PATH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgsStruct))
 _FAILURE = ctypes.create_string_buffer(b"the stand-in kernel failed")
-#: The GemmArgs each op.path(...) asked the stand-in library's path chooser about; it answers 1 ('unaligned').
+#: The GemmArgs each op.path(...) asked the stand-in library's path chooser about; it answers 1 ('unaligned'), and
+#: for a grouped call (group_ends set) GROUPED_PATH[0] (4: 'grouped').
 PATHS_ASKED: list = []
+GROUPED_PATH = [4]
 
 
 @_LAUNCH
@@ -186,7 +189,7 @@ def _record_launch(args, stream):
 @_PATH
 def _record_path(args):
     PATHS_ASKED.append(GemmArgsStruct.from_buffer_copy(args.contents))
-    return 1
+    return GROUPED_PATH[0] if args.contents.group_ends else 1
 
 
 @_ERROR_STRING
@@ -212,16 +215,29 @@ STAND_IN_PLANS = {
     # what a batched call shares between its problems, D column-major; and a second output, which it refuses
     "vectors_dcol": dict(layout="tt", layout_c="col", epilogue=shared_vectors),
     "aux_col_bias": dict(layout="tn", epilogue=gelu_aux),
+    # grouped calls: the pingpong schedule with a column-major D, an int8 plan (int32 D); and plans whose kernels
+    # take none (the sm80 family, planned for Hopper or for Ampere; the ws schedule)
+    "pingpong_dcol": dict(layout="nt", layout_c="col", schedule="pingpong"),
+    "int8": dict(dtype="int8", layout="tn"),
+    "sm80": dict(layout="tn", family="sm80"),
+    "sm80_arch80": dict(layout="tn", arch=80),
+    "ws": dict(layout="tn", schedule="ws"),
 }
 _STAND_INS: dict = {}
 
 
 def stand_in(key: str) -> StandInOp:
-    """The stand-in op of STAND_IN_PLANS[key], with its C++ kernels registered for the CUDA key (once)."""
+    """The stand-in op of STAND_IN_PLANS[key], with its C++ kernels registered for the CUDA key (once). The key
+    "stream_k" is the cooperative tn plan with stream-K (a config field, not a knob)."""
     if key not in _STAND_INS:
         if not jit_runtime.RUNTIME.ensure():
             pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
-        op = StandInOp(Gemm(**{"dtype": "bf16", **STAND_IN_PLANS[key]}, arch=90).config, None, STAND_IN_NAMESPACE)
+        if key == "stream_k":
+            config = dataclasses.replace(Gemm("bf16", "tn", arch=90, schedule="cooperative").config, stream_k=True)
+        else:
+            config = Gemm(**{"dtype": "bf16", "arch": 90, **STAND_IN_PLANS[key]}).config
+        # (an sm80 kernel's name does not spell the arch it was planned for: the Ampere plan has a namespace of its own)
+        op = StandInOp(config, None, STAND_IN_NAMESPACE + ("_ampere" if config.arch == 80 else ""))
         library = types.SimpleNamespace(launch=_record_launch, error_string=_error_string)
         assert jit_runtime.RUNTIME.register(op, library)
         # GemmOp.run's launch: the same recorder, and its message as bytes
@@ -781,3 +797,343 @@ def test_fake_batched_outputs_have_the_real_shapes_and_strides(python_launches_o
             op.op.default(*fakes)
         with pytest.raises(ValueError, match="their batch sizes must agree"):
             op.op.default(mode.from_tensor(batched_operand(M, K, "row", "packed", batch=2)[0]), *fakes[1:])
+
+
+# -- grouped calls (.grouped: a mixture of experts' rows): the same checks and GemmArgs on both paths ---------------
+
+from generator.runtime import op as op_module  # noqa: E402
+from generator.runtime.checks import batch_stride  # noqa: E402
+from generator.spec.config import GROUPED_EPILOGUE_REFUSAL, grouped_refusal  # noqa: E402
+
+#: total_M, N, K of the grouped calls: every bf16 (and int8) leading dimension and B's stride keep the 16-byte rule.
+GM, GN, GK = 40, 48, 32
+#: Group sizes (rows of A per group), empty groups among them; each sums to GM.
+GROUP_SIZES = [[5, 0, 17, 18], [GM], [0, GM, 0], [GM, 0], [0, 0, 0, GM]]
+#: The stand-in plans whose kernels take grouped calls: cooperative nt (A column-major), pingpong with a column-major
+#: D, int8 tn (int32 D).
+GROUPED = ["plain", "pingpong_dcol", "int8"]
+
+
+def ends_of(sizes):
+    """offsets: the groups' ends (cumulative row counts), int32."""
+    return torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32)
+
+
+def grouped_inputs(op, sizes=(5, 0, 17, 18), a_mode="stored", b_mode="packed", n=GN, k=GK):
+    """A (sum(sizes), K) and B (E, K, N) of op's plan, and offsets. a_mode 'padded': A's leading dimension 16 more
+    than its lines; b_mode as batched_operand's ('packed', 'padded': GAP lines between matrices, 'expanded': stride
+    0)."""
+    cfg = op.config
+    m, order = sum(sizes), cfg.layout.a.value
+    dtype = TORCH_DTYPES[cfg.dtype]
+    if a_mode == "padded":
+        a = (torch.randn(m, k + 16).to(dtype)[:, :k] if order == "row" else
+             torch.randn(k, m + 16).to(dtype)[:, :m].t())
+    else:
+        a = stored(m, k, order, dtype)
+    b, _ = batched_operand(k, n, cfg.layout.b.value, b_mode, TORCH_DTYPES[cfg.b_dtype], batch=len(sizes))
+    return a, b, ends_of(sizes)
+
+
+def cpp_grouped(op, a, b, offsets):
+    return op.op.grouped.redispatch(CUDA_KEY, a, b, offsets)
+
+
+def python_grouped(op, a, b, offsets):
+    return op.run_grouped(a, b, offsets)
+
+
+@pytest.mark.parametrize("key", GROUPED)
+def test_grouped_calls_fill_the_gemm_args_alike_on_both_paths(python_launches_on_cpu, key):
+    """GemmArgs of a grouped call: A, B and D, total_M x N x K and their leading dimensions, the groups as the batch,
+    B's stride between its matrices (0 for one), A's and D's 0, group_ends the offsets' address; the same on the
+    C++ kernel, the Python path and op.grouped; D (total_M, N) in the plan's order."""
+    op = stand_in(key)
+    cfg = op.config
+    orders = (cfg.layout.a.value, cfg.layout.b.value, cfg.layout.c.value)
+    for sizes, a_mode, b_mode in itertools.product(GROUP_SIZES, ("stored", "padded"), ("packed", "padded",
+                                                                                         "expanded")):
+        label = (sizes, a_mode, b_mode)
+        a, b, offsets = grouped_inputs(op, sizes, a_mode, b_mode)
+        cpp, cpp_args = launched(lambda: cpp_grouped(op, a, b, offsets))
+        python, python_args = launched(lambda: python_grouped(op, a, b, offsets))
+        method, method_args = launched(lambda: op.grouped(a, b, offsets))   # (CPU tensors: the Python kernel)
+        strides = (GN, 1) if orders[2] == "row" else (1, GM)
+        for d in (cpp, python, method):
+            assert (tuple(d.shape), d.stride(), d.dtype) == ((GM, GN), strides, op.out_dtype), label
+        assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python]) == args_dict(method_args, [method])
+        groups = len(sizes)
+        stride_b = batch_stride(b)
+        assert stride_b == (0 if groups == 1 or b_mode == "expanded" else b.stride(0)), label
+        assert batch_fields(cpp_args) == (groups, 0, stride_b, 0), label
+        assert cpp_args.group_ends == offsets.data_ptr(), label
+        assert (cpp_args.m, cpp_args.n, cpp_args.k, cpp_args.lda, cpp_args.ldb, cpp_args.ldd) == (
+            GM, GN, GK, a.stride(0 if orders[0] == "row" else 1), b.stride(1 if orders[1] == "row" else 2),
+            line(GM, GN, orders[2])), label
+        assert (cpp_args.a, cpp_args.b, cpp_args.d) == (a.data_ptr(), b.data_ptr(), cpp.data_ptr()), label
+        assert not any(cpp_args.ep_ptr) and not cpp_args.aux
+
+
+def test_empty_grouped_calls_launch_nothing_on_both_paths(python_launches_on_cpu):
+    """No rows, no columns or no groups: an empty D and no launch; K = 0: D of zeros and no launch (as
+    torch.matmul). Operands off the 16-byte rule are taken where nothing launches."""
+    op = stand_in("plain")   # nt: A column-major, B row-major
+    cases = {   # label -> (A, B, offsets, D's shape)
+        "no rows": (*grouped_inputs(op, [0, 0, 0])[:2], ends_of([0, 0, 0]), (0, GN)),
+        "no groups": (*grouped_inputs(op, [])[:2], ends_of([]), (0, GN)),
+        "no columns": (*grouped_inputs(op, n=0), (GM, 0)),
+        "K = 0": (*grouped_inputs(op, k=0), (GM, GN)),
+        "no rows, B's leading dimension off the rule": (*grouped_inputs(op, [0, 0], n=GN - 4), (0, GN - 4)),
+        "K = 0, A's leading dimension off the rule": (*grouped_inputs(op, [3, 33], k=0), (36, GN)),
+    }
+    for label, (a, b, offsets, shape) in cases.items():
+        for call in (cpp_grouped, python_grouped):
+            d, args = launched(lambda: call(op, a, b, offsets))
+            assert args is None and tuple(d.shape) == shape, (label, call)
+            if label.startswith("K = 0"):
+                assert torch.equal(d, torch.zeros(shape, dtype=op.out_dtype)), label
+
+
+def _strided_b(op, extra):
+    """B (4, K, N) row-major with its matrices K * N + extra elements apart."""
+    return torch.randn(4, GK * GN + extra).bfloat16()[:, :GK * GN].view(4, GK, GN)
+
+
+def _plan_refusal(key):
+    return lambda op: (ValueError, f"{op.name}: {grouped_refusal(op.config)}")
+
+
+# label -> (stand-in plan, make (A, B, offsets) from the plan's op and good grouped inputs, what both paths raise, or a
+# function of the op giving it). GM, GN, GK = 40, 48, 24; "plain" is layout nt (A column-major, B row-major).
+GROUPED_BAD = {
+    "an sm80 plan for Hopper": ("sm80", lambda op, a, b, o: (a, b, o), _plan_refusal("sm80")),
+    "an sm80 plan for Ampere": ("sm80_arch80", lambda op, a, b, o: (a, b, o), _plan_refusal("sm80_arch80")),
+    "the ws schedule": ("ws", lambda op, a, b, o: (a, b, o), _plan_refusal("ws")),
+    "stream-K": ("stream_k", lambda op, a, b, o: (a, b, o), _plan_refusal("stream_k")),
+    "an sm80 plan, whatever the operands": ("sm80", lambda op, a, b, o: (a[None], b[0], o.float()),
+                                            _plan_refusal("sm80")),
+    "A 3-D": ("plain", lambda op, a, b, o: (a[None], b, o),
+              (ValueError, f"A must be 2-D (total_M, K) for a grouped call: every group's rows, sorted by group; got "
+                           f"shape (1, {GM}, {GK})")),
+    "B 2-D": ("plain", lambda op, a, b, o: (a, b[0], o),
+              (ValueError, f"B must be 3-D (E, K, N) for a grouped call: one matrix per group (expert); got shape "
+                           f"({GK}, {GN})")),
+    "A float32": ("plain", lambda op, a, b, o: (a.float(), b, o),
+                  (TypeError, "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with "
+                              "dtype='float32'")),
+    "B float16": ("plain", lambda op, a, b, o: (a, b.half(), o),
+                  (TypeError, "B is torch.float16; this plan computes bf16: pass B.to(torch.bfloat16) or plan with "
+                              "dtype='float16'")),
+    "A row-major": ("plain", lambda op, a, b, o: (a.contiguous(), b, o),
+                    (ValueError, f"A has strides ({GK}, 1) (row-major); this plan was made for layout_a='col': plan "
+                                 "with layout='tt' or pass A.t().contiguous().t() (a column-major copy)")),
+    "B's matrices column-major": (
+        "plain", lambda op, a, b, o: (a, b.transpose(1, 2).contiguous().transpose(1, 2), o),
+        (ValueError, f"B has strides ({GK * GN}, 1, {GK}) (column-major); this plan was made for layout_b='row': plan "
+                     "with layout='nn' or pass B.contiguous()")),
+    "A on meta": ("plain", lambda op, a, b, o: (a.to("meta"), b, o),
+                  (ValueError, "A is on meta; this op runs on CUDA tensors: pass A.cuda()")),
+    "B on meta": ("plain", lambda op, a, b, o: (a, b.to("meta"), o),
+                  (ValueError, "B is on meta; this op runs on CUDA tensors: pass B.cuda()")),
+    "K of B's matrices": ("plain", lambda op, a, b, o: (a, b[:, 1:], o),
+                          (ValueError, f"A is ({GM}, {GK}) and B is (4, {GK - 1}, {GN}): K must agree (A's columns = "
+                                       "the rows of B's matrices); for experts' weights W (E, N, K) pass "
+                                       "B = W.transpose(1, 2)")),
+    "offsets float32": ("plain", lambda op, a, b, o: (a, b, o.float()),
+                        (TypeError, "offsets is torch.float32; group ends are int32: pass offsets.to(torch.int32)")),
+    "offsets int64": ("plain", lambda op, a, b, o: (a, b, o.long()),
+                      (TypeError, "offsets is torch.int64; group ends are int32: pass offsets.to(torch.int32)")),
+    "offsets None": ("plain", lambda op, a, b, o: (a, b, None),
+                     (TypeError, "offsets must be a torch.Tensor, got NoneType")),
+    "offsets 2-D": ("plain", lambda op, a, b, o: (a, b, o[None]),
+                    (ValueError, "offsets must be 1-D (E,), the groups' ends (cumulative row counts); got shape "
+                                 "(1, 4)")),
+    "offsets on meta": ("plain", lambda op, a, b, o: (a, b, o.to("meta")),
+                        (ValueError, "offsets is on meta but A and B on cpu: pass offsets.to('cpu')")),
+    "one end short": ("plain", lambda op, a, b, o: (a, b, o[1:]),
+                      (ValueError, "offsets has 3 group ends but B has 4 matrices (B.size(0)): pass one end per "
+                                   "group")),
+    "offsets strided": ("plain", lambda op, a, b, o: (a, b, o.repeat_interleave(2)[::2]),
+                        (ValueError, "offsets has stride 2; the kernel reads group ends contiguous: pass "
+                                     "offsets.contiguous()")),
+    "rows without groups": ("plain", lambda op, a, b, o: (a, b[:0], o[:0]),
+                            (ValueError, f"B has no matrices (E = 0) but A has {GM} rows: with no groups, A must have "
+                                         "no rows")),
+    "M past int32": ("plain", lambda op, a, b, o: (torch.empty(0, 2**31 + 1, dtype=torch.bfloat16).t(), b[:1, :0],
+                                                   o[:1]),
+                     (ValueError, "M=2147483649 is larger than the kernels index (2**31 - 1): split the problem")),
+    # the 16-byte rule of the grouped kernel's TMA loads
+    "A's base address": ("plain", lambda op, a, b, o: (torch.randn(GK, GM + 1).bfloat16()[:, 1:].t(), b, o),
+                         (ValueError, "A breaks the 16-byte rule of grouped calls: its base address is 2 bytes past "
+                                      "a multiple of 16; the grouped kernel loads A and B by TMA, which needs the base "
+                                      "address, the leading dimension and the stride between B's matrices to be "
+                                      "multiples of 16 bytes: pass a copy, "
+                                      "A.t().clone(memory_format=torch.contiguous_format).t()")),
+    "A's leading dimension": ("plain", lambda op, a, b, o: (*grouped_inputs(op, [5, 0, 17, 14])[:2],
+                                                            ends_of([5, 0, 17, 14])),
+                              (ValueError, "A breaks the 16-byte rule of grouped calls: its leading dimension is 36 "
+                                           "elements (72 bytes); the grouped kernel loads A and B by TMA, which needs "
+                                           "the base address, the leading dimension and the stride between B's "
+                                           "matrices to be multiples of 16 bytes: make its leading dimension a "
+                                           "multiple of 8 elements: pass a view of a padded buffer, e.g. "
+                                           f"torch.empty({GK}, 40, dtype=torch.bfloat16, device='cpu')[:, :36].t()")),
+    "B's base address": ("plain", lambda op, a, b, o: (a, torch.randn(4 * GK * GN + 4).bfloat16()[4:].view(4, GK, GN),
+                                                       o),
+                         (ValueError, "B breaks the 16-byte rule of grouped calls: its base address is 8 bytes past "
+                                      "a multiple of 16; the grouped kernel loads A and B by TMA, which needs the base "
+                                      "address, the leading dimension and the stride between B's matrices to be "
+                                      "multiples of 16 bytes: pass a copy, "
+                                      "B.clone(memory_format=torch.contiguous_format)")),
+    "B's leading dimension": ("plain", lambda op, a, b, o: (a, *grouped_inputs(op, n=GN - 4)[1:]),
+                              (ValueError, "B breaks the 16-byte rule of grouped calls: its leading dimension is 44 "
+                                           "elements (88 bytes); the grouped kernel loads A and B by TMA, which needs "
+                                           "the base address, the leading dimension and the stride between B's "
+                                           "matrices to be multiples of 16 bytes: make its leading dimension a "
+                                           "multiple of 8 elements: pass a view of a padded buffer, e.g. "
+                                           f"torch.empty(4, {GK}, 48, dtype=torch.bfloat16, device='cpu')[:, :, :44]")),
+    "B's matrices 4 elements off": (
+        "plain", lambda op, a, b, o: (a, _strided_b(op, 4), o),
+        (ValueError, f"B breaks the 16-byte rule of grouped calls: its matrices are {GK * GN + 4} elements "
+                     f"({2 * (GK * GN + 4)} bytes) apart; the grouped kernel loads A and B by TMA, which needs the "
+                     "base address, the leading dimension and the stride between B's matrices to be multiples of 16 "
+                     "bytes: pass a copy, B.clone(memory_format=torch.contiguous_format)")),
+    "int8: A's leading dimension": ("int8", lambda op, a, b, o: grouped_inputs(op, k=20),
+                                    (ValueError, "A breaks the 16-byte rule of grouped calls: its leading dimension is "
+                                                 "20 elements (20 bytes); the grouped kernel loads A and B by TMA, "
+                                                 "which needs the base address, the leading dimension and the stride "
+                                                 "between B's matrices to be multiples of 16 bytes: make its leading "
+                                                 "dimension a multiple of 16 elements: pass a view of a padded "
+                                                 f"buffer, e.g. torch.empty({GM}, 32, dtype=torch.int8, "
+                                                 "device='cpu')[:, :20]")),
+    "int8: B's column-major matrices' leading dimension": (
+        "int8", lambda op, a, b, o: (torch.randn(GM, 32).to(torch.int8)[:, :20], *grouped_inputs(op, k=20)[1:]),
+        (ValueError, "B breaks the 16-byte rule of grouped calls: its leading dimension is 20 elements (20 bytes); the "
+                     "grouped kernel loads A and B by TMA, which needs the base address, the leading dimension and "
+                     "the stride between B's matrices to be multiples of 16 bytes: make its leading dimension a "
+                     "multiple of 16 elements: pass a view of a padded buffer, e.g. torch.empty(4, "
+                     f"{GN}, 32, dtype=torch.int8, device='cpu')[:, :, :20].transpose(1, 2)")),
+    # the offsets' values (read on the host)
+    "a negative first end": ("plain", lambda op, a, b, o: (a, b, torch.tensor([-1, 17, 22, GM], dtype=torch.int32)),
+                             (ValueError, "offsets must be nondecreasing group ends (cumulative row counts) from 0: "
+                                          "offsets[0] = -1 < 0")),
+    "ends out of order": ("plain", lambda op, a, b, o: (a, b, torch.tensor([5, 22, 17, GM], dtype=torch.int32)),
+                          (ValueError, "offsets must be nondecreasing group ends (cumulative row counts): offsets[2] = "
+                                       "17 < offsets[1] = 22")),
+    "the last end short of A's rows": ("plain", lambda op, a, b, o: (a, b, ends_of([5, 0, 17, 16])),
+                                       (ValueError, f"offsets[-1] = 38 but A has {GM} rows: the last group must end at "
+                                                    "A's last row")),
+    "the last end past A's rows": ("plain", lambda op, a, b, o: (a, b, ends_of([5, 0, 17, 20])),
+                                   (ValueError, f"offsets[-1] = 42 but A has {GM} rows: the last group must end at A's "
+                                                "last row")),
+}
+
+
+@pytest.mark.parametrize("case", list(GROUPED_BAD))
+def test_cpp_grouped_checks_say_what_the_python_checks_say(python_launches_on_cpu, case):
+    key, make, expected = GROUPED_BAD[case]
+    op = stand_in(key)
+    a, b, offsets = make(op, *grouped_inputs(op))
+    if callable(expected):
+        expected = expected(op)
+    before = len(LAUNCHES)
+    cpp = _raise(lambda: cpp_grouped(op, a, b, offsets))
+    assert cpp == _raise(lambda: python_grouped(op, a, b, offsets)) == expected, cpp
+    if all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in (a, b, offsets)):
+        # the method, through the dispatcher (to the Python kernel: a meta tensor would go to the fake)
+        assert _raise(lambda: op.grouped(a, b, offsets)) == expected
+    assert len(LAUNCHES) == before   # refused before any launch
+    if key in GROUPED:   # the next correct call launches
+        _, args = launched(lambda: cpp_grouped(op, *grouped_inputs(op)))
+        assert args is not None and args.group_ends
+
+
+def test_grouped_refusals_name_the_fix_for_each_plan():
+    """The plan refusals of the table above, spelled out once."""
+    assert grouped_refusal(stand_in("plain").config) is None and grouped_refusal(stand_in("int8").config) is None
+    assert grouped_refusal(stand_in("pingpong_dcol").config) is None
+    assert grouped_refusal(stand_in("sm80").config) == ("grouped calls run on the sm90 family's persistent kernels; "
+                                                        "this plan is sm80: plan with family='sm90' (or family=None)")
+    assert grouped_refusal(stand_in("sm80_arch80").config) == ("grouped calls run on the sm90 family's persistent "
+                                                               "kernels; this plan is sm80: plan with arch=90")
+    assert grouped_refusal(stand_in("ws").config) == (
+        "grouped calls run on the persistent schedules; this plan's schedule is 'ws' (one tile per block, its grid "
+        "sized on the host): plan with schedule='cooperative' or 'pingpong'")
+    assert grouped_refusal(stand_in("stream_k").config) == (
+        "grouped calls do not split tiles by stream-K (its shares are cut on the host from the tile count, which the "
+        "groups' sizes on the device do not give); this config has stream_k=True: use one without it, "
+        "schedule='cooperative' or 'pingpong'")
+    assert grouped_refusal(stand_in("fused").config) == GROUPED_EPILOGUE_REFUSAL
+
+
+def test_an_epilogue_op_has_no_grouped_overload(python_launches_on_cpu):
+    op = stand_in("fused")
+    assert "grouped" not in op.op.overloads() and "grouped" in stand_in("plain").op.overloads()
+    a, b, offsets = grouped_inputs(stand_in("plain"))
+    assert _raise(lambda: op.grouped(a, b, offsets)) == (ValueError, f"{op.name}: {GROUPED_EPILOGUE_REFUSAL}")
+    assert _raise(lambda: op.path(a, b, offsets=offsets)) == (ValueError, f"{op.name}: {GROUPED_EPILOGUE_REFUSAL}")
+    assert _raise(lambda: stand_in("plain").grouped(a, b, [5, 5, 22, 40])) == (
+        TypeError, "offsets must be a torch.Tensor, got list")
+
+
+def test_while_a_graph_is_captured_the_python_path_skips_the_value_checks(python_launches_on_cpu, monkeypatch):
+    """Capturing a CUDA graph (torch.cuda.is_current_stream_capturing()), the offsets' values are not read (a copy to
+    the host): the launch goes on with them (the kernel clamps bad ends). The C++ path asks
+    c10::cuda::currentStreamCaptureStatusMayInitCtx() on CUDA tensors only (the GPU tests' part)."""
+    op = stand_in("plain")
+    a, b, _ = grouped_inputs(op)
+    bad = torch.tensor([5, 22, 17, GM + 9], dtype=torch.int32)
+    assert _raise(lambda: python_grouped(op, a, b, bad))[0] is ValueError
+    monkeypatch.setattr(op_module, "stream_capturing", lambda device: True)
+    d, args = launched(lambda: python_grouped(op, a, b, bad))
+    assert args is not None and args.group_ends == bad.data_ptr() and args.batch == 4 and d.shape == (GM, GN)
+    # the other checks stay
+    assert _raise(lambda: python_grouped(op, a, b, bad.long()))[0] is TypeError
+
+
+def test_path_of_a_grouped_call_asks_with_the_arguments_of_its_launch(python_launches_on_cpu):
+    op = stand_in("pingpong_dcol")
+    a, b, offsets = grouped_inputs(op, b_mode="padded")
+    PATHS_ASKED.clear()
+    assert op.path(a, b, offsets=offsets) == "grouped"   # what the stand-in chooser answers for group_ends
+    _, launch_args = launched(lambda: python_grouped(op, a, b, offsets))
+    (asked,) = PATHS_ASKED
+    core = ("a", "b", "m", "n", "k", "lda", "ldb", "ldd", "batch", "batch_stride_a", "batch_stride_b", "batch_stride_d",
+            "group_ends")
+    assert {f: getattr(asked, f) for f in core} == {f: getattr(launch_args, f) for f in core}
+    assert batch_fields(asked) == (4, 0, b.stride(0), 0) and asked.group_ends == offsets.data_ptr()
+    GROUPED_PATH[0] = -1
+    try:
+        assert op.path(a, b, offsets=offsets) == "none"
+    finally:
+        GROUPED_PATH[0] = 4
+    with pytest.raises(ValueError, match="offsets has 3 group ends but B has 4 matrices"):
+        op.path(a, b, offsets=offsets[1:])
+
+
+def test_fake_grouped_outputs_have_the_real_shapes_and_strides(python_launches_on_cpu):
+    """The fake (torch.compile's) gives D (total_M, N) in the plan's order as eager calls allocate it, whatever the
+    offsets' values, and refuses what needs no data."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for key in GROUPED:
+        op = stand_in(key)
+        a, b, offsets = grouped_inputs(op, b_mode="padded")
+        real = cpp_grouped(op, a, b, offsets)
+        with FakeTensorMode() as mode:
+            fake = op.op.grouped(*(mode.from_tensor(t) for t in (a, b, offsets)))
+        assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype), key
+    plain = stand_in("plain")
+    a, b, offsets = grouped_inputs(plain)
+    sm80 = stand_in("sm80")
+    for op, (x, y, o), expected in [
+        (sm80, grouped_inputs(sm80), (ValueError, f"{sm80.name}: {grouped_refusal(sm80.config)}")),
+        (plain, (a, b, offsets[1:]), (ValueError, "offsets has 3 group ends but B has 4 matrices (B.size(0)): pass one "
+                                                  "end per group")),
+        (plain, (a, b, offsets.long()), (TypeError, "offsets is torch.int64; group ends are int32: pass "
+                                                    "offsets.to(torch.int32)")),
+        (plain, (a, b[0], offsets), (ValueError, f"B must be 3-D (E, K, N) for a grouped call: one matrix per group "
+                                                 f"(expert); got shape ({GK}, {GN})")),
+    ]:
+        with FakeTensorMode() as mode:
+            fakes = [mode.from_tensor(t) for t in (x, y, o)]
+            assert _raise(lambda: op.op.grouped(*fakes)) == expected

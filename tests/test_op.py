@@ -80,10 +80,44 @@ def test_fake_tensors_give_the_batched_output_shape(op, shapes, expected):
 
 
 def test_args_struct_matches_the_c_header():
-    # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields last.
+    # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields, then group_ends last.
     assert GemmArgsStruct.m.offset == 24 and GemmArgsStruct.ldd.offset == 64
     assert GemmArgsStruct.batch.offset == GemmArgsStruct.ldaux.offset + 8
-    assert GemmArgsStruct.batch_stride_d.offset + 8 == ctypes.sizeof(GemmArgsStruct)
+    assert GemmArgsStruct.group_ends.offset == GemmArgsStruct.batch_stride_d.offset + 8
+    assert GemmArgsStruct.group_ends.offset + 8 == ctypes.sizeof(GemmArgsStruct)
+
+
+def test_args_struct_has_the_c_compilers_layout(tmp_path):
+    """Every field of the ctypes mirror at the offset (and of the size) a C compiler gives gemm_args.h's, and no
+    field missing: a field added to the header but not to the mirror (or in another place) fails here."""
+    import shutil
+    import subprocess
+
+    from generator.render import templates_dir
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to read templates/common/gemm_args.h's layout")
+    fields = [name for name, _ in GemmArgsStruct._fields_]
+    lines = "\n".join(f'  printf("{f} %zu %zu\\n", offsetof(GemmArgs, {f}), sizeof(((GemmArgs*)0)->{f}));'
+                      for f in fields)
+    (tmp_path / "layout.c").write_text(f"""#include <stddef.h>
+#include <stdio.h>
+#include "common/gemm_args.h"
+int main(void) {{
+{lines}
+  printf("sizeof %zu 0\\n", sizeof(GemmArgs));
+  return 0;
+}}
+""")
+    build = subprocess.run([cc, f"-I{templates_dir()}", str(tmp_path / "layout.c"), "-o", str(tmp_path / "layout")],
+                           capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    out = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split("\n")
+    c = {name: (int(offset), int(size)) for name, offset, size in (line.split() for line in out if line)}
+    mirror = {f: (getattr(GemmArgsStruct, f).offset, getattr(GemmArgsStruct, f).size) for f in fields}
+    assert {f: c[f] for f in fields} == mirror
+    assert c["sizeof"][0] == ctypes.sizeof(GemmArgsStruct)   # nothing after the mirror's last field
 
 
 @pytest.mark.parametrize("shape, strides, order, expected", [
@@ -114,3 +148,21 @@ def test_leading_dim(shape, strides, order, expected):
 ])
 def test_batch_stride(shape, strides, expected):
     assert batch_stride(torch.empty_strided(shape, strides)) == expected
+
+
+def test_grouped_overload_of_a_built_op(op):
+    """The real op's .grouped: registered with the tags of the other overloads; CPU tensors refused with the fix
+    (the Python kernel); fake tensors (torch.compile) give D (total_M, N) row-major whatever the offsets' values."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    grouped = op.op.grouped
+    assert torch.Tag.needs_fixed_stride_order in grouped.tags and torch.Tag.pt2_compliant_tag in grouped.tags
+    a = torch.randn(64, 32).bfloat16()
+    b = torch.randn(4, 48, 32).bfloat16().transpose(1, 2)   # experts' weights W (E, N, K) -> B (E, K, N)
+    offsets = torch.tensor([10, 10, 40, 64], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^A is on cpu; this op runs on CUDA tensors: pass A\.cuda\(\)$"):
+        op.grouped(a, b, offsets)
+    with FakeTensorMode() as mode:
+        d = op.grouped(*(mode.from_tensor(t, static_shapes=True).to("cuda") for t in (a, b, offsets)))
+    assert (tuple(d.shape), d.stride(), d.dtype, d.device.type) == ((64, 48), (48, 1), torch.bfloat16, "cuda")
+    assert (tuple(b.shape), b.stride()) == ((4, 32, 48), (48 * 32, 1, 32))

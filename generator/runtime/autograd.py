@@ -18,7 +18,9 @@ backward works too (the layouts of dA, dB, their dA and dB, ... form a small clo
 eight per dtype and architecture, all registered at once).
 
 A batched call (3-D A or B) has no formula yet: one that needs a gradient is refused when it runs
-(``refuse_batched_grad``, as templates/torch/gemm_autograd.h's C++ formula).
+(``refuse_batched_grad``, as templates/torch/gemm_autograd.h's C++ formula). Nor has a grouped call (the
+``.grouped`` overload): its Autograd kernel refuses inputs that require grad (``grouped_grad_refusal``, as
+templates/torch/gemm_op.h's GroupedAutogradKernel, which the JIT runtime registers with the C++ formula).
 """
 from __future__ import annotations
 
@@ -81,9 +83,12 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_autograd.h) where it is
     built, so that calls needing no gradient skip Python; else this module's, in Python. An op with a fused
     epilogue always takes the Python formula (``_register_epilogue_formula``)."""
+    grouped = op.config.epilogue.is_identity   # the ops with a .grouped overload (generator.runtime.op: has_grouped)
     if op.config.dtype.is_quantized:
         _register_quantized_refusal(op, lib)
         _register_out_refusal(op, lib)
+        if grouped:
+            _register_grouped_refusal(op, lib)
         return
     # Planned once here for both the formula and the backward ops' registration (planning is most of the
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
@@ -96,8 +101,10 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
         op.cpp_autograd = jit_runtime.RUNTIME.register_autograd(op, configs)
         if not op.cpp_autograd:
             _register_python_formula(op, lib)
-    if not op.cpp_autograd:  # the C++ formula registers its own refusal
+    if not op.cpp_autograd:  # the C++ formula registers its own refusals
         _register_out_refusal(op, lib)
+        if grouped:
+            _register_grouped_refusal(op, lib)
     for order in Order:
         grad_ops(op, order, configs[order])
 
@@ -265,3 +272,22 @@ def _register_out_refusal(op: OpHandle, lib: torch.library.Library) -> None:
             return getattr(getattr(torch.ops, op.namespace), op.name).out(A, B, *values, out=out)
 
     lib.impl(f"{op.name}.out", out_autograd, "Autograd")
+
+
+def grouped_grad_refusal(name: str, wanting: list[str]) -> str:
+    """What a grouped call that would need a gradient hears (gemm_op.h's GroupedAutogradKernel says the same)."""
+    return (f"{name}.grouped: grouped calls have no backward pass yet, but {', '.join(wanting)} require(s) grad: "
+            "call it under torch.no_grad() or with detached tensors")
+
+
+def _register_grouped_refusal(op: OpHandle, lib: torch.library.Library) -> None:
+    def grouped_autograd(A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        # Refused at the call, rather than answered with a result that has no gradient.
+        if torch.is_grad_enabled():
+            wanting = [what for what, t in (("A", A), ("B", B)) if isinstance(t, torch.Tensor) and t.requires_grad]
+            if wanting:
+                raise RuntimeError(grouped_grad_refusal(op.name, wanting))
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(getattr(torch.ops, op.namespace), op.name).grouped(A, B, offsets)
+
+    lib.impl(f"{op.name}.grouped", grouped_autograd, "Autograd")

@@ -24,7 +24,7 @@ import torch
 
 from ..build import BuildError, BuildRequest, build
 from ..render import templates_dir
-from ..spec.config import KernelConfig
+from ..spec.config import KernelConfig, grouped_refusal
 from ..spec.epilogue import KINDS, Epilogue
 from ..spec.types import Order
 from .checks import other_layout
@@ -52,7 +52,8 @@ class JitOpSpec(ctypes.Structure):
                 ("layout_a_flipped", ctypes.c_char_p), ("layout_b_flipped", ctypes.c_char_p),
                 ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p),
                 ("num_operands", ctypes.c_int), ("operands", ctypes.POINTER(JitOperandSpec)),
-                ("aux", ctypes.c_int), ("device_type", ctypes.c_int), ("dtype_b", ctypes.c_char_p)]
+                ("aux", ctypes.c_int), ("device_type", ctypes.c_int), ("dtype_b", ctypes.c_char_p),
+                ("grouped_refusal", ctypes.c_char_p)]
 
 
 #: gemmgen::OperandKind in templates/torch/gemm_op.h: the index of each kind in generator.spec.epilogue.KINDS.
@@ -151,7 +152,8 @@ class _Runtime:
         """Register ``library`` as ``op``'s CUDA kernel (both overloads); False if there is no runtime.
 
         An op with a fused epilogue gets the boxed kernels of gemm_op.h, told its operands (kind, name, dtype,
-        order) and whether it has a second output; its schema must be defined already (it is checked)."""
+        order) and whether it has a second output; its schema must be defined already (it is checked). A plain
+        op's .grouped overload gets its kernel too, told why the plan takes no grouped call where it does not."""
         if not self.ensure():
             return False
         cfg = op.config
@@ -167,7 +169,9 @@ class _Runtime:
             error_string=ctypes.cast(library.error_string, ctypes.c_void_p).value,
             num_operands=len(cfg.epilogue.operands), operands=operands, aux=int(cfg.epilogue.aux is not None),
             device_type=DEVICE_TYPES[op.device_type],
-            dtype_b=cfg.dtype_b.value.encode() if cfg.dtype_b is not None else None)
+            dtype_b=cfg.dtype_b.value.encode() if cfg.dtype_b is not None else None,
+            # why the plan takes no grouped call (an op with an epilogue has no .grouped overload: none)
+            grouped_refusal=(grouped_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None)
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 

@@ -7,8 +7,9 @@ from pathlib import Path
 
 from ..spec.config import MAX_EPILOGUE_OPERANDS
 
-#: What the library's path chooser answers: the kernel a call takes.
-PATHS = {0: "fast", 1: "unaligned", 2: "small_m", 3: "repacked"}
+#: What the library's path chooser answers (GemmPath of templates/common/gemm_args.h): the kernel a call takes;
+#: for a grouped call (group_ends), the kernel walking the groups or none (the launch would refuse the call).
+PATHS = {0: "fast", 1: "unaligned", 2: "small_m", 3: "repacked", 4: "grouped", -1: "none"}
 
 
 #: GEMMGEN_MAX_EPILOGUE_OPERANDS of templates/common/gemm_args.h.

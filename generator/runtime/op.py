@@ -4,7 +4,9 @@ The kernel library is plain CUDA (no torch headers: a new kernel costs one nvcc 
 with ctypes and called with raw pointers on the operands' current stream. The op is registered as
 ``torch.ops.<namespace>.<kernel name>`` (default namespace ``gemmgen``) with two overloads,
 ``(A, B) -> D`` and ``.out(A, B, *, out) -> out``. A and B are 2-D, or either or both 3-D for a batch of
-problems (``Problem``, ``batch_size``): D[b] = epilogue(A[b] @ B[b]), GemmArgs' batch fields.
+problems (``Problem``, ``batch_size``): D[b] = epilogue(A[b] @ B[b]), GemmArgs' batch fields. An op without a
+fused epilogue has a third, ``.grouped(A, B, offsets) -> D`` (``GemmOp.grouped``): a mixture of experts' rows,
+A (total_M, K) sorted by group, B (E, K, N), D[rows of group g] = A[rows of group g] @ B[g], GemmArgs' group_ends.
 
 What each overload has, so that it behaves like a native op (see ``_register``):
 
@@ -16,7 +18,9 @@ What each overload has, so that it behaves like a native op (see ``_register``):
   and functionalization (torch.compile, AOTAutograd) use, since torch functionalizes a custom op whose
   return aliases ``out`` only by decomposing it; and, like aten's out= ops, an Autograd kernel that
   refuses inputs which require grad.
-* both: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
+* ``.grouped`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an Autograd kernel that
+  refuses inputs which require grad (no formula yet).
+* all: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
   had when traced, i.e. the planned layout) and ``pt2_compliant_tag`` (opcheck passes).
 """
 from __future__ import annotations
@@ -32,11 +36,12 @@ try:   # torch's broadcasting's test for a size of 1 (older torch: guard_size_ob
 except ImportError:   # pragma: no cover
     from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
 
-from ..spec.config import KernelConfig
+from ..spec.config import GROUPED_EPILOGUE_REFUSAL, KernelConfig, grouped_refusal
 from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from . import jit_runtime
 from .autograd import register_autograd
-from .checks import INT32_MAX, TORCH_DTYPES, batch_stride, leading_dim, order_of, other_layout
+from .checks import (INT32_MAX, TORCH_DTYPES, batch_stride, check_group_ends, grouped_alignment_refusal,
+                     leading_dim, order_of, other_layout)
 from .library import PATHS, GemmArgsStruct, KernelLibrary
 from .loader import build_libraries, load_library
 from .operands import (bind, check_batchable, check_operands, check_out_aliasing, check_sizes_symbolic,
@@ -44,6 +49,9 @@ from .operands import (bind, check_batchable, check_operands, check_out_aliasing
 
 #: A's and B's shapes, as one problem and as a batch of them (for messages).
 _SHAPES = {"A": ("(M, K)", "(batch, M, K)"), "B": ("(K, N)", "(batch, K, N)")}
+#: A grouped call's A and B: their rank and what it holds (for messages).
+_GROUPED_SHAPES = {"A": (2, "2-D (total_M, K) for a grouped call: every group's rows, sorted by group"),
+                   "B": (3, "3-D (E, K, N) for a grouped call: one matrix per group (expert)")}
 
 
 class Problem(NamedTuple):
@@ -61,10 +69,24 @@ class Problem(NamedTuple):
     batch_stride_b: int = 0
 
 
-def _check_rank(t: torch.Tensor, what: str) -> None:
-    if t.dim() not in (2, 3):
+def _check_rank(t: torch.Tensor, what: str, grouped: bool = False) -> None:
+    if grouped:
+        rank, shape = _GROUPED_SHAPES[what]
+        if t.dim() != rank:
+            raise ValueError(f"{what} must be {shape}; got shape {tuple(t.shape)}")
+    elif t.dim() not in (2, 3):
         one, batched = _SHAPES[what]
         raise ValueError(f"{what} must be 2-D {one} or 3-D {batched}; got shape {tuple(t.shape)}")
+
+
+def stream_capturing(device: torch.device) -> bool:
+    """Whether ``device``'s current stream is being captured into a CUDA graph: a grouped call then skips the value
+    checks of its offsets (a copy to the host, which a capture cannot hold); the kernel clamps ends out of order or
+    past A's rows, so its memory accesses stay in bounds."""
+    if device.type != "cuda":
+        return False
+    with torch.cuda.device(device):
+        return torch.cuda.is_current_stream_capturing()
 
 
 def batch_size(A: torch.Tensor, B: torch.Tensor) -> Any:
@@ -121,7 +143,9 @@ class GemmOp:
                         "or B (batch, K, N), or both, and gives D (batch, M, N): a 2-D operand, or a batch of 1, "
                         f"serves every problem, as in torch.matmul. Kernel {self.name}. Operands whose base "
                         "address or leading dimension is not 16-byte aligned are copied into an aligned workspace "
-                        "(large problems) or run on a slower unaligned kernel; op.path(A, B) says which.")
+                        "(large problems) or run on a slower unaligned kernel; op.path(A, B) says which."
+                        + (" Grouped calls (a mixture of experts' rows): op.grouped(A, B, offsets)."
+                           if has_grouped(config) else ""))
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, out: torch.Tensor | None = None,
                  **named: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -142,6 +166,23 @@ class GemmOp:
             raise ValueError(f"{self.name} has a second output (aux), which out= cannot receive: call it without "
                              "out= (it returns (D, aux))")
         return self.op.out(A, B, *values, out=out)
+
+    def grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """Grouped GEMM, the mixture-of-experts form (as ``torch._grouped_mm``): A (total_M, K) holds every group's
+        rows, sorted by group; ``offsets`` (E,) int32 on A's device the groups' ends (cumulative row counts: group g
+        is rows offsets[g - 1] to offsets[g] of A and D, group 0 from row 0, offsets[-1] = total_M; a group may be
+        empty); B (E, K, N) one matrix per group, each stored as the plan's B (for experts' weights W (E, N, K) and
+        layout 'tn', B = W.transpose(1, 2)). Returns D (total_M, N) in the plan's order of D, with
+        D[rows of group g] = A[rows of group g] @ B[g]. One launch for all groups, on the sm90 family's persistent
+        kernels (schedule 'cooperative' or 'pingpong'), with A and B on the 16-byte rule; other plans and operands
+        are refused with the fix. The offsets' values are checked with one copy to the host, except while a CUDA
+        graph is being captured. Also ``torch.ops.<namespace>.<name>.grouped(A, B, offsets)``. No backward yet."""
+        for value, what in ((A, "A"), (B, "B"), (offsets, "offsets")):
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+        if not self.config.epilogue.is_identity:   # (such an op has no .grouped overload)
+            raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
+        return self.op.grouped(A, B, offsets)
 
     def __repr__(self) -> str:
         return f"GemmOp(torch.ops.{self.namespace}.{self.name})"
@@ -204,12 +245,12 @@ class GemmOp:
         return TypeError(f"{what} is {t.dtype}; this plan computes {computes.value}: pass "
                          f"{what}.to({self._expected_dtype(what)}){replan}")
 
-    def _check_operand(self, t: object, what: str, order: Order) -> int:
-        """Validate A or B (2-D, or 3-D: a batch of matrices, each stored in ``order``, any batch stride);
-        returns its leading dimension."""
+    def _check_operand(self, t: object, what: str, order: Order, grouped: bool = False) -> int:
+        """Validate A or B (2-D, or 3-D: a batch of matrices, each stored in ``order``, any batch stride; a grouped
+        call's A 2-D and B 3-D); returns its leading dimension."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-        _check_rank(t, what)
+        _check_rank(t, what, grouped)
         if t.dtype != self._expected_dtype(what):
             raise self._wrong_dtype(t, what)
         if t.device.type != self.device_type:
@@ -244,6 +285,54 @@ class GemmOp:
             if size > INT32_MAX:
                 raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
         return Problem(m, n, k, lda, ldb, batch, batch_stride(A), batch_stride(B))
+
+    def _refuse_grouped_plan(self) -> None:
+        """A plan whose kernel library takes no grouped call is refused before any other check (the fake too)."""
+        reason = grouped_refusal(self.config)
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
+
+    def _check_offsets_static(self, offsets: object, A: torch.Tensor) -> None:
+        """A grouped call's offsets: what holds whatever the sizes (the fake checks it too)."""
+        if not isinstance(offsets, torch.Tensor):
+            raise TypeError(f"offsets must be a torch.Tensor, got {type(offsets).__name__}")
+        if offsets.dtype != torch.int32:
+            raise TypeError(f"offsets is {offsets.dtype}; group ends are int32: pass offsets.to(torch.int32)")
+        if offsets.dim() != 1:
+            raise ValueError(f"offsets must be 1-D (E,), the groups' ends (cumulative row counts); got shape "
+                             f"{tuple(offsets.shape)}")
+        if offsets.device != A.device:
+            raise ValueError(f"offsets is on {offsets.device} but A and B on {A.device}: pass "
+                             f"offsets.to('{A.device}')")
+
+    @staticmethod
+    def _offsets_count_message(offsets: torch.Tensor, B: torch.Tensor) -> str:
+        return (f"offsets has {offsets.shape[0]} group ends but B has {B.shape[0]} matrices (B.size(0)): pass one "
+                "end per group")
+
+    def _check_grouped(self, A: object, B: object, offsets: object) -> Problem:
+        """Validate a grouped call's A (2-D), B (3-D) and offsets but for the offsets' values; returns its problem:
+        total_M x N x K, the batch the groups (E), B's stride between its matrices (0 for one), A's stride 0."""
+        lda = self._check_operand(A, "A", self.config.layout.a, grouped=True)
+        ldb = self._check_operand(B, "B", self.config.layout.b, grouped=True)
+        if A.device != B.device:
+            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        if A.shape[1] != B.shape[1]:
+            raise ValueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree (A's columns = the rows "
+                             "of B's matrices); for experts' weights W (E, N, K) pass B = W.transpose(1, 2)")
+        self._check_offsets_static(offsets, A)
+        if offsets.shape[0] != B.shape[0]:
+            raise ValueError(self._offsets_count_message(offsets, B))
+        if offsets.shape[0] > 1 and offsets.stride(0) != 1:
+            raise ValueError(f"offsets has stride {offsets.stride(0)}; the kernel reads group ends contiguous: pass "
+                             "offsets.contiguous()")
+        m, n, k, groups = A.shape[0], B.shape[2], A.shape[1], B.shape[0]
+        if groups == 0 and m > 0:
+            raise ValueError(f"B has no matrices (E = 0) but A has {m} rows: with no groups, A must have no rows")
+        for size, what in ((m, "M"), (n, "N"), (k, "K")):
+            if size > INT32_MAX:
+                raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+        return Problem(m, n, k, lda, ldb, groups, 0, batch_stride(B))
 
     def _out_fix(self, batched: bool) -> str:
         """An out in the plan's order of D, for messages."""
@@ -320,6 +409,30 @@ class GemmOp:
                 torch._check_with(ValueError, got == want,
                                   lambda: f"out has shape {tuple(out.shape)}; D = A @ B is {_shape_str(shape)}")
 
+    def _check_grouped_meta(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> None:
+        """The checks of a grouped call that a fake implementation can make without guarding on sizes or strides
+        (``_check_meta``'s, with K and the number of group ends as ``torch._check``s)."""
+        self._refuse_grouped_plan()
+        for t, what in ((A, "A"), (B, "B")):
+            _check_rank(t, what, grouped=True)
+            if t.dtype != self._expected_dtype(what):
+                raise self._wrong_dtype(t, what)
+            if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
+                raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+        if A.device != B.device:
+            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        torch._check_with(ValueError, A.shape[1] == B.shape[1],
+                          lambda: f"A is {_shape_str(A.shape)} and B is {_shape_str(B.shape)}: K must agree")
+        self._check_offsets_static(offsets, A)
+        torch._check_with(ValueError, offsets.shape[0] == B.shape[0],
+                          lambda: self._offsets_count_message(offsets, B))
+
+    def _empty_grouped_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """D of a grouped call: (total_M, N) in the plan's order of D."""
+        m, n = A.shape[0], B.shape[-1]
+        like = dict(dtype=self.out_dtype, device=A.device)
+        return torch.empty((m, n), **like) if self.config.layout.c is Order.row else torch.empty((n, m), **like).t()
+
     def derived(self, configs: list[KernelConfig]) -> list[GemmOp]:
         """Other ops of this generator in this op's namespace, registered now and built on their first
         launch (the backward pass's dA and dB kernels, see ``generator.runtime.autograd``)."""
@@ -339,23 +452,36 @@ class GemmOp:
 
     def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, problem: Problem, ldd: int,
               batch_stride_d: int = 0, slots: Sequence[tuple[int, int, float]] = (),
-              aux: torch.Tensor | None = None) -> GemmArgsStruct:
+              aux: torch.Tensor | None = None, group_ends: int = 0) -> GemmArgsStruct:
+        """The launch's GemmArgs; ``group_ends``: a grouped call's offsets (its address; 0: not grouped)."""
         p = problem
         args = GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), p.m, p.n, p.k, p.lda, p.ldb, ldd)
         if p.batch is not None:   # a 2-D call leaves them 0: one problem, the launch of before batching
             args.batch, args.batch_stride_a, args.batch_stride_b = p.batch, p.batch_stride_a, p.batch_stride_b
             args.batch_stride_d = batch_stride_d
+        args.group_ends = group_ends or None
         for i, (ptr, ld, scalar) in enumerate(slots):
             args.ep_ptr[i], args.ep_ld[i], args.ep_scalar[i] = ptr, ld, scalar
         if aux is not None:
             args.aux, args.ldaux = aux.data_ptr(), ldd
         return args
 
-    def path(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, **named: Any) -> str:
+    def path(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, offsets: torch.Tensor | None = None,
+             **named: Any) -> str:
         """Which kernel ``op(A, B, ...)`` takes: 'fast'; 'small_m' (at most 16 rows of A, where the plan has that
         kernel); 'repacked' (A or B off the 16-byte rule, copied into an aligned workspace, then the fast or small-M
         kernel) or 'unaligned' (the same operands in a problem too small to repay the copy). ``print(plan)`` lists
-        the paths; the epilogue's operands do not decide."""
+        the paths; the epilogue's operands do not decide. With ``offsets``, of ``op.grouped(A, B, offsets)``:
+        'grouped' (the plan's kernel walking the groups) or 'none' (no kernel of the plan takes the call: the call
+        says why)."""
+        if offsets is not None:
+            if not self.config.epilogue.is_identity:
+                raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
+            problem = self._check_grouped(A, B, offsets)
+            D = self._empty_grouped_out(A, B)
+            args = self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), 0,
+                              group_ends=offsets.data_ptr())
+            return PATHS[self.library.choose_path(ctypes.byref(args))]
         bind(self.config.epilogue, operands, named)
         problem = self._check(A, B)
         D = self._empty_out(A, B)
@@ -387,8 +513,11 @@ class GemmOp:
         aux = self._empty_out(A, B) if ep.aux is not None else None   # (a batched call has none: refused)
         if D.numel() == 0:
             return self._outputs(D, aux)
-        args = self._args(A, B, D, problem, ldd, stride_d, slots, aux)
-        device = A.device
+        self._launch(self._args(A, B, D, problem, ldd, stride_d, slots, aux), A.device)
+        return self._outputs(D, aux)
+
+    def _launch(self, args: GemmArgsStruct, device: torch.device) -> None:
+        """Launch on ``device``'s current stream; a failure's code as the library words it."""
         if torch.cuda.current_device() != device.index:
             with torch.cuda.device(device):
                 code = self.library.launch(ctypes.byref(args), torch.cuda.current_stream(device).cuda_stream)
@@ -397,7 +526,29 @@ class GemmOp:
         if code != 0:
             message = self.library.error_string(code).decode()
             raise RuntimeError(f"{self.name}: launch failed: {message}")
-        return self._outputs(D, aux)
+
+    def run_grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The .grouped overload (``grouped``): the plan, then A, B and offsets, A's and B's 16-byte rule where the
+        call launches, the offsets' values (one copy to the host; skipped while a CUDA graph is captured), then
+        the launch. templates/torch/gemm_op.h's gemm_grouped checks the same, in this order, with these words."""
+        self._refuse_grouped_plan()
+        problem = self._check_grouped(A, B, offsets)
+        if problem.m > 0 and problem.n > 0 and problem.k > 0:
+            for what, t, order, ld, stride in (("A", A, self.config.layout.a, problem.lda, 0),
+                                               ("B", B, self.config.layout.b, problem.ldb, problem.batch_stride_b)):
+                refusal = grouped_alignment_refusal(what, t, order, ld, stride)
+                if refusal is not None:
+                    raise ValueError(refusal)
+        if not stream_capturing(A.device):
+            check_group_ends(offsets.tolist(), problem.m)
+        D = self._empty_grouped_out(A, B)
+        if D.numel() == 0:
+            return D
+        if problem.k == 0:   # every row of every group is a sum of nothing (the kernels need a k tile)
+            return D.zero_()
+        self._launch(self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), 0,
+                                group_ends=offsets.data_ptr()), A.device)
+        return D
 
 
 # The torch.library registrations must outlive the call that made them; keyed by qualified name.
@@ -409,6 +560,12 @@ def _define(lib: torch.library.Library, schema: str) -> None:
     # needs_fixed_stride_order: under Inductor the operands keep the stride order they had when traced
     # (a column-major B stays column-major), so the planned layout holds in compiled graphs too.
     lib.define(schema, tags=(torch.Tag.needs_fixed_stride_order, torch.Tag.pt2_compliant_tag))
+
+
+def has_grouped(config: KernelConfig) -> bool:
+    """Whether the op of ``config`` has the .grouped overload: every op without a fused epilogue (whether its
+    kernel takes grouped calls or not: a plan that does not is refused with the fix, by the overload)."""
+    return config.epilogue.is_identity
 
 
 def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
@@ -471,6 +628,16 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
             return out.copy_(default(A, B, *values))
 
         lib.impl(f"{op.name}.out", out_decomposition, "CompositeImplicitAutograd")
+
+        if has_grouped(op.config):
+            _define(lib, f"{op.name}.grouped(Tensor A, Tensor B, Tensor offsets) -> Tensor")
+            lib.impl(f"{op.name}.grouped", op.run_grouped, "CompositeExplicitAutograd")
+
+            def fake_grouped(A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+                op._check_grouped_meta(A, B, offsets)
+                return op._empty_grouped_out(A, B)   # (total_M, N): no size depends on the offsets' values
+
+            torch.library.register_fake(f"{qualname}.grouped", fake_grouped, lib=lib)
 
         register_autograd(op, lib)
         if library is not None:

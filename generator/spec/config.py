@@ -513,6 +513,33 @@ def check_stream_k(cfg: KernelConfig) -> None:
         raise ValueError("stream_k adds partial tiles as fp32, which int8's int32 sums are not: leave stream_k off")
 
 
+#: Why an op with a fused epilogue takes no grouped call (GemmOp.grouped; such an op has no .grouped overload).
+GROUPED_EPILOGUE_REFUSAL = ("grouped calls take plans without a fused epilogue: plan without epilogue=, activation=, "
+                            "bias=, alpha=, beta= and scale= (and apply the epilogue to D with torch)")
+
+
+def grouped_refusal(cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel library takes no grouped call (a mixture of experts' rows, GemmArgs' group_ends), with
+    the fix; None where it does. Only the sm90 family's persistent schedules (cooperative, pingpong) walk groups,
+    and not with stream-K: the ws schedule's grid (one cluster per tile) and stream-K's shares are sized on the host
+    from the tile count, which the groups' sizes (device data) do not give (templates/sm90/gemm.cu.j2,
+    kWalksGroups). The op refuses such a call before any launch, in these words (generator/runtime/op.py and
+    templates/torch/gemm_op.h)."""
+    if not cfg.epilogue.is_identity:
+        return GROUPED_EPILOGUE_REFUSAL
+    if cfg.family != "sm90":
+        fix = "plan with arch=90" if cfg.arch != 90 else "plan with family='sm90' (or family=None)"
+        return f"grouped calls run on the sm90 family's persistent kernels; this plan is {cfg.family}: {fix}"
+    if cfg.schedule not in ("cooperative", "pingpong"):
+        return (f"grouped calls run on the persistent schedules; this plan's schedule is {cfg.schedule!r} (one tile "
+                "per block, its grid sized on the host): plan with schedule='cooperative' or 'pingpong'")
+    if cfg.stream_k:
+        return ("grouped calls do not split tiles by stream-K (its shares are cut on the host from the tile count, "
+                "which the groups' sizes on the device do not give); this config has stream_k=True: use one without "
+                "it, schedule='cooperative' or 'pingpong'")
+    return None
+
+
 def sm90_knob_sentence(knob: str, arch: int) -> str:
     """The refusal of an sm90-only knob on an sm80 plan."""
     fix = "plan with arch=90" if arch != 90 else "plan with family='sm90' (or family=None)"

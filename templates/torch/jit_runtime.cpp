@@ -8,8 +8,8 @@
 // (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
 // fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
 // Python (generator/runtime/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
-// A plain op gets gemm_op.h's unboxed kernels; an op with a fused epilogue (operands after A and B, maybe a
-// second output) its boxed ones, with the epilogue's operands described in the spec.
+// A plain op gets gemm_op.h's unboxed kernels (its .grouped overload's too); an op with a fused epilogue
+// (operands after A and B, maybe a second output) its boxed ones, with the epilogue's operands described in the spec.
 // gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
 // defined, so a call that needs no gradient does not go through Python either.
 #include <cstddef>
@@ -50,11 +50,13 @@ struct JitOpSpec {
   int aux;                       // 1: the epilogue stores a second output
   int device_type;               // c10::DeviceType of the tensors the kernels take: 1 CUDA (0 CPU: tests)
   const char* dtype_b;           // of B where it differs from A's (fp8 e4m3 x e5m2), else null
+  const char* grouped_refusal;   // why the plan takes no grouped call, with the fix; null or "": it takes them
 };
 
 // An OpSpec and the strings and operands it points to, and the registration that uses them.
 struct RegisteredOp {
   std::string ns, op, kernel, dtype_name, out_dtype_name, layout_a_flipped, layout_b_flipped, dtype_b_name;
+  std::string grouped_refusal;
   std::vector<std::string> operand_names, operand_dtype_names;  // sized once: the specs point into them
   std::vector<gemmgen::OperandSpec> operands;
   gemmgen::OpSpec spec{};
@@ -92,6 +94,11 @@ void check_schema(const RegisteredOp& entry) {
   TORCH_CHECK_VALUE(same, "gemmgen JIT runtime: the schema of ", entry.ns, "::", entry.op,
                     " does not match the op spec's ", spec.num_operands, " epilogue operand(s)",
                     spec.aux ? " and aux" : "");
+}
+
+// Whether Python defined the overload (a plain op's .grouped: generator/runtime/op.py's has_grouped).
+bool has_overload(const std::string& ns, const std::string& op, const char* overload) {
+  return c10::Dispatcher::singleton().findSchema({ns + "::" + op, overload}).has_value();
 }
 
 void register_op(const JitOpSpec& in) {
@@ -151,6 +158,10 @@ void register_op(const JitOpSpec& in) {
     spec.dtype_b = scalar_type(entry->dtype_b_name);
     spec.dtype_b_name = entry->dtype_b_name.c_str();
   }
+  if (in.grouped_refusal != nullptr && in.grouped_refusal[0] != '\0') {
+    entry->grouped_refusal = in.grouped_refusal;
+    spec.grouped_refusal = entry->grouped_refusal.c_str();
+  }
   const bool boxed = gemmgen::has_epilogue_schema(spec);
   if (boxed) check_schema(*entry);
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
@@ -161,6 +172,9 @@ void register_op(const JitOpSpec& in) {
   } else {
     entry->library->impl(entry->op.c_str(), gemmgen::GemmKernel{&spec});
     entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});
+    if (has_overload(entry->ns, entry->op, "grouped")) {
+      entry->library->impl((entry->op + ".grouped").c_str(), gemmgen::GemmGroupedKernel{&spec});
+    }
   }
 }
 
@@ -199,6 +213,9 @@ void register_autograd(const JitAutogradSpec& in) {
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::Autograd, __FILE__, __LINE__);
   entry->library->impl(entry->op.c_str(), gemmgen::GemmAutogradKernel{&spec});
   entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutAutogradKernel{&spec});
+  if (has_overload(entry->ns, entry->op, "grouped")) {  // no formula yet: refuses grad
+    entry->library->impl((entry->op + ".grouped").c_str(), gemmgen::grouped_autograd_kernel(spec.op));
+  }
 }
 
 // Runs one registration; 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
@@ -220,7 +237,8 @@ int report_errors(Registration&& registration, char* error, size_t error_size) {
 
 extern "C" {
 
-// Registers the CUDA kernels of torch.ops.<ns>.<op> and .out (the schemas must be defined already).
+// Registers the CUDA kernels of torch.ops.<ns>.<op>, .out and (a plain op's) .grouped (the schemas must be defined
+// already).
 // Returns 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
 __attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const JitOpSpec* spec, char* error,
                                                                           size_t error_size) {
@@ -232,7 +250,7 @@ __attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const J
       error, error_size);
 }
 
-// Registers the Autograd kernels of torch.ops.<ns>.<op> (the formula) and .out (refuses grad), as
+// Registers the Autograd kernels of torch.ops.<ns>.<op> (the formula), .out and .grouped (refuse grad), as
 // gemmgen_register_cuda_kernels does the CUDA ones.
 __attribute__((visibility("default"))) int gemmgen_register_autograd(const JitAutogradSpec* spec, char* error,
                                                                       size_t error_size) {

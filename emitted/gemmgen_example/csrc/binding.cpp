@@ -4,6 +4,9 @@
 // Ops, each as torch.ops.gemmgen_example.<op>(A, B) -> D and <op>.out(A, B, *, out) -> out:
 //   gemm_bf16_tn: kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90), bf16 -> bf16, A row-major, B col-major, D row-major
 //   gemm_fp16_nn: kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80), fp16 -> fp16, A col-major, B col-major, D row-major
+// Each op also has <op>.grouped(A, B, offsets) -> D: grouped GEMM, a
+// mixture of experts' rows (gemm_op.h's gemm_grouped; a plan whose kernel takes no grouped call refuses it, its
+// OpSpec saying why).
 //
 // The kernels (csrc/<kernel>.cu) are plain CUDA with a C interface; the checks, the launch, the
 // dispatcher kernels are gemmgen's (csrc/torch/gemm_op.h, shared with
@@ -82,6 +85,9 @@ const OpSpec k_gemm_fp16_nn = {
     /*operands=*/nullptr,
     /*aux=*/false,
     /*device_type=*/c10::DeviceType::CUDA,
+    /*dtype_b=*/c10::ScalarType::Undefined,
+    /*dtype_b_name=*/nullptr,
+    /*grouped_refusal=*/"grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90",
 };
 
 
@@ -93,8 +99,10 @@ const std::vector<at::Tag>& kTags = gemmgen::op_tags();
 TORCH_LIBRARY(gemmgen_example, m) {
   m.def("gemm_bf16_tn(Tensor A, Tensor B) -> Tensor", kTags);
   m.def("gemm_bf16_tn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("gemm_bf16_tn.grouped(Tensor A, Tensor B, Tensor offsets) -> Tensor", kTags);
   m.def("gemm_fp16_nn(Tensor A, Tensor B) -> Tensor", kTags);
   m.def("gemm_fp16_nn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
+  m.def("gemm_fp16_nn.grouped(Tensor A, Tensor B, Tensor offsets) -> Tensor", kTags);
 }
 
 // CompositeExplicitAutograd: one implementation for every backend (as gemmgen's JIT ops), so that a
@@ -102,8 +110,10 @@ TORCH_LIBRARY(gemmgen_example, m) {
 TORCH_LIBRARY_IMPL(gemmgen_example, CompositeExplicitAutograd, m) {
   m.impl("gemm_bf16_tn", GemmKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.out", GemmOutKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.grouped", gemmgen::GemmGroupedKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.grouped", gemmgen::GemmGroupedKernel{&k_gemm_fp16_nn});
 }
 
 TORCH_LIBRARY_IMPL(gemmgen_example, CompositeImplicitAutograd, m) {
@@ -115,6 +125,14 @@ TORCH_LIBRARY_IMPL(gemmgen_example, CompositeImplicitAutograd, m) {
 TORCH_LIBRARY_IMPL(gemmgen_example, Meta, m) {
   m.impl("gemm_bf16_tn", GemmMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.out", GemmOutMetaKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.grouped", gemmgen::GemmGroupedMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmMetaKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutMetaKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.grouped", gemmgen::GemmGroupedMetaKernel{&k_gemm_fp16_nn});
+}
+
+// .grouped has no backward pass yet: it refuses arguments that require grad.
+TORCH_LIBRARY_IMPL(gemmgen_example, Autograd, m) {
+  m.impl("gemm_bf16_tn.grouped", gemmgen::grouped_autograd_kernel("gemm_bf16_tn"));
+  m.impl("gemm_fp16_nn.grouped", gemmgen::grouped_autograd_kernel("gemm_fp16_nn"));
 }

@@ -60,6 +60,12 @@ struct Config {
     static_assert((kRowBlocksSlot < 0) == (kColBlocksSlot < 0) && kScaleBlockK > 0,
                   "per-block scales come in pairs, of A and of B (spec/epilogue.py)");
   };
+
+  // Grouped rows (GemmArgs::group_ends): the persistent schedules walk the groups' tiles; the ws schedule's grid
+  // (one cluster per tile) and stream-K's split need the tile count on the host, which the groups' sizes (device
+  // data) do not give; per-block scales are one problem's (and leave the consumers no registers for the walk).
+  static constexpr bool kWalksGroups = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
+                                       !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0;
 };
 
 using Kernel = gemmgen::sm90::Kernel<Config>;

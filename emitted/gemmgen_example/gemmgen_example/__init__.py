@@ -5,6 +5,11 @@ torch.ops.gemmgen_example.<op>(A, B) and torch.ops.gemmgen_example.<op>.out(A, B
 implementation (torch.compile traces it). A is (M, K), B is (K, N), D is (M, N); see each op's docstring
 for the storage order it takes.
 
+Grouped GEMM (a mixture of experts' rows, as torch._grouped_mm): <op>.grouped(A, B, offsets), also
+torch.ops.gemmgen_example.<op>.grouped(A, B, offsets), with
+A (total_M, K) every group's rows sorted by group, B (E, K, N) one matrix per group, offsets (E,) int32 the groups'
+ends, D (total_M, N); on the sm90 family's persistent kernels.
+
 The ops have no autograd formula (emitted with autograd=False): backward() through them raises.
 
     gemm_bf16_tn: bf16 -> bf16, layout tn, kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90)
@@ -60,6 +65,12 @@ def _check_tensors(A, B, out):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
 
 
+def _check_grouped_tensors(A, B, offsets):
+    for value, what in ((A, "A"), (B, "B"), (offsets, "offsets")):
+        if not isinstance(value, _torch.Tensor):
+            raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+
+
 def gemm_bf16_tn(A, B, *, out=None):
     """D = A @ B: bf16 (torch.bfloat16) inputs, bf16 (torch.bfloat16) output, fp32 accumulation.
 
@@ -80,6 +91,27 @@ def gemm_bf16_tn(A, B, *, out=None):
     return _OPS.gemm_bf16_tn.out(A, B, out=out)
 
 
+def _gemm_bf16_tn_grouped(A, B, offsets):
+    """D = grouped GEMM (a mixture of experts' rows): D[rows of group g] = A[rows of group g] @ B[g].
+
+    A:       (total_M, K) torch.bfloat16, row-major, strides (lda, 1) with lda >= K: every group's rows, sorted by group
+    B:       (E, K, N) torch.bfloat16, each matrix column-major, strides (stride, 1, ldb) with ldb >= K: W.transpose(1, 2) for experts' weights W (E, N, K)
+    offsets: (E,) torch.int32 on A's device, the groups' ends (cumulative row counts): group g is rows offsets[g - 1]
+             to offsets[g] (group 0 from row 0), offsets[-1] = total_M; a group may be empty
+    D:       (total_M, N) torch.bfloat16, row-major: torch.empty(total_M, N)
+
+    One launch for all groups, on the sm90 family's persistent kernels (A and B 16-byte aligned: base address,
+    leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host,
+    except while a CUDA graph is being captured. No backward pass yet: arguments that require grad are refused.
+    Also torch.ops.gemmgen_example.gemm_bf16_tn.grouped(A, B, offsets).
+    """
+    _check_grouped_tensors(A, B, offsets)
+    return _OPS.gemm_bf16_tn.grouped(A, B, offsets)
+
+
+gemm_bf16_tn.grouped = _gemm_bf16_tn_grouped
+
+
 def gemm_fp16_nn(A, B, *, out=None):
     """D = A @ B: fp16 (torch.float16) inputs, fp16 (torch.float16) output, fp32 accumulation.
 
@@ -98,3 +130,25 @@ def gemm_fp16_nn(A, B, *, out=None):
     if out is None:
         return _OPS.gemm_fp16_nn.default(A, B)
     return _OPS.gemm_fp16_nn.out(A, B, out=out)
+
+
+def _gemm_fp16_nn_grouped(A, B, offsets):
+    """D = grouped GEMM (a mixture of experts' rows): D[rows of group g] = A[rows of group g] @ B[g].
+
+    A:       (total_M, K) torch.float16, column-major, strides (1, lda) with lda >= total_M: every group's rows, sorted by group
+    B:       (E, K, N) torch.float16, each matrix column-major, strides (stride, 1, ldb) with ldb >= K: W.transpose(1, 2) for experts' weights W (E, N, K)
+    offsets: (E,) torch.int32 on A's device, the groups' ends (cumulative row counts): group g is rows offsets[g - 1]
+             to offsets[g] (group 0 from row 0), offsets[-1] = total_M; a group may be empty
+    D:       (total_M, N) torch.float16, row-major: torch.empty(total_M, N)
+
+    One launch for all groups, on the sm90 family's persistent kernels (A and B 16-byte aligned: base address,
+    leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host,
+    except while a CUDA graph is being captured. No backward pass yet: arguments that require grad are refused.
+    This op's plan takes no grouped call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
+    Also torch.ops.gemmgen_example.gemm_fp16_nn.grouped(A, B, offsets).
+    """
+    _check_grouped_tensors(A, B, offsets)
+    return _OPS.gemm_fp16_nn.grouped(A, B, offsets)
+
+
+gemm_fp16_nn.grouped = _gemm_fp16_nn_grouped

@@ -46,12 +46,27 @@ typedef struct GemmArgs {
   int64_t batch_stride_a;
   int64_t batch_stride_b;
   int64_t batch_stride_d;
+  // Grouped rows (a mixture of experts' tokens sorted by expert): non-null, batch (>= 1) int32 group ends on the
+  // device, nondecreasing; group g is rows [group_ends[g - 1], group_ends[g]) of A and D (group 0 from row 0), m
+  // rows in all, multiplied by B's matrix g (batch_stride_b apart). A and D are one matrix each (their batch
+  // strides 0). Ends past m or below the previous end are clamped to them: rows outside every group are not
+  // written. Only the sm90 persistent kernels take it; null: not grouped.
+  const int32_t* group_ends;
 } GemmArgs;
 
 // Which kernel of a library a launch takes (returned by <name>_path): the config's own, the unaligned one
 // (common/gemm_unaligned.cuh), the small-M one (common/gemm_small_m.cuh), or the config's own (or the small-M one)
 // on aligned copies of the operands that break the 16-byte rule (common/workspace.cuh).
-enum GemmPath { GEMM_PATH_FAST = 0, GEMM_PATH_UNALIGNED = 1, GEMM_PATH_SMALL_M = 2, GEMM_PATH_REPACKED = 3 };
+// A grouped call (group_ends) takes the config's own kernel walking the groups (GEMM_PATH_GROUPED), or none
+// (GEMM_PATH_NONE: a library without that kernel, or operands off the 16-byte rule; its launch refuses the call).
+enum GemmPath {
+  GEMM_PATH_NONE = -1,
+  GEMM_PATH_FAST = 0,
+  GEMM_PATH_UNALIGNED = 1,
+  GEMM_PATH_SMALL_M = 2,
+  GEMM_PATH_REPACKED = 3,
+  GEMM_PATH_GROUPED = 4
+};
 
 #ifdef __cplusplus
 }

@@ -38,8 +38,18 @@ inline GemmPath choose_folded_path(const GemmArgs& args) {
   return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
 }
 
+// Grouped calls: only the sm90 family's persistent kernels walk groups (GROUPED), on operands that keep the
+// 16-byte rule; every other library and operand set has no kernel for them (NONE).
+template <class Cfg>
+inline GemmPath choose_grouped_path(const GemmArgs& args) {
+  const bool aligned = batch_aligned(args, args.a, args.lda, 0, sizeof(typename Cfg::Elem)) &&
+                       batch_aligned(args, args.b, args.ldb, args.batch_stride_b, sizeof(typename Cfg::ElemB));
+  return Cfg::kWalksGroups && aligned ? GEMM_PATH_GROUPED : GEMM_PATH_NONE;
+}
+
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
+  if (is_grouped(args)) return choose_grouped_path<Cfg>(args);
   return choose_folded_path<Cfg>(fold_batch<Cfg>(args));
 }
 
@@ -105,6 +115,7 @@ inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(
                   void (*repack)(RepackArgs), int smem_bytes, const GemmArgs* call, cudaStream_t stream) {
   if (batch_invalid(*call)) return static_cast<int>(cudaErrorInvalidValue);
   if (call->m <= 0 || call->n <= 0) return 0;
+  if (is_grouped(*call)) return static_cast<int>(cudaErrorNotSupported);  // (kWalksGroups: sm90 persistent only)
   const GemmArgs folded = fold_batch<Cfg>(*call);
   const GemmArgs* args = &folded;
   const GemmPath path = choose_folded_path<Cfg>(*args);

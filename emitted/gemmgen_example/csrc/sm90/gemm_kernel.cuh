@@ -126,6 +126,58 @@ constexpr int kSwizzleRowBytes = 128;    // the span of the 128-byte swizzle pat
 constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes: the unit the pattern repeats in
 constexpr int kMmaM = 64;                // wgmma m64nNkK
 constexpr int kMmaKBytes = 32;           // wgmma's k step in bytes, for every input type (k16 for 16-bit types)
+// Grouped rows (GemmArgs::group_ends: a mixture of experts' tokens sorted by expert) as work units, in group
+// order: group g's rows [end(g - 1), end(g)) in blocks of rows_per_unit (a cluster's tiles along M), times
+// units_n along N; an empty group has none. The group sizes are device data, so every thread that walks the
+// units counts and finds them itself, from the same ends.
+struct GroupedRows {
+  const int32_t* ends;
+  int groups, m, rows_per_unit, units_n;
+
+  __host__ __device__ __forceinline__ static int load(const int32_t* at) {
+#ifdef __CUDA_ARCH__
+    return __ldg(at);
+#else
+    return *at;  // (the host test of the walk)
+#endif
+  }
+  // Group g's end, clamped into [row0 (the previous end), m]: ends that decrease or pass M leave rows outside
+  // every group, never outside A and D.
+  __host__ __device__ __forceinline__ int end(int g, int row0) const {
+    const int e = load(ends + g);
+    return e < row0 ? row0 : e > m ? m : e;
+  }
+  __host__ __device__ __forceinline__ int units_m(int rows) const { return (rows + rows_per_unit - 1) / rows_per_unit; }
+  // The units of all groups.
+  __host__ __device__ __forceinline__ int units() const {
+    int total = 0, row0 = 0;
+    for (int g = 0; g < groups; ++g) {
+      const int e = end(g, row0);
+      total += units_m(e - row0) * units_n;
+      row0 = e;
+    }
+    return total;
+  }
+
+  // One thread's walk over the groups, for units that only increase: the group holding the current unit.
+  struct Walk {
+    int group = -1;
+    int first_unit = 0, units = 0, units_m = 0;  // the group's first unit, its units, its blocks along M
+    int row0 = 0, row_end = 0;                   // the group's rows [row0, row_end) of A and D
+
+    __host__ __device__ __forceinline__ void seek(const GroupedRows& rows, int unit) {
+      while (unit >= first_unit + units && group + 1 < rows.groups) {
+        first_unit += units;
+        ++group;
+        row0 = row_end;
+        row_end = rows.end(group, row0);
+        units_m = rows.units_m(row_end - row0);
+        units = units_m * rows.units_n;
+      }
+    }
+  };
+};
+
 // A k tile is one 128-byte swizzle row of k values (64 16-bit elements), so its k extent depends on the
 // element size and its bytes do not.
 template <int ELEM_BYTES>
@@ -337,15 +389,18 @@ struct Kernel {
   }
 
   // One problem's sizes and tiles; a batch (GemmArgs::batch) repeats them per problem, and its work units
-  // are (problem, unit of the problem) pairs, problem-major.
+  // are (problem, unit of the problem) pairs, problem-major. Grouped rows (GemmArgs::group_ends): the problems
+  // are the groups, each of its own rows of A and D (m: all of them), walked in order (GroupWalk).
   struct Problem {
     int m, n, k;
     int tiles_m, tiles_n;  // CTA tiles
     int units_m, units_n;  // cluster-sized blocks of tiles
     int units_per_problem;
-    int units;             // of all problems
+    int units;             // of all problems (grouped: counted on the device, with_group_units)
     int k_tiles;
     bool a_batched, b_batched;  // whether A's (B's) matrix differs per problem (else batch stride 0: one for all)
+    const int32_t* group_ends;  // grouped rows: the groups' ends; null otherwise
+    int groups;
   };
 
   // Also the host's (launch.cuh: the persistent grid is sized by p.units).
@@ -363,6 +418,22 @@ struct Kernel {
     p.k_tiles = (p.k + kBlockK - 1) / kBlockK;
     p.a_batched = batch_count(args) > 1 && args.batch_stride_a != 0;
     p.b_batched = batch_count(args) > 1 && args.batch_stride_b != 0;
+    p.group_ends = args.group_ends;
+    p.groups = static_cast<int>(batch_count(args));
+    if (p.group_ends != nullptr) p.units = 0;  // the groups' sizes are device data: with_group_units
+    return p;
+  }
+
+  // Grouped rows as work units: clusters of CM tiles along M per unit.
+  __device__ __forceinline__ static GroupedRows grouped_rows(const Problem& p) {
+    return GroupedRows{p.group_ends, p.groups, p.m, BM * CM, p.units_n};
+  }
+  using GroupWalk = GroupedRows::Walk;
+
+  // The problem with its work units counted, for grouped rows (each thread that walks them counts them itself,
+  // from the same ends).
+  __device__ __forceinline__ static Problem with_group_units(Problem p) {
+    if (p.group_ends != nullptr) p.units = grouped_rows(p).units();
     return p;
   }
 
@@ -374,19 +445,39 @@ struct Kernel {
     return {static_cast<int>(rank % CM), static_cast<int>(rank / CM)};
   }
 
-  // A CTA's tile: its problem of the batch and its origin in that problem's D (elements).
+  // A CTA's tile: its problem (of a batch, or group), its origin in that problem's D (elements; grouped: in the
+  // one D of all groups) and where the problem's rows end (M, or the group's end).
   struct TileAt {
-    int problem, m0, n0;
+    int problem, m0, n0, row_end;
+    // The problem as the tile's epilogue bounds its rows: a group's rows end at its end.
+    __device__ __forceinline__ Problem bounded(const Problem& p) const {
+      Problem tile = p;
+      tile.m = row_end;
+      return tile;
+    }
   };
 
-  // The tile this CTA computes for work unit `unit`.
-  __device__ __forceinline__ static TileAt tile_origin(const Problem& p, int unit, uint32_t rank) {
-    const int problem = unit / p.units_per_problem;
+  // The tile this CTA computes for work unit `unit`; GROUPED: of grouped rows, `walk` the calling thread's walk
+  // over them (compile-time, so that the consumers' walk state costs the other calls no registers).
+  template <bool GROUPED>
+  __device__ __forceinline__ static TileAt tile_origin(const Problem& p, int unit, uint32_t rank, GroupWalk& walk) {
+    int problem, local, units_m, row0 = 0, row_end = p.m;
+    if constexpr (GROUPED) {
+      walk.seek(grouped_rows(p), unit);
+      problem = walk.group;
+      local = unit - walk.first_unit;
+      units_m = walk.units_m;
+      row0 = walk.row0;
+      row_end = walk.row_end;
+    } else {
+      problem = unit / p.units_per_problem;
+      local = unit - problem * p.units_per_problem;
+      units_m = p.units_m;
+    }
     int um, un;
-    Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(unit - problem * p.units_per_problem, p.units_m, p.units_n,
-                                                          um, un);
+    Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(local, units_m, p.units_n, um, un);
     const ClusterPlace at = place(rank);
-    return TileAt{problem, (um * CM + at.rm) * BM, (un * CN + at.rn) * BN};
+    return TileAt{problem, row0 + (um * CM + at.rm) * BM, (un * CN + at.rn) * BN, row_end};
   }
 
   struct Smem {
@@ -457,7 +548,7 @@ struct Kernel {
       __syncthreads();
     }
 
-    const Problem p = problem(args);
+    const Problem p = with_group_units(problem(args));
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kProducerRegisters>();
       if (threadIdx.x == 0) produce(p, smem, tmap_a, tmap_b, rank);
@@ -468,10 +559,12 @@ struct Kernel {
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
         } else {
-          consume(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+          consume<false>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
         }
+      } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
+        consume<Cfg::kWalksGroups>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
       } else {
-        consume(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+        consume<false>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
       }
     }
     // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
@@ -505,22 +598,25 @@ struct Kernel {
     ptx::prefetch_tensormap(tmap_b);
     const Sharing share = sharing(rank);
     RingPos pos;
+    GroupWalk walk;
     if (STREAM_K && p.k_tiles > 0) {
       const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
       sk.for_each_segment(first_unit(), [&](const StreamK::Segment& s) {
-        load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, s.unit, s.kt_begin, s.kt_end, share);
+        load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, walk, s.unit, s.kt_begin, s.kt_end, share);
       });
       return;
     }
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p))
-      load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, unit, 0, p.k_tiles, share);
+      load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, walk, unit, 0, p.k_tiles, share);
   }
 
   // The producer's TMA loads of k tiles [kt_begin, kt_end) of work unit `unit`, one ring slot each.
   __device__ __forceinline__ static void load_k_tiles(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
-                                                      const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos, int unit,
-                                                      int kt_begin, int kt_end, const Sharing& share) {
-    const TileAt at = tile_origin(p, unit, rank);
+                                                      const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos,
+                                                      GroupWalk& walk, int unit, int kt_begin, int kt_end,
+                                                      const Sharing& share) {
+    const TileAt at = p.group_ends != nullptr ? tile_origin<true>(p, unit, rank, walk)
+                                              : tile_origin<false>(p, unit, rank, walk);
     const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
@@ -532,19 +628,24 @@ struct Kernel {
     }
   }
 
+  // GROUPED: the units walk grouped rows (the launch passes them only to a config with Cfg::kWalksGroups).
+  template <bool GROUPED>
   __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
                                  const CUtensorMap* tmap_source, uint32_t rank, int consumer) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
+    epi.grouped = GROUPED;
     const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
     RingPos pos;
     if (PINGPONG && consumer == 1) pos.advance(p.k_tiles);  // the first tile is the other warpgroup's
     int local = 0;  // this CTA's work units so far
+    GroupWalk walk;
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
       if (PINGPONG && (local & 1) != consumer) continue;
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
-      const TileAt at = tile_origin(p, unit, rank);
+      const TileAt at = tile_origin<GROUPED>(p, unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0;
-      epi.problem = at.problem;
+      const Problem tile = GROUPED ? at.bounded(p) : p;  // the stores' bounds
+      epi.problem = GROUPED ? 0 : at.problem;            // grouped rows share one D
       if constexpr (!Cfg::Epilogue::kIdentity) {
         Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, BN, threadIdx.x % kWarpgroupThreads,
                                 kWarpgroupThreads);
@@ -556,15 +657,15 @@ struct Kernel {
         if (PINGPONG && next_exists) pass_turn(consumer);
         if constexpr (Cfg::Epilogue::kIdentity) {
           const float zeros[MMA_BLOCKS_M][ACCUM] = {};
-          epi.store(args, p, zeros, m0 + row_in_tile, n0);
+          epi.store(args, tile, zeros, m0 + row_in_tile, n0);
         } else {
           // (a zero array would spill beside the epilogue)
-          store_epilogue_of_zero(args, p, m0 + row_in_tile, n0, at.problem);
+          store_epilogue_of_zero(args, tile, m0 + row_in_tile, n0, epi.problem);
         }
         continue;
       }
       // The source's first subtiles come in while the main loop runs.
-      const bool sourced = epi.load_source(p, m0 + row_in_tile, n0);
+      const bool sourced = epi.load_source(tile, m0 + row_in_tile, n0);
       Accum acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles,
@@ -579,9 +680,10 @@ struct Kernel {
       if constexpr (kIntAccum) {
         // In place: a second array would be live beside acc, which the next tile's first wgmma reads ("+r").
         int_sums_for_epilogue(acc);
-        store_tile(epi, args, p, reinterpret_cast<float(&)[MMA_BLOCKS_M][ACCUM]>(acc), m0 + row_in_tile, n0, sourced);
+        store_tile(epi, args, tile, reinterpret_cast<float(&)[MMA_BLOCKS_M][ACCUM]>(acc), m0 + row_in_tile, n0,
+                   sourced);
       } else {
-        store_tile(epi, args, p, acc, m0 + row_in_tile, n0, sourced);
+        store_tile(epi, args, tile, acc, m0 + row_in_tile, n0, sourced);
       }
     }
     epi.finish();
@@ -612,8 +714,9 @@ struct Kernel {
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
     const int cluster = first_unit();
     RingPos pos;
+    GroupWalk walk;  // (unused: Cfg::kWalksGroups excludes stream-K)
     auto compute = [&](const StreamK::Segment& s) {
-      const TileAt at = tile_origin(p, s.unit, rank);
+      const TileAt at = tile_origin<false>(p, s.unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0;
       epi.problem = at.problem;
       float acc[MMA_BLOCKS_M][ACCUM];
@@ -1128,21 +1231,24 @@ struct Kernel {
     bool use_source_tma;
     uint32_t source_phase = 0;  // bit b: the parity of the next phase of source barrier b
     int problem = 0;            // of a batch: the current tile's (the third coordinate of D's map)
+    bool grouped = false;       // grouped rows: the rows' bound is the group's end (consume<true>)
 
-    // A tile whose D goes out by TMA stores through the staging buffers.
-    __device__ __forceinline__ bool stores_by_tma(const Problem& p, int n0) const {
+    // A tile whose D goes out by TMA stores through the staging buffers (this warpgroup's rows from m0).
+    __device__ __forceinline__ bool stores_by_tma(const Problem& p, int m0, int n0) const {
       // TMA clips a store to the matrix only to 16-byte granularity along the contiguous dimension:
       // measured on the H100, a row's last partial chunk is written whole, zeros past N included
       // (gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
       const bool partial_chunk_at_n = n0 + BN > p.n && p.n % kStoreChunkElems != 0;
-      return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n;
+      // A group's last rows: TMA clips at D's end, not the group's, and would write the next group's rows.
+      const bool past_group_end = grouped && m0 + WG_M > p.m;
+      return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
     }
 
     // Before the main loop of the tile at (m0, n0) (this warpgroup's rows): start the TMA loads of the
     // source's first subtiles into the staging buffers they will be read from. Returns whether the tile
     // takes its source from there (else the epilogue reads it from global memory).
     __device__ __forceinline__ bool load_source(const Problem& p, int m0, int n0) const {
-      if (!kSourced || !use_source_tma || !stores_by_tma(p, n0)) return false;
+      if (!kSourced || !use_source_tma || !stores_by_tma(p, m0, n0)) return false;
       if (threadIdx.x % kWarpgroupThreads == 0) {
         ptx::tma_store_wait_read<0>();  // the previous tile's last stores are done reading the buffers
 #pragma unroll
@@ -1221,7 +1327,7 @@ struct Kernel {
     template <typename ACC>
     __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
                                           int m0, int n0, bool sourced = false) {
-      if (!stores_by_tma(p, n0)) {
+      if (!stores_by_tma(p, m0, n0)) {
         store_direct(args, p, acc, m0, n0, problem);
         return;
       }

@@ -213,9 +213,11 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   using Elem = typename Cfg::Elem;
   if (batch_invalid(*call)) return static_cast<int>(cudaErrorInvalidValue);
   if (call->m <= 0 || call->n <= 0) return 0;
+  const bool grouped = is_grouped(*call);
+  if (grouped && choose_grouped_path<Cfg>(*call) == GEMM_PATH_NONE) return static_cast<int>(cudaErrorNotSupported);
   const GemmArgs folded = fold_batch<Cfg>(*call);
   const GemmArgs* args = &folded;
-  const GemmPath path = choose_folded_path<Cfg>(*args);
+  const GemmPath path = grouped ? GEMM_PATH_FAST : choose_folded_path<Cfg>(*args);
   if (path == GEMM_PATH_REPACKED) {
     return launch_repacked<Cfg>(repack, args, stream, [&](const GemmArgs* packed) -> int {
       return launch<Cfg>(fast, slow, small, repack, packed, stream);
@@ -223,9 +225,11 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   }
   if (path != GEMM_PATH_FAST) return launch_other_path<Cfg>(path, slow, small, args, stream);
   const int64_t batch = batch_count(*args);
-  const int64_t units_per_problem = ((args->m + Cfg::kBlockM * K::CM - 1) / (Cfg::kBlockM * K::CM)) *
-                                    ((args->n + Cfg::kBlockN * K::CN - 1) / (Cfg::kBlockN * K::CN));
-  if (units_per_problem * batch > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
+  const int64_t units_m = (args->m + Cfg::kBlockM * K::CM - 1) / (Cfg::kBlockM * K::CM);
+  const int64_t units_n = (args->n + Cfg::kBlockN * K::CN - 1) / (Cfg::kBlockN * K::CN);
+  // Grouped rows: each group's last block of rows may be partial, so at most one block more per group.
+  const int64_t units = grouped ? (units_m + batch) * units_n : units_m * units_n * batch;
+  if (units > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
 
   static bool smem_raised[kMaxDevices] = {};
   int device = 0;
@@ -265,7 +269,8 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   const bool stream_k = K::STREAM_K && problem.k_tiles > 0;
   // Stream-K cuts the last, partial wave of units; with fewer units than resident clusters, all of their k tiles
   // (StreamK: no share may be empty, hence at most units x k_tiles clusters).
-  const int64_t work = stream_k ? problem.units * problem.k_tiles : problem.units;
+  // (grouped: the groups' units are counted on the device; the bound sizes the grid, which is persistent)
+  const int64_t work = stream_k ? problem.units * problem.k_tiles : grouped ? units : problem.units;
   int64_t clusters = work;
   if (K::PERSISTENT) {
     int resident = 0;

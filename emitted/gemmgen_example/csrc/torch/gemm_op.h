@@ -11,7 +11,9 @@
 // generator/runtime/operands.py's, so an op says the same whichever way it was built.
 //
 // A and B are 2-D, or either or both 3-D for a batch of problems (D[b] = epilogue(A[b] @ B[b]), D 3-D): Problem
-// and batch_size below, GemmArgs' batch fields; a 2-D call leaves those 0.
+// and batch_size below, GemmArgs' batch fields; a 2-D call leaves those 0. A plain op's .grouped overload takes a
+// mixture of experts' rows (gemm_grouped: A (total_M, K) sorted by group, B (E, K, N), int32 offsets (E,), the
+// groups' ends; GemmArgs' group_ends).
 //
 // A plain op, (A, B) -> D, has unboxed kernels (one functor type per overload, below). An op with a fused
 // epilogue takes its operands after A and B (float for a scalar, Tensor for the other kinds) and may
@@ -36,6 +38,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -96,6 +99,9 @@ struct OpSpec {
   // B's element type where it differs from A's (fp8: e4m3 x e5m2); Undefined: B is dtype too.
   c10::ScalarType dtype_b = c10::ScalarType::Undefined;
   const char* dtype_b_name = nullptr;
+  // Why the kernel library takes no grouped call (.grouped), with the fix (generator/spec/config.py's
+  // grouped_refusal, decided from the config: the sm80 family, the ws schedule, stream-K); null: it takes them.
+  const char* grouped_refusal = nullptr;
 };
 
 inline c10::ScalarType b_dtype(const OpSpec& op) {
@@ -229,10 +235,17 @@ inline at::Tensor empty_d(const OpSpec& op, const at::Tensor& A, const at::Tenso
 
 // -- checks ------------------------------------------------------------------------------------------
 
-// Rank and dtype of A or B: the checks that need no data (the Meta impl runs them too).
-inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const char* what) {
+// Rank and dtype of A or B: the checks that need no data (the Meta impl runs them too). A grouped call's A is 2-D
+// and its B 3-D.
+inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const char* what, bool grouped = false) {
   TORCH_CHECK_TYPE(t.defined(), what, " must be a torch.Tensor, got NoneType");  // None from torch.ops
   const bool is_a = what[0] == 'A';
+  if (grouped) {
+    TORCH_CHECK_VALUE(t.dim() == (is_a ? 2 : 3), what, " must be ",
+                      is_a ? "2-D (total_M, K) for a grouped call: every group's rows, sorted by group"
+                           : "3-D (E, K, N) for a grouped call: one matrix per group (expert)",
+                      "; got shape ", tuple_str(t.sym_sizes()));
+  }
   TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)", " or 3-D ",
                     is_a ? "(batch, M, K)" : "(batch, K, N)", "; got shape ", tuple_str(t.sym_sizes()));
   // Planning with the tensor's dtype is a fix only where a plan can take it (fp32: tf32 on sm90).
@@ -254,10 +267,10 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
                              : std::string());
 }
 
-// A or B on the GPU (2-D, or 3-D: a batch of matrices, each stored in the order, any batch stride); returns its
-// leading dimension.
-inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* what, bool row) {
-  check_rank_and_dtype(op, t, what);
+// A or B on the GPU (2-D, or 3-D: a batch of matrices, each stored in the order, any batch stride; a grouped call's
+// A 2-D and B 3-D); returns its leading dimension.
+inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* what, bool row, bool grouped = false) {
+  check_rank_and_dtype(op, t, what, grouped);
   TORCH_CHECK_VALUE(t.device().type() == op.device_type, what, " is on ", t.device().str(),
                     "; this op runs on CUDA tensors: pass ", what, ".cuda()");
   const int64_t ld = leading_dim(t, row);
@@ -652,6 +665,190 @@ inline at::Tensor& gemm_out_decomposition(const OpSpec& op, const at::Tensor& A,
   return out.copy_(default_op.call(A, B));
 }
 
+// -- grouped calls: a mixture of experts' rows (generator/runtime/op.py: GemmOp.run_grouped) ----------------------
+//
+// A (total_M, K) holds every group's rows, sorted by group; offsets (E,) int32 the groups' ends (cumulative row
+// counts: group g is rows [offsets[g - 1], offsets[g]) of A and D, group 0 from row 0); B (E, K, N) one matrix per
+// group, each in the plan's order; D (total_M, N) in the plan's order, D[rows of g] = A[rows of g] @ B[g]. One
+// launch (GemmArgs' group_ends) on the sm90 family's persistent kernels: other plans (OpSpec::grouped_refusal) and
+// operands off the 16-byte rule are refused here, before any launch, rather than by the library's error code.
+
+// The plan first, before any other check (the Meta impl too): no operand makes such a plan take the call.
+inline void refuse_grouped_plan(const OpSpec& op) {
+  TORCH_CHECK_VALUE(op.grouped_refusal == nullptr, op.op, ": ", op.grouped_refusal);
+}
+
+inline void check_grouped_k(const at::Tensor& A, const at::Tensor& B) {
+  TORCH_CHECK_VALUE(A.sym_size(1).sym_eq(B.sym_size(1)).expect_true(__FILE__, __LINE__), "A is ",
+                    tuple_str(A.sym_sizes()), " and B is ", tuple_str(B.sym_sizes()),
+                    ": K must agree (A's columns = the rows of B's matrices); for experts' weights W (E, N, K) pass "
+                    "B = W.transpose(1, 2)");
+}
+
+inline std::string offsets_count_message(const at::Tensor& offsets, const at::Tensor& B) {
+  return "offsets has " + size_str(offsets.sym_size(0)) + " group ends but B has " + size_str(B.sym_size(0)) +
+         " matrices (B.size(0)): pass one end per group";
+}
+
+// offsets: what holds whatever the sizes (the Meta impl runs it too).
+inline void check_offsets_static(const at::Tensor& offsets, const at::Tensor& A) {
+  TORCH_CHECK_TYPE(offsets.defined(), "offsets must be a torch.Tensor, got NoneType");
+  TORCH_CHECK_TYPE(offsets.scalar_type() == c10::ScalarType::Int, "offsets is ", torch_dtype(offsets.scalar_type()),
+                   "; group ends are int32: pass offsets.to(torch.int32)");
+  TORCH_CHECK_VALUE(offsets.dim() == 1,
+                    "offsets must be 1-D (E,), the groups' ends (cumulative row counts); got shape ",
+                    tuple_str(offsets.sym_sizes()));
+  TORCH_CHECK_VALUE(offsets.device() == A.device(), "offsets is on ", offsets.device().str(), " but A and B on ",
+                    A.device().str(), ": pass offsets.to('", A.device().str(), "')");
+}
+
+// A (2-D), B (3-D) and offsets of a grouped call, but for the offsets' values; returns its problem: total_M x N x K,
+// the groups as the batch (E), B's stride between its matrices (0 for one), A's 0.
+inline Problem check_grouped_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                      const at::Tensor& offsets) {
+  const int64_t lda = check_operand(op, A, "A", op.a_row, /*grouped=*/true);
+  const int64_t ldb = check_operand(op, B, "B", op.b_row, /*grouped=*/true);
+  TORCH_CHECK_VALUE(A.device() == B.device(), "A is on ", A.device().str(), " and B on ", B.device().str(),
+                    ": put both on one GPU");
+  check_grouped_k(A, B);
+  check_offsets_static(offsets, A);
+  TORCH_CHECK_VALUE(offsets.size(0) == B.size(0), offsets_count_message(offsets, B));
+  TORCH_CHECK_VALUE(offsets.size(0) <= 1 || offsets.stride(0) == 1, "offsets has stride ", offsets.stride(0),
+                    "; the kernel reads group ends contiguous: pass offsets.contiguous()");
+  const int64_t m = A.size(0), n = B.size(2), k = A.size(1), groups = B.size(0);
+  TORCH_CHECK_VALUE(groups > 0 || m == 0, "B has no matrices (E = 0) but A has ", m,
+                    " rows: with no groups, A must have no rows");
+  check_index("M", m);
+  check_index("N", n);
+  check_index("K", k);
+  return Problem{m, n, k, lda, ldb, /*batched=*/true, groups, 0, batch_stride(B)};
+}
+
+// The 16-byte rule of the grouped kernel's TMA loads (the library's choose_grouped_path, common/launch.cuh).
+inline constexpr int64_t kTmaAlignBytes = 16;
+
+// A copy of a grouped call's A (2-D) or B (3-D) in its order at a fresh, 16-byte aligned address.
+inline std::string aligned_copy(const char* what, bool row, int64_t dim) {
+  const std::string fresh = ".clone(memory_format=torch.contiguous_format)";
+  if (row) return what + fresh;
+  const std::string swap = dim == 2 ? ".t()" : ".transpose(1, 2)";
+  return what + swap + fresh + swap;
+}
+
+// A view of a padded buffer holding t (A (M, K) or B (E, K, N)) in its order, whose leading dimension is a multiple
+// of `multiple` elements.
+inline std::string padded_view(const at::Tensor& t, bool row, int64_t multiple) {
+  const auto up = [multiple](int64_t size) {
+    return std::to_string((std::max<int64_t>(size, 1) + multiple - 1) / multiple * multiple);
+  };
+  const std::string like = "dtype=" + torch_dtype(t.scalar_type()) + ", device='" + t.device().str() + "'";
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const std::string batch = t.dim() == 3 ? std::to_string(t.size(0)) + ", " : "";
+  const std::string lead = t.dim() == 3 ? ":, " : "";
+  if (row) {
+    return "torch.empty(" + batch + std::to_string(rows) + ", " + up(cols) + ", " + like + ")[" + lead + ":, :" +
+           std::to_string(cols) + "]";
+  }
+  return "torch.empty(" + batch + std::to_string(cols) + ", " + up(rows) + ", " + like + ")[" + lead + ":, :" +
+         std::to_string(rows) + "]" + (t.dim() == 2 ? ".t()" : ".transpose(1, 2)");
+}
+
+// A grouped call's A or B on the 16-byte rule (base address, leading dimension, B's stride between its matrices:
+// stride 0 for A and a B of one matrix), or refused with the fix (generator/runtime/checks.py's
+// grouped_alignment_refusal).
+inline void check_grouped_alignment(const char* what, const at::Tensor& t, bool row, int64_t ld, int64_t stride) {
+  const int64_t size = static_cast<int64_t>(t.element_size());
+  const auto address = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.data_ptr()) % kTmaAlignBytes);
+  std::string detail, fix;
+  if (address != 0) {
+    detail = "its base address is " + std::to_string(address) + " bytes past a multiple of 16";
+    fix = "pass a copy, " + aligned_copy(what, row, t.dim());
+  } else if (ld * size % kTmaAlignBytes != 0) {
+    const int64_t multiple = kTmaAlignBytes / size;
+    detail = "its leading dimension is " + std::to_string(ld) + " elements (" + std::to_string(ld * size) + " bytes)";
+    fix = "make its leading dimension a multiple of " + std::to_string(multiple) +
+          " elements: pass a view of a padded buffer, e.g. " + padded_view(t, row, multiple);
+  } else if (stride * size % kTmaAlignBytes != 0) {
+    detail = "its matrices are " + std::to_string(stride) + " elements (" + std::to_string(stride * size) +
+             " bytes) apart";
+    fix = "pass a copy, " + aligned_copy(what, row, t.dim());
+  } else {
+    return;
+  }
+  TORCH_CHECK_VALUE(false, what, " breaks the 16-byte rule of grouped calls: ", detail,
+                    "; the grouped kernel loads A and B by TMA, which needs the base address, the leading dimension "
+                    "and the stride between B's matrices to be multiples of 16 bytes: ", fix);
+}
+
+// The offsets' values, with one copy to the host: nondecreasing group ends from 0, the last at A's last row.
+inline void check_group_ends(const at::Tensor& offsets, int64_t rows) {
+  const at::Tensor ends = offsets.to(at::kCPU);  // (itself for CPU tensors: gemmgen's stand-in tests)
+  const int32_t* values = ends.data_ptr<int32_t>();  // contiguous: checked, or at most one end
+  int64_t previous = 0;
+  for (int64_t g = 0; g < ends.numel(); ++g) {
+    const int64_t end = values[g];
+    if (end < previous) {
+      TORCH_CHECK_VALUE(g != 0,
+                        "offsets must be nondecreasing group ends (cumulative row counts) from 0: offsets[0] = ", end,
+                        " < 0");
+      TORCH_CHECK_VALUE(false, "offsets must be nondecreasing group ends (cumulative row counts): offsets[", g, "] = ",
+                        end, " < offsets[", g - 1, "] = ", previous);
+    }
+    previous = end;
+  }
+  TORCH_CHECK_VALUE(ends.numel() == 0 || previous == rows, "offsets[-1] = ", previous, " but A has ", rows,
+                    " rows: the last group must end at A's last row");
+}
+
+// Whether the current stream (of the device made current) is being captured into a CUDA graph: the offsets' values
+// are not checked then (a copy to the host, which a capture cannot hold); the kernel clamps ends out of order or past
+// A's rows, so its memory accesses stay in bounds.
+inline bool stream_capturing(const OpSpec& op) {
+  return on_cuda(op) && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
+}
+
+// D of a grouped call: (total_M, N) in the plan's order (sizes may be symbolic: shared with the Meta impl).
+inline at::Tensor empty_grouped_d(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
+  const c10::SymInt m = A.sym_size(0), n = B.sym_size(-1);
+  const at::TensorOptions options = A.options().dtype(op.out_dtype);
+  if (op.d_row) return at::empty_symint({m, n}, options);
+  return at::empty_symint({n, m}, options).t();
+}
+
+// The checks in GemmOp.run_grouped's order: the plan, A, B and offsets, the 16-byte rule where the call launches,
+// the offsets' values; then the launch.
+inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) {
+  refuse_grouped_plan(op);
+  const Problem p = check_grouped_operands(op, A, B, offsets);
+  if (p.m > 0 && p.n > 0 && p.k > 0) {
+    check_grouped_alignment("A", A, op.a_row, p.lda, 0);
+    check_grouped_alignment("B", B, op.b_row, p.ldb, p.batch_stride_b);
+  }
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
+  if (!stream_capturing(op)) check_group_ends(offsets, p.m);
+  at::Tensor D = empty_grouped_d(op, A, B);
+  if (D.numel() == 0) return D;
+  if (p.k == 0) return D.zero_();  // every row of every group is a sum of nothing (the kernels need a k tile)
+  GemmArgs args{};
+  args.group_ends = offsets.data_ptr<int32_t>();
+  launch(op, A, B, D, p, leading_dim(D, op.d_row), /*batch_stride_d=*/0, args);
+  return D;
+}
+
+// Meta tensors: D's shape, dtype and strides after the checks that need no data (no size depends on the offsets'
+// values).
+inline at::Tensor gemm_grouped_meta(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                    const at::Tensor& offsets) {
+  refuse_grouped_plan(op);
+  check_rank_and_dtype(op, A, "A", /*grouped=*/true);
+  check_rank_and_dtype(op, B, "B", /*grouped=*/true);
+  check_grouped_k(A, B);
+  check_offsets_static(offsets, A);
+  TORCH_CHECK_VALUE(offsets.sym_size(0).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__),
+                    offsets_count_message(offsets, B));
+  return empty_grouped_d(op, A, B);
+}
+
 // -- the kernels registered with the dispatcher ------------------------------------------------------
 
 // One functor type per overload and dispatch key, holding its op's OpSpec. The dispatcher's boxing
@@ -681,6 +878,18 @@ struct GemmOutDecompositionKernel {
   const OpSpec* op;
   at::Tensor& operator()(const at::Tensor& A, const at::Tensor& B, at::Tensor& out) const {
     return gemm_out_decomposition(*op, A, B, out);
+  }
+};
+struct GemmGroupedKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) const {
+    return gemm_grouped(*op, A, B, offsets);
+  }
+};
+struct GemmGroupedMetaKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) const {
+    return gemm_grouped_meta(*op, A, B, offsets);
   }
 };
 
@@ -880,6 +1089,36 @@ inline torch::CppFunction epilogue_autograd_kernel(const OpSpec* op) {
 inline torch::CppFunction epilogue_out_autograd_kernel(const OpSpec* op, bool backward_registered) {
   return torch::CppFunction::makeFromBoxedFunctor(
       std::make_unique<EpilogueAutogradKernel<true>>(op, backward_registered));
+}
+
+// The Autograd kernel of .grouped: a grouped call has no backward pass yet, so one that would need a gradient is
+// refused at the call (generator/runtime/autograd.py says the same: _register_grouped_refusal), rather than answered
+// with a result that has none; without grad mode it goes on to the kernel. Registered by the JIT runtime with the
+// C++ formula, and by every emitted package (with autograd or without). Boxed: the dispatcher hands it the handle.
+inline void refuse_grouped_grad(const char* op, const at::Tensor& A, const at::Tensor& B) {
+  const bool a = A.defined() && A.requires_grad(), b = B.defined() && B.requires_grad();
+  TORCH_CHECK(!(a || b), op, ".grouped: grouped calls have no backward pass yet, but ", a && b ? "A, B" : a ? "A" : "B",
+              " require(s) grad: call it under torch.no_grad() or with detached tensors");
+}
+
+class GroupedAutogradKernel final : public c10::OperatorKernel {
+ public:
+  explicit GroupedAutogradKernel(const char* op) : op_(op) {}
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (at::GradMode::is_enabled()) {
+      const c10::IValue* args = arguments(*stack, 3);
+      refuse_grouped_grad(op_, tensor_value(args[0]), tensor_value(args[1]));
+    }
+    at::AutoDispatchBelowADInplaceOrView below;
+    handle.callBoxed(stack);
+  }
+
+ private:
+  const char* op_;  // the op's name (a string that outlives the registration)
+};
+
+inline torch::CppFunction grouped_autograd_kernel(const char* op) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<GroupedAutogradKernel>(op));
 }
 
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
