@@ -537,7 +537,7 @@ def test_grouped_calls_refuse_grad_and_run_without_it(formula):
     assert torch.equal(op.grouped(a.detach(), b.detach(), offsets), d)
 
 
-@pytest.mark.parametrize("layout, layout_c", [("tn", "row"), ("nt", "col")])
+@pytest.mark.parametrize("layout, layout_c", [("tn", "row"), ("tt", "col")])
 def test_opcheck_on_grouped_calls(layout, layout_c):
     """Schema, fake (D (total_M, N) in the plan's order; E and the sizes symbolic in test_aot_dispatch_dynamic) and
     the Autograd kernel's registration of .grouped."""

@@ -215,9 +215,11 @@ STAND_IN_PLANS = {
     # what a batched call shares between its problems, D column-major; and a second output, which it refuses
     "vectors_dcol": dict(layout="tt", layout_c="col", epilogue=shared_vectors),
     "aux_col_bias": dict(layout="tn", epilogue=gelu_aux),
-    # grouped calls: the pingpong schedule with a column-major D, an int8 plan (int32 D); and plans whose kernels
-    # take none (the sm80 family, planned for Hopper or for Ampere; the ws schedule)
-    "pingpong_dcol": dict(layout="nt", layout_c="col", schedule="pingpong"),
+    # grouped calls (A row-major): a plain plan, the pingpong schedule with a column-major D, an int8 plan (int32 D);
+    # and plans whose kernels take none (the sm80 family, planned for Hopper or for Ampere; the ws schedule; "plain",
+    # whose A is column-major)
+    "grouped_tt": dict(layout="tt", cluster_shape=(1, 2)),   # (a config no other plan here derives: its own op)
+    "pingpong_dcol": dict(layout="tt", layout_c="col", schedule="pingpong"),
     "int8": dict(dtype="int8", layout="tn"),
     "sm80": dict(layout="tn", family="sm80"),
     "sm80_arch80": dict(layout="tn", arch=80),
@@ -811,7 +813,7 @@ GM, GN, GK = 40, 48, 32
 GROUP_SIZES = [[5, 0, 17, 18], [GM], [0, GM, 0], [GM, 0], [0, 0, 0, GM]]
 #: The stand-in plans whose kernels take grouped calls: cooperative nt (A column-major), pingpong with a column-major
 #: D, int8 tn (int32 D).
-GROUPED = ["plain", "pingpong_dcol", "int8"]
+GROUPED = ["grouped_tt", "pingpong_dcol", "int8"]
 
 
 def ends_of(sizes):
@@ -877,7 +879,7 @@ def test_grouped_calls_fill_the_gemm_args_alike_on_both_paths(python_launches_on
 def test_empty_grouped_calls_launch_nothing_on_both_paths(python_launches_on_cpu):
     """No rows, no columns or no groups: an empty D and no launch; K = 0: D of zeros and no launch (as
     torch.matmul). Operands off the 16-byte rule are taken where nothing launches."""
-    op = stand_in("plain")   # nt: A column-major, B row-major
+    op = stand_in("grouped_tt")   # tt: A and B row-major
     cases = {   # label -> (A, B, offsets, D's shape)
         "no rows": (*grouped_inputs(op, [0, 0, 0])[:2], ends_of([0, 0, 0]), (0, GN)),
         "no groups": (*grouped_inputs(op, [])[:2], ends_of([]), (0, GN)),
@@ -904,7 +906,7 @@ def _plan_refusal(key):
 
 
 # label -> (stand-in plan, make (A, B, offsets) from the plan's op and good grouped inputs, what both paths raise, or a
-# function of the op giving it). GM, GN, GK = 40, 48, 24; "plain" is layout nt (A column-major, B row-major).
+# function of the op giving it). GM, GN, GK = 40, 48, 32; "grouped_tt" is layout tt (A and B row-major).
 GROUPED_BAD = {
     "an sm80 plan for Hopper": ("sm80", lambda op, a, b, o: (a, b, o), _plan_refusal("sm80")),
     "an sm80 plan for Ampere": ("sm80_arch80", lambda op, a, b, o: (a, b, o), _plan_refusal("sm80_arch80")),
@@ -912,79 +914,78 @@ GROUPED_BAD = {
     "stream-K": ("stream_k", lambda op, a, b, o: (a, b, o), _plan_refusal("stream_k")),
     "an sm80 plan, whatever the operands": ("sm80", lambda op, a, b, o: (a[None], b[0], o.float()),
                                             _plan_refusal("sm80")),
-    "A 3-D": ("plain", lambda op, a, b, o: (a[None], b, o),
+    "A 3-D": ("grouped_tt", lambda op, a, b, o: (a[None], b, o),
               (ValueError, f"A must be 2-D (total_M, K) for a grouped call: every group's rows, sorted by group; got "
                            f"shape (1, {GM}, {GK})")),
-    "B 2-D": ("plain", lambda op, a, b, o: (a, b[0], o),
+    "B 2-D": ("grouped_tt", lambda op, a, b, o: (a, b[0], o),
               (ValueError, f"B must be 3-D (E, K, N) for a grouped call: one matrix per group (expert); got shape "
                            f"({GK}, {GN})")),
-    "A float32": ("plain", lambda op, a, b, o: (a.float(), b, o),
+    "A float32": ("grouped_tt", lambda op, a, b, o: (a.float(), b, o),
                   (TypeError, "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with "
                               "dtype='float32'")),
-    "B float16": ("plain", lambda op, a, b, o: (a, b.half(), o),
+    "B float16": ("grouped_tt", lambda op, a, b, o: (a, b.half(), o),
                   (TypeError, "B is torch.float16; this plan computes bf16: pass B.to(torch.bfloat16) or plan with "
                               "dtype='float16'")),
-    "A row-major": ("plain", lambda op, a, b, o: (a.contiguous(), b, o),
-                    (ValueError, f"A has strides ({GK}, 1) (row-major); this plan was made for layout_a='col': plan "
-                                 "with layout='tt' or pass A.t().contiguous().t() (a column-major copy)")),
+    "A column-major": ("grouped_tt", lambda op, a, b, o: (a.t().contiguous().t(), b, o),
+                       (ValueError, f"A has strides (1, {GM}) (column-major); this plan was made for layout_a='row': "
+                                    "plan with layout='nt' or pass A.contiguous()")),
     "B's matrices column-major": (
-        "plain", lambda op, a, b, o: (a, b.transpose(1, 2).contiguous().transpose(1, 2), o),
+        "grouped_tt", lambda op, a, b, o: (a, b.transpose(1, 2).contiguous().transpose(1, 2), o),
         (ValueError, f"B has strides ({GK * GN}, 1, {GK}) (column-major); this plan was made for layout_b='row': plan "
-                     "with layout='nn' or pass B.contiguous()")),
-    "A on meta": ("plain", lambda op, a, b, o: (a.to("meta"), b, o),
+                     "with layout='tn' or pass B.contiguous()")),
+    "A on meta": ("grouped_tt", lambda op, a, b, o: (a.to("meta"), b, o),
                   (ValueError, "A is on meta; this op runs on CUDA tensors: pass A.cuda()")),
-    "B on meta": ("plain", lambda op, a, b, o: (a, b.to("meta"), o),
+    "B on meta": ("grouped_tt", lambda op, a, b, o: (a, b.to("meta"), o),
                   (ValueError, "B is on meta; this op runs on CUDA tensors: pass B.cuda()")),
-    "K of B's matrices": ("plain", lambda op, a, b, o: (a, b[:, 1:], o),
+    "K of B's matrices": ("grouped_tt", lambda op, a, b, o: (a, b[:, 1:], o),
                           (ValueError, f"A is ({GM}, {GK}) and B is (4, {GK - 1}, {GN}): K must agree (A's columns = "
                                        "the rows of B's matrices); for experts' weights W (E, N, K) pass "
                                        "B = W.transpose(1, 2)")),
-    "offsets float32": ("plain", lambda op, a, b, o: (a, b, o.float()),
+    "offsets float32": ("grouped_tt", lambda op, a, b, o: (a, b, o.float()),
                         (TypeError, "offsets is torch.float32; group ends are int32: pass offsets.to(torch.int32)")),
-    "offsets int64": ("plain", lambda op, a, b, o: (a, b, o.long()),
+    "offsets int64": ("grouped_tt", lambda op, a, b, o: (a, b, o.long()),
                       (TypeError, "offsets is torch.int64; group ends are int32: pass offsets.to(torch.int32)")),
-    "offsets None": ("plain", lambda op, a, b, o: (a, b, None),
+    "offsets None": ("grouped_tt", lambda op, a, b, o: (a, b, None),
                      (TypeError, "offsets must be a torch.Tensor, got NoneType")),
-    "offsets 2-D": ("plain", lambda op, a, b, o: (a, b, o[None]),
+    "offsets 2-D": ("grouped_tt", lambda op, a, b, o: (a, b, o[None]),
                     (ValueError, "offsets must be 1-D (E,), the groups' ends (cumulative row counts); got shape "
                                  "(1, 4)")),
-    "offsets on meta": ("plain", lambda op, a, b, o: (a, b, o.to("meta")),
+    "offsets on meta": ("grouped_tt", lambda op, a, b, o: (a, b, o.to("meta")),
                         (ValueError, "offsets is on meta but A and B on cpu: pass offsets.to('cpu')")),
-    "one end short": ("plain", lambda op, a, b, o: (a, b, o[1:]),
+    "one end short": ("grouped_tt", lambda op, a, b, o: (a, b, o[1:]),
                       (ValueError, "offsets has 3 group ends but B has 4 matrices (B.size(0)): pass one end per "
                                    "group")),
-    "offsets strided": ("plain", lambda op, a, b, o: (a, b, o.repeat_interleave(2)[::2]),
+    "offsets strided": ("grouped_tt", lambda op, a, b, o: (a, b, o.repeat_interleave(2)[::2]),
                         (ValueError, "offsets has stride 2; the kernel reads group ends contiguous: pass "
                                      "offsets.contiguous()")),
-    "rows without groups": ("plain", lambda op, a, b, o: (a, b[:0], o[:0]),
+    "rows without groups": ("grouped_tt", lambda op, a, b, o: (a, b[:0], o[:0]),
                             (ValueError, f"B has no matrices (E = 0) but A has {GM} rows: with no groups, A must have "
                                          "no rows")),
-    "M past int32": ("plain", lambda op, a, b, o: (torch.empty(0, 2**31 + 1, dtype=torch.bfloat16).t(), b[:1, :0],
+    "M past int32": ("grouped_tt", lambda op, a, b, o: (torch.empty(0, 2**31 + 1, dtype=torch.bfloat16).t(), b[:1, :0],
                                                    o[:1]),
                      (ValueError, "M=2147483649 is larger than the kernels index (2**31 - 1): split the problem")),
     # the 16-byte rule of the grouped kernel's TMA loads
-    "A's base address": ("plain", lambda op, a, b, o: (torch.randn(GK, GM + 1).bfloat16()[:, 1:].t(), b, o),
+    "A's base address": ("grouped_tt", lambda op, a, b, o: (torch.randn(GM * GK + 1).bfloat16()[1:].view(GM, GK), b, o),
                          (ValueError, "A breaks the 16-byte rule of grouped calls: its base address is 2 bytes past "
                                       "a multiple of 16; the grouped kernel loads A and B by TMA, which needs the base "
                                       "address, the leading dimension and the stride between B's matrices to be "
                                       "multiples of 16 bytes: pass a copy, "
-                                      "A.t().clone(memory_format=torch.contiguous_format).t()")),
-    "A's leading dimension": ("plain", lambda op, a, b, o: (*grouped_inputs(op, [5, 0, 17, 14])[:2],
-                                                            ends_of([5, 0, 17, 14])),
-                              (ValueError, "A breaks the 16-byte rule of grouped calls: its leading dimension is 36 "
-                                           "elements (72 bytes); the grouped kernel loads A and B by TMA, which needs "
-                                           "the base address, the leading dimension and the stride between B's "
-                                           "matrices to be multiples of 16 bytes: make its leading dimension a "
-                                           "multiple of 8 elements: pass a view of a padded buffer, e.g. "
-                                           f"torch.empty({GK}, 40, dtype=torch.bfloat16, device='cpu')[:, :36].t()")),
-    "B's base address": ("plain", lambda op, a, b, o: (a, torch.randn(4 * GK * GN + 4).bfloat16()[4:].view(4, GK, GN),
+                                      "A.clone(memory_format=torch.contiguous_format)")),
+    "A's leading dimension": ("grouped_tt", lambda op, a, b, o: (torch.randn(GM, GK + 4).bfloat16()[:, :GK], b, o),
+                              (ValueError, f"A breaks the 16-byte rule of grouped calls: its leading dimension is "
+                                           f"{GK + 4} elements ({2 * (GK + 4)} bytes); the grouped kernel loads A and B "
+                                           "by TMA, which needs the base address, the leading dimension and the stride "
+                                           "between B's matrices to be multiples of 16 bytes: make its leading "
+                                           "dimension a multiple of 8 elements: pass a view of a padded buffer, e.g. "
+                                           f"torch.empty({GM}, {GK}, dtype=torch.bfloat16, device='cpu')[:, :{GK}]")),
+    "B's base address": ("grouped_tt", lambda op, a, b, o: (a, torch.randn(4 * GK * GN + 4).bfloat16()[4:].view(4, GK, GN),
                                                        o),
                          (ValueError, "B breaks the 16-byte rule of grouped calls: its base address is 8 bytes past "
                                       "a multiple of 16; the grouped kernel loads A and B by TMA, which needs the base "
                                       "address, the leading dimension and the stride between B's matrices to be "
                                       "multiples of 16 bytes: pass a copy, "
                                       "B.clone(memory_format=torch.contiguous_format)")),
-    "B's leading dimension": ("plain", lambda op, a, b, o: (a, *grouped_inputs(op, n=GN - 4)[1:]),
+    "B's leading dimension": ("grouped_tt", lambda op, a, b, o: (a, *grouped_inputs(op, n=GN - 4)[1:]),
                               (ValueError, "B breaks the 16-byte rule of grouped calls: its leading dimension is 44 "
                                            "elements (88 bytes); the grouped kernel loads A and B by TMA, which needs "
                                            "the base address, the leading dimension and the stride between B's "
@@ -992,7 +993,7 @@ GROUPED_BAD = {
                                            "multiple of 8 elements: pass a view of a padded buffer, e.g. "
                                            f"torch.empty(4, {GK}, 48, dtype=torch.bfloat16, device='cpu')[:, :, :44]")),
     "B's matrices 4 elements off": (
-        "plain", lambda op, a, b, o: (a, _strided_b(op, 4), o),
+        "grouped_tt", lambda op, a, b, o: (a, _strided_b(op, 4), o),
         (ValueError, f"B breaks the 16-byte rule of grouped calls: its matrices are {GK * GN + 4} elements "
                      f"({2 * (GK * GN + 4)} bytes) apart; the grouped kernel loads A and B by TMA, which needs the "
                      "base address, the leading dimension and the stride between B's matrices to be multiples of 16 "
@@ -1013,16 +1014,16 @@ GROUPED_BAD = {
                      "multiple of 16 elements: pass a view of a padded buffer, e.g. torch.empty(4, "
                      f"{GN}, 32, dtype=torch.int8, device='cpu')[:, :, :20].transpose(1, 2)")),
     # the offsets' values (read on the host)
-    "a negative first end": ("plain", lambda op, a, b, o: (a, b, torch.tensor([-1, 17, 22, GM], dtype=torch.int32)),
+    "a negative first end": ("grouped_tt", lambda op, a, b, o: (a, b, torch.tensor([-1, 17, 22, GM], dtype=torch.int32)),
                              (ValueError, "offsets must be nondecreasing group ends (cumulative row counts) from 0: "
                                           "offsets[0] = -1 < 0")),
-    "ends out of order": ("plain", lambda op, a, b, o: (a, b, torch.tensor([5, 22, 17, GM], dtype=torch.int32)),
+    "ends out of order": ("grouped_tt", lambda op, a, b, o: (a, b, torch.tensor([5, 22, 17, GM], dtype=torch.int32)),
                           (ValueError, "offsets must be nondecreasing group ends (cumulative row counts): offsets[2] = "
                                        "17 < offsets[1] = 22")),
-    "the last end short of A's rows": ("plain", lambda op, a, b, o: (a, b, ends_of([5, 0, 17, 16])),
+    "the last end short of A's rows": ("grouped_tt", lambda op, a, b, o: (a, b, ends_of([5, 0, 17, 16])),
                                        (ValueError, f"offsets[-1] = 38 but A has {GM} rows: the last group must end at "
                                                     "A's last row")),
-    "the last end past A's rows": ("plain", lambda op, a, b, o: (a, b, ends_of([5, 0, 17, 20])),
+    "the last end past A's rows": ("grouped_tt", lambda op, a, b, o: (a, b, ends_of([5, 0, 17, 20])),
                                    (ValueError, f"offsets[-1] = 42 but A has {GM} rows: the last group must end at A's "
                                                 "last row")),
 }
@@ -1049,7 +1050,7 @@ def test_cpp_grouped_checks_say_what_the_python_checks_say(python_launches_on_cp
 
 def test_grouped_refusals_name_the_fix_for_each_plan():
     """The plan refusals of the table above, spelled out once."""
-    assert grouped_refusal(stand_in("plain").config) is None and grouped_refusal(stand_in("int8").config) is None
+    assert grouped_refusal(stand_in("grouped_tt").config) is None and grouped_refusal(stand_in("int8").config) is None
     assert grouped_refusal(stand_in("pingpong_dcol").config) is None
     assert grouped_refusal(stand_in("sm80").config) == ("grouped calls run on the sm90 family's persistent kernels; "
                                                         "this plan is sm80: plan with family='sm90' (or family=None)")
@@ -1067,11 +1068,11 @@ def test_grouped_refusals_name_the_fix_for_each_plan():
 
 def test_an_epilogue_op_has_no_grouped_overload(python_launches_on_cpu):
     op = stand_in("fused")
-    assert "grouped" not in op.op.overloads() and "grouped" in stand_in("plain").op.overloads()
-    a, b, offsets = grouped_inputs(stand_in("plain"))
+    assert "grouped" not in op.op.overloads() and "grouped" in stand_in("grouped_tt").op.overloads()
+    a, b, offsets = grouped_inputs(stand_in("grouped_tt"))
     assert _raise(lambda: op.grouped(a, b, offsets)) == (ValueError, f"{op.name}: {GROUPED_EPILOGUE_REFUSAL}")
     assert _raise(lambda: op.path(a, b, offsets=offsets)) == (ValueError, f"{op.name}: {GROUPED_EPILOGUE_REFUSAL}")
-    assert _raise(lambda: stand_in("plain").grouped(a, b, [5, 5, 22, 40])) == (
+    assert _raise(lambda: stand_in("grouped_tt").grouped(a, b, [5, 5, 22, 40])) == (
         TypeError, "offsets must be a torch.Tensor, got list")
 
 
@@ -1079,7 +1080,7 @@ def test_while_a_graph_is_captured_the_python_path_skips_the_value_checks(python
     """Capturing a CUDA graph (torch.cuda.is_current_stream_capturing()), the offsets' values are not read (a copy to
     the host): the launch goes on with them (the kernel clamps bad ends). The C++ path asks
     c10::cuda::currentStreamCaptureStatusMayInitCtx() on CUDA tensors only (the GPU tests' part)."""
-    op = stand_in("plain")
+    op = stand_in("grouped_tt")
     a, b, _ = grouped_inputs(op)
     bad = torch.tensor([5, 22, 17, GM + 9], dtype=torch.int32)
     assert _raise(lambda: python_grouped(op, a, b, bad))[0] is ValueError
@@ -1122,7 +1123,7 @@ def test_fake_grouped_outputs_have_the_real_shapes_and_strides(python_launches_o
         with FakeTensorMode() as mode:
             fake = op.op.grouped(*(mode.from_tensor(t) for t in (a, b, offsets)))
         assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype), key
-    plain = stand_in("plain")
+    plain = stand_in("grouped_tt")
     a, b, offsets = grouped_inputs(plain)
     sm80 = stand_in("sm80")
     for op, (x, y, o), expected in [

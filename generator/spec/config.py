@@ -537,6 +537,11 @@ def grouped_refusal(cfg: KernelConfig) -> str | None:
         return ("grouped calls do not split tiles by stream-K (its shares are cut on the host from the tile count, "
                 "which the groups' sizes on the device do not give); this config has stream_k=True: use one without "
                 "it, schedule='cooperative' or 'pingpong'")
+    if not cfg.layout.a_k_major:
+        other = "t" + cfg.layout.blas[1]
+        return ("grouped calls take A row-major (K contiguous): a group may start at any row, and TMA cannot start a "
+                f"load at such a row along A's contiguous dimension; this plan's A is column-major: plan with "
+                f"layout={other!r} and pass A row-major (A.contiguous())")
     return None
 
 

@@ -63,9 +63,11 @@ struct Config {
 
   // Grouped rows (GemmArgs::group_ends): the persistent schedules walk the groups' tiles; the ws schedule's grid
   // (one cluster per tile) and stream-K's split need the tile count on the host, which the groups' sizes (device
-  // data) do not give; per-block scales are one problem's (and leave the consumers no registers for the walk).
+  // data) do not give; per-block scales are one problem's (and leave the consumers no registers for the walk). A
+  // group starts at any row, which a TMA load of a column-major A cannot start at (along its contiguous
+  // dimension: measured, an illegal instruction), so A is K-major (spec/config.py grouped_refusal says the same).
   static constexpr bool kWalksGroups = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
-                                       !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0;
+                                       !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0 && kAKMajor;
 };
 
 using Kernel = gemmgen::sm90::Kernel<Config>;
