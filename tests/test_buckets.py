@@ -65,6 +65,19 @@ def test_each_call_takes_its_buckets_kernel(monkeypatch):
     assert large.calls[-1] == 4
 
 
+def test_batched_calls_take_the_bucket_of_all_their_rows():
+    """A 3-D call is bucketed by M times its problems (the rows its grid fills), not by the batch size that a 3-D
+    A's first dimension holds."""
+    small, mid, large = Recorder("small"), Recorder("mid"), Recorder("large")
+    op = BucketedOp([MBucket(128, small), MBucket(512, mid), MBucket(None, large)])
+    op(torch.randn(4, 16, 8), torch.randn(8, 4))          # 64 rows: small, although M is 16
+    op(torch.randn(8, 64, 8), torch.randn(8, 8, 4))        # 512 rows
+    op(torch.randn(100, 8), torch.randn(3, 8, 4))          # a 2-D A times 3 matrices: 300 rows
+    op(torch.randn(600, 1, 8), torch.randn(8, 4))          # 600 problems of one row
+    assert (len(small.calls), len(mid.calls), len(large.calls)) == (1, 2, 1)
+    assert BucketedOp.rows(torch.randn(5, 8), torch.randn(8, 4)) == 5
+
+
 @pytest.mark.parametrize("bounds, message", [
     ((128, 64, None), r"bucket bounds \[128, 64\] must be distinct, increasing integers"),
     ((128, 512), r"the last one for any larger M \(max_m=None\)"),

@@ -61,6 +61,16 @@ class BucketedOp:
         """The op of the bucket that takes ``m`` rows."""
         return self.buckets[bisect_left(self._bounds, m)].op
 
+    @staticmethod
+    def rows(A: torch.Tensor, B: torch.Tensor) -> int:
+        """The rows a call's bucket is chosen by: M, or for a batched call (3-D A or B) M times the number of
+        problems, which is what the kernel's grid fills (and what a batch folded into one problem has: common/
+        batch.cuh); not the batch size that a 3-D A's first dimension holds."""
+        if A.dim() < 3 and B.dim() < 3:
+            return A.shape[0]
+        problems = max(A.shape[0] if A.dim() == 3 else 1, B.shape[0] if B.dim() == 3 else 1)
+        return A.shape[-2] * problems
+
     def __call__(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, out: torch.Tensor | None = None,
                  **named: Any) -> Any:
         # Under torch.compile a branch on M would guard the graph on M's bucket and recompile per bucket (and a
@@ -68,12 +78,12 @@ class BucketedOp:
         # graph for all, as a single op does. Eager calls (and CUDA graphs of them) pick per bucket.
         if torch.compiler.is_compiling():
             return self.buckets[-1].op(A, B, *operands, out=out, **named)
-        return self.select(A.shape[0])(A, B, *operands, out=out, **named)
+        return self.select(self.rows(A, B))(A, B, *operands, out=out, **named)
 
     def path(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, **named: Any) -> str:
         """The kernel a call takes: its bucket's op's name and, after a colon, the path within its library
         ('fast', 'small_m', 'repacked' or 'unaligned')."""
-        op = self.select(A.shape[0])
+        op = self.select(self.rows(A, B))
         return f"{op.name}: {op.path(A, B, *operands, **named)}"
 
     def __repr__(self) -> str:
