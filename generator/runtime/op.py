@@ -370,6 +370,17 @@ class GemmOp:
                              f"would write the same D; pass out={self._out_fix(True)}")
         return ld, stride
 
+    def _check_static_operands(self, A: torch.Tensor, B: torch.Tensor, grouped: bool = False) -> None:
+        """Ranks, dtypes and devices of A and B: what a fake implementation checks of them (meta tensors pass)."""
+        for t, what in ((A, "A"), (B, "B")):
+            _check_rank(t, what, grouped)
+            if t.dtype != self._expected_dtype(what):
+                raise self._wrong_dtype(t, what)
+            if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
+                raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+        if A.device != B.device:
+            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+
     def _check_meta(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                     operands: Sequence[Any] = ()) -> None:
         """The checks a fake implementation can make without guarding on sizes or strides.
@@ -379,14 +390,7 @@ class GemmOp:
         ``batch_size``). A batched call's refusal of some epilogues depends on ranks only. Strides and the
         int32 size limit are left to the real call: checking them here would specialize a dynamic M.
         """
-        for t, what in ((A, "A"), (B, "B")):
-            _check_rank(t, what)
-            if t.dtype != self._expected_dtype(what):
-                raise self._wrong_dtype(t, what)
-            if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
-                raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
-        if A.device != B.device:
-            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        self._check_static_operands(A, B)
         torch._check_with(ValueError, A.shape[-1] == B.shape[-2],
                           lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
         batch = batch_size(A, B)
@@ -413,14 +417,7 @@ class GemmOp:
         """The checks of a grouped call that a fake implementation can make without guarding on sizes or strides
         (``_check_meta``'s, with K and the number of group ends as ``torch._check``s)."""
         self._refuse_grouped_plan()
-        for t, what in ((A, "A"), (B, "B")):
-            _check_rank(t, what, grouped=True)
-            if t.dtype != self._expected_dtype(what):
-                raise self._wrong_dtype(t, what)
-            if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
-                raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
-        if A.device != B.device:
-            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+        self._check_static_operands(A, B, grouped=True)
         torch._check_with(ValueError, A.shape[1] == B.shape[1],
                           lambda: f"A is {_shape_str(A.shape)} and B is {_shape_str(B.shape)}: K must agree")
         self._check_offsets_static(offsets, A)

@@ -615,8 +615,8 @@ struct Kernel {
                                                       const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos,
                                                       GroupWalk& walk, int unit, int kt_begin, int kt_end,
                                                       const Sharing& share) {
-    const TileAt at = p.group_ends != nullptr ? tile_origin<true>(p, unit, rank, walk)
-                                              : tile_origin<false>(p, unit, rank, walk);
+    const TileAt at = Cfg::kWalksGroups && p.group_ends != nullptr ? tile_origin<Cfg::kWalksGroups>(p, unit, rank, walk)
+                                                                   : tile_origin<false>(p, unit, rank, walk);
     const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);

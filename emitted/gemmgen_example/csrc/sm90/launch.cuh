@@ -111,15 +111,16 @@ struct CachedMap {
   bool valid = false;
 };
 
-// A 3-D map over `matrices` matrices `matrix_stride` elements apart (one matrix: the stride is not used), each
-// with a contiguous `inner` dimension and rows (the `outer` dimension) `ld` elements apart; boxes of box_inner x
-// box_outer x 1, 128-byte swizzle, zeros outside the matrix. Sizes of 0 (K = 0) are encoded as 1: no box is ever
-// loaded then.
+// A 3-D map over `matrices` matrices `matrix_stride` elements apart, each with a contiguous `inner` dimension and
+// rows (the `outer` dimension) `ld` elements apart; boxes of box_inner x box_outer x 1, 128-byte swizzle, zeros
+// outside the matrix. A stride of 0 (an operand every problem of a batch shares, or grouped rows' one A and D) is
+// one matrix, which the kernel reads at matrix 0. Sizes of 0 (K = 0) are encoded as 1: no box is ever loaded then.
 // Returns 0, cudaErrorInsufficientDriver, or kTensorMapEncodeError + the encoder's CUresult.
 template <typename Elem, int BOX_INNER, int BOX_OUTER>
 inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t outer, int64_t ld,
                       int64_t matrices = 1, int64_t matrix_stride = 0) {
   const auto at_least_1 = [](int64_t v) { return static_cast<uint64_t>(v > 0 ? v : 1); };
+  if (matrix_stride == 0) matrices = 1;
   // One matrix: the stride of a matrix past its end, which the encoder takes (it is never stepped over).
   const int64_t stride = matrices > 1 ? matrix_stride : static_cast<int64_t>(at_least_1(outer) * at_least_1(ld));
   const OperandKey key{base, at_least_1(inner), at_least_1(outer), at_least_1(ld), at_least_1(matrices),
@@ -156,9 +157,8 @@ inline int tensor_map(CachedMap& cache, const void* base, int64_t inner, int64_t
 template <typename Elem, class TILE, bool K_MAJOR>
 inline int operand_map(CachedMap& cache, const void* base, int64_t rows, int64_t k, int64_t ld, int64_t batch,
                        int64_t batch_stride) {
-  const int64_t matrices = batch_stride != 0 ? batch : 1;
-  return K_MAJOR ? tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, k, rows, ld, matrices, batch_stride)
-                 : tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, rows, k, ld, matrices, batch_stride);
+  return K_MAJOR ? tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, k, rows, ld, batch, batch_stride)
+                 : tensor_map<Elem, TILE::kBoxInner, TILE::kBoxOuter>(cache, base, rows, k, ld, batch, batch_stride);
 }
 
 // The launch configuration of `blocks` blocks of kernel K, in clusters of K::CLUSTER blocks along x.
@@ -225,10 +225,11 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   }
   if (path != GEMM_PATH_FAST) return launch_other_path<Cfg>(path, slow, small, args, stream);
   const int64_t batch = batch_count(*args);
-  const int64_t units_m = (args->m + Cfg::kBlockM * K::CM - 1) / (Cfg::kBlockM * K::CM);
-  const int64_t units_n = (args->n + Cfg::kBlockN * K::CN - 1) / (Cfg::kBlockN * K::CN);
-  // Grouped rows: each group's last block of rows may be partial, so at most one block more per group.
-  const int64_t units = grouped ? (units_m + batch) * units_n : units_m * units_n * batch;
+  const auto problem = K::problem(*args);
+  // All problems' work units, in 64 bits (Problem::units is an int, which this bound keeps from wrapping). Grouped
+  // rows: each group's last block of rows may be partial, so at most one block more per group.
+  const int64_t units_n = problem.units_n;
+  const int64_t units = grouped ? (problem.units_m + batch) * units_n : problem.units_m * units_n * batch;
   if (units > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
 
   static bool smem_raised[kMaxDevices] = {};
@@ -265,12 +266,11 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
     }
   }
 
-  const auto problem = K::problem(*args);
   const bool stream_k = K::STREAM_K && problem.k_tiles > 0;
   // Stream-K cuts the last, partial wave of units; with fewer units than resident clusters, all of their k tiles
   // (StreamK: no share may be empty, hence at most units x k_tiles clusters).
   // (grouped: the groups' units are counted on the device; the bound sizes the grid, which is persistent)
-  const int64_t work = stream_k ? problem.units * problem.k_tiles : grouped ? units : problem.units;
+  const int64_t work = stream_k ? units * problem.k_tiles : units;
   int64_t clusters = work;
   if (K::PERSISTENT) {
     int resident = 0;
