@@ -1064,6 +1064,10 @@ def test_grouped_refusals_name_the_fix_for_each_plan():
         "groups' sizes on the device do not give); this config has stream_k=True: use one without it, "
         "schedule='cooperative' or 'pingpong'")
     assert grouped_refusal(stand_in("fused").config) == GROUPED_EPILOGUE_REFUSAL
+    assert grouped_refusal(stand_in("plain").config) == (   # nt: a column-major A
+        "grouped calls take A row-major (K contiguous): a group may start at any row, and TMA cannot start a load at "
+        "such a row along A's contiguous dimension; this plan's A is column-major: plan with layout='tt' and pass A "
+        "row-major (A.contiguous())")
 
 
 def test_an_epilogue_op_has_no_grouped_overload(python_launches_on_cpu):
