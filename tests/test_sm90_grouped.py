@@ -1,10 +1,11 @@
-"""The sm90 walk over grouped rows (templates/sm90/gemm_kernel.cuh, GroupedRows), checked on the host: the
-struct compiled by nvcc into a small host program (CPU only, no GPU).
+"""The sm90 walks over grouped rows and over a list of problems (templates/sm90/gemm_kernel.cuh, GroupedRows and
+ProblemList), checked on the host: the structs compiled by nvcc into small host programs (CPU only, no GPU).
 
 What the kernel relies on, for any group ends (sorted or not) and any persistent grid: the units of all groups,
 walked by each cluster in its stride (units only increase), cover every (group, block of rows, column block)
 exactly once; a unit's rows lie inside its group's rows and inside [0, m); empty groups have no unit; ends that
-decrease or pass m are clamped (rows outside every group belong to no unit).
+decrease or pass m are clamped (rows outside every group belong to no unit). A list's walk likewise: every
+(problem, unit of the problem) exactly once, with that problem's sizes, empty problems never.
 """
 from __future__ import annotations
 
@@ -83,3 +84,68 @@ int main() {
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_grouped_rows_walk(tmp_path) -> None:
     assert run_host_program(PROGRAM, tmp_path).strip() == "0 failures"
+
+
+LIST_PROGRAM = r"""
+#include <cstdio>
+#include <vector>
+#include "sm90/gemm_kernel.cuh"
+
+using gemmgen::sm90::ListProblem;
+using gemmgen::sm90::ProblemList;
+static int failures = 0;
+#define CHECK(cond, ...) \
+  do { if (!(cond) && failures++ < 10) { std::printf(__VA_ARGS__); std::printf("\n"); } } while (0)
+
+// sizes: (m, n, k) per problem; tiles of bm x bn, k tiles of bk; clusters: the grid.
+void check(const std::vector<std::vector<int>>& sizes, int bm, int bn, int bk, int clusters) {
+  std::vector<ListProblem> table(sizes.size());
+  std::vector<std::vector<int>> seen(sizes.size());
+  int units = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {  // as the launch's list_entry sizes them
+    ListProblem& e = table[i];
+    e.m = sizes[i][0], e.n = sizes[i][1], e.k_tiles = (sizes[i][2] + bk - 1) / bk;
+    e.first_unit = units;
+    e.units_m = e.m > 0 && e.n > 0 ? (e.m + bm - 1) / bm : 0;
+    e.units_n = e.m > 0 && e.n > 0 ? (e.n + bn - 1) / bn : 0;
+    units += e.units_m * e.units_n;
+    seen[i].assign(e.units_m * e.units_n, 0);
+  }
+  const ProblemList list{table.data(), static_cast<int>(table.size())};
+  CHECK(list.units() == units, "%d units counted, %d in the table", list.units(), units);
+  for (int c = 0; c < clusters; ++c) {
+    ProblemList::Walk walk;
+    for (int unit = c; unit < list.units(); unit += clusters) {
+      walk.seek(list, unit);
+      const int i = walk.problem, local = unit - walk.first_unit;
+      CHECK(i >= 0 && i < static_cast<int>(sizes.size()) && local >= 0 && local < walk.units,
+            "unit %d outside problem %d's units", unit, i);
+      if (!(i >= 0 && i < static_cast<int>(sizes.size()) && local >= 0 && local < walk.units)) continue;
+      CHECK(walk.m == sizes[i][0] && walk.n == sizes[i][1] && walk.k_tiles == table[i].k_tiles,
+            "unit %d: problem %d's sizes %d x %d (%d k tiles) walked as %d x %d (%d)", unit, i, sizes[i][0],
+            sizes[i][1], table[i].k_tiles, walk.m, walk.n, walk.k_tiles);
+      ++seen[i][local];
+    }
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    for (size_t u = 0; u < seen[i].size(); ++u)
+      CHECK(seen[i][u] == 1, "problem %zu unit %zu walked %d times", i, u, seen[i][u]);
+}
+
+int main() {
+  check({{2048, 2048, 2048}}, 128, 256, 64, 66);
+  // Ragged sizes with empty problems first, between and last; K = 0 has units (D = 0), M or N = 0 none.
+  check({{0, 64, 64}, {1, 7, 63}, {129, 300, 1000}, {64, 0, 5}, {300, 129, 0}, {1000, 1, 7}, {0, 0, 0}}, 128, 128,
+        64, 5);
+  check({{0, 0, 0}, {0, 3, 3}}, 128, 128, 64, 3);
+  for (int clusters = 1; clusters <= 9; ++clusters)
+    check({{17, 300, 64}, {300, 17, 128}, {1, 1, 1}, {511, 513, 64}}, 64, 256, 64, clusters);
+  std::printf("%d failures\n", failures);
+  return failures != 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_problem_list_walk(tmp_path) -> None:
+    assert run_host_program(LIST_PROGRAM, tmp_path).strip() == "0 failures"

@@ -16,6 +16,14 @@ PATHS = {0: "fast", 1: "unaligned", 2: "small_m", 3: "repacked", 4: "grouped", -
 EPILOGUE_SLOTS = MAX_EPILOGUE_OPERANDS
 
 
+class GemmListProblemStruct(ctypes.Structure):
+    """Mirror of GemmListProblem (templates/common/gemm_args.h): one problem of a list-form grouped call."""
+
+    _fields_ = [("a", ctypes.c_void_p), ("b", ctypes.c_void_p), ("d", ctypes.c_void_p),
+                ("m", ctypes.c_int64), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("lda", ctypes.c_int64), ("ldb", ctypes.c_int64), ("ldd", ctypes.c_int64)]
+
+
 class GemmArgsStruct(ctypes.Structure):
     """Mirror of templates/common/gemm_args.h."""
 
@@ -26,7 +34,8 @@ class GemmArgsStruct(ctypes.Structure):
                 ("ep_scalar", ctypes.c_float * EPILOGUE_SLOTS), ("aux", ctypes.c_void_p), ("ldaux", ctypes.c_int64),
                 ("batch", ctypes.c_int64), ("batch_stride_a", ctypes.c_int64), ("batch_stride_b", ctypes.c_int64),
                 ("batch_stride_d", ctypes.c_int64),
-                ("group_ends", ctypes.c_void_p)]
+                ("group_ends", ctypes.c_void_p),
+                ("list", ctypes.POINTER(GemmListProblemStruct)), ("list_device", ctypes.c_void_p)]
 
 
 @dataclass(frozen=True)
