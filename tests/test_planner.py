@@ -1049,6 +1049,12 @@ def test_batch_hint_counts_every_problems_tiles(arch: int) -> None:
     assert p.why.startswith(f"{tiles} tiles of {bm}x{bn} in ")
 
 
+def test_batch_hint_weighs_clusters_by_every_problems_tiles() -> None:
+    # One problem of 256 x 2048 fills a single wave (1x1 only); 64 of them take several, where multicast pays.
+    assert plan(arch=90, m=256, n=2048, k=7168).config.cluster == (1, 1)
+    assert plan(arch=90, m=256, n=2048, k=7168, batch=64).config.cluster != (1, 1)
+
+
 @pytest.mark.parametrize("batch", [0, -3, 2.5, True])
 def test_batch_hint_must_be_a_positive_integer(batch: object) -> None:
     with pytest.raises(ValueError, match=r"batch=.*give a positive integer problem size"):

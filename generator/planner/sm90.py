@@ -207,7 +207,7 @@ def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Proble
     (4096^3 +4 %, 512x28672x8192 +20 %)."""
     if knobs.cluster:
         return [knobs.cluster]
-    tiles = math.ceil(problem.m / tile[0]) * math.ceil(problem.n / tile[1])
+    tiles = math.ceil(problem.m / tile[0]) * math.ceil(problem.n / tile[1]) * problem.batch  # every problem's
     return [(1, 1)] if tiles <= sm_count else list(PLANNED_CLUSTERS)
 
 

@@ -1,0 +1,86 @@
+"""The sm90 kernels around the planner's pick for M = 17-512 (few tiles along M), data-parallel against stream-K,
+timed beside cuBLAS in one run: which decomposition fills the GPU when M x N gives fewer tiles than SMs
+(docs/sm90.md, "Fewer tiles than SMs").
+
+    python3 gpu/midm_tiles.py [--shapes 64x8192x8192,512x4096x14336] [--json $OUT/midm_tiles.json]
+
+bf16, x @ W.t() (layout tn). Each row: the kernel, its TFLOP/s, the ratio to torch.matmul measured in the same
+interleaved rounds, and its error against float32.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from dataclasses import replace
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import torch  # noqa: E402
+
+from bench import parse_shapes, timed_rounds  # noqa: E402
+from generator import Gemm  # noqa: E402
+from generator.spec.config import KernelConfig  # noqa: E402
+from generator.runtime.op import compile_many  # noqa: E402
+
+SHAPES = ("32x8192x8192,64x8192x8192,128x8192x8192,128x4096x4096,128x4096x14336,128x14336x4096,"
+          "512x4096x14336,512x4096x4096,128x8192x28672")
+# (tile, cluster, schedule, stream-K)
+CANDIDATES = [((128, 64, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1, 1), "cooperative", True),
+              ((128, 256, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1, 2), "cooperative", True),
+              ((128, 64, 64), (1, 1), "cooperative", False), ((128, 128, 64), (1, 1), "pingpong", False),
+              ((128, 256, 64), (1, 1), "cooperative", False)]
+
+
+def configs_for(m: int, n: int, k: int) -> list[KernelConfig]:
+    """The planner's config first, then the candidates (stream-K is a config field the planner does not set)."""
+    configs = [Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config]
+    for tile, cluster, schedule, stream_k in CANDIDATES:
+        try:
+            plan = Gemm("bf16", "tn", arch=90, m=m, n=n, k=k, tile_shape=tile, cluster_shape=cluster,
+                        schedule=schedule)
+        except ValueError as refused:   # not legal here: say so and go on
+            print(f"  skip {tile} {cluster} {schedule}: {refused}")
+            continue
+        configs.append(replace(plan.config, stream_k=True) if stream_k else plan.config)
+    unique = {c.name: c for c in configs}
+    return list(unique.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
+    args = ap.parse_args()
+    shapes = parse_shapes(args.shapes)
+    per_shape = {s: configs_for(*s) for s in shapes}
+    configs = {c.name: c for shape_configs in per_shape.values() for c in shape_configs}
+    ops = {op.name: op for op in compile_many(list(configs.values()), namespace="gemmgen_midm_tiles")}
+    rows = []
+    for (m, n, k), shape_configs in per_shape.items():
+        x = torch.randn(m, k, device="cuda").bfloat16()
+        w = torch.randn(n, k, device="cuda").bfloat16()
+        ref = x.float() @ w.float().t()
+        fns = {"cublas": lambda: torch.matmul(x, w.t())}
+        fns.update({c.name: (lambda op=ops[c.name]: op(x, w.t())) for c in shape_configs})
+        times = timed_rounds(fns, args.rounds)
+        flops = 2.0 * m * n * k
+        print(f"{m}x{n}x{k}: cuBLAS {flops / times['cublas'] / 1e9:.1f} TFLOP/s")
+        for i, c in enumerate(shape_configs):
+            name = c.name
+            err = ((ops[name](x, w.t()).float() - ref).norm() / ref.norm()).item()
+            ratio = times["cublas"] / times[name]
+            pick = " (planner's pick)" if i == 0 else ""
+            print(f"  {name:52s} {flops / times[name] / 1e9:7.1f}  x{ratio:.3f} cuBLAS  err {err:.1e}{pick}")
+            rows.append(dict(m=m, n=n, k=k, kernel=name, picked=i == 0, ms=times[name], cublas_ms=times["cublas"],
+                             vs_cublas=ratio, err=err))
+    Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
