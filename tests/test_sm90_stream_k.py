@@ -92,6 +92,19 @@ int main() {
   const StreamK small(64, 32, 132);
   CHECK(small.whole_waves == 0 && small.tail_begin == 0, "128x4096x4096: %d whole waves, tail at %lld",
         small.whole_waves, static_cast<long long>(small.tail_begin));
+  // The launch's split-K grid for fewer units than clusters: units x parts clusters (512x4096x14336 in 128x256
+  // tiles: 64 units of 224 k tiles, 2 parts), each unit cut at the same k tiles, so that the clusters sharing a
+  // B tile read the same k range together.
+  for (const int parts : {2, 3, 4}) {
+    check(64, 224, 64 * parts);
+    const StreamK split(64, 224, 64 * parts);
+    for (int c = 0; c < 64 * parts; ++c)
+      split.for_each_segment(c, [&](const StreamK::Segment& s) {
+        CHECK(s.kt_begin == 224 * (c % parts) / parts && s.kt_end == 224 * (c % parts + 1) / parts &&
+                  s.unit == c / parts,
+              "split-K in %d parts: cluster %d has unit %d k tiles [%d, %d)", parts, c, s.unit, s.kt_begin, s.kt_end);
+      });
+  }
   for (int units = 1; units <= 12; ++units)
     for (int k_tiles = 1; k_tiles <= 9; ++k_tiles)
       for (int clusters = 1; clusters <= units * k_tiles && clusters <= 40; ++clusters) check(units, k_tiles, clusters);

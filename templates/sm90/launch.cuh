@@ -368,6 +368,15 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
     // are fewer units than twice the SMs (512x4096 with 128x128 tiles ran on 64 of 132 SMs), and the
     // consumers of one SM share its tensor cores anyway.
     clusters = work < resident ? work : resident;
+    // Fewer units than resident clusters (a small M): every unit in the same number of equal parts (split-K),
+    // one cluster each, so that the clusters sharing an operand tile (the M tiles of one N column share B's)
+    // read the same k range at the same time and L2 serves the second read. A split by the iteration count
+    // alone (units x k tiles over all resident clusters) starts each cluster at its own k: measured 0.49-0.62x
+    // cuBLAS at 512x4096x14336 against 0.77x data-parallel (gpu/midm_tiles.py, docs/sm90.md).
+    if (stream_k && units < resident) {
+      const int64_t parts = resident / units < problem.k_tiles ? resident / units : problem.k_tiles;
+      clusters = units * parts;
+    }
   }
   const unsigned ctas = static_cast<unsigned>(clusters * K::CLUSTER);
 
