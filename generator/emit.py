@@ -64,7 +64,7 @@ import jinja2
 from .planner.backward import accumulator_config, backward_closure, backward_configs
 from .render import included_headers, render, templates_dir
 from .render.epilogue_python import python_function
-from .spec.config import KernelConfig, grouped_refusal
+from .spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
 from .spec.epilogue import KINDS, KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from .spec.types import DType, Order
 
@@ -351,16 +351,19 @@ def _epilogue_context(ep: Epilogue, boxed: bool = False) -> dict[str, Any]:
 
 
 def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
-    """An op without a fused epilogue has the .grouped overload (grouped GEMM: a mixture of experts' rows), as the
-    JIT ops (generator.runtime.op: has_grouped); its OpSpec says why the plan takes no grouped call, if it does not
-    (generator.spec.config.grouped_refusal: the op refuses such a call with these words)."""
+    """An op without a fused epilogue has the .grouped and .grouped_list overloads (grouped GEMM: a mixture of
+    experts' rows; a list of problems), as the JIT ops (generator.runtime.op: has_grouped); its OpSpec says why the
+    plan takes no such call, if it does not (generator.spec.config.grouped_refusal, grouped_list_refusal: the op
+    refuses such a call with these words)."""
     grouped = cfg.epilogue.is_identity
     refusal = grouped_refusal(cfg) if grouped else None
+    list_refusal = grouped_list_refusal(cfg) if grouped else None
     docs = {f"grouped_{what.lower()}_doc": _GROUPED_DOC[what, order]
             for what, order in (("A", cfg.layout.a), ("B", cfg.layout.b), ("D", cfg.layout.c))}
-    return {"grouped": grouped, "grouped_refusal": refusal, **docs,
-            # as a C string literal (the sentence is the generator's own, but escaped all the same)
-            "grouped_refusal_c": None if refusal is None else json.dumps(refusal, ensure_ascii=True)}
+    return {"grouped": grouped, "grouped_refusal": refusal, "grouped_list_refusal": list_refusal, **docs,
+            # as C string literals (the sentences are the generator's own, but escaped all the same)
+            "grouped_refusal_c": None if refusal is None else json.dumps(refusal, ensure_ascii=True),
+            "grouped_list_refusal_c": None if list_refusal is None else json.dumps(list_refusal, ensure_ascii=True)}
 
 
 def _plan_knobs(item: object, config: KernelConfig) -> tuple[tuple[str, Any], ...]:

@@ -18,6 +18,7 @@
 #   STEPS=midm MIDM_ARGS="--shapes 64x8192x8192"     (M = 17-512: data-parallel against stream-K tiles, beside cuBLAS)
 #   STEPS=grouped GROUPED_ARGS="--ragged" GROUPED_TAG=_ragged gpu/run_all.sh   (grouped GEMM vs torch._grouped_mm and a
 #                                                       torch.mm loop; tests: STEPS=tests GPU_TESTS=tests/gpu/test_grouped.py)
+#   STEPS=grouped GROUPED_ARGS=--list-only gpu/run_all.sh   (list form only: op.grouped_list; tests: tests/gpu/test_grouped_list.py)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"

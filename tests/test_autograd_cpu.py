@@ -76,6 +76,13 @@ class ReferenceOp(GemmOp):
             start = end
         return D
 
+    def run_grouped_list(self, A, B):
+        problems = self._check_list(A, B)   # lengths, ranks, dtypes, devices, K, storage orders
+        D = self._empty_list_out(A, B)
+        for a, b, d in zip(A, B, D):         # each problem by its own matrices, fp32 accumulation
+            d.copy_((a.float() @ b.float()).to(self.out_dtype))
+        return D
+
     def derived(self, configs):
         return [ReferenceOp(c, self.namespace) for c in configs]
 
@@ -563,6 +570,77 @@ def test_compile_fullgraph_grouped_call_with_dynamic_sizes_compiles_once():
             torch._dynamo.mark_dynamic(t, 0)
         got = compiled(a, b, offsets)
         assert got.shape == (sum(sizes), 24) and torch.equal(got, op.grouped(a, b, offsets).float() * 2)
+    assert counter.frame_count == 1
+
+
+# -- list calls (.grouped_list) on the registration ----------------------------------------------------------------
+
+#: (M, K, N) of a list call's problems.
+LIST_SIZES = [(5, 32, 24), (17, 8, 40), (0, 16, 8), (33, 40, 16)]
+
+
+def list_operands(layout, sizes=LIST_SIZES, dtype=torch.bfloat16, **kw):
+    """A[i] (M_i, K_i) and B[i] (K_i, N_i) of a layout."""
+    orders = ["row" if letter == "t" else "col" for letter in layout]
+    return ([operand(m, k, orders[0], dtype, **kw) for m, k, _ in sizes],
+            [operand(k, n, orders[1], dtype, **kw) for _, k, n in sizes])
+
+
+def test_list_calls_refuse_grad_and_run_without_it(formula):
+    """Both formulas' registrations (C++: gemm_op.h's GroupedAutogradKernel; Python: autograd.py's) refuse a list call
+    that would need a gradient, naming the matrices; without grad mode, or with detached inputs, it runs."""
+    op = formula_op(formula, "nt")
+    dump = torch._C._dispatch_dump(f"{formula}::{op.name}.grouped_list")
+    where = dump.split("Autograd[alias]: registered at ")[1].split("\n")[0]
+    assert ("jit_runtime.cpp" in where) == (formula == NAMESPACE), where   # which Autograd kernel
+    a, b = list_operands("nt", requires_grad=True)
+    detached = ([t.detach() for t in a], [t.detach() for t in b])
+    for x, y, wanting in ((a, b, "A[0], A[1], A[2], A[3], B[0], B[1], B[2], B[3]"),
+                          ([a[0].detach(), *a[1:2]], detached[1][:2], "A[1]"),
+                          (detached[0], [*detached[1][:3], b[3]], "B[3]")):
+        for call in (op.grouped_list, op):
+            with pytest.raises(RuntimeError) as info:
+                call(x, y)
+            assert str(info.value).startswith(f"{op.name}.grouped_list: grouped calls have no backward pass yet, but "
+                                              f"{wanting} require(s) grad: call it under torch.no_grad() or with "
+                                              "detached tensors"), str(info.value)
+    with torch.no_grad():
+        d = op(a, b)
+    assert [t.grad_fn for t in d] == [None] * 4 and [tuple(t.shape) for t in d] == [(m, n) for m, _, n in LIST_SIZES]
+    for got, x, y in zip(d, *detached):
+        if got.numel():
+            assert rel(got, x.double() @ y.double()) <= BOUND[torch.bfloat16]
+    assert all(torch.equal(u, v) for u, v in zip(op.grouped_list(*detached), d))
+
+
+@pytest.mark.parametrize("layout, layout_c", [("tn", "row"), ("nt", "col")])
+def test_opcheck_on_list_calls(layout, layout_c):
+    """Schema, fake (each D[i] (M_i, N_i) in the plan's order; the sizes symbolic in test_aot_dispatch_dynamic) and
+    the Autograd kernel's registration of .grouped_list."""
+    op = reference_op(layout, layout_c=layout_c)
+    for sizes in (LIST_SIZES, [(40, 16, 24)], []):
+        a, b = list_operands(layout, sizes)
+        torch.library.opcheck(op.op.grouped_list, (a, b))
+        d = op.grouped_list(a, b)
+        assert [tuple(t.shape) for t in d] == [(m, n) for m, _, n in sizes]
+        for got, x, y in zip(d, a, b):
+            if got.numel():
+                assert got.stride() == ((got.shape[1], 1) if layout_c == "row" else (1, got.shape[0]))
+                assert rel(got, x.double() @ y.double()) <= BOUND[torch.bfloat16]
+
+
+def test_compile_fullgraph_list_call_compiles_once_for_new_sizes():
+    """A list call traces: its fake gives each D[i]'s shape; dynamic sizes of the same number of problems trace once."""
+    op = reference_op("tn")
+    counter = _compile_counter()
+    compiled = torch.compile(lambda a, b: [d.float() * 2 for d in op(a, b)], backend=counter, fullgraph=True)
+    for sizes in ([(5, 32, 24), (17, 8, 40)], [(7, 16, 8), (9, 24, 16)], [(30, 40, 16), (3, 16, 32)]):
+        a, b = list_operands("tn", sizes)
+        for t in (*a, *b):
+            torch._dynamo.mark_dynamic(t, 0)
+            torch._dynamo.mark_dynamic(t, 1)
+        got = compiled(a, b)
+        assert all(torch.equal(g, d.float() * 2) for g, d in zip(got, op(a, b)))
     assert counter.frame_count == 1
 
 

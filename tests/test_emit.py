@@ -20,6 +20,7 @@ from generator.planner.backward import accumulator_config, backward_closure, bac
 from generator.emit import GENCODE, backward_ops, resolve_ops
 from generator.plans import load_plans_file
 from generator.render import included_headers, render, templates_dir
+from generator.spec.config import grouped_list_refusal, grouped_refusal
 from generator.spec.types import Order
 from toolchain import find_cuda_home
 
@@ -65,6 +66,13 @@ def test_the_ops_and_their_names(tmp_path):
         assert f'm.def("{op}.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);' in binding
         assert f"def {op}(A, B, *, out=None):" in init
         assert f"_OPS.{op}.default(A, B)" in init
+        # the list form: its schema, kernels and Python function; the op called with two lists takes it
+        assert f'm.def("{op}.grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]", kTags);' in binding
+        assert f'm.impl("{op}.grouped_list", gemmgen::GemmGroupedListKernel{{&k_{op}}});' in binding
+        assert f'm.impl("{op}.grouped_list", gemmgen::GemmGroupedListMetaKernel{{&k_{op}}});' in binding
+        assert f'm.impl("{op}.grouped_list", gemmgen::grouped_list_autograd_kernel("{op}"));' in binding
+        assert f"{op}.grouped_list = _{op}_grouped_list" in init and f"return _{op}_grouped_list(A, B)" in init
+        assert f"_OPS.{op}.grouped_list(list(A), list(B))" in init
     assert "from . import _C" in init and '__all__ = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]' in init
     for plan in two_plans():  # every kernel's C entry points are declared and used
         assert f"int {plan.name}_launch(const GemmArgs* args, void* stream);" in binding
@@ -81,6 +89,27 @@ def test_the_ops_and_their_names(tmp_path):
     assert ("Kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (tile 128x256x64, cooperative schedule, cluster 2x1, "
             "4 stages), planned for sm_90:") in doc
     assert "built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200)" in doc
+    # each OpSpec says why its plan takes no grouped call of either form, where it does not (the sm80 op)
+    sm80 = two_plans()[1].config
+    spec = binding.split("const OpSpec k_gemm_fp16_nt_ofp32_dcol = {")[1].split("};")[0]
+    assert f"/*grouped_refusal=*/{json.dumps(grouped_refusal(sm80))}," in spec
+    assert f"/*grouped_list_refusal=*/{json.dumps(grouped_list_refusal(sm80))}," in spec
+    assert "grouped_refusal" not in binding.split("const OpSpec k_gemm_bf16_tn = {")[1].split("};")[0]
+    assert f"This op's plan takes no list call: {grouped_list_refusal(sm80)}." in init
+
+
+def test_an_op_that_takes_list_calls_but_not_grouped_rows(tmp_path):
+    """A column-major A: grouped rows refused (a group starts at any row), list calls taken; the OpSpec carries the
+    one refusal (nullptr for the other), the README shows the list call."""
+    plan = Gemm("bf16", "nt", arch=90)
+    files = tree(emit(plan, name="g", out=tmp_path / "g"))
+    binding, readme = files["csrc/binding.cpp"].decode(), files["README.md"].decode()
+    assert grouped_list_refusal(plan.config) is None and grouped_refusal(plan.config) is not None
+    spec = binding.split("const OpSpec k_gemm_bf16_nt = {")[1].split("};")[0]
+    assert f"/*grouped_refusal=*/{json.dumps(grouped_refusal(plan.config))}," in spec
+    assert "grouped_list_refusal" not in spec
+    assert "D0, D1 = g.gemm_bf16_nt([A0, A1], [B0, B1])" in readme
+    assert "# gemm_bf16_nt.grouped(A, B, offsets): refused by this plan" in readme
 
 
 def test_build_files(tmp_path):
@@ -347,6 +376,7 @@ def test_no_autograd_leaves_the_backward_out(tmp_path):
     # its one Autograd block refuses grad for the .grouped overloads (as an epilogue op's refuses it: no formula)
     autograd_block = binding.split("TORCH_LIBRARY_IMPL(my_gemms, Autograd, m) {\n")[1].split("}")[0]
     assert autograd_block == "".join(f'  m.impl("{op}.grouped", gemmgen::grouped_autograd_kernel("{op}"));\n'
+                                     f'  m.impl("{op}.grouped_list", gemmgen::grouped_list_autograd_kernel("{op}"));\n'
                                      for op in ("gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol")), autograd_block
     compile(init, "__init__.py", "exec")
     record = json.loads(files["plans.json"])
@@ -686,8 +716,8 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
         assert all(has("{WHEEL_PACKAGE}::" + op, "Autograd") is {WHEEL_AUTOGRAD} for op in ops)
         for op in ops:
             packet = getattr(torch.ops.{WHEEL_PACKAGE}, op)
-            assert sorted(packet.overloads()) == ["default", "grouped", "out"], packet.overloads()
-            for overload in (packet.default, packet.out, packet.grouped):
+            assert sorted(packet.overloads()) == ["default", "grouped", "grouped_list", "out"], packet.overloads()
+            for overload in (packet.default, packet.out, packet.grouped, packet.grouped_list):
                 assert torch.Tag.needs_fixed_stride_order in overload.tags, overload.tags
                 assert torch.Tag.pt2_compliant_tag in overload.tags, overload.tags
             assert f"Kernel sm{{pkg.PLANS[op]['arch']}}_" in getattr(pkg, op).__doc__
@@ -747,13 +777,13 @@ def test_installed_package_grouped_overload(built_wheel):
     """.grouped of the installed package (gemm_op.h's gemm_grouped, compiled into the wheel): the sm80 plan's op
     refuses it before any other check, with the JIT op's words, and so does the sm90 one (its A is column-major) on
     real, meta and fake tensors; inputs that require grad are refused by an Autograd kernel of its own in a package
-    without autograd. (The checks and shapes of an accepting plan: tests/test_jit_runtime.py, same gemm_op.h.)"""
-    from generator.spec.config import grouped_refusal
-
+    without autograd; the list form (.grouped_list, and the op called with two lists) likewise, which the sm90 op takes.
+    (The checks and shapes of an accepting plan: tests/test_jit_runtime.py, same gemm_op.h.)"""
     plans = [Gemm(**kw) for kw in WHEEL_PLANS]
     refusal = f"gemm_bf16_tn: {grouped_refusal(plans[0].config)}"   # (the package's op name)
     layout_refusal = f"gemm_fp16_nt_ofp32_dcol: {grouped_refusal(plans[1].config)}"
-    assert "A row-major" in layout_refusal, layout_refusal
+    list_refusal = f"gemm_bf16_tn: {grouped_list_refusal(plans[0].config)}"
+    assert "A row-major" in layout_refusal and grouped_list_refusal(plans[1].config) is None, layout_refusal
     r = run_installed(built_wheel, f"""
         import torch
         import {WHEEL_PACKAGE} as pkg
@@ -792,6 +822,20 @@ def test_installed_package_grouped_overload(built_wheel):
         wanting = X.to(**m).requires_grad_()
         assert error(lambda: fn(wanting, Y.to(**m), offsets.to(**m))) == (
             "RuntimeError", "gemm_fp16_nt_ofp32_dcol.grouped: grouped calls have no backward pass yet, but A "
+                            "require(s) grad: call it under torch.no_grad() or with detached tensors")
+        # The list form: the sm80 op refuses it first; the sm90 op takes its column-major A (each problem's maps
+        # start at its own A): CPU tensors refused with the fix, meta tensors give each D[i] column-major fp32.
+        for call in (lambda: pkg.gemm_bf16_tn([A, A], [B[0]]), lambda: pkg.gemm_bf16_tn.grouped_list([], [])):
+            assert error(call) == ("ValueError", {list_refusal!r}), error(call)
+        listed = pkg.gemm_fp16_nt_ofp32_dcol
+        assert "list of problems" in listed.grouped_list.__doc__
+        assert error(lambda: listed([X], [Y[0]])) == (
+            "ValueError", "A[0] is on cpu; this op runs on CUDA tensors: pass A[0].cuda()")
+        Ds = listed([X.to(**m), X[:5].to(**m)], [Y[0].to(**m), Y[1, :, :9].to(**m)])
+        assert [(tuple(t.shape), t.stride(), t.dtype) for t in Ds] == [((64, 48), (1, 64), torch.float32),
+                                                                      ((5, 9), (1, 5), torch.float32)], Ds
+        assert error(lambda: listed([wanting], [Y[0].to(**m)])) == (
+            "RuntimeError", "gemm_fp16_nt_ofp32_dcol.grouped_list: grouped calls have no backward pass yet, but A[0] "
                             "require(s) grad: call it under torch.no_grad() or with detached tensors")
         print("GROUPED OK")
     """)
@@ -1136,6 +1180,45 @@ with FakeTensorMode():   # what torch.compile traces with
     D, AUX = aux_fn(torch.empty(24, 7, device="cuda").half().t(), torch.empty(24, 40, device="cuda").half(),
                     torch.empty(7, device="cuda").half(), torch.empty(7, 40, device="cuda").half(), 1.0)
     assert (tuple(D.shape), D.stride(), AUX.stride(), D.device.type) == ((7, 40), (1, 7), (1, 7), "cuda")
+# .grouped_list: the plain op's (gemm_op.h's checks, Meta kernel and refusal of grad), reached by the op with two
+# lists too; none for an epilogue op
+for op in ("{knob}", "{function}"):
+    assert "grouped_list" not in getattr(torch.ops.{name}, op).overloads()
+    assert not hasattr(getattr(pkg, op), "grouped_list")
+plain_fn = pkg.{plain}
+As, Bs = [a, a[:5]], [b, b[:, :7]]
+MAs, MBs = [t.to(**m) for t in As], [t.to(**m) for t in Bs]
+for call in (lambda: plain_fn(As, Bs), lambda: plain_fn.grouped_list(tuple(As), Bs),
+             lambda: torch.ops.{name}.{plain}.grouped_list(As, Bs)):
+    assert error(call) == ("ValueError", "A[0] is on cpu; this op runs on CUDA tensors: pass A[0].cuda()"), error(call)
+for Ds in (plain_fn(MAs, MBs), plain_fn.grouped_list(MAs, MBs)):
+    assert [(tuple(t.shape), t.stride(), t.dtype) for t in Ds] == [((33, 40), (40, 1), torch.bfloat16),
+                                                                   ((5, 7), (7, 1), torch.bfloat16)], Ds
+assert plain_fn([], []) == []
+for call, expected in [
+    (lambda: plain_fn.grouped_list(a, Bs), ("TypeError", "A must be a list (or tuple) of torch.Tensors, one matrix "
+                                                         "per problem, got Tensor")),
+    (lambda: plain_fn(As, [b, 3]), ("TypeError", "B[1] must be a torch.Tensor, got int")),
+    (lambda: plain_fn(As, Bs, out=a), ("ValueError", "{plain}: a list call, op(As, Bs), returns a new D per problem "
+                                                     "and takes no out= or epilogue operands: call it with the two "
+                                                     "lists alone")),
+    (lambda: plain_fn(MAs, MBs[:1]), ("ValueError", "A has 2 matrices but B has 1: pass one B per A")),
+    (lambda: plain_fn(MAs, [MBs[0], MBs[1][1:]]), ("ValueError", "A[1] is (5, 24) and B[1] is (23, 7): K must agree "
+                                                                 "(A[1]'s columns = B[1]'s rows); for x @ W.t() pass "
+                                                                 "B[1] = W.t()")),
+    (lambda: plain_fn([MAs[0], MAs[1][None]], MBs), ("ValueError", "A[1] must be 2-D (M, K) for a list call: one "
+                                                                   "matrix per problem; got shape (1, 5, 24)")),
+    (lambda: plain_fn(MAs, [MBs[0], MBs[1].half()]), ("TypeError", "B[1] is torch.float16; this plan computes bf16: "
+                                                                   "pass B[1].to(torch.bfloat16) or plan with "
+                                                                   "dtype='float16'")),
+    (lambda: plain_fn(MAs, [MBs[0], MBs[1].clone().requires_grad_()]),
+     ("RuntimeError", "{plain}.grouped_list: grouped calls have no backward pass yet, but B[1] require(s) grad: call "
+                      "it under torch.no_grad() or with detached tensors")),
+]:
+    assert error(call) == expected, (error(call), expected)
+with FakeTensorMode() as mode:
+    Ds = plain_fn([mode.from_tensor(t).to("cuda") for t in As], [mode.from_tensor(t).to("cuda") for t in Bs])
+    assert [(tuple(t.shape), t.device.type) for t in Ds] == [((33, 40), "cuda"), ((5, 7), "cuda")]
 
 
 class M(torch.nn.Module):

@@ -24,7 +24,7 @@ from generator import epilogue as ep  # noqa: E402
 from generator.runtime import GemmOp, jit_runtime  # noqa: E402
 from generator.runtime import compile_op, registered_op  # noqa: E402
 from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
-from generator.runtime.library import GemmArgsStruct  # noqa: E402
+from generator.runtime.library import GemmArgsStruct, GemmListProblemStruct  # noqa: E402
 from generator.runtime.operands import scale_blocks  # noqa: E402
 from generator.spec.epilogue import with_scales  # noqa: E402
 
@@ -47,7 +47,7 @@ def cuda_kernel_source(qualname: str, key: str = "CUDA") -> str | None:
 
 def test_compile_registers_the_cpp_cuda_kernel_and_autograd(op):
     assert op.cpp_kernel and op.cpp_autograd and jit_runtime.RUNTIME.failure is None
-    for overload in ("", ".out"):
+    for overload in ("", ".out", ".grouped_list"):
         for key in ("CUDA", "Autograd[alias]"):
             where = cuda_kernel_source(f"gemmgen_rt::{op.name}{overload}", key)
             assert where is not None and "jit_runtime.cpp" in where, (key, where)
@@ -175,21 +175,30 @@ _ERROR_STRING = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int)
 _PATH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(GemmArgsStruct))
 _FAILURE = ctypes.create_string_buffer(b"the stand-in kernel failed")
 #: The GemmArgs each op.path(...) asked the stand-in library's path chooser about; it answers 1 ('unaligned'), and
-#: for a grouped call (group_ends set) GROUPED_PATH[0] (4: 'grouped').
+#: for a grouped call (group_ends or list set) GROUPED_PATH[0] (4: 'grouped').
 PATHS_ASKED: list = []
 GROUPED_PATH = [4]
 
 
+def _copy_args(args):
+    """A copy of the GemmArgs a call passed; a list call's problems copied too, as ``.problems`` (the host array lives
+    only during the call)."""
+    copy = GemmArgsStruct.from_buffer_copy(args.contents)
+    copy.problems = ([GemmListProblemStruct.from_buffer_copy(args.contents.list[i]) for i in range(copy.batch)]
+                     if args.contents.list else None)
+    return copy
+
+
 @_LAUNCH
 def _record_launch(args, stream):
-    LAUNCHES.append(GemmArgsStruct.from_buffer_copy(args.contents))
+    LAUNCHES.append(_copy_args(args))
     return LAUNCH_CODE[0]
 
 
 @_PATH
 def _record_path(args):
-    PATHS_ASKED.append(GemmArgsStruct.from_buffer_copy(args.contents))
-    return GROUPED_PATH[0] if args.contents.group_ends else 1
+    PATHS_ASKED.append(_copy_args(args))
+    return GROUPED_PATH[0] if args.contents.group_ends or args.contents.list else 1
 
 
 @_ERROR_STRING
@@ -224,6 +233,8 @@ STAND_IN_PLANS = {
     "sm80": dict(layout="tn", family="sm80"),
     "sm80_arch80": dict(layout="tn", arch=80),
     "ws": dict(layout="tn", schedule="ws"),
+    # list calls take a column-major A too (a config no other plan here derives: its own op)
+    "list_nt": dict(layout="nt", schedule="pingpong"),
 }
 _STAND_INS: dict = {}
 
@@ -310,6 +321,7 @@ def args_dict(args, outputs):
     fields = {name: getattr(args, name) for name, _ in GemmArgsStruct._fields_}
     for name in ("ep_ptr", "ep_ld", "ep_scalar"):
         fields[name] = list(fields[name])
+    fields["list"] = ctypes.cast(fields["list"], ctypes.c_void_p).value   # (a pointer object: its address)
     pointers = {t.data_ptr(): f"output {i}" for i, t in enumerate(outputs)}
     for name in ("d", "aux"):
         fields[name] = pointers.get(fields[name], fields[name])
@@ -1142,3 +1154,307 @@ def test_fake_grouped_outputs_have_the_real_shapes_and_strides(python_launches_o
         with FakeTensorMode() as mode:
             fakes = [mode.from_tensor(t) for t in (x, y, o)]
             assert _raise(lambda: op.op.grouped(*fakes)) == expected
+
+
+# -- list calls (.grouped_list: problems of their own sizes, CUTLASS's GroupedGemm): the same checks and GemmArgs ------
+
+from generator.spec.config import grouped_list_refusal  # noqa: E402
+
+#: (M, K, N) of a list call's problems: empty ones among them (no rows, no columns, K = 0), which are not launched.
+LIST_SIZES = [(40, 32, 48), (1, 16, 8), (0, 32, 48), (17, 8, 0), (24, 0, 40), (33, 40, 24)]
+#: The stand-in plans whose kernels take list calls: tt cooperative, pingpong with a column-major D, int8 tn (int32 D)
+#: and nt pingpong (a column-major A, which list calls take, unlike grouped rows).
+LISTED = ["grouped_tt", "pingpong_dcol", "int8", "list_nt"]
+
+
+def padded(rows, cols, order, dtype, lead=None):
+    """A rows x cols matrix stored in order whose leading dimension is ``lead`` (default: its line rounded up to 16
+    elements, which keeps every dtype here on the 16-byte rule)."""
+    line_ = cols if order == "row" else rows
+    lead = lead if lead is not None else -(-max(line_, 1) // 16) * 16
+    if order == "row":
+        return torch.randn(rows, lead).to(dtype)[:, :cols]
+    return torch.randn(cols, lead).to(dtype)[:, :rows].t()
+
+
+def list_inputs(op, sizes=LIST_SIZES):
+    """A[i] (M_i, K_i) and B[i] (K_i, N_i) of op's plan, each on the 16-byte rule."""
+    cfg = op.config
+    a = [padded(m, k, cfg.layout.a.value, TORCH_DTYPES[cfg.dtype]) for m, k, _ in sizes]
+    b = [padded(k, n, cfg.layout.b.value, TORCH_DTYPES[cfg.b_dtype]) for _, k, n in sizes]
+    return a, b
+
+
+def cpp_list(op, a, b):
+    return op.op.grouped_list.redispatch(CUDA_KEY, a, b)
+
+
+def python_list(op, a, b):
+    return op.run_grouped_list(a, b)
+
+
+def problem_fields(p):
+    return (p.a, p.b, p.d, p.m, p.n, p.k, p.lda, p.ldb, p.ldd)
+
+
+def list_args(args, outputs):
+    """A list call's GemmArgs: its problems, D's addresses replaced by which D[i] they point at; the other fields."""
+    where = {t.data_ptr(): f"D[{i}]" for i, t in enumerate(outputs)}
+    problems = [(*problem_fields(p)[:2], where.get(p.d, p.d), *problem_fields(p)[3:]) for p in args.problems]
+    rest = {k: v for k, v in args_dict(args, outputs).items() if k != "list"}
+    return problems, rest
+
+
+@pytest.mark.parametrize("key", LISTED)
+def test_list_calls_fill_the_gemm_args_alike_on_both_paths(python_launches_on_cpu, key):
+    """A list call's GemmArgs: zeroed but for batch (the problems with work) and list, each problem's A[i], B[i],
+    D[i], sizes and leading dimensions, in order; the same on the C++ kernel, the Python path, op.grouped_list and
+    op(As, Bs). D[i] (M_i, N_i) in the plan's order; K_i = 0 gives zeros, no rows or columns an empty D[i]."""
+    op = stand_in(key)
+    orders = [o.value for o in (op.config.layout.a, op.config.layout.b, op.config.layout.c)]
+    a, b = list_inputs(op)
+    calls = {"cpp": lambda: cpp_list(op, a, b), "python": lambda: python_list(op, a, b),
+             "method": lambda: op.grouped_list(a, b), "call": lambda: op(tuple(a), tuple(b))}
+    results = {name: launched(call) for name, call in calls.items()}
+    work = [i for i, (m, k, n) in enumerate(LIST_SIZES) if m and n and k]
+    for name, (d, args) in results.items():
+        assert isinstance(d, list) and len(d) == len(LIST_SIZES), name
+        for i, (m, k, n) in enumerate(LIST_SIZES):
+            strides = (torch.empty(m, n) if orders[2] == "row" else torch.empty(n, m).t()).stride()
+            assert (tuple(d[i].shape), d[i].stride(), d[i].dtype) == ((m, n), strides, op.out_dtype), (name, i)
+            if k == 0:
+                assert torch.equal(d[i], torch.zeros(m, n, dtype=op.out_dtype)), (name, i)
+        assert args.batch == len(work) and args.list and not args.list_device, name
+        expected = [(a[i].data_ptr(), b[i].data_ptr(), d[i].data_ptr(), m, n, k,
+                     a[i].stride(0 if orders[0] == "row" else 1), b[i].stride(0 if orders[1] == "row" else 1),
+                     line(m, n, orders[2]))
+                    for i, (m, k, n) in enumerate(LIST_SIZES) if i in work]
+        assert [problem_fields(p) for p in args.problems] == expected, name
+        zeroed = {f: getattr(args, f) for f in ("a", "b", "d", "m", "n", "k", "lda", "ldb", "ldd", "batch_stride_a",
+                                                "batch_stride_b", "batch_stride_d", "group_ends", "aux", "ldaux")}
+        assert not any(zeroed.values()) and not any(args.ep_ptr), (name, zeroed)
+    first = list_args(results["cpp"][1], results["cpp"][0])
+    assert all(list_args(args, d) == first for d, args in results.values())
+
+
+def test_empty_list_calls_launch_nothing_on_both_paths(python_launches_on_cpu):
+    """An empty list gives [] and no launch; a list of problems without work (no rows, no columns, K = 0) gives their
+    D[i] (zeros for K = 0) and no launch; operands off the 16-byte rule are taken where they are not launched."""
+    op = stand_in("grouped_tt")   # tt: A and B row-major
+    off = ([padded(5, 0, "row", torch.bfloat16, lead=3)], [padded(0, 4, "row", torch.bfloat16, lead=5)])   # K = 0
+    cases = {   # label -> (A, B)
+        "no problems": ([], []),
+        "no work": list_inputs(op, [(0, 32, 48), (17, 8, 0), (24, 0, 40)]),
+        "K = 0, leading dimensions off the rule": off,
+        "no rows, B's leading dimension off the rule": ([padded(0, 8, "row", torch.bfloat16)],
+                                                         [padded(8, 44, "row", torch.bfloat16, lead=44)]),
+    }
+    for label, (a, b) in cases.items():
+        for call in (cpp_list, python_list):
+            d, args = launched(lambda: call(op, a, b))
+            assert args is None and [tuple(t.shape) for t in d] == [(x.shape[0], y.shape[1]) for x, y in zip(a, b)]
+            assert all(torch.equal(t, torch.zeros_like(t)) for t in d), label
+    d, args = launched(lambda: op.grouped_list((), ()))
+    assert d == [] and args is None
+
+
+def _list_plan_refusal(op):
+    return ValueError, f"{op.name}: {grouped_list_refusal(op.config)}"
+
+
+def _swap(values, i, value):
+    return [value if j == i else v for j, v in enumerate(values)]
+
+
+_RULE = ("the grouped kernel loads A and B by TMA, which needs the base address, the leading dimension and the "
+         "stride between B's matrices to be multiples of 16 bytes")
+
+# label -> (stand-in plan, make (A, B) from the plan's op and good list inputs (LIST_SIZES), what both paths raise,
+# or a function of the op giving it). "grouped_tt" is layout tt (A and B row-major); "list_nt" nt.
+LIST_BAD = {
+    "an sm80 plan for Hopper": ("sm80", lambda op, a, b: (a, b), _list_plan_refusal),
+    "an sm80 plan for Ampere": ("sm80_arch80", lambda op, a, b: (a, b), _list_plan_refusal),
+    "the ws schedule": ("ws", lambda op, a, b: (a, b), _list_plan_refusal),
+    "stream-K": ("stream_k", lambda op, a, b: (a, b), _list_plan_refusal),
+    "an sm80 plan, whatever the operands": ("sm80", lambda op, a, b: ([a[0][None]], b[:2]), _list_plan_refusal),
+    "an sm80 plan, an empty list": ("sm80", lambda op, a, b: ([], []), _list_plan_refusal),
+    "one B short": ("grouped_tt", lambda op, a, b: (a, b[:-1]),
+                    (ValueError, "A has 6 matrices but B has 5: pass one B per A")),
+    "no B": ("grouped_tt", lambda op, a, b: (a[:3], []),
+             (ValueError, "A has 3 matrices but B has 0: pass one B per A")),
+    "A[1] 3-D": ("grouped_tt", lambda op, a, b: (_swap(a, 1, a[1][None]), b),
+                 (ValueError, "A[1] must be 2-D (M, K) for a list call: one matrix per problem; got shape (1, 1, 16)")),
+    "B[0] 1-D": ("grouped_tt", lambda op, a, b: (a, _swap(b, 0, b[0][0])),
+                 (ValueError, "B[0] must be 2-D (K, N) for a list call: one matrix per problem; got shape (48,)")),
+    "A[1] float32": ("grouped_tt", lambda op, a, b: (_swap(a, 1, a[1].float()), b),
+                     (TypeError, "A[1] is torch.float32; this plan computes bf16: pass A[1].to(torch.bfloat16) or plan "
+                                 "with dtype='float32'")),
+    "B[5] float16": ("grouped_tt", lambda op, a, b: (a, _swap(b, 5, b[5].half())),
+                     (TypeError, "B[5] is torch.float16; this plan computes bf16: pass B[5].to(torch.bfloat16) or plan "
+                                 "with dtype='float16'")),
+    "int8: B[0] int32": ("int8", lambda op, a, b: (a, _swap(b, 0, b[0].int())),
+                         (TypeError, "B[0] is torch.int32; this plan computes int8: pass B[0].to(torch.int8)")),
+    "A[0] column-major": ("grouped_tt", lambda op, a, b: (_swap(a, 0, a[0].t().contiguous().t()), b),
+                          (ValueError, "A[0] has strides (1, 40) (column-major); this plan was made for "
+                                       "layout_a='row': plan with layout='nt' or pass A[0].contiguous()")),
+    "nt: A[5] row-major": ("list_nt", lambda op, a, b: (_swap(a, 5, a[5].contiguous()), b),
+                           (ValueError, "A[5] has strides (40, 1) (row-major); this plan was made for layout_a='col': "
+                                        "plan with layout='tt' or pass A[5].t().contiguous().t() (a column-major "
+                                        "copy)")),
+    "B[1] on meta": ("grouped_tt", lambda op, a, b: (a, _swap(b, 1, b[1].to("meta"))),
+                     (ValueError, "B[1] is on meta; this op runs on CUDA tensors: pass B[1].cuda()")),
+    "K of B[5]": ("grouped_tt", lambda op, a, b: (a, _swap(b, 5, b[5][1:])),
+                  (ValueError, "A[5] is (33, 40) and B[5] is (39, 24): K must agree (A[5]'s columns = B[5]'s rows); "
+                               "for x @ W.t() pass B[5] = W.t()")),
+    "M[1] past int32": ("grouped_tt",
+                        lambda op, a, b: (_swap(a, 1, torch.empty(0, 2**31 + 1, dtype=torch.bfloat16).t()),
+                                          _swap(b, 1, b[1][:0])),
+                        (ValueError, "M[1]=2147483649 is larger than the kernels index (2**31 - 1): split the "
+                                     "problem")),
+    # the 16-byte rule of the problems with work (the kernel's TMA loads), after every other check
+    "A[5]'s base address": (
+        "grouped_tt", lambda op, a, b: (_swap(a, 5, torch.randn(33 * 40 + 1).bfloat16()[1:].view(33, 40)), b),
+        (ValueError, f"A[5] breaks the 16-byte rule of grouped calls: its base address is 2 bytes past a multiple of "
+                     f"16; {_RULE}: pass a copy, A[5].clone(memory_format=torch.contiguous_format)")),
+    "A[0]'s leading dimension": (
+        "grouped_tt", lambda op, a, b: (_swap(a, 0, padded(40, 32, "row", torch.bfloat16, lead=36)), b),
+        (ValueError, f"A[0] breaks the 16-byte rule of grouped calls: its leading dimension is 36 elements (72 bytes); "
+                     f"{_RULE}: make its leading dimension a multiple of 8 elements: pass a view of a padded buffer, "
+                     "e.g. torch.empty(40, 32, dtype=torch.bfloat16, device='cpu')[:, :32]")),
+    "nt: A[1]'s leading dimension": (
+        "list_nt", lambda op, a, b: (_swap(a, 1, padded(1, 16, "col", torch.bfloat16, lead=4)), b),
+        (ValueError, f"A[1] breaks the 16-byte rule of grouped calls: its leading dimension is 4 elements (8 bytes); "
+                     f"{_RULE}: make its leading dimension a multiple of 8 elements: pass a view of a padded buffer, "
+                     "e.g. torch.empty(16, 8, dtype=torch.bfloat16, device='cpu')[:, :1].t()")),
+    "B[5]'s leading dimension": (
+        "grouped_tt", lambda op, a, b: (a, _swap(b, 5, padded(40, 24, "row", torch.bfloat16, lead=28))),
+        (ValueError, f"B[5] breaks the 16-byte rule of grouped calls: its leading dimension is 28 elements (56 bytes); "
+                     f"{_RULE}: make its leading dimension a multiple of 8 elements: pass a view of a padded buffer, "
+                     "e.g. torch.empty(40, 24, dtype=torch.bfloat16, device='cpu')[:, :24]")),
+    "int8: A[0]'s leading dimension": (
+        "int8", lambda op, a, b: (_swap(a, 0, padded(40, 32, "row", torch.int8, lead=40)), b),
+        (ValueError, f"A[0] breaks the 16-byte rule of grouped calls: its leading dimension is 40 elements (40 bytes); "
+                     f"{_RULE}: make its leading dimension a multiple of 16 elements: pass a view of a padded buffer, "
+                     "e.g. torch.empty(40, 32, dtype=torch.int8, device='cpu')[:, :32]")),
+}
+
+
+@pytest.mark.parametrize("case", list(LIST_BAD))
+def test_cpp_list_checks_say_what_the_python_checks_say(python_launches_on_cpu, case):
+    key, make, expected = LIST_BAD[case]
+    op = stand_in(key)
+    a, b = make(op, *list_inputs(op))
+    if callable(expected):
+        expected = expected(op)
+    before = len(LAUNCHES)
+    cpp = _raise(lambda: cpp_list(op, a, b))
+    assert cpp == _raise(lambda: python_list(op, a, b)) == expected, cpp
+    if all(t.device.type == "cpu" for t in (*a, *b)):
+        # the method and op(As, Bs), through the dispatcher (to the Python kernel: a meta tensor would go to the fake)
+        assert _raise(lambda: op.grouped_list(a, b)) == _raise(lambda: op(a, b)) == expected
+    assert len(LAUNCHES) == before   # refused before any launch
+    if key in LISTED:   # the next correct call launches
+        _, args = launched(lambda: cpp_list(op, *list_inputs(op)))
+        assert args is not None and args.list
+
+
+def test_list_refusals_name_the_fix_for_each_plan():
+    """The list form's plan refusals: grouped_refusal's but A's order (each problem's maps start at its own A)."""
+    for key in LISTED:
+        assert grouped_list_refusal(stand_in(key).config) is None, key
+    assert grouped_refusal(stand_in("list_nt").config) is not None   # (grouped rows refuse the column-major A)
+    for key in ("sm80", "sm80_arch80", "ws", "fused"):
+        assert grouped_list_refusal(stand_in(key).config) == grouped_refusal(stand_in(key).config), key
+    assert grouped_list_refusal(stand_in("stream_k").config) == (
+        "grouped calls do not split tiles by stream-K (the list's walk takes each problem's tiles whole); this config "
+        "has stream_k=True: use one without it, schedule='cooperative' or 'pingpong'")
+
+
+def test_list_calls_take_lists_of_tensors(python_launches_on_cpu):
+    """What the dispatcher would refuse in its own words (a list of something else) is refused by op.grouped_list and
+    op(As, Bs) with the fix; an op with a fused epilogue has no .grouped_list overload."""
+    op = stand_in("grouped_tt")
+    a, b = list_inputs(op, [(8, 16, 8), (16, 8, 16)])
+    assert _raise(lambda: op.grouped_list(a[0], b)) == (
+        TypeError, "A must be a list (or tuple) of torch.Tensors, one matrix per problem, got Tensor")
+    assert _raise(lambda: op.grouped_list(a, {0: b[0]})) == (
+        TypeError, "B must be a list (or tuple) of torch.Tensors, one matrix per problem, got dict")
+    assert _raise(lambda: op.grouped_list([a[0], 3], b)) == (TypeError, "A[1] must be a torch.Tensor, got int")
+    assert _raise(lambda: op(a, [b[0], None])) == (TypeError, "B[1] must be a torch.Tensor, got NoneType")
+    assert _raise(lambda: op(a, b, out=a[0])) == (
+        ValueError, f"{op.name}: a list call, op(As, Bs), returns a new D per problem and takes no out= or epilogue "
+                    "operands: call it with the two lists alone")
+    # one list: not a list call
+    assert _raise(lambda: op(a[0], b)) == (TypeError, "B must be a torch.Tensor, got list")
+    fused = stand_in("fused")
+    assert "grouped_list" not in fused.op.overloads() and "grouped_list" in op.op.overloads()
+    for call in (lambda: fused.grouped_list(a, b), lambda: fused(a, b, torch.ones(8), a[0], 1.0, 2.0),
+                 lambda: fused.path(a, b)):
+        assert _raise(call) == (ValueError, f"{fused.name}: {GROUPED_EPILOGUE_REFUSAL}")
+    schema = str(op.op.grouped_list._schema)
+    assert schema.endswith(".grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]"), schema
+    tags = op.op.grouped_list.tags
+    assert torch.Tag.needs_fixed_stride_order in tags and torch.Tag.pt2_compliant_tag in tags
+    assert "jit_runtime.cpp" in cuda_kernel_source(f"{op.namespace}::{op.name}.grouped_list")
+
+
+def test_while_a_graph_is_captured_list_calls_are_refused(python_launches_on_cpu, monkeypatch):
+    """Capturing a CUDA graph, a list call is refused after its checks (the library builds each problem's tensor maps
+    on the host at each call); an empty list still gives []. The C++ path asks c10::cuda on CUDA tensors only (the
+    GPU tests' part)."""
+    op = stand_in("grouped_tt")
+    a, b = list_inputs(op)
+    monkeypatch.setattr(op_module, "stream_capturing", lambda device: True)
+    assert _raise(lambda: python_list(op, a, b)) == (ValueError, f"{op.name}: {op_module.LIST_CAPTURE_REFUSAL}")
+    assert op_module.LIST_CAPTURE_REFUSAL.endswith("call it outside the capture, or use the offsets form "
+                                                   "op.grouped(A, B, offsets), whose launch is capturable")
+    assert _raise(lambda: python_list(op, a, b[:-1]))[1].startswith("A has 6 matrices")   # the checks come first
+    assert launched(lambda: python_list(op, [], [])) == ([], None)
+
+
+def test_path_of_a_list_call_asks_with_the_arguments_of_its_launch(python_launches_on_cpu):
+    op = stand_in("pingpong_dcol")
+    a, b = list_inputs(op)
+    PATHS_ASKED.clear()
+    assert op.path(a, b) == "grouped"   # what the stand-in chooser answers for a list
+    _, launch_args = launched(lambda: python_list(op, a, b))
+    (asked,) = PATHS_ASKED
+    assert asked.batch == launch_args.batch == 3 and not asked.group_ends
+    # the same problems but for D's addresses (the path's D is its own)
+    assert [problem_fields(p)[:2] + problem_fields(p)[3:] for p in asked.problems] == [
+        problem_fields(p)[:2] + problem_fields(p)[3:] for p in launch_args.problems]
+    GROUPED_PATH[0] = -1
+    try:
+        assert op.path(tuple(a), tuple(b)) == "none"
+    finally:
+        GROUPED_PATH[0] = 4
+    PATHS_ASKED.clear()
+    assert op.path([], []) == "grouped" and stand_in("sm80").path([], []) == "none" and not PATHS_ASKED
+    with pytest.raises(ValueError, match="A has 6 matrices but B has 5"):
+        op.path(a, b[1:])
+
+
+def test_fake_list_outputs_have_the_real_shapes_and_strides(python_launches_on_cpu):
+    """The fake (torch.compile's) gives each D[i] (M_i, N_i) in the plan's order as eager calls allocate it, and
+    refuses what needs no data with the real call's words."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    for key in LISTED:
+        op = stand_in(key)
+        a, b = list_inputs(op)
+        real = cpp_list(op, a, b)
+        with FakeTensorMode() as mode:
+            fake = op.op.grouped_list([mode.from_tensor(t) for t in a], [mode.from_tensor(t) for t in b])
+        assert [(t.shape, t.stride(), t.dtype) for t in fake] == [(t.shape, t.stride(), t.dtype) for t in real], key
+    op = stand_in("grouped_tt")
+    a, b = list_inputs(op)
+    sm80 = stand_in("sm80")
+    for target, (x, y) in [(sm80, list_inputs(sm80)), (op, (a, b[1:])), (op, (a, _swap(b, 5, b[5][1:]))),
+                           (op, (_swap(a, 1, a[1].float()), b)), (op, (a, _swap(b, 0, b[0][0])))]:
+        expected = _raise(lambda: python_list(target, x, y))
+        with FakeTensorMode() as mode:
+            fakes = [[mode.from_tensor(t) for t in x], [mode.from_tensor(t) for t in y]]
+            assert _raise(lambda: target.op.grouped_list(*fakes)) == expected
+    # meta tensors reach the C++ Meta kernel of an emitted package (tests/test_emit.py) and the fake here
+    d = op.op.grouped_list([t.to("meta") for t in a], [t.to("meta") for t in b])
+    assert [(tuple(t.shape), t.device.type) for t in d] == [((m, n), "meta") for m, _, n in LIST_SIZES]

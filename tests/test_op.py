@@ -11,6 +11,7 @@ torch = pytest.importorskip("torch")
 from generator import Gemm  # noqa: E402
 from generator.runtime import GemmArgsStruct, leading_dim  # noqa: E402
 from generator.runtime.checks import batch_stride  # noqa: E402
+from generator.runtime.library import GemmListProblemStruct  # noqa: E402
 from generator.spec.types import Order  # noqa: E402
 
 
@@ -80,14 +81,21 @@ def test_fake_tensors_give_the_batched_output_shape(op, shapes, expected):
 
 
 def test_args_struct_matches_the_c_header():
-    # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields, then group_ends last.
+    # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields, group_ends, then a list
+    # call's host array and the launch's device copy last.
     assert GemmArgsStruct.m.offset == 24 and GemmArgsStruct.ldd.offset == 64
     assert GemmArgsStruct.batch.offset == GemmArgsStruct.ldaux.offset + 8
     assert GemmArgsStruct.group_ends.offset == GemmArgsStruct.batch_stride_d.offset + 8
-    assert GemmArgsStruct.group_ends.offset + 8 == ctypes.sizeof(GemmArgsStruct)
+    assert GemmArgsStruct.list.offset == GemmArgsStruct.group_ends.offset + 8
+    assert GemmArgsStruct.list_device.offset == GemmArgsStruct.list.offset + 8
+    assert GemmArgsStruct.list_device.offset + 8 == ctypes.sizeof(GemmArgsStruct)
+    # GemmListProblem: a, b, d, then m, n, k, lda, ldb, ldd (int64): GemmArgs' first nine fields
+    assert [f for f, _ in GemmListProblemStruct._fields_] == [f for f, _ in GemmArgsStruct._fields_[:9]]
+    assert GemmListProblemStruct.m.offset == 24 and ctypes.sizeof(GemmListProblemStruct) == 72
 
 
-def test_args_struct_has_the_c_compilers_layout(tmp_path):
+@pytest.mark.parametrize("struct, mirror", [("GemmArgs", GemmArgsStruct), ("GemmListProblem", GemmListProblemStruct)])
+def test_args_struct_has_the_c_compilers_layout(tmp_path, struct, mirror):
     """Every field of the ctypes mirror at the offset (and of the size) a C compiler gives gemm_args.h's, and no
     field missing: a field added to the header but not to the mirror (or in another place) fails here."""
     import shutil
@@ -98,15 +106,15 @@ def test_args_struct_has_the_c_compilers_layout(tmp_path):
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         pytest.skip("no C compiler to read templates/common/gemm_args.h's layout")
-    fields = [name for name, _ in GemmArgsStruct._fields_]
-    lines = "\n".join(f'  printf("{f} %zu %zu\\n", offsetof(GemmArgs, {f}), sizeof(((GemmArgs*)0)->{f}));'
+    fields = [name for name, _ in mirror._fields_]
+    lines = "\n".join(f'  printf("{f} %zu %zu\\n", offsetof({struct}, {f}), sizeof((({struct}*)0)->{f}));'
                       for f in fields)
     (tmp_path / "layout.c").write_text(f"""#include <stddef.h>
 #include <stdio.h>
 #include "common/gemm_args.h"
 int main(void) {{
 {lines}
-  printf("sizeof %zu 0\\n", sizeof(GemmArgs));
+  printf("sizeof %zu 0\\n", sizeof({struct}));
   return 0;
 }}
 """)
@@ -115,9 +123,9 @@ int main(void) {{
     assert build.returncode == 0, build.stderr
     out = subprocess.run([str(tmp_path / "layout")], capture_output=True, text=True, check=True).stdout.split("\n")
     c = {name: (int(offset), int(size)) for name, offset, size in (line.split() for line in out if line)}
-    mirror = {f: (getattr(GemmArgsStruct, f).offset, getattr(GemmArgsStruct, f).size) for f in fields}
-    assert {f: c[f] for f in fields} == mirror
-    assert c["sizeof"][0] == ctypes.sizeof(GemmArgsStruct)   # nothing after the mirror's last field
+    offsets = {f: (getattr(mirror, f).offset, getattr(mirror, f).size) for f in fields}
+    assert {f: c[f] for f in fields} == offsets
+    assert c["sizeof"][0] == ctypes.sizeof(mirror)   # nothing after the mirror's last field
 
 
 @pytest.mark.parametrize("shape, strides, order, expected", [
@@ -166,3 +174,24 @@ def test_grouped_overload_of_a_built_op(op):
         d = op.grouped(*(mode.from_tensor(t, static_shapes=True).to("cuda") for t in (a, b, offsets)))
     assert (tuple(d.shape), d.stride(), d.dtype, d.device.type) == ((64, 48), (48, 1), torch.bfloat16, "cuda")
     assert (tuple(b.shape), b.stride()) == ((4, 32, 48), (48 * 32, 1, 32))
+
+
+def test_grouped_list_overload_of_a_built_op(op):
+    """The real op's .grouped_list: its schema, registered with the tags of the other overloads; CPU tensors refused
+    with the fix (the Python kernel), by op(As, Bs) too; fake tensors (torch.compile) give each D[i] (M_i, N_i)
+    row-major."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    overload = op.op.grouped_list
+    assert str(overload._schema).endswith(".grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]")
+    assert torch.Tag.needs_fixed_stride_order in overload.tags and torch.Tag.pt2_compliant_tag in overload.tags
+    a = [torch.randn(64, 32).bfloat16(), torch.randn(8, 16).bfloat16()]
+    b = [torch.randn(48, 32).bfloat16().t(), torch.randn(24, 16).bfloat16().t()]   # weights W (N, K) -> B = W.t()
+    on_cpu = r"^A\[0\] is on cpu; this op runs on CUDA tensors: pass A\[0\]\.cuda\(\)$"
+    for call in (lambda: op.grouped_list(a, b), lambda: op(a, b), lambda: overload(a, b)):
+        with pytest.raises(ValueError, match=on_cpu):
+            call()
+    with FakeTensorMode() as mode:
+        d = op([mode.from_tensor(t).to("cuda") for t in a], [mode.from_tensor(t).to("cuda") for t in b])
+    assert [(tuple(t.shape), t.stride(), t.dtype, t.device.type) for t in d] == [
+        ((64, 48), (48, 1), torch.bfloat16, "cuda"), ((8, 24), (24, 1), torch.bfloat16, "cuda")]

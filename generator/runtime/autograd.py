@@ -19,8 +19,9 @@ eight per dtype and architecture, all registered at once).
 
 A batched call (3-D A or B) has no formula yet: one that needs a gradient is refused when it runs
 (``refuse_batched_grad``, as templates/torch/gemm_autograd.h's C++ formula). Nor has a grouped call (the
-``.grouped`` overload): its Autograd kernel refuses inputs that require grad (``grouped_grad_refusal``, as
-templates/torch/gemm_op.h's GroupedAutogradKernel, which the JIT runtime registers with the C++ formula).
+``.grouped`` and ``.grouped_list`` overloads): their Autograd kernels refuse inputs that require grad
+(``grouped_grad_refusal``, as templates/torch/gemm_op.h's GroupedAutogradKernel, which the JIT runtime registers with
+the C++ formula).
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_autograd.h) where it is
     built, so that calls needing no gradient skip Python; else this module's, in Python. An op with a fused
     epilogue always takes the Python formula (``_register_epilogue_formula``)."""
-    grouped = op.config.epilogue.is_identity   # the ops with a .grouped overload (generator.runtime.op: has_grouped)
+    grouped = op.config.epilogue.is_identity   # the ops with .grouped overloads (generator.runtime.op: has_grouped)
     if op.config.dtype.is_quantized:
         _register_quantized_refusal(op, lib)
         _register_out_refusal(op, lib)
@@ -274,20 +275,34 @@ def _register_out_refusal(op: OpHandle, lib: torch.library.Library) -> None:
     lib.impl(f"{op.name}.out", out_autograd, "Autograd")
 
 
-def grouped_grad_refusal(name: str, wanting: list[str]) -> str:
-    """What a grouped call that would need a gradient hears (gemm_op.h's GroupedAutogradKernel says the same)."""
-    return (f"{name}.grouped: grouped calls have no backward pass yet, but {', '.join(wanting)} require(s) grad: "
+def grouped_grad_refusal(name: str, wanting: list[str], overload: str = "grouped") -> str:
+    """What a grouped call that would need a gradient hears (gemm_op.h's GroupedAutogradKernel says the same):
+    ``wanting`` the inputs that require grad ("A", "B"; a list call's "A[0]", "B[2]"), of ``overload``."""
+    return (f"{name}.{overload}: grouped calls have no backward pass yet, but {', '.join(wanting)} require(s) grad: "
             "call it under torch.no_grad() or with detached tensors")
 
 
 def _register_grouped_refusal(op: OpHandle, lib: torch.library.Library) -> None:
+    """The Autograd kernels of .grouped and .grouped_list: refused at the call, rather than answered with a result
+    that has no gradient; without grad mode (or with nothing requiring it) on to the kernel."""
+    ops = getattr(torch.ops, op.namespace)
+
     def grouped_autograd(A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        # Refused at the call, rather than answered with a result that has no gradient.
         if torch.is_grad_enabled():
             wanting = [what for what, t in (("A", A), ("B", B)) if isinstance(t, torch.Tensor) and t.requires_grad]
             if wanting:
                 raise RuntimeError(grouped_grad_refusal(op.name, wanting))
         with torch._C._AutoDispatchBelowAutograd():
-            return getattr(getattr(torch.ops, op.namespace), op.name).grouped(A, B, offsets)
+            return getattr(ops, op.name).grouped(A, B, offsets)
+
+    def grouped_list_autograd(A: list[torch.Tensor], B: list[torch.Tensor]) -> list[torch.Tensor]:
+        if torch.is_grad_enabled():
+            wanting = [f"{what}[{i}]" for what, matrices in (("A", A), ("B", B)) for i, t in enumerate(matrices)
+                       if t.requires_grad]
+            if wanting:
+                raise RuntimeError(grouped_grad_refusal(op.name, wanting, "grouped_list"))
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(ops, op.name).grouped_list(A, B)
 
     lib.impl(f"{op.name}.grouped", grouped_autograd, "Autograd")
+    lib.impl(f"{op.name}.grouped_list", grouped_list_autograd, "Autograd")

@@ -24,7 +24,7 @@ import torch
 
 from ..build import BuildError, BuildRequest, build
 from ..render import templates_dir
-from ..spec.config import KernelConfig, grouped_refusal
+from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
 from ..spec.epilogue import KINDS, Epilogue
 from ..spec.types import Order
 from .checks import other_layout
@@ -53,7 +53,7 @@ class JitOpSpec(ctypes.Structure):
                 ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p),
                 ("num_operands", ctypes.c_int), ("operands", ctypes.POINTER(JitOperandSpec)),
                 ("aux", ctypes.c_int), ("device_type", ctypes.c_int), ("dtype_b", ctypes.c_char_p),
-                ("grouped_refusal", ctypes.c_char_p)]
+                ("grouped_refusal", ctypes.c_char_p), ("grouped_list_refusal", ctypes.c_char_p)]
 
 
 #: gemmgen::OperandKind in templates/torch/gemm_op.h: the index of each kind in generator.spec.epilogue.KINDS.
@@ -153,7 +153,8 @@ class _Runtime:
 
         An op with a fused epilogue gets the boxed kernels of gemm_op.h, told its operands (kind, name, dtype,
         order) and whether it has a second output; its schema must be defined already (it is checked). A plain
-        op's .grouped overload gets its kernel too, told why the plan takes no grouped call where it does not."""
+        op's .grouped and .grouped_list overloads get their kernels too, told why the plan takes no such call where it
+        does not."""
         if not self.ensure():
             return False
         cfg = op.config
@@ -171,7 +172,8 @@ class _Runtime:
             device_type=DEVICE_TYPES[op.device_type],
             dtype_b=cfg.dtype_b.value.encode() if cfg.dtype_b is not None else None,
             # why the plan takes no grouped call (an op with an epilogue has no .grouped overload: none)
-            grouped_refusal=(grouped_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None)
+            grouped_refusal=(grouped_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None,
+            grouped_list_refusal=(grouped_list_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None)
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 

@@ -6,7 +6,9 @@ with ctypes and called with raw pointers on the operands' current stream. The op
 ``(A, B) -> D`` and ``.out(A, B, *, out) -> out``. A and B are 2-D, or either or both 3-D for a batch of
 problems (``Problem``, ``batch_size``): D[b] = epilogue(A[b] @ B[b]), GemmArgs' batch fields. An op without a
 fused epilogue has a third, ``.grouped(A, B, offsets) -> D`` (``GemmOp.grouped``): a mixture of experts' rows,
-A (total_M, K) sorted by group, B (E, K, N), D[rows of group g] = A[rows of group g] @ B[g], GemmArgs' group_ends.
+A (total_M, K) sorted by group, B (E, K, N), D[rows of group g] = A[rows of group g] @ B[g], GemmArgs' group_ends;
+and a fourth, ``.grouped_list(A[], B[]) -> D[]`` (``GemmOp.grouped_list``, or ``op(As, Bs)`` with lists): problems of
+their own sizes (CUTLASS's GroupedGemm), D[i] = A[i] @ B[i] in one launch, GemmArgs' list.
 
 What each overload has, so that it behaves like a native op (see ``_register``):
 
@@ -18,8 +20,8 @@ What each overload has, so that it behaves like a native op (see ``_register``):
   and functionalization (torch.compile, AOTAutograd) use, since torch functionalizes a custom op whose
   return aliases ``out`` only by decomposing it; and, like aten's out= ops, an Autograd kernel that
   refuses inputs which require grad.
-* ``.grouped`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an Autograd kernel that
-  refuses inputs which require grad (no formula yet).
+* ``.grouped`` and ``.grouped_list`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an
+  Autograd kernel that refuses inputs which require grad (no formula yet).
 * all: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
   had when traced, i.e. the planned layout) and ``pt2_compliant_tag`` (opcheck passes).
 """
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Literal, NamedTuple, Sequence
 
 import torch
 
@@ -36,13 +38,13 @@ try:   # torch's broadcasting's test for a size of 1 (older torch: guard_size_ob
 except ImportError:   # pragma: no cover
     from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
 
-from ..spec.config import GROUPED_EPILOGUE_REFUSAL, KernelConfig, grouped_refusal
+from ..spec.config import GROUPED_EPILOGUE_REFUSAL, KernelConfig, grouped_list_refusal, grouped_refusal
 from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from . import jit_runtime
 from .autograd import register_autograd
 from .checks import (INT32_MAX, TORCH_DTYPES, batch_stride, check_group_ends, grouped_alignment_refusal,
                      leading_dim, order_of, other_layout)
-from .library import PATHS, GemmArgsStruct, KernelLibrary
+from .library import PATHS, GemmArgsStruct, GemmListProblemStruct, KernelLibrary
 from .loader import build_libraries, load_library
 from .operands import (bind, check_batchable, check_operands, check_out_aliasing, check_sizes_symbolic,
                        check_static, check_type, schema_arguments, schema_returns)
@@ -52,6 +54,18 @@ _SHAPES = {"A": ("(M, K)", "(batch, M, K)"), "B": ("(K, N)", "(batch, K, N)")}
 #: A grouped call's A and B: their rank and what it holds (for messages).
 _GROUPED_SHAPES = {"A": (2, "2-D (total_M, K) for a grouped call: every group's rows, sorted by group"),
                    "B": (3, "3-D (E, K, N) for a grouped call: one matrix per group (expert)")}
+#: A list call's A[i] and B[i] (for messages).
+_LIST_SHAPES = {"A": "2-D (M, K) for a list call: one matrix per problem",
+                "B": "2-D (K, N) for a list call: one matrix per problem"}
+#: What a list call hears while its stream is being captured into a CUDA graph (after "<op name>: "; gemm_op.h's
+#: kListCaptureRefusal): the library builds each problem's tensor maps on the host and copies them at each call.
+LIST_CAPTURE_REFUSAL = ("a list call builds its problems' tensor maps on the host and copies them to the device at "
+                        "each call, which a CUDA graph capture cannot hold: call it outside the capture, or use the "
+                        "offsets form op.grouped(A, B, offsets), whose launch is capturable")
+
+#: The form of a call, for the rank its A and B must have (gemm_op.h's CallForm): plain (2-D, or 3-D for a batch),
+#: grouped rows (A 2-D, B 3-D), or a list call (each A[i] and B[i] 2-D).
+Form = Literal["plain", "grouped", "list"]
 
 
 class Problem(NamedTuple):
@@ -69,11 +83,15 @@ class Problem(NamedTuple):
     batch_stride_b: int = 0
 
 
-def _check_rank(t: torch.Tensor, what: str, grouped: bool = False) -> None:
-    if grouped:
+def _check_rank(t: torch.Tensor, what: str, form: Form = "plain") -> None:
+    """``what``: "A" or "B", or a list call's "A[i]" or "B[i]"."""
+    if form == "grouped":
         rank, shape = _GROUPED_SHAPES[what]
         if t.dim() != rank:
             raise ValueError(f"{what} must be {shape}; got shape {tuple(t.shape)}")
+    elif form == "list":
+        if t.dim() != 2:
+            raise ValueError(f"{what} must be {_LIST_SHAPES[what[0]]}; got shape {tuple(t.shape)}")
     elif t.dim() not in (2, 3):
         one, batched = _SHAPES[what]
         raise ValueError(f"{what} must be 2-D {one} or 3-D {batched}; got shape {tuple(t.shape)}")
@@ -144,13 +162,18 @@ class GemmOp:
                         f"serves every problem, as in torch.matmul. Kernel {self.name}. Operands whose base "
                         "address or leading dimension is not 16-byte aligned are copied into an aligned workspace "
                         "(large problems) or run on a slower unaligned kernel; op.path(A, B) says which."
-                        + (" Grouped calls (a mixture of experts' rows): op.grouped(A, B, offsets)."
+                        + (" Grouped calls (a mixture of experts' rows): op.grouped(A, B, offsets); a list of "
+                           "problems of their own sizes: op([A0, A1, ...], [B0, B1, ...]) -> [D0, D1, ...]."
                            if has_grouped(config) else ""))
 
-    def __call__(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, out: torch.Tensor | None = None,
-                 **named: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, A: torch.Tensor | Sequence[torch.Tensor], B: torch.Tensor | Sequence[torch.Tensor],
+                 *operands: Any, out: torch.Tensor | None = None,
+                 **named: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | list[torch.Tensor]:
         """``op(A, B, *epilogue operands, out=None)``; the operands also by name (``bias=b``). A plan whose
-        epilogue has a second output returns ``(D, aux)``."""
+        epilogue has a second output returns ``(D, aux)``. Two lists (or tuples) of matrices, ``op(As, Bs)``, are a
+        list call (``grouped_list``)."""
+        if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
+            return self._call_list(A, B, bool(operands or named) or out is not None)
         # The dispatcher would reject a non-tensor with a RuntimeError about the schema; say it plainly.
         # Trace-safe: under torch.compile these are isinstance checks on FakeTensors, no graph break.
         for value, what in ((A, "A"), (B, "B"), (out, "out")):
@@ -183,6 +206,41 @@ class GemmOp:
         if not self.config.epilogue.is_identity:   # (such an op has no .grouped overload)
             raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
         return self.op.grouped(A, B, offsets)
+
+    def grouped_list(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Grouped GEMM, the list form (CUTLASS's GroupedGemm): problems of their own sizes, A[i] (M_i, K_i) and B[i]
+        (K_i, N_i) each stored as the plan's A and B, all on one CUDA device. Returns [D0, D1, ...], each D[i] =
+        A[i] @ B[i] a new (M_i, N_i) tensor in the plan's order of D. One launch for all problems, on the sm90
+        family's persistent kernels (schedule 'cooperative' or 'pingpong'; A in either order), with every A[i] and
+        B[i] that has work on the 16-byte rule; other plans and operands are refused with the fix. An empty list
+        gives []; problems with M_i, N_i or K_i of 0 are not launched (K_i = 0 gives zeros). The library builds each
+        problem's tensor maps on the host at each call, so a CUDA graph cannot capture it (refused while capturing:
+        op.grouped(A, B, offsets) can be). Also ``op(A, B)`` with lists, and
+        ``torch.ops.<namespace>.<name>.grouped_list(A, B)``. No backward yet."""
+        self._check_list_types(A, B)
+        if not self.config.epilogue.is_identity:   # (such an op has no .grouped_list overload)
+            raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
+        return self.op.grouped_list(list(A), list(B))
+
+    def _call_list(self, A: object, B: object, extra: bool) -> list[torch.Tensor]:
+        """``op(As, Bs)``: the list call; ``extra``: operands or out= were given too, which it does not take."""
+        if extra and self.config.epilogue.is_identity:
+            raise ValueError(f"{self.name}: a list call, op(As, Bs), returns a new D per problem and takes no out= or "
+                             "epilogue operands: call it with the two lists alone")
+        return self.grouped_list(A, B)
+
+    @staticmethod
+    def _check_list_types(A: object, B: object) -> None:
+        """A list call's A and B are lists (or tuples) of tensors: what the dispatcher would refuse in its own words
+        (the emitted packages' _check_list_tensors say the same)."""
+        for value, what in ((A, "A"), (B, "B")):
+            if not isinstance(value, (list, tuple)):
+                raise TypeError(f"{what} must be a list (or tuple) of torch.Tensors, one matrix per problem, got "
+                                f"{type(value).__name__}")
+        for values, what in ((A, "A"), (B, "B")):
+            for i, t in enumerate(values):
+                if not isinstance(t, torch.Tensor):
+                    raise TypeError(f"{what}[{i}] must be a torch.Tensor, got {type(t).__name__}")
 
     def __repr__(self) -> str:
         return f"GemmOp(torch.ops.{self.namespace}.{self.name})"
@@ -231,34 +289,35 @@ class GemmOp:
     # -- checks -----------------------------------------------------------------------------------
 
     def _expected_dtype(self, what: str) -> torch.dtype:
-        return self.dtype if what == "A" else self.dtype_b
+        return self.dtype if what[0] == "A" else self.dtype_b
 
     def _wrong_dtype(self, t: torch.Tensor, what: str) -> TypeError:
+        """``what``: "A" or "B", or a list call's "A[i]" or "B[i]" (the first letter says which operand)."""
         # Planning with the tensor's dtype is a fix only where a plan can take it (fp32 as tf32, fp8, int8).
         name = str(t.dtype).removeprefix("torch.")
         plannable = {TORCH_DTYPES[d] for d in PLANNABLE_INPUT_DTYPES}   # fp32 tensors: tf32 plans
         # (B of the other fp8 format: a mixed plan, dtype_b; any other B: a plan of B's dtype)
         fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
-        knob = "dtype_b" if what == "B" and t.dtype in fp8 and self.dtype in fp8 else "dtype"
+        knob = "dtype_b" if what[0] == "B" and t.dtype in fp8 and self.dtype in fp8 else "dtype"
         replan = f" or plan with {knob}={name!r}" if t.dtype in plannable else ""
-        computes = self.config.dtype if what == "A" else self.config.b_dtype
+        computes = self.config.dtype if what[0] == "A" else self.config.b_dtype
         return TypeError(f"{what} is {t.dtype}; this plan computes {computes.value}: pass "
                          f"{what}.to({self._expected_dtype(what)}){replan}")
 
-    def _check_operand(self, t: object, what: str, order: Order, grouped: bool = False) -> int:
+    def _check_operand(self, t: object, what: str, order: Order, form: Form = "plain") -> int:
         """Validate A or B (2-D, or 3-D: a batch of matrices, each stored in ``order``, any batch stride; a grouped
-        call's A 2-D and B 3-D); returns its leading dimension."""
+        call's A 2-D and B 3-D; a list call's A[i] and B[i] 2-D); returns its leading dimension."""
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-        _check_rank(t, what, grouped)
+        _check_rank(t, what, form)
         if t.dtype != self._expected_dtype(what):
             raise self._wrong_dtype(t, what)
         if t.device.type != self.device_type:
             raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
         ld = leading_dim(t, order)
         if ld is None:
-            letter = "a" if what == "A" else "b"
-            other = other_layout(self.config.layout.blas, what)
+            letter = "a" if what[0] == "A" else "b"
+            other = other_layout(self.config.layout.blas, what[0])
             if order is Order.row:
                 copy = f"{what}.contiguous()"
             else:   # (.t() takes 2-D tensors only)
@@ -313,8 +372,8 @@ class GemmOp:
     def _check_grouped(self, A: object, B: object, offsets: object) -> Problem:
         """Validate a grouped call's A (2-D), B (3-D) and offsets but for the offsets' values; returns its problem:
         total_M x N x K, the batch the groups (E), B's stride between its matrices (0 for one), A's stride 0."""
-        lda = self._check_operand(A, "A", self.config.layout.a, grouped=True)
-        ldb = self._check_operand(B, "B", self.config.layout.b, grouped=True)
+        lda = self._check_operand(A, "A", self.config.layout.a, form="grouped")
+        ldb = self._check_operand(B, "B", self.config.layout.b, form="grouped")
         if A.device != B.device:
             raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
         if A.shape[1] != B.shape[1]:
@@ -370,14 +429,18 @@ class GemmOp:
                              f"would write the same D; pass out={self._out_fix(True)}")
         return ld, stride
 
-    def _check_static_operands(self, A: torch.Tensor, B: torch.Tensor, grouped: bool = False) -> None:
+    def _check_static_operand(self, t: torch.Tensor, what: str, form: Form = "plain") -> None:
+        """Rank, dtype and device type of A or B: what a fake implementation checks of it (meta tensors pass)."""
+        _check_rank(t, what, form)
+        if t.dtype != self._expected_dtype(what):
+            raise self._wrong_dtype(t, what)
+        if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
+            raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+
+    def _check_static_operands(self, A: torch.Tensor, B: torch.Tensor, form: Form = "plain") -> None:
         """Ranks, dtypes and devices of A and B: what a fake implementation checks of them (meta tensors pass)."""
         for t, what in ((A, "A"), (B, "B")):
-            _check_rank(t, what, grouped)
-            if t.dtype != self._expected_dtype(what):
-                raise self._wrong_dtype(t, what)
-            if t.device.type not in (self.device_type, "meta"):   # meta tensors: shape inference
-                raise ValueError(f"{what} is on {t.device}; this op runs on CUDA tensors: pass {what}.cuda()")
+            self._check_static_operand(t, what, form)
         if A.device != B.device:
             raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
 
@@ -417,18 +480,81 @@ class GemmOp:
         """The checks of a grouped call that a fake implementation can make without guarding on sizes or strides
         (``_check_meta``'s, with K and the number of group ends as ``torch._check``s)."""
         self._refuse_grouped_plan()
-        self._check_static_operands(A, B, grouped=True)
+        self._check_static_operands(A, B, form="grouped")
         torch._check_with(ValueError, A.shape[1] == B.shape[1],
                           lambda: f"A is {_shape_str(A.shape)} and B is {_shape_str(B.shape)}: K must agree")
         self._check_offsets_static(offsets, A)
         torch._check_with(ValueError, offsets.shape[0] == B.shape[0],
                           lambda: self._offsets_count_message(offsets, B))
 
+    def _empty_matrix(self, m: Any, n: Any, device: torch.device) -> torch.Tensor:
+        """An m x n D in the plan's order of D (sizes may be symbolic: the fakes share it)."""
+        like = dict(dtype=self.out_dtype, device=device)
+        return torch.empty((m, n), **like) if self.config.layout.c is Order.row else torch.empty((n, m), **like).t()
+
     def _empty_grouped_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         """D of a grouped call: (total_M, N) in the plan's order of D."""
-        m, n = A.shape[0], B.shape[-1]
-        like = dict(dtype=self.out_dtype, device=A.device)
-        return torch.empty((m, n), **like) if self.config.layout.c is Order.row else torch.empty((n, m), **like).t()
+        return self._empty_matrix(A.shape[0], B.shape[-1], A.device)
+
+    # -- list calls (.grouped_list; templates/torch/gemm_op.h's gemm_grouped_list checks the same, in this order) ----
+
+    def _refuse_grouped_list_plan(self) -> None:
+        """A plan whose kernel library takes no list call is refused before any other check (the fake too)."""
+        reason = grouped_list_refusal(self.config)
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
+
+    @staticmethod
+    def _check_list_lengths(A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> None:
+        if len(A) != len(B):
+            raise ValueError(f"A has {len(A)} matrices but B has {len(B)}: pass one B per A")
+
+    @staticmethod
+    def _list_k_message(i: int, a: torch.Tensor, b: torch.Tensor) -> str:
+        return (f"A[{i}] is {_shape_str(a.shape)} and B[{i}] is {_shape_str(b.shape)}: K must agree (A[{i}]'s "
+                f"columns = B[{i}]'s rows); for x @ W.t() pass B[{i}] = W.t()")
+
+    @staticmethod
+    def _check_list_device(t: torch.Tensor, what: str, first: torch.Tensor) -> None:
+        if t.device != first.device:
+            raise ValueError(f"{what} is on {t.device} but A[0] on {first.device}: put every matrix of A and B on one "
+                             "GPU")
+
+    def _check_list_pair(self, i: int, a: object, b: object, first: torch.Tensor) -> Problem:
+        """Problem i of a list call: A[i], then B[i], their device (A[0]'s), K, the int32 limit."""
+        lda = self._check_operand(a, f"A[{i}]", self.config.layout.a, form="list")
+        ldb = self._check_operand(b, f"B[{i}]", self.config.layout.b, form="list")
+        self._check_list_device(a, f"A[{i}]", first)
+        self._check_list_device(b, f"B[{i}]", first)
+        if a.shape[1] != b.shape[0]:
+            raise ValueError(self._list_k_message(i, a, b))
+        m, n, k = a.shape[0], b.shape[1], a.shape[1]
+        for size, what in ((m, "M"), (n, "N"), (k, "K")):
+            if size > INT32_MAX:
+                raise ValueError(f"{what}[{i}]={size} is larger than the kernels index (2**31 - 1): split the problem")
+        return Problem(m, n, k, lda, ldb)
+
+    def _check_list(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> list[Problem]:
+        """The lists' lengths, then each pair in order; the problems they describe."""
+        self._check_list_lengths(A, B)
+        return [self._check_list_pair(i, a, b, A[0]) for i, (a, b) in enumerate(zip(A, B))]
+
+    def _check_list_meta(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> None:
+        """The checks of a list call that a fake implementation can make without guarding on sizes or strides (K as a
+        ``torch._check``)."""
+        self._refuse_grouped_list_plan()
+        self._check_list_lengths(A, B)
+        for i, (a, b) in enumerate(zip(A, B)):
+            self._check_static_operand(a, f"A[{i}]", form="list")
+            self._check_static_operand(b, f"B[{i}]", form="list")
+            self._check_list_device(a, f"A[{i}]", A[0])
+            self._check_list_device(b, f"B[{i}]", A[0])
+            torch._check_with(ValueError, a.shape[1] == b.shape[0],
+                              lambda i=i, a=a, b=b: self._list_k_message(i, a, b))
+
+    def _empty_list_out(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """D[i] (M_i, N_i) of a list call, each in the plan's order of D."""
+        return [self._empty_matrix(a.shape[0], b.shape[1], a.device) for a, b in zip(A, B)]
 
     def derived(self, configs: list[KernelConfig]) -> list[GemmOp]:
         """Other ops of this generator in this op's namespace, registered now and built on their first
@@ -463,14 +589,17 @@ class GemmOp:
             args.aux, args.ldaux = aux.data_ptr(), ldd
         return args
 
-    def path(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, offsets: torch.Tensor | None = None,
-             **named: Any) -> str:
+    def path(self, A: torch.Tensor | Sequence[torch.Tensor], B: torch.Tensor | Sequence[torch.Tensor], *operands: Any,
+             offsets: torch.Tensor | None = None, **named: Any) -> str:
         """Which kernel ``op(A, B, ...)`` takes: 'fast'; 'small_m' (at most 16 rows of A, where the plan has that
         kernel); 'repacked' (A or B off the 16-byte rule, copied into an aligned workspace, then the fast or small-M
         kernel) or 'unaligned' (the same operands in a problem too small to repay the copy). ``print(plan)`` lists
         the paths; the epilogue's operands do not decide. With ``offsets``, of ``op.grouped(A, B, offsets)``:
         'grouped' (the plan's kernel walking the groups) or 'none' (no kernel of the plan takes the call: the call
-        says why)."""
+        says why). With two lists (or tuples) of matrices, of ``op.grouped_list(A, B)``: 'grouped' or 'none' likewise
+        (a list with no problem to launch: 'grouped' where the plan takes list calls)."""
+        if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
+            return self._list_path(A, B)
         if offsets is not None:
             if not self.config.epilogue.is_identity:
                 raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
@@ -484,6 +613,17 @@ class GemmOp:
         D = self._empty_out(A, B)
         args = self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), batch_stride(D))
         return PATHS[self.library.choose_path(ctypes.byref(args))]
+
+    def _list_path(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> str:
+        """op.path of a list call: the library's answer to the GemmArgs of its launch."""
+        self._check_list_types(A, B)
+        if not self.config.epilogue.is_identity:
+            raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
+        problems = self._check_list(A, B)
+        entries = self._list_entries(A, B, self._empty_list_out(A, B), problems)
+        if not entries:   # nothing to launch: no arguments to ask with
+            return "grouped" if grouped_list_refusal(self.config) is None else "none"
+        return PATHS[self.library.choose_path(ctypes.byref(self._list_args(entries)))]
 
     def _outputs(self, D: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         return D if aux is None else (D, aux)
@@ -547,6 +687,60 @@ class GemmOp:
                                 group_ends=offsets.data_ptr()), A.device)
         return D
 
+    def run_grouped_list(self, A: list[torch.Tensor], B: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The .grouped_list overload (``grouped_list``): the plan, then the lists and each pair, the 16-byte rule of
+        the problems with work, a capture of the stream; then D and one launch for the problems with work.
+        templates/torch/gemm_op.h's gemm_grouped_list checks the same, in this order, with these words."""
+        self._refuse_grouped_list_plan()
+        problems = self._check_list(A, B)
+        self._check_list_alignment(A, B, problems)
+        if not A:
+            return []
+        if stream_capturing(A[0].device):
+            raise ValueError(f"{self.name}: {LIST_CAPTURE_REFUSAL}")
+        D = self._empty_list_out(A, B)
+        for d, p in zip(D, problems):
+            if p.k == 0:   # a sum of nothing; the kernel does not see this problem
+                d.zero_()
+        entries = self._list_entries(A, B, D, problems)
+        if entries:
+            self._launch(self._list_args(entries), A[0].device)
+        return D
+
+    def _check_list_alignment(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor],
+                              problems: Sequence[Problem]) -> None:
+        """The 16-byte rule of the list kernel's TMA loads, for the problems with work (the others are not launched):
+        A[0], B[0], A[1], ..."""
+        for i, (a, b, p) in enumerate(zip(A, B, problems)):
+            if not _has_work(p):
+                continue
+            for what, t, order, ld in ((f"A[{i}]", a, self.config.layout.a, p.lda),
+                                       (f"B[{i}]", b, self.config.layout.b, p.ldb)):
+                refusal = grouped_alignment_refusal(what, t, order, ld, 0)
+                if refusal is not None:
+                    raise ValueError(refusal)
+
+    def _list_entries(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor], D: Sequence[torch.Tensor],
+                      problems: Sequence[Problem]) -> list[GemmListProblemStruct]:
+        """The GemmListProblems of the problems with work, in order (M_i, N_i or K_i of 0: nothing to launch)."""
+        return [GemmListProblemStruct(a.data_ptr(), b.data_ptr(), d.data_ptr(), p.m, p.n, p.k, p.lda, p.ldb,
+                                      leading_dim(d, self.config.layout.c))
+                for a, b, d, p in zip(A, B, D, problems) if _has_work(p)]
+
+    @staticmethod
+    def _list_args(entries: Sequence[GemmListProblemStruct]) -> GemmArgsStruct:
+        """A list call's GemmArgs: zeroed but for the problems' count and the host array (which the struct keeps
+        alive: ctypes holds the array it was assigned)."""
+        args = GemmArgsStruct()
+        args.batch = len(entries)
+        args.list = (GemmListProblemStruct * len(entries))(*entries)
+        return args
+
+
+def _has_work(p: Problem) -> bool:
+    """Whether a list call launches problem ``p``: one with no rows, columns or K has nothing for the kernel."""
+    return p.m > 0 and p.n > 0 and p.k > 0
+
 
 # The torch.library registrations must outlive the call that made them; keyed by qualified name.
 # With the build cache, this is the only process-wide state the package keeps.
@@ -560,8 +754,8 @@ def _define(lib: torch.library.Library, schema: str) -> None:
 
 
 def has_grouped(config: KernelConfig) -> bool:
-    """Whether the op of ``config`` has the .grouped overload: every op without a fused epilogue (whether its
-    kernel takes grouped calls or not: a plan that does not is refused with the fix, by the overload)."""
+    """Whether the op of ``config`` has the .grouped and .grouped_list overloads: every op without a fused epilogue
+    (whether its kernel takes such calls or not: a plan that does not is refused with the fix, by the overload)."""
     return config.epilogue.is_identity
 
 
@@ -635,6 +829,14 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
                 return op._empty_grouped_out(A, B)   # (total_M, N): no size depends on the offsets' values
 
             torch.library.register_fake(f"{qualname}.grouped", fake_grouped, lib=lib)
+            _define(lib, f"{op.name}.grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]")
+            lib.impl(f"{op.name}.grouped_list", op.run_grouped_list, "CompositeExplicitAutograd")
+
+            def fake_grouped_list(A: list[torch.Tensor], B: list[torch.Tensor]) -> list[torch.Tensor]:
+                op._check_list_meta(A, B)
+                return op._empty_list_out(A, B)
+
+            torch.library.register_fake(f"{qualname}.grouped_list", fake_grouped_list, lib=lib)
 
         register_autograd(op, lib)
         if library is not None:

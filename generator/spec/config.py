@@ -518,13 +518,10 @@ GROUPED_EPILOGUE_REFUSAL = ("grouped calls take plans without a fused epilogue: 
                             "bias=, alpha=, beta= and scale= (and apply the epilogue to D with torch)")
 
 
-def grouped_refusal(cfg: KernelConfig) -> str | None:
-    """Why ``cfg``'s kernel library takes no grouped call (a mixture of experts' rows, GemmArgs' group_ends), with
-    the fix; None where it does. Only the sm90 family's persistent schedules (cooperative, pingpong) walk groups,
-    and not with stream-K: the ws schedule's grid (one cluster per tile) and stream-K's shares are sized on the host
-    from the tile count, which the groups' sizes (device data) do not give (templates/sm90/gemm.cu.j2,
-    kWalksGroups). The op refuses such a call before any launch, in these words (generator/runtime/op.py and
-    templates/torch/gemm_op.h)."""
+def _grouped_plan_refusal(cfg: KernelConfig, stream_k_why: str) -> str | None:
+    """Why ``cfg``'s kernel library takes no grouped call of either form, with the fix; None where it may. Only the
+    sm90 family's persistent schedules (cooperative, pingpong) walk groups, not with stream-K (``stream_k_why``:
+    the form's reason), and only with the identity epilogue."""
     if not cfg.epilogue.is_identity:
         return GROUPED_EPILOGUE_REFUSAL
     if cfg.family != "sm90":
@@ -534,15 +531,34 @@ def grouped_refusal(cfg: KernelConfig) -> str | None:
         return (f"grouped calls run on the persistent schedules; this plan's schedule is {cfg.schedule!r} (one tile "
                 "per block, its grid sized on the host): plan with schedule='cooperative' or 'pingpong'")
     if cfg.stream_k:
-        return ("grouped calls do not split tiles by stream-K (its shares are cut on the host from the tile count, "
-                "which the groups' sizes on the device do not give); this config has stream_k=True: use one without "
-                "it, schedule='cooperative' or 'pingpong'")
-    if not cfg.layout.a_k_major:
+        return (f"grouped calls do not split tiles by stream-K ({stream_k_why}); this config has stream_k=True: use "
+                "one without it, schedule='cooperative' or 'pingpong'")
+    return None
+
+
+def grouped_refusal(cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel library takes no grouped call (a mixture of experts' rows, GemmArgs' group_ends), with
+    the fix; None where it does. Only the sm90 family's persistent schedules (cooperative, pingpong) walk groups,
+    and not with stream-K: the ws schedule's grid (one cluster per tile) and stream-K's shares are sized on the host
+    from the tile count, which the groups' sizes (device data) do not give (templates/sm90/gemm.cu.j2,
+    kWalksGroups). The op refuses such a call before any launch, in these words (generator/runtime/op.py and
+    templates/torch/gemm_op.h)."""
+    reason = _grouped_plan_refusal(cfg, "its shares are cut on the host from the tile count, which the groups' sizes "
+                                        "on the device do not give")
+    if reason is None and not cfg.layout.a_k_major:
         other = "t" + cfg.layout.blas[1]
         return ("grouped calls take A row-major (K contiguous): a group may start at any row, and TMA cannot start a "
                 f"load at such a row along A's contiguous dimension; this plan's A is column-major: plan with "
                 f"layout={other!r} and pass A row-major (A.contiguous())")
-    return None
+    return reason
+
+
+def grouped_list_refusal(cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel library takes no list call (CUTLASS's GroupedGemm: op([A0, A1, ...], [B0, B1, ...]),
+    GemmArgs' list), with the fix; None where it does. ``grouped_refusal``'s rules but A's order: each problem's
+    tensor maps start at its own matrices, so a column-major A is taken too. The op refuses such a call before any
+    launch, in these words (generator/runtime/op.py and templates/torch/gemm_op.h)."""
+    return _grouped_plan_refusal(cfg, "the list's walk takes each problem's tiles whole")
 
 
 def sm90_knob_sentence(knob: str, arch: int) -> str:

@@ -13,7 +13,8 @@
 // A and B are 2-D, or either or both 3-D for a batch of problems (D[b] = epilogue(A[b] @ B[b]), D 3-D): Problem
 // and batch_size below, GemmArgs' batch fields; a 2-D call leaves those 0. A plain op's .grouped overload takes a
 // mixture of experts' rows (gemm_grouped: A (total_M, K) sorted by group, B (E, K, N), int32 offsets (E,), the
-// groups' ends; GemmArgs' group_ends).
+// groups' ends; GemmArgs' group_ends), and its .grouped_list overload a list of problems of their own sizes
+// (gemm_grouped_list: A[i] (M_i, K_i), B[i] (K_i, N_i) -> D[i]; GemmArgs' list).
 //
 // A plain op, (A, B) -> D, has unboxed kernels (one functor type per overload, below). An op with a fused
 // epilogue takes its operands after A and B (float for a scalar, Tensor for the other kinds) and may
@@ -102,6 +103,9 @@ struct OpSpec {
   // Why the kernel library takes no grouped call (.grouped), with the fix (generator/spec/config.py's
   // grouped_refusal, decided from the config: the sm80 family, the ws schedule, stream-K); null: it takes them.
   const char* grouped_refusal = nullptr;
+  // Why it takes no list call (.grouped_list), with the fix (grouped_list_refusal: grouped_refusal's rules but A's
+  // order); null: it takes them.
+  const char* grouped_list_refusal = nullptr;
 };
 
 inline c10::ScalarType b_dtype(const OpSpec& op) {
@@ -235,16 +239,25 @@ inline at::Tensor empty_d(const OpSpec& op, const at::Tensor& A, const at::Tenso
 
 // -- checks ------------------------------------------------------------------------------------------
 
-// Rank and dtype of A or B: the checks that need no data (the Meta impl runs them too). A grouped call's A is 2-D
-// and its B 3-D.
-inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const char* what, bool grouped = false) {
+// The form of a call, for the rank its A and B must have: a plain call (2-D, or 3-D for a batch), a grouped call
+// of rows (A 2-D, B 3-D: gemm_grouped), or a list call (each A[i] and B[i] 2-D: gemm_grouped_list).
+enum class CallForm { plain, grouped, list };
+
+// Rank and dtype of A or B (what: "A", "B", or a list call's "A[i]", "B[i]"): the checks that need no data (the
+// Meta impl runs them too).
+inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const char* what,
+                                 CallForm form = CallForm::plain) {
   TORCH_CHECK_TYPE(t.defined(), what, " must be a torch.Tensor, got NoneType");  // None from torch.ops
   const bool is_a = what[0] == 'A';
-  if (grouped) {
+  if (form == CallForm::grouped) {
     TORCH_CHECK_VALUE(t.dim() == (is_a ? 2 : 3), what, " must be ",
                       is_a ? "2-D (total_M, K) for a grouped call: every group's rows, sorted by group"
                            : "3-D (E, K, N) for a grouped call: one matrix per group (expert)",
                       "; got shape ", tuple_str(t.sym_sizes()));
+  }
+  if (form == CallForm::list) {
+    TORCH_CHECK_VALUE(t.dim() == 2, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)",
+                      " for a list call: one matrix per problem; got shape ", tuple_str(t.sym_sizes()));
   }
   TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)", " or 3-D ",
                     is_a ? "(batch, M, K)" : "(batch, K, N)", "; got shape ", tuple_str(t.sym_sizes()));
@@ -268,9 +281,10 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
 }
 
 // A or B on the GPU (2-D, or 3-D: a batch of matrices, each stored in the order, any batch stride; a grouped call's
-// A 2-D and B 3-D); returns its leading dimension.
-inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* what, bool row, bool grouped = false) {
-  check_rank_and_dtype(op, t, what, grouped);
+// A 2-D and B 3-D; a list call's A[i] and B[i] 2-D); returns its leading dimension.
+inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* what, bool row,
+                             CallForm form = CallForm::plain) {
+  check_rank_and_dtype(op, t, what, form);
   TORCH_CHECK_VALUE(t.device().type() == op.device_type, what, " is on ", t.device().str(),
                     "; this op runs on CUDA tensors: pass ", what, ".cuda()");
   const int64_t ld = leading_dim(t, row);
@@ -586,6 +600,13 @@ inline std::optional<c10::Device> launch_device(const OpSpec& op, const at::Tens
   return on_cuda(op) ? std::optional<c10::Device>(A.device()) : std::nullopt;
 }
 
+// Calls the library's launch with args on the device's current stream; a failure's code as the library words it.
+inline void call_launch(const OpSpec& op, const c10::Device& device, GemmArgs& args) {
+  void* stream = on_cuda(op) ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
+  const int code = op.launch(&args, stream);
+  TORCH_CHECK(code == 0, op.kernel, ": launch failed: ", op.error_string(code));
+}
+
 // Launches with args filled but for A, B, D, the sizes and the batch; aux, when given, is the second output.
 // ldd and batch_stride_d: D's (check_out's, or of D as empty_d allocates it).
 inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& D, const Problem& p,
@@ -611,9 +632,7 @@ inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, a
     args.aux = aux->data_ptr();
     args.ldaux = leading_dim(*aux, op.d_row);
   }
-  void* stream = on_cuda(op) ? c10::cuda::getCurrentCUDAStream(A.device().index()).stream() : nullptr;
-  const int code = op.launch(&args, stream);
-  TORCH_CHECK(code == 0, op.kernel, ": launch failed: ", op.error_string(code));
+  call_launch(op, A.device(), args);
 }
 
 inline at::Tensor gemm(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
@@ -706,8 +725,8 @@ inline void check_offsets_static(const at::Tensor& offsets, const at::Tensor& A)
 // the groups as the batch (E), B's stride between its matrices (0 for one), A's 0.
 inline Problem check_grouped_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
                                       const at::Tensor& offsets) {
-  const int64_t lda = check_operand(op, A, "A", op.a_row, /*grouped=*/true);
-  const int64_t ldb = check_operand(op, B, "B", op.b_row, /*grouped=*/true);
+  const int64_t lda = check_operand(op, A, "A", op.a_row, CallForm::grouped);
+  const int64_t ldb = check_operand(op, B, "B", op.b_row, CallForm::grouped);
   TORCH_CHECK_VALUE(A.device() == B.device(), "A is on ", A.device().str(), " and B on ", B.device().str(),
                     ": put both on one GPU");
   check_grouped_k(A, B);
@@ -807,12 +826,16 @@ inline bool stream_capturing(const OpSpec& op) {
   return on_cuda(op) && c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None;
 }
 
-// D of a grouped call: (total_M, N) in the plan's order (sizes may be symbolic: shared with the Meta impl).
+// An m x n D in the plan's order (sizes may be symbolic: shared with the Meta impls), on the device of options.
+inline at::Tensor empty_matrix(const OpSpec& op, const c10::SymInt& m, const c10::SymInt& n,
+                               const at::TensorOptions& options) {
+  if (op.d_row) return at::empty_symint({m, n}, options.dtype(op.out_dtype));
+  return at::empty_symint({n, m}, options.dtype(op.out_dtype)).t();
+}
+
+// D of a grouped call: (total_M, N) in the plan's order.
 inline at::Tensor empty_grouped_d(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
-  const c10::SymInt m = A.sym_size(0), n = B.sym_size(-1);
-  const at::TensorOptions options = A.options().dtype(op.out_dtype);
-  if (op.d_row) return at::empty_symint({m, n}, options);
-  return at::empty_symint({n, m}, options).t();
+  return empty_matrix(op, A.sym_size(0), B.sym_size(-1), A.options());
 }
 
 // The checks in GemmOp.run_grouped's order: the plan, A, B and offsets, the 16-byte rule where the call launches,
@@ -840,13 +863,156 @@ inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::
 inline at::Tensor gemm_grouped_meta(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
                                     const at::Tensor& offsets) {
   refuse_grouped_plan(op);
-  check_rank_and_dtype(op, A, "A", /*grouped=*/true);
-  check_rank_and_dtype(op, B, "B", /*grouped=*/true);
+  check_rank_and_dtype(op, A, "A", CallForm::grouped);
+  check_rank_and_dtype(op, B, "B", CallForm::grouped);
   check_grouped_k(A, B);
   check_offsets_static(offsets, A);
   TORCH_CHECK_VALUE(offsets.sym_size(0).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__),
                     offsets_count_message(offsets, B));
   return empty_grouped_d(op, A, B);
+}
+
+// -- grouped calls, the list form (CUTLASS's GroupedGemm; generator/runtime/op.py: GemmOp.run_grouped_list) ---------
+//
+// A[i] (M_i, K_i) and B[i] (K_i, N_i), each in the plan's order and of its own sizes; D[i] = A[i] @ B[i], a fresh
+// (M_i, N_i) in the plan's order of D. One launch (GemmArgs' list) on the sm90 family's persistent kernels: other
+// plans (OpSpec::grouped_list_refusal) and operands off the 16-byte rule are refused here, before any launch. The
+// list holds the problems with work only: D[i] of M_i or N_i = 0 is empty, and of K_i = 0 zeroed here (a sum of
+// nothing), so those problems' operands need not keep the rule. The library's launch encodes each problem's tensor
+// maps on the host and copies them to the device, so a list call cannot be captured into a CUDA graph.
+
+// What a list call hears while its stream is being captured (after "<op>: ").
+inline constexpr const char kListCaptureRefusal[] =
+    "a list call builds its problems' tensor maps on the host and copies them to the device at each call, which a "
+    "CUDA graph capture cannot hold: call it outside the capture, or use the offsets form op.grouped(A, B, offsets), "
+    "whose launch is capturable";
+
+// The plan first, before any other check (the Meta impl too): no operand makes such a plan take the call.
+inline void refuse_grouped_list_plan(const OpSpec& op) {
+  TORCH_CHECK_VALUE(op.grouped_list_refusal == nullptr, op.op, ": ", op.grouped_list_refusal);
+}
+
+// "A[3]": a list call's matrix, in messages.
+inline std::string list_item(const char* what, size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
+
+inline void check_list_lengths(at::TensorList A, at::TensorList B) {
+  TORCH_CHECK_VALUE(A.size() == B.size(), "A has ", A.size(), " matrices but B has ", B.size(), ": pass one B per A");
+}
+
+inline std::string list_k_message(size_t i, const at::Tensor& a, const at::Tensor& b) {
+  const std::string x = list_item("A", i), y = list_item("B", i);
+  return x + " is " + tuple_str(a.sym_sizes()) + " and " + y + " is " + tuple_str(b.sym_sizes()) +
+         ": K must agree (" + x + "'s columns = " + y + "'s rows); for x @ W.t() pass " + y + " = W.t()";
+}
+
+// Every matrix of a list call on A[0]'s device.
+inline void check_list_device(const std::string& what, const at::Tensor& t, const at::Tensor& first) {
+  TORCH_CHECK_VALUE(t.device() == first.device(), what, " is on ", t.device().str(), " but A[0] on ",
+                    first.device().str(), ": put every matrix of A and B on one GPU");
+}
+
+// Problem i of a list call as its checked A[i] and B[i] describe it.
+struct ListProblem {
+  int64_t m, n, k, lda, ldb;
+  bool has_work() const { return m > 0 && n > 0 && k > 0; }
+};
+
+inline ListProblem check_list_pair(const OpSpec& op, size_t i, const at::Tensor& a, const at::Tensor& b,
+                                   const at::Tensor& first) {
+  const std::string x = list_item("A", i), y = list_item("B", i);
+  const int64_t lda = check_operand(op, a, x.c_str(), op.a_row, CallForm::list);
+  const int64_t ldb = check_operand(op, b, y.c_str(), op.b_row, CallForm::list);
+  check_list_device(x, a, first);
+  check_list_device(y, b, first);
+  TORCH_CHECK_VALUE(a.size(1) == b.size(0), list_k_message(i, a, b));
+  check_index(list_item("M", i).c_str(), a.size(0));
+  check_index(list_item("N", i).c_str(), b.size(1));
+  check_index(list_item("K", i).c_str(), a.size(1));
+  return ListProblem{a.size(0), b.size(1), a.size(1), lda, ldb};
+}
+
+// The lists' lengths, then each pair (A[i], then B[i], their device, K, the int32 limit), in order.
+inline std::vector<ListProblem> check_list_operands(const OpSpec& op, at::TensorList A, at::TensorList B) {
+  check_list_lengths(A, B);
+  std::vector<ListProblem> problems;
+  problems.reserve(A.size());
+  for (size_t i = 0; i < A.size(); ++i) problems.push_back(check_list_pair(op, i, A[i], B[i], A[0]));
+  return problems;
+}
+
+// D[i] (M_i, N_i) in the plan's order (sizes may be symbolic: shared with the Meta impl).
+inline std::vector<at::Tensor> empty_list_d(const OpSpec& op, at::TensorList A, at::TensorList B) {
+  std::vector<at::Tensor> D;
+  D.reserve(A.size());
+  for (size_t i = 0; i < A.size(); ++i) {
+    D.push_back(empty_matrix(op, A[i].sym_size(0), B[i].sym_size(1), A[i].options()));
+  }
+  return D;
+}
+
+// The GemmListProblems of the problems with work, in order (M_i, N_i or K_i of 0: nothing to launch).
+inline std::vector<GemmListProblem> list_problems(const OpSpec& op, at::TensorList A, at::TensorList B,
+                                                  const std::vector<at::Tensor>& D,
+                                                  const std::vector<ListProblem>& problems) {
+  std::vector<GemmListProblem> list;
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const ListProblem& p = problems[i];
+    if (!p.has_work()) continue;
+    list.push_back(GemmListProblem{A[i].data_ptr(), B[i].data_ptr(), D[i].data_ptr(), p.m, p.n, p.k, p.lda, p.ldb,
+                                   leading_dim(D[i], op.d_row)});
+  }
+  return list;
+}
+
+// The 16-byte rule of the list kernel's TMA loads, for the problems with work (the others are not launched): A[0],
+// B[0], A[1], ...
+inline void check_list_alignment(const OpSpec& op, at::TensorList A, at::TensorList B,
+                                 const std::vector<ListProblem>& problems) {
+  for (size_t i = 0; i < problems.size(); ++i) {
+    if (!problems[i].has_work()) continue;
+    check_grouped_alignment(list_item("A", i).c_str(), A[i], op.a_row, problems[i].lda, 0);
+    check_grouped_alignment(list_item("B", i).c_str(), B[i], op.b_row, problems[i].ldb, 0);
+  }
+}
+
+// The checks in GemmOp.run_grouped_list's order: the plan, the lists and each pair, the 16-byte rule of the problems
+// with work, a capture of the stream; then D, and one launch for the problems with work (none: no launch).
+inline std::vector<at::Tensor> gemm_grouped_list(const OpSpec& op, at::TensorList A, at::TensorList B) {
+  refuse_grouped_list_plan(op);
+  const std::vector<ListProblem> problems = check_list_operands(op, A, B);
+  check_list_alignment(op, A, B, problems);
+  if (A.empty()) return {};
+  const c10::Device device = A[0].device();
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A[0]));
+  TORCH_CHECK_VALUE(!stream_capturing(op), op.op, ": ", kListCaptureRefusal);
+  std::vector<at::Tensor> D = empty_list_d(op, A, B);
+  for (size_t i = 0; i < D.size(); ++i) {
+    if (problems[i].k == 0) D[i].zero_();  // a sum of nothing; the kernel does not see this problem
+  }
+  std::vector<GemmListProblem> list = list_problems(op, A, B, D, problems);
+  if (list.empty()) return D;
+  check_arch(op, device);
+  GemmArgs args{};
+  args.batch = static_cast<int64_t>(list.size());
+  args.list = list.data();  // read during the launch only
+  call_launch(op, device, args);
+  return D;
+}
+
+// Meta tensors: each D[i]'s shape, dtype and strides after the checks that need no data.
+inline std::vector<at::Tensor> gemm_grouped_list_meta(const OpSpec& op, at::TensorList A, at::TensorList B) {
+  refuse_grouped_list_plan(op);
+  check_list_lengths(A, B);
+  for (size_t i = 0; i < A.size(); ++i) {
+    const std::string x = list_item("A", i), y = list_item("B", i);
+    check_rank_and_dtype(op, A[i], x.c_str(), CallForm::list);
+    check_rank_and_dtype(op, B[i], y.c_str(), CallForm::list);
+    check_list_device(x, A[i], A[0]);
+    check_list_device(y, B[i], A[0]);
+    TORCH_CHECK_VALUE(A[i].sym_size(1).sym_eq(B[i].sym_size(0)).expect_true(__FILE__, __LINE__),
+                      list_k_message(i, A[i], B[i]));
+  }
+  return empty_list_d(op, A, B);
 }
 
 // -- the kernels registered with the dispatcher ------------------------------------------------------
@@ -890,6 +1056,18 @@ struct GemmGroupedMetaKernel {
   const OpSpec* op;
   at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) const {
     return gemm_grouped_meta(*op, A, B, offsets);
+  }
+};
+struct GemmGroupedListKernel {
+  const OpSpec* op;
+  std::vector<at::Tensor> operator()(at::TensorList A, at::TensorList B) const {
+    return gemm_grouped_list(*op, A, B);
+  }
+};
+struct GemmGroupedListMetaKernel {
+  const OpSpec* op;
+  std::vector<at::Tensor> operator()(at::TensorList A, at::TensorList B) const {
+    return gemm_grouped_list_meta(*op, A, B);
   }
 };
 
@@ -1091,23 +1269,47 @@ inline torch::CppFunction epilogue_out_autograd_kernel(const OpSpec* op, bool ba
       std::make_unique<EpilogueAutogradKernel<true>>(op, backward_registered));
 }
 
-// The Autograd kernel of .grouped: a grouped call has no backward pass yet, so one that would need a gradient is
-// refused at the call (generator/runtime/autograd.py says the same: _register_grouped_refusal), rather than answered
-// with a result that has none; without grad mode it goes on to the kernel. Registered by the JIT runtime with the
-// C++ formula, and by every emitted package (with autograd or without). Boxed: the dispatcher hands it the handle.
-inline void refuse_grouped_grad(const char* op, const at::Tensor& A, const at::Tensor& B) {
-  const bool a = A.defined() && A.requires_grad(), b = B.defined() && B.requires_grad();
-  TORCH_CHECK(!(a || b), op, ".grouped: grouped calls have no backward pass yet, but ", a && b ? "A, B" : a ? "A" : "B",
+// The Autograd kernels of .grouped and .grouped_list: a grouped call has no backward pass yet, so one that would need
+// a gradient is refused at the call (generator/runtime/autograd.py says the same), rather than answered with a
+// result that has none; without grad mode it goes on to the kernel. Registered by the JIT runtime with the C++
+// formula, and by every emitted package (with autograd or without). Boxed: the dispatcher hands it the handle.
+inline void refuse_grouped_grad(const char* op, const char* overload, const std::string& wanting) {
+  TORCH_CHECK(wanting.empty(), op, ".", overload, ": grouped calls have no backward pass yet, but ", wanting,
               " require(s) grad: call it under torch.no_grad() or with detached tensors");
 }
 
+// wanting += ", name" where t requires grad.
+inline void add_wanting(std::string& wanting, const std::string& name, const at::Tensor& t) {
+  if (t.defined() && t.requires_grad()) wanting += (wanting.empty() ? "" : ", ") + name;
+}
+
+// .grouped's arguments (A, B, offsets): "A", "B" or "A, B".
+inline std::string grouped_wanting(const c10::IValue* args) {
+  std::string wanting;
+  add_wanting(wanting, "A", tensor_value(args[0]));
+  add_wanting(wanting, "B", tensor_value(args[1]));
+  return wanting;
+}
+
+// .grouped_list's arguments (A, B: lists): "A[0], B[2]", A's first.
+inline std::string grouped_list_wanting(const c10::IValue* args) {
+  std::string wanting;
+  for (const auto& [what, value] : {std::pair<const char*, const c10::IValue*>{"A", args}, {"B", args + 1}}) {
+    const std::vector<at::Tensor> matrices = value->toTensorVector();
+    for (size_t i = 0; i < matrices.size(); ++i) add_wanting(wanting, list_item(what, i), matrices[i]);
+  }
+  return wanting;
+}
+
+template <bool List>
 class GroupedAutogradKernel final : public c10::OperatorKernel {
  public:
   explicit GroupedAutogradKernel(const char* op) : op_(op) {}
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
     if (at::GradMode::is_enabled()) {
-      const c10::IValue* args = arguments(*stack, 3);
-      refuse_grouped_grad(op_, tensor_value(args[0]), tensor_value(args[1]));
+      const c10::IValue* args = arguments(*stack, List ? 2 : 3);
+      refuse_grouped_grad(op_, List ? "grouped_list" : "grouped", List ? grouped_list_wanting(args)
+                                                                       : grouped_wanting(args));
     }
     at::AutoDispatchBelowADInplaceOrView below;
     handle.callBoxed(stack);
@@ -1118,7 +1320,10 @@ class GroupedAutogradKernel final : public c10::OperatorKernel {
 };
 
 inline torch::CppFunction grouped_autograd_kernel(const char* op) {
-  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<GroupedAutogradKernel>(op));
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<GroupedAutogradKernel<false>>(op));
+}
+inline torch::CppFunction grouped_list_autograd_kernel(const char* op) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<GroupedAutogradKernel<true>>(op));
 }
 
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a

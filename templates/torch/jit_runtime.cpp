@@ -8,8 +8,9 @@
 // (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
 // fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
 // Python (generator/runtime/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
-// A plain op gets gemm_op.h's unboxed kernels (its .grouped overload's too); an op with a fused epilogue
-// (operands after A and B, maybe a second output) its boxed ones, with the epilogue's operands described in the spec.
+// A plain op gets gemm_op.h's unboxed kernels (its .grouped and .grouped_list overloads' too); an op with a fused
+// epilogue (operands after A and B, maybe a second output) its boxed ones, with the epilogue's operands described in
+// the spec.
 // gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
 // defined, so a call that needs no gradient does not go through Python either.
 #include <cstddef>
@@ -51,12 +52,13 @@ struct JitOpSpec {
   int device_type;               // c10::DeviceType of the tensors the kernels take: 1 CUDA (0 CPU: tests)
   const char* dtype_b;           // of B where it differs from A's (fp8 e4m3 x e5m2), else null
   const char* grouped_refusal;   // why the plan takes no grouped call, with the fix; null or "": it takes them
+  const char* grouped_list_refusal;  // why it takes no list call (.grouped_list), likewise
 };
 
 // An OpSpec and the strings and operands it points to, and the registration that uses them.
 struct RegisteredOp {
   std::string ns, op, kernel, dtype_name, out_dtype_name, layout_a_flipped, layout_b_flipped, dtype_b_name;
-  std::string grouped_refusal;
+  std::string grouped_refusal, grouped_list_refusal;
   std::vector<std::string> operand_names, operand_dtype_names;  // sized once: the specs point into them
   std::vector<gemmgen::OperandSpec> operands;
   gemmgen::OpSpec spec{};
@@ -96,7 +98,7 @@ void check_schema(const RegisteredOp& entry) {
                     spec.aux ? " and aux" : "");
 }
 
-// Whether Python defined the overload (a plain op's .grouped: generator/runtime/op.py's has_grouped).
+// Whether Python defined the overload (a plain op's .grouped and .grouped_list: generator/runtime/op.py's has_grouped).
 bool has_overload(const std::string& ns, const std::string& op, const char* overload) {
   return c10::Dispatcher::singleton().findSchema({ns + "::" + op, overload}).has_value();
 }
@@ -162,6 +164,10 @@ void register_op(const JitOpSpec& in) {
     entry->grouped_refusal = in.grouped_refusal;
     spec.grouped_refusal = entry->grouped_refusal.c_str();
   }
+  if (in.grouped_list_refusal != nullptr && in.grouped_list_refusal[0] != '\0') {
+    entry->grouped_list_refusal = in.grouped_list_refusal;
+    spec.grouped_list_refusal = entry->grouped_list_refusal.c_str();
+  }
   const bool boxed = gemmgen::has_epilogue_schema(spec);
   if (boxed) check_schema(*entry);
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);
@@ -174,6 +180,9 @@ void register_op(const JitOpSpec& in) {
     entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});
     if (has_overload(entry->ns, entry->op, "grouped")) {
       entry->library->impl((entry->op + ".grouped").c_str(), gemmgen::GemmGroupedKernel{&spec});
+    }
+    if (has_overload(entry->ns, entry->op, "grouped_list")) {
+      entry->library->impl((entry->op + ".grouped_list").c_str(), gemmgen::GemmGroupedListKernel{&spec});
     }
   }
 }
@@ -216,6 +225,9 @@ void register_autograd(const JitAutogradSpec& in) {
   if (has_overload(entry->ns, entry->op, "grouped")) {  // no formula yet: refuses grad
     entry->library->impl((entry->op + ".grouped").c_str(), gemmgen::grouped_autograd_kernel(spec.op));
   }
+  if (has_overload(entry->ns, entry->op, "grouped_list")) {  // likewise
+    entry->library->impl((entry->op + ".grouped_list").c_str(), gemmgen::grouped_list_autograd_kernel(spec.op));
+  }
 }
 
 // Runs one registration; 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
@@ -237,8 +249,8 @@ int report_errors(Registration&& registration, char* error, size_t error_size) {
 
 extern "C" {
 
-// Registers the CUDA kernels of torch.ops.<ns>.<op>, .out and (a plain op's) .grouped (the schemas must be defined
-// already).
+// Registers the CUDA kernels of torch.ops.<ns>.<op>, .out and (a plain op's) .grouped and .grouped_list (the schemas
+// must be defined already).
 // Returns 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
 __attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const JitOpSpec* spec, char* error,
                                                                           size_t error_size) {
@@ -250,8 +262,8 @@ __attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const J
       error, error_size);
 }
 
-// Registers the Autograd kernels of torch.ops.<ns>.<op> (the formula), .out and .grouped (refuse grad), as
-// gemmgen_register_cuda_kernels does the CUDA ones.
+// Registers the Autograd kernels of torch.ops.<ns>.<op> (the formula), .out, .grouped and .grouped_list (refuse
+// grad), as gemmgen_register_cuda_kernels does the CUDA ones.
 __attribute__((visibility("default"))) int gemmgen_register_autograd(const JitAutogradSpec* spec, char* error,
                                                                       size_t error_size) {
   return report_errors(

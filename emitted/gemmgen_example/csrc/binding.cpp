@@ -5,8 +5,9 @@
 //   gemm_bf16_tn: kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90), bf16 -> bf16, A row-major, B col-major, D row-major
 //   gemm_fp16_nn: kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80), fp16 -> fp16, A col-major, B col-major, D row-major
 // Each op also has <op>.grouped(A, B, offsets) -> D: grouped GEMM, a
-// mixture of experts' rows (gemm_op.h's gemm_grouped; a plan whose kernel takes no grouped call refuses it, its
-// OpSpec saying why).
+// mixture of experts' rows (gemm_op.h's gemm_grouped), and <op>.grouped_list(A[], B[]) -> D[]: problems of their own
+// sizes, D[i] = A[i] @ B[i] in one launch (gemm_grouped_list); a plan whose kernel takes no such call refuses it,
+// its OpSpec saying why.
 //
 // The kernels (csrc/<kernel>.cu) are plain CUDA with a C interface; the checks, the launch, the
 // dispatcher kernels are gemmgen's (csrc/torch/gemm_op.h, shared with
@@ -88,6 +89,7 @@ const OpSpec k_gemm_fp16_nn = {
     /*dtype_b=*/c10::ScalarType::Undefined,
     /*dtype_b_name=*/nullptr,
     /*grouped_refusal=*/"grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90",
+    /*grouped_list_refusal=*/"grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90",
 };
 
 
@@ -100,9 +102,11 @@ TORCH_LIBRARY(gemmgen_example, m) {
   m.def("gemm_bf16_tn(Tensor A, Tensor B) -> Tensor", kTags);
   m.def("gemm_bf16_tn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
   m.def("gemm_bf16_tn.grouped(Tensor A, Tensor B, Tensor offsets) -> Tensor", kTags);
+  m.def("gemm_bf16_tn.grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]", kTags);
   m.def("gemm_fp16_nn(Tensor A, Tensor B) -> Tensor", kTags);
   m.def("gemm_fp16_nn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
   m.def("gemm_fp16_nn.grouped(Tensor A, Tensor B, Tensor offsets) -> Tensor", kTags);
+  m.def("gemm_fp16_nn.grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]", kTags);
 }
 
 // CompositeExplicitAutograd: one implementation for every backend (as gemmgen's JIT ops), so that a
@@ -111,9 +115,11 @@ TORCH_LIBRARY_IMPL(gemmgen_example, CompositeExplicitAutograd, m) {
   m.impl("gemm_bf16_tn", GemmKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.out", GemmOutKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.grouped", gemmgen::GemmGroupedKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.grouped_list", gemmgen::GemmGroupedListKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.grouped", gemmgen::GemmGroupedKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.grouped_list", gemmgen::GemmGroupedListKernel{&k_gemm_fp16_nn});
 }
 
 TORCH_LIBRARY_IMPL(gemmgen_example, CompositeImplicitAutograd, m) {
@@ -126,13 +132,17 @@ TORCH_LIBRARY_IMPL(gemmgen_example, Meta, m) {
   m.impl("gemm_bf16_tn", GemmMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.out", GemmOutMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.grouped", gemmgen::GemmGroupedMetaKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.grouped_list", gemmgen::GemmGroupedListMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmMetaKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutMetaKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.grouped", gemmgen::GemmGroupedMetaKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.grouped_list", gemmgen::GemmGroupedListMetaKernel{&k_gemm_fp16_nn});
 }
 
-// .grouped has no backward pass yet: it refuses arguments that require grad.
+// .grouped and .grouped_list have no backward pass yet: they refuse arguments that require grad.
 TORCH_LIBRARY_IMPL(gemmgen_example, Autograd, m) {
   m.impl("gemm_bf16_tn.grouped", gemmgen::grouped_autograd_kernel("gemm_bf16_tn"));
+  m.impl("gemm_bf16_tn.grouped_list", gemmgen::grouped_list_autograd_kernel("gemm_bf16_tn"));
   m.impl("gemm_fp16_nn.grouped", gemmgen::grouped_autograd_kernel("gemm_fp16_nn"));
+  m.impl("gemm_fp16_nn.grouped_list", gemmgen::grouped_list_autograd_kernel("gemm_fp16_nn"));
 }

@@ -28,6 +28,7 @@ struct Config {
   static constexpr int kBlockN = 256;
   static constexpr int kBlockK = 32;
   static constexpr bool kWalksGroups = false;  // grouped rows (GemmArgs::group_ends): the sm90 family's kernels only
+  static constexpr bool kWalksLists = false;   // a list of problems (GemmArgs::list): likewise
   static constexpr int kWarpsM = 2;
   static constexpr int kWarpsN = 4;
   static constexpr int kThreads = kWarpsM * kWarpsN * 32;

@@ -68,6 +68,10 @@ struct Config {
   // dimension: measured, an illegal instruction), so A is K-major (spec/config.py grouped_refusal says the same).
   static constexpr bool kWalksGroups = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
                                        !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0 && kAKMajor;
+  // A list of problems (GemmArgs::list): the same schedules; each problem has its own maps, starting at its own
+  // base, so A may be column-major; the identity epilogue only (an epilogue's operands are one problem's).
+  static constexpr bool kWalksLists = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
+                                      !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0 && Epilogue::kIdentity;
 };
 
 using Kernel = gemmgen::sm90::Kernel<Config>;

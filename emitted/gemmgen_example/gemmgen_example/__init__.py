@@ -10,6 +10,10 @@ torch.ops.gemmgen_example.<op>.grouped(A, B, offsets), with
 A (total_M, K) every group's rows sorted by group, B (E, K, N) one matrix per group, offsets (E,) int32 the groups'
 ends, D (total_M, N); on the sm90 family's persistent kernels.
 
+Grouped GEMM of a list of problems (as CUTLASS's GroupedGemm): <op>([A0, A1, ...], [B0, B1, ...]) -> [D0, D1, ...],
+also <op>.grouped_list(As, Bs) and torch.ops.gemmgen_example.<op>.grouped_list(As, Bs), each problem of its own sizes,
+D[i] = A[i] @ B[i] in one launch on the sm90 family's persistent kernels (not capturable into a CUDA graph).
+
 The ops have no autograd formula (emitted with autograd=False): backward() through them raises.
 
     gemm_bf16_tn: bf16 -> bf16, layout tn, kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90)
@@ -71,6 +75,18 @@ def _check_grouped_tensors(A, B, offsets):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
 
 
+def _check_list_tensors(A, B):
+    # A list call's A and B: lists (or tuples) of tensors, as gemmgen's op.grouped_list says it
+    for value, what in ((A, "A"), (B, "B")):
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(f"{what} must be a list (or tuple) of torch.Tensors, one matrix per problem, got "
+                            f"{type(value).__name__}")
+    for values, what in ((A, "A"), (B, "B")):
+        for i, t in enumerate(values):
+            if not isinstance(t, _torch.Tensor):
+                raise TypeError(f"{what}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+
+
 def gemm_bf16_tn(A, B, *, out=None):
     """D = A @ B: bf16 (torch.bfloat16) inputs, bf16 (torch.bfloat16) output, fp32 accumulation.
 
@@ -81,10 +97,16 @@ def gemm_bf16_tn(A, B, *, out=None):
 
     All on one CUDA device; runs on its current stream. Operands whose base address or leading dimension
     is not 16-byte aligned take a slower kernel with the same result. K = 0 gives zeros.
+    A and B may also be lists (or tuples) of matrices, one per problem: a list call, gemm_bf16_tn.grouped_list.
     Kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (tile 128x256x64, cooperative schedule, cluster 2x1, 4 stages), planned for sm_90:
     built as sm_90a, it runs on GPUs of compute capability 9.0 (H100, H200).
     Also torch.ops.gemmgen_example.gemm_bf16_tn(A, B) and torch.ops.gemmgen_example.gemm_bf16_tn.out(A, B, out=D).
     """
+    if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
+        if out is not None:
+            raise ValueError("gemm_bf16_tn: a list call, op(As, Bs), returns a new D per problem and takes no out= or "
+                             "epilogue operands: call it with the two lists alone")
+        return _gemm_bf16_tn_grouped_list(A, B)
     _check_tensors(A, B, out)
     if out is None:
         return _OPS.gemm_bf16_tn.default(A, B)
@@ -109,7 +131,26 @@ def _gemm_bf16_tn_grouped(A, B, offsets):
     return _OPS.gemm_bf16_tn.grouped(A, B, offsets)
 
 
+def _gemm_bf16_tn_grouped_list(A, B):
+    """[D0, D1, ...] = grouped GEMM of a list of problems (as CUTLASS's GroupedGemm): D[i] = A[i] @ B[i].
+
+    A: list (or tuple) of (M_i, K_i) torch.bfloat16 matrices, each row-major, strides (lda, 1) with lda >= K; e.g. a contiguous x of shape (M, K)
+    B: list (or tuple) of (K_i, N_i) torch.bfloat16 matrices, one per A[i], each column-major, strides (1, ldb) with ldb >= K; e.g. W.t() for a contiguous W of shape (N, K) (an nn.Linear weight)
+    D: list of new (M_i, N_i) torch.bfloat16 matrices, each row-major, strides (N, 1): torch.empty(M, N)
+
+    Each problem has its own sizes; all on one CUDA device. One launch for all problems, on the sm90 family's
+    persistent kernels (the A[i] and B[i] of a problem with work 16-byte aligned: base address and leading
+    dimension); an empty list gives []; M_i, N_i or K_i of 0 launches nothing for that problem (K_i = 0 gives
+    zeros). The launch builds each problem's tensor maps on the host, so it is refused while a CUDA graph is being
+    captured (.grouped(A, B, offsets) can be captured). No backward pass yet: arguments that require grad are refused.
+    Also gemm_bf16_tn(A, B) with lists and torch.ops.gemmgen_example.gemm_bf16_tn.grouped_list(A, B).
+    """
+    _check_list_tensors(A, B)
+    return _OPS.gemm_bf16_tn.grouped_list(list(A), list(B))
+
+
 gemm_bf16_tn.grouped = _gemm_bf16_tn_grouped
+gemm_bf16_tn.grouped_list = _gemm_bf16_tn_grouped_list
 
 
 def gemm_fp16_nn(A, B, *, out=None):
@@ -122,10 +163,16 @@ def gemm_fp16_nn(A, B, *, out=None):
 
     All on one CUDA device; runs on its current stream. Operands whose base address or leading dimension
     is not 16-byte aligned take a slower kernel with the same result. K = 0 gives zeros.
+    A and B may also be lists (or tuples) of matrices, one per problem: a list call, gemm_fp16_nn.grouped_list.
     Kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (tile 128x256x32, warps 2x4, 4 stages), planned for sm_80:
     runs on GPUs of compute capability 8.0 or newer (newer ones JIT its PTX).
     Also torch.ops.gemmgen_example.gemm_fp16_nn(A, B) and torch.ops.gemmgen_example.gemm_fp16_nn.out(A, B, out=D).
     """
+    if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
+        if out is not None:
+            raise ValueError("gemm_fp16_nn: a list call, op(As, Bs), returns a new D per problem and takes no out= or "
+                             "epilogue operands: call it with the two lists alone")
+        return _gemm_fp16_nn_grouped_list(A, B)
     _check_tensors(A, B, out)
     if out is None:
         return _OPS.gemm_fp16_nn.default(A, B)
@@ -151,4 +198,24 @@ def _gemm_fp16_nn_grouped(A, B, offsets):
     return _OPS.gemm_fp16_nn.grouped(A, B, offsets)
 
 
+def _gemm_fp16_nn_grouped_list(A, B):
+    """[D0, D1, ...] = grouped GEMM of a list of problems (as CUTLASS's GroupedGemm): D[i] = A[i] @ B[i].
+
+    A: list (or tuple) of (M_i, K_i) torch.float16 matrices, each column-major, strides (1, lda) with lda >= M; e.g. X.t() for a contiguous X of shape (K, M)
+    B: list (or tuple) of (K_i, N_i) torch.float16 matrices, one per A[i], each column-major, strides (1, ldb) with ldb >= K; e.g. W.t() for a contiguous W of shape (N, K) (an nn.Linear weight)
+    D: list of new (M_i, N_i) torch.float16 matrices, each row-major, strides (N, 1): torch.empty(M, N)
+
+    Each problem has its own sizes; all on one CUDA device. One launch for all problems, on the sm90 family's
+    persistent kernels (the A[i] and B[i] of a problem with work 16-byte aligned: base address and leading
+    dimension); an empty list gives []; M_i, N_i or K_i of 0 launches nothing for that problem (K_i = 0 gives
+    zeros). The launch builds each problem's tensor maps on the host, so it is refused while a CUDA graph is being
+    captured (.grouped(A, B, offsets) can be captured). No backward pass yet: arguments that require grad are refused.
+    This op's plan takes no list call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
+    Also gemm_fp16_nn(A, B) with lists and torch.ops.gemmgen_example.gemm_fp16_nn.grouped_list(A, B).
+    """
+    _check_list_tensors(A, B)
+    return _OPS.gemm_fp16_nn.grouped_list(list(A), list(B))
+
+
 gemm_fp16_nn.grouped = _gemm_fp16_nn_grouped
+gemm_fp16_nn.grouped_list = _gemm_fp16_nn_grouped_list

@@ -24,9 +24,14 @@ __host__ __device__ __forceinline__ int64_t batch_count(const GemmArgs& args) {
 // Grouped rows (GemmArgs::group_ends): the groups are the problems, of data-dependent sizes.
 __host__ __device__ __forceinline__ bool is_grouped(const GemmArgs& args) { return args.group_ends != nullptr; }
 
+// A list of problems (GemmArgs::list), each of its own sizes and matrices.
+__host__ __device__ __forceinline__ bool is_list(const GemmArgs& args) { return args.list != nullptr; }
+
 // Arguments no launch can honour: a negative batch, a batch whose problems would all write one D, groups
-// without a count, or grouped A or D given batch strides (they are one matrix each, split by rows).
+// without a count, or grouped A or D given batch strides (they are one matrix each, split by rows), a list
+// without problems or also grouped.
 __host__ __device__ inline bool batch_invalid(const GemmArgs& args) {
+  if (is_list(args)) return args.batch < 1 || is_grouped(args);
   if (is_grouped(args)) return args.batch < 1 || args.batch_stride_a != 0 || args.batch_stride_d != 0;
   return args.batch < 0 || (args.batch > 1 && args.batch_stride_d == 0);
 }
@@ -59,7 +64,7 @@ inline GemmArgs fold_batch(const GemmArgs& args) {
   constexpr int64_t kInt32Max = 2147483647;
   const int64_t batch = batch_count(args);
   GemmArgs folded = args;
-  if (batch == 1 || is_grouped(args)) return folded;
+  if (batch == 1 || is_grouped(args) || is_list(args)) return folded;
   // The stacked operand's matrices (and D's) follow each other at exactly one matrix's pitch.
   const bool rows_stack = args.batch_stride_b == 0 && !Cfg::Epilogue::kReadsRows && Cfg::kAKMajor &&
                           Cfg::kDRowMajor && args.batch_stride_a == args.m * args.lda &&

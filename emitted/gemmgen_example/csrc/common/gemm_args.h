@@ -16,6 +16,20 @@ extern "C" {
 // 128 x 128 block; both fp32, row-major, their leading dimension in ep_ld.
 #define GEMMGEN_SCALE_BLOCK_K 128
 
+// One problem of a list of problems (GemmArgs::list): its own matrices, sizes and leading dimensions, in the
+// orders of the kernel's plan (as GemmArgs' a, b, d, m, n, k, lda, ldb, ldd).
+typedef struct GemmListProblem {
+  const void* a;
+  const void* b;
+  void* d;
+  int64_t m;
+  int64_t n;
+  int64_t k;
+  int64_t lda;
+  int64_t ldb;
+  int64_t ldd;
+} GemmListProblem;
+
 // D (m x n) = epilogue(A (m x k) * B (k x n), operands...). Leading dimensions are in elements and follow
 // the storage order the kernel was generated for: lda is the stride between rows of a row-major A, or
 // between columns of a column-major A; likewise ldb, ldd, the matrix operands' and the second output's.
@@ -52,12 +66,19 @@ typedef struct GemmArgs {
   // strides 0). Ends past m or below the previous end are clamped to them: rows outside every group are not
   // written. Only the sm90 persistent kernels take it; null: not grouped.
   const int32_t* group_ends;
+  // A list of problems (CUTLASS's GroupedGemm): non-null, `batch` (>= 1) problems on the host, each with its own
+  // matrices and sizes (D[i] = A[i] * B[i]; a, b, d, m, n, k and the leading dimensions above are unused). The
+  // launch reads the list on the host and walks all problems' tiles in one launch. Only the sm90 persistent kernels
+  // take it, with the identity epilogue; null: not a list.
+  const GemmListProblem* list;
+  // Set by the launch, null from its caller: the list's per-problem tensor maps and sizes on the device.
+  const void* list_device;
 } GemmArgs;
 
 // Which kernel of a library a launch takes (returned by <name>_path): the config's own, the unaligned one
 // (common/gemm_unaligned.cuh), the small-M one (common/gemm_small_m.cuh), or the config's own (or the small-M one)
 // on aligned copies of the operands that break the 16-byte rule (common/workspace.cuh).
-// A grouped call (group_ends) takes the config's own kernel walking the groups (GEMM_PATH_GROUPED), or none
+// A grouped call (group_ends or list) takes the config's own kernel walking the groups (GEMM_PATH_GROUPED), or none
 // (GEMM_PATH_NONE: a library without that kernel, or operands off the 16-byte rule; its launch refuses the call).
 enum GemmPath {
   GEMM_PATH_NONE = -1,

@@ -47,8 +47,24 @@ inline GemmPath choose_grouped_path(const GemmArgs& args) {
   return Cfg::kWalksGroups && aligned ? GEMM_PATH_GROUPED : GEMM_PATH_NONE;
 }
 
+// A list of problems: the sm90 family's persistent kernels with the identity epilogue (Cfg::kWalksLists), every
+// problem's A and B on the 16-byte rule (each has its own tensor maps; D takes direct stores where its own breaks
+// it). A listed problem with no rows or columns has nothing to load, whatever its operands.
+template <class Cfg>
+inline GemmPath choose_list_path(const GemmArgs& args) {
+  if (!Cfg::kWalksLists || batch_invalid(args)) return GEMM_PATH_NONE;
+  for (int64_t i = 0; i < args.batch; ++i) {
+    const GemmListProblem& q = args.list[i];
+    if (q.m <= 0 || q.n <= 0 || q.k <= 0) continue;
+    if (!fast_aligned(q.a, q.lda, sizeof(typename Cfg::Elem)) || !fast_aligned(q.b, q.ldb, sizeof(typename Cfg::ElemB)))
+      return GEMM_PATH_NONE;
+  }
+  return GEMM_PATH_GROUPED;
+}
+
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
+  if (is_list(args)) return choose_list_path<Cfg>(args);
   if (is_grouped(args)) return choose_grouped_path<Cfg>(args);
   return choose_folded_path<Cfg>(fold_batch<Cfg>(args));
 }
@@ -114,8 +130,9 @@ template <class Cfg>
 inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(GemmArgs),
                   void (*repack)(RepackArgs), int smem_bytes, const GemmArgs* call, cudaStream_t stream) {
   if (batch_invalid(*call)) return static_cast<int>(cudaErrorInvalidValue);
+  // (kWalksGroups, kWalksLists: sm90 persistent only)
+  if (is_grouped(*call) || is_list(*call)) return static_cast<int>(cudaErrorNotSupported);
   if (call->m <= 0 || call->n <= 0) return 0;
-  if (is_grouped(*call)) return static_cast<int>(cudaErrorNotSupported);  // (kWalksGroups: sm90 persistent only)
   const GemmArgs folded = fold_batch<Cfg>(*call);
   const GemmArgs* args = &folded;
   const GemmPath path = choose_folded_path<Cfg>(*args);

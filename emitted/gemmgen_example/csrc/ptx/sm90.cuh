@@ -91,6 +91,16 @@ __device__ __forceinline__ void prefetch_tensormap(const void* tmap) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 
+// Acquire the 128-byte tensor map at `tmap` (global memory) for the tensormap proxy: its contents, written before the
+// kernel by the host (a copy into device memory), are then what this thread's TMA operations through it read. The
+// system scope: the writer was the host.
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: membar/fence"
+// (fence.proxy.tensormap::generic.acquire).
+__device__ __forceinline__ void fence_proxy_tensormap_acquire(const void* tmap) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.sys [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(tmap))
+               : "memory");
+}
+
 // A tile of a 3-D tensor (a batch of matrices: c2 the matrix) global -> shared of this CTA, completing `bytes` on
 // barrier `bar`. Coordinates are in elements, innermost first; parts of the box outside the tensor are filled
 // with zeros.

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <cuda.h>  // CUtensorMap (a type only: nothing links against the driver)
 
 #include "../common/alignment.cuh"
@@ -130,17 +131,22 @@ constexpr int kMmaKBytes = 32;           // wgmma's k step in bytes, for every i
 // order: group g's rows [end(g - 1), end(g)) in blocks of rows_per_unit (a cluster's tiles along M), times
 // units_n along N; an empty group has none. The group sizes are device data, so every thread that walks the
 // units counts and finds them itself, from the same ends.
+// A read of data no thread writes during the kernel (through the read-only cache); a plain read on the host, where
+// the walks below are tested.
+template <typename T>
+__host__ __device__ __forceinline__ T load_readonly(const T* at) {
+#ifdef __CUDA_ARCH__
+  return __ldg(at);
+#else
+  return *at;
+#endif
+}
+
 struct GroupedRows {
   const int32_t* ends;
   int groups, m, rows_per_unit, units_n;
 
-  __host__ __device__ __forceinline__ static int load(const int32_t* at) {
-#ifdef __CUDA_ARCH__
-    return __ldg(at);
-#else
-    return *at;  // (the host test of the walk)
-#endif
-  }
+  __host__ __device__ __forceinline__ static int load(const int32_t* at) { return load_readonly(at); }
   // Group g's end, clamped into [row0 (the previous end), m]: ends that decrease or pass M leave rows outside
   // every group, never outside A and D.
   __host__ __device__ __forceinline__ int end(int g, int row0) const {
@@ -177,6 +183,58 @@ struct GroupedRows {
     }
   };
 };
+
+// A list of problems (GemmArgs::list) as the kernel reads it: per problem, its tensor maps and sizes, which the host
+// launch encodes and copies to the device before the kernel starts (GemmArgs::list_device). The work units are
+// (problem, cluster-sized block of tiles) pairs, problem-major; first_unit is the units of the problems before.
+struct alignas(64) ListProblem {
+  CUtensorMap a, b;  // (CUtensorMap is 64-byte aligned: 128 bytes each)
+  CUtensorMap d;     // zeros where D goes out by direct stores (d_tma == 0)
+  void* d_ptr;       // D's base and leading dimension, for the direct stores
+  int64_t ldd;
+  int m, n, k_tiles;
+  int first_unit, units_m, units_n;
+  int d_tma;
+};
+
+struct ProblemList {
+  const ListProblem* problems;
+  int count;
+
+  // The units of all problems: the last one's first unit plus its own.
+  __host__ __device__ __forceinline__ int units() const {
+    if (count == 0) return 0;
+    const ListProblem& last = problems[count - 1];
+    return load_readonly(&last.first_unit) + load_readonly(&last.units_m) * load_readonly(&last.units_n);
+  }
+
+  // One thread's walk over the problems, for units that only increase: the problem holding the current unit and
+  // its sizes (loaded once per problem, not per tile).
+  struct Walk {
+    int problem = -1;
+    int first_unit = 0, units = 0, units_m = 0, units_n = 0;
+    int m = 0, n = 0, k_tiles = 0;
+
+    __host__ __device__ __forceinline__ void seek(const ProblemList& list, int unit) {
+      while (unit >= first_unit + units && problem + 1 < list.count) {
+        const ListProblem& next = list.problems[++problem];
+        first_unit = load_readonly(&next.first_unit);
+        units_m = load_readonly(&next.units_m);
+        units_n = load_readonly(&next.units_n);
+        units = units_m * units_n;
+        m = load_readonly(&next.m);
+        n = load_readonly(&next.n);
+        k_tiles = load_readonly(&next.k_tiles);
+      }
+    }
+  };
+};
+
+// How a kernel's work units map to tiles: one problem or a batch (kFlat), grouped rows (kRows: GroupedRows), or a
+// list of problems (kList: ProblemList).
+enum class Walking { kFlat, kRows, kList };
+template <Walking W>
+using WalkOf = std::conditional_t<W == Walking::kList, ProblemList::Walk, GroupedRows::Walk>;
 
 // A k tile is one 128-byte swizzle row of k values (64 16-bit elements), so its k extent depends on the
 // element size and its bytes do not.
@@ -400,7 +458,8 @@ struct Kernel {
     int k_tiles;
     bool a_batched, b_batched;  // whether A's (B's) matrix differs per problem (else batch stride 0: one for all)
     const int32_t* group_ends;  // grouped rows: the groups' ends; null otherwise
-    int groups;
+    int groups;                 // grouped rows' groups, or the list's problems
+    const ListProblem* list;    // a list of problems (on the device); null otherwise
   };
 
   // Also the host's (launch.cuh: the persistent grid is sized by p.units).
@@ -420,7 +479,8 @@ struct Kernel {
     p.b_batched = batch_count(args) > 1 && args.batch_stride_b != 0;
     p.group_ends = args.group_ends;
     p.groups = static_cast<int>(batch_count(args));
-    if (p.group_ends != nullptr) p.units = 0;  // the groups' sizes are device data: with_group_units
+    p.list = static_cast<const ListProblem*>(args.list_device);
+    if (p.group_ends != nullptr || p.list != nullptr) p.units = 0;  // counted on the device: with_group_units
     return p;
   }
 
@@ -428,12 +488,14 @@ struct Kernel {
   __device__ __forceinline__ static GroupedRows grouped_rows(const Problem& p) {
     return GroupedRows{p.group_ends, p.groups, p.m, BM * CM, p.units_n};
   }
-  using GroupWalk = GroupedRows::Walk;
+
+  __device__ __forceinline__ static ProblemList problem_list(const Problem& p) { return ProblemList{p.list, p.groups}; }
 
   // The problem with its work units counted, for grouped rows (each thread that walks them counts them itself,
-  // from the same ends).
+  // from the same ends) and for a list of problems.
   __device__ __forceinline__ static Problem with_group_units(Problem p) {
     if (p.group_ends != nullptr) p.units = grouped_rows(p).units();
+    if (p.list != nullptr) p.units = problem_list(p).units();
     return p;
   }
 
@@ -445,39 +507,50 @@ struct Kernel {
     return {static_cast<int>(rank % CM), static_cast<int>(rank / CM)};
   }
 
-  // A CTA's tile: its problem (of a batch, or group), its origin in that problem's D (elements; grouped: in the
-  // one D of all groups) and where the problem's rows end (M, or the group's end).
+  // A CTA's tile: its problem (of a batch, group or list), its origin in that problem's D (elements; grouped rows:
+  // in the one D of all groups), where the problem's rows and columns end (M and N, a group's end, a listed
+  // problem's M and N) and its k tiles.
   struct TileAt {
-    int problem, m0, n0, row_end;
-    // The problem as the tile's epilogue bounds its rows: a group's rows end at its end.
+    int problem, m0, n0, row_end, col_end, k_tiles;
+    // The problem as the tile's epilogue bounds it: a group's rows end at its end, a listed problem's at its M, N.
     __device__ __forceinline__ Problem bounded(const Problem& p) const {
       Problem tile = p;
       tile.m = row_end;
+      tile.n = col_end;
       return tile;
     }
   };
 
-  // The tile this CTA computes for work unit `unit`; GROUPED: of grouped rows, `walk` the calling thread's walk
-  // over them (compile-time, so that the consumers' walk state costs the other calls no registers).
-  template <bool GROUPED>
-  __device__ __forceinline__ static TileAt tile_origin(const Problem& p, int unit, uint32_t rank, GroupWalk& walk) {
-    int problem, local, units_m, row0 = 0, row_end = p.m;
-    if constexpr (GROUPED) {
+  // The tile this CTA computes for work unit `unit`; W: how units map to tiles, `walk` the calling thread's walk
+  // over groups or listed problems (compile-time, so that the walk state costs the other calls no registers).
+  template <Walking W>
+  __device__ __forceinline__ static TileAt tile_origin(const Problem& p, int unit, uint32_t rank, WalkOf<W>& walk) {
+    int problem, local, units_m, units_n = p.units_n, row0 = 0, row_end = p.m, col_end = p.n, k_tiles = p.k_tiles;
+    if constexpr (W == Walking::kRows) {
       walk.seek(grouped_rows(p), unit);
       problem = walk.group;
       local = unit - walk.first_unit;
       units_m = walk.units_m;
       row0 = walk.row0;
       row_end = walk.row_end;
+    } else if constexpr (W == Walking::kList) {
+      walk.seek(problem_list(p), unit);
+      problem = walk.problem;
+      local = unit - walk.first_unit;
+      units_m = walk.units_m;
+      units_n = walk.units_n;
+      row_end = walk.m;
+      col_end = walk.n;
+      k_tiles = walk.k_tiles;
     } else {
       problem = unit / p.units_per_problem;
       local = unit - problem * p.units_per_problem;
       units_m = p.units_m;
     }
     int um, un;
-    Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(local, units_m, p.units_n, um, un);
+    Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(local, units_m, units_n, um, un);
     const ClusterPlace at = place(rank);
-    return TileAt{problem, row0 + (um * CM + at.rm) * BM, (un * CN + at.rn) * BN, row_end};
+    return TileAt{problem, row0 + (um * CM + at.rm) * BM, (un * CN + at.rn) * BN, row_end, col_end, k_tiles};
   }
 
   struct Smem {
@@ -559,12 +632,16 @@ struct Kernel {
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
         } else {
-          consume<false>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+          consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
         }
+      } else if (Cfg::kWalksLists && p.list != nullptr) {
+        consume<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank,
+                                                                    warpgroup - 1);
       } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
-        consume<Cfg::kWalksGroups>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+        consume<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank,
+                                                                     warpgroup - 1);
       } else {
-        consume<false>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+        consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
       }
     }
     // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
@@ -598,25 +675,52 @@ struct Kernel {
     ptx::prefetch_tensormap(tmap_b);
     const Sharing share = sharing(rank);
     RingPos pos;
-    GroupWalk walk;
     if (STREAM_K && p.k_tiles > 0) {
       const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
+      WalkOf<Walking::kFlat> walk;  // (unused: flat units)
       sk.for_each_segment(first_unit(), [&](const StreamK::Segment& s) {
-        load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, walk, s.unit, s.kt_begin, s.kt_end, share);
+        const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
+        load_k_tiles(p, smem, tmap_a, tmap_b, pos, at, s.kt_begin, s.kt_end, share);
       });
       return;
     }
-    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p))
-      load_k_tiles(p, smem, tmap_a, tmap_b, rank, pos, walk, unit, 0, p.k_tiles, share);
+    if (Cfg::kWalksLists && p.list != nullptr) {
+      produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, tmap_a, tmap_b, rank, pos, share);
+    } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
+      produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, tmap_a, tmap_b, rank, pos, share);
+    } else {
+      produce_units<Walking::kFlat>(p, smem, tmap_a, tmap_b, rank, pos, share);
+    }
   }
 
-  // The producer's TMA loads of k tiles [kt_begin, kt_end) of work unit `unit`, one ring slot each.
+  // The producer's loads of this cluster's whole work units. A listed problem's operands come through its own
+  // maps, which the host wrote to global memory: acquired once per problem (the tensormap proxy's fence).
+  template <Walking W>
+  __device__ __forceinline__ static void produce_units(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
+                                                       const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos,
+                                                       const Sharing& share) {
+    WalkOf<W> walk;
+    int acquired = -1;  // (kList) the problem whose maps this thread has acquired
+    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p)) {
+      const TileAt at = tile_origin<W>(p, unit, rank, walk);
+      if constexpr (W == Walking::kList) {
+        const ListProblem& listed = p.list[at.problem];
+        if (at.problem != acquired) {
+          ptx::fence_proxy_tensormap_acquire(&listed.a);
+          ptx::fence_proxy_tensormap_acquire(&listed.b);
+          acquired = at.problem;
+        }
+        load_k_tiles(p, smem, &listed.a, &listed.b, pos, at, 0, at.k_tiles, share);
+      } else {
+        load_k_tiles(p, smem, tmap_a, tmap_b, pos, at, 0, at.k_tiles, share);
+      }
+    }
+  }
+
+  // The producer's TMA loads of k tiles [kt_begin, kt_end) of tile `at`, one ring slot each.
   __device__ __forceinline__ static void load_k_tiles(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
-                                                      const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos,
-                                                      GroupWalk& walk, int unit, int kt_begin, int kt_end,
-                                                      const Sharing& share) {
-    const TileAt at = Cfg::kWalksGroups && p.group_ends != nullptr ? tile_origin<Cfg::kWalksGroups>(p, unit, rank, walk)
-                                                                   : tile_origin<false>(p, unit, rank, walk);
+                                                      const CUtensorMap* tmap_b, RingPos& pos, const TileAt& at,
+                                                      int kt_begin, int kt_end, const Sharing& share) {
     const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
@@ -628,30 +732,34 @@ struct Kernel {
     }
   }
 
-  // GROUPED: the units walk grouped rows (the launch passes them only to a config with Cfg::kWalksGroups).
-  template <bool GROUPED>
+  // W: how the units map to tiles (the launch passes grouped rows only to a config with Cfg::kWalksGroups, a list
+  // only to one with Cfg::kWalksLists).
+  template <Walking W>
   __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
                                  const CUtensorMap* tmap_source, uint32_t rank, int consumer) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
-    epi.grouped = GROUPED;
+    epi.grouped = W == Walking::kRows;
     const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
     RingPos pos;
-    if (PINGPONG && consumer == 1) pos.advance(p.k_tiles);  // the first tile is the other warpgroup's
     int local = 0;  // this CTA's work units so far
-    GroupWalk walk;
+    WalkOf<W> walk;
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
-      if (PINGPONG && (local & 1) != consumer) continue;
+      const TileAt at = tile_origin<W>(p, unit, rank, walk);
+      if (PINGPONG && (local & 1) != consumer) {
+        pos.advance(at.k_tiles);  // the other warpgroup's tile: its k tiles' slots
+        continue;
+      }
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
-      const TileAt at = tile_origin<GROUPED>(p, unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0;
-      const Problem tile = GROUPED ? at.bounded(p) : p;  // the stores' bounds
-      epi.problem = GROUPED ? 0 : at.problem;            // grouped rows share one D
+      const Problem tile = W != Walking::kFlat ? at.bounded(p) : p;  // the stores' bounds
+      epi.problem = W == Walking::kFlat ? at.problem : 0;            // grouped rows share one D; listed: their own
+      if constexpr (W == Walking::kList) epi.take_listed(p.list + at.problem);
       if constexpr (!Cfg::Epilogue::kIdentity) {
         Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, BN, threadIdx.x % kWarpgroupThreads,
                                 kWarpgroupThreads);
       }
       if (PINGPONG && local > 0) wait_turn(consumer);
-      if (p.k_tiles == 0) {
+      if (at.k_tiles == 0) {
         // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two
         // register assignments of them (ptxas then spills).
         if (PINGPONG && next_exists) pass_turn(consumer);
@@ -668,15 +776,12 @@ struct Kernel {
       const bool sourced = epi.load_source(tile, m0 + row_in_tile, n0);
       Accum acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
-        mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles,
+        mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles,
                           block_scales(args, p, m0 + row_in_tile, n0));
       } else {
-        mainloop(p, smem, acc, row_in_tile, pos, rank, 0, p.k_tiles);
+        mainloop(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles);
       }
-      if (PINGPONG) {
-        if (next_exists) pass_turn(consumer);
-        pos.advance(p.k_tiles);  // skip the other warpgroup's tile
-      }
+      if (PINGPONG && next_exists) pass_turn(consumer);
       if constexpr (kIntAccum) {
         // In place: a second array would be live beside acc, which the next tile's first wgmma reads ("+r").
         int_sums_for_epilogue(acc);
@@ -714,9 +819,9 @@ struct Kernel {
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
     const int cluster = first_unit();
     RingPos pos;
-    GroupWalk walk;  // (unused: Cfg::kWalksGroups excludes stream-K)
+    WalkOf<Walking::kFlat> walk;  // (unused: flat units)
     auto compute = [&](const StreamK::Segment& s) {
-      const TileAt at = tile_origin<false>(p, s.unit, rank, walk);
+      const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0;
       epi.problem = at.problem;
       float acc[MMA_BLOCKS_M][ACCUM];
@@ -1079,12 +1184,14 @@ struct Kernel {
   // Accumulators -> D, bounded by M and N. wgmma's fp32 layout: in m64 block i, warp w of the
   // warpgroup owns rows 16w .. 16w + 15; lane l holds rows l/4 and l/4 + 8, columns 8j + 2(l%4) + {0, 1}
   // at acc[i][4j + {0, 1}] and acc[i][4j + {2, 3}].
-  // `problem`: the tile's problem of a batch.
+  // `problem`: the tile's problem of a batch; `listed`: of a list (its own D), else null.
   template <typename ACC>
   __device__ __forceinline__ static void store_direct(const GemmArgs& args, const Problem& p,
-                                               ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int problem) {
-    Out* d = static_cast<Out*>(args.d) + problem * args.batch_stride_d;
-    const int64_t ldd = args.ldd;
+                                                      ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int problem,
+                                                      const ListProblem* listed = nullptr) {
+    Out* d = listed != nullptr ? static_cast<Out*>(listed->d_ptr)
+                               : static_cast<Out*>(args.d) + problem * args.batch_stride_d;
+    const int64_t ldd = listed != nullptr ? listed->ldd : args.ldd;
     const int t = threadIdx.x % kWarpgroupThreads;
     const int warp = t / 32, lane = t % 32;
     // Pairs of row-neighbours go out as one access when D's rows keep them aligned.
@@ -1231,7 +1338,18 @@ struct Kernel {
     bool use_source_tma;
     uint32_t source_phase = 0;  // bit b: the parity of the next phase of source barrier b
     int problem = 0;            // of a batch: the current tile's (the third coordinate of D's map)
-    bool grouped = false;       // grouped rows: the rows' bound is the group's end (consume<true>)
+    bool grouped = false;       // grouped rows: the rows' bound is the group's end (consume<Walking::kRows>)
+    const ListProblem* listed = nullptr;  // a list's current problem: its D (consume<Walking::kList>)
+
+    // The tiles from here on are listed problem `at`'s: its D's map (acquired from global memory when it changes:
+    // the host wrote it there) or, without one, direct stores at its base.
+    __device__ __forceinline__ void take_listed(const ListProblem* at) {
+      if (at == listed) return;
+      listed = at;
+      use_tma = __ldg(&at->d_tma) != 0;
+      tmap_d = &at->d;
+      if (use_tma) ptx::fence_proxy_tensormap_acquire(&at->d);
+    }
 
     // A tile whose D goes out by TMA stores through the staging buffers (this warpgroup's rows from m0).
     __device__ __forceinline__ bool stores_by_tma(const Problem& p, int m0, int n0) const {
@@ -1328,7 +1446,7 @@ struct Kernel {
     __device__ __forceinline__ void store(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
                                           int m0, int n0, bool sourced = false) {
       if (!stores_by_tma(p, m0, n0)) {
-        store_direct(args, p, acc, m0, n0, problem);
+        store_direct(args, p, acc, m0, n0, problem, listed);
         return;
       }
       const int t = threadIdx.x % kWarpgroupThreads;

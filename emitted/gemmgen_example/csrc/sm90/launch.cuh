@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
+#include <vector>
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_runtime.h>
@@ -206,12 +207,98 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
 // The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
 constexpr int64_t kMaxWorkUnits = 2147483647;
 
+// A listed problem's entry of the device table: its work units from `first_unit` on, its A and B maps, and D's map
+// where D keeps the 16-byte rule (else direct stores at its base). A problem with no rows or columns has no units
+// and no maps; one with K = 0 has units (its D is zeros) but loads nothing.
+template <class Cfg>
+inline int list_entry(const GemmListProblem& q, int64_t first_unit, ListProblem* entry) {
+  using K = Kernel<Cfg>;
+  *entry = ListProblem{};
+  entry->m = static_cast<int>(q.m);
+  entry->n = static_cast<int>(q.n);
+  entry->k_tiles = static_cast<int>((q.k + K::kBlockK - 1) / K::kBlockK);
+  entry->first_unit = static_cast<int>(first_unit);
+  entry->d_ptr = q.d;
+  entry->ldd = q.ldd;
+  if (q.m <= 0 || q.n <= 0) return 0;
+  entry->units_m = static_cast<int>(((q.m + K::BM - 1) / K::BM + K::CM - 1) / K::CM);
+  entry->units_n = static_cast<int>(((q.n + K::BN - 1) / K::BN + K::CN - 1) / K::CN);
+  CachedMap map;
+  int code = 0;
+  if (q.k > 0) {
+    code = operand_map<typename Cfg::Elem, typename K::TileA, Cfg::kAKMajor>(map, q.a, q.m, q.k, q.lda, 1, 0);
+    if (code != 0) return code;
+    entry->a = map.map;
+    code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(map, q.b, q.n, q.k, q.ldb, 1, 0);
+    if (code != 0) return code;
+    entry->b = map.map;
+  }
+  if (Cfg::kDRowMajor && fast_aligned(q.d, q.ldd, sizeof(typename Cfg::Out))) {
+    code = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map, q.d, q.n, q.m, q.ldd);
+    if (code != 0) return code;
+    entry->d = map.map;
+    entry->d_tma = 1;
+  }
+  return 0;
+}
+
+// A list of problems (GemmArgs::list) in one persistent launch: the host encodes every problem's maps into a table,
+// copies it to stream-ordered device memory (from pageable memory: the copy has taken the table when it returns, so
+// the table and the caller's list may go at once; a CUDA graph cannot capture it) and launches over all problems'
+// units; the kernel walks them in order (ProblemList).
+template <class Cfg>
+inline int launch_list(KernelFn fast, const GemmArgs* call, cudaStream_t stream) {
+  using K = Kernel<Cfg>;
+  if (choose_list_path<Cfg>(*call) == GEMM_PATH_NONE) return static_cast<int>(cudaErrorNotSupported);
+  std::vector<ListProblem> table(static_cast<size_t>(call->batch));
+  int64_t units = 0;
+  for (int64_t i = 0; i < call->batch; ++i) {
+    const int code = list_entry<Cfg>(call->list[i], units, &table[i]);
+    if (code != 0) return code;
+    units += static_cast<int64_t>(table[i].units_m) * table[i].units_n;
+    if (units > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (units == 0) return 0;
+
+  static bool smem_raised[kMaxDevices] = {};
+  int device = 0;
+  cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), K::SMEM_BYTES, smem_raised, &device);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  int resident = 0;
+  err = resident_clusters<K>(fast, device, &resident);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const int64_t clusters = units < resident ? units : resident;
+
+  const size_t bytes = table.size() * sizeof(ListProblem);
+  void* on_device = nullptr;
+  cudaMemPool_t pool = nullptr;
+  err = workspace_pool(device, &pool);
+  if (err == cudaSuccess) err = cudaMallocFromPoolAsync(&on_device, bytes, pool, stream);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  err = cudaMemcpyAsync(on_device, table.data(), bytes, cudaMemcpyHostToDevice, stream);
+  if (err == cudaSuccess) {
+    GemmArgs args{};
+    args.batch = call->batch;
+    args.list = call->list;
+    args.list_device = on_device;
+    const CUtensorMap unused{};  // every map is the listed problems' own
+    const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
+    err = cudaLaunchKernelEx(&cluster_launch.config, fast, unused, unused, unused, unused, args,
+                             static_cast<float*>(nullptr));
+  }
+  const cudaError_t freed = cudaFreeAsync(on_device, stream);
+  if (err == cudaSuccess) err = freed;
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return static_cast<int>(cudaGetLastError());
+}
+
 template <class Cfg>
 inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs), void (*repack)(RepackArgs),
                   const GemmArgs* call, cudaStream_t stream) {
   using K = Kernel<Cfg>;
   using Elem = typename Cfg::Elem;
   if (batch_invalid(*call)) return static_cast<int>(cudaErrorInvalidValue);
+  if (is_list(*call)) return launch_list<Cfg>(fast, call, stream);
   if (call->m <= 0 || call->n <= 0) return 0;
   const bool grouped = is_grouped(*call);
   if (grouped && choose_grouped_path<Cfg>(*call) == GEMM_PATH_NONE) return static_cast<int>(cudaErrorNotSupported);
@@ -281,6 +368,15 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
     // are fewer units than twice the SMs (512x4096 with 128x128 tiles ran on 64 of 132 SMs), and the
     // consumers of one SM share its tensor cores anyway.
     clusters = work < resident ? work : resident;
+    // Fewer units than resident clusters (a small M): every unit in the same number of equal parts (split-K),
+    // one cluster each, so that the clusters sharing an operand tile (the M tiles of one N column share B's)
+    // read the same k range at the same time and L2 serves the second read. A split by the iteration count
+    // alone (units x k tiles over all resident clusters) starts each cluster at its own k: measured 0.49-0.62x
+    // cuBLAS at 512x4096x14336 against 0.77x data-parallel (gpu/midm_tiles.py, docs/sm90.md).
+    if (stream_k && units < resident) {
+      const int64_t parts = resident / units < problem.k_tiles ? resident / units : problem.k_tiles;
+      clusters = units * parts;
+    }
   }
   const unsigned ctas = static_cast<unsigned>(clusters * K::CLUSTER);
 
