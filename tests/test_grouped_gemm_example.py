@@ -1,4 +1,4 @@
-"""examples/grouped_gemm.py without a GPU: it emits the package ``grouped_gemm`` whose op ``run`` takes list calls,
+"""examples/grouped_gemm_package.py without a GPU: it emits the package ``grouped_gemm`` whose op ``run`` takes list calls,
 then says what it skipped and why, and exits 0. The install and the GPU run are the GPU machine's."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from generator.spec.config import grouped_list_refusal
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "examples" / "grouped_gemm.py"
+SCRIPT = ROOT / "examples" / "grouped_gemm_package.py"
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,9 @@
 """Grouped GEMM of a list of problems from an emitted package: ``grouped_gemm.run([A0, A1], [B0, B1])``.
 
-    python examples/grouped_gemm.py [--out emitted/grouped_gemm]
+(This script is not named grouped_gemm.py: its folder comes first on sys.path, and the script would then be what
+``import grouped_gemm`` finds instead of the package.)
+
+    python examples/grouped_gemm_package.py [--out emitted/grouped_gemm]
 
 Plans a bf16 GEMM for the sm90 family (layout ``tn``: A (M, K) row-major, B = W.t() for a weight W (N, K), the
 cooperative schedule, which takes list calls), emits it as the package ``grouped_gemm`` with its one op named ``run``
