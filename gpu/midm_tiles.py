@@ -1,4 +1,4 @@
-"""The sm90 kernels around the planner's pick for M = 17-512 (few tiles along M), data-parallel against stream-K,
+"""The sm90 kernels around the planner's pick for M = 17-1024 (few tiles along M), data-parallel against stream-K,
 timed beside cuBLAS in one run: which decomposition fills the GPU when M x N gives fewer tiles than SMs
 (docs/sm90.md, "Fewer tiles than SMs").
 
@@ -32,7 +32,9 @@ SHAPES = ("32x8192x8192,64x8192x8192,128x8192x8192,128x4096x4096,128x4096x14336,
 CANDIDATES = [((128, 64, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1, 1), "cooperative", True),
               ((128, 256, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1, 2), "cooperative", True),
               ((128, 64, 64), (1, 1), "cooperative", False), ((128, 128, 64), (1, 1), "pingpong", False),
-              ((128, 256, 64), (1, 1), "cooperative", False)]
+              ((128, 256, 64), (1, 1), "cooperative", False), ((128, 192, 64), (1, 1), "cooperative", False),
+              ((128, 192, 64), (2, 1), "cooperative", False), ((64, 128, 64), (1, 1), "pingpong", False),
+              ((128, 192, 64), (1, 1), "cooperative", True)]
 
 
 def configs_for(m: int, n: int, k: int) -> list[KernelConfig]:
