@@ -32,7 +32,7 @@ DEFAULT_NAMESPACE = "gemmgen"
 
 #: Rows of A up to which an M-bucketed op (Gemm.compile_buckets) keeps a kernel planned for that M; above the
 #: last, the plan's own (large-M) kernel. Calls of at most 16 rows take the small-M kernel within any of them.
-M_BUCKETS = (128, 512)
+M_BUCKETS = (64, 128, 512)
 
 
 def _positive_or_none(value: object, what: str) -> int | None:

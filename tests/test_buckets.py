@@ -16,11 +16,12 @@ from generator.runtime import BucketedOp, MBucket  # noqa: E402
 def test_bucket_plans_for_an_llm_layer():
     plans = Gemm("bf16", "tn", n=4096, k=4096, arch=90).bucket_plans()
     assert [(bound, plan.name) for bound, plan in plans] == [
+        (64, "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),
         (128, "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),
         (512, "sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m"),
         (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     ]
-    assert M_BUCKETS == (128, 512)
+    assert M_BUCKETS == (64, 128, 512)
 
 
 def test_equal_neighbours_merge_and_knobs_stay():

@@ -165,8 +165,12 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=8192, n=8192, k=8192), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     (dict(m=1024, n=4096, k=4096), "sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m"),   # 128 tiles: one wave, no cluster
     (dict(m=128, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 tiles: one wave
-    (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),      # one row: nothing to share
-    (dict(m=16), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),                      # n, k default to 4096
+    (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # few rows: 64-row tiles
+    (dict(m=16), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),                        # n, k default to 4096
+    (dict(m=64, n=8192, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # (SMALL_M_TILE_ROWS)
+    (dict(m=128, n=4096, k=14336), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"), # half the SMs idle, long K
+    (dict(m=128, n=4096, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 128 k tiles: split
+    (dict(m=128, n=4096, k=8128), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 127 k tiles: not
     (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),            # K=1: the epilogue is all
     (dict(m=8192, n=8192, k=512), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # short K: pingpong
     (dict(m=4097, n=4095, k=4104), "sm90_bf16_tn_128x256x64_c1x2_s4_coop_g8n"),   # 1x2 fills 4 waves exactly
@@ -267,16 +271,16 @@ PINNED_SM90_BF16_TN = {
     (2048, 2048, 2048): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m',
     (4096, 4096, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
     (8192, 8192, 8192): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
-    (16, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
-    (16, 6144, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (16, 4096, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
+    (16, 6144, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
     (16, 14336, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
-    (16, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (16, 4096, 14336): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
     (16, 28672, 8192): 'sm90_bf16_tn_64x256x64_c1x1_s4_pp_g1m',
-    (16, 8192, 28672): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (16, 8192, 28672): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
     (128, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
     (128, 6144, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
     (128, 14336, 4096): 'sm90_bf16_tn_128x128x64_c1x1_s6_pp_g1m',
-    (128, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (128, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m',
     (128, 28672, 8192): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g1m',
     (128, 8192, 28672): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
     (512, 4096, 4096): 'sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m',

@@ -76,6 +76,16 @@ PROMOTED_TILES: tuple[tuple[str, tuple[int, int]], ...] = (("cooperative", (128,
 PROMOTION_SLICED_EFFICIENCY = 0.97
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
+# At most this many rows (M), and only tiles of as many rows: a 128-row cooperative tile gives its second consumer
+# warpgroup nothing but zero rows. Measured (bf16 tn, H200, gpu/midm_tiles.py, docs/planner.md): 64x128 pingpong
+# 0.93x cuBLAS at 32x8192x8192 and 1.01x at 64x8192x8192, against 0.55x and 0.65x for the 128x64 cooperative tile
+# the model preferred (it prices the zero rows as work).
+SMALL_M_TILE_ROWS = 64
+# Split-K (KernelConfig.stream_k with fewer units than SMs: every unit in equal k parts, templates/sm90/launch.cuh)
+# for a cooperative plan whose tiles leave at least half the SMs idle and whose K has at least this many k tiles
+# (bf16: K >= 8192). Measured (H200, gpu/midm_tiles.py): 128x4096x14336 (224 k tiles) 0.98x cuBLAS split against
+# 0.86x data-parallel; 128x4096x4096 (64 k tiles) 0.86x against 0.88x: the partial sums' round trip does not pay.
+SPLIT_K_MIN_K_TILES = 128
 # The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
 PLANNED_SCHEDULES = ("cooperative", "pingpong")
 
@@ -192,6 +202,9 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64,
     tiles = (PROMOTED_TILES if promoted else ()) + CANDIDATE_TILES
     shapes = [(knobs.schedule or schedule, (bm, bn, block_k)) for schedule, (bm, bn) in tiles
               if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and problem.m > bm)]
+    short = [shape for shape in shapes if shape[1][0] == SMALL_M_TILE_ROWS]
+    if problem.m <= SMALL_M_TILE_ROWS and short:   # few rows: tiles of no more rows (see SMALL_M_TILE_ROWS)
+        shapes = short
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
     return shapes or [(str(knobs.schedule), (128, 256, block_k))]
 
@@ -301,4 +314,25 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     def refuse(cfg: KernelConfig) -> str | None:
         return cluster_larger_than_grid(cfg, problem) if hinted and knobs.cluster else None
 
-    return pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem), refuse)
+    best, rejected = pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem), refuse)
+    parts = split_k_parts(best.config, problem, sm_count) if hinted else 1
+    if parts > 1:
+        k_tiles = math.ceil(problem.k / best.config.tile[2])
+        split = replace(best.config, stream_k=True)
+        best = Estimate(split, best.cost, f"{best.reason}; split-K: each tile's {k_tiles} k tiles in {parts} parts, "
+                                          f"one block each, partial sums added in a fixed order (the tiles leave "
+                                          f"more than half the SMs idle)")
+    return best, rejected
+
+
+def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
+    """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a
+    cooperative single problem (grouped calls take no stream-K) whose tiles leave at least half the SMs idle, of at
+    least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32 sums are not added as fp32 partials)."""
+    bm, bn, bk = cfg.tile
+    units = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
+    k_tiles = math.ceil(problem.k / bk)
+    if (cfg.schedule != "cooperative" or cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8"
+            or 2 * units > sm_count or k_tiles < SPLIT_K_MIN_K_TILES):
+        return 1
+    return min(sm_count // units, k_tiles)

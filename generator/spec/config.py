@@ -306,8 +306,9 @@ def _describe_sm90(cfg: KernelConfig) -> str:
         f"threads:      {SM90_THREADS} (1 producer warpgroup + 2 consumer warpgroups)",
     ]
     if cfg.stream_k:
-        lines.append("stream-K:     the last partial wave of tiles (every tile, when there are fewer tiles than SMs) "
-                     "cut into equal shares of k tiles; partial sums added in a fixed order")
+        lines.append("stream-K:     the last partial wave of tiles cut into equal shares of k tiles; with fewer tiles "
+                     "than SMs every tile in the same number of equal k parts (split-K); partial sums added in a "
+                     "fixed order")
     return "\n".join(lines)
 
 
