@@ -22,6 +22,7 @@ from triton.testing import do_bench, do_bench_cudagraph
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from generator import Gemm, emit  # noqa: E402
 from generator.runtime import leading_dim  # noqa: E402
+from generator.runtime.op import Problem  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "."))
 SHAPES = [(128, 128, 64), (1024, 1024, 1024), (128, 4096, 4096), (512, 4096, 4096), (2048, 2048, 2048)]
@@ -60,7 +61,8 @@ def main() -> None:
         a = torch.randn(m, k, device="cuda").bfloat16()
         b = torch.randn(n, k, device="cuda").bfloat16().t()
         d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        args = op._args(a, b, d, leading_dim(a, plan.layout.a), leading_dim(b, plan.layout.b), n)
+        problem = Problem(m, n, k, leading_dim(a, plan.layout.a), leading_dim(b, plan.layout.b))
+        args = op._args(a, b, d, problem, n)
         launch = op.library.launch
         # The stream is looked up per call: do_bench_cudagraph captures on a stream of its own, and a
         # launch on a stream fixed beforehand would run outside the graph (and time nothing).
