@@ -19,6 +19,7 @@ import copy
 import itertools
 import pickle
 import warnings
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -31,7 +32,7 @@ from generator.runtime import jit_runtime  # noqa: E402
 from generator.runtime.autograd import backward_configs, backward_layouts, grad_ops  # noqa: E402
 from generator.runtime import GemmOp  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
-from generator.runtime.checks import check_group_ends  # noqa: E402
+from generator.runtime.checks import check_group_ends, grouped_alignment_refusal, order_of  # noqa: E402
 from generator.runtime.operands import check_batchable, check_operands  # noqa: E402
 from generator.spec.types import DType, Order  # noqa: E402
 
@@ -39,9 +40,28 @@ NAMESPACE = "gemmgen_reference"
 LAYOUTS = ("tn", "tt", "nn", "nt")
 BOUND = {torch.bfloat16: 1e-2, torch.float16: 5e-3}
 
+#: Where a test records the reference ops' launches (``calls`` fixture): None, or a list of Call.
+CALLS: list | None = None
+
+
+class Call(NamedTuple):
+    """One launch of a reference op: its layout tag (e.g. "nt_dcol"), the form ("plain", "grouped", "list") and its
+    operands (a list call's: lists)."""
+
+    layout: str
+    form: str
+    A: Any
+    B: Any
+
+
+def _record(op, form, A, B):
+    if CALLS is not None:
+        CALLS.append(Call(op.config.layout.tag, form, A, B))
+
 
 class ReferenceOp(GemmOp):
-    """The real GemmOp registration and checks, with torch.matmul on CPU in place of the kernel."""
+    """The real GemmOp registration and checks, with torch.matmul on CPU in place of the kernel. Grouped and list
+    calls make the real ones' checks first, the refusals of the plan and of operands off the 16-byte rule included."""
 
     device_type = "cpu"
 
@@ -49,6 +69,7 @@ class ReferenceOp(GemmOp):
         super().__init__(config, library=None, namespace=namespace)
 
     def run(self, A, B, operands, out):
+        _record(self, "plain", A, B)
         problem = self._check(A, B)             # dtype, device, K, batch, and the planned storage orders
         ep = self.config.epilogue
         if problem.batch is not None:
@@ -67,7 +88,15 @@ class ReferenceOp(GemmOp):
         return D, aux_out
 
     def run_grouped(self, A, B, offsets):
+        _record(self, "grouped", A, B)
+        self._refuse_grouped_plan()
         problem = self._check_grouped(A, B, offsets)   # ranks, dtypes, devices, K, offsets, storage orders
+        if problem.m > 0 and problem.n > 0 and problem.k > 0:   # the 16-byte rule, as GemmOp.run_grouped
+            for what, t, order, ld, stride in (("A", A, self.config.layout.a, problem.lda, 0),
+                                               ("B", B, self.config.layout.b, problem.ldb, problem.batch_stride_b)):
+                refusal = grouped_alignment_refusal(what, t, order, ld, stride)
+                if refusal is not None:
+                    raise ValueError(refusal)
         check_group_ends(offsets.tolist(), problem.m)
         D = self._empty_grouped_out(A, B)
         start = 0
@@ -77,7 +106,10 @@ class ReferenceOp(GemmOp):
         return D
 
     def run_grouped_list(self, A, B):
+        _record(self, "list", A, B)
+        self._refuse_grouped_list_plan()
         problems = self._check_list(A, B)   # lengths, ranks, dtypes, devices, K, storage orders
+        self._check_list_alignment(A, B, problems)
         D = self._empty_list_out(A, B)
         for a, b, d in zip(A, B, D):         # each problem by its own matrices, fp32 accumulation
             d.copy_((a.float() @ b.float()).to(self.out_dtype))
@@ -524,24 +556,16 @@ def grouped_reference(a, b, offsets):
     return torch.cat([a[s:e].double() @ b[g].double() for g, (s, e) in enumerate(zip(ends, ends[1:]))])
 
 
-def test_grouped_calls_refuse_grad_and_run_without_it(formula):
-    """Both formulas' registrations (C++: gemm_op.h's GroupedAutogradKernel; Python: autograd.py's) refuse a grouped
-    call that would need a gradient, naming the inputs; without grad mode, or with detached inputs, it runs."""
+def test_grouped_calls_without_grad_build_no_graph(formula):
+    """Without grad mode, or with detached inputs, a grouped call goes below autograd: the kernel's result, no node."""
     op = formula_op(formula, "tn")
-    dump = torch._C._dispatch_dump(f"{formula}::{op.name}.grouped")
-    where = dump.split("Autograd[alias]: registered at ")[1].split("\n")[0]
-    assert ("jit_runtime.cpp" in where) == (formula == NAMESPACE), where   # which Autograd kernel
     a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, requires_grad=True)
-    for x, y, wanting in ((a, b, "A, B"), (a, b.detach(), "A"), (a.detach(), b, "B")):
-        with pytest.raises(RuntimeError) as info:
-            op.grouped(x, y, offsets)
-        assert str(info.value).startswith(f"{op.name}.grouped: grouped calls have no backward pass yet, but {wanting} "
-                                          "require(s) grad: call it under torch.no_grad() or with detached tensors")
     with torch.no_grad():
         d = op.grouped(a, b, offsets)
     assert d.grad_fn is None and d.shape == (40, 24) and d.stride() == (24, 1)
     assert rel(d, grouped_reference(a.detach(), b.detach(), offsets)) <= BOUND[torch.bfloat16]
     assert torch.equal(op.grouped(a.detach(), b.detach(), offsets), d)
+    assert op.grouped(a.detach(), b.detach(), offsets).grad_fn is None
 
 
 @pytest.mark.parametrize("layout, layout_c", [("tn", "row"), ("tt", "col")])
@@ -579,31 +603,26 @@ def test_compile_fullgraph_grouped_call_with_dynamic_sizes_compiles_once():
 LIST_SIZES = [(5, 32, 24), (17, 8, 40), (0, 16, 8), (33, 40, 16)]
 
 
+def ruled_operand(rows, cols, order, dtype, requires_grad=False):
+    """A (rows, cols) matrix stored in ``order`` on the 16-byte rule of list calls: its leading dimension the inner
+    size rounded up to 8 elements (a view of a wider buffer where that pads it; packed where it does not)."""
+    inner, outer = (cols, rows) if order == "row" else (rows, cols)
+    buffer = torch.randn(outer, -(-inner // 8) * 8).to(dtype)[:, :inner]
+    return (buffer if order == "row" else buffer.t()).requires_grad_(requires_grad)
+
+
 def list_operands(layout, sizes=LIST_SIZES, dtype=torch.bfloat16, **kw):
-    """A[i] (M_i, K_i) and B[i] (K_i, N_i) of a layout."""
+    """A[i] (M_i, K_i) and B[i] (K_i, N_i) of a layout, on the 16-byte rule (``ruled_operand``)."""
     orders = ["row" if letter == "t" else "col" for letter in layout]
-    return ([operand(m, k, orders[0], dtype, **kw) for m, k, _ in sizes],
-            [operand(k, n, orders[1], dtype, **kw) for _, k, n in sizes])
+    return ([ruled_operand(m, k, orders[0], dtype, **kw) for m, k, _ in sizes],
+            [ruled_operand(k, n, orders[1], dtype, **kw) for _, k, n in sizes])
 
 
-def test_list_calls_refuse_grad_and_run_without_it(formula):
-    """Both formulas' registrations (C++: gemm_op.h's GroupedAutogradKernel; Python: autograd.py's) refuse a list call
-    that would need a gradient, naming the matrices; without grad mode, or with detached inputs, it runs."""
+def test_list_calls_without_grad_build_no_graph(formula):
+    """Without grad mode, or with detached inputs, a list call goes below autograd: the kernel's results, no nodes."""
     op = formula_op(formula, "nt")
-    dump = torch._C._dispatch_dump(f"{formula}::{op.name}.grouped_list")
-    where = dump.split("Autograd[alias]: registered at ")[1].split("\n")[0]
-    assert ("jit_runtime.cpp" in where) == (formula == NAMESPACE), where   # which Autograd kernel
     a, b = list_operands("nt", requires_grad=True)
     detached = ([t.detach() for t in a], [t.detach() for t in b])
-    for x, y, wanting in ((a, b, "A[0], A[1], A[2], A[3], B[0], B[1], B[2], B[3]"),
-                          ([a[0].detach(), *a[1:2]], detached[1][:2], "A[1]"),
-                          (detached[0], [*detached[1][:3], b[3]], "B[3]")):
-        for call in (op.grouped_list, op):
-            with pytest.raises(RuntimeError) as info:
-                call(x, y)
-            assert str(info.value).startswith(f"{op.name}.grouped_list: grouped calls have no backward pass yet, but "
-                                              f"{wanting} require(s) grad: call it under torch.no_grad() or with "
-                                              "detached tensors"), str(info.value)
     with torch.no_grad():
         d = op(a, b)
     assert [t.grad_fn for t in d] == [None] * 4 and [tuple(t.shape) for t in d] == [(m, n) for m, _, n in LIST_SIZES]
@@ -611,6 +630,7 @@ def test_list_calls_refuse_grad_and_run_without_it(formula):
         if got.numel():
             assert rel(got, x.double() @ y.double()) <= BOUND[torch.bfloat16]
     assert all(torch.equal(u, v) for u, v in zip(op.grouped_list(*detached), d))
+    assert all(t.grad_fn is None for t in op.grouped_list(*detached))
 
 
 @pytest.mark.parametrize("layout, layout_c", [("tn", "row"), ("nt", "col")])
@@ -618,7 +638,10 @@ def test_opcheck_on_list_calls(layout, layout_c):
     """Schema, fake (each D[i] (M_i, N_i) in the plan's order; the sizes symbolic in test_aot_dispatch_dynamic) and
     the Autograd kernel's registration of .grouped_list."""
     op = reference_op(layout, layout_c=layout_c)
-    for sizes in (LIST_SIZES, [(40, 16, 24)], []):
+    # opcheck copies the operands packed: a column-major A's leading dimension is then M, which must keep the 16-byte
+    # rule (its rows a multiple of 8)
+    ruled = LIST_SIZES if layout[0] == "t" else [(-(-m // 8) * 8, k, n) for m, k, n in LIST_SIZES]
+    for sizes in (ruled, [(40, 16, 24)], []):
         a, b = list_operands(layout, sizes)
         torch.library.opcheck(op.op.grouped_list, (a, b))
         d = op.grouped_list(a, b)
@@ -649,6 +672,373 @@ def _compile_counter():
 
     torch._dynamo.reset()
     return CompileCounterWithBackend("aot_eager")
+
+
+# -- the backward of grouped and list calls (generator/runtime/autograd.py: grouped_backward, list_backward) ----------
+
+#: Group sizes of the offsets form's backward: ragged with an empty group, one group, 17 groups (several empty), every
+#: group empty, empty groups first and last.
+GROUPED_SIZES = {"ragged": [5, 0, 17, 18], "E=1": [40], "E=17": [3, 0, 0, 8, 1, 16, 0, 5, 2, 7, 0, 0, 9, 4, 1, 0, 6],
+                 "no rows": [0, 0], "empty first and last": [0, 12, 20, 0]}
+
+
+@pytest.fixture
+def calls():
+    """The reference ops' launches while the test runs (Call: layout tag, form, operands)."""
+    global CALLS
+    CALLS = []
+    try:
+        yield CALLS
+    finally:
+        CALLS = None
+
+
+def autograd_kernel_at(qualname: str) -> str:
+    """Where the Autograd kernel of ``qualname`` was registered (the dispatcher's table)."""
+    return torch._C._dispatch_dump(qualname).split("Autograd[alias]: registered at ")[1].split("\n")[0]
+
+
+def grouped_grads64(a, b, offsets, g):
+    """dA and dB of the grouped product in float64, for the gradient g."""
+    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+    grouped_reference(a64, b64, offsets).backward(g.double())
+    return a64.grad, b64.grad
+
+
+def assert_grad(got, ref, t, what, bound=BOUND[torch.bfloat16]):
+    """A gradient of t: its dtype and shape, its matrices stored in t's order, within ``bound`` of float64's."""
+    assert got is not None, what
+    assert got.dtype == t.dtype and got.shape == t.shape, (what, got.dtype, tuple(got.shape))
+    if min(t.shape[-2:]) > 1 and (t.is_contiguous() or t.transpose(-1, -2).is_contiguous()):
+        # (AccumulateGrad stores the gradient of a padded view, which is not dense, row-major)
+        assert order_of(got) == order_of(t), (what, got.stride(), t.stride())
+    assert rel(got, ref) <= bound, (what, rel(got, ref))
+
+
+def test_grouped_overloads_take_the_python_formulas(formula):
+    """Whichever formula the default overload has (the JIT runtime's C++ one or Python's), the Autograd kernels of
+    .grouped and .grouped_list are generator/runtime/autograd.py's, through torch.library.register_autograd: the
+    runtime registers none for them, which would shadow them."""
+    op = formula_op(formula, "tn")
+    qualname = f"{formula}::{op.name}"
+    assert ("jit_runtime.cpp" in autograd_kernel_at(qualname)) == (formula == NAMESPACE)
+    for overload in ("grouped", "grouped_list"):
+        assert "jit_runtime.cpp" not in autograd_kernel_at(f"{qualname}.{overload}"), overload
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, requires_grad=True)
+    assert "grouped" in type(op.grouped(a, b, offsets).grad_fn).__name__
+    la, lb = list_operands("tn", requires_grad=True)
+    assert all("grouped_list" in type(d.grad_fn).__name__ for d in op(la, lb))
+
+
+@pytest.mark.parametrize("layout, layout_c, out_dtype", [("tn", "row", None), ("tt", "row", None),
+                                                         ("tn", "col", None), ("tt", "col", "fp32")])
+def test_grouped_backward_matches_float64(layout, layout_c, out_dtype, formula):
+    """dA and dB of op.grouped against float64, for ragged, empty and single groups, E = 17, every kind of upstream
+    gradient (contiguous, column-major, sliced: off the 16-byte rule, expanded: neither order); each gradient in its
+    input's dtype, shape and strides; offsets gets none."""
+    op = formula_op(formula, layout, layout_c=layout_c, out_dtype=out_dtype)
+    for (label, sizes), kind in itertools.product(GROUPED_SIZES.items(), GRADS):
+        a, b, offsets = grouped_operands(layout, sizes, 24, 32, requires_grad=True)
+        d = op.grouped(a, b, offsets)
+        g = _upstream(kind, *d.shape, d.dtype)
+        d.backward(g)
+        ref_a, ref_b = grouped_grads64(a, b, offsets, g)
+        assert_grad(a.grad, ref_a, a, (label, kind, "dA"))
+        assert_grad(b.grad, ref_b, b, (label, kind, "dB"))
+        assert offsets.grad is None
+
+
+@pytest.mark.parametrize("layout, da, db", [("tn", "tt", "nt_dcol"), ("tt", "tn", "nt")])
+def test_grouped_backward_is_one_grouped_call_for_da_and_one_list_call_for_db(calls, layout, da, db):
+    """dA = dA-op.grouped(dD, B.transpose(1, 2), offsets) (B's memory, no copy); dB: one list call on the dB op with a
+    problem (A[rows of g].t(), dD[rows of g]) per group with rows (views of A and dD), the empty group launching
+    nothing (its dB[g] is zeros)."""
+    op = reference_op(layout)
+    sizes = [5, 0, 17, 18]
+    a, b, offsets = grouped_operands(layout, sizes, 24, 32, requires_grad=True)
+    d = op.grouped(a, b, offsets)
+    g = torch.randn(40, 24, dtype=torch.bfloat16)
+    calls.clear()
+    d.backward(g)
+    assert [(c.layout, c.form) for c in calls] == [(da, "grouped"), (db, "list")]
+    grad_a_call, grad_b_call = calls
+    assert torch.equal(grad_a_call.A, g) and grad_a_call.B.shape == (4, 24, 32)
+    assert grad_a_call.B.data_ptr() == b.data_ptr() and torch.equal(grad_a_call.B, b.detach().transpose(1, 2))
+    starts = [0, 5, 22]   # the groups with rows: 0, 2, 3
+    assert [tuple(x.shape) for x in grad_b_call.A] == [(32, 5), (32, 17), (32, 18)]
+    assert [x.data_ptr() for x in grad_b_call.A] == [a[s].data_ptr() for s in starts]
+    assert [tuple(y.shape) for y in grad_b_call.B] == [(5, 24), (17, 24), (18, 24)]
+    assert torch.equal(b.grad[1], torch.zeros(32, 24, dtype=torch.bfloat16))
+    ref_a, ref_b = grouped_grads64(a, b, offsets, g)
+    assert_grad(a.grad, ref_a, a, "dA")
+    assert_grad(b.grad, ref_b, b, "dB")
+
+
+def test_grouped_backward_computes_only_what_is_needed(calls):
+    """Only A requires grad: the dA call alone; only B: the dB list call alone."""
+    op = reference_op("tn")
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32)
+    g = torch.randn(40, 24, dtype=torch.bfloat16)
+    for which, want in (("A", [("tt", "grouped")]), ("B", [("nt_dcol", "list")])):
+        x, y = (a.requires_grad_(), b) if which == "A" else (a.detach(), b.requires_grad_())
+        d = op.grouped(x, y, offsets)
+        calls.clear()
+        d.backward(g)
+        assert [(c.layout, c.form) for c in calls] == want, which
+    ref_a, ref_b = grouped_grads64(a, b, offsets, g)
+    assert_grad(a.grad, ref_a, a, "dA")
+    assert_grad(b.grad, ref_b, b, "dB")
+
+
+def test_grouped_backward_falls_back_to_plain_calls_where_the_plans_refuse(calls, monkeypatch):
+    """dA and dB ops that take no grouped (list) call (an sm80 plan, ws, stream-K: grouped_refusal,
+    grouped_list_refusal): one plain call per group with rows, into dA's rows and dB's matrices."""
+    from generator.runtime import autograd
+
+    monkeypatch.setattr(autograd, "grouped_refusal", lambda cfg: "this plan takes no grouped call")
+    monkeypatch.setattr(autograd, "grouped_list_refusal", lambda cfg: "this plan takes no list call")
+    op = reference_op("tn")
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, requires_grad=True)
+    d = op.grouped(a, b, offsets)
+    g = torch.randn(40, 24, dtype=torch.bfloat16)
+    calls.clear()
+    d.backward(g)
+    assert [(c.layout, c.form) for c in calls] == [("tt", "plain")] * 3 + [("nt_dcol", "plain")] * 3
+    assert [tuple(c.A.shape) for c in calls] == [(5, 24), (17, 24), (18, 24), (32, 5), (32, 17), (32, 18)]
+    ref_a, ref_b = grouped_grads64(a, b, offsets, g)
+    assert_grad(a.grad, ref_a, a, "dA")
+    assert_grad(b.grad, ref_b, b, "dB")
+
+
+def test_grouped_backward_falls_back_where_operands_break_the_16_byte_rule(calls):
+    """A gradient off the 16-byte rule (a slice of a wider buffer: unaligned base and leading dimension) is taken as it
+    is: the grouped dA call and the list call would refuse it, so every group with rows is a plain call (the plain
+    op repacks it or runs the unaligned kernel); the result is the same."""
+    op = reference_op("tn")
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, requires_grad=True)
+    d = op.grouped(a, b, offsets)
+    g = torch.randn(40, 27).to(torch.bfloat16)[:, 1:25]
+    calls.clear()
+    d.backward(g)
+    assert [(c.layout, c.form) for c in calls] == [("tt", "plain")] * 3 + [("nt_dcol", "plain")] * 3
+    assert calls[0].A.data_ptr() == g.data_ptr()   # no copy of the gradient
+    ref_a, ref_b = grouped_grads64(a, b, offsets, g)
+    assert_grad(a.grad, ref_a, a, "dA")
+    assert_grad(b.grad, ref_b, b, "dB")
+
+
+def test_grouped_double_backward():
+    """The dA and dB ops' .grouped and .grouped_list have the same formulas: a gradient of the gradient."""
+    op = reference_op("tn")
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 16, 24, requires_grad=True)
+    (grad_a,) = torch.autograd.grad(op.grouped(a, b, offsets).float().pow(2).sum(), a, create_graph=True)
+    grad_a.float().sum().backward()
+    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+    (g64,) = torch.autograd.grad(grouped_reference(a64, b64, offsets).pow(2).sum(), a64, create_graph=True)
+    g64.sum().backward()
+    assert rel(b.grad, b64.grad) <= 2e-2 and rel(a.grad, a64.grad) <= 2e-2
+
+
+#: opcheck's tests that run a backward eagerly: its AOT ones trace the backward with fake tensors, which the grouped
+#: formulas refuse (test_traced_grouped_backward_is_refused_with_the_workaround).
+EAGER_OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor")
+
+
+def test_opcheck_on_grouped_and_list_calls_that_require_grad():
+    """opcheck's autograd registration checks on the overloads whose inputs require grad."""
+    op = reference_op("tn")
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, requires_grad=True)
+    torch.library.opcheck(op.op.grouped, (a, b, offsets), test_utils=EAGER_OPCHECKS)
+    la, lb = list_operands("tn", requires_grad=True)
+    torch.library.opcheck(op.op.grouped_list, (la, lb), test_utils=EAGER_OPCHECKS)
+
+
+def test_traced_grouped_backward_is_refused_with_the_workaround():
+    """A backward traced with fake tensors (torch.compile training through a grouped call) cannot read the group
+    ends or the operands' addresses: refused at the trace, naming the workaround, which works (the grouped call in a
+    torch.compiler.disable'd function: a graph break, eager autograd there); the forward alone compiles."""
+    op = reference_op("tn")
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, requires_grad=True)
+    compiled = torch.compile(lambda x, y, o: op.grouped(x, y, o).float().sum(), backend="aot_eager", fullgraph=True)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"\.grouped: the backward of a grouped call reads the group sizes .*"
+                                        r"torch\.compiler\.disable"):
+        compiled(a, b, offsets).backward()
+    la, lb = list_operands("tn", requires_grad=True)
+    compiled = torch.compile(lambda x, y: sum(d.float().sum() for d in op(x, y)), backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"\.grouped_list: the backward of a grouped call"):
+        compiled(la, lb).backward()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        assert torch.equal(torch.compile(lambda x, y, o: op.grouped(x, y, o), backend="aot_eager")(a, b, offsets),
+                           op.grouped(a, b, offsets))
+
+    @torch.compiler.disable
+    def experts(x, w, o):   # the workaround: the grouped call (and its backward) outside the compiled graphs
+        return op.grouped(x, w, o)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x, w, o: (experts(x * 2, w, o).float() * 3).sum(), backend="aot_eager")
+    compiled(a, b, offsets).backward()
+    ref_a, ref_b = grouped_grads64((a * 2).detach(), b, offsets, torch.full((40, 24), 3.0, dtype=torch.bfloat16))
+    assert_grad(a.grad, 2 * ref_a, a, "dA")
+    assert_grad(b.grad, ref_b, b, "dB")
+
+
+#: (M, K, N) of the list form's backward: LIST_SIZES (an M = 0 problem among them) and a K = 0 problem.
+LIST_GRAD_SIZES = [*LIST_SIZES, (9, 0, 16)]
+
+
+def list_grads64(a, b, grads):
+    """[dA_i], [dB_i] of the list call in float64 (None where grads[i] is None)."""
+    out_a, out_b = [], []
+    for x, y, g in zip(a, b, grads):
+        x64, y64 = (t.detach().double().requires_grad_() for t in (x, y))
+        if g is not None:
+            (x64 @ y64).backward(g.double())
+        out_a.append(x64.grad)
+        out_b.append(y64.grad)
+    return out_a, out_b
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_list_backward_matches_float64(layout, formula):
+    """dA_i and dB_i of a list call against float64, all four layouts, every kind of upstream gradient, an M = 0 and
+    a K = 0 problem: each in its input's dtype, shape and strides."""
+    op = formula_op(formula, layout)
+    for kind in GRADS:
+        a, b = list_operands(layout, LIST_GRAD_SIZES, requires_grad=True)
+        d = op(a, b)
+        grads = [_upstream(kind, *t.shape, t.dtype) for t in d]
+        torch.autograd.backward(d, grads)
+        ref_a, ref_b = list_grads64(a, b, grads)
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_grad(x.grad, ref_a[i], x, (kind, f"dA[{i}]"))
+            assert_grad(y.grad, ref_b[i], y, (kind, f"dB[{i}]"))
+
+
+def test_list_backward_is_one_list_call_per_gradient_op(calls):
+    """One list call on the dA op and one on the dB op, with (dD_i, B_i.t()) and (A_i.t(), dD_i) (views, no copies)
+    of the problems with work (the M = 0 problem launches nothing)."""
+    op = reference_op("nt")
+    a, b = list_operands("nt", requires_grad=True)
+    d = op(a, b)
+    grads = [torch.randn_like(t) for t in d]
+    calls.clear()
+    torch.autograd.backward(d, grads)
+    assert [(c.layout, c.form) for c in calls] == [("tn_dcol", "list"), ("tt", "list")]
+    grad_a_call, grad_b_call = calls
+    work = [0, 1, 3]
+    assert [x.data_ptr() for x in grad_a_call.A] == [grads[i].data_ptr() for i in work]
+    assert [y.data_ptr() for y in grad_a_call.B] == [b[i].data_ptr() for i in work]
+    assert [x.data_ptr() for x in grad_b_call.A] == [a[i].data_ptr() for i in work]
+    assert [tuple(x.shape) for x in grad_b_call.A] == [(k, m) for m, k, _ in (LIST_SIZES[i] for i in work)]
+    assert a[2].grad.shape == (0, 16) and torch.equal(b[2].grad, torch.zeros(16, 8, dtype=torch.bfloat16))
+
+
+def test_list_backward_only_where_gradients_flow(calls):
+    """Problems whose output has no gradient, or whose inputs do not require grad, are not computed: None (torch
+    leaves .grad unset); only A[0] and B[3] require grad, only D[0] and D[3] are used."""
+    op = reference_op("tn")
+    a, b = list_operands("tn")
+    a[0].requires_grad_()
+    b[3].requires_grad_()
+    b[1].requires_grad_()   # its output, D[1], gets no gradient
+    d = op(a, b)
+    calls.clear()
+    (d[0].float().sum() + d[3].float().pow(2).sum()).backward()
+    assert [(c.layout, c.form, len(c.A)) for c in calls] == [("tt", "list", 1), ("nt_dcol", "list", 1)]
+    assert b[1].grad is None
+    ref_a, ref_b = list_grads64(a, b, [torch.ones_like(d[0]), None, None, 2 * d[3].detach()])
+    assert_grad(a[0].grad, ref_a[0], a[0], "dA[0]")
+    assert_grad(b[3].grad, ref_b[3], b[3], "dB[3]")
+
+
+def test_list_backward_per_gradient_order_and_per_problem_fallback(calls):
+    """A column-major gradient takes the dA and dB ops of that order (a second list call each); a gradient off the
+    16-byte rule takes a plain call for its problem alone."""
+    op = reference_op("tn")
+    a, b = list_operands("tn", [(16, 32, 24), (8, 16, 40), (24, 8, 16)], requires_grad=True)
+    d = op(a, b)
+    grads = [torch.randn(16, 24).to(torch.bfloat16), torch.randn(40, 8).to(torch.bfloat16).t(),
+             torch.randn(24, 19).to(torch.bfloat16)[:, 1:17]]   # row-major, column-major, off the rule (row)
+    calls.clear()
+    torch.autograd.backward(d, grads)
+    assert [(c.layout, c.form) for c in calls] == [
+        ("tt", "list"), ("tt", "plain"), ("nt_dcol", "list"), ("nt_dcol", "plain"),   # row-major gradients: 0, 2
+        ("nt", "list"), ("nn_dcol", "list")]                                         # the column-major one: 1
+    assert [len(c.A) for c in calls if c.form == "list"] == [1, 1, 1, 1]
+    ref_a, ref_b = list_grads64(a, b, grads)
+    for i in range(3):
+        assert_grad(a[i].grad, ref_a[i], a[i], f"dA[{i}]")
+        assert_grad(b[i].grad, ref_b[i], b[i], f"dB[{i}]")
+
+
+def test_list_backward_falls_back_to_plain_calls_where_the_plans_refuse(calls, monkeypatch):
+    from generator.runtime import autograd
+
+    monkeypatch.setattr(autograd, "grouped_list_refusal", lambda cfg: "this plan takes no list call")
+    op = reference_op("tt")
+    a, b = list_operands("tt", requires_grad=True)
+    d = op(a, b)
+    grads = [torch.randn_like(t) for t in d]
+    calls.clear()
+    torch.autograd.backward(d, grads)
+    assert [(c.layout, c.form) for c in calls] == [("tn", "plain")] * 3 + [("nt", "plain")] * 3
+    ref_a, ref_b = list_grads64(a, b, grads)
+    for i in range(4):
+        assert_grad(a[i].grad, ref_a[i], a[i], f"dA[{i}]")
+        assert_grad(b[i].grad, ref_b[i], b[i], f"dB[{i}]")
+
+
+def test_list_double_backward():
+    op = reference_op("tn")
+    a, b = list_operands("tn", [(16, 24, 8), (8, 16, 24)], requires_grad=True)
+    loss = sum(t.float().pow(2).sum() for t in op(a, b))
+    grads = torch.autograd.grad(loss, a, create_graph=True)
+    sum(g.float().sum() for g in grads).backward()
+    for x, y in zip(a, b):
+        x64, y64 = (t.detach().double().requires_grad_() for t in (x, y))
+        (g64,) = torch.autograd.grad((x64 @ y64).pow(2).sum(), x64, create_graph=True)
+        g64.sum().backward()
+        assert rel(y.grad, y64.grad) <= 2e-2 and rel(x.grad, x64.grad) <= 2e-2
+
+
+def test_quantized_grouped_calls_refuse_grad_as_the_plain_op():
+    """fp8 (and int8) ops have no backward: a grouped or list call that would need a gradient is refused at the call,
+    in the words of the default overload's refusal."""
+    op = reference_op("tn", dtype="e4m3")
+    a = torch.randn(8, 32).to(torch.float8_e4m3fn).requires_grad_()
+    b = torch.randn(2, 24, 32).to(torch.float8_e4m3fn).transpose(1, 2)
+    offsets = torch.tensor([3, 8], dtype=torch.int32)
+    with pytest.raises(RuntimeError) as info:
+        op.grouped(a, b, offsets)
+    assert str(info.value).startswith(f"{op.name}.grouped multiplies e4m3 operands and has no backward pass, but A "
+                                      "require(s) grad: call it under torch.no_grad(), or pass A.detach()")
+    with pytest.raises(RuntimeError) as info:
+        op([a.detach(), a], [b[0], b[1]])
+    assert str(info.value).startswith(f"{op.name}.grouped_list multiplies e4m3 operands and has no backward pass, "
+                                      "but A[1] require(s) grad")
+
+
+def test_tf32_grouped_and_list_backward_copy_into_the_k_major_orders():
+    """tf32's sm90 backward kernels read A and B K-major only (layout tn): the formulas copy each operand stored
+    otherwise (B.transpose(1, 2) per matrix, each group's slices), and the gradients are fp32."""
+    op = ReferenceOp(Gemm("fp32", "tn", arch=90).config, NAMESPACE + "_tf32")
+    a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32, dtype=torch.float32, requires_grad=True)
+    d = op.grouped(a, b, offsets)
+    g = torch.randn_like(d)
+    d.backward(g)
+    ref_a, ref_b = grouped_grads64(a, b, offsets, g)
+    assert_grad(a.grad, ref_a, a, "dA", bound=1e-5)
+    assert_grad(b.grad, ref_b, b, "dB", bound=1e-5)
+    la, lb = list_operands("tn", dtype=torch.float32, requires_grad=True)
+    grads = [torch.randn_like(t) for t in op(la, lb)]
+    torch.autograd.backward(op(la, lb), grads)
+    ref_a, ref_b = list_grads64(la, lb, grads)
+    for i in range(len(la)):
+        assert_grad(la[i].grad, ref_a[i], la[i], f"dA[{i}]", bound=1e-5)
+        assert_grad(lb[i].grad, ref_b[i], lb[i], f"dB[{i}]", bound=1e-5)
 
 
 # -- generator.nn with the reference op --------------------------------------------------------------------

@@ -21,7 +21,8 @@ What each overload has, so that it behaves like a native op (see ``_register``):
   return aliases ``out`` only by decomposing it; and, like aten's out= ops, an Autograd kernel that
   refuses inputs which require grad.
 * ``.grouped`` and ``.grouped_list`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an
-  Autograd kernel that refuses inputs which require grad (no formula yet).
+  autograd formula on this generator's kernels (``generator.runtime.autograd``: ``grouped_backward``,
+  ``list_backward``; fp8 and int8 ops refuse inputs which require grad).
 * all: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
   had when traced, i.e. the planned layout) and ``pt2_compliant_tag`` (opcheck passes).
 """
@@ -199,7 +200,8 @@ class GemmOp:
         D[rows of group g] = A[rows of group g] @ B[g]. One launch for all groups, on the sm90 family's persistent
         kernels (schedule 'cooperative' or 'pingpong'), with A and B on the 16-byte rule; other plans and operands
         are refused with the fix. The offsets' values are checked with one copy to the host, except while a CUDA
-        graph is being captured. Also ``torch.ops.<namespace>.<name>.grouped(A, B, offsets)``. No backward yet."""
+        graph is being captured. Also ``torch.ops.<namespace>.<name>.grouped(A, B, offsets)``. Differentiable in A and
+        B (docs/grouped.md, "Backward"; not through a torch.compile'd backward yet)."""
         for value, what in ((A, "A"), (B, "B"), (offsets, "offsets")):
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
@@ -216,7 +218,8 @@ class GemmOp:
         gives []; problems with M_i, N_i or K_i of 0 are not launched (K_i = 0 gives zeros). The library builds each
         problem's tensor maps on the host at each call, so a CUDA graph cannot capture it (refused while capturing:
         op.grouped(A, B, offsets) can be). Also ``op(A, B)`` with lists, and
-        ``torch.ops.<namespace>.<name>.grouped_list(A, B)``. No backward yet."""
+        ``torch.ops.<namespace>.<name>.grouped_list(A, B)``. Differentiable in every A[i] and B[i] (docs/grouped.md,
+        "Backward"; not through a torch.compile'd backward yet)."""
         self._check_list_types(A, B)
         if not self.config.epilogue.is_identity:   # (such an op has no .grouped_list overload)
             raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")

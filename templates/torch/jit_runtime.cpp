@@ -12,7 +12,8 @@
 // epilogue (operands after A and B, maybe a second output) its boxed ones, with the epilogue's operands described in
 // the spec.
 // gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
-// defined, so a call that needs no gradient does not go through Python either.
+// defined, so a call that needs no gradient does not go through Python either (the default overload and .out;
+// a plain op's .grouped and .grouped_list keep Python's formulas, generator/runtime/autograd.py).
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -222,12 +223,8 @@ void register_autograd(const JitAutogradSpec& in) {
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::Autograd, __FILE__, __LINE__);
   entry->library->impl(entry->op.c_str(), gemmgen::GemmAutogradKernel{&spec});
   entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutAutogradKernel{&spec});
-  if (has_overload(entry->ns, entry->op, "grouped")) {  // no formula yet: refuses grad
-    entry->library->impl((entry->op + ".grouped").c_str(), gemmgen::grouped_autograd_kernel(spec.op));
-  }
-  if (has_overload(entry->ns, entry->op, "grouped_list")) {  // likewise
-    entry->library->impl((entry->op + ".grouped_list").c_str(), gemmgen::grouped_list_autograd_kernel(spec.op));
-  }
+  // Not .grouped and .grouped_list: their formulas are Python's (generator/runtime/autograd.py,
+  // _register_grouped_formulas), registered for JIT ops whichever formula the default overload has.
 }
 
 // Runs one registration; 0, or 1 with the reason in error (NUL-terminated, truncated to error_size).
@@ -262,8 +259,8 @@ __attribute__((visibility("default"))) int gemmgen_register_cuda_kernels(const J
       error, error_size);
 }
 
-// Registers the Autograd kernels of torch.ops.<ns>.<op> (the formula), .out, .grouped and .grouped_list (refuse
-// grad), as gemmgen_register_cuda_kernels does the CUDA ones.
+// Registers the Autograd kernels of torch.ops.<ns>.<op> (the formula) and .out (refuses grad), as
+// gemmgen_register_cuda_kernels does the CUDA ones (.grouped and .grouped_list: Python registers their formulas).
 __attribute__((visibility("default"))) int gemmgen_register_autograd(const JitAutogradSpec* spec, char* error,
                                                                       size_t error_size) {
   return report_errors(
