@@ -1,8 +1,9 @@
 """One small ragged problem per sm90 schedule (and cluster shape), per sm80 epilogue, fused epilogues of both
 families (a per-row and a per-column vector, an M x N operand and a scalar), fp8 with each kind of scales
 and accumulation, int8, the small-M kernel (a few rows of A), a batched call per family (3 problems, one operand
-shared with batch stride 0, the other's matrices a few rows apart), and a grouped call (sm90: 4 experts of 0, 77, 130
-and 1 rows, B's experts a few rows apart), for compute-sanitizer:
+shared with batch stride 0, the other's matrices a few rows apart), a grouped call (sm90: 4 experts of 0, 77, 130
+and 1 rows, B's experts a few rows apart), a list call (sm90: ragged problems, an odd N, K = 0) and split-K (a
+cooperative stream-K plan with fewer tiles than SMs), for compute-sanitizer:
 
     compute-sanitizer --tool memcheck  python3 gpu/sanitize.py
     compute-sanitizer --tool racecheck python3 gpu/sanitize.py
@@ -16,6 +17,7 @@ errors.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -122,8 +124,12 @@ def main() -> int:
     configs += [Gemm("bf16", "tn", epilogue=fused, **knobs).config for knobs in EPILOGUE_CASES]
     fp8 = [Gemm("e4m3", "tn", **knobs).config for knobs in FP8_CASES]
     int8 = [Gemm("int8", "tn", cluster_shape=(2, 1)).config, Gemm("int8", "tn", family="sm80").config]
-    ops = compile_many(configs + fp8 + int8, namespace="gemmgen_sanitize")
-    failures = check_fp8(ops[len(configs):len(configs) + len(fp8)])
+    split = [replace(Gemm("bf16", "tn", schedule="cooperative", tile_shape=(128, 64, 64), cluster_shape=(1, 1)).config,
+                     stream_k=True)]
+    ops = compile_many(configs + fp8 + int8 + split, namespace="gemmgen_sanitize")
+    failures = check_split_k(ops[-1])
+    ops = ops[:-1]
+    failures += check_fp8(ops[len(configs):len(configs) + len(fp8)])
     failures += sum(check_int8(op) for op in ops[len(configs) + len(fp8):])
     for index, (op, cfg) in enumerate(zip(ops, configs)):
         a = operand(M, K, cfg.layout.a.value == "row")
@@ -139,7 +145,39 @@ def main() -> int:
     failures += check_batched(tn)
     if "sm90" in tn:
         failures += check_grouped(tn["sm90"])
+        failures += check_list(tn["sm90"])
     return 1 if failures else 0
+
+
+def check_list(op) -> int:
+    """One list call (op.grouped_list, the default sm90 tn plan): ragged problems, an empty one (no launch for it), one
+    with an odd N (its D breaks the 16-byte rule: direct stores) and K = 0 (zeros); each D_i against float64."""
+    problems = [(77, 136, 200), (0, 64, 64), (130, 21, 72), (1, 512, 136), (5, 64, 0)]
+    As = [operand(m, k, True) for m, _, k in problems]
+    Bs = [operand(k, n, False) for _, n, k in problems]
+    for m, n, _ in problems:
+        torch.full((max(m, 1), n), float("nan"), dtype=op.out_dtype, device="cuda")   # freed at once
+    Ds = op.grouped_list(As, Bs)
+    torch.cuda.synchronize()
+    worst, ok = 0.0, len(Ds) == len(problems)
+    for a, b, d in zip(As, Bs, Ds):
+        ref = a.double() @ b.double()
+        ok = ok and d.shape == ref.shape and bool(torch.isfinite(d).all())
+        if ref.numel() and ref.norm() > 0:
+            worst = max(worst, ((d.double() - ref).norm() / ref.norm()).item())
+        elif d.numel():
+            ok = ok and not bool(d.any())
+    ok = ok and worst <= 1e-2
+    print(f"{op.name} (list): {problems} worst rel error {worst:.3g} {'ok' if ok else 'WRONG'}", flush=True)
+    return 0 if ok else 1
+
+
+def check_split_k(op) -> int:
+    """Split-K (a cooperative stream-K plan with fewer tiles than SMs): 128x256 in 128x64 tiles is 4 units, each cut
+    into as many parts as there are k tiles (32), the owner adding 31 partial tiles from the workspace."""
+    m, n, k = 128, 256, 2048
+    a, b = operand(m, k, True), operand(k, n, False)
+    return 0 if poisoned_call(op, a, b, (), a.double() @ b.double(), n + 8, f"{op.name} (split-K): {m}x{n}x{k}") else 1
 
 
 def poisoned_call(op, a: torch.Tensor, b: torch.Tensor, values: tuple, ref: torch.Tensor, pitch: int,
