@@ -102,8 +102,10 @@ CASES += [(80, Gemm("fp32", "tn", arch=80).config), (90, Gemm("fp32", "nt", arch
 CASES += [(90, replace(Gemm("bf16", "tn", arch=90).config, stream_k=True)),
           (90, replace(Gemm("e4m3", "tn", arch=90, scale="block", schedule="cooperative", cluster_shape=(1, 1),
                             m=128, n=4096, k=4096).config, stream_k=True))]
-#: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core).
-MAX_SHIPPED = {"sm80": 64, "sm90": 96}
+#: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core). sm90
+#: ships 112 since the planner's 64-row tiles for few rows, split-K and the 128x192 candidate (the whole CPU suite then
+#: took 7.5 minutes on CI's 2 cores).
+MAX_SHIPPED = {"sm80": 64, "sm90": 128}
 
 
 def run_host_program(source: str, folder: Path) -> str:
