@@ -213,6 +213,11 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64,
     return shapes or [(str(knobs.schedule), (128, 256, block_k))]
 
 
+def tile_count(tile: tuple[int, int, int], problem: Problem) -> int:
+    """The CTA tiles of every problem (a batch's or grouped plan's problems all count)."""
+    return math.ceil(problem.m / tile[0]) * math.ceil(problem.n / tile[1]) * problem.batch
+
+
 def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Problem,
                        sm_count: int) -> list[tuple[int, int]]:
     """The cluster shapes to weigh for ``tile``: all of them, or 1x1 alone when the tiles fit one wave.
@@ -224,8 +229,7 @@ def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Proble
     (4096^3 +4 %, 512x28672x8192 +20 %)."""
     if knobs.cluster:
         return [knobs.cluster]
-    tiles = math.ceil(problem.m / tile[0]) * math.ceil(problem.n / tile[1]) * problem.batch  # every problem's
-    return [(1, 1)] if tiles <= sm_count else list(PLANNED_CLUSTERS)
+    return [(1, 1)] if tile_count(tile, problem) <= sm_count else list(PLANNED_CLUSTERS)
 
 
 def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, knobs: Knobs,
@@ -284,7 +288,7 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
 def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
     bm, bn, _ = cfg.tile
     cm, cn = cfg.cluster
-    tiles = math.ceil(problem.m / bm) * math.ceil(problem.n / bn) * problem.batch
+    tiles = tile_count(cfg.tile, problem)
     units_m, units_n = grid_units(cfg, problem)
     blocks = units_m * units_n * cm * cn * problem.batch    # whole clusters, idle blocks included
     slots = resident_clusters(sm_count, cm * cn) * cm * cn   # one block per SM: the ring takes the shared memory
@@ -333,9 +337,8 @@ def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a
     cooperative single problem (grouped calls take no stream-K) whose tiles leave at least half the SMs idle, of at
     least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32 sums are not added as fp32 partials)."""
-    bm, bn, bk = cfg.tile
-    units = math.ceil(problem.m / bm) * math.ceil(problem.n / bn)
-    k_tiles = math.ceil(problem.k / bk)
+    units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
+    k_tiles = math.ceil(problem.k / cfg.tile[2])
     if (cfg.schedule != "cooperative" or cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8"
             or 2 * units > sm_count or k_tiles < SPLIT_K_MIN_K_TILES):
         return 1

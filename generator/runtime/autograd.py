@@ -395,33 +395,31 @@ def _has_work(x: torch.Tensor, y: torch.Tensor) -> bool:
     return x.shape[-2] > 0 and y.shape[-1] > 0 and x.shape[-1] > 0
 
 
-def grouped_call_refusal(grad_op: OpHandle, x: torch.Tensor, y: torch.Tensor) -> str | None:
-    """Why ``grad_op.grouped(x, y, offsets)`` would be refused (its plan, or x or y off the 16-byte rule), None
-    where it takes the call; x and y in its orders."""
-    cfg = grad_op.config
-    reason = grouped_refusal(cfg)
-    if reason is not None or not _has_work(x, y):
-        return reason
-    for what, t, order in (("A", x, cfg.layout.a), ("B", y, cfg.layout.b)):
-        reason = grouped_alignment_refusal(what, t, order, leading_dim(t, order), batch_stride(t))
+def _call_refusal(plan_reason: str | None, grad_op: OpHandle, x: torch.Tensor, y: torch.Tensor,
+                  names: tuple[str, str], matrix_strides: tuple[int, int]) -> str | None:
+    """``plan_reason`` (the plan's refusal of the call's form), else, where x @ y has work, the first of x and y
+    (named ``names``, ``matrix_strides`` apart between their matrices) off the 16-byte rule; None: taken."""
+    if plan_reason is not None or not _has_work(x, y):
+        return plan_reason
+    layout = grad_op.config.layout
+    for what, t, order, stride in zip(names, (x, y), (layout.a, layout.b), matrix_strides):
+        reason = grouped_alignment_refusal(what, t, order, leading_dim(t, order), stride)
         if reason is not None:
             return reason
     return None
+
+
+def grouped_call_refusal(grad_op: OpHandle, x: torch.Tensor, y: torch.Tensor) -> str | None:
+    """Why ``grad_op.grouped(x, y, offsets)`` would be refused (its plan, or x or y off the 16-byte rule), None
+    where it takes the call; x and y in its orders."""
+    return _call_refusal(grouped_refusal(grad_op.config), grad_op, x, y, ("A", "B"), (batch_stride(x), batch_stride(y)))
 
 
 def list_problem_refusal(grad_op: OpHandle, i: int, x: torch.Tensor, y: torch.Tensor) -> str | None:
     """Why problem ``i`` = (x, y) of ``grad_op.grouped_list`` would be refused (its plan, or x or y off the 16-byte
     rule where the problem has work), None where the list call takes it; x and y in its orders. (The list call
     checks the rule at each problem's own addresses: one problem off it takes a plain call, the others stay.)"""
-    cfg = grad_op.config
-    reason = grouped_list_refusal(cfg)
-    if reason is not None or not _has_work(x, y):
-        return reason
-    for what, t, order in ((f"A[{i}]", x, cfg.layout.a), (f"B[{i}]", y, cfg.layout.b)):
-        reason = grouped_alignment_refusal(what, t, order, leading_dim(t, order), 0)
-        if reason is not None:
-            return reason
-    return None
+    return _call_refusal(grouped_list_refusal(grad_op.config), grad_op, x, y, (f"A[{i}]", f"B[{i}]"), (0, 0))
 
 
 def _list_products(grad_op: OpHandle, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -40,6 +40,14 @@ inline cudaError_t workspace_pool(int device, cudaMemPool_t* pool) {
   return cudaSuccess;
 }
 
+// `bytes` of stream-ordered workspace on `device` from the library's pool, for work queued on `stream` (freed there
+// with cudaFreeAsync once that work is queued).
+inline cudaError_t workspace_alloc(int device, size_t bytes, cudaStream_t stream, void** workspace) {
+  cudaMemPool_t pool = nullptr;
+  const cudaError_t err = workspace_pool(device, &pool);
+  return err == cudaSuccess ? cudaMallocFromPoolAsync(workspace, bytes, pool, stream) : err;
+}
+
 // Below this M x N x K the unaligned kernel beats copying (a copy launch, a workspace from the pool and the fast
 // kernel cost a few microseconds more than its whole run: 256^3 takes ~2 us on it); above, repacking wins by far.
 constexpr int64_t kRepackMinVolume = int64_t(1) << 26;
@@ -124,11 +132,9 @@ inline int launch_repacked(void (*repack)(RepackArgs), const GemmArgs* args, cud
                                         args->k, sizeof(ElemB));
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
-  cudaMemPool_t pool = nullptr;
-  if (err == cudaSuccess) err = workspace_pool(device, &pool);
   char* workspace = nullptr;
   if (err == cudaSuccess) {
-    err = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&workspace), plan_a.bytes + plan_b.bytes, pool, stream);
+    err = workspace_alloc(device, plan_a.bytes + plan_b.bytes, stream, reinterpret_cast<void**>(&workspace));
   }
   if (err != cudaSuccess) return static_cast<int>(err);
   GemmArgs packed = *args;

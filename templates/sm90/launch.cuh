@@ -213,16 +213,21 @@ constexpr int64_t kMaxWorkUnits = 2147483647;
 template <class Cfg>
 inline int list_entry(const GemmListProblem& q, int64_t first_unit, ListProblem* entry) {
   using K = Kernel<Cfg>;
+  GemmArgs one{};  // the problem as a single call: its tiles and units as the kernel counts them
+  one.m = q.m;
+  one.n = q.n;
+  one.k = q.k;
+  const auto sizes = K::problem(one);
   *entry = ListProblem{};
-  entry->m = static_cast<int>(q.m);
-  entry->n = static_cast<int>(q.n);
-  entry->k_tiles = static_cast<int>((q.k + K::kBlockK - 1) / K::kBlockK);
+  entry->m = sizes.m;
+  entry->n = sizes.n;
+  entry->k_tiles = sizes.k_tiles;
   entry->first_unit = static_cast<int>(first_unit);
   entry->d_ptr = q.d;
   entry->ldd = q.ldd;
   if (q.m <= 0 || q.n <= 0) return 0;
-  entry->units_m = static_cast<int>(((q.m + K::BM - 1) / K::BM + K::CM - 1) / K::CM);
-  entry->units_n = static_cast<int>(((q.n + K::BN - 1) / K::BN + K::CN - 1) / K::CN);
+  entry->units_m = sizes.units_m;
+  entry->units_n = sizes.units_n;
   CachedMap map;
   int code = 0;
   if (q.k > 0) {
@@ -271,9 +276,7 @@ inline int launch_list(KernelFn fast, const GemmArgs* call, cudaStream_t stream)
 
   const size_t bytes = table.size() * sizeof(ListProblem);
   void* on_device = nullptr;
-  cudaMemPool_t pool = nullptr;
-  err = workspace_pool(device, &pool);
-  if (err == cudaSuccess) err = cudaMallocFromPoolAsync(&on_device, bytes, pool, stream);
+  err = workspace_alloc(device, bytes, stream, &on_device);
   if (err != cudaSuccess) return static_cast<int>(err);
   err = cudaMemcpyAsync(on_device, table.data(), bytes, cudaMemcpyHostToDevice, stream);
   if (err == cudaSuccess) {
@@ -385,9 +388,7 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   float* workspace = nullptr;
   if (stream_k) {
     const size_t bytes = K::workspace_bytes(static_cast<int>(ctas));
-    cudaMemPool_t pool = nullptr;
-    err = workspace_pool(device, &pool);
-    if (err == cudaSuccess) err = cudaMallocFromPoolAsync(reinterpret_cast<void**>(&workspace), bytes, pool, stream);
+    err = workspace_alloc(device, bytes, stream, reinterpret_cast<void**>(&workspace));
     if (err != cudaSuccess) return static_cast<int>(err);
     const size_t partials = K::workspace_partials_bytes(static_cast<int>(ctas));
     err = cudaMemsetAsync(reinterpret_cast<char*>(workspace) + partials, 0, bytes - partials, stream);
