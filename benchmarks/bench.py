@@ -33,6 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runpy
 
 from generator import Gemm  # noqa: E402
+from generator.gemm import M_BUCKETS  # noqa: E402
 from generator.runtime import BucketedOp, compile_many  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -195,18 +196,19 @@ def timed_rounds(fns: dict, rounds: int, order: str = "balanced") -> dict[str, f
     return {name: statistics.median(t) for name, t in interleaved_rounds(fns, rounds, bench_ms, order).items()}
 
 
-def planned_ops(shapes, dtypes, layout, family_arg: dict, bucketed: bool, batched_layout: str | None = None) -> dict:
-    """{(shape, dtype): op}: the op planned for each shape, or (bucketed) the M-bucketed op of its N and K, as
+def planned_ops(shapes, dtypes, layout, family_arg: dict, buckets: tuple[int, ...] | None,
+                batched_layout: str | None = None) -> dict:
+    """{(shape, dtype): op}: the op planned for each shape, or (buckets given) the M-bucketed op of its N and K, as
     generator.nn.Linear holds one (Gemm.compile_buckets); all kernels built in one parallel run. A batched shape
     (batch, M, N, K) gets the op planned for its problems (Gemm's m, n, k and batch: the planner counts every
     problem's tiles) in ``batched_layout`` (default: ``layout``)."""
     def layout_of(s: tuple[int, ...]) -> str:
         return layout if len(s) == 3 else (batched_layout or layout)
 
-    if bucketed:
+    if buckets is not None:
         if any(len(s) != 3 for s in shapes):
             raise ValueError("bucketed ops pick their kernel by A's rows: time batched shapes without --bucketed")
-        plans = {(s, d): Gemm(dtype=d, layout=layout, n=s[1], k=s[2], **family_arg).bucket_plans() for s in shapes
+        plans = {(s, d): Gemm(dtype=d, layout=layout, n=s[1], k=s[2], **family_arg).bucket_plans(buckets) for s in shapes
                  for d in dtypes}
     else:
         plans = {}
@@ -219,16 +221,16 @@ def planned_ops(shapes, dtypes, layout, family_arg: dict, bucketed: bool, batche
     start = time.perf_counter()
     built = dict(zip(configs, compile_many(configs, namespace="gemmgen")))
     print(f"built {len(configs)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
-    if not bucketed:
+    if buckets is None:
         return {key: built[pairs[0][1].config] for key, pairs in plans.items()}
     return {key: BucketedOp.from_built([(bound, p.config) for bound, p in pairs], built) for key, pairs in plans.items()}
 
 
 def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,
-        order: str = "balanced", with_triton_mma_sync: bool = False, bucketed: bool = False,
+        order: str = "balanced", with_triton_mma_sync: bool = False, buckets: tuple[int, ...] | None = None,
         batched_layout: str | None = None) -> list[Row]:
     family_arg = {"family": family} if family else {}
-    ops = planned_ops(shapes, dtypes, layout, family_arg, bucketed, batched_layout)
+    ops = planned_ops(shapes, dtypes, layout, family_arg, buckets, batched_layout)
     warm_up_gpu()
     if with_triton or with_triton_mma_sync:
         from triton_matmul import mma_sync_build_instructions, triton_matmul
@@ -242,7 +244,7 @@ def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str 
             continue
         m, n, k = shape
         dtype = DTYPES[dname]
-        kernel = op.select(m) if bucketed else op   # the kernel this M's calls take
+        kernel = op.select(m) if buckets is not None else op   # the kernel this M's calls take
         a, b = operands(layout, m, n, k, dtype)
         d = op(a, b)
         ref = a.float() @ b.float()
@@ -356,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bucketed", action="store_true",
                         help="time the M-bucketed op of each N and K (Gemm.compile_buckets, as generator.nn.Linear "
                              "holds) instead of a kernel planned for each shape's M")
+    parser.add_argument("--buckets", default=None,
+                        help="with --bucketed: the buckets' bounds, e.g. 64,128,512,1024 (default: "
+                             f"{','.join(map(str, M_BUCKETS))}, as Gemm.compile_buckets)")
     parser.add_argument("--layout", default=None, choices=["nn", "nt", "tn", "tt"],
                         help="the operands' storage (README, Layouts); default tn, and tt (A and B row-major, as "
                              "torch.bmm's usual operands) for batched shapes")
@@ -383,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     shapes = (parse_shapes(args.shapes, batched=True) if args.shapes
               else load_shapes([s for s in args.set.split(",") if s]))
     batched = any(len(s) == 4 for s in shapes)
+    if args.buckets and not args.bucketed:
+        parser.error("--buckets sets the bounds of --bucketed ops: add --bucketed")
+    buckets = (tuple(int(b) for b in args.buckets.split(",")) if args.buckets else M_BUCKETS) if args.bucketed else None
     if batched and args.bucketed:
         parser.error("--bucketed picks a kernel by A's rows: leave it out for batched shapes (BxMxNxK, --set bmm)")
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}")
@@ -393,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be at least 1")
     print(header(args.triton_mma_sync, batched))
     rows = run(shapes, dtypes, args.layout or "tn", not args.no_triton, args.rounds, args.family, args.order,
-               args.triton_mma_sync, args.bucketed, args.layout or "tt")
+               args.triton_mma_sync, buckets, args.layout or "tt")
     print("\n" + header(args.triton_mma_sync, batched))
     for r in rows:
         print(format_row(r, batched))

@@ -37,10 +37,26 @@ CANDIDATES = [((128, 64, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1,
               ((128, 192, 64), (1, 1), "cooperative", True)]
 
 
-def configs_for(m: int, n: int, k: int) -> list[KernelConfig]:
+SCHEDULES = {"pp": "pingpong", "coop": "cooperative"}
+
+
+def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str, bool]]:
+    """``--candidates 128x128x64:2x1:pp,256x128x64:1x2:coop:sk`` as CANDIDATES' (tile, cluster, schedule,
+    stream-K) tuples."""
+    parsed = []
+    for item in filter(None, text.split(",")):
+        tile, cluster, schedule, *sk = item.split(":")
+        if schedule not in SCHEDULES or sk not in ([], ["sk"]):
+            raise SystemExit(f"--candidates {item!r}: write TILE:CLUSTER:pp|coop[:sk], e.g. 128x128x64:2x1:pp")
+        parsed.append((tuple(map(int, tile.split("x"))), tuple(map(int, cluster.split("x"))), SCHEDULES[schedule],
+                       bool(sk)))
+    return parsed
+
+
+def configs_for(m: int, n: int, k: int, candidates=CANDIDATES) -> list[KernelConfig]:
     """The planner's config first, then the candidates (stream-K is a config field the planner does not set)."""
     configs = [Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config]
-    for tile, cluster, schedule, stream_k in CANDIDATES:
+    for tile, cluster, schedule, stream_k in candidates:
         try:
             plan = Gemm("bf16", "tn", arch=90, m=m, n=n, k=k, tile_shape=tile, cluster_shape=cluster,
                         schedule=schedule)
@@ -56,10 +72,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--candidates", default=None,
+                    help="time these instead of the default candidates: TILE:CLUSTER:pp|coop[:sk],... "
+                         "(e.g. 128x128x64:2x1:pp,256x128x64:1x2:coop)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
     shapes = parse_shapes(args.shapes)
-    per_shape = {s: configs_for(*s) for s in shapes}
+    candidates = parse_candidates(args.candidates) if args.candidates else CANDIDATES
+    per_shape = {s: configs_for(*s, candidates) for s in shapes}
     configs = {c.name: c for shape_configs in per_shape.values() for c in shape_configs}
     ops = {op.name: op for op in compile_many(list(configs.values()), namespace="gemmgen_midm_tiles")}
     rows = []

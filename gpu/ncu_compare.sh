@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ncu, clocks left alone (--clock-control none, as the device's METHOD.md asks), on the planner's kernel and on
 # torch.matmul's (cuBLAS) for the same shapes and data: duration, SM clock, tensor-pipe activity, memory.
-#   gpu/ncu_compare.sh [SHAPES (default "4096x4096x4096 8192x8192x8192")] [DTYPE (default bf16)] [EXTRA profile.py args]
+#   [CUBLAS_KERNEL=regex:"nvjet|gemv"] gpu/ncu_compare.sh [SHAPES (default "4096x4096x4096 8192x8192x8192")] [DTYPE (default bf16)] [EXTRA profile.py args]
 # Writes $OUT/ncu_<shape>_<dtype>_{ours,cublas}.txt.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}

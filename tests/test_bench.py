@@ -165,11 +165,11 @@ def test_planned_ops_per_shape_or_bucketed(monkeypatch):
     monkeypatch.setattr(bench, "compile_many", fake_compile_many)
     monkeypatch.setattr(bench, "Gemm", partial(Gemm, arch=90))
     shapes = [(16, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096)]
-    per_shape = bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=False)
+    per_shape = bench.planned_ops(shapes, ["bf16"], "tn", {}, None)
     assert [op.name for op in per_shape.values()] == [
         "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m", "sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m",
         "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"]
-    bucketed = bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=True)
+    bucketed = bench.planned_ops(shapes, ["bf16"], "tn", {}, bench.M_BUCKETS)
     ops = list(bucketed.values())
     # one build, each kernel once: the buckets M <= 64, 128, 512 and larger of the one (N, K)
     assert len(builds) == 2 and len(builds[1]) == len(set(builds[1])) == 4
@@ -205,14 +205,14 @@ def test_planned_ops_for_batched_shapes(monkeypatch):
     monkeypatch.setattr(bench, "compile_many", fake_compile_many)
     monkeypatch.setattr(bench, "Gemm", partial(Gemm, arch=90))
     shapes = [(8, 4096, 4096, 4096), (4096, 4096, 4096), (512, 256, 256, 256)]
-    ops = bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=False, batched_layout="tt")
+    ops = bench.planned_ops(shapes, ["bf16"], "tn", {}, None, batched_layout="tt")
     assert [op.name for op in ops.values()] == [Gemm("bf16", "tt", arch=90, m=4096, n=4096, k=4096, batch=8).name,
                                                 Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096).name,
                                                 Gemm("bf16", "tt", arch=90, m=256, n=256, k=256, batch=512).name]
     # the batch counts: 512 problems of 256^3 are not planned as one 256^3 problem
     assert ops[((512, 256, 256, 256), "bf16")].name != Gemm("bf16", "tt", arch=90, m=256, n=256, k=256).name
     with pytest.raises(ValueError, match="batched shapes without --bucketed"):
-        bench.planned_ops(shapes, ["bf16"], "tn", {}, bucketed=True)
+        bench.planned_ops(shapes, ["bf16"], "tn", {}, bench.M_BUCKETS)
 
 
 def test_batched_rows_print_and_write_json():
