@@ -32,7 +32,7 @@ DEFAULT_NAMESPACE = "gemmgen"
 
 #: Rows of A up to which an M-bucketed op (Gemm.compile_buckets) keeps a kernel planned for that M; above the
 #: last, the plan's own (large-M) kernel. Calls of at most 16 rows take the small-M kernel within any of them.
-M_BUCKETS = (64, 128, 512)
+M_BUCKETS = (64, 128, 512, 1024)
 
 
 def _positive_or_none(value: object, what: str) -> int | None:
@@ -433,7 +433,9 @@ class Gemm:
         super().__setattr__(name, value)
 
     def __str__(self) -> str:
-        return f"{self.config.describe()}\nwhy:          {self.why}"
+        # The config is the same on every part of its arch; the gpu line says whose SMs and HBM the why counts.
+        gpu = self._request.spec.gpu.describe()
+        return f"{self.config.describe()}\ngpu:          {gpu}\nwhy:          {self.why}"
 
     def __repr__(self) -> str:
         return f"Gemm({self.name})"

@@ -18,14 +18,20 @@ def test_bucket_plans_for_an_llm_layer():
     assert [(bound, plan.name) for bound, plan in plans] == [
         (64, "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),
         (128, "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),
-        (512, "sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m"),
+        (512, "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),
+        (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),   # M = 1024 plans it too: merged
+    ]
+    # N = 6144: 128x192 tiles fill the SMs at M = 512 and 1024 (one bucket), 128x256 beyond
+    plans = Gemm("bf16", "tn", n=6144, k=4096, arch=90).bucket_plans()
+    assert [(bound, plan.name) for bound, plan in plans][2:] == [
+        (1024, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
         (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     ]
-    assert M_BUCKETS == (64, 128, 512)
+    assert M_BUCKETS == (64, 128, 512, 1024)
 
 
 def test_equal_neighbours_merge_and_knobs_stay():
-    plans = Gemm("bf16", "tn", arch=80).bucket_plans()
+    plans = Gemm("bf16", "tn", arch=80).bucket_plans((64, 128, 512))
     assert [bound for bound, _ in plans] == [128, None]   # M = 512 plans the large-M kernel: one bucket
     fixed = Gemm("bf16", "tn", n=4096, k=4096, arch=90, tile_shape=(128, 128, 64)).bucket_plans()
     assert {plan.config.tile for _, plan in fixed} == {(128, 128, 64)}

@@ -163,7 +163,9 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     (dict(m=4096, n=4096, k=4096), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     (dict(m=8192, n=8192, k=8192), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
-    (dict(m=1024, n=4096, k=4096), "sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m"),   # 128 tiles: one wave, no cluster
+    (dict(m=1024, n=4096, k=4096), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),   # one full wave, 64 k tiles: 2x1
+    (dict(m=2048, n=2048, k=2048), "sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m"),   # one wave, 32 k tiles: no cluster
+    (dict(m=512, n=4096, k=4096), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # (one_wave_streams_b)
     (dict(m=128, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 tiles: one wave
     (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # few rows: 64-row tiles
     (dict(m=16), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),                        # n, k default to 4096
@@ -283,16 +285,16 @@ PINNED_SM90_BF16_TN = {
     (128, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m',
     (128, 28672, 8192): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g1m',
     (128, 8192, 28672): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
-    (512, 4096, 4096): 'sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m',
-    (512, 6144, 4096): 'sm90_bf16_tn_128x192x64_c1x1_s4_coop_g8m',
+    (512, 4096, 4096): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
+    (512, 6144, 4096): 'sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m',
     (512, 14336, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
-    (512, 4096, 14336): 'sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m',
+    (512, 4096, 14336): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
     (512, 28672, 8192): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
-    (512, 8192, 28672): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m',
-    (1024, 4096, 4096): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m',
+    (512, 8192, 28672): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
+    (1024, 4096, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
     (1024, 6144, 4096): 'sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m',
     (1024, 14336, 4096): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
-    (1024, 4096, 14336): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m',
+    (1024, 4096, 14336): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
     (1024, 28672, 8192): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
     (1024, 8192, 28672): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
     (4096, 6144, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
@@ -399,6 +401,7 @@ stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 
 alignment)
 raster:       m, group 8 (bands of 8 rows of 2x1 clusters, each walked down M then along N: Triton's GROUP_M order)
 threads:      384 (1 producer warpgroup + 2 consumer warpgroups)
+gpu:          H100 SXM (typical of sm_90; arch=None plans for the visible GPU): 132 SMs, 80 GB of HBM at 3.35 TB/s
 why:          512 tiles of 128x256 in 4 wave(s) over 132 SMs (last wave 88% full), cooperative (persistent); \
 cluster 2x1 multicasts B (0.67x the L2->SM bytes of no cluster); efficiency 0.75; 4 stages use 230400 of 232448 \
 bytes of shared memory"""
@@ -406,7 +409,8 @@ bytes of shared memory"""
 
 def test_readme_shows_the_current_sm90_plan() -> None:
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("On an H100 (or with `arch=90`):\n\n```text\n")[1].split("```")[0]
+    heading = "With `arch=90` (on an H100 or H200, `arch=None` gives the same plan, its `gpu:` line naming that GPU):"
+    block = readme.split(f"{heading}\n\n```text\n")[1].split("```")[0]
     assert block == SM90_DEFAULT_TEXT + "\n", "README.md's print(plan) example is out of date"
 
 

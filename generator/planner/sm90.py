@@ -111,6 +111,8 @@ ISSUE_EFFICIENCY = {1: 0.65}
 # A cluster's blocks wait for each other (a stage is free only when both have used it): multicast has
 # to save more than this to be worth it.
 CLUSTER_COUPLING = 0.98
+# A one-wave grid weighs a 2x1 cluster from this many k tiles on (see one_wave_streams_b).
+ONE_WAVE_CLUSTER_K_TILES = 64
 DEFAULT_RASTER_GROUP = 8
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
@@ -229,7 +231,20 @@ def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Proble
     (4096^3 +4 %, 512x28672x8192 +20 %)."""
     if knobs.cluster:
         return [knobs.cluster]
-    return [(1, 1)] if tile_count(tile, problem) <= sm_count else list(PLANNED_CLUSTERS)
+    tiles = tile_count(tile, problem)
+    if tiles > sm_count:
+        return list(PLANNED_CLUSTERS)
+    return [(1, 1), (2, 1)] if one_wave_streams_b(tile, problem, tiles, sm_count) else [(1, 1)]
+
+
+def one_wave_streams_b(tile: tuple[int, int, int], problem: Problem, tiles: int, sm_count: int) -> bool:
+    """One wave that still wants B multicast: more than half the SMs busy, at least two tile rows to share each
+    B tile and a K of at least ``ONE_WAVE_CLUSTER_K_TILES`` k tiles. Then every SM streams its operands from L2
+    for the whole kernel at once and L2 -> SM bandwidth is what limits it (H200, gpu/midm_tiles.py: 512x4096x4096
+    128x128 pingpong 0.855x cuBLAS at 1x1, 0.946x at 2x1, ncu: L2 throughput 65 %, tensor pipe 60 %; cuBLAS runs
+    the same tile in a 2x1 cluster). At 32 k tiles (2048^3) 1x1 still won, and 1x2 lost on one tile row."""
+    return (tiles > sm_count // 2 and math.ceil(problem.m / tile[0]) >= 2
+            and math.ceil(problem.k / tile[2]) >= ONE_WAVE_CLUSTER_K_TILES)
 
 
 def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, knobs: Knobs,
