@@ -1,8 +1,8 @@
 """An op that holds one kernel per bucket of M (rows of A) and picks one per call on the host.
 
 The best tile depends on M as much as on N and K: at N = K = 4096 the planner picks 128x64 cooperative tiles
-for M = 128 (64 tiles fill half the H100), 128x128 pingpong in a 2x1 cluster for M = 512 and 128x256 with a 2x1 cluster for
-large M. A layer that sees prefill and decode batches of one model gets each size's kernel from one op; within a
+for M = 128 (64 tiles fill half the H100), 128x128 pingpong for M = 512 and 128x256 for large M (both in a 2x1
+cluster). A layer that sees prefill and decode batches of one model gets each size's kernel from one op; within a
 kernel's library the launch still picks the small-M, repacked or unaligned path per call (op.path says which).
 ``Gemm.compile_buckets()`` makes one; ``generator.nn.Linear`` uses it when no M is given. Under torch.compile
 the large-M kernel serves every M (see ``__call__``): bucketing inside one registered op is the next step.
