@@ -31,7 +31,8 @@ setup(
     package_data={"gemmgen_templates": TEMPLATE_PATTERNS},
     include_package_data=True,
     install_requires=["jinja2", "pybind11", "torch", "ninja"],
-    extras_require={"test": ["pytest"]},
+    # plot: python -m generator plot (matplotlib); the tests draw one too, so test carries it
+    extras_require={"test": ["pytest", "matplotlib"], "plot": ["matplotlib"]},
     entry_points={"console_scripts": ["gemmgen = generator.cli:main"]},
     zip_safe=False,
 )

@@ -1,8 +1,9 @@
-"""The command line: ``python -m generator plan|render|emit|bench ...`` (also installed as ``gemmgen``).
+"""The command line: ``python -m generator plan|render|emit|bench|plot ...`` (also installed as ``gemmgen``).
 
 ``plan``, ``render`` and ``emit`` take the knobs of the Python API and need neither torch nor a GPU
 (with ``--arch``); ``emit`` also takes several plans (``--plan``, ``--plans FILE``); ``bench`` runs
-``benchmarks/bench.py`` of a source checkout. A bad option value exits
+``benchmarks/bench.py`` of a source checkout; ``plot`` draws a benchmark's JSON (needs matplotlib, the
+``plot`` extra, but neither torch nor a GPU). A bad option value exits
 with status 2 and a message on stderr that lists the valid choices, as does a knob the template or the
 hardware cannot honour. The fused epilogue is given by the knobs (``--activation``, ``--bias``, ``--alpha``,
 ``--beta``) or by a Python function (``--epilogue module:function`` or ``path/to/file.py:function``).
@@ -47,6 +48,7 @@ examples:
   {PROG} render --dtype bf16 --layout tn --arch 80 --tile 128x128x32 --stages 4 --out build/kernels
   {PROG} emit --dtype bf16 --layout tn --arch 90 --name my_gemms --out emitted/my_gemms
   {PROG} bench --set square --dtypes bf16
+  {PROG} plot benchmarks/results/h200_bench_llm_rules.json --out llm.png
 
 Layouts: first letter A (M x K), second B (K x N); 't' = row-major, 'n' = column-major (BLAS).
 'tn' is torch's x @ W.t() for an nn.Linear weight W of shape (N, K). See README.md.
@@ -100,6 +102,18 @@ The ops are differentiable (the package also holds the backward kernels); --no-a
 Needs neither torch nor a GPU. A plan with a fused epilogue (--activation, --bias, --alpha, --beta, or
 --epilogue; activation=..., bias=... in a --plan) makes an op that takes the epilogue's operands after A and
 B (gemm_<dtype>_<layout>_<epilogue tag>); it is differentiable too (in A, B and its tensor operands).
+"""
+
+PLOT_EPILOG = f"""\
+examples:
+  {PROG} plot benchmarks/results/h200_bench_llm_rules.json --out llm.png
+  {PROG} plot benchmarks/results/h200_bench_llm_rules.json --kind roofline --out roofline.png
+  {PROG} plot benchmarks/results/h100_sm90_bench_llm.json --dtype bf16 --kind bars --title "H100, bf16"
+
+Reads the JSON of benchmarks/bench.py --json or benchmarks/inductor_compare.py --json and draws per shape the
+TFLOP/s of ours, cuBLAS, Triton and Inductor (those the file has) with ours / each beneath, and a roofline
+(TFLOP/s against FLOP per byte of A, B and D, under the GPU's HBM bandwidth and tensor-core peak).
+Needs matplotlib: pip install -e ".[plot]". Neither torch nor a GPU.
 """
 
 BENCH_EPILOG = f"""\
@@ -283,11 +297,32 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
                         "instead of the four knobs above")
 
 
+def _add_plot_parser(sub) -> None:
+    from .plot import KINDS  # matplotlib-free: plot imports matplotlib only when it draws
+
+    plot = sub.add_parser("plot", help="draw a benchmark's JSON: ours vs cuBLAS, Triton, Inductor; a roofline",
+                          description="Draw a results JSON of benchmarks/bench.py or inductor_compare.py into an "
+                                      "image: TFLOP/s per shape and a roofline. Needs matplotlib "
+                                      "(pip install -e \".[plot]\"), not torch or a GPU.",
+                          epilog=PLOT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    plot.add_argument("results", metavar="RESULTS.json", help="the JSON a benchmark wrote (--json)")
+    plot.add_argument("--out", default=None, metavar="FILE.png",
+                      help="image to write, its format from the suffix (.png, .svg, .pdf); default: "
+                           "<RESULTS>.png in the current folder (<RESULTS>_<kind>.png for one kind)")
+    plot.add_argument("--kind", default="both", choices=list(KINDS),
+                      help="bars (TFLOP/s per shape and the ratios), roofline, or both side by side "
+                           "(default: %(default)s)")
+    plot.add_argument("--title", default=None, help="figure title (default: the GPU, the file's name and torch)")
+    plot.add_argument("--dtype", action="append", default=None, metavar="DTYPE",
+                      help="only the rows of this dtype (repeat for more; default: every row)")
+    plot.add_argument("--dpi", type=_positive_int, default=100, help="resolution (default: %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Plan, render and benchmark GEMM kernels (gemmgen).",
         epilog=TOP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{plan,render,emit,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{plan,render,emit,bench,plot}")
     sub.required = True
     plan = sub.add_parser("plan", help="print the planned kernel config and its name",
                           description="Print the config the planner picks (with a 'name: <kernel name>' line) "
@@ -329,6 +364,7 @@ def build_parser() -> argparse.ArgumentParser:
     # bench's arguments belong to benchmarks/bench.py; main() forwards them before argparse sees them.
     sub.add_parser("bench", help="run benchmarks/bench.py (ours vs torch.matmul vs Triton); needs a GPU",
                    add_help=False, epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_plot_parser(sub)
     return parser
 
 
@@ -529,6 +565,19 @@ def cmd_emit(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from .plot import PlotOptions, default_out, load_results, plot
+
+    results = load_results(args.results)   # a missing or malformed file: ValueError, exit 2
+    if args.dtype:
+        results = results.only(args.dtype)
+    out = Path(args.out) if args.out is not None else default_out(args.results, args.kind)
+    drawn = plot(results, out, PlotOptions(kind=args.kind, title=args.title, dpi=args.dpi))
+    skipped = f" ({results.skipped} row(s) without a shape, dtype or ours_tflops left out)" if results.skipped else ""
+    print(f"{drawn.out}: {len(results.points)} shape(s) of {results.device}, {args.kind}{skipped}")
+    return 0
+
+
 def cmd_bench(argv: Sequence[str]) -> int:
     if not BENCH_SCRIPT.is_file():
         print(f"error: bench needs {BENCH_SCRIPT}, which is part of a source checkout of gemmgen; "
@@ -572,6 +621,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_render(args)
         if args.command == "emit":
             return cmd_emit(args)
+        if args.command == "plot":
+            return cmd_plot(args)
     except (ValueError, RuntimeError) as err:
         return _error(str(err))
     except OSError as err:
