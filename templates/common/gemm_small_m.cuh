@@ -30,6 +30,7 @@ namespace small_m {
 #define GEMMGEN_SMALL_M_MAX_ROWS 16
 #endif
 constexpr int kMaxRows = GEMMGEN_SMALL_M_MAX_ROWS; // the most rows of A (M) a call may have to take this kernel
+// (32 measured slower everywhere, docs/small_m.md "Beyond 16 rows")
 constexpr int kRowGroups = kMaxRows / 8;           // n8 MMAs per k16 step at M = kMaxRows
 static_assert(kMaxRows % 8 == 0 && kRowGroups >= 1, "GEMMGEN_SMALL_M_MAX_ROWS: a positive multiple of 8");
 constexpr int kRowsW = 16;                         // rows of W (columns of D) per block: one MMA's M side

@@ -24,9 +24,17 @@
 namespace gemmgen {
 namespace small_m {
 
-constexpr int kMaxRows = 16;                       // the most rows of A (M) a call may have to take this kernel
+// Experiment switches (gpu/ab_variants.py; docs/small_m.md has what they measured). The most rows of A, a multiple
+// of 8 (each 8 rows are one n8 MMA per k16 step and 16 more registers of A per step):
+#ifndef GEMMGEN_SMALL_M_MAX_ROWS
+#define GEMMGEN_SMALL_M_MAX_ROWS 16
+#endif
+constexpr int kMaxRows = GEMMGEN_SMALL_M_MAX_ROWS; // the most rows of A (M) a call may have to take this kernel
+// (32 measured slower everywhere, docs/small_m.md "Beyond 16 rows")
+constexpr int kRowGroups = kMaxRows / 8;           // n8 MMAs per k16 step at M = kMaxRows
+static_assert(kMaxRows % 8 == 0 && kRowGroups >= 1, "GEMMGEN_SMALL_M_MAX_ROWS: a positive multiple of 8");
 constexpr int kRowsW = 16;                         // rows of W (columns of D) per block: one MMA's M side
-// Experiment switches (gpu/ab_variants.py; docs/small_m.md has what they measured). Warps per block:
+// Warps per block:
 #ifndef GEMMGEN_SMALL_M_WARPS
 #define GEMMGEN_SMALL_M_WARPS 8
 #endif
@@ -91,29 +99,31 @@ __device__ __forceinline__ WStep load_w(const Elem* w_lo, const Elem* w_hi, int6
   return w;
 }
 
-// The step's chunks of A's rows (issued first), then its MMAs into the accumulators.
+// The step's chunks of A's rows (issued first), then its MMAs into the accumulators: one n8 MMA per k16 step for
+// each group of 8 rows of A that the call has (``groups``; the rest of the arrays is never touched).
 template <bool kGuarded, typename Elem>
-__device__ __forceinline__ void multiply(const WStep& w, const Elem* a_lo, const Elem* a_hi, bool two_halves,
-                                         int64_t k0, int64_t K, int t, float (&acc_lo)[4], float (&acc_hi)[4]) {
+__device__ __forceinline__ void multiply(const WStep& w, const Elem* const (&a_rows)[kRowGroups], int groups,
+                                         int64_t k0, int64_t K, int t, float (&acc)[kRowGroups][4]) {
   using Mma = ptx::MmaM16N8K16<Elem>;
-  uint4 al[kChunksPerStep], ah[kChunksPerStep];
+  uint4 a[kRowGroups][kChunksPerStep];
 #pragma unroll
-  for (int c = 0; c < kChunksPerStep; ++c)
-    al[c] = load_chunk<kGuarded, false>(a_lo, k0 + (c * kLanesK + t) * kChunk, K);
-  if (two_halves) {
+  for (int r = 0; r < kRowGroups; ++r) {
+    if (r < groups) {
 #pragma unroll
-    for (int c = 0; c < kChunksPerStep; ++c)
-      ah[c] = load_chunk<kGuarded, false>(a_hi, k0 + (c * kLanesK + t) * kChunk, K);
+      for (int c = 0; c < kChunksPerStep; ++c)
+        a[r][c] = load_chunk<kGuarded, false>(a_rows[r], k0 + (c * kLanesK + t) * kChunk, K);
+    }
   }
 #pragma unroll
   for (int c = 0; c < kChunksPerStep; ++c) {
     const uint32_t first[4] = {w.lo[c].x, w.hi[c].x, w.lo[c].y, w.hi[c].y};
     const uint32_t second[4] = {w.lo[c].z, w.hi[c].z, w.lo[c].w, w.hi[c].w};
-    Mma::run(acc_lo, first, {al[c].x, al[c].y});
-    Mma::run(acc_lo, second, {al[c].z, al[c].w});
-    if (two_halves) {
-      Mma::run(acc_hi, first, {ah[c].x, ah[c].y});
-      Mma::run(acc_hi, second, {ah[c].z, ah[c].w});
+#pragma unroll
+    for (int r = 0; r < kRowGroups; ++r) {
+      if (r < groups) {
+        Mma::run(acc[r], first, {a[r][c].x, a[r][c].y});
+        Mma::run(acc[r], second, {a[r][c].z, a[r][c].w});
+      }
     }
   }
 }
@@ -129,7 +139,7 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
   const int64_t M = args.m, N = args.n, K = args.k;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / kLanesK, t = lane % kLanesK;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
-  const bool two_halves = M > 8;                      // A's rows 8 .. 15 exist: a second n8 MMA per k16 step
+  const int groups = static_cast<int>((M + 7) / 8);   // groups of 8 rows of A: n8 MMAs per k16 step
 
   // Rows past N (of W) or M (of A) read the last row instead: each element of D^T depends on one row of each, and
   // those elements are never stored, so no load needs a guard for them.
@@ -138,10 +148,11 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
   };
   const Elem* w_lo = row_of(w, n0 + g, N, args.ldb);
   const Elem* w_hi = row_of(w, n0 + g + 8, N, args.ldb);
-  const Elem* a_lo = row_of(a, g, M, args.lda);
-  const Elem* a_hi = row_of(a, g + 8, M, args.lda);
+  const Elem* a_rows[kRowGroups];
+#pragma unroll
+  for (int r = 0; r < kRowGroups; ++r) a_rows[r] = row_of(a, 8 * r + g, M, args.lda);
 
-  float acc_lo[4] = {}, acc_hi[4] = {};   // D^T rows g, g + 8 x columns 2t, 2t + 1 (lo) and 8 + 2t, 9 + 2t (hi)
+  float acc[kRowGroups][4] = {};   // D^T rows g, g + 8 x columns 8r + 2t, 8r + 2t + 1 of group r
   int64_t k0 = static_cast<int64_t>(warp) * kStepK;
 #if GEMMGEN_SMALL_M_PREFETCH
   if (k0 + kStepK <= K) {
@@ -151,7 +162,7 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
       const bool more = next + kStepK <= K;
       WStep ahead{};
       if (more) ahead = load_w<false>(w_lo, w_hi, next, K, t);
-      multiply<false>(current, a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+      multiply<false>(current, a_rows, groups, k0, K, t, acc);
       k0 = next;
       if (!more) break;
       current = ahead;
@@ -159,25 +170,24 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
   }
 #else
   for (; k0 + kStepK <= K; k0 += kWarps * kStepK) {
-    multiply<false>(load_w<false>(w_lo, w_hi, k0, K, t), a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+    multiply<false>(load_w<false>(w_lo, w_hi, k0, K, t), a_rows, groups, k0, K, t, acc);
   }
 #endif
   if (k0 < K) {   // the one partial step
-    multiply<true>(load_w<true>(w_lo, w_hi, k0, K, t), a_lo, a_hi, two_halves, k0, K, t, acc_lo, acc_hi);
+    multiply<true>(load_w<true>(w_lo, w_hi, k0, K, t), a_rows, groups, k0, K, t, acc);
   }
 
   // C fragment of m16n8: c0, c1 at (row g, columns 2t, 2t + 1), c2, c3 at row g + 8 (§9.7.14.5.8).
-  partial[warp][g][2 * t] = acc_lo[0];
-  partial[warp][g][2 * t + 1] = acc_lo[1];
-  partial[warp][g + 8][2 * t] = acc_lo[2];
-  partial[warp][g + 8][2 * t + 1] = acc_lo[3];
-  partial[warp][g][8 + 2 * t] = acc_hi[0];
-  partial[warp][g][9 + 2 * t] = acc_hi[1];
-  partial[warp][g + 8][8 + 2 * t] = acc_hi[2];
-  partial[warp][g + 8][9 + 2 * t] = acc_hi[3];
+#pragma unroll
+  for (int r = 0; r < kRowGroups; ++r) {   // groups past the call's rows hold zeros: never stored
+    partial[warp][g][8 * r + 2 * t] = acc[r][0];
+    partial[warp][g][8 * r + 2 * t + 1] = acc[r][1];
+    partial[warp][g + 8][8 * r + 2 * t] = acc[r][2];
+    partial[warp][g + 8][8 * r + 2 * t + 1] = acc[r][3];
+  }
   __syncthreads();
 
-  // The elements of D's 16 x 16 block, neighbouring threads on neighbouring columns n.
+  // The elements of D's kMaxRows x 16 block, neighbouring threads on neighbouring columns n.
   for (int e = threadIdx.x; e < kRowsW * kMaxRows; e += kThreads) {
     const int col = e % kRowsW, row = e / kRowsW;
     const int64_t m = row, n = n0 + col;
