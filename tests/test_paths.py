@@ -42,7 +42,8 @@ def test_which_configs_have_the_small_m_kernel(kwargs, expected):
 
 def test_python_constants_match_the_templates():
     small_m = (TEMPLATES / "common" / "gemm_small_m.cuh").read_text()
-    assert int(re.search(r"constexpr int kMaxRows = (\d+);", small_m).group(1)) == SMALL_M_MAX_ROWS == 16
+    assert "constexpr int kMaxRows = GEMMGEN_SMALL_M_MAX_ROWS;" in small_m
+    assert int(re.search(r"#define GEMMGEN_SMALL_M_MAX_ROWS (\d+)", small_m).group(1)) == SMALL_M_MAX_ROWS == 16
     workspace = (TEMPLATES / "common" / "workspace.cuh").read_text()
     shift = int(re.search(r"kRepackMinVolume = int64_t\(1\) << (\d+);", workspace).group(1))
     assert 1 << shift == REPACK_MIN_VOLUME

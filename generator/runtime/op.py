@@ -130,6 +130,11 @@ def batch_size(A: torch.Tensor, B: torch.Tensor) -> Any:
     return a
 
 
+def _devices_message(A: torch.Tensor, B: torch.Tensor) -> str:
+    """A and B on two devices (cuda:0 and cuda:1 are two): the launch runs on A's, where B's memory is not."""
+    return f"A is on {A.device} and B on {B.device}: put both on one GPU, e.g. pass B.to('{A.device}')"
+
+
 def _shape_str(sizes: Sequence[Any]) -> str:
     # (2, 3): as a tuple prints, for sizes that may be symbolic (str(s0), not repr)
     return "(" + ", ".join(str(s) for s in sizes) + ")"
@@ -336,7 +341,7 @@ class GemmOp:
         lda = self._check_operand(A, "A", self.config.layout.a)
         ldb = self._check_operand(B, "B", self.config.layout.b)
         if A.device != B.device:
-            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+            raise ValueError(_devices_message(A, B))
         if A.shape[-1] != B.shape[-2]:
             raise ValueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree (A's columns "
                              f"= B's rows); for x @ W.t() pass B = W.t()")
@@ -378,7 +383,7 @@ class GemmOp:
         lda = self._check_operand(A, "A", self.config.layout.a, form="grouped")
         ldb = self._check_operand(B, "B", self.config.layout.b, form="grouped")
         if A.device != B.device:
-            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+            raise ValueError(_devices_message(A, B))
         if A.shape[1] != B.shape[1]:
             raise ValueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree (A's columns = the rows "
                              "of B's matrices); for experts' weights W (E, N, K) pass B = W.transpose(1, 2)")
@@ -445,7 +450,7 @@ class GemmOp:
         for t, what in ((A, "A"), (B, "B")):
             self._check_static_operand(t, what, form)
         if A.device != B.device:
-            raise ValueError(f"A is on {A.device} and B on {B.device}: put both on one GPU")
+            raise ValueError(_devices_message(A, B))
 
     def _check_meta(self, A: torch.Tensor, B: torch.Tensor, out: torch.Tensor | None = None,
                     operands: Sequence[Any] = ()) -> None:
@@ -521,7 +526,7 @@ class GemmOp:
     def _check_list_device(t: torch.Tensor, what: str, first: torch.Tensor) -> None:
         if t.device != first.device:
             raise ValueError(f"{what} is on {t.device} but A[0] on {first.device}: put every matrix of A and B on one "
-                             "GPU")
+                             f"GPU, e.g. pass {what}.to('{first.device}')")
 
     def _check_list_pair(self, i: int, a: object, b: object, first: torch.Tensor) -> Problem:
         """Problem i of a list call: A[i], then B[i], their device (A[0]'s), K, the int32 limit."""

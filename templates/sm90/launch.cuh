@@ -6,6 +6,7 @@
 // side imports) on a machine without a GPU driver.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <mutex>
@@ -185,12 +186,14 @@ struct ClusterLaunchConfig {
   ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
 };
 
-// How many clusters of this kernel can be resident at once (the persistent grid), per device.
+// How many clusters of this kernel can be resident at once (the persistent grid), per device: GPUs of one machine
+// may differ in SMs. Atomic, as raise_smem_limit's flags: threads on several GPUs launch at once.
 template <class K>
 inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
-  static int known[kMaxDevices] = {};
-  if (device < kMaxDevices && known[device] > 0) {
-    *clusters = known[device];
+  static std::atomic<int> known[kMaxDevices] = {};
+  const int cached = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
+  if (cached > 0) {
+    *clusters = cached;
     return cudaSuccess;
   }
   const ClusterLaunchConfig<K> cluster_launch(K::CLUSTER, nullptr);
@@ -199,7 +202,7 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
       cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config);
   if (err != cudaSuccess) return err;
   if (n < 1) n = 1;
-  if (device < kMaxDevices) known[device] = n;
+  if (device < kMaxDevices) known[device].store(n, std::memory_order_relaxed);
   *clusters = n;
   return cudaSuccess;
 }
@@ -265,7 +268,7 @@ inline int launch_list(KernelFn fast, const GemmArgs* call, cudaStream_t stream)
   }
   if (units == 0) return 0;
 
-  static bool smem_raised[kMaxDevices] = {};
+  static DeviceFlags smem_raised = {};
   int device = 0;
   cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), K::SMEM_BYTES, smem_raised, &device);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -322,7 +325,7 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   const int64_t units = grouped ? (problem.units_m + batch) * units_n : problem.units_m * units_n * batch;
   if (units > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
 
-  static bool smem_raised[kMaxDevices] = {};
+  static DeviceFlags smem_raised = {};
   int device = 0;
   cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), K::SMEM_BYTES, smem_raised, &device);
   if (err != cudaSuccess) return static_cast<int>(err);

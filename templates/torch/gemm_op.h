@@ -298,6 +298,12 @@ inline int64_t check_operand(const OpSpec& op, const at::Tensor& t, const char* 
   return ld;
 }
 
+// A and B on one device (cuda:0 and cuda:1 are two): the launch runs on A's, where B's memory is not.
+inline void check_same_device(const at::Tensor& A, const at::Tensor& B) {
+  TORCH_CHECK_VALUE(A.device() == B.device(), "A is on ", A.device().str(), " and B on ", B.device().str(),
+                    ": put both on one GPU, e.g. pass B.to('", A.device().str(), "')");
+}
+
 inline void check_k(const at::Tensor& A, const at::Tensor& B) {
   TORCH_CHECK_VALUE(A.sym_size(-1).sym_eq(B.sym_size(-2)).expect_true(__FILE__, __LINE__), "A is ",
                     tuple_str(A.sym_sizes()), " and B is ", tuple_str(B.sym_sizes()),
@@ -320,8 +326,7 @@ struct Problem {
 inline Problem check_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
   const int64_t lda = check_operand(op, A, "A", op.a_row);
   const int64_t ldb = check_operand(op, B, "B", op.b_row);
-  TORCH_CHECK_VALUE(A.device() == B.device(), "A is on ", A.device().str(), " and B on ", B.device().str(),
-                    ": put both on one GPU");
+  check_same_device(A, B);
   check_k(A, B);
   const bool batched = is_batched(A, B);
   const int64_t batch = batched ? batch_size(A, B).expect_int() : 0;
@@ -727,8 +732,7 @@ inline Problem check_grouped_operands(const OpSpec& op, const at::Tensor& A, con
                                       const at::Tensor& offsets) {
   const int64_t lda = check_operand(op, A, "A", op.a_row, CallForm::grouped);
   const int64_t ldb = check_operand(op, B, "B", op.b_row, CallForm::grouped);
-  TORCH_CHECK_VALUE(A.device() == B.device(), "A is on ", A.device().str(), " and B on ", B.device().str(),
-                    ": put both on one GPU");
+  check_same_device(A, B);
   check_grouped_k(A, B);
   check_offsets_static(offsets, A);
   TORCH_CHECK_VALUE(offsets.size(0) == B.size(0), offsets_count_message(offsets, B));
@@ -908,7 +912,8 @@ inline std::string list_k_message(size_t i, const at::Tensor& a, const at::Tenso
 // Every matrix of a list call on A[0]'s device.
 inline void check_list_device(const std::string& what, const at::Tensor& t, const at::Tensor& first) {
   TORCH_CHECK_VALUE(t.device() == first.device(), what, " is on ", t.device().str(), " but A[0] on ",
-                    first.device().str(), ": put every matrix of A and B on one GPU");
+                    first.device().str(), ": put every matrix of A and B on one GPU, e.g. pass ", what, ".to('",
+                    first.device().str(), "')");
 }
 
 // Problem i of a list call as its checked A[i] and B[i] describe it.

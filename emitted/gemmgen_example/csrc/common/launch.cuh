@@ -2,6 +2,7 @@
 // raise the shared-memory limit once per device, launch on the caller's stream.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cuda_runtime.h>
@@ -113,16 +114,19 @@ inline int launch_other_path(GemmPath path, void (*slow)(GemmArgs), void (*small
   return -1;
 }
 
-// Kernels may ask for more than 48 KB of shared memory only after opting in, once per device;
-// `raised` is the caller's (one per kernel) record of the devices done.
-inline cudaError_t raise_smem_limit(const void* kernel, int smem_bytes, bool (&raised)[kMaxDevices], int* device_out) {
+// Kernels may ask for more than 48 KB of shared memory only after opting in, and the opt-in is an attribute of the
+// kernel on the current device: once per device (done on cuda:0 only, a launch on cuda:1 fails). `raised` is the
+// caller's (one per kernel) record of the devices done; atomic, since threads on several GPUs launch at once (two
+// threads may both set the attribute of one device, which is harmless).
+using DeviceFlags = std::atomic<bool>[kMaxDevices];
+inline cudaError_t raise_smem_limit(const void* kernel, int smem_bytes, DeviceFlags& raised, int* device_out) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device_out != nullptr) *device_out = device;
-  if (device < kMaxDevices && raised[device]) return cudaSuccess;
+  if (device < kMaxDevices && raised[device].load(std::memory_order_acquire)) return cudaSuccess;
   err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
-  if (err == cudaSuccess && device < kMaxDevices) raised[device] = true;
+  if (err == cudaSuccess && device < kMaxDevices) raised[device].store(true, std::memory_order_release);
   return err;
 }
 
@@ -142,7 +146,7 @@ inline int launch(void (*fast)(GemmArgs), void (*slow)(GemmArgs), void (*small)(
     });
   }
   if (path != GEMM_PATH_FAST) return launch_other_path<Cfg>(path, slow, small, args, stream);
-  static bool smem_raised[kMaxDevices] = {};
+  static DeviceFlags smem_raised = {};
   const cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), smem_bytes, smem_raised, nullptr);
   if (err != cudaSuccess) return static_cast<int>(err);
   const int64_t tiles = ((args->m + Cfg::kBlockM - 1) / Cfg::kBlockM) * ((args->n + Cfg::kBlockN - 1) / Cfg::kBlockN);
