@@ -30,7 +30,7 @@ setup(
     packages=find_packages(include=["generator", "generator.*"]) + ["gemmgen_templates"],
     package_data={"gemmgen_templates": TEMPLATE_PATTERNS},
     include_package_data=True,
-    install_requires=["jinja2", "pybind11", "torch", "ninja"],
+    install_requires=["jinja2", "pybind11", "torch", "ninja", "tqdm"],   # tqdm: tuning's progress bars
     # plot: python -m generator plot (matplotlib); the tests draw one too, so test carries it
     extras_require={"test": ["pytest", "matplotlib"], "plot": ["matplotlib"]},
     entry_points={"console_scripts": ["gemmgen = generator.cli:main"]},

@@ -1,9 +1,10 @@
-"""The command line: ``python -m generator plan|render|emit|bench|plot ...`` (also installed as ``gemmgen``).
+"""The command line: ``python -m generator plan|render|emit|tune|bench|plot ...`` (also installed as ``gemmgen``).
 
 ``plan``, ``render`` and ``emit`` take the knobs of the Python API and need neither torch nor a GPU
 (with ``--arch``); ``emit`` also takes several plans (``--plan``, ``--plans FILE``); ``bench`` runs
 ``benchmarks/bench.py`` of a source checkout; ``plot`` draws a benchmark's JSON (needs matplotlib, the
-``plot`` extra, but neither torch nor a GPU). A bad option value exits
+``plot`` extra, but neither torch nor a GPU); ``tune`` measures the configs around the planner's pick on the GPU and
+keeps the winner in the tuning cache (``--export`` / ``--import`` move tables, without a GPU). A bad option value exits
 with status 2 and a message on stderr that lists the valid choices, as does a knob the template or the
 hardware cannot honour. The fused epilogue is given by the knobs (``--activation``, ``--bias``, ``--alpha``,
 ``--beta``) or by a Python function (``--epilogue module:function`` or ``path/to/file.py:function``).
@@ -114,6 +115,22 @@ Reads the JSON of benchmarks/bench.py --json or benchmarks/inductor_compare.py -
 TFLOP/s of ours, cuBLAS, Triton and Inductor (those the file has) with ours / each beneath, and a roofline
 (TFLOP/s against FLOP per byte of A, B and D, under the GPU's HBM bandwidth and tensor-core peak).
 Needs matplotlib: pip install -e ".[plot]". Neither torch nor a GPU.
+"""
+
+TUNE_EPILOG = f"""\
+examples:
+  {PROG} tune --dtype bf16 --layout tn --shapes 4096x4096x4096,512x4096x14336
+  {PROG} tune --dtype fp16 --layout tn --family sm80 --shapes 8192x8192x8192 --budget 60 --max-candidates 16
+  {PROG} tune --export tuning.json            (every table of the tuning cache, for another machine)
+  {PROG} tune --import tuning.json            (then plans of those shapes on a matching GPU take the winners)
+  {PROG} emit --dtype bf16 --layout tn --arch 90 --tuning tuning.json --out emitted/my_gemms
+
+Per shape: the legal configs around the planner's pick (its neighbours in tile, stages, cluster, schedule, raster
+and split-K/stream-K, then the next best by estimate) are built in one parallel run, checked against a reference
+and timed side by side (L2 flushed, interleaved rounds, medians); the winner is kept in the tuning cache
+(<cache>/tuning/, docs/tuning.md), so a plan of that request and shape on this GPU uses it from then on
+(GEMMGEN_TUNED=0 turns that off), and a second tune of the shape answers from the cache. Needs torch and a GPU,
+except --export and --import.
 """
 
 BENCH_EPILOG = f"""\
@@ -318,11 +335,55 @@ def _add_plot_parser(sub) -> None:
     plot.add_argument("--dpi", type=_positive_int, default=100, help="resolution (default: %(default)s)")
 
 
+def _shape_list(text: str) -> list[tuple[int, ...]]:
+    """An argparse type for --shapes: MxNxK,MxNxK,..."""
+    return [_shape(3, "4096x4096x4096")(part.strip()) for part in text.split(",") if part.strip()]
+
+
+_shape_list.__name__ = "shapes"
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return value
+
+
+def _add_tune_parser(sub) -> None:
+    tune = sub.add_parser("tune", help="measure the configs around the planner's pick on the GPU; keep the winner",
+                          description="Tune each shape: build the legal configs around the planner's pick in "
+                                      "parallel, time them on the GPU side by side, keep the fastest correct one "
+                                      "in the tuning cache and print every candidate's time. Needs torch and a GPU "
+                                      "(--export and --import do not).",
+                          epilog=TUNE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_plan_options(tune)
+    t = tune.add_argument_group("tuning")
+    t.add_argument("--shapes", type=_shape_list, default=None, metavar="MxNxK,...",
+                   help="the problems to tune, e.g. 4096x4096x4096,512x4096x14336 (or one with --m --n --k)")
+    t.add_argument("--budget", type=_positive_float, default=None, metavar="SECONDS",
+                   help="per shape: past this many seconds (builds included) no further candidate or timing round "
+                        "starts (the planner's pick is always timed)")
+    t.add_argument("--max-candidates", type=_positive_int, default=None, metavar="N",
+                   help="configs measured per shape, the pick included (default: 32)")
+    t.add_argument("--force", action="store_true", help="measure again even where the cache has a winner")
+    t.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+    io = tune.add_argument_group("sharing tables (no GPU needed)")
+    io.add_argument("--export", dest="export_file", default=None, metavar="FILE",
+                    help="write every table of the tuning cache into FILE (after tuning --shapes, if given)")
+    io.add_argument("--import", dest="import_file", default=None, metavar="FILE",
+                    help="merge the tables of FILE (an export, a table, or a package's plans.json) into the cache; "
+                         "a table of another GPU is kept apart and used only on such a GPU")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Plan, render and benchmark GEMM kernels (gemmgen).",
         epilog=TOP_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", metavar="{plan,render,emit,bench,plot}")
+    sub = parser.add_subparsers(dest="command", metavar="{plan,render,emit,tune,bench,plot}")
     sub.required = True
     plan = sub.add_parser("plan", help="print the planned kernel config and its name",
                           description="Print the config the planner picks (with a 'name: <kernel name>' line) "
@@ -361,6 +422,11 @@ def build_parser() -> argparse.ArgumentParser:
                      help="leave out the backward pass: the ops are not differentiable, and the package builds "
                           "only the planned kernels (by default it also builds up to 8 backward kernels per dtype "
                           "and arch; a --plans file written by emit keeps its own choice)")
+    out.add_argument("--tuning", default=None, metavar="FILE",
+                     help="a tuning table (tune --export's file, or a package's plans.json): the package also holds "
+                          "the kernels measured fastest for its ops' requests and calls them for exactly the sizes "
+                          "and GPU they won on")
+    _add_tune_parser(sub)
     # bench's arguments belong to benchmarks/bench.py; main() forwards them before argparse sees them.
     sub.add_parser("bench", help="run benchmarks/bench.py (ours vs torch.matmul vs Triton); needs a GPU",
                    add_help=False, epilog=BENCH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -543,7 +609,7 @@ def cmd_emit(args: argparse.Namespace) -> int:
     if autograd is None:   # no --no-autograd: what the plans file says (emit's plans.json does), else True
         autograd = plans_file_autograd(args.plans) if args.plans is not None else None
         autograd = True if autograd is None else autograd
-    out = emit(plans, name=name, out=args.out, op_names=op_names, autograd=autograd)
+    out = emit(plans, name=name, out=args.out, op_names=op_names, autograd=autograd, tuning=args.tuning)
     print(f"{out}: package {name}, {len(ops)} op(s):")
     for op in ops:
         epilogue = op.config.epilogue
@@ -562,6 +628,48 @@ def cmd_emit(args: argparse.Namespace) -> int:
         if forward_only:
             print(f"autograd: forward only (fp8 and int8 refuse inputs that require grad): {', '.join(forward_only)}")
     print(f"install: pip install --no-build-isolation {out}")
+    return 0
+
+
+def _tune_shapes(args: argparse.Namespace) -> list[tuple[int, ...]]:
+    if args.shapes:
+        if any(v is not None for v in (args.m, args.n, args.k)):
+            raise ValueError("give the problems either as --shapes or as --m --n --k, not both")
+        return args.shapes
+    if all(v is not None for v in (args.m, args.n, args.k)):
+        return [(args.m, args.n, args.k)]
+    if any(v is not None for v in (args.m, args.n, args.k)):
+        raise ValueError("--m, --n and --k go together (or use --shapes MxNxK,...)")
+    return []
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .gemm import Gemm
+    from .tune import current_device, export_tables, import_tables
+
+    shapes = _tune_shapes(args)
+    if not shapes and args.import_file is None and args.export_file is None:
+        raise ValueError("tune needs --shapes MxNxK,... (the problems to tune), or --export FILE / --import FILE")
+    if args.import_file is not None:
+        for table, path, changed in import_tables(args.import_file):
+            print(f"imported {changed} of {len(table.entries)} entr{'y' if len(table.entries) == 1 else 'ies'} into "
+                  f"{path}: {table.device.describe()}")
+    if shapes:
+        device = current_device()
+        if device is None:
+            return _error("tune times kernels on a CUDA GPU, and torch sees none here: run it on the GPU machine "
+                          "(--export and --import work without one; plans on a GPU of a matching table take its "
+                          "winners)")
+        kwargs = {k: v for k, v in _plan_kwargs(args).items() if k not in ("m", "n", "k")}
+        for m, n, k in shapes:
+            plan = Gemm(**kwargs, m=m, n=n, k=k)
+            result = plan.tune(budget_s=args.budget, max_candidates=args.max_candidates, progress=not args.quiet,
+                               force=args.force)
+            print(result.format(), flush=True)
+    if args.export_file is not None:
+        tables = export_tables(args.export_file)
+        entries = sum(len(t.entries) for t in tables)
+        print(f"exported {len(tables)} table(s), {entries} entr{'y' if entries == 1 else 'ies'}, to {args.export_file}")
     return 0
 
 
@@ -613,7 +721,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)  # a bad value: usage and the valid choices on stderr, exit 2
     try:
-        if args.command in ("plan", "render", "emit"):
+        if args.command in ("plan", "render", "emit", "tune"):
             _resolve_epilogue(args)
         if args.command == "plan":
             return cmd_plan(args)
@@ -623,6 +731,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_emit(args)
         if args.command == "plot":
             return cmd_plot(args)
+        if args.command == "tune":
+            return cmd_tune(args)
     except (ValueError, RuntimeError) as err:
         return _error(str(err))
     except OSError as err:

@@ -64,9 +64,10 @@ import jinja2
 from .planner.backward import accumulator_config, backward_closure, backward_configs
 from .render import included_headers, render, templates_dir
 from .render.epilogue_python import python_function
-from .spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
+from .spec.config import KernelConfig, check_config, grouped_list_refusal, grouped_refusal
 from .spec.epilogue import KINDS, KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from .spec.types import DType, Order
+from .tune.cache import EntryKey, Table, apply_fields, bundle_json, load_tables
 
 
 class Plan(Protocol):
@@ -273,6 +274,9 @@ class EmittedOp:
             "b_doc": _OPERAND_DOC["B", layout.b],
             "d_doc": _OPERAND_DOC["D", layout.c],
             "knobs": _knobs_doc(cfg),
+            # what its function calls: the op itself, or the measured winner of the call's sizes (see _routes)
+            "call": f"_OPS.{self.name}",
+            "routes": [],
             **_epilogue_context(cfg.epilogue, boxed=cfg.dtype.is_quantized),
             **self._epilogue_formula(autograd),
             **_grouped_context(cfg),
@@ -473,18 +477,87 @@ def _render(template: str, **context: Any) -> str:
     return _environment().get_template(template).render(**context)
 
 
-def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) -> dict[str, bytes]:
+# -- measured winners (emit --tuning) --------------------------------------------------------------------------
+
+def tuned_op_name(config: KernelConfig) -> str:
+    """The private op that runs a measured winner's kernel: ``_tuned_<kernel name>``."""
+    return check_identifier(f"_tuned_{config.name}", "tuned op name", "_tuned_sm90_bf16_tn_128x128x64_c1x1_s6_pp_g8m")
+
+
+@dataclass(frozen=True)
+class Route:
+    """A call of exactly M x N x K by an op, on one GPU, that takes a measured winner's kernel instead of the op's."""
+
+    gpu: str
+    sm_count: int
+    m: int
+    n: int
+    k: int
+    config: KernelConfig
+    ms: float
+    estimate_ms: float
+
+
+def _matches(entry_key: EntryKey, cfg: KernelConfig) -> bool:
+    """Whether a tuning entry was measured for ``cfg``'s request (arch, family, dtypes, layout, epilogue) on a single
+    problem, whatever its sizes."""
+    return (entry_key.arch == cfg.arch and entry_key.family == cfg.family and entry_key.dtype == cfg.dtype_tag
+            and entry_key.out_dtype == cfg.out_dtype.value and entry_key.layout == cfg.layout.tag
+            and entry_key.epilogue == cfg.epilogue.name_suffix and entry_key.batch == 1)
+
+
+def routes(op: EmittedOp, tables: Sequence[Table]) -> list[Route]:
+    """The calls of ``op`` that a measured winner of ``tables`` takes: per GPU and exact size, the fastest entry
+    measured for the op's request whose winner is another kernel than the op's (rebuilt on the op's config and
+    checked: an entry that no longer names the same kernel is left out). Sorted, so the package is deterministic."""
+    best: dict[tuple[str, int, int, int, int], Route] = {}
+    for table in tables:
+        for entry in table.entries.values():
+            if not _matches(entry.key, op.config):
+                continue
+            try:
+                winner = apply_fields(op.config, entry.config)
+                check_config(winner)
+            except (TypeError, ValueError):
+                continue
+            if winner.name != entry.kernel or winner.name == op.config.name:
+                continue
+            where = (table.device.gpu, table.device.sm_count, entry.key.m, entry.key.n, entry.key.k)
+            if where not in best or entry.ms < best[where].ms:
+                best[where] = Route(*where, winner, entry.ms, entry.estimate_ms)
+    return [best[where] for where in sorted(best)]
+
+
+def _routes_context(found: list[Route]) -> list[dict[str, Any]]:
+    """TUNED's entries of one op in __init__.py: per GPU (its name as a Python string literal), its shapes."""
+    devices: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in found:
+        devices.setdefault((r.gpu, r.sm_count), []).append(
+            {"m": r.m, "n": r.n, "k": r.k, "op": tuned_op_name(r.config), "ms": f"{r.ms:.4g}",
+             "estimate_ms": f"{r.estimate_ms:.4g}"})
+    # json.dumps of a str is a valid Python string literal: a GPU name read from a table cannot break the code
+    return [{"gpu": json.dumps(gpu, ensure_ascii=True), "sm_count": int(sms), "shapes": shapes}
+            for (gpu, sms), shapes in devices.items()]
+
+
+def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True,
+                  tuning: Sequence[Table] = ()) -> dict[str, bytes]:
     """{relative path: content} of the package; pure (reads only the shipped templates and headers).
 
-    ``ops`` are the public ops; with ``autograd``, their backward ops join them in the binding."""
+    ``ops`` are the public ops; with ``autograd``, their backward ops join them in the binding. ``tuning``: tuning
+    tables whose winners the package embeds (``routes``): private ops of the winning kernels, which an op's function
+    calls for a 2-D call of exactly the sizes they won on, on the GPU they won on."""
     check_package_name(name)
     for op in ops:
         check_op_name(op.name)
         check_operand_names(op.config)
-    grads = backward_ops(ops) if autograd else []
+    found = {op.name: routes(op, tuning) for op in ops}
+    tuned = {tuned_op_name(r.config): r.config for rs in found.values() for r in rs}
+    tuned_ops = [EmittedOp(n, c) for n, c in sorted(tuned.items())]
+    grads = backward_ops([*ops, *tuned_ops]) if autograd else []
     files: dict[str, bytes] = {}
     kernels: dict[str, KernelConfig] = {}
-    for op in [*ops, *grads]:
+    for op in [*ops, *tuned_ops, *grads]:
         kernels.setdefault(op.config.name, op.config)
     for kernel in sorted(kernels):
         for filename, text in render(kernels[kernel]).items():
@@ -499,21 +572,29 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True) ->
         "autograd": autograd,
         "ops": [op.context(name, autograd) for op in ops],            # public: functions of __init__.py
         "backward_ops": [op.context(name, autograd) for op in grads],  # private: torch.ops.<name>._grad_*
+        "tuned_ops": [op.context(name, autograd) for op in tuned_ops],  # private: torch.ops.<name>._tuned_*
         "kernels": sorted(kernels),
         "archs": archs,
         "gencodes": [GENCODE[a] for a in archs],
         "sources": ["csrc/binding.cpp", *(f"csrc/{k}.cu" for k in sorted(kernels))],
     }
-    context["all_ops"] = context["ops"] + context["backward_ops"]
+    for op in context["ops"]:
+        if found[op["name"]]:
+            op.update(routes=_routes_context(found[op["name"]]), call=f'_routed("{op["name"]}", A, B)')
+    context["any_routes"] = any(found.values())
+    context["all_ops"] = context["ops"] + context["backward_ops"] + context["tuned_ops"]
     context["any_epilogue"] = any(op["epilogue"] for op in context["ops"])
-    # __init__.py registers the formulas of the differentiable epilogue ops
-    context["epilogue_autograd"] = any(op["epilogue"] and op["autograd"] for op in context["ops"])
+    # __init__.py registers the formulas of the differentiable epilogue ops (a tuned op's too: a call may take it)
+    context["formula_ops"] = context["ops"] + context["tuned_ops"]
+    context["epilogue_autograd"] = any(op["epilogue"] and op["autograd"] for op in context["formula_ops"])
     context["any_boxed"] = any(op["boxed"] for op in context["ops"])
     context["any_grouped"] = any(op["grouped"] for op in context["all_ops"])
     for template, path in _PACKAGE_TEMPLATES:
         files[path.format(name=name)] = _render(template, **context).encode()
     record = {**MARKER, "name": name, "autograd": autograd, "plans": [op.plan_record() for op in ops],
               "backward_kernels": [op.config.name for op in grads]}
+    if tuned_ops:   # the tables it embeds, as an export: emit --tuning <package>/plans.json takes them again
+        record["tuning"] = bundle_json(list(tuning))
     files[PLANS_FILE] = (json.dumps(record, indent=2) + "\n").encode()
     return dict(sorted(files.items()))
 
@@ -571,13 +652,17 @@ def write_package(files: dict[str, bytes], out: str | os.PathLike[str]) -> Path:
 
 
 def emit(plans: Plan | KernelConfig | Sequence[Plan | KernelConfig], name: str, out: str | os.PathLike[str], *,
-         op_names: Sequence[str | None] | None = None, autograd: bool = True) -> Path:
+         op_names: Sequence[str | None] | None = None, autograd: bool = True,
+         tuning: str | os.PathLike[str] | Sequence[Table] | None = None) -> Path:
     """Write a pip-installable package ``name`` with one torch op per plan into the folder ``out``.
 
     ``op_names`` (one per plan, in order; None for the default) default to ``gemm_<dtype>_<layout>``
     (+ ``_o<out dtype>``, + ``_dcol``). ``autograd`` (default True) makes the ops differentiable, with
     the backward kernels in the package (up to 8 per dtype and architecture: a longer build); False
     leaves them out. A folder emitted before is replaced; any other non-empty folder is refused.
+    ``tuning``: a tuning table file (``tune --export``'s, a cache table, or an emitted package's plans.json) or
+    tables: the package also holds the kernels measured fastest for the ops' requests, and an op's function calls
+    one for a 2-D call of exactly the sizes it won on, on the GPU it was measured on (docs/tuning.md).
     Returns ``out``. Needs neither torch nor a GPU; install the result with
     ``pip install --no-build-isolation <out>`` (torch and nvcc needed there).
     """
@@ -585,4 +670,5 @@ def emit(plans: Plan | KernelConfig | Sequence[Plan | KernelConfig], name: str, 
     if not isinstance(autograd, bool):
         raise TypeError(f"autograd={autograd!r} must be True or False")
     ops = resolve_ops(plans, op_names)
-    return write_package(package_files(ops, name, autograd), out)
+    tables = load_tables(tuning) if isinstance(tuning, (str, os.PathLike)) else list(tuning or ())
+    return write_package(package_files(ops, name, autograd, tables), out)

@@ -27,6 +27,7 @@ from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layo
 if TYPE_CHECKING:
     from .runtime.buckets import BucketedOp
     from .runtime.op import GemmOp
+    from .tune import Space, TunedChoice, TuneResult
 
 DEFAULT_NAMESPACE = "gemmgen"
 
@@ -156,6 +157,24 @@ def _epilogue_arg(value: object) -> Epilogue | None:
                      "def f(acc, bias: ep.Col): return ep.relu(acc + bias) (see generator.epilogue)")
 
 
+def _space(request: _Request) -> Space:
+    """What tuning needs of a request: the planner's inputs but the problem."""
+    from .tune import Space
+
+    return Space(dtype=request.dtype, out_dtype=request.out_dtype, layout=request.layout, spec=request.spec,
+                 sm_count=request.sm_count, knobs=request.knobs, epilogue=request.epilogue(), dtype_b=request.dtype_b)
+
+
+def _lookup_tuned(request: _Request, pick: KernelConfig) -> TunedChoice | None:
+    """The tuning cache's winner for the request's problem on this GPU, if one was recorded (a plan without size
+    hints has no problem to look up; without a table on disk this costs one directory listing)."""
+    if request.problem is None:
+        return None
+    from .tune import lookup_choice, lookup_wanted
+
+    return lookup_choice(_space(request), request.problem, pick) if lookup_wanted() else None
+
+
 class Gemm:
     """A planned GEMM, D = A @ B. See the README for layouts; every knob below may be overridden.
 
@@ -210,7 +229,8 @@ class Gemm:
         best, rejected = choose(request.dtype, request.out_dtype, request.layout, request.spec,
                                 knobs=request.knobs, problem=request.problem, sm_count=request.sm_count,
                                 epilogue=request.epilogue(), dtype_b=request.dtype_b)
-        self._request, self._estimate, self._rejected = request, best, rejected
+        tuned = _lookup_tuned(request, best.config)
+        self._request, self._estimate, self._rejected, self._tuned = request, best, rejected, tuned
 
     def _with_knobs(self, **changes: object) -> None:
         self._set_request(replace(self._request, knobs=replace(self._request.knobs, **changes)))
@@ -221,7 +241,15 @@ class Gemm:
 
     @property
     def config(self) -> KernelConfig:
-        return self._estimate.config
+        """The kernel this plan builds: the measured winner where one is recorded for its problem (``tuned``), else
+        the estimate's pick."""
+        return self._tuned.config if self._tuned is not None else self._estimate.config
+
+    @property
+    def tuned(self) -> TunedChoice | None:
+        """The measured winner this plan uses (``tune()``, or the tuning cache's record for its problem on this
+        GPU), or None: the plan is the estimate's. GEMMGEN_TUNED=0 turns the cache's records off."""
+        return self._tuned
 
     @property
     def name(self) -> str:
@@ -232,6 +260,8 @@ class Gemm:
         """One line: why the planner chose this config (and, for a problem of at most 16 rows, which kernel its
         calls take instead)."""
         problem = self._request.problem
+        if self._tuned is not None and self._tuned.config != self._estimate.config:
+            return f"measured (see tuned:); the estimate picked {self._estimate.config.name}: {self._estimate.reason}"
         if problem is None or problem.m > SMALL_M_MAX_ROWS or not has_small_m_kernel(self.config):
             return self._estimate.reason
         elem = self.config.dtype.bytes
@@ -435,7 +465,8 @@ class Gemm:
     def __str__(self) -> str:
         # The config is the same on every part of its arch; the gpu line says whose SMs and HBM the why counts.
         gpu = self._request.spec.gpu.describe()
-        return f"{self.config.describe()}\ngpu:          {gpu}\nwhy:          {self.why}"
+        tuned = f"\ntuned:        {self._tuned.line()}" if self._tuned is not None else ""
+        return f"{self.config.describe()}\ngpu:          {gpu}\nwhy:          {self.why}{tuned}"
 
     def __repr__(self) -> str:
         return f"Gemm({self.name})"
@@ -443,6 +474,50 @@ class Gemm:
     def render(self) -> dict[str, str]:
         """The kernel's CUDA sources, {file name: text}; needs neither torch nor a GPU."""
         return render(self.config)
+
+    def tune(self, m: int | None = None, n: int | None = None, k: int | None = None, *, batch: int | None = None,
+             budget_s: float | None = None, max_candidates: int | None = None, progress: bool = True,
+             force: bool = False) -> TuneResult:
+        """Measure the legal configs around the estimate's pick for the problem ``m`` x ``n`` x ``k`` (default: this
+        plan's size hints) on this GPU and use the fastest correct one: from now on ``config`` is the winner (and
+        ``compile()`` builds it), ``print(plan)`` says ``tuned: ...``. The winner is recorded in the tuning cache,
+        so later plans of the same request and problem on this GPU take it without measuring; a recorded winner is
+        answered at once, without building or measuring (``force=True`` measures again).
+
+        Up to ``max_candidates`` (default 32) configs are built in one parallel run and timed side by side on fresh
+        random operands, each checked against a reference first (docs/tuning.md). ``budget_s``: past this many
+        seconds (builds included) no further candidate or round starts. ``progress``: bars on stderr. Giving a size
+        that differs from the plan's hints re-plans the plan for it (its knobs stay as set). Needs torch and a GPU.
+        """
+        from .tune import DEFAULT_MAX_CANDIDATES, tune
+
+        given = [_positive_or_none(v, w) for v, w in ((m, "m"), (n, "n"), (k, "k"))]
+        current = self._request.problem
+        if current is None and None in given:
+            raise ValueError("tune() needs the problem size: give m, n and k (this plan has no size hints), e.g. "
+                             "plan.tune(m=4096, n=4096, k=4096)")
+        base = current or Problem(1, 1, 1)
+        problem = Problem(given[0] or base.m, given[1] or base.n, given[2] or base.k,
+                          _positive_or_none(batch, "batch") or base.batch)
+        if problem != current:
+            self._set_request(replace(self._request, problem=problem))
+        result = tune(_space(self._request), problem, self._estimate.config, namespace=self.namespace,
+                      budget_s=budget_s, max_candidates=max_candidates or DEFAULT_MAX_CANDIDATES, progress=progress,
+                      force=force)
+        self._tuned = result.choice
+        return result
+
+    def tune_buckets(self, bounds: Sequence[int] = M_BUCKETS, *, budget_s: float | None = None,
+                     max_candidates: int | None = None, progress: bool = True, force: bool = False) -> list[TuneResult]:
+        """Tune the plan of every M bucket (``bucket_plans``: M = each bound, N and K as this plan's hints, 4096
+        where none was given), and this plan itself where it has size hints (the bucket of larger M); the options
+        as ``tune``'s, ``budget_s`` per bucket. ``compile_buckets()`` then builds the winners: each bucket's plan
+        finds its own in the tuning cache (unless GEMMGEN_TUNED=0)."""
+        problem = self._request.problem
+        n, k = (problem.n, problem.k) if problem is not None else (4096, 4096)
+        plans = [self._replanned(Problem(bound, n, k)) for bound in bounds] + ([self] if problem is not None else [])
+        return [plan.tune(budget_s=budget_s, max_candidates=max_candidates, progress=progress, force=force)
+                for plan in plans]
 
     def compile(self, *, verbose: bool = False) -> GemmOp:
         """Render, build (cached) and load the kernel; returns the op, also at torch.ops.<namespace>.<name>."""
@@ -482,14 +557,15 @@ class Gemm:
         return BucketedOp.from_built(bounded, built)
 
     def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None,
-             autograd: bool = True) -> Path:
+             autograd: bool = True, tuning: str | os.PathLike[str] | None = None) -> Path:
         """Write a pip-installable package with this plan's op into the folder ``out`` (see generator.emit).
 
         ``name`` (the package and torch.ops namespace) defaults to the folder's name; ``op_name`` to
         ``gemm_<dtype>_<layout>``; ``autograd=False`` leaves out the backward kernels (the op is then not
-        differentiable). Needs neither torch nor a GPU.
+        differentiable); ``tuning``: a tuning table file whose winners for this plan's request the package embeds
+        (docs/tuning.md). Needs neither torch nor a GPU.
         """
         from .emit import default_package_name, emit
 
         name = default_package_name(out) if name is None else name
-        return emit(self, name=name, out=out, op_names=[op_name], autograd=autograd)
+        return emit(self, name=name, out=out, op_names=[op_name], autograd=autograd, tuning=tuning)

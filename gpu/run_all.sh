@@ -4,6 +4,8 @@
 #   STEPS=sweep SWEEP_ARGS="--dtype fp16" gpu/run_all.sh   (explicit configs, for the planner's tables)
 #   BENCH_ARGS="--set square --dtypes bf16" STEPS=bench gpu/run_all.sh
 #   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
+#   STEPS="fuzz fuzz_sanitize" FUZZ_ARGS="--cases 500" gpu/run_all.sh   (random calls against float64; then a sample of
+#                                                       them under memcheck and racecheck: docs/fuzzing.md)
 #   STEPS=inductor gpu/run_all.sh                      (ours, cuBLAS and torch.compile max-autotune; what Inductor picked)
 #   STEPS=power POWER_ARGS="--variant g16=raster_group:16" gpu/run_all.sh   (steady-state TFLOP/s, SM clock, power)
 #   STEPS=ceiling CEILING_ARGS="--dtype fp16" gpu/run_all.sh   (mma.sync ceiling per clock next to the sm80 kernel;
@@ -19,6 +21,10 @@
 #   STEPS=grouped GROUPED_ARGS="--ragged" GROUPED_TAG=_ragged gpu/run_all.sh   (grouped GEMM vs torch._grouped_mm and a
 #                                                       torch.mm loop; tests: STEPS=tests GPU_TESTS=tests/gpu/test_grouped.py)
 #   STEPS=grouped GROUPED_ARGS=--list-only gpu/run_all.sh   (list form only: op.grouped_list; tests: tests/gpu/test_grouped_list.py)
+#   STEPS=tune gpu/run_all.sh                          (tune 3 shapes from an empty build cache and tuning table, then
+#                                                       the same again from the cache; TUNE_SHAPES, TUNE_ARGS="--dtype fp16")
+#   STEPS=calibrate CALIBRATE_ARGS="--families sm90" CALIBRATE_TAG=_sm90 gpu/run_all.sh   (the estimate's pick against
+#                                                       the measured best on the LLM set and squares, then --fit)
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -47,12 +53,36 @@ for step in $STEPS; do
             python3 benchmarks/bench_dtypes.py --json "$OUT/bench_dtypes.json" ${DTYPES_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_dtypes.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     grouped) python3 benchmarks/bench_grouped.py --json "$OUT/bench_grouped${GROUPED_TAG:-}.json" ${GROUPED_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped${GROUPED_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     midm)   python3 gpu/midm_tiles.py --json "$OUT/midm_tiles.json" ${MIDM_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/midm_tiles.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    tune)   # A fresh build cache and tuning table: the first tune of each shape pays its builds (the first one the JIT
+            # runtime's too), the second answers from the table; stderr (the progress bars) goes to tune_progress.log.
+            tune_cache=$(mktemp -d)
+            for pass in first second; do
+              GEMMGEN_CACHE_DIR=$tune_cache GEMMGEN_TUNING_DIR=$tune_cache/tuning python3 -m generator tune --layout tn \
+                --shapes ${TUNE_SHAPES:-4096x4096x4096,512x4096x14336,128x4096x4096} ${TUNE_ARGS:-} \
+                2>> "$OUT/tune_progress.log" | tee -a "$OUT/tune.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+            done
+            GEMMGEN_CACHE_DIR=$tune_cache GEMMGEN_TUNING_DIR=$tune_cache/tuning python3 -m generator tune --export "$OUT/tuning.json" | tee -a "$OUT/tune.log"
+            rm -rf "$tune_cache" ;;
+    calibrate) python3 benchmarks/calibrate.py --json "$OUT/calibrate${CALIBRATE_TAG:-}.json" ${CALIBRATE_ARGS:-} \
+                 2> "$OUT/calibrate${CALIBRATE_TAG:-}_progress.log" | tee "$OUT/calibrate${CALIBRATE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+               python3 benchmarks/calibrate.py --fit "$OUT/calibrate${CALIBRATE_TAG:-}.json" --fit-json "$OUT/calibrate${CALIBRATE_TAG:-}_fit.json" 2>&1 | tee -a "$OUT/calibrate${CALIBRATE_TAG:-}.log" ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer
       for tool in memcheck racecheck; do
         compute-sanitizer --tool $tool python3 gpu/sanitize.py 2>&1 | tail -60 | tee "$OUT/sanitize_$tool.log"
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
+      done ;;
+    fuzz)   python3 gpu/fuzz.py --json "$OUT/fuzz.json" ${FUZZ_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/fuzz.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    fuzz_sanitize)   # small cases of the same draws; built outside the sanitizer; no caching allocator, so that
+                     # memcheck sees each tensor's own bounds
+      python3 gpu/fuzz.py --build-only --sample ${FUZZ_MEMCHECK_SAMPLE:-10} ${FUZZ_ARGS:-} > "$OUT/fuzz_sanitize_build.log" 2>&1 || status=1
+      for tool in memcheck racecheck; do
+        sample=${FUZZ_MEMCHECK_SAMPLE:-10}; [ $tool = racecheck ] && sample=${FUZZ_RACECHECK_SAMPLE:-4}
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool --error-exitcode 1 python3 gpu/fuzz.py --sample $sample \
+          --json "$OUT/fuzz_sanitize_$tool.json" ${FUZZ_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' > "$OUT/fuzz_sanitize_$tool.log"
+        [ "${PIPESTATUS[0]}" = 0 ] || status=1
+        tail -40 "$OUT/fuzz_sanitize_$tool.log"
       done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;

@@ -210,8 +210,8 @@ def test_help_shows_examples():
 
 def test_top_level_help_lists_every_command():
     r = cli("--help")
-    assert "{plan,render,emit,bench,plot}" in r.stdout
-    for command in ("plan", "render", "emit", "bench", "plot"):
+    assert "{plan,render,emit,tune,bench,plot}" in r.stdout
+    for command in ("plan", "render", "emit", "tune", "bench", "plot"):
         assert re.search(rf"^\s+{command}\s+\S", r.stdout, re.M), f"{command} is not listed with a summary"
 
 

@@ -2,8 +2,9 @@
 incremental), cached by the hash of everything that changes the binary, under a lock per cache entry.
 It decides nothing about kernels: it compiles what it is given.
 """
-from .builder import (BuildError, BuildRequest, BuildResult, build, build_many, cache_key, cache_root, ninja_path,
-                      nvcc_flags, nvcc_path, nvcc_version, spill_report)
+from .builder import (BuildError, BuildProgress, BuildRequest, BuildResult, build, build_many, cache_key, cache_root,
+                      file_lock, ninja_path, nvcc_flags, nvcc_path, nvcc_version, spill_report, write_atomically)
 
-__all__ = ["BuildError", "BuildRequest", "BuildResult", "build", "build_many", "cache_key", "cache_root",
-           "ninja_path", "nvcc_flags", "nvcc_path", "nvcc_version", "spill_report"]
+__all__ = ["BuildError", "BuildProgress", "BuildRequest", "BuildResult", "build", "build_many", "cache_key",
+           "cache_root", "file_lock", "ninja_path", "nvcc_flags", "nvcc_path", "nvcc_version", "spill_report",
+           "write_atomically"]

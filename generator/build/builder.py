@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 #: Bump when the build recipe (rule, file layout) changes so that old cache entries are not reused.
 RECIPE_VERSION = "gemmgen-build-1"
@@ -149,7 +149,7 @@ def nvcc_version(nvcc: str) -> str:
         raise BuildError(f"`{nvcc} --version` failed: {exc}") from exc
     version = out.stdout.strip()
     memo.parent.mkdir(parents=True, exist_ok=True)
-    _write_atomically(memo, version)
+    write_atomically(memo, version)
     return version
 
 
@@ -255,7 +255,7 @@ class _Target:
         return [nvcc_path(), *nvcc_flags(self.req), "-o", f"{self.library}.tmp", *map(str, self.sources)]
 
 
-def _write_atomically(path: Path, text: str) -> None:
+def write_atomically(path: Path, text: str) -> None:
     """Write via a temp file and os.replace, so a reader (or a crashed writer) never sees half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -313,22 +313,32 @@ def _prepare(target: _Target) -> None:
     """Write the sources and build.ninja into the target's directory (the caller holds its lock)."""
     target.directory.mkdir(parents=True, exist_ok=True)
     for path in target.sources:
-        _write_atomically(path, target.req.sources[path.name])
-    _write_atomically(target.directory / NINJA_FILE, _ninja_file(target))
+        write_atomically(path, target.req.sources[path.name])
+    write_atomically(target.directory / NINJA_FILE, _ninja_file(target))
     with contextlib.suppress(FileNotFoundError):
         target.failed_log.unlink()  # so that a log found after a failure is this run's
 
 
 @contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive flock on ``path`` (created if missing) for the ``with`` block; closing the file
+    releases it, also when the process dies, so a crashed holder never leaves a stale lock."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
 def _locked(targets: list[_Target]) -> Iterator[None]:
     """Hold the flock of every target. Taken in sorted order so two processes building overlapping
-    sets cannot deadlock; closing the files releases the locks, also when the process dies."""
+    sets cannot deadlock."""
     with contextlib.ExitStack() as stack:
         for target in sorted(targets, key=lambda t: t.stem):
-            target.lock_file.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(target.lock_file, os.O_RDWR | os.O_CREAT, 0o644)
-            stack.callback(os.close, fd)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            stack.enter_context(file_lock(target.lock_file))
         yield
 
 
@@ -394,10 +404,11 @@ def _describe(targets: list[_Target]) -> str:
 
 # -- ninja ----------------------------------------------------------------------------------------------
 
-def _run_ninja(targets: list[_Target], *, verbose: bool) -> str:
+def _run_ninja(targets: list[_Target], *, verbose: bool, on_line: Callable[[str], None] | None = None) -> str:
     """One ninja run over all targets (a top-level file that subninja's each target's build.ninja, in
     a temp dir under cache_root() that also takes ninja's own log, not the caller's cwd). Returns
-    ninja's output. -k 0: keep going, so every failing kernel is reported and every good one cached."""
+    ninja's output; ``on_line`` sees each line as it comes. -k 0: keep going, so every failing kernel is
+    reported and every good one cached."""
     workdir = Path(tempfile.mkdtemp(prefix=".ninja-", dir=cache_root()))
     try:
         top = workdir / NINJA_FILE
@@ -407,12 +418,12 @@ def _run_ninja(targets: list[_Target], *, verbose: bool) -> str:
         if verbose:
             cmd.append("-v")  # show the full nvcc commands
             print(f"[gemmgen] {shlex.join(cmd)}", file=sys.stderr, flush=True)
-        return _stream(cmd, cwd=workdir, echo=verbose)
+        return _stream(cmd, cwd=workdir, echo=verbose, on_line=on_line)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _stream(cmd: list[str], *, cwd: Path, echo: bool) -> str:
+def _stream(cmd: list[str], *, cwd: Path, echo: bool, on_line: Callable[[str], None] | None = None) -> str:
     """Run cmd, returning its combined output; with echo, also pass it through to stderr as it comes."""
     chunks = []
     with subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -422,51 +433,84 @@ def _stream(cmd: list[str], *, cwd: Path, echo: bool) -> str:
             chunks.append(line)
             if echo:
                 sys.stderr.write(line)
+            if on_line is not None:
+                on_line(line)
     return "".join(chunks)
 
 
 # -- entry points ---------------------------------------------------------------------------------------
+
+#: ``build_many``'s progress callback: called once per distinct request when its library is ready (True; at once
+#: for a cached one) or its build has failed (False), as ninja finishes it.
+BuildProgress = Callable[[BuildRequest, bool], None]
+#: The line ninja prints as it finishes an edge of the rule above ("[3/32] nvcc <name>"; not a smart terminal).
+_NINJA_FINISHED = re.compile(r"^\[\d+/\d+\] nvcc ([A-Za-z_][A-Za-z0-9_]*)\s*$")
+
 
 def build(req: BuildRequest, *, verbose: bool = False) -> BuildResult:
     """Build one kernel library, or find it in the cache."""
     return build_many([req], verbose=verbose)[0]
 
 
-def build_many(reqs: list[BuildRequest], *, verbose: bool = False) -> list[BuildResult]:
+def build_many(reqs: list[BuildRequest], *, verbose: bool = False,
+               progress: BuildProgress | None = None) -> list[BuildResult]:
     """Build several kernel libraries with one parallel ninja run; results in the order of ``reqs``.
 
     Cached libraries are returned without taking any lock: the .so only ever appears complete. The
-    others are checked again under their locks (another process may have built them meanwhile)."""
+    others are checked again under their locks (another process may have built them meanwhile).
+    ``progress`` hears of each distinct request as it is ready or has failed (see BuildProgress)."""
     t0 = time.perf_counter()
     targets = [_Target(req, cache_key(req)) for req in reqs]
     unique = list({t.stem: t for t in targets}.values())  # a repeated request: one lock, one build
     cached = {t.stem for t in unique if t.is_built()}
     missing = [t for t in unique if t.stem not in cached]
-    if verbose:
-        for t in unique:
-            if t.stem in cached:
+    for t in unique:
+        if t.stem in cached:
+            if verbose:
                 print(f"[gemmgen] {t.req.name}: cached, {t.library}", file=sys.stderr, flush=True)
+            if progress is not None:
+                progress(t.req, True)
     if missing:
-        _build_missing(missing, cached, verbose=verbose)
+        _build_missing(missing, cached, verbose=verbose, progress=progress)
     seconds = time.perf_counter() - t0
     return [t.result(cached=t.stem in cached, seconds=seconds) for t in targets]
 
 
-def _build_missing(missing: list[_Target], cached: set[str], *, verbose: bool) -> None:
+def _build_missing(missing: list[_Target], cached: set[str], *, verbose: bool,
+                   progress: BuildProgress | None = None) -> None:
     """Build the targets not found in the cache, holding all their locks; adds to ``cached`` those
     that another process finished while we waited for the locks."""
     cache_root().mkdir(parents=True, exist_ok=True)
+    reported: set[str] = set()
+
+    def report(target: _Target) -> None:
+        if progress is not None and target.stem not in reported:
+            reported.add(target.stem)
+            progress(target.req, target.is_built())
+
     with _Progress(_describe(missing), verbose), _locked(missing):
         todo = []
         for target in missing:
             if target.is_built():
                 cached.add(target.stem)
+                report(target)
             else:
                 _prepare(target)
                 todo.append(target)
         if not todo:
             return
-        output = _run_ninja(todo, verbose=verbose)
+        by_name: dict[str, list[_Target]] = {}
+        for target in todo:
+            by_name.setdefault(target.req.name, []).append(target)
+
+        def on_line(line: str) -> None:
+            if progress is not None and (m := _NINJA_FINISHED.match(line)):
+                for target in by_name.get(m.group(1), ()):
+                    report(target)
+
+        output = _run_ninja(todo, verbose=verbose, on_line=on_line)
+        for target in todo:   # whatever ninja's status lines did not name (a custom NINJA_STATUS)
+            report(target)
         failed = [t for t in todo if not t.is_built()]
         if failed:
             raise BuildError("\n\n".join(_failure_message(t, output) for t in failed))

@@ -8,15 +8,18 @@ the planner picks for the benchmark shapes. Pure Python: no torch, no GPU, no fi
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ..spec.arch import ArchSpec, arch_spec
-from ..spec.config import KernelConfig
+from ..spec.config import KernelConfig, check_config
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
+from . import sm80, sm90
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, check_family, resolve_family
 from .sm80 import choose_sm80
 from .sm90 import choose_sm90
 
-__all__ = ["DEFAULT_PROBLEM", "Estimate", "Knobs", "Problem", "check_family", "choose", "plan"]
+__all__ = ["DEFAULT_PROBLEM", "Estimate", "Knobs", "Problem", "check_family", "choose", "estimate", "plan", "ranked"]
 
 
 def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs = Knobs(),
@@ -44,3 +47,29 @@ def plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = None, 
     best, _ = choose(dtype, out_dtype or dtype, layout, spec, knobs=Knobs(family=family), problem=problem,
                      sm_count=spec.sm_count)
     return best.config
+
+
+def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
+    """The cost model of ``cfg``'s family for ``problem`` (what ``choose`` weighs the candidates by)."""
+    family_estimate = sm90.estimate if cfg.family == "sm90" else sm80.estimate
+    return family_estimate(cfg, spec, sm_count, problem)
+
+
+def ranked(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs = Knobs(),
+           problem: Problem, sm_count: int | None = None, epilogue: Epilogue = IDENTITY,
+           dtype_b: DType | None = None) -> list[Estimate]:
+    """Every candidate that ``choose`` weighs for this request and check_config accepts, with its estimate, cheapest
+    first (equal costs in the planner's order of preference). Measured tuning starts from the first few of them."""
+    sm_count = sm_count or spec.sm_count
+    if resolve_family(knobs, spec, dtype, layout) == "sm90":
+        configs = sm90.candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)
+    else:
+        configs = sm80.candidates(dtype, out_dtype, layout, spec, knobs)
+    legal = []
+    for cfg in (replace(c, epilogue=epilogue, dtype_b=dtype_b) for c in configs):
+        try:
+            check_config(cfg)
+        except ValueError:
+            continue
+        legal.append(estimate(cfg, spec, sm_count, problem))
+    return sorted(legal, key=lambda est: est.cost)   # sorted() is stable: ties keep the planner's order

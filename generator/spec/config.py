@@ -71,6 +71,10 @@ RASTERS = ("m", "n")
 # Extra operands of a fused epilogue one kernel takes (GEMMGEN_MAX_EPILOGUE_OPERANDS in
 # templates/common/gemm_args.h: the slots of the launch arguments).
 MAX_EPILOGUE_OPERANDS = 8
+#: The version of the config space: bump it when a KernelConfig field changes meaning, or a kernel of the same name
+#: would now be built differently enough that measured timings no longer hold; tuned results measured under another
+#: version are not used (generator/tune/cache.py, docs/tuning.md).
+CONFIG_SPACE_VERSION = 1
 
 
 @dataclass(frozen=True)

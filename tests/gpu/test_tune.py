@@ -1,0 +1,95 @@
+"""Measured tuning on the GPU (generator/tune): a small shape over a few candidates, the winner among them and
+correct, the plan switched to it, a second tune answered from the cache in under a second, a wrong kernel never
+winning, the budget, the M buckets. Each test has its own tuning table (GEMMGEN_TUNING_DIR); builds share the
+build cache."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from generator import Gemm
+from generator.tune import measure
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("GEMMGEN_TUNING_DIR", str(tmp_path / "tuning"))
+    monkeypatch.delenv("GEMMGEN_TUNED", raising=False)
+    return tmp_path / "tuning"
+
+
+def relative_error(plan: Gemm, m: int, n: int, k: int) -> float:
+    op = plan.compile()
+    A = torch.randn(m, k, device="cuda").bfloat16()
+    B = torch.randn(n, k, device="cuda").bfloat16().t()
+    ref = A.float() @ B.float()
+    return ((op(A, B).float() - ref).norm() / ref.norm()).item()
+
+
+def test_tune_a_small_shape_then_answer_from_the_cache() -> None:
+    m, n, k = 256, 512, 1024
+    plan = Gemm("bf16", "tn", m=m, n=n, k=k)
+    pick = plan.estimate.config
+    result = plan.tune(max_candidates=4, progress=False)
+    names = [row.config.name for row in result.table]
+    assert len(names) <= 4 and names[0] == pick.name and result.winner.name in names
+    assert not result.from_cache and 0 < result.ms <= result.pick_ms
+    assert all(row.ms is not None for row in result.table), result.format()
+    assert plan.config == result.winner and plan.tuned is not None
+    assert "tuned:" in str(plan) and result.device.gpu in str(plan)
+    assert relative_error(plan, m, n, k) < 1e-2
+    print(result.format())
+
+    start = time.perf_counter()
+    again = Gemm("bf16", "tn").tune(m=m, n=n, k=k, progress=False)
+    seconds = time.perf_counter() - start
+    assert again.from_cache and again.winner == result.winner and seconds < 1.0, seconds
+    fresh = Gemm("bf16", "tn", m=m, n=n, k=k)
+    assert fresh.config == result.winner and fresh.estimate.config == pick
+
+
+def test_the_switch_plans_by_the_estimate(monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = Gemm("bf16", "tn", m=384, n=640, k=512)
+    plan.tune(max_candidates=3, progress=False)
+    monkeypatch.setenv("GEMMGEN_TUNED", "0")
+    untuned = Gemm("bf16", "tn", m=384, n=640, k=512)
+    assert untuned.tuned is None and untuned.config == untuned.estimate.config
+
+
+def test_a_wrong_kernel_never_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = measure.compile_many
+
+    def one_broken(configs, **kwargs):
+        ops = real(configs, **kwargs)
+        broken = ops[1]
+        ops[1] = lambda A, B, *operands: torch.full_like(broken(A, B, *operands), float("nan"))
+        return ops
+
+    monkeypatch.setattr(measure, "compile_many", one_broken)
+    plan = Gemm("bf16", "tn", m=512, n=512, k=512)
+    result = plan.tune(max_candidates=3, progress=False, force=True)
+    broken = result.table[1]
+    assert broken.ms is None and broken.note.startswith("wrong result"), result.format()
+    assert result.winner.name != broken.config.name
+
+
+def test_the_budget_stops_further_candidates() -> None:
+    plan = Gemm("bf16", "tn", m=640, n=768, k=1024)
+    result = plan.tune(max_candidates=4, progress=False, budget_s=1e-3)
+    timed = [row for row in result.table if row.ms is not None]
+    assert [row.config.name for row in timed] == [plan.estimate.config.name]
+    assert any("budget" in note for note in result.notes), result.notes
+    assert "budget" in result.format()
+
+
+def test_bucket_plans_take_their_winners() -> None:
+    plan = Gemm("bf16", "tn", n=1024, k=1024)
+    results = plan.tune_buckets(bounds=(64,), max_candidates=2, progress=False)
+    assert len(results) == 1 and results[0].problem.m == 64
+    op = plan.compile_buckets(bounds=(64,))
+    assert op.buckets[0].op.config == results[0].winner

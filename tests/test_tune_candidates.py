@@ -1,0 +1,122 @@
+"""The candidates a tuning run measures (generator/tune/candidates.py): the estimate's pick first, only legal configs
+that keep the user's knobs, the pick's neighbours along every axis, the cap, the same list every time."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from generator import Gemm, check_config
+from generator.gemm import _space
+from generator.planner import Problem
+from generator.tune import Space, candidates, neighbours
+
+SHAPES = [(4096, 4096, 4096), (512, 4096, 14336), (128, 4096, 14336), (16384, 28672, 8192), (1000, 1000, 1000)]
+
+
+def space_of(plan: Gemm) -> Space:
+    return _space(plan._request)
+
+
+def candidates_of(plan: Gemm, cap: int = 32) -> list:
+    return candidates(space_of(plan), plan._request.problem, plan.estimate.config, cap)
+
+
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_pick_first_all_legal_distinct_capped(family: str, shape: tuple[int, int, int]) -> None:
+    m, n, k = shape
+    plan = Gemm("bf16", "tn", arch=90, family=family, m=m, n=n, k=k)
+    found = candidates_of(plan)
+    assert found[0] == plan.estimate.config
+    assert 1 < len(found) <= 32
+    assert len({c.name for c in found}) == len(found)
+    for cfg in found:
+        check_config(cfg)   # the planner's legality rules, not a copy of them
+        assert (cfg.dtype, cfg.out_dtype, cfg.layout, cfg.epilogue, cfg.family) == (
+            plan.config.dtype, plan.config.out_dtype, plan.config.layout, plan.config.epilogue, family)
+
+
+def test_deterministic() -> None:
+    plan = Gemm("fp16", "tn", arch=90, m=512, n=4096, k=14336)
+    assert [c.name for c in candidates_of(plan)] == [c.name for c in candidates_of(plan)]
+
+
+@pytest.mark.parametrize("cap", [1, 4, 7])
+def test_cap_is_honoured_and_keeps_the_pick(cap: int) -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096)
+    found = candidates_of(plan, cap)
+    assert len(found) == cap and found[0] == plan.estimate.config
+    assert [c.name for c in found] == [c.name for c in candidates_of(plan)][:cap]
+
+
+def test_cap_below_one_is_refused() -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096)
+    with pytest.raises(ValueError, match="max_candidates=0"):
+        candidates_of(plan, 0)
+
+
+def test_sm90_neighbours_cover_every_axis() -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096)
+    pick = plan.estimate.config
+    assert (pick.tile, pick.cluster, pick.schedule, pick.stages) == ((128, 256, 64), (2, 1), "cooperative", 4)
+    near = neighbours(pick, space_of(plan), plan._request.problem)
+    found = candidates_of(plan)
+    for group in (near, found):
+        assert any(c.stages == pick.stages - 1 for c in group)                    # stages -
+        assert any(c.cluster == (1, 1) for c in group) and any(c.cluster == (1, 2) for c in group)
+        assert any(c.tile == (128, 192, 64) for c in group)                       # tile: BN - 64
+        assert any(c.tile == (256, 256, 64) for c in group) is False              # illegal tiles never appear
+        assert any(c.raster != pick.raster for c in group)                        # raster order
+        assert any(c.raster_group != pick.raster_group for c in group)            # raster group
+        assert any(c.stream_k for c in group)                                     # decomposition
+    assert any(c.schedule == "pingpong" for c in found)                           # schedule
+    # one step each: a neighbour differs from the pick along one axis (a new tile brings its own stages and raster)
+    for cfg in near:
+        changed = {f for f in ("tile", "cluster", "schedule", "stages", "raster", "raster_group", "stream_k")
+                   if getattr(cfg, f) != getattr(pick, f)}
+        assert changed and (len(changed) == 1 or changed & {"tile", "cluster", "schedule"}), cfg.name
+
+
+def test_split_k_pick_has_its_data_parallel_neighbour() -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=128, n=4096, k=14336)
+    pick = plan.estimate.config
+    assert pick.stream_k   # the planner's split-K for a long K with few tiles
+    names = {c.name for c in candidates_of(plan)}
+    assert replace(pick, stream_k=False).name in names
+
+
+def test_sm80_neighbours() -> None:
+    plan = Gemm("bf16", "tn", arch=80, m=4096, n=4096, k=4096)
+    pick = plan.estimate.config
+    found = candidates_of(plan)
+    assert any(c.stages == pick.stages + 1 for c in found)
+    assert any(c.warps != pick.warps and c.tile == pick.tile for c in found)
+    assert any(c.tile[2] != pick.tile[2] and c.tile[:2] == pick.tile[:2] for c in found)   # block K
+    assert any(c.raster_group != pick.raster_group for c in found)
+    assert {c.tile[:2] for c in found} >= {(128, 256), (256, 128), (128, 128), (128, 64), (64, 128), (64, 64)}
+
+
+def test_fixed_knobs_are_kept() -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096, schedule="pingpong", stages=4)
+    found = candidates_of(plan)
+    assert len(found) > 1
+    assert all(c.schedule == "pingpong" and c.stages == 4 for c in found)
+    fixed_tile = Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096, tile_shape=(128, 128, 64), cluster_shape=(1, 1))
+    assert all(c.tile == (128, 128, 64) and c.cluster == (1, 1) for c in candidates_of(fixed_tile))
+
+
+def test_epilogue_and_dtypes_carry_over() -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=2048, n=2048, k=2048, activation="gelu", bias="col")
+    assert all(c.epilogue == plan.config.epilogue and not c.epilogue.is_identity for c in candidates_of(plan))
+    fp8 = Gemm("e4m3", "tn", arch=90, m=4096, n=4096, k=4096, scale="tensor")
+    found = candidates_of(fp8)
+    assert found[0] == fp8.config and all(c.dtype == fp8.config.dtype and c.promoted for c in found)
+    for cfg in found:
+        check_config(cfg)
+
+
+def test_candidates_of_a_problem_other_than_the_plans() -> None:
+    plan = Gemm("bf16", "tn", arch=90)
+    small = candidates(space_of(plan), Problem(64, 8192, 8192), plan.estimate.config)
+    assert small[0] == plan.estimate.config and len(small) > 1
