@@ -90,6 +90,8 @@ def test_the_budget_stops_further_candidates() -> None:
 def test_bucket_plans_take_their_winners() -> None:
     plan = Gemm("bf16", "tn", n=1024, k=1024)
     results = plan.tune_buckets(bounds=(64,), max_candidates=2, progress=False)
-    assert len(results) == 1 and results[0].problem.m == 64
+    # the bucket M <= 64, then the plan itself (it has size hints: M 4096 stands for every larger M)
+    assert [r.problem.m for r in results] == [64, 4096]
     op = plan.compile_buckets(bounds=(64,))
-    assert op.buckets[0].op.config == results[0].winner
+    assert op.select(64).config == results[0].winner
+    assert op.select(4096).config == results[1].winner
