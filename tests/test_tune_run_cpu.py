@@ -26,11 +26,14 @@ class FakeGpu:
         self.ms: dict[str, float] = {}
         self.wrong: set[str] = set()
         self.fail_build: set[str] = set()
+        self.confirm_ms: dict[str, float] = {}   # the times once fresh operands are drawn (the confirmation)
+        self.operand_draws = 0
         self.last = 0.0
 
     def op(self, name: str):
         def call(A, B, *operands):
-            self.last = self.ms.get(name, 1.0)
+            times = self.confirm_ms if self.operand_draws > 1 and name in self.confirm_ms else self.ms
+            self.last = times.get(name, 1.0)
             D = A.float() @ B.float()
             return torch.zeros_like(D) if name in self.wrong else D
         return call
@@ -52,6 +55,7 @@ def gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
     monkeypatch.setattr(measure, "compile_many", lambda configs, namespace: [fake.op(c.name) for c in configs])
 
     def operands(cfg, problem, seed=None):
+        fake.operand_draws += 1
         gen = torch.Generator().manual_seed(0)
         return torch.randn(problem.m, problem.k, generator=gen), torch.randn(problem.k, problem.n, generator=gen), []
 
@@ -124,3 +128,18 @@ def test_a_gain_within_the_noise_keeps_the_pick(gpu: FakeGpu) -> None:
     result = plan.tune(max_candidates=3, progress=False)
     assert result.winner.name == pick and result.gain == 0.0
     assert any("the pick is kept" in n for n in result.notes)
+
+
+def test_a_winner_must_win_again_on_fresh_operands(gpu: FakeGpu) -> None:
+    """The fastest of the main rounds is timed against the pick once more; a lead that does not hold keeps the
+    pick, one that holds wins."""
+    plan = Gemm("bf16", "tn", arch=90, m=64, n=96, k=128)
+    pick, other = candidate_names(plan, 2)
+    gpu.ms = {pick: 1.0, other: 0.9}
+    gpu.confirm_ms = {other: 1.02}
+    result = plan.tune(max_candidates=2, progress=False)
+    assert result.winner.name == pick
+    assert any("timed again on fresh operands: the pick is kept" in n for n in result.notes), result.notes
+    gpu.confirm_ms = {other: 0.92}
+    again = plan.tune(max_candidates=2, progress=False, force=True)
+    assert again.winner.name == other and not any("timed again" in n for n in again.notes)

@@ -38,6 +38,7 @@ class TimingSettings:
     min_calls: int = 3
     max_calls: int = 50
     warmup: int = 3            # untimed calls first (clocks, caches, lazy loading)
+    confirm_rounds: int = 6    # the fastest against the pick once more, side by side on fresh operands
 
 
 # -- operands -------------------------------------------------------------------------------------------------

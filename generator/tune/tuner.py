@@ -117,8 +117,9 @@ def tune(space: Space, problem: Problem, pick: KernelConfig, *, namespace: str =
     configs = [pick] if small_m else candidates(space, problem, pick, max_candidates)
     from .measure import measure   # torch, the runtime: only for a run that measures
 
-    rows, notes = measure(configs, problem, namespace=namespace, deadline=None if budget_s is None else t0 + budget_s,
-                          progress=progress, settings=settings)
+    rows, notes, confirmation = measure(configs, problem, namespace=namespace,
+                                        deadline=None if budget_s is None else t0 + budget_s, progress=progress,
+                                        settings=settings, confirm_above=KEEP_PICK_WITHIN)
     if small_m:
         notes.append(f"M = {problem.m} <= {SMALL_M_MAX_ROWS}: calls take the small-M kernel whatever the config, so "
                      "the estimate's pick is the only candidate")
@@ -133,6 +134,11 @@ def tune(space: Space, problem: Problem, pick: KernelConfig, *, namespace: str =
     elif winner is not pick_row and winner.ms * (1 + KEEP_PICK_WITHIN) > pick_ms:
         notes.append(f"the fastest, {winner.config.name}, is within {KEEP_PICK_WITHIN:.0%} of the estimate's pick: "
                      "the pick is kept (a gain that small is within the noise of a later run)")
+        winner = pick_row
+    elif confirmation is not None and confirmation.ms * (1 + KEEP_PICK_WITHIN) > confirmation.pick_ms:
+        notes.append(f"the fastest, {winner.config.name}, was {pick_ms / winner.ms:.3f}x the estimate's pick but "
+                     f"{confirmation.pick_ms / confirmation.ms:.3f}x when the two were timed again on fresh operands: "
+                     "the pick is kept")
         winner = pick_row
     seconds = time.monotonic() - t0
     entry = Entry(key=key, kernel=winner.config.name, config=config_fields(winner.config), ms=winner.ms,
