@@ -187,10 +187,32 @@ struct TileLoader {
       } else if (row >= k_left) {
         bytes = 0;
       }
+      if (bytes > 0 && bytes < kChunkBytes) {
+        copy_part(stage_smem + smem_offset(i), next + i * row_stride, bytes);
+        continue;
+      }
       // A copy that reads nothing still needs an address inside the operand.
       ptx::cp_async_16_zfill(stage_smem + smem_offset(i), bytes ? next + i * row_stride : base, bytes);
     }
     next += k_tile_stride;
+  }
+
+  // A chunk of the last k tile that ends inside the operand (at the edge of M or N, or of K) is read element by
+  // element and stored with its zeros: a 16-byte cp.async given fewer source bytes is still a 16-byte access to
+  // compute-sanitizer, which at the operand's last column or row lies past its allocation (fuzz case
+  // sm80:bf16:82687473190367, docs/fuzzing.md). Synchronous, into the stage the cp.async of this k tile fill: the
+  // same __syncthreads that makes theirs visible makes it visible.
+  __device__ __forceinline__ void copy_part(uint32_t dst, const Elem* src, int bytes) const {
+    union {
+      uint4 bits;
+      Elem elems[kChunkElems];
+    } part;
+    part.bits = make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int e = 0; e < kChunkElems; ++e) {   // constant indices: the chunk stays in registers
+      if (e * kElemBytes < bytes) part.elems[e] = src[e];
+    }
+    ptx::st_shared_16(dst, part.bits);
   }
 
   // Shared-memory byte offset of chunk i; a compile-time stride from chunk 0 when the rows between a
@@ -624,7 +646,9 @@ struct Kernel {
                                                   int warp_m0, int warp_n0, int lane,
                                                   Accum (&acc)[MMA_TILES_M][MMA_TILES_N][4]) {
     const int k_tiles = (K + BK - 1) / BK;
-    const int full_tiles = K / BK;  // tiles that need no clipping along K
+    // Tiles that need no clipping along K. An edge block takes its last k tile through load_partial even when it
+    // is whole: a chunk that crosses M or N there may end at the operand's allocation (copy_part).
+    const int full_tiles = EDGE ? (K - 1) / BK : K / BK;
     // Prologue: STAGES-1 tiles in flight, one commit group each (empty groups keep the count right).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
