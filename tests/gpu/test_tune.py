@@ -95,3 +95,43 @@ def test_bucket_plans_take_their_winners() -> None:
     op = plan.compile_buckets(bounds=(64,))
     assert op.select(64).config == results[0].winner
     assert op.select(4096).config == results[1].winner
+
+
+def test_an_emitted_package_routes_its_tuned_shape(tmp_path: Path) -> None:
+    """emit(tuning=...) on this GPU: the package's op sends a call of exactly the tuned (M, N, K) to the winner's
+    kernel and every other call to its own; both correct against float32. The winner is recorded by hand (a
+    legal config other than the pick), so the route is there whatever a measurement would pick."""
+    from dataclasses import replace
+
+    from generator import emit
+    from generator.gemm import _space
+    from generator.tune import current_device, entry_key, load_tables
+    from generator.tune.cache import Entry, config_fields, record, table_path
+    from toolchain import find_cuda_home, pip_install_and_import
+
+    cuda_home = find_cuda_home()
+    if cuda_home is None:
+        pytest.skip("nvcc not found (set CUDA_HOME): cannot build the emitted package")
+    m, n, k = 384, 512, 256
+    plan = Gemm("bf16", "tn", m=m, n=n, k=k)
+    pick = plan.estimate.config
+    winner = replace(pick, stages=pick.stages - 1)
+    device = current_device()
+    record(device, Entry(key=entry_key(_space(plan._request), plan._request.problem, pick), kernel=winner.name,
+                         config=config_fields(winner), ms=0.010, estimate_ms=0.011, estimate_kernel=pick.name,
+                         candidates=2, date="2026-11-26T00:00:00Z", seconds=1.0,
+                         table=((pick.name, 0.011, ""), (winner.name, 0.010, ""))))
+    package = emit([Gemm("bf16", "tn")], "gemmgen_gpu_tuned", tmp_path / "pkg", autograd=False,
+                   tuning=load_tables(table_path(device)))
+    module, _ = pip_install_and_import(package, "gemmgen_gpu_tuned", tmp_path, cuda_home)
+    op_name = "gemm_bf16_tn"
+    assert module._routed(op_name, torch.empty(m, k, device="cuda"), torch.empty(k, n, device="cuda")) \
+        == getattr(torch.ops.gemmgen_gpu_tuned, f"_tuned_{winner.name}")
+    assert module._routed(op_name, torch.empty(m + 1, k, device="cuda"), torch.empty(k, n, device="cuda")) \
+        == getattr(torch.ops.gemmgen_gpu_tuned, op_name)
+    for rows in (m, m + 1):
+        A = torch.randn(rows, k, device="cuda").bfloat16()
+        B = torch.randn(n, k, device="cuda").bfloat16().t()
+        ref = A.float() @ B.float()
+        D = getattr(module, op_name)(A, B)
+        assert ((D.float() - ref).norm() / ref.norm()).item() < 1e-2
