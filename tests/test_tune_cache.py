@@ -16,16 +16,12 @@ from generator.gemm import _space
 from generator.tune import DeviceKey, Entry, EntryKey, TableError, entry_key, export_tables, import_tables, load_tables
 from generator.tune import cache
 from generator.tune.cache import apply_fields, config_fields, lookup, record, table_path
-
-H100 = DeviceKey(gpu="NVIDIA H100 80GB HBM3", sm_count=132, cc=90, driver="550.54.15", cuda="12.8.93",
-                 torch="2.5.1+cu124")
+from tune_cases import H100, own_tuning_dir  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "tuning"
-    monkeypatch.setenv("GEMMGEN_TUNING_DIR", str(folder))
-    return folder
+    return own_tuning_dir(tmp_path, monkeypatch)
 
 
 def make_entry(m: int = 4096, n: int = 4096, k: int = 4096, *, date: str = "2026-11-24T10:00:00Z",

@@ -18,17 +18,12 @@ from generator.gemm import _space
 from generator.tune import DeviceKey, Entry, entry_key, load_tables
 from generator.tune import tuner
 from generator.tune.cache import config_fields, record, table_path
-
-H100 = DeviceKey(gpu="NVIDIA H100 80GB HBM3", sm_count=132, cc=90, driver="550.54.15", cuda="12.8.93",
-                 torch="2.5.1+cu124")
+from tune_cases import H100, own_tuning_dir  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    folder = tmp_path / "tuning"
-    monkeypatch.setenv("GEMMGEN_TUNING_DIR", str(folder))
-    monkeypatch.delenv("GEMMGEN_TUNED", raising=False)
-    return folder
+    return own_tuning_dir(tmp_path, monkeypatch)
 
 
 @pytest.fixture

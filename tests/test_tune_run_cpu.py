@@ -12,11 +12,9 @@ torch = pytest.importorskip("torch")
 
 from generator import Gemm  # noqa: E402
 from generator.gemm import _space  # noqa: E402
-from generator.tune import DeviceKey, candidates, measure, timing, tuner  # noqa: E402
+from generator.tune import candidates, measure, timing, tuner  # noqa: E402
 from generator.tune.cache import table_path  # noqa: E402
-
-H100 = DeviceKey(gpu="NVIDIA H100 80GB HBM3", sm_count=132, cc=90, driver="550.54.15", cuda="12.8.93",
-                 torch="2.5.1+cu124")
+from tune_cases import H100  # noqa: E402
 
 
 class FakeGpu:

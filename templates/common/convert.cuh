@@ -11,6 +11,25 @@
 
 namespace gemmgen {
 
+// The first `count` elements of the 16-byte chunk at `src` (count < the chunk's elements), zeros after: a chunk that
+// crosses the end of a row, a column or the operand itself, read element by element so that nothing past its
+// valid elements is touched (a 16-byte access there may lie past the allocation). Constant indices: the chunk
+// stays in registers.
+template <typename Elem>
+__device__ __forceinline__ uint4 chunk_head(const Elem* src, int count) {
+  constexpr int kElems = static_cast<int>(sizeof(uint4) / sizeof(Elem));
+  union {
+    uint4 bits;
+    Elem elems[kElems];
+  } chunk;
+  chunk.bits = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < kElems; ++i) {
+    if (i < count) chunk.elems[i] = src[i];
+  }
+  return chunk.bits;
+}
+
 template <typename T>
 __device__ __forceinline__ T from_float(float x);
 template <>

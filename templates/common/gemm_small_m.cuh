@@ -65,18 +65,7 @@ template <bool kGuarded, bool kStream, typename Elem>
 __device__ __forceinline__ uint4 load_chunk(const Elem* row, int64_t k, int64_t K) {
   if constexpr (kGuarded) {
     if (k >= K) return make_uint4(0, 0, 0, 0);
-    if (k + kChunk > K) {
-      union {
-        uint4 bits;
-        Elem elems[kChunk];
-      } chunk;
-      chunk.bits = make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int i = 0; i < kChunk; ++i) {   // constant indices: the chunk stays in registers
-        if (k + i < K) chunk.elems[i] = row[k + i];
-      }
-      return chunk.bits;
-    }
+    if (k + kChunk > K) return chunk_head(row + k, static_cast<int>(K - k));
   }
   if constexpr (!kStream) return ptx::ld_global_shared_16(row + k);
   return ptx::ld_global_stream_16(row + k);

@@ -203,16 +203,7 @@ struct TileLoader {
   // sm80:bf16:82687473190367, docs/fuzzing.md). Synchronous, into the stage the cp.async of this k tile fill: the
   // same __syncthreads that makes theirs visible makes it visible.
   __device__ __forceinline__ void copy_part(uint32_t dst, const Elem* src, int bytes) const {
-    union {
-      uint4 bits;
-      Elem elems[kChunkElems];
-    } part;
-    part.bits = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int e = 0; e < kChunkElems; ++e) {   // constant indices: the chunk stays in registers
-      if (e * kElemBytes < bytes) part.elems[e] = src[e];
-    }
-    ptx::st_shared_16(dst, part.bits);
+    ptx::st_shared_16(dst, chunk_head(src, bytes / kElemBytes));
   }
 
   // Shared-memory byte offset of chunk i; a compile-time stride from chunk 0 when the rows between a

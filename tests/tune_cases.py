@@ -1,0 +1,19 @@
+"""What the CPU tests of generator/tune share: a made-up H100 for the tuning cache's device key, and a tuning table
+of the test's own (GEMMGEN_TUNING_DIR), with GEMMGEN_TUNED unset so that recorded winners are used."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from generator.tune import DeviceKey
+
+H100 = DeviceKey(gpu="NVIDIA H100 80GB HBM3", sm_count=132, cc=90, driver="550.54.15", cuda="12.8.93",
+                 torch="2.5.1+cu124")
+
+
+def own_tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    folder = tmp_path / "tuning"
+    monkeypatch.setenv("GEMMGEN_TUNING_DIR", str(folder))
+    monkeypatch.delenv("GEMMGEN_TUNED", raising=False)
+    return folder
