@@ -15,7 +15,8 @@ The package folder holds everything its build needs and nothing of this generato
                                 launch and Meta kernels are csrc/torch/gemm_op.h, its Autograd kernels
                                 csrc/torch/gemm_autograd.h (as the JIT runtime's)
     <name>/__init__.py          loads the extension; one Python function per op, with a docstring
-    plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``)
+    plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``): every knob,
+                                and a plan's size hints (its split-K follows from them)
     README.md, MANIFEST.in, .gitignore
 
 Fused epilogues (``Gemm(..., activation="gelu", bias="col")``, ``Gemm(..., epilogue=fn)``): the op takes the
@@ -220,6 +221,9 @@ class EmittedOp:
     name: str
     config: KernelConfig
     knobs: tuple[tuple[str, Any], ...] = ()
+    # The plan's size hints ((name, value) pairs: m, n, k, batch), where it had any: the planner's split-K choice
+    # (config.stream_k) depends on them, so plans.json has to give them back for the same kernel to be planned.
+    hints: tuple[tuple[str, int], ...] = ()
 
     @property
     def differentiable(self) -> bool:
@@ -315,6 +319,7 @@ class EmittedOp:
         else:
             record["warps"] = "x".join(map(str, cfg.warps))
         record.update(stages=cfg.stages, raster_group=cfg.raster_group)
+        record.update(self.hints)
         ep = cfg.epilogue
         if self.knobs:
             record.update(self.knobs)
@@ -412,8 +417,8 @@ def _knobs_doc(cfg: KernelConfig) -> str:
     return f"tile {tile}, warps {'x'.join(map(str, cfg.warps))}, {cfg.stages} stages"
 
 
-def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], ...]]]:
-    """(config, epilogue knobs) per plan."""
+def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], ...], tuple[tuple[str, int], ...]]]:
+    """(config, epilogue knobs, size hints) per plan."""
     items = list(plans) if isinstance(plans, (list, tuple)) else [plans]
     if not items:
         raise ValueError("emit needs at least one plan, e.g. emit([Gemm('bf16', 'tn', arch=90)], name=..., out=...)")
@@ -429,15 +434,27 @@ def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], .
             # sm80's tf32 kernels take every layout.
             raise ValueError(f"plans[{i}] is an sm90 tf32 plan: emitted packages carry tf32 ops of the sm80 family "
                              "only; plan it with family='sm80', or use Gemm(...).compile() for it")
-        configs.append((config, () if isinstance(item, KernelConfig) else _plan_knobs(item, config)))
+        if isinstance(item, KernelConfig):
+            configs.append((config, (), ()))
+        else:
+            configs.append((config, _plan_knobs(item, config), _plan_hints(item)))
     return configs
+
+
+def _plan_hints(item: object) -> tuple[tuple[str, int], ...]:
+    """A Gemm plan's size hints as (name, value) pairs (batch only where it is not 1); () for a plan without."""
+    problem = getattr(item, "problem", None)
+    if problem is None:
+        return ()
+    hints = (("m", problem.m), ("n", problem.n), ("k", problem.k))
+    return hints + ((("batch", problem.batch),) if problem.batch != 1 else ())
 
 
 def resolve_ops(plans: object, op_names: Sequence[str | None] | None = None) -> list[EmittedOp]:
     """Pair every plan with its op name (given, or the default where None), refusing bad and duplicate
     names; sorted by op name."""
     planned = _configs(plans)
-    configs = [config for config, _ in planned]
+    configs = [config for config, _, _ in planned]
     if op_names is None:
         op_names = [None] * len(configs)
     if isinstance(op_names, str) or len(op_names) != len(configs):
@@ -456,7 +473,8 @@ def resolve_ops(plans: object, op_names: Sequence[str | None] | None = None) -> 
                 f"sm_{configs[i].arch}) both map to the op name {op_name!r}: give one distinct op name per plan, "
                 f"e.g. op_names={suggestion!r} (on the command line: --op-name, or op_name= in a --plan)")
         seen[op_name] = i
-    return sorted((EmittedOp(n, c, knobs) for n, (c, knobs) in zip(names, planned)), key=lambda op: op.name)
+    return sorted((EmittedOp(n, c, knobs, hints) for n, (c, knobs, hints) in zip(names, planned)),
+                  key=lambda op: op.name)
 
 
 # -- rendering ----------------------------------------------------------------------------------------

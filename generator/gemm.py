@@ -276,6 +276,12 @@ class Gemm:
         return self._estimate
 
     @property
+    def problem(self) -> Problem | None:
+        """The size hints this plan was made for (m, n, k and batch, 4096 standing for a hint not given), or None
+        for a plan without any."""
+        return self._request.problem
+
+    @property
     def rejected(self) -> list[str]:
         """One line per candidate config the planner filtered out, with the reason."""
         return list(self._rejected)

@@ -15,7 +15,7 @@ from .spec.epilogue import epilogue_from_json
 #: Keys a plan entry may have: Gemm keyword arguments (the epilogue knobs activation, bias, alpha, beta among them;
 #: ``epilogue``: a function epilogue's structure, as ``generator.spec.epilogue.epilogue_to_json`` writes it), plus
 #: its op name and the (checked) kernel name and epilogue text.
-PLAN_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
+PLAN_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k", "batch",
              "family", "tile_shape", "warps", "stages", "raster_group", "schedule", "cluster_shape", "raster",
              "activation", "bias", "alpha", "beta", "epilogue", "scale", "fast_accum", "dtype_b")
 ENTRY_KEYS = ("op_name", "kernel", "epilogue_text")

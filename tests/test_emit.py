@@ -146,6 +146,20 @@ def test_one_gencode_per_distinct_arch(tmp_path, arch, gencode):
     assert re.findall(r'"(-gencode=[^"]+)"', (out / "setup.py").read_text()) == [gencode]
 
 
+def test_plans_json_keeps_the_size_hints_a_split_k_pick_depends_on(tmp_path):
+    """The planner's split-K (stream_k) follows from the problem's size, which no knob pins: plans.json records a
+    plan's size hints, so a package's plans re-plan the same kernels (without them this one re-planned no split)."""
+    plans = [Gemm("bf16", "tn", arch=90, m=128, n=4096, k=14336), Gemm("bf16", "tt", arch=90, m=256, n=256, k=256,
+                                                                        batch=512)]
+    assert plans[0].config.stream_k and plans[0].problem.m == 128
+    out = emit(plans, name="hinted", out=tmp_path / "pkg", autograd=False)
+    record = {p["op_name"]: p for p in json.loads((out / "plans.json").read_text())["plans"]}
+    assert (record["gemm_bf16_tn"]["m"], record["gemm_bf16_tn"]["k"]) == (128, 14336)
+    assert "batch" not in record["gemm_bf16_tn"] and record["gemm_bf16_tt"]["batch"] == 512
+    again, _ = load_plans_file(out / "plans.json")
+    assert {p.config for p in again} == {p.config for p in plans}
+
+
 def test_plans_json_records_pinned_plans_that_replan_the_same_kernels(tmp_path):
     plans = two_plans()
     out = emit(plans, name="my_gemms", out=tmp_path / "pkg", op_names=["mm", None])
