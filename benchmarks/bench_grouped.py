@@ -363,19 +363,21 @@ def measure_list(label: str, problems: list[tuple[int, int, int]], op, dname: st
                    [list(p) for p in problems], "; ".join(notes))
 
 
+def _optional(x: float | None, width: int, fmt: str) -> str:
+    """A table cell that may be missing (a baseline this torch does not have): '-' then."""
+    return f"{x:{width}{fmt}}" if x is not None else f"{'-':>{width}}"
+
+
 def list_header() -> str:
     return (f"{'list':<26} {'GFLOP':>8} {'ours':>7} {'loop':>7} {'_gr_mm':>7} {'offsets':>7} {'ours/loop':>9} "
             f"{'ours/gmm':>8} {'ours/offs':>9} {'rel.err':>8}  kernel (path)")
 
 
 def format_list_row(r: ListRow) -> str:
-    def opt(x: float | None, width: int, fmt: str) -> str:
-        return f"{x:{width}{fmt}}" if x is not None else f"{'-':>{width}}"
-
     flag = "  WRONG" if not r.rel_error <= WRONG else ""
     return (f"{r.label:<26} {r.gflop:8.1f} {r.ours_tflops:7.1f} {r.loop_tflops:7.1f} "
-            f"{opt(r.grouped_mm_tflops, 7, '.1f')} {opt(r.offsets_tflops, 7, '.1f')} {r.vs_loop:9.3f} "
-            f"{opt(r.vs_grouped_mm, 8, '.3f')} {opt(r.vs_offsets, 9, '.3f')} {r.rel_error:8.1e}  "
+            f"{_optional(r.grouped_mm_tflops, 7, '.1f')} {_optional(r.offsets_tflops, 7, '.1f')} {r.vs_loop:9.3f} "
+            f"{_optional(r.vs_grouped_mm, 8, '.3f')} {_optional(r.vs_offsets, 9, '.3f')} {r.rel_error:8.1e}  "
             f"{r.kernel} ({r.path}){flag}")
 
 
@@ -395,13 +397,10 @@ def header() -> str:
 
 
 def format_row(r: Row) -> str:
-    def opt(x: float | None, width: int, fmt: str) -> str:
-        return f"{x:{width}{fmt}}" if x is not None else f"{'-':>{width}}"
-
     flag = "  WRONG" if not r.rel_error <= WRONG else ""
     return (f"{r.experts:>4} {r.tokens_per_expert:>5} {r.n:>6} {r.k:>6} {r.ours_tflops:7.1f} "
-            f"{opt(r.grouped_mm_tflops, 7, '.1f')} {r.loop_tflops:7.1f} {opt(r.vs_grouped_mm, 8, '.3f')} "
-            f"{r.vs_loop:9.3f} {r.rel_error:8.1e} {opt(r.anchor_grouped_mm_tflops, 7, '.1f')}  "
+            f"{_optional(r.grouped_mm_tflops, 7, '.1f')} {r.loop_tflops:7.1f} {_optional(r.vs_grouped_mm, 8, '.3f')} "
+            f"{r.vs_loop:9.3f} {r.rel_error:8.1e} {_optional(r.anchor_grouped_mm_tflops, 7, '.1f')}  "
             f"{r.kernel} ({r.path}){flag}")
 
 

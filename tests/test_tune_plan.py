@@ -140,6 +140,15 @@ def test_cli_bad_shapes_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_.value.code == 2 and "4096x4096" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, said", [(["--budget", "0"], "'0' is not a positive number of seconds"),
+                                        (["--max-candidates", "0"], "'0' is not a positive integer")])
+def test_cli_bad_budget_or_candidates_exit_2(argv: list[str], said: str,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune", "--shapes", "4096x4096x4096", *argv])
+    assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
 def test_cli_export_and_import(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                capsys: pytest.CaptureFixture[str]) -> None:
     entry = record_for(Gemm("bf16", "tn", arch=90, m=4096, n=4096, k=4096))

@@ -141,3 +141,8 @@ def test_a_winner_must_win_again_on_fresh_operands(gpu: FakeGpu) -> None:
     gpu.confirm_ms = {other: 0.92}
     again = plan.tune(max_candidates=2, progress=False, force=True)
     assert again.winner.name == other and not any("timed again" in n for n in again.notes)
+
+
+def test_a_budget_of_no_time_is_refused(gpu: FakeGpu) -> None:
+    with pytest.raises(ValueError, match=r"budget_s=0: give a positive number of seconds"):
+        Gemm("bf16", "tn", arch=90, m=64, n=96, k=128).tune(budget_s=0, progress=False)

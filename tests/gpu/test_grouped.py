@@ -37,13 +37,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu_cases import BOUND  # noqa: E402
+from gpu_cases import BOUND, ops_for_this_gpu, op_of  # noqa: E402
 from generator import Gemm  # noqa: E402
-from generator.runtime import compile_many  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-HAS_GPU = torch.cuda.is_available()
-IS_SM90 = HAS_GPU and torch.cuda.get_device_capability() == (9, 0)
 NAMESPACE = "gemmgen_grouped_test"
 NAN = float("nan")
 
@@ -87,14 +84,7 @@ def configs() -> dict:
 
 @pytest.fixture(scope="module")
 def ops():
-    wanted = {key: cfg for key, cfg in configs().items() if IS_SM90 or cfg.family == "sm80"}
-    return dict(zip(wanted, compile_many(list(wanted.values()), namespace=NAMESPACE)))
-
-
-def op_of(ops, key: str):
-    if key not in ops:
-        pytest.skip("sm90 kernels need an sm_90 GPU")
-    return ops[key]
+    return ops_for_this_gpu(configs(), NAMESPACE)
 
 
 def test_plans_are_what_they_say():

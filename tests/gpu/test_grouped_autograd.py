@@ -26,7 +26,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu_cases import BOUND  # noqa: E402
+from gpu_cases import BOUND, IS_SM90  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.planner.backward import backward_configs  # noqa: E402
 from generator.runtime import autograd, compile_many  # noqa: E402
@@ -35,8 +35,6 @@ from generator.spec.config import grouped_list_refusal, grouped_refusal  # noqa:
 from generator.spec.types import Order  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-HAS_GPU = torch.cuda.is_available()
-IS_SM90 = HAS_GPU and torch.cuda.get_device_capability() == (9, 0)
 NAMESPACE = "gemmgen_grouped_autograd_test"
 NAN = float("nan")
 DTYPE = torch.bfloat16
