@@ -97,8 +97,8 @@ CASES += [(80, Gemm("int8", "tn", arch=80, **knobs).config) for knobs in
 # tf32 on the sm80 family: K-major A and B (ldmatrix, cvt.rna on sm_80) and M/N-major ones (32-bit shared loads,
 # cvt.rn on sm_90a).
 CASES += [(80, Gemm("fp32", "tn", arch=80).config), (90, Gemm("fp32", "nt", arch=90, family="sm80").config)]
-# Stream-K (KernelConfig.stream_k, cooperative only): the planner's 16-bit kernel, and a small-M fp8 block-scaled
-# one whose units are all cut (promotion and partial tiles together).
+# Stream-K (KernelConfig.stream_k; the planner's pingpong split-K compiles among the shipped configs): the planner's
+# 16-bit kernel, and a small-M fp8 block-scaled one whose units are all cut (promotion and partial tiles together).
 CASES += [(90, replace(Gemm("bf16", "tn", arch=90).config, stream_k=True)),
           (90, replace(Gemm("e4m3", "tn", arch=90, scale="block", schedule="cooperative", cluster_shape=(1, 1),
                             m=128, n=4096, k=4096).config, stream_k=True))]

@@ -173,6 +173,9 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=128, n=4096, k=14336), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"), # half the SMs idle, long K
     (dict(m=128, n=4096, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 128 k tiles: split
     (dict(m=128, n=4096, k=8128), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 127 k tiles: not
+    (dict(m=32, n=4096, k=14336), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),    # 32 tiles: pingpong split-K
+    (dict(m=64, n=2048, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),     # 16 tiles in 8 parts
+    (dict(m=32, n=4096, k=4096), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # 64 k tiles: not
     (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),            # K=1: the epilogue is all
     (dict(m=8192, n=8192, k=512), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # short K: pingpong
     (dict(m=4097, n=4095, k=4104), "sm90_bf16_tn_128x256x64_c1x2_s4_coop_g8n"),   # 1x2 fills 4 waves exactly
@@ -276,7 +279,7 @@ PINNED_SM90_BF16_TN = {
     (16, 4096, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
     (16, 6144, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
     (16, 14336, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
-    (16, 4096, 14336): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
+    (16, 4096, 14336): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m',
     (16, 28672, 8192): 'sm90_bf16_tn_64x256x64_c1x1_s4_pp_g1m',
     (16, 8192, 28672): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
     (128, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
@@ -1031,18 +1034,21 @@ def test_epilogue_argument_must_be_a_function() -> None:
         Gemm("bf16", "tn", arch=90, epilogue="gelu")
 
 
-def test_stream_k_is_a_cooperative_sm90_config_field_with_its_own_name() -> None:
-    """KernelConfig.stream_k (an experiment: not planned, not a Gemm knob): the name says it (``_sk``), and a
-    schedule or type the kernel cannot cut is refused with the fix."""
+def test_stream_k_is_a_persistent_sm90_config_field_with_its_own_name() -> None:
+    """KernelConfig.stream_k (not a Gemm knob; the planner sets it for split-K): the name says it (``_sk``), both
+    persistent schedules take it, and a family, schedule or type the kernel cannot cut is refused with the fix."""
     base = Gemm("bf16", "tn", arch=90, tile_shape=(128, 256, 64), schedule="cooperative").config
     cut = replace(base, stream_k=True)
     check_config(cut)
     assert "_coop_sk_" in cut.name and "_sk" not in base.name
-    assert not Gemm("bf16", "tn", arch=90, m=128, n=4096, k=4096).config.stream_k   # never planned
-    with pytest.raises(ValueError, match="stream_k is built for the sm90 cooperative schedule; this config is sm90 "
-                                         "pingpong: use family='sm90', schedule='cooperative'"):
-        check_config(replace(Gemm("bf16", "tn", arch=90, schedule="pingpong").config, stream_k=True))
-    with pytest.raises(ValueError, match="stream_k is built for the sm90 cooperative schedule; this config is sm80"):
+    pingpong = replace(Gemm("bf16", "tn", arch=90, schedule="pingpong").config, stream_k=True)
+    check_config(pingpong)
+    assert "_pp_sk_" in pingpong.name
+    assert not Gemm("bf16", "tn", arch=90, m=128, n=4096, k=4096).config.stream_k   # too few k tiles to split
+    with pytest.raises(ValueError, match="stream_k is built for the sm90 persistent schedules; this config is sm90 "
+                                         "ws: use family='sm90', schedule='cooperative' or 'pingpong'"):
+        check_config(replace(Gemm("bf16", "tn", arch=90, schedule="ws").config, stream_k=True))
+    with pytest.raises(ValueError, match="stream_k is built for the sm90 persistent schedules; this config is sm80"):
         check_config(replace(Gemm("bf16", "tn", arch=80).config, stream_k=True))
     int8 = Gemm("int8", "tn", arch=90, tile_shape=(128, 256, 128), schedule="cooperative").config
     with pytest.raises(ValueError, match="int8's int32 sums"):

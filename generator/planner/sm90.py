@@ -90,6 +90,12 @@ SMALL_M_TILE_ROWS = 64
 # (bf16: K >= 8192). Measured (H200, gpu/midm_tiles.py): 128x4096x14336 (224 k tiles) 0.98x cuBLAS split against
 # 0.86x data-parallel; 128x4096x4096 (64 k tiles) 0.86x against 0.88x: the partial sums' round trip does not pay.
 SPLIT_K_MIN_K_TILES = 128
+# The share of the SMs a plan's tiles may reach at most for split-K to be weighed, by schedule. Pingpong (the 64-row
+# tiles of at most 64 rows) streams W at nearly the rate of the whole GPU from half the SMs, so a split in two does not
+# pay for its partial sums: measured (H200, bf16 tn, gpu/midm_tiles.py, h200_midm_tiles_pp_splitk.json) 32 tiles of
+# 64x128 cut in 4 parts at 32x4096x14336 0.91x cuBLAS against 0.74x whole, 64x4096x14336 0.96x against 0.82x; 64
+# tiles cut in 2 at 32x8192x8192 0.88x against 0.91x, 64x8192x8192 0.94x against 1.01x.
+SPLIT_K_MAX_SM_SHARE = {"cooperative": 1 / 2, "pingpong": 1 / 4}
 # The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
 PLANNED_SCHEDULES = ("cooperative", "pingpong")
 
@@ -344,17 +350,18 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
         split = replace(best.config, stream_k=True)
         best = Estimate(split, best.cost, f"{best.reason}; split-K: each tile's {k_tiles} k tiles in {parts} parts, "
                                           f"one block each, partial sums added in a fixed order (the tiles leave "
-                                          f"more than half the SMs idle)")
+                                          f"{sm_count - tile_count(best.config.tile, problem)} of the {sm_count} SMs idle)")
     return best, rejected
 
 
 def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
-    """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a
-    cooperative single problem (grouped calls take no stream-K) whose tiles leave at least half the SMs idle, of at
+    """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a persistent
+    single problem (grouped calls take no stream-K) whose tiles reach at most SPLIT_K_MAX_SM_SHARE of the SMs, of at
     least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32 sums are not added as fp32 partials)."""
     units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
     k_tiles = math.ceil(problem.k / cfg.tile[2])
-    if (cfg.schedule != "cooperative" or cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8"
-            or 2 * units > sm_count or k_tiles < SPLIT_K_MIN_K_TILES):
+    share = SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
+    if (cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8" or units > share * sm_count
+            or k_tiles < SPLIT_K_MIN_K_TILES):
         return 1
     return min(sm_count // units, k_tiles)

@@ -312,7 +312,8 @@ def _describe_sm90(cfg: KernelConfig) -> str:
     if cfg.stream_k:
         lines.append("stream-K:     the last partial wave of tiles cut into equal shares of k tiles; with fewer tiles "
                      "than SMs every tile in the same number of equal k parts (split-K); partial sums added in a "
-                     "fixed order")
+                     "fixed order" + ("; the consumer warpgroups take alternate parts" if cfg.schedule == "pingpong"
+                                      else ""))
     return "\n".join(lines)
 
 
@@ -509,11 +510,12 @@ def check_config(cfg: KernelConfig) -> None:
 
 
 def check_stream_k(cfg: KernelConfig) -> None:
-    """Stream-K (KernelConfig.stream_k): the sm90 cooperative schedule, whose partial tiles are added as fp32."""
-    if cfg.family != "sm90" or cfg.schedule != "cooperative":
+    """Stream-K (KernelConfig.stream_k): the sm90 persistent schedules (cooperative, pingpong), whose partial
+    tiles are added as fp32."""
+    if cfg.family != "sm90" or cfg.schedule not in ("cooperative", "pingpong"):
         this = " ".join(filter(None, (cfg.family, cfg.schedule)))
-        raise ValueError(f"stream_k is built for the sm90 cooperative schedule; this config is {this}: use "
-                         "family='sm90', schedule='cooperative'")
+        raise ValueError(f"stream_k is built for the sm90 persistent schedules; this config is {this}: use "
+                         "family='sm90', schedule='cooperative' or 'pingpong'")
     if cfg.dtype is DType.int8:
         raise ValueError("stream_k adds partial tiles as fp32, which int8's int32 sums are not: leave stream_k off")
 

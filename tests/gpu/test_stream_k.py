@@ -1,5 +1,5 @@
-"""Stream-K on the GPU (KernelConfig.stream_k, sm90 cooperative): a partial last wave of tiles cut into equal
-shares, and a small M whose tiles are fewer than the SMs (every tile's k tiles split among clusters), for 16-bit,
+"""Stream-K on the GPU (KernelConfig.stream_k, sm90 cooperative and pingpong): a partial last wave of tiles cut into
+equal shares, and a small M whose tiles are fewer than the SMs (every tile's k tiles split among clusters), for 16-bit,
 fp8 (promoted, per-block scales) and tf32 inputs; against a float64 reference, NaN-poisoned outputs, and
 bit-identical results across repeated runs (the partial sums are added in a fixed order)."""
 from __future__ import annotations
@@ -22,6 +22,12 @@ PLANS = {
     "bf16_c1x1_128x64": dict(dtype="bf16", tile_shape=(128, 64, 64), cluster_shape=(1, 1)),
     "e4m3_block": dict(dtype="e4m3", scale="block", tile_shape=(128, 64, 128), cluster_shape=(1, 1)),
     "tf32": dict(dtype="tf32", tile_shape=(128, 64, 32), cluster_shape=(1, 1)),
+    # pingpong: the consumers take alternate segments (the planner's split-K for at most 64 rows), with a cluster
+    "bf16_pp_64x128": dict(dtype="bf16", tile_shape=(64, 128, 64), cluster_shape=(1, 1), schedule="pingpong"),
+    "bf16_pp_128x128_c2x1": dict(dtype="bf16", tile_shape=(128, 128, 64), cluster_shape=(2, 1),
+                                 schedule="pingpong"),
+    "e4m3_block_pp": dict(dtype="e4m3", scale="block", tile_shape=(64, 128, 128), cluster_shape=(1, 1),
+                          schedule="pingpong"),
 }
 #: Small M (fewer tiles than SMs: all cut; bf16 at M = 1 takes the small-M kernel, M = 17 stream-K), a partial last
 #: wave, ragged sizes with a ragged last k tile.
@@ -31,7 +37,7 @@ BOUND = {"bf16": 1e-2, "e4m3": 1e-2, "tf32": 2e-3}
 
 @pytest.fixture(scope="module")
 def ops():
-    configs = {key: replace(Gemm(layout="tn", arch=90, schedule="cooperative", **kw).config, stream_k=True)
+    configs = {key: replace(Gemm(layout="tn", arch=90, **{"schedule": "cooperative", **kw}).config, stream_k=True)
                for key, kw in PLANS.items()}
     return dict(zip(configs, compile_many(list(configs.values()), namespace="gemmgen_stream_k_test")))
 

@@ -428,7 +428,7 @@ struct Kernel {
                 "promotion keeps the tile's sums and a slice's: the planner limits the tile (spec/config.py)");
   static_assert(!kBlockScaled || BN <= 256, "a tile spans at most two 128-column scale blocks (BlockScales)");
 
-  static constexpr bool STREAM_K = (GEMMGEN_SM90_STREAM_K || Cfg::kStreamK) && SCHEDULE == Schedule::kCooperative;
+  static constexpr bool STREAM_K = (GEMMGEN_SM90_STREAM_K || Cfg::kStreamK) && SCHEDULE != Schedule::kWarpSpecialized;
   // int8: wgmma sums into int32 registers (Accum); after the main loop they go on to the epilogue as fp32 values,
   // or, for an int32 D, as their bits in float variables (stored as they are: from_accumulator).
   using Accum = typename Mma::Accum;
@@ -807,23 +807,35 @@ struct Kernel {
 #endif
   }
 
-  // The cooperative consumers under stream-K: this cluster's whole units (stored as usual), then the
-  // segments of its share of the cut tail: a contributor's part (left in the workspace) or an owner's
-  // part (completed with the contributors' parts, in cluster order, so the sum does not depend on
-  // timing, then stored).
+  // The consumers under stream-K: this cluster's whole units (stored as usual), then the segments of its share
+  // of the cut tail: a contributor's part (left in the workspace) or an owner's part (completed with the
+  // contributors' parts, in cluster order, so the sum does not depend on timing, then stored). Pingpong: the two
+  // consumers take alternate segments, whole tiles each, and take turns at the math as in consume; a cluster
+  // contributes at most one part (its share's first segment), so its partial slot is consumer 0's whichever
+  // consumer computed it.
   __device__ static void consume_stream_k(const Problem& p, const Smem& smem, const GemmArgs& args,
                                           const CUtensorMap* tmap_d, uint32_t rank, int consumer, float* workspace) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), nullptr, false};  // source read from global
     int* flags = reinterpret_cast<int*>(reinterpret_cast<char*>(workspace) + workspace_partials_bytes(gridDim.x));
-    const int row_in_tile = consumer * WG_M;
+    const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
+    const int slot_consumer = PINGPONG ? 0 : consumer;
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
     const int cluster = first_unit();
+    int segments = 0;  // (pingpong: whether the other consumer has a next segment to take its turn for)
+    if constexpr (PINGPONG) sk.for_each_segment(cluster, [&](const StreamK::Segment&) { ++segments; });
+    int local = 0;     // this cluster's segments so far
     RingPos pos;
     WalkOf<Walking::kFlat> walk;  // (unused: flat units)
     auto compute = [&](const StreamK::Segment& s) {
+      const int index = local++;
+      if (PINGPONG && (index & 1) != consumer) {
+        pos.advance(s.kt_end - s.kt_begin);  // the other warpgroup's segment: its k tiles' slots
+        return;
+      }
       const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0;
       epi.problem = at.problem;
+      if (PINGPONG && index > 0) wait_turn(consumer);
       float acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
@@ -831,12 +843,13 @@ struct Kernel {
       } else {
         mainloop(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
+      if (PINGPONG && index + 1 < segments) pass_turn(consumer);
       if (s.kt_begin > 0) {  // a contributor: the owner adds this part and stores the tile
 #if GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP  // timing experiment only, wrong results: no partials exchanged
         if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);  // keeps acc live
         return;
 #endif
-        const int slot = partial_slot(cluster, rank, consumer);
+        const int slot = partial_slot(cluster, rank, slot_consumer);
         store_partial(workspace, slot, acc);
         publish_partial(flags + slot, consumer);
         return;
@@ -844,7 +857,7 @@ struct Kernel {
       // The owner of a cut unit: every cluster whose share begins inside it.
       if (!GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP && s.kt_end < p.k_tiles) {
         for (int c = cluster + 1; c < sk.clusters && sk.begins_inside(c, s.unit); ++c) {
-          const int slot = partial_slot(c, rank, consumer);
+          const int slot = partial_slot(c, rank, slot_consumer);
           await_partial(flags + slot, consumer);
           add_partial(workspace, slot, acc);
         }
