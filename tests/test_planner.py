@@ -174,6 +174,10 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=128, n=4096, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 128 k tiles: split
     (dict(m=128, n=4096, k=8128), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 127 k tiles: not
     (dict(m=32, n=4096, k=14336), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),    # 32 tiles: pingpong split-K
+    (dict(m=128, n=8192, k=8192), "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g1m"),       # (few_rows_stream_b)
+    (dict(m=128, n=8192, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 k tiles: not
+    (dict(m=128, n=6144, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 96 tiles: not one full wave
+    (dict(m=129, n=8192, k=8192), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g1m"),      # three 64-row tile rows: not
     (dict(m=64, n=2048, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),     # 16 tiles in 8 parts
     (dict(m=32, n=4096, k=4096), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # 64 k tiles: not
     (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),            # K=1: the epilogue is all
@@ -182,6 +186,17 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
 ])
 def test_hints_sm90(hints: dict[str, int], name: str) -> None:
     assert plan(arch=90, **hints).name == name
+
+
+def test_few_rows_stream_b_rule_says_so_and_yields_to_knobs() -> None:
+    """64x128 pingpong 2x1 by rule (few_rows_stream_b): print(plan) says why; a fixed schedule, tile or cluster, or
+    an 8-bit type (not measured), plans as before."""
+    hints = dict(m=128, n=8192, k=28672)
+    assert "64x128 pingpong 2x1 by rule: two tile rows, a long K and one full wave" in plan(arch=90, **hints).why
+    assert plan(arch=90, schedule="cooperative", **hints).name == "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"
+    assert plan(arch=90, cluster_shape=(1, 1), **hints).name == "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"
+    assert plan(arch=90, tile_shape=(128, 64, 64), **hints).name.startswith("sm90_bf16_tn_128x64x64_c1x1_")
+    assert "_pp_" not in Gemm("e4m3", "tn", arch=90, **hints).name
 
 
 def test_small_m_gets_a_small_tile() -> None:
@@ -287,7 +302,7 @@ PINNED_SM90_BF16_TN = {
     (128, 14336, 4096): 'sm90_bf16_tn_128x128x64_c1x1_s6_pp_g1m',
     (128, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m',
     (128, 28672, 8192): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g1m',
-    (128, 8192, 28672): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (128, 8192, 28672): 'sm90_bf16_tn_64x128x64_c2x1_s8_pp_g1m',
     (512, 4096, 4096): 'sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m',
     (512, 6144, 4096): 'sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m',
     (512, 14336, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',

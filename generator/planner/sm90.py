@@ -119,6 +119,15 @@ ISSUE_EFFICIENCY = {1: 0.65}
 CLUSTER_COUPLING = 0.98
 # A one-wave grid weighs a 2x1 cluster from this many k tiles on (see one_wave_streams_b).
 ONE_WAVE_CLUSTER_K_TILES = 64
+# At most two 64-row tile rows, a long K (SPLIT_K_MIN_K_TILES) and 64x128 tiles in 2x1 clusters that fill at least
+# this share of the SMs in one wave: 64x128 pingpong 2x1 (few_rows_stream_b). The run is W's stream from L2: each
+# block loads 64 rows of A and half of a 128-row B tile per k tile (multicast), against 192 rows for the 128x64
+# cooperative tile the model prefers for its two wgmma streams. Measured (H200, bf16 tn, gpu/midm_tiles.py,
+# h200_midm_tiles_m128.json; calibration sweeps h200_confirmed_calibrate_sm90_*.json): 128x8192x28672 1.030x cuBLAS
+# against 0.954x, 128x8192x8192 0.976x against 0.942x; at 96 tiles (128x6144x4096, a short K) it lost, 0.880x
+# against 0.938x.
+FEW_ROWS_STREAM_B_SM_SHARE = 0.9
+FEW_ROWS_STREAM_B_BN = 128
 DEFAULT_RASTER_GROUP = 8
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
@@ -253,6 +262,23 @@ def one_wave_streams_b(tile: tuple[int, int, int], problem: Problem, tiles: int,
             and math.ceil(problem.k / tile[2]) >= ONE_WAVE_CLUSTER_K_TILES)
 
 
+def few_rows_stream_b(dtype: DType, knobs: Knobs, problem: Problem, sm_count: int) -> bool:
+    """Whether the plan is 64x128 pingpong in a 2x1 cluster by FEW_ROWS_STREAM_B_SM_SHARE's rule: 16-bit inputs (the
+    measured ones), and the user fixed none of tile, schedule and cluster."""
+    if dtype.bytes != 2 or knobs.tile is not None or knobs.schedule is not None or knobs.cluster is not None:
+        return False
+    block_k = sm90_block_k(dtype)
+    rows = math.ceil(problem.m / SMALL_M_TILE_ROWS)
+    tiles = tile_count((SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN, block_k), problem)
+    return (rows == 2 and problem.batch == 1 and math.ceil(problem.k / block_k) >= SPLIT_K_MIN_K_TILES
+            and FEW_ROWS_STREAM_B_SM_SHARE * sm_count <= tiles <= sm_count)
+
+
+def is_few_rows_stream_b(cfg: KernelConfig) -> bool:
+    return (cfg.tile[:2] == (SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN) and cfg.schedule == "pingpong"
+            and cfg.cluster == (2, 1))
+
+
 def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, knobs: Knobs,
                problem: Problem, sm_count: int) -> list[KernelConfig]:
     """Every sm90 config the planner would consider, in order of preference (checked later by check_config)."""
@@ -343,7 +369,14 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     def refuse(cfg: KernelConfig) -> str | None:
         return cluster_larger_than_grid(cfg, problem) if hinted and knobs.cluster else None
 
+    streams_b = hinted and few_rows_stream_b(dtype, knobs, problem, sm_count)
+    if streams_b:
+        configs = [c for c in configs if is_few_rows_stream_b(c)] or configs
     best, rejected = pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem), refuse)
+    if streams_b and is_few_rows_stream_b(best.config):
+        best = Estimate(best.config, best.cost, f"{best.reason}; 64x128 pingpong 2x1 by rule: two tile rows, a long K "
+                                                f"and one full wave, so the run is B's stream from L2, which the "
+                                                f"cluster halves")
     parts = split_k_parts(best.config, problem, sm_count) if hinted else 1
     if parts > 1:
         k_tiles = math.ceil(problem.k / best.config.tile[2])
