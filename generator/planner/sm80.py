@@ -41,6 +41,16 @@ SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], int, float]] = {
 }
 TABLE_ELEM_BYTES = 2      # SM80_TILES' BK counts 16-bit elements
 PLANNER_MIN_STAGES, PLANNER_MAX_STAGES = 3, 4
+# This family on Hopper (an H100 or H200, whose 227 KB of shared memory per block the A100's 163 KB is not): the
+# 8-warp 128x128 tile takes BK = 64, and 4-warp tiles up to 5 stages. Measured in the calibration sweeps
+# (benchmarks/calibrate.py, H200, the LLM set and squares, bf16 and fp16 tn, h200_confirmed_calibrate_sm80_*.json;
+# docs/tuning.md): the pick within 3 % of the measured best on 30 of 66 shapes, 18 before (bf16 11 -> 17, fp16
+# 7 -> 13); the pick's time over the best, geomean, 1.069 -> 1.040. The 64x64 tile's fifth stage is 5-18 % at
+# M = 128, 128x128's BK = 64 15-25 % at M = 128-512. 128x256 at BK = 64 also measured 3-5 % faster in bf16 at
+# large M, but it spills (255 registers, 168 bytes of spill loads): not taken.
+HOPPER_BLOCK_K = {(128, 128): 64}
+HOPPER_MAX_STAGES_4_WARPS = 5
+HOPPER_CC = 90
 DEFAULT_RASTER_GROUP = 8
 # Registers per thread, for the occupancy estimate: the ptxas report gives 254 for a 64x64 warp tile
 # (128 accumulators, double-buffered fragments, addresses); smaller warp tiles need fewer.
@@ -78,13 +88,22 @@ def blocks_per_sm(cfg: KernelConfig, spec: ArchSpec) -> int:
     return max(1, min(by_smem, by_regs, by_threads))
 
 
+def table_block_k(tile: tuple[int, int], spec: ArchSpec) -> int:
+    """SM80_TILES' BK (16-bit elements) for ``tile`` on the GPU of ``spec`` (HOPPER_BLOCK_K on Hopper)."""
+    bk = SM80_TILES[tile][1]
+    return HOPPER_BLOCK_K.get(tile, bk) if spec.cc >= HOPPER_CC else bk
+
+
 def default_stages(tile: tuple[int, int, int], warps: tuple[int, int], dtype: DType, spec: ArchSpec) -> int:
-    """As deep as fits, 3 to 4 stages, leaving room for two blocks per SM when a block has 4 warps."""
-    resident = 2 if warps[0] * warps[1] == 4 else 1
+    """As deep as fits, 3 to 4 stages (4-warp tiles on Hopper: 5), leaving room for two blocks per SM when a block
+    has 4 warps."""
+    four_warps = warps[0] * warps[1] == 4
+    resident = 2 if four_warps else 1
     bm, bn, bk = tile
     fit = (spec.smem_per_sm // resident - 1024) // ((bm + bn) * bk * dtype.bytes)
     fit = min(fit, max_stages_that_fit(tile, dtype, spec))
-    return max(PLANNER_MIN_STAGES, min(PLANNER_MAX_STAGES, fit))
+    deepest = HOPPER_MAX_STAGES_4_WARPS if four_warps and spec.cc >= HOPPER_CC else PLANNER_MAX_STAGES
+    return max(PLANNER_MIN_STAGES, min(deepest, fit))
 
 
 def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
@@ -111,7 +130,7 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
     if knobs.tile is not None:
         tiles = [knobs.tile]
     else:
-        tiles = [(bm, bn, block_k(bk, dtype)) for (bm, bn), (_, bk, _) in SM80_TILES.items()]
+        tiles = [(bm, bn, block_k(table_block_k((bm, bn), spec), dtype)) for (bm, bn) in SM80_TILES]
     configs = []
     for tile in tiles:
         warps = knobs.warps or default_warps(tile)
