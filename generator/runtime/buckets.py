@@ -73,12 +73,16 @@ class BucketedOp:
 
     def __call__(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, out: torch.Tensor | None = None,
                  **named: Any) -> Any:
+        return self.op_for_rows(self.rows(A, B))(A, B, *operands, out=out, **named)
+
+    def op_for_rows(self, m: int) -> Any:
+        """The op a call of ``m`` rows (``rows``) takes: its bucket's, or under torch.compile the large-M one."""
         # Under torch.compile a branch on M would guard the graph on M's bucket and recompile per bucket (and a
         # dynamic M marked with mark_dynamic would be constrained): the large-M kernel serves every M there, one
         # graph for all, as a single op does. Eager calls (and CUDA graphs of them) pick per bucket.
         if torch.compiler.is_compiling():
-            return self.buckets[-1].op(A, B, *operands, out=out, **named)
-        return self.select(self.rows(A, B))(A, B, *operands, out=out, **named)
+            return self.buckets[-1].op
+        return self.select(m)
 
     def path(self, A: torch.Tensor, B: torch.Tensor, *operands: Any, **named: Any) -> str:
         """The kernel a call takes: its bucket's op's name and, after a colon, the path within its library
