@@ -41,8 +41,9 @@ def main() -> None:
                     assert err < 2e-2, f"{label} path: {err:.2e} against nn.Linear"
                 calls = {"nn.Linear": lambda: stock(x), "gemmgen direct": lambda: ours(x),
                          "gemmgen general": lambda: ours._forward_general(x)}
-                row = {"n": n, "k": k, "bias": has_bias, "tokens": tokens, "path": ours.op.path(x.view(-1, k),
-                                                                                              ours.weight.t())}
+                operands = () if stock.bias is None else (stock.bias,)
+                path = ours.op.path(x.view(-1, k), ours.weight.t(), *operands)
+                row = {"n": n, "k": k, "bias": has_bias, "tokens": tokens, "path": path}
                 for label, fn in calls.items():
                     row[f"{label} host us"] = host_us(fn)
                     row[f"{label} ms"] = do_bench(fn, warmup=25, rep=100, return_mode="median")
