@@ -15,6 +15,8 @@ The package folder holds everything its build needs and nothing of this generato
                                 launch and Meta kernels are csrc/torch/gemm_op.h, its Autograd kernels
                                 csrc/torch/gemm_autograd.h (as the JIT runtime's)
     <name>/__init__.py          loads the extension; one Python function per op, with a docstring
+    <name>/_grouped_formula.py  with autograd: the backward of grouped calls, a copy of
+                                generator/runtime/grouped_formula.py (torch only), registered by __init__.py
     plans.json                  the plans, pinned (feed it to ``python -m generator emit --plans``): every knob,
                                 and a plan's size hints (its split-K follows from them)
     README.md, MANIFEST.in, .gitignore
@@ -40,6 +42,15 @@ dB = A.t() @ dD by kernels of the package, with the layouts ``generator.planner.
 row-major and a column-major dD. Those kernels are private ops of the package (``_grad_<kernel>``), and so
 are the kernels of their own backward (double backward): ``backward_closure``, at most eight kernels per
 dtype, architecture and family, and one per fused epilogue's acc kernel; deduplicated by kernel name.
+
+Grouped calls (``.grouped``, ``.grouped_list``) are differentiable with the JIT ops' formulas too: the package
+carries ``generator/runtime/grouped_formula.py`` byte for byte (it imports only torch), and ``__init__.py``
+registers its formulas (``torch.library.register_autograd``) on the grouped overloads of every differentiable op,
+the backward ops included (double backward), calling the same backward ops. Which of those take grouped and list
+calls (``grouped_refusal``, ``grouped_list_refusal``) is decided here, from their plans, and recorded in
+``__init__.py``; the 16-byte rule is tested at the call. binding.cpp registers no Autograd kernel for those
+overloads; packages without autograd, and fp8 and int8 ops, keep gemm_op.h's GroupedAutogradKernel, which refuses
+arguments that require grad.
 
 Emitting is pure text generation: no torch, no GPU, no compiler. It is deterministic (the same plans
 give byte-identical files: sorted, no timestamps, no absolute paths), and no string from the user
@@ -259,6 +270,9 @@ class EmittedOp:
                            f"(torch.{cfg.dtype_b.torch_name})"),
             "accumulation": "int32" if cfg.dtype is DType.int8 else "fp32",
             "torch_out_dtype": f"torch.{cfg.out_dtype.torch_name}",
+            # torch's names of the dtypes (getattr(torch, name)), for __init__.py's grouped formulas
+            "torch_name": cfg.dtype.torch_name,
+            "out_torch_name": cfg.out_dtype.torch_name,
             "scalar_type": _SCALAR_TYPE[cfg.dtype],
             "dtype_b": cfg.dtype_b.value if cfg.dtype_b is not None else None,   # fp8 e4m3 x e5m2
             "scalar_type_b": _SCALAR_TYPE[cfg.b_dtype],
@@ -370,6 +384,8 @@ def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
     docs = {f"grouped_{what.lower()}_doc": _GROUPED_DOC[what, order]
             for what, order in (("A", cfg.layout.a), ("B", cfg.layout.b), ("D", cfg.layout.c))}
     return {"grouped": grouped, "grouped_refusal": refusal, "grouped_list_refusal": list_refusal, **docs,
+            # as a backward op: whether the grouped formulas may call it grouped (listed), recorded at emit time
+            "takes_grouped": grouped and refusal is None, "takes_list": grouped and list_refusal is None,
             # as C string literals (the sentences are the generator's own, but escaped all the same)
             "grouped_refusal_c": None if refusal is None else json.dumps(refusal, ensure_ascii=True),
             "grouped_list_refusal_c": None if list_refusal is None else json.dumps(list_refusal, ensure_ascii=True)}
@@ -607,6 +623,9 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True,
     context["epilogue_autograd"] = any(op["epilogue"] and op["autograd"] for op in context["formula_ops"])
     context["any_boxed"] = any(op["boxed"] for op in context["ops"])
     context["any_grouped"] = any(op["grouped"] for op in context["all_ops"])
+    context.update(_grouped_formula_context(context["all_ops"]))
+    if context["grouped_formula_ops"]:
+        files[f"{name}/{GROUPED_FORMULA_MODULE}.py"] = grouped_formula_source()
     for template, path in _PACKAGE_TEMPLATES:
         files[path.format(name=name)] = _render(template, **context).encode()
     record = {**MARKER, "name": name, "autograd": autograd, "plans": [op.plan_record() for op in ops],
@@ -615,6 +634,29 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True,
         record["tuning"] = bundle_json(list(tuning))
     files[PLANS_FILE] = (json.dumps(record, indent=2) + "\n").encode()
     return dict(sorted(files.items()))
+
+
+#: The module of a package emitted with autograd that holds the formulas of its grouped calls: a copy of
+#: generator/runtime/grouped_formula.py (torch only), which gemmgen's JIT ops use too.
+GROUPED_FORMULA_MODULE = "_grouped_formula"
+
+
+def grouped_formula_source() -> bytes:
+    """generator/runtime/grouped_formula.py, byte for byte: read as a file, not imported (emitting needs no torch)."""
+    return (Path(__file__).resolve().parent / "runtime" / "grouped_formula.py").read_bytes()
+
+
+def _grouped_formula_context(all_ops: list[dict[str, Any]]) -> dict[str, Any]:
+    """What __init__.py needs to register the grouped formulas: the differentiable ops with grouped overloads (the
+    backward ops too: double backward), and the backward ops those formulas call (each op's ``grads``), sorted. The
+    others (fp8, int8, every op of a package without autograd) keep binding.cpp's refusal of grad."""
+    formula_ops = [op for op in all_ops if op["grouped"] and op["autograd"]]
+    by_name = {op["name"]: op for op in all_ops}
+    called = sorted({op["grads"][order][which] for op in formula_ops for order in ("row", "col") for which in "ab"})
+    return {"grouped_formula_ops": formula_ops, "grouped_grad_ops": [by_name[name] for name in called],
+            "grouped_formula_module": GROUPED_FORMULA_MODULE,
+            # grouped ops that keep binding.cpp's refusal of grad beside the formulas (fp8 and int8 ones)
+            "any_grouped_refusing": any(op["grouped"] and not op["autograd"] for op in all_ops)}
 
 
 #: (template in templates/emit, path in the package) of the files rendered from the package's context.

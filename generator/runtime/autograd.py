@@ -20,30 +20,32 @@ eight per dtype and architecture, all registered at once).
 A batched call (3-D A or B) has no formula yet: one that needs a gradient is refused when it runs
 (``refuse_batched_grad``, as templates/torch/gemm_autograd.h's C++ formula).
 
-Grouped calls (the ``.grouped`` and ``.grouped_list`` overloads of a plain op) take this module's formulas in Python,
-whether the default overload's formula is the C++ one or not (the JIT runtime registers no Autograd kernel for them),
-on the same dA and dB ops (``grad_ops``), with ``torch.library.register_autograd`` (which takes ``Tensor[]`` arguments
-and returns):
+Grouped calls (the ``.grouped`` and ``.grouped_list`` overloads of a plain op) take the formulas of
+``generator.runtime.grouped_formula`` in Python, whether the default overload's formula is the C++ one or not (the JIT
+runtime registers no Autograd kernel for them), on the same dA and dB ops (``grad_ops``), with
+``torch.library.register_autograd`` (which takes ``Tensor[]`` arguments and returns). That module imports only torch,
+because emitted packages carry a copy of it and register the same formulas on their own backward ops; this one hands
+it the op (``_formula``: name, dtype, and per gradient order the dA and dB ops with their refusal tests,
+``grouped_call_refusal`` and ``list_problem_refusal`` below, from the plans' ``grouped_refusal`` and
+``grouped_list_refusal`` and the 16-byte rule). In short:
 
-* ``.grouped(A, B, offsets)``, dD (T, N) made row-major (a copy where it is not): dA = ``grad_a.grouped(dD,
-  B.transpose(1, 2), offsets)`` (one launch; B.transpose(1, 2) (E, N, K) stores each matrix in B's order flipped,
-  which the dA op takes); dB[g] = A[rows of g].t() @ dD[rows of g], the reduction over the group's rows, as one list
-  call on the dB op (``grad_b.grouped_list``, a problem per group with rows; the group ends read with one copy to the
-  host, ``offsets.tolist()``; an empty group launches nothing, its dB[g] is zeros), stacked into (E, K, N) in B's
-  order (``torch.stack``: one copy). offsets has no gradient.
-* ``.grouped_list(As, Bs)``: dA_i = dD_i @ B_i.t() and dB_i = A_i.t() @ dD_i, one list call each per storage order of
-  the gradients (normally one), for the problems whose input requires grad and whose output has a gradient (else
-  None, torch's zero).
-* Where the dA or dB op takes no grouped (list) call (``grouped_refusal``, ``grouped_list_refusal``: an sm80 plan, the
-  ws schedule, stream-K), every group (problem) is one plain call of it instead; where one problem's operands break
-  the 16-byte rule of grouped calls (``grouped_alignment_refusal``: a group's rows starting at an unaligned address,
-  a leading dimension off it), that problem alone is a plain call (which repacks or runs the unaligned kernel).
+* ``.grouped(A, B, offsets)``: dA is one grouped call of the dA op on dD (T, N), made row-major, and
+  B.transpose(1, 2); dB one list call of the dB op with a problem (A[rows of g].t(), dD[rows of g]) per group with
+  rows (the group ends read with one copy to the host, ``offsets.tolist()``), stacked into (E, K, N) in B's order, an
+  empty group's dB[g] zeros. offsets has no gradient.
+* ``.grouped_list(As, Bs)``: one list call on the dA op and one on the dB op per storage order of the gradients, for the
+  problems whose input requires grad and whose output has a gradient (else None).
+* Where the dA or dB op takes no grouped (list) call (an sm80 plan, the ws schedule, stream-K), every group (problem)
+  is one plain call of it instead; where one problem's operands break the 16-byte rule of grouped calls, that problem
+  alone is a plain call (which repacks or runs the unaligned kernel).
 * Double backward works as for the plain formula: the dA and dB ops' grouped overloads have these formulas too.
 * A traced backward (torch.compile's AOTAutograd, fake or meta tensors) is refused with the workaround
-  (``refuse_traced_grouped_backward``): the formulas read the group ends and the operands' addresses on the host.
+  (``grouped_formula.refuse_traced_grouped_backward``): the formulas read the group ends and the operands' addresses
+  on the host.
 * fp8 and int8 ops refuse grad at the call, as their default overload does (``_register_quantized_grouped_refusal``).
-  Emitted packages have no grouped formula: their C++ Autograd kernel refuses grad (templates/torch/gemm_op.h's
-  GroupedAutogradKernel, the words of ``grouped_grad_refusal``).
+  Packages emitted without autograd (and their fp8 and int8 ops) refuse it in C++ (templates/torch/gemm_op.h's
+  GroupedAutogradKernel, the words of ``grouped_grad_refusal``); packages emitted with autograd register
+  ``grouped_formula``'s formulas from their ``__init__.py``.
 """
 from __future__ import annotations
 
@@ -55,8 +57,7 @@ import torch
 from ..planner.backward import accumulator_config, backward_configs, backward_layouts, saving_config
 from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
 from ..spec.types import DType, Order
-from . import jit_runtime
-from .checks import batch_stride, check_group_ends, grouped_alignment_refusal, leading_dim
+from . import grouped_formula, jit_runtime
 from .evaluate import evaluate, operand_values
 from .handle import OpHandle
 
@@ -86,34 +87,17 @@ def grad_ops(op: OpHandle, grad_order: Order = Order.row,
     return ops
 
 
-def _stored_order(t: torch.Tensor) -> Order | None:
-    """Row or column, whichever the op can take ``t`` as without a copy; None for neither."""
-    if leading_dim(t, Order.row) is not None:
-        return Order.row
-    if leading_dim(t, Order.col) is not None:
-        return Order.col
-    return None
-
-
 def _in_order(t: torch.Tensor, order: Order) -> torch.Tensor:
     """``t`` itself when it (each matrix of a 3-D ``t``) is stored in ``order`` (any leading dimension), else a
     copy that is."""
-    if leading_dim(t, order) is not None:
-        return t
-    if t.numel() == 0:   # (contiguous() keeps an empty tensor's strides, an expanded one's (0, 0) too)
-        return _empty_in_order(tuple(t.shape), order, t.dtype, t.device)
-    return t.contiguous() if order is Order.row else t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return grouped_formula.in_order(t, order is Order.row)
 
 
-def _gradient(op: OpHandle, grad: torch.Tensor, order: Order | None = None) -> tuple[torch.Tensor, Order]:
-    """dD as the backward ops take it: in the inputs' dtype (an fp32 output's gradient is cast), and in ``order``
-    (a copy where it is not), or with ``order`` None in the order it is stored (row-major, copied, where neither)."""
-    if grad.dtype != op.dtype:
-        grad = grad.to(op.dtype)
-    if order is not None:
-        return _in_order(grad, order), order
-    stored = _stored_order(grad)
-    return (_in_order(grad, Order.row), Order.row) if stored is None else (grad, stored)
+def _gradient(op: OpHandle, grad: torch.Tensor) -> tuple[torch.Tensor, Order]:
+    """dD as the backward ops take it: in the inputs' dtype (an fp32 output's gradient is cast), in the order it is
+    stored (row-major, copied, where neither)."""
+    grad, row = grouped_formula.gradient(op.dtype, grad)
+    return grad, Order.row if row else Order.col
 
 
 def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
@@ -309,10 +293,10 @@ def _register_out_refusal(op: OpHandle, lib: torch.library.Library) -> None:
 
 
 def grouped_grad_refusal(name: str, wanting: list[str], overload: str = "grouped") -> str:
-    """What an emitted package's grouped call that would need a gradient hears (templates/torch/gemm_op.h's
-    GroupedAutogradKernel, the words of the emitted packages: they have no grouped formula): ``wanting`` the inputs
-    that require grad ("A", "B"; a list call's "A[0]", "B[2]"), of ``overload``. JIT ops differentiate grouped calls
-    (``_register_grouped_formulas``)."""
+    """What a grouped call of a package emitted without autograd hears where it would need a gradient
+    (templates/torch/gemm_op.h's GroupedAutogradKernel: such a package has no formula): ``wanting`` the inputs that
+    require grad ("A", "B"; a list call's "A[0]", "B[2]"), of ``overload``. JIT ops, and packages emitted with
+    autograd, differentiate grouped calls (``grouped_formula``)."""
     return (f"{name}.{overload}: grouped calls have no backward pass yet, but {', '.join(wanting)} require(s) grad: "
             "call it under torch.no_grad() or with detached tensors")
 
@@ -357,173 +341,57 @@ def _register_quantized_grouped_refusal(op: OpHandle, lib: torch.library.Library
 
 def _register_grouped_formulas(op: OpHandle, lib: torch.library.Library) -> None:
     """The Autograd kernels of ``op``'s .grouped and .grouped_list: ``grouped_backward`` and ``list_backward``, through
-    ``torch.library.register_autograd`` (a list overload's gradients are lists, one entry per matrix, None where
-    there is none). Calls that need no gradient go below autograd (torch.library's layer, in Python)."""
-    def grouped_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        A, B, offsets = inputs
-        ctx.save_for_backward(A, B, offsets)
-
-    def grouped_formula(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        A, B, offsets = ctx.saved_tensors
-        return (*grouped_backward(op, A, B, offsets, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1]), None)
-
-    def list_setup(ctx: Any, inputs: tuple, output: list[torch.Tensor]) -> None:
-        A, B = inputs
-        ctx.count = len(A)
-        ctx.set_materialize_grads(False)   # an output without a gradient: None, its problem skipped
-        ctx.save_for_backward(*A, *B)
-
-    def list_formula(ctx: Any, grads: list[torch.Tensor | None]) -> tuple[list, list]:
-        saved = ctx.saved_tensors
-        need_a, need_b = ctx.needs_input_grad   # (a list per argument: one flag per matrix)
-        return list_backward(op, saved[:ctx.count], saved[ctx.count:], grads, need_a, need_b)
-
-    qualname = f"{op.namespace}::{op.name}"
-    torch.library.register_autograd(f"{qualname}.grouped", grouped_formula, setup_context=grouped_setup, lib=lib)
-    torch.library.register_autograd(f"{qualname}.grouped_list", list_formula, setup_context=list_setup, lib=lib)
+    ``torch.library.register_autograd`` (grouped_formula.register_formulas, as emitted packages register them)."""
+    grouped_formula.register_formulas(f"{op.namespace}::{op.name}", _formula(op), lib)
 
 
-def _empty_in_order(shape: tuple[int, ...], order: Order, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialized tensor of ``shape`` (2-D or 3-D) whose matrices are stored in ``order``, packed."""
-    if order is Order.row:
-        return torch.empty(shape, dtype=dtype, device=device)
-    return torch.empty((*shape[:-2], shape[-1], shape[-2]), dtype=dtype, device=device).transpose(-1, -2)
+def _formula(op: OpHandle) -> grouped_formula.Formula:
+    """What grouped_formula takes of ``op``: its name, dtype and backward ops (``grad_ops``: registered on first
+    use)."""
+    def ops(row: bool) -> tuple[grouped_formula.GradOp, grouped_formula.GradOp]:
+        grad_a, grad_b = grad_ops(op, Order.row if row else Order.col)
+        return _grad_op(grad_a), _grad_op(grad_b)
+
+    return grouped_formula.Formula(op.name, op.dtype, ops)
 
 
-def _has_work(x: torch.Tensor, y: torch.Tensor) -> bool:
-    """Whether x @ y launches a kernel (M, N and K all nonzero): the 16-byte rule holds only there."""
-    return x.shape[-2] > 0 and y.shape[-1] > 0 and x.shape[-1] > 0
-
-
-def _call_refusal(plan_reason: str | None, grad_op: OpHandle, x: torch.Tensor, y: torch.Tensor,
-                  names: tuple[str, str], matrix_strides: tuple[int, int]) -> str | None:
-    """``plan_reason`` (the plan's refusal of the call's form), else, where x @ y has work, the first of x and y
-    (named ``names``, ``matrix_strides`` apart between their matrices) off the 16-byte rule; None: taken."""
-    if plan_reason is not None or not _has_work(x, y):
-        return plan_reason
-    layout = grad_op.config.layout
-    for what, t, order, stride in zip(names, (x, y), (layout.a, layout.b), matrix_strides):
-        reason = grouped_alignment_refusal(what, t, order, leading_dim(t, order), stride)
-        if reason is not None:
-            return reason
-    return None
+def _grad_op(handle: OpHandle) -> grouped_formula.GradOp:
+    """A backward op as grouped_formula calls it. Its refusal tests are this module's functions, looked up when they
+    run (tests record the paths taken by replacing them)."""
+    layout = handle.config.layout
+    return grouped_formula.GradOp(
+        call=handle, grouped=handle.grouped, grouped_list=handle.grouped_list, a_row=layout.a is Order.row,
+        b_row=layout.b is Order.row, d_row=layout.c is Order.row, out_dtype=handle.out_dtype,
+        grouped_call_refusal=lambda x, y: grouped_call_refusal(handle, x, y),
+        list_problem_refusal=lambda i, x, y: list_problem_refusal(handle, i, x, y))
 
 
 def grouped_call_refusal(grad_op: OpHandle, x: torch.Tensor, y: torch.Tensor) -> str | None:
     """Why ``grad_op.grouped(x, y, offsets)`` would be refused (its plan, or x or y off the 16-byte rule), None
     where it takes the call; x and y in its orders."""
-    return _call_refusal(grouped_refusal(grad_op.config), grad_op, x, y, ("A", "B"), (batch_stride(x), batch_stride(y)))
+    layout = grad_op.config.layout
+    return grouped_formula.grouped_call_refusal(grouped_refusal(grad_op.config), layout.a is Order.row,
+                                                layout.b is Order.row, x, y)
 
 
 def list_problem_refusal(grad_op: OpHandle, i: int, x: torch.Tensor, y: torch.Tensor) -> str | None:
     """Why problem ``i`` = (x, y) of ``grad_op.grouped_list`` would be refused (its plan, or x or y off the 16-byte
-    rule where the problem has work), None where the list call takes it; x and y in its orders. (The list call
-    checks the rule at each problem's own addresses: one problem off it takes a plain call, the others stay.)"""
-    return _call_refusal(grouped_list_refusal(grad_op.config), grad_op, x, y, (f"A[{i}]", f"B[{i}]"), (0, 0))
-
-
-def _list_products(grad_op: OpHandle, xs: list[torch.Tensor], ys: list[torch.Tensor]) -> list[torch.Tensor]:
-    """[x @ y for x, y in zip(xs, ys)] on ``grad_op`` (each pair in its orders, the results in its order of D): one
-    list call for the problems with work that it takes, one plain call for each other problem with work
-    (``list_problem_refusal``: all of them where the plan takes no list call); a problem without work (an empty
-    group's K = 0, an empty matrix) launches nothing: zeros."""
-    order = grad_op.config.layout.c
-    outs = [None if _has_work(x, y) else
-            _empty_in_order((x.shape[0], y.shape[1]), order, grad_op.out_dtype, x.device).zero_()
-            for x, y in zip(xs, ys)]
-    listed = [i for i, (x, y) in enumerate(zip(xs, ys))
-              if outs[i] is None and list_problem_refusal(grad_op, i, x, y) is None]
-    if listed:
-        for i, d in zip(listed, grad_op.grouped_list([xs[i] for i in listed], [ys[i] for i in listed])):
-            outs[i] = d
-    for i, (x, y) in enumerate(zip(xs, ys)):
-        if outs[i] is None:
-            outs[i] = grad_op(x, y)
-    return outs
-
-
-def refuse_traced_grouped_backward(op: OpHandle, overload: str, tensors: Any) -> None:
-    """The backward of a grouped call reads the group ends (.grouped) and the operands' addresses (both forms: the
-    16-byte rule decides between the grouped call and plain ones) on the host, which a trace with fake or meta
-    tensors (torch.compile's AOTAutograd tracing the backward, opcheck's AOT tests) cannot: refused with the
-    workaround rather than failing on a data-dependent guard."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    if any(isinstance(t, torch.Tensor) and (t.device.type == "meta" or is_fake(t)) for t in tensors):
-        raise RuntimeError(
-            f"{op.name}.{overload}: the backward of a grouped call reads the group sizes and the operands' addresses "
-            "on the host, which a traced backward (torch.compile, fake or meta tensors) cannot do yet: keep the "
-            "grouped call out of the compiled region (call it in a function decorated with torch.compiler.disable), "
-            "or compile without training through it")
+    rule where the problem has work), None where the list call takes it; x and y in its orders."""
+    layout = grad_op.config.layout
+    return grouped_formula.list_problem_refusal(grouped_list_refusal(grad_op.config), layout.a is Order.row,
+                                                layout.b is Order.row, i, x, y)
 
 
 def grouped_backward(op: OpHandle, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
                      need_a: bool, need_b: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """dA (T, K) and dB (E, K, N) of ``op.grouped(A, B, offsets)`` for its gradient ``grad`` (T, N), on the dA and dB
-    ops of a row-major gradient (see the module docstring; None where not needed). The group ends are read on the
-    host (one copy)."""
-    refuse_traced_grouped_backward(op, "grouped", (A, B, offsets, grad))
-    grad, order = _gradient(op, grad, Order.row)   # the grouped dA kernel walks the groups over a row-major A
-    grad_a_op, grad_b_op = grad_ops(op, order)
-    ends = offsets.tolist()
-    check_group_ends(ends, A.shape[0])   # (the forward checked them, unless it was captured in a CUDA graph)
-    groups = list(zip([0, *ends[:-1]], ends))
-    grad_a = grad_b = None
-    if need_a:
-        lay = grad_a_op.config.layout
-        x, y = _in_order(grad, lay.a), _in_order(B.transpose(1, 2), lay.b)
-        if grouped_call_refusal(grad_a_op, x, y) is None:
-            grad_a = grad_a_op.grouped(x, y, offsets)
-        else:   # one plain call per group, into rows of dA
-            grad_a = _empty_in_order((A.shape[0], A.shape[1]), lay.c, grad_a_op.out_dtype, A.device)
-            for g, (start, end) in enumerate(groups):
-                if end > start:
-                    grad_a[start:end] = grad_a_op(x[start:end], y[g])
-    if need_b:
-        lay = grad_b_op.config.layout
-        xs = [_in_order(A[start:end].t(), lay.a) for start, end in groups]
-        ys = [_in_order(grad[start:end], lay.b) for start, end in groups]
-        grad_b = _stack_in_order(_list_products(grad_b_op, xs, ys), tuple(B.shape), lay.c, grad_b_op.out_dtype,
-                                 B.device)
-    return grad_a, grad_b
-
-
-def _stack_in_order(matrices: list[torch.Tensor], shape: tuple[int, ...], order: Order, dtype: torch.dtype,
-                    device: torch.device) -> torch.Tensor:
-    """The matrices (each of shape[1:]) as one tensor of ``shape``, each matrix stored in ``order``, packed (one
-    copy: torch.stack)."""
-    if not matrices:
-        return _empty_in_order(shape, order, dtype, device)
-    if order is Order.row:
-        return torch.stack(matrices)
-    return torch.stack([m.t() for m in matrices]).transpose(1, 2)
+    ops of a row-major gradient (grouped_formula.grouped_backward; None where not needed)."""
+    return grouped_formula.grouped_backward(_formula(op), A, B, offsets, grad, need_a, need_b)
 
 
 def list_backward(op: OpHandle, A: list[torch.Tensor], B: list[torch.Tensor], grads: list[torch.Tensor | None],
                   need_a: list[bool], need_b: list[bool]
                   ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
     """[dA_i] and [dB_i] of ``op.grouped_list(A, B)`` for its outputs' gradients ``grads`` (None: that output has
-    none): dA_i = dD_i @ B_i.t() where ``need_a[i]``, dB_i = A_i.t() @ dD_i where ``need_b[i]``, else None; one
-    list call on the dA op and one on the dB op per storage order of the gradients (see the module docstring)."""
-    refuse_traced_grouped_backward(op, "grouped_list", (*A, *B, *grads))
-    count = len(A)
-    grad_a: list[torch.Tensor | None] = [None] * count
-    grad_b: list[torch.Tensor | None] = [None] * count
-    prepared = [None if g is None else _gradient(op, g) for g in grads]
-    for order in Order:
-        found = [i for i, p in enumerate(prepared) if p is not None and p[1] is order]
-        grad_a_op, grad_b_op = grad_ops(op, order) if found else (None, None)
-        for wanted, grad_op, out, operand in ((need_a, grad_a_op, grad_a, "a"), (need_b, grad_b_op, grad_b, "b")):
-            chosen = [i for i in found if wanted[i]]
-            if not chosen:
-                continue
-            lay = grad_op.config.layout
-            if operand == "a":   # dA_i = dD_i @ B_i.t()
-                xs = [_in_order(prepared[i][0], lay.a) for i in chosen]
-                ys = [_in_order(B[i].t(), lay.b) for i in chosen]
-            else:                # dB_i = A_i.t() @ dD_i
-                xs = [_in_order(A[i].t(), lay.a) for i in chosen]
-                ys = [_in_order(prepared[i][0], lay.b) for i in chosen]
-            for i, d in zip(chosen, _list_products(grad_op, xs, ys)):
-                out[i] = d
-    return grad_a, grad_b
+    none; grouped_formula.list_backward)."""
+    return grouped_formula.list_backward(_formula(op), A, B, grads, need_a, need_b)

@@ -124,7 +124,9 @@ def _gemm_bf16_tn_grouped(A, B, offsets):
 
     One launch for all groups, on the sm90 family's persistent kernels (A and B 16-byte aligned: base address,
     leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host,
-    except while a CUDA graph is being captured. No backward pass yet: arguments that require grad are refused.
+    except while a CUDA graph is being captured.
+    No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
+    require grad are refused.
     Also torch.ops.gemmgen_example.gemm_bf16_tn.grouped(A, B, offsets).
     """
     _check_grouped_tensors(A, B, offsets)
@@ -142,7 +144,9 @@ def _gemm_bf16_tn_grouped_list(A, B):
     persistent kernels (the A[i] and B[i] of a problem with work 16-byte aligned: base address and leading
     dimension); an empty list gives []; M_i, N_i or K_i of 0 launches nothing for that problem (K_i = 0 gives
     zeros). The launch builds each problem's tensor maps on the host, so it is refused while a CUDA graph is being
-    captured (.grouped(A, B, offsets) can be captured). No backward pass yet: arguments that require grad are refused.
+    captured (.grouped(A, B, offsets) can be captured).
+    No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
+    require grad are refused.
     Also gemm_bf16_tn(A, B) with lists and torch.ops.gemmgen_example.gemm_bf16_tn.grouped_list(A, B).
     """
     _check_list_tensors(A, B)
@@ -190,7 +194,9 @@ def _gemm_fp16_nn_grouped(A, B, offsets):
 
     One launch for all groups, on the sm90 family's persistent kernels (A and B 16-byte aligned: base address,
     leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host,
-    except while a CUDA graph is being captured. No backward pass yet: arguments that require grad are refused.
+    except while a CUDA graph is being captured.
+    No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
+    require grad are refused.
     This op's plan takes no grouped call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
     Also torch.ops.gemmgen_example.gemm_fp16_nn.grouped(A, B, offsets).
     """
@@ -209,7 +215,9 @@ def _gemm_fp16_nn_grouped_list(A, B):
     persistent kernels (the A[i] and B[i] of a problem with work 16-byte aligned: base address and leading
     dimension); an empty list gives []; M_i, N_i or K_i of 0 launches nothing for that problem (K_i = 0 gives
     zeros). The launch builds each problem's tensor maps on the host, so it is refused while a CUDA graph is being
-    captured (.grouped(A, B, offsets) can be captured). No backward pass yet: arguments that require grad are refused.
+    captured (.grouped(A, B, offsets) can be captured).
+    No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
+    require grad are refused.
     This op's plan takes no list call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
     Also gemm_fp16_nn(A, B) with lists and torch.ops.gemmgen_example.gemm_fp16_nn.grouped_list(A, B).
     """

@@ -1274,11 +1274,12 @@ inline torch::CppFunction epilogue_out_autograd_kernel(const OpSpec* op, bool ba
       std::make_unique<EpilogueAutogradKernel<true>>(op, backward_registered));
 }
 
-// The Autograd kernels of .grouped and .grouped_list in emitted packages: their grouped calls have no backward pass
-// yet, so one that would need a gradient is refused at the call (generator/runtime/autograd.py keeps these words),
-// rather than answered with a result that has none; without grad mode it goes on to the kernel. Registered by every
-// emitted package (with autograd or without); JIT ops differentiate grouped calls with generator/runtime/autograd.py's
-// formulas instead. Boxed: the dispatcher hands it the handle.
+// The Autograd kernels of .grouped and .grouped_list in packages emitted without autograd (and of fp8 and int8 ops,
+// which are forward only): their grouped calls have no backward pass, so one that would need a gradient is refused at
+// the call (generator/runtime/autograd.py keeps these words), rather than answered with a result that has none;
+// without grad mode it goes on to the kernel. JIT ops and packages emitted with autograd differentiate grouped calls
+// with generator/runtime/grouped_formula.py's formulas instead (registered in Python). Boxed: the dispatcher hands
+// it the handle.
 inline void refuse_grouped_grad(const char* op, const char* overload, const std::string& wanting) {
   TORCH_CHECK(wanting.empty(), op, ".", overload, ": grouped calls have no backward pass yet, but ", wanting,
               " require(s) grad: call it under torch.no_grad() or with detached tensors");
