@@ -33,7 +33,10 @@ DEFAULT_NAMESPACE = "gemmgen"
 
 #: Rows of A up to which an M-bucketed op (Gemm.compile_buckets) keeps a kernel planned for that M; above the
 #: last, the plan's own (large-M) kernel. Calls of at most 16 rows take the small-M kernel within any of them.
-M_BUCKETS = (64, 128, 512, 1024)
+#: 2048: a prefill of a few sequences (4 x 512 tokens) on a narrow layer (N = 1024: 64 tiles of the M = 4096 plan's
+#: 128x256, half the SMs) read 0.63x cuBLAS on the large-M kernel and 0.97x on its own (H200,
+#: h200_bench_prefill_{bucketed,hinted}.json).
+M_BUCKETS = (64, 128, 512, 1024, 2048)
 
 
 def _positive_or_none(value: object, what: str) -> int | None:

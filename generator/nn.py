@@ -78,9 +78,10 @@ class Linear(nn.Module):
     * **Shapes**: inputs (..., K) are reshaped to (M, K) and back; a row-major view is used as it is,
       anything else is made contiguous first.
     * **A kernel per bucket of M**: without ``m``, the layer's op (``Gemm.compile_buckets``) holds kernels
-      planned for M <= 128, M <= 512 and larger M (N = out_features, K = in_features), built together when
-      the layer is made, never in the middle of a forward pass; each call takes its batch's kernel (and, at
-      most 16 rows, the small-M kernel within it): prefill and decode of one model each get theirs.
+      planned for each bucket of M (``gemm.M_BUCKETS``) and for larger M (N = out_features, K = in_features),
+      built together when the layer is made, never in the middle of a forward pass; each call takes its batch's
+      kernel (and, at most 16 rows, the small-M kernel within it): prefill and decode of one model each get
+      theirs.
       ``self.op.path(x, W.t())`` names it. With ``m=`` (e.g. a fixed token count) the layer holds the one
       kernel planned for that M. Under torch.compile the large-M kernel serves every M (one graph for any M,
       no recompiles; ``runtime.buckets``).

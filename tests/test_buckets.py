@@ -27,7 +27,7 @@ def test_bucket_plans_for_an_llm_layer():
         (1024, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
         (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     ]
-    assert M_BUCKETS == (64, 128, 512, 1024)
+    assert M_BUCKETS == (64, 128, 512, 1024, 2048)
 
 
 def test_equal_neighbours_merge_and_knobs_stay():
