@@ -165,7 +165,7 @@ def bad_calls(plan: Gemm):
     return [
         ("A on CPU", a.cpu(), b, None),
         ("B wrong dtype", a, b.to(other), None),
-        ("A 3-D", a[None], b, None),
+        ("A 4-D", a[None, None], b, None),   # (3-D is a batched call)
         ("A other order", flip(a), b, None),
         ("B other order", a, flip(b), None),
         ("A neither order", torch.randn(512, 256, device="cuda").to(a.dtype)[::2, ::4], b, None),
