@@ -76,13 +76,11 @@ class BucketedOp:
         return self.op_for_rows(self.rows(A, B))(A, B, *operands, out=out, **named)
 
     def op_for_rows(self, m: int) -> Any:
-        """The op a call of ``m`` rows (``rows``) takes: its bucket's, or the large-M one for a dynamic M traced by
-        torch.compile."""
-        # A static M (an int: torch.compile's default until a shape changes, and CUDA graphs) is a constant of the
-        # graph, which is specialized on it anyway: its bucket costs no guard. A dynamic M (a SymInt) would be guarded
-        # on its bucket, recompiling per bucket (and a mark_dynamic M constrained): the large-M kernel serves every M
-        # there, one graph for all, as a single op does.
-        if torch.compiler.is_compiling() and not isinstance(m, int):
+        """The op a call of ``m`` rows (``rows``) takes: its bucket's, or under torch.compile the large-M one."""
+        # Under torch.compile a branch on M would guard the graph on M's bucket and recompile per bucket (and a
+        # dynamic M marked with mark_dynamic would be constrained): the large-M kernel serves every M there, one
+        # graph for all, as a single op does. Eager calls (and CUDA graphs of them) pick per bucket.
+        if torch.compiler.is_compiling():
             return self.buckets[-1].op
         return self.select(m)
 
