@@ -1,7 +1,8 @@
 """What the GPU numerics tests share (test_numerics.py for the sm80 family, test_sm90.py for sm90): the
 error bound per input dtype, the dtypes and layouts every family is checked with, and the ragged sizes
-of the foundation issue (M, N, K each drawn from these); and for the tests that build one module's plans of both
-families at once (batched, grouped, list): the ops this GPU runs, and a skip for the others."""
+of the foundation issue (M, N, K each drawn from these); for the tests that build one module's plans of both
+families at once (batched, grouped, list): the ops this GPU runs, and a skip for the others; and the NaN-padded
+operands of the grouped backward tests (JIT ops and emitted packages)."""
 from __future__ import annotations
 
 import torch
@@ -33,3 +34,47 @@ def op_of(ops: dict, key: str):
     if key not in ops:
         pytest.skip("sm90 kernels need an sm_90 GPU")
     return ops[key]
+
+
+def padded_ld(x: int) -> int:
+    """A leading dimension of at least ``x`` bf16 elements, a multiple of 16 bytes."""
+    return max(8, -(-x // 8) * 8)
+
+
+def nan_padded(rows: int, cols: int, order: str, dtype: torch.dtype, count: int | None = None) -> torch.Tensor:
+    """A fresh random (rows, cols) matrix (with ``count``: (count, rows, cols) matrices), each stored ``order``-major
+    with its leading dimension padded to 16 bytes and NaN in the padding (a wrong leading dimension reads NaN)."""
+    outer, inner = (rows, cols) if order == "row" else (cols, rows)
+    batch = () if count is None else (count,)
+    buf = torch.full((*batch, outer, padded_ld(inner)), float("nan"), dtype=dtype, device="cuda")
+    buf[..., :inner] = torch.randn(*batch, outer, inner, device="cuda").to(dtype)
+    view = buf[..., :inner]
+    return view if order == "row" else view.transpose(-1, -2)
+
+
+def poison(dtype: torch.dtype, *shapes) -> None:
+    """NaN blocks of these sizes, freed at once: the next allocations of those sizes (a backward's gradients) likely
+    get them, so an unwritten element reads NaN."""
+    for shape in shapes:
+        torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def rel_error64(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """||got - ref|| / ||ref|| against a float64 ``ref``."""
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_grad(got, ref: torch.Tensor, t: torch.Tensor, what: str, bound: float) -> None:
+    """A gradient of t: t's dtype, shape and storage order, packed; finite; within ``bound`` of float64's ``ref``."""
+    assert got is not None, f"{what}: no gradient"
+    assert got.dtype == t.dtype and got.shape == t.shape, f"{what}: {got.dtype} {tuple(got.shape)}"
+    if got.numel() == 0:
+        return
+    if min(got.shape[-2:]) > 1:
+        row = t.stride(-1) == 1
+        assert (got.stride(-1) == 1) == row and (got.is_contiguous() or got.transpose(-1, -2).is_contiguous()), (
+            f"{what}: strides {got.stride()}, the input's {t.stride()}")
+    bad = ~torch.isfinite(got)
+    assert not bad.any(), f"{what}: {int(bad.sum())} non-finite elements (unwritten, or read from NaN padding)"
+    err = rel_error64(got, ref)
+    assert err <= bound, f"{what}: rel error {err:.3g} > {bound}"

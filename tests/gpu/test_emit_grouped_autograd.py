@@ -20,7 +20,8 @@ torch = pytest.importorskip("torch")
 
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
-from gpu_cases import IS_SM90  # noqa: E402
+import gpu_cases  # noqa: E402
+from gpu_cases import IS_SM90, nan_padded, rel_error64 as rel_error  # noqa: E402
 from generator import Gemm, emit  # noqa: E402
 from generator.planner.backward import backward_closure, backward_configs  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
@@ -35,7 +36,6 @@ JIT_NAMESPACE = "gemmgen_gpu_grouped_grad_jit"
 OP = "gemm_bf16_tn"
 DTYPE = torch.bfloat16
 BOUND = 1e-2
-NAN = float("nan")
 
 #: (label, group sizes, N, K) of the offsets form: ragged with an empty group, 17 groups (several empty), empty groups
 #: first and last.
@@ -86,27 +86,12 @@ class PackageCalls(TorchDispatchMode):
 
 # -- operands and checks -------------------------------------------------------------------------------------------
 
-def ceil8(x: int) -> int:
-    return max(8, -(-x // 8) * 8)
-
-
 def stored(rows: int, cols: int, order: str) -> torch.Tensor:
-    """A fresh random (rows, cols) matrix stored `order`-major, its leading dimension padded to 16 bytes, NaN in the
-    padding."""
-    outer, inner = (rows, cols) if order == "row" else (cols, rows)
-    buf = torch.full((outer, ceil8(inner)), NAN, dtype=DTYPE, device="cuda")
-    buf[:, :inner] = torch.randn(outer, inner, device="cuda").to(DTYPE)
-    view = buf[:, :inner]
-    return view if order == "row" else view.t()
+    return nan_padded(rows, cols, order, DTYPE)
 
 
 def experts(count: int, rows: int, cols: int, order: str) -> torch.Tensor:
-    """Fresh random (count, rows, cols) matrices, each stored `order`-major, leading dimension padded, NaN padding."""
-    outer, inner = (rows, cols) if order == "row" else (cols, rows)
-    buf = torch.full((count, outer, ceil8(inner)), NAN, dtype=DTYPE, device="cuda")
-    buf[:, :, :inner] = torch.randn(count, outer, inner, device="cuda").to(DTYPE)
-    view = buf[:, :, :inner]
-    return view if order == "row" else view.transpose(1, 2)
+    return nan_padded(rows, cols, order, DTYPE, count)
 
 
 def bounds(sizes: list[int]) -> list[tuple[int, int]]:
@@ -118,29 +103,11 @@ def bounds(sizes: list[int]) -> list[tuple[int, int]]:
 
 
 def poison(*shapes) -> None:
-    """NaN blocks of these sizes, freed at once: the gradients' allocations likely get them."""
-    for shape in shapes:
-        torch.full(shape, NAN, dtype=DTYPE, device="cuda")
+    gpu_cases.poison(DTYPE, *shapes)
 
 
-def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
-def check_grad(got: torch.Tensor, ref: torch.Tensor, t: torch.Tensor, what: str) -> None:
-    """A gradient of t: dtype, shape, t's storage order, packed; finite; within BOUND of float64's."""
-    assert got is not None, f"{what}: no gradient"
-    assert got.dtype == t.dtype and got.shape == t.shape, f"{what}: {got.dtype} {tuple(got.shape)}"
-    if got.numel() == 0:
-        return
-    if min(got.shape[-2:]) > 1:
-        row = t.stride(-1) == 1
-        assert (got.stride(-1) == 1) == row and (got.is_contiguous() or got.transpose(-1, -2).is_contiguous()), (
-            f"{what}: strides {got.stride()}, the input's {t.stride()}")
-    bad = ~torch.isfinite(got)
-    assert not bad.any(), f"{what}: {int(bad.sum())} non-finite elements (unwritten, or read from NaN padding)"
-    err = rel_error(got, ref)
-    assert err <= BOUND, f"{what}: rel error {err:.3g} > {BOUND}"
+def check_grad(got, ref, t, what: str) -> None:
+    gpu_cases.check_grad(got, ref, t, what, BOUND)
 
 
 # -- the offsets form ----------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from gpu_cases import BOUND, IS_SM90  # noqa: E402
+import gpu_cases  # noqa: E402
+from gpu_cases import BOUND, IS_SM90, nan_padded, padded_ld, rel_error64 as rel_error  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.planner.backward import backward_configs  # noqa: E402
 from generator.runtime import autograd, compile_many  # noqa: E402
@@ -36,7 +37,6 @@ from generator.spec.types import Order  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NAMESPACE = "gemmgen_grouped_autograd_test"
-NAN = float("nan")
 DTYPE = torch.bfloat16
 
 #: The offsets form's plans (sm90, a row-major A): tn and tt, cooperative and pingpong.
@@ -116,28 +116,12 @@ def test_plans_and_kernel_count():
 
 # -- operands and references ------------------------------------------------------------------------------------
 
-def ceil8(x: int) -> int:
-    return max(8, -(-x // 8) * 8)
-
-
 def stored(rows: int, cols: int, order: str) -> torch.Tensor:
-    """A fresh random (rows, cols) matrix stored `order`-major, its leading dimension padded to 16 bytes, NaN in the
-    padding."""
-    outer, inner = (rows, cols) if order == "row" else (cols, rows)
-    buf = torch.full((outer, ceil8(inner)), NAN, dtype=DTYPE, device="cuda")
-    buf[:, :inner] = torch.randn(outer, inner, device="cuda").to(DTYPE)
-    view = buf[:, :inner]
-    return view if order == "row" else view.t()
+    return nan_padded(rows, cols, order, DTYPE)
 
 
 def experts(count: int, rows: int, cols: int, order: str) -> torch.Tensor:
-    """Fresh random (count, rows, cols) matrices, each stored `order`-major, leading dimension padded, NaN padding."""
-    outer, inner = (rows, cols) if order == "row" else (cols, rows)
-    ld = ceil8(inner)
-    buf = torch.full((count, outer, ld), NAN, dtype=DTYPE, device="cuda")
-    buf[:, :, :inner] = torch.randn(count, outer, inner, device="cuda").to(DTYPE)
-    view = buf[:, :, :inner]
-    return view if order == "row" else view.transpose(1, 2)
+    return nan_padded(rows, cols, order, DTYPE, count)
 
 
 def bounds(sizes) -> list[tuple[int, int]]:
@@ -154,35 +138,16 @@ def upstream(rows: int, cols: int, kind: str) -> torch.Tensor:
     if kind == "row":
         return torch.randn(rows, cols, device="cuda").to(DTYPE)
     if kind == "col":
-        return torch.randn(cols, ceil8(rows), device="cuda").to(DTYPE)[:, :rows].t()
+        return torch.randn(cols, padded_ld(rows), device="cuda").to(DTYPE)[:, :rows].t()
     return torch.randn(rows, cols + 3, device="cuda").to(DTYPE)[:, 1:cols + 1]
 
 
-def rel_error(got: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
-
-
 def poison(*shapes) -> None:
-    """NaN blocks of these sizes, freed at once: the gradients' allocations likely get them (an unwritten element then
-    reads NaN)."""
-    for shape in shapes:
-        torch.full(shape, NAN, dtype=DTYPE, device="cuda")
+    gpu_cases.poison(DTYPE, *shapes)
 
 
 def check_grad(got, ref, t, what: str) -> None:
-    """A gradient of t: dtype, shape, t's storage order, packed; finite; within BOUND of float64's."""
-    assert got is not None, f"{what}: no gradient"
-    assert got.dtype == t.dtype and got.shape == t.shape, f"{what}: {got.dtype} {tuple(got.shape)}"
-    if got.numel() == 0:
-        return
-    if min(got.shape[-2:]) > 1:
-        row = t.stride(-1) == 1
-        assert (got.stride(-1) == 1) == row and (got.is_contiguous() or got.transpose(-1, -2).is_contiguous()), (
-            f"{what}: strides {got.stride()}, the input's {t.stride()}")
-    bad = ~torch.isfinite(got)
-    assert not bad.any(), f"{what}: {int(bad.sum())} non-finite elements (unwritten, or read from NaN padding)"
-    err = rel_error(got, ref)
-    assert err <= BOUND[DTYPE], f"{what}: rel error {err:.3g} > {BOUND[DTYPE]}"
+    gpu_cases.check_grad(got, ref, t, what, BOUND[DTYPE])
 
 
 # -- the offsets form ----------------------------------------------------------------------------------------------
