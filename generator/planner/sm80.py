@@ -42,15 +42,16 @@ SM80_TILES: dict[tuple[int, int], tuple[tuple[int, int], int, float]] = {
 TABLE_ELEM_BYTES = 2      # SM80_TILES' BK counts 16-bit elements
 PLANNER_MIN_STAGES, PLANNER_MAX_STAGES = 3, 4
 # This family on Hopper (an H100 or H200, whose 227 KB of shared memory per block the A100's 163 KB is not): the
-# 8-warp 128x128 tile takes BK = 64, and 4-warp tiles up to 7 stages (64x64: as many as two blocks per SM fit). Measured in the calibration sweeps
-# (benchmarks/calibrate.py, H200, the LLM set and squares, bf16 and fp16 tn, h200_confirmed_calibrate_sm80_*.json;
-# docs/tuning.md): the pick within 3 % of the measured best on 30 of 66 shapes, 18 before (bf16 11 -> 17, fp16
-# 7 -> 13); the pick's time over the best, geomean, 1.069 -> 1.040. The 64x64 tile's fifth stage is 5-18 % at
-# M = 128, 128x128's BK = 64 15-25 % at M = 128-512. 128x256 at BK = 64 also measured 3-5 % faster in bf16 at
-# large M, but it spills (255 registers, 168 bytes of spill loads): not taken. A second sweep around the new picks
-# (h200_calibrate_sm80_hopper_picks.json) found 64x64 with 6 stages 5-8 % ahead of 5 at M = 128 in both dtypes, a
-# third (h200_calibrate_sm80_after_hopper_table.json) 7 stages 3-6 % ahead of 6; with 7, 8 of 10 such picks are within
-# 3 % of the best (h200_calibrate_sm80_seven_stages.json).
+# 8-warp 128x128 tile takes BK = 64, and 4-warp tiles up to 7 stages (64x64: as many as two blocks per SM fit).
+# Measured in the calibration sweeps (benchmarks/calibrate.py, H200, the LLM set and squares, bf16 and fp16 tn,
+# h200_confirmed_calibrate_sm80_*.json; docs/tuning.md): the pick within 3 % of the measured best on 30 of 66 shapes,
+# 18 before (bf16 11 -> 17, fp16 7 -> 13); the pick's time over the best, geomean, 1.069 -> 1.040. The 64x64 tile's
+# fifth stage is 5-18 % at M = 128, 128x128's BK = 64 15-25 % at M = 128-512. 128x256 at BK = 64 also measured 3-5 %
+# faster in bf16 at large M, but it spills (255 registers, 168 bytes of spill loads): not taken. A second sweep around
+# the new picks (h200_calibrate_sm80_hopper_picks.json) found 64x64 with 6 stages 5-8 % ahead of 5 at M = 128 in both
+# dtypes, a third (h200_calibrate_sm80_after_hopper_table.json) 7 stages 3-6 % ahead of 6; with 7, 8 of 10 such picks
+# are within 3 % of the best (h200_calibrate_sm80_seven_stages.json). tf32 and int8 keep the 16-bit config's bytes per
+# stage (block_k), so they follow (not swept).
 HOPPER_BLOCK_K = {(128, 128): 64}
 HOPPER_MAX_STAGES_4_WARPS = 7
 HOPPER_CC = 90

@@ -381,9 +381,10 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     if parts > 1:
         k_tiles = math.ceil(problem.k / best.config.tile[2])
         split = replace(best.config, stream_k=True)
+        idle = sm_count - tile_count(best.config.tile, problem)
         best = Estimate(split, best.cost, f"{best.reason}; split-K: each tile's {k_tiles} k tiles in {parts} parts, "
                                           f"one block each, partial sums added in a fixed order (the tiles leave "
-                                          f"{sm_count - tile_count(best.config.tile, problem)} of the {sm_count} SMs idle)")
+                                          f"{idle} of the {sm_count} SMs idle)")
     return best, rejected
 
 
