@@ -37,7 +37,7 @@ class GpuSpec:
 #: The parts known by name, keyed by the model word of the driver's name ("NVIDIA H200" -> "h200").
 GPUS: dict[str, GpuSpec] = {
     "a100": GpuSpec("A100 80GB", 80, 108, 80, 2.04e12),
-    "3090": GpuSpec("RTX 3090", 86, 84, 24, 0.94e12),
+    "3090": GpuSpec("RTX 3090", 86, 82, 24, 0.94e12),   # GA102 with 82 of its 84 SMs enabled
     "4090": GpuSpec("RTX 4090", 89, 128, 24, 1.01e12),
     "h100": GpuSpec("H100 SXM", 90, 132, 80, 3.35e12),
     "h200": GpuSpec("H200", 90, 132, 141, 4.8e12),    # the H100's chip (SMs, shared memory) with more, faster HBM
