@@ -36,9 +36,10 @@ def op_of(ops: dict, key: str):
     return ops[key]
 
 
-def padded_ld(x: int) -> int:
-    """A leading dimension of at least ``x`` bf16 elements, a multiple of 16 bytes."""
-    return max(8, -(-x // 8) * 8)
+def padded_ld(x: int, dtype: torch.dtype = torch.bfloat16) -> int:
+    """A leading dimension of at least ``x`` elements of ``dtype`` (at least one), a multiple of 16 bytes."""
+    step = 16 // dtype.itemsize
+    return max(step, -(-x // step) * step)
 
 
 def nan_padded(rows: int, cols: int, order: str, dtype: torch.dtype, count: int | None = None) -> torch.Tensor:
@@ -46,7 +47,7 @@ def nan_padded(rows: int, cols: int, order: str, dtype: torch.dtype, count: int 
     with its leading dimension padded to 16 bytes and NaN in the padding (a wrong leading dimension reads NaN)."""
     outer, inner = (rows, cols) if order == "row" else (cols, rows)
     batch = () if count is None else (count,)
-    buf = torch.full((*batch, outer, padded_ld(inner)), float("nan"), dtype=dtype, device="cuda")
+    buf = torch.full((*batch, outer, padded_ld(inner, dtype)), float("nan"), dtype=dtype, device="cuda")
     buf[..., :inner] = torch.randn(*batch, outer, inner, device="cuda").to(dtype)
     view = buf[..., :inner]
     return view if order == "row" else view.transpose(-1, -2)
