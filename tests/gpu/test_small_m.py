@@ -31,9 +31,10 @@ PLANS = {
     "sm80_fp16_nt": dict(dtype="fp16", layout="nt", family="sm80"),
 }
 SMALL = [k for k in PLANS if not k.endswith(("_nn", "_nt"))]
-#: M up to 16 (one and two n8 halves), N and K ragged against the 16 rows and 128-wide k steps of a block.
+#: M up to 16 (one and two n8 halves), N and K ragged against the 16 rows and 128-wide k steps of a block; K long
+#: enough that each warp takes many steps, ending inside one.
 SHAPES = [(1, 4096, 4096), (2, 1000, 2048), (7, 17, 100), (8, 16, 128), (9, 129, 1000), (15, 4097, 520),
-          (16, 3000, 4104), (1, 1, 8), (16, 64, 8)]
+          (16, 3000, 4104), (1, 1, 8), (16, 64, 8), (3, 200, 14344), (12, 48, 9000)]
 
 
 @pytest.fixture(scope="module")
