@@ -7,8 +7,8 @@
 Builds a ``transformers.LlamaForCausalLM`` from a small ``LlamaConfig`` (random weights, fixed seed, bf16, sdpa
 attention, untied lm_head) on the GPU, and a deep copy whose nn.Linear layers (q, k, v, o, gate, up, down of every
 layer, and lm_head) ``generator.nn.replace_linear`` swaps for ``generator.nn.Linear``: without ``m=`` each layer's op
-holds a kernel per bucket of M, so prefill and decode each get theirs (under torch.compile the large-M kernel's
-library serves every M; it still takes its small-M kernel at M <= 16).
+holds a kernel per bucket of M, so prefill and decode each get theirs (under torch.compile too: the graph calls one
+op over every bucket's kernel, which picks per call).
 
 What is timed (ms, the median over --rounds of triton.testing.do_bench medians, stock and ours measured in
 interleaved rounds, benchmarks/bench.py's timed_rounds), for the stock model and ours side by side:

@@ -83,8 +83,8 @@ class Linear(nn.Module):
       kernel (and, at most 16 rows, the small-M kernel within it): prefill and decode of one model each get
       theirs.
       ``self.op.path(x, W.t())`` names it. With ``m=`` (e.g. a fixed token count) the layer holds the one
-      kernel planned for that M. Under torch.compile the large-M kernel serves every M (one graph for any M,
-      no recompiles; ``runtime.buckets``).
+      kernel planned for that M. Under torch.compile the graph calls one op over every bucket's kernel, which
+      picks per call in C++ (one graph for any M, no recompiles; ``runtime.buckets.BucketSetOp``).
     * **Bias and activation**: the bias is added in the kernel's epilogue (no separate add);
       ``activation=`` ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh") is applied there too.
     * **Fallback**: inputs the kernel cannot take (not on the weights' CUDA device, or of a dtype other

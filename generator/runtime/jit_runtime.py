@@ -19,6 +19,7 @@ import ctypes
 import threading
 import warnings
 from pathlib import Path
+from typing import Sequence
 
 import torch
 
@@ -53,7 +54,11 @@ class JitOpSpec(ctypes.Structure):
                 ("launch", ctypes.c_void_p), ("error_string", ctypes.c_void_p),
                 ("num_operands", ctypes.c_int), ("operands", ctypes.POINTER(JitOperandSpec)),
                 ("aux", ctypes.c_int), ("device_type", ctypes.c_int), ("dtype_b", ctypes.c_char_p),
-                ("grouped_refusal", ctypes.c_char_p), ("grouped_list_refusal", ctypes.c_char_p)]
+                ("grouped_refusal", ctypes.c_char_p), ("grouped_list_refusal", ctypes.c_char_p),
+                ("num_buckets", ctypes.c_int), ("bucket_rows", ctypes.POINTER(ctypes.c_longlong)),
+                ("bucket_launch", ctypes.POINTER(ctypes.c_void_p)),
+                ("bucket_error_string", ctypes.POINTER(ctypes.c_void_p)),
+                ("bucket_kernel", ctypes.POINTER(ctypes.c_char_p))]
 
 
 #: gemmgen::OperandKind in templates/torch/gemm_op.h: the index of each kind in generator.spec.epilogue.KINDS.
@@ -148,17 +153,26 @@ class _Runtime:
             return False
         return True
 
-    def register(self, op: OpHandle, library: KernelLibrary) -> bool:
+    def register(self, op: OpHandle, library: KernelLibrary,
+                 buckets: Sequence[tuple[int, str, KernelLibrary]] = ()) -> bool:
         """Register ``library`` as ``op``'s CUDA kernel (both overloads); False if there is no runtime.
 
         An op with a fused epilogue gets the boxed kernels of gemm_op.h, told its operands (kind, name, dtype,
         order) and whether it has a second output; its schema must be defined already (it is checked). A plain
         op's .grouped and .grouped_list overloads get their kernels too, told why the plan takes no such call where it
-        does not."""
+        does not. ``buckets``: (most rows, kernel name, library) of the kernels that calls of up to that many rows
+        take instead of ``library``'s, bounds increasing (an op over an M-bucketed op's kernels)."""
         if not self.ensure():
             return False
         cfg = op.config
         operands = operand_specs(cfg.epilogue)
+        count = max(len(buckets), 1)   # (ctypes arrays of length 0 are not pointers)
+        rows = (ctypes.c_longlong * count)(*(bound for bound, _, _ in buckets))
+        launches = (ctypes.c_void_p * count)(*(ctypes.cast(lib.launch, ctypes.c_void_p).value
+                                               for _, _, lib in buckets))
+        errors = (ctypes.c_void_p * count)(*(ctypes.cast(lib.error_string, ctypes.c_void_p).value
+                                             for _, _, lib in buckets))
+        kernels = (ctypes.c_char_p * count)(*(name.encode() for _, name, _ in buckets))
         spec = JitOpSpec(
             ns=op.namespace.encode(), op=op.name.encode(), kernel=cfg.name.encode(), arch=cfg.arch,
             dtype=cfg.dtype.value.encode(), out_dtype=cfg.out_dtype.value.encode(),
@@ -173,7 +187,9 @@ class _Runtime:
             dtype_b=cfg.dtype_b.value.encode() if cfg.dtype_b is not None else None,
             # why the plan takes no grouped call (an op with an epilogue has no .grouped overload: none)
             grouped_refusal=(grouped_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None,
-            grouped_list_refusal=(grouped_list_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None)
+            grouped_list_refusal=(grouped_list_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None,
+            num_buckets=len(buckets), bucket_rows=rows, bucket_launch=launches, bucket_error_string=errors,
+            bucket_kernel=kernels)
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 

@@ -146,7 +146,8 @@ class GemmOp:
     #: The device type whose tensors the kernel library takes.
     device_type = "cuda"
 
-    def __init__(self, config: KernelConfig, library: KernelLibrary | None, namespace: str) -> None:
+    def __init__(self, config: KernelConfig, library: KernelLibrary | None, namespace: str,
+                 name: str | None = None) -> None:
         self.config = config
         self._library: KernelLibrary | None = None
         self._library_lock = threading.Lock()
@@ -155,7 +156,7 @@ class GemmOp:
         #: Whether its autograd formula is the JIT runtime's C++ one (else generator.runtime.autograd's Python one).
         self.cpp_autograd = False
         self.namespace = namespace
-        self.name = config.name
+        self.name = config.name if name is None else name   # (another name: buckets.BucketSetOp)
         self.dtype = TORCH_DTYPES[config.dtype]
         self.dtype_b = TORCH_DTYPES[config.b_dtype]   # B's (fp8: e4m3 x e5m2 plans differ)
         self.out_dtype = TORCH_DTYPES[config.out_dtype]
@@ -279,7 +280,11 @@ class GemmOp:
         # Every op, plain (unboxed kernels) or with a fused epilogue (boxed ones, told its operands); run() is
         # the fallback without the runtime, and the reference of the C++ checks' messages.
         if self.device_type == "cuda":
-            self.cpp_kernel = jit_runtime.RUNTIME.register(self, library)
+            self.cpp_kernel = self._register_cpp_kernel(library)
+
+    def _register_cpp_kernel(self, library: KernelLibrary) -> bool:
+        """Register the JIT runtime's C++ kernels for this op, launching ``library``; False if there is no runtime."""
+        return jit_runtime.RUNTIME.register(self, library)
 
     @property
     def built(self) -> bool:

@@ -106,6 +106,14 @@ struct OpSpec {
   // Why it takes no list call (.grouped_list), with the fix (grouped_list_refusal: grouped_refusal's rules but A's
   // order); null: it takes them.
   const char* grouped_list_refusal = nullptr;
+  // An op over an M-bucketed op's kernels (generator/runtime/buckets.py BucketSetOp, what torch.compile'd graphs
+  // call): a call of at most bucket_rows[i] rows (M, times the problems of a batch) takes kernel i; larger ones,
+  // and grouped and list calls, the kernel above. num_buckets 0: one kernel.
+  int num_buckets = 0;
+  const int64_t* bucket_rows = nullptr;   // increasing
+  const LaunchFn* bucket_launch = nullptr;
+  const ErrorStringFn* bucket_error_string = nullptr;
+  const char* const* bucket_kernel = nullptr;
 };
 
 inline c10::ScalarType b_dtype(const OpSpec& op) {
@@ -605,11 +613,24 @@ inline std::optional<c10::Device> launch_device(const OpSpec& op, const at::Tens
   return on_cuda(op) ? std::optional<c10::Device>(A.device()) : std::nullopt;
 }
 
+// The bucket of a bucketed op that takes a call (num_buckets: the op's own kernel), chosen as BucketedOp.select does
+// in Python: the first whose bound is at least the call's rows.
+inline int bucket_of(const OpSpec& op, const GemmArgs& args) {
+  if (op.num_buckets == 0 || args.group_ends != nullptr || args.list != nullptr) return op.num_buckets;
+  const int64_t rows = args.m * (args.batch > 0 ? args.batch : 1);
+  int bucket = 0;
+  while (bucket < op.num_buckets && rows > op.bucket_rows[bucket]) ++bucket;
+  return bucket;
+}
+
 // Calls the library's launch with args on the device's current stream; a failure's code as the library words it.
 inline void call_launch(const OpSpec& op, const c10::Device& device, GemmArgs& args) {
   void* stream = on_cuda(op) ? c10::cuda::getCurrentCUDAStream(device.index()).stream() : nullptr;
-  const int code = op.launch(&args, stream);
-  TORCH_CHECK(code == 0, op.kernel, ": launch failed: ", op.error_string(code));
+  const int bucket = bucket_of(op, args);
+  const bool own = bucket == op.num_buckets;
+  const int code = (own ? op.launch : op.bucket_launch[bucket])(&args, stream);
+  TORCH_CHECK(code == 0, own ? op.kernel : op.bucket_kernel[bucket], ": launch failed: ",
+              (own ? op.error_string : op.bucket_error_string[bucket])(code));
 }
 
 // Launches with args filled but for A, B, D, the sizes and the batch; aux, when given, is the second output.

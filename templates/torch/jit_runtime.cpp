@@ -54,6 +54,11 @@ struct JitOpSpec {
   const char* dtype_b;           // of B where it differs from A's (fp8 e4m3 x e5m2), else null
   const char* grouped_refusal;   // why the plan takes no grouped call, with the fix; null or "": it takes them
   const char* grouped_list_refusal;  // why it takes no list call (.grouped_list), likewise
+  int num_buckets;               // an op over an M-bucketed op's kernels: how many besides the one above (else 0)
+  const long long* bucket_rows;  // each bucket's most rows, increasing
+  void* const* bucket_launch;    // each bucket's library's <kernel>_launch
+  void* const* bucket_error_string;
+  const char* const* bucket_kernel;
 };
 
 // An OpSpec and the strings and operands it points to, and the registration that uses them.
@@ -62,6 +67,11 @@ struct RegisteredOp {
   std::string grouped_refusal, grouped_list_refusal;
   std::vector<std::string> operand_names, operand_dtype_names;  // sized once: the specs point into them
   std::vector<gemmgen::OperandSpec> operands;
+  std::vector<int64_t> bucket_rows;                // the buckets of a bucketed op, sized once as operands
+  std::vector<gemmgen::LaunchFn> bucket_launch;
+  std::vector<gemmgen::ErrorStringFn> bucket_error_string;
+  std::vector<std::string> bucket_kernel_names;
+  std::vector<const char*> bucket_kernel;
   gemmgen::OpSpec spec{};
   torch::Library* library = nullptr;
 };
@@ -102,6 +112,30 @@ void check_schema(const RegisteredOp& entry) {
 // Whether Python defined the overload (a plain op's .grouped and .grouped_list: generator/runtime/op.py's has_grouped).
 bool has_overload(const std::string& ns, const std::string& op, const char* overload) {
   return c10::Dispatcher::singleton().findSchema({ns + "::" + op, overload}).has_value();
+}
+
+// The buckets of an op over an M-bucketed op's kernels, into entry (which keeps them for as long as the spec).
+void copy_buckets(const JitOpSpec& in, RegisteredOp& entry) {
+  TORCH_CHECK_VALUE(in.num_buckets >= 0 && (in.num_buckets == 0 || (in.bucket_rows && in.bucket_launch &&
+                                                                     in.bucket_error_string && in.bucket_kernel)),
+                    "gemmgen JIT runtime: incomplete buckets in the op spec");
+  entry.bucket_kernel_names.reserve(in.num_buckets);
+  for (int i = 0; i < in.num_buckets; ++i) {
+    TORCH_CHECK_VALUE(in.bucket_launch[i] && in.bucket_error_string[i] && in.bucket_kernel[i] &&
+                          (i == 0 || in.bucket_rows[i] > in.bucket_rows[i - 1]),
+                      "gemmgen JIT runtime: bucket ", i, " of the op spec is incomplete or out of order");
+    entry.bucket_rows.push_back(in.bucket_rows[i]);
+    entry.bucket_launch.push_back(reinterpret_cast<gemmgen::LaunchFn>(in.bucket_launch[i]));
+    entry.bucket_error_string.push_back(reinterpret_cast<gemmgen::ErrorStringFn>(in.bucket_error_string[i]));
+    entry.bucket_kernel_names.emplace_back(in.bucket_kernel[i]);
+  }
+  for (const std::string& name : entry.bucket_kernel_names) entry.bucket_kernel.push_back(name.c_str());
+  gemmgen::OpSpec& spec = entry.spec;
+  spec.num_buckets = in.num_buckets;
+  spec.bucket_rows = entry.bucket_rows.data();
+  spec.bucket_launch = entry.bucket_launch.data();
+  spec.bucket_error_string = entry.bucket_error_string.data();
+  spec.bucket_kernel = entry.bucket_kernel.data();
 }
 
 void register_op(const JitOpSpec& in) {
@@ -169,6 +203,7 @@ void register_op(const JitOpSpec& in) {
     entry->grouped_list_refusal = in.grouped_list_refusal;
     spec.grouped_list_refusal = entry->grouped_list_refusal.c_str();
   }
+  copy_buckets(in, *entry);
   const bool boxed = gemmgen::has_epilogue_schema(spec);
   if (boxed) check_schema(*entry);
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::CUDA, __FILE__, __LINE__);

@@ -1,6 +1,6 @@
 """M-bucketed ops on the GPU (Gemm.compile_buckets, generator.nn.Linear without m): each call runs its bucket's
-kernel (op.path), every bucket against float64 with NaN-poisoned outputs, and nn.Linear's buckets agree with
-the single-kernel ops."""
+kernel (op.path), every bucket against float64 with NaN-poisoned outputs, nn.Linear's buckets agree with the
+single-kernel ops, and a torch.compile'd graph (one op over every bucket, BucketSetOp) runs each call's bucket."""
 from __future__ import annotations
 
 import pytest
@@ -13,6 +13,7 @@ from gpu_cases import BOUND  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.nn import Linear  # noqa: E402
 from generator.runtime import BucketedOp  # noqa: E402
+from generator.runtime.buckets import BucketSetOp  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -52,3 +53,40 @@ def test_linear_holds_buckets_without_m():
             y = ours(x)
             assert ((y.double() - ref).norm() / ref.norm()).item() <= BOUND[torch.bfloat16]
         assert torch.equal(ours(x[:128]), fixed(x[:128]))   # the M <= 128 bucket is the m=128 plan's kernel
+
+
+def kernels_run(fn) -> set[str]:
+    """The names of the CUDA kernels ``fn()`` launches, from the profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.key for e in prof.key_averages()}
+
+
+def test_compiled_graph_runs_each_calls_bucket(bucketed):
+    """Under torch.compile the graph calls the op over every bucket, which picks per call in C++ (gemm_op.h
+    bucket_of): one graph for every M, the bucket's kernel in the profile and no other bucket's, the same bits as
+    the bucket's own op; the Python path (op.run, through ctypes) picks the same."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    set_op = bucketed.set_op()
+    assert isinstance(set_op, BucketSetOp) and set_op.cpp_kernel
+    torch._dynamo.reset()
+    w = torch.randn(4096, 1024, device="cuda").bfloat16()
+    bias = torch.randn(4096, device="cuda").bfloat16()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(lambda x: bucketed(x, w.t(), bias), backend=counter, fullgraph=True, dynamic=True)
+    names = {b.op.name for b in bucketed.buckets}
+    for m, bucket in ((1, 0), (64, 0), (100, 1), (300, 2), (2000, -1), (5000, -1)):
+        x = torch.randn(m, 1024, device="cuda").bfloat16()
+        expected = bucketed.buckets[bucket].op
+        assert set_op.path(x, w.t(), bias).startswith(expected.name + ": ")
+        compiled(x)   # (the first call compiles)
+        ran = kernels_run(lambda: compiled(x))
+        ours = {name for name in names if any(name in k for k in ran)}
+        assert ours == {expected.name}, (m, ours, ran)
+        y = compiled(x)
+        assert torch.equal(y, expected(x, w.t(), bias)), m
+        assert torch.equal(set_op(x, w.t(), bias), y) and torch.equal(set_op.run(x, w.t(), (bias,), None), y), m
+    # M = 1 gets a graph of its own (dynamo specializes sizes 0 and 1 whatever the op); every other M shares one
+    assert counter.frame_count == 2, f"{counter.frame_count} compiles for 6 row counts"
