@@ -674,7 +674,7 @@ def _compile_counter():
     return CompileCounterWithBackend("aot_eager")
 
 
-# -- the backward of grouped and list calls (generator/runtime/autograd.py: grouped_backward, list_backward) ----------
+# -- the backward of grouped and list calls (generator/runtime/grouped_formula.py: grouped_backward, list_backward) ---
 
 #: Group sizes of the offsets form's backward: ragged with an empty group, one group, 17 groups (several empty), every
 #: group empty, empty groups first and last.

@@ -61,8 +61,7 @@ from . import grouped_formula, jit_runtime
 from .evaluate import evaluate, operand_values
 from .handle import OpHandle
 
-__all__ = ["backward_configs", "backward_layouts", "grad_ops", "grouped_backward", "list_backward",
-           "register_autograd"]
+__all__ = ["backward_configs", "backward_layouts", "grad_ops", "register_autograd"]
 
 # (namespace, forward op name, gradient order) -> (dA op, dB op)
 _GRAD_OPS: dict[tuple[str, str, Order], tuple[OpHandle, OpHandle]] = {}
@@ -340,8 +339,9 @@ def _register_quantized_grouped_refusal(op: OpHandle, lib: torch.library.Library
 # -- grouped calls: the formulas of .grouped and .grouped_list (see the module docstring) -----------------------------
 
 def _register_grouped_formulas(op: OpHandle, lib: torch.library.Library) -> None:
-    """The Autograd kernels of ``op``'s .grouped and .grouped_list: ``grouped_backward`` and ``list_backward``, through
-    ``torch.library.register_autograd`` (grouped_formula.register_formulas, as emitted packages register them)."""
+    """The Autograd kernels of ``op``'s .grouped and .grouped_list: grouped_formula's ``grouped_backward`` and
+    ``list_backward``, through ``torch.library.register_autograd`` (``register_formulas``, as emitted packages
+    register them)."""
     grouped_formula.register_formulas(f"{op.namespace}::{op.name}", _formula(op), lib)
 
 
@@ -380,18 +380,3 @@ def list_problem_refusal(grad_op: OpHandle, i: int, x: torch.Tensor, y: torch.Te
     layout = grad_op.config.layout
     return grouped_formula.list_problem_refusal(grouped_list_refusal(grad_op.config), layout.a is Order.row,
                                                 layout.b is Order.row, i, x, y)
-
-
-def grouped_backward(op: OpHandle, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
-                     need_a: bool, need_b: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """dA (T, K) and dB (E, K, N) of ``op.grouped(A, B, offsets)`` for its gradient ``grad`` (T, N), on the dA and dB
-    ops of a row-major gradient (grouped_formula.grouped_backward; None where not needed)."""
-    return grouped_formula.grouped_backward(_formula(op), A, B, offsets, grad, need_a, need_b)
-
-
-def list_backward(op: OpHandle, A: list[torch.Tensor], B: list[torch.Tensor], grads: list[torch.Tensor | None],
-                  need_a: list[bool], need_b: list[bool]
-                  ) -> tuple[list[torch.Tensor | None], list[torch.Tensor | None]]:
-    """[dA_i] and [dB_i] of ``op.grouped_list(A, B)`` for its outputs' gradients ``grads`` (None: that output has
-    none; grouped_formula.list_backward)."""
-    return grouped_formula.list_backward(_formula(op), A, B, grads, need_a, need_b)

@@ -21,7 +21,7 @@ What each overload has, so that it behaves like a native op (see ``_register``):
   return aliases ``out`` only by decomposing it; and, like aten's out= ops, an Autograd kernel that
   refuses inputs which require grad.
 * ``.grouped`` and ``.grouped_list`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an
-  autograd formula on this generator's kernels (``generator.runtime.autograd``: ``grouped_backward``,
+  autograd formula on this generator's kernels (``generator.runtime.grouped_formula``: ``grouped_backward``,
   ``list_backward``; fp8 and int8 ops refuse inputs which require grad).
 * all: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
   had when traced, i.e. the planned layout) and ``pt2_compliant_tag`` (opcheck passes).
