@@ -44,6 +44,12 @@ def call_rows(A: torch.Tensor, B: torch.Tensor) -> int:
     return A.shape[-2] * problems
 
 
+def bucket_index(bounds: Sequence[int], rows: int) -> int:
+    """The index of the bucket that takes ``rows``: the first whose bound is at least ``rows``, len(bounds) (the
+    last, unbounded one) above them all. templates/torch/gemm_op.h bucket_of chooses the same in C++."""
+    return bisect_left(bounds, rows)
+
+
 class BucketSetOp(GemmOp):
     """One registered op over the kernels of an M-bucketed op: a call of at most ``bound`` rows (``call_rows``) takes
     that bucket's kernel, larger ones the last bucket's, chosen per call where the launch is made (the JIT runtime's
@@ -52,24 +58,22 @@ class BucketSetOp(GemmOp):
     (every bucket shares dtype, layout and epilogue); grouped and list calls take the last bucket's kernel."""
 
     def __init__(self, buckets: Sequence[tuple[int | None, GemmOp]], namespace: str) -> None:
-        *smaller, (_, largest) = buckets
-        self._smaller = [(bound, op) for bound, op in smaller]
+        self._bounds = [bound for bound, _ in buckets[:-1]]
+        self._ops = [op for _, op in buckets]
+        self._largest = self._ops[-1]
         names = "|".join(f"{bound}:{op.name}" for bound, op in buckets)
         digest = hashlib.sha1(names.encode()).hexdigest()[:10]
-        super().__init__(largest.config, None, namespace, name=f"{largest.name}_buckets_{digest}")
-        self._largest = largest
-        self._attach(largest.library)
+        super().__init__(self._largest.config, None, namespace, name=f"{self._largest.name}_buckets_{digest}")
+        self._attach(self._largest.library)
 
     def _register_cpp_kernel(self, library: KernelLibrary) -> bool:
         from . import jit_runtime   # (as op.py: the runtime is loaded on first use)
 
-        return jit_runtime.RUNTIME.register(self, library, [(bound, op.name, op.library) for bound, op in self._smaller])
+        smaller = [(bound, op.name, op.library) for bound, op in zip(self._bounds, self._ops)]
+        return jit_runtime.RUNTIME.register(self, library, smaller)
 
     def op_for_rows(self, rows: int) -> GemmOp:
-        for bound, op in self._smaller:
-            if rows <= bound:
-                return op
-        return self._largest
+        return self._ops[bucket_index(self._bounds, rows)]
 
     def _launch(self, args: GemmArgsStruct, device: torch.device) -> None:
         if args.group_ends or args.list:   # grouped and list calls: the last bucket's kernel walks them
@@ -85,7 +89,7 @@ class BucketSetOp(GemmOp):
 
     def __reduce__(self) -> tuple:
         # Pickled as its buckets' ops (each pickled as its config): unpickling registers the same op again.
-        return (BucketSetOp, ([*self._smaller, (None, self._largest)], self.namespace))
+        return (BucketSetOp, ([*zip(self._bounds, self._ops), (None, self._largest)], self.namespace))
 
 
 class BucketedOp:
@@ -124,7 +128,7 @@ class BucketedOp:
 
     def select(self, m: int) -> Any:
         """The op of the bucket that takes ``m`` rows."""
-        return self.buckets[bisect_left(self._bounds, m)].op
+        return self.buckets[bucket_index(self._bounds, m)].op
 
     rows = staticmethod(call_rows)
 

@@ -613,8 +613,8 @@ inline std::optional<c10::Device> launch_device(const OpSpec& op, const at::Tens
   return on_cuda(op) ? std::optional<c10::Device>(A.device()) : std::nullopt;
 }
 
-// The bucket of a bucketed op that takes a call (num_buckets: the op's own kernel), chosen as BucketedOp.select does
-// in Python: the first whose bound is at least the call's rows.
+// The bucket of a bucketed op that takes a call (num_buckets: the op's own kernel), chosen as bucket_index does in
+// Python (generator/runtime/buckets.py): the first whose bound is at least the call's rows.
 inline int bucket_of(const OpSpec& op, const GemmArgs& args) {
   if (op.num_buckets == 0 || args.group_ends != nullptr || args.list != nullptr) return op.num_buckets;
   const int64_t rows = args.m * (args.batch > 0 ? args.batch : 1);
