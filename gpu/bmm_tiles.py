@@ -29,7 +29,8 @@ CANDIDATES = [((128, 128, 64), (1, 1), "pingpong", None), ((128, 128, 64), (2, 1
               ((128, 256, 64), (2, 1), "cooperative", None), ((256, 128, 64), (1, 1), "cooperative", None),
               ((256, 128, 64), (1, 2), "cooperative", None), ((128, 128, 64), (1, 1), "cooperative", None),
               ((64, 256, 64), (1, 1), "pingpong", None), ((64, 128, 64), (1, 1), "pingpong", None),
-              ((128, 192, 64), (1, 1), "cooperative", None)]
+              ((128, 192, 64), (1, 1), "cooperative", None), ((128, 256, 64), (2, 1), "cooperative", 3),
+              ((128, 128, 64), (2, 1), "pingpong", 4), ((256, 128, 64), (1, 2), "cooperative", 3)]
 
 
 def plans_for(batch: int, m: int, n: int, k: int) -> list[Gemm]:

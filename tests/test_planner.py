@@ -199,6 +199,21 @@ def test_few_rows_stream_b_rule_says_so_and_yields_to_knobs() -> None:
     assert "_pp_" not in Gemm("e4m3", "tn", arch=90, **hints).name
 
 
+def test_covering_cluster_rule_says_so_and_yields_to_knobs() -> None:
+    """A batch of problems one 2x1 cluster of 128x256 tiles covers (cluster_covers_each_problem): that plan, and
+    print(plan) says why; one problem, a problem a 128-column tile covers, fixed knobs or 8-bit types plan as before."""
+    hints = dict(m=256, n=256, k=256, batch=512)
+    covered = plan(arch=90, layout="tt", **hints)
+    assert covered.name == "sm90_bf16_tt_128x256x64_c2x1_s4_coop_g1m"
+    assert "128x256 cooperative 2x1 by rule: one cluster covers each problem of the batch" in covered.why
+    assert plan(arch=90, layout="tt", m=200, n=160, k=64, batch=512).name.startswith("sm90_bf16_tt_128x256x64_c2x1_")
+    for other in (dict(hints, batch=1), dict(hints, n=128), dict(hints, m=128), dict(hints, m=384)):
+        assert "by rule" not in plan(arch=90, layout="tt", **other).why
+    assert plan(arch=90, layout="tt", schedule="pingpong", **hints).config.schedule == "pingpong"
+    assert plan(arch=90, layout="tt", cluster_shape=(1, 1), **hints).config.cluster == (1, 1)
+    assert "by rule" not in Gemm("e4m3", "tn", arch=90, **hints).why
+
+
 def test_small_m_gets_a_small_tile() -> None:
     big = plan(arch=90, family="sm80").tile_shape
     small = plan(arch=90, family="sm80", m=16).tile_shape

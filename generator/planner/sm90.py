@@ -129,6 +129,13 @@ ONE_WAVE_CLUSTER_K_TILES = 64
 FEW_ROWS_STREAM_B_SM_SHARE = 0.9
 FEW_ROWS_STREAM_B_BN = 128
 DEFAULT_RASTER_GROUP = 8
+# A batch of problems that one 2x1 cluster of 128x256 cooperative tiles covers whole (129-256 rows, 129-256
+# columns): that tile and cluster (cluster_covers_each_problem). Each problem's A and B then cross from L2 into the
+# SMs once, B by multicast; 128x128 pingpong, which the model prefers for its hidden epilogue, loads each problem's A
+# twice and B twice. Measured at 512 x 256^3 (bf16, x torch.bmm, gpu/bmm_tiles.py, docs/batched.md): H100 0.980
+# against 0.886 for the pick, H200 0.982 against 0.941 (h200_bmm_tiles.json).
+COVERING_TILE = (128, 256)
+COVERING_CLUSTER = (2, 1)
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (gpu/debug/cluster_occupancy.cu,
@@ -274,6 +281,20 @@ def few_rows_stream_b(dtype: DType, knobs: Knobs, problem: Problem, sm_count: in
             and FEW_ROWS_STREAM_B_SM_SHARE * sm_count <= tiles <= sm_count)
 
 
+def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) -> bool:
+    """Whether the plan is 128x256 cooperative in a 2x1 cluster by COVERING_TILE's rule: a batch of 16-bit problems
+    of two 128-row tile rows and one 256-column tile column that a 128-column tile would not cover, the user fixed
+    none of tile, schedule and cluster."""
+    if dtype.bytes != 2 or knobs.tile is not None or knobs.schedule is not None or knobs.cluster is not None:
+        return False
+    bm, bn = COVERING_TILE
+    return problem.batch > 1 and math.ceil(problem.m / bm) == COVERING_CLUSTER[0] and bn // 2 < problem.n <= bn
+
+
+def is_covering(cfg: KernelConfig) -> bool:
+    return cfg.tile[:2] == COVERING_TILE and cfg.schedule == "cooperative" and cfg.cluster == COVERING_CLUSTER
+
+
 def is_few_rows_stream_b(cfg: KernelConfig) -> bool:
     return (cfg.tile[:2] == (SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN) and cfg.schedule == "pingpong"
             and cfg.cluster == (2, 1))
@@ -370,13 +391,19 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
         return cluster_larger_than_grid(cfg, problem) if hinted and knobs.cluster else None
 
     streams_b = hinted and few_rows_stream_b(dtype, knobs, problem, sm_count)
+    covers = hinted and cluster_covers_each_problem(dtype, knobs, problem)
     if streams_b:
         configs = [c for c in configs if is_few_rows_stream_b(c)] or configs
+    elif covers:
+        configs = [c for c in configs if is_covering(c)] or configs
     best, rejected = pick(configs, lambda cfg: estimate(cfg, spec, sm_count, problem), refuse)
     if streams_b and is_few_rows_stream_b(best.config):
         best = Estimate(best.config, best.cost, f"{best.reason}; 64x128 pingpong 2x1 by rule: two tile rows, a long K "
                                                 f"and one full wave, so the run is B's stream from L2, which the "
                                                 f"cluster halves")
+    elif covers and is_covering(best.config):
+        best = Estimate(best.config, best.cost, f"{best.reason}; 128x256 cooperative 2x1 by rule: one cluster covers "
+                                                f"each problem of the batch, so its A and B cross into the SMs once")
     parts = split_k_parts(best.config, problem, sm_count) if hinted else 1
     if parts > 1:
         k_tiles = math.ceil(problem.k / best.config.tile[2])
