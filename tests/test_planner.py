@@ -151,7 +151,7 @@ def test_arch_spellings_90(arch: object) -> None:
     (90, dict(m=16, n=28672, k=8192), "sm80_bf16_tn_64x128x64_w2x2_s4_g8"),
     (90, dict(m=512, n=4096, k=4096), "sm80_bf16_tn_128x128x64_w2x4_s4_g8"),
     (90, dict(m=1024, n=6144, k=4096), "sm80_bf16_tn_128x128x64_w2x4_s4_g8"),
-    (90, dict(m=8192, n=8192, k=8192), "sm80_bf16_tn_128x256x32_w2x4_s4_g8"),
+    (90, dict(m=8192, n=8192, k=8192), "sm80_bf16_tn_128x256x32_w2x4_s3_g8"),  # long K (sm80.long_k_stages)
 ])
 def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     assert plan(arch=arch, family="sm80", **hints).name == name
@@ -197,6 +197,17 @@ def test_few_rows_stream_b_rule_says_so_and_yields_to_knobs() -> None:
     assert plan(arch=90, cluster_shape=(1, 1), **hints).name == "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"
     assert plan(arch=90, tile_shape=(128, 64, 64), **hints).name.startswith("sm90_bf16_tn_128x64x64_c1x1_")
     assert "_pp_" not in Gemm("e4m3", "tn", arch=90, **hints).name
+
+
+def test_sm80_long_k_takes_three_stages_on_hopper_only() -> None:
+    """128x256 at 3 stages for K >= 8192 on >= 512 rows on Hopper (sm80.long_k_stages); the A100, K = 4096, fewer
+    rows and a fixed stages= keep what they had."""
+    long_k = dict(family="sm80", m=4096, n=8192, k=28672)
+    assert plan(arch=90, **long_k).name == "sm80_bf16_tn_128x256x32_w2x4_s3_g8"
+    assert plan(arch=80, **long_k).name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
+    assert plan(arch=90, **dict(long_k, k=4096)).name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
+    assert plan(arch=90, **dict(long_k, m=256)).config.stages != 3
+    assert plan(arch=90, stages=4, **long_k).name == "sm80_bf16_tn_128x256x32_w2x4_s4_g8"
 
 
 def test_covering_cluster_rule_says_so_and_yields_to_knobs() -> None:
@@ -249,7 +260,7 @@ PINNED_SM80_AT_90_BF16_TN = {
     (1024, 1024, 1024): 'sm80_bf16_tn_64x64x64_w2x2_s7_g8',
     (2048, 2048, 2048): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (4096, 4096, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (8192, 8192, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (8192, 8192, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
     (16, 4096, 4096): 'sm80_bf16_tn_64x64x64_w2x2_s7_g8',
     (16, 6144, 4096): 'sm80_bf16_tn_64x64x64_w2x2_s7_g8',
     (16, 14336, 4096): 'sm80_bf16_tn_64x64x64_w2x2_s7_g8',
@@ -266,25 +277,25 @@ PINNED_SM80_AT_90_BF16_TN = {
     (512, 6144, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (512, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (512, 4096, 14336): 'sm80_bf16_tn_128x128x64_w2x4_s4_g8',
-    (512, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (512, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (512, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
+    (512, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
     (1024, 4096, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (1024, 6144, 4096): 'sm80_bf16_tn_128x128x64_w2x4_s4_g8',
     (1024, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (1024, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (1024, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (1024, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (1024, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
+    (1024, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
+    (1024, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
     (4096, 6144, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (4096, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (4096, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (4096, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (4096, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (4096, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
+    (4096, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
+    (4096, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
     (16384, 4096, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (16384, 6144, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (16384, 14336, 4096): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (16384, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (16384, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
-    (16384, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
+    (16384, 4096, 14336): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
+    (16384, 28672, 8192): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
+    (16384, 8192, 28672): 'sm80_bf16_tn_128x256x32_w2x4_s3_g8',
     (1000, 1000, 1000): 'sm80_bf16_tn_64x64x64_w2x2_s7_g8',
     (3000, 5000, 1000): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',
     (4097, 4095, 4104): 'sm80_bf16_tn_128x256x32_w2x4_s4_g8',

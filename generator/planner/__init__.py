@@ -64,7 +64,7 @@ def ranked(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
     if resolve_family(knobs, spec, dtype, layout) == "sm90":
         configs = sm90.candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)
     else:
-        configs = sm80.candidates(dtype, out_dtype, layout, spec, knobs)
+        configs = sm80.candidates(dtype, out_dtype, layout, spec, knobs, problem)
     legal = []
     for cfg in (replace(c, epilogue=epilogue, dtype_b=dtype_b) for c in configs):
         try:
