@@ -251,8 +251,12 @@ def stand_in(key: str) -> StandInOp:
             config = dataclasses.replace(Gemm("bf16", "tn", arch=90, schedule="cooperative").config, stream_k=True)
         else:
             config = Gemm(**{"dtype": "bf16", "arch": 90, **STAND_IN_PLANS[key]}).config
-        # (an sm80 kernel's name does not spell the arch it was planned for: the Ampere plan has a namespace of its own)
-        op = StandInOp(config, None, STAND_IN_NAMESPACE + ("_ampere" if config.arch == 80 else ""))
+        # A namespace per key: an op registers its backward ops (GemmOps of device type "cuda") in its namespace, and
+        # one may be another key's kernel (rowwise_aux_dcol's dA is plain's), which would then keep a GemmOp, not this
+        # StandInOp, behind torch.ops and the fake, if that key were asked for later. (Also keeps sm80 apart from
+        # sm80_arch80: an sm80 kernel's name does not spell the arch it was planned for.)
+        op = StandInOp(config, None, f"{STAND_IN_NAMESPACE}_{key}")
+        assert registered_op(config, op.namespace) is op, f"{key}: its StandInOp is not the registered handle"
         library = types.SimpleNamespace(launch=_record_launch, error_string=_error_string)
         assert jit_runtime.RUNTIME.register(op, library)
         # GemmOp.run's launch: the same recorder, and its message as bytes
@@ -515,7 +519,7 @@ def test_the_runtime_refuses_a_spec_that_does_not_match_the_schema():
     op = stand_in("fused")
     other = Gemm("bf16", arch=90, layout="tn", activation="relu", bias="col").config
     handle = types.SimpleNamespace(namespace=op.namespace, name=op.name, config=other, device_type="cpu")
-    with pytest.raises(RuntimeError, match=r"the schema of gemmgen_rt_standin::.* does not match the op spec's 1 "
+    with pytest.raises(RuntimeError, match=r"the schema of gemmgen_rt_standin_fused::.* does not match the op spec's 1 "
                                            r"epilogue operand\(s\)"):
         jit_runtime.RUNTIME.register(handle, types.SimpleNamespace(launch=_record_launch, error_string=_error_string))
 
