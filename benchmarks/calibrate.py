@@ -17,8 +17,8 @@ kernel whatever the config) and are counted apart.
 
 Fit (CPU): reads such a JSON and searches the cost model's efficiency constants (sm90: L2_HALF_REUSE,
 SMEM_HALF_REUSE, ISSUE_EFFICIENCY[1], CLUSTER_COUPLING, OVERHEAD_K["cooperative"]; sm80: SM80_TILES' relative
-efficiencies) by coordinate search, for the model's choice among each shape's measured candidates to land within
-3 % of the best as often as possible (then the smallest loss). It prints the proposed values and the fraction
+efficiencies, HOPPER_TILE_EFFICIENCY's where it overrides them) by coordinate search, for the model's choice among
+each shape's measured candidates to land within 3 % of the best as often as possible (then the smallest loss). It prints the proposed values and the fraction
 before and after. In-sample: check a proposal on shapes it was not fitted on before committing it.
 """
 from __future__ import annotations
@@ -210,7 +210,9 @@ def params(family: str) -> list[Param]:
                 Param("sm90.CLUSTER_COUPLING", *_attr(planner_sm90, "CLUSTER_COUPLING"), 0.5, 1.0),
                 Param("sm90.OVERHEAD_K['cooperative']", *_item(planner_sm90.OVERHEAD_K, "cooperative"), 0.0, 1024.0)]
     reference = (128, 256)   # 1.00 by definition: the others are relative to it
-    return [Param(f"sm80.SM80_TILES[{bm}x{bn}]", *_item(planner_sm80.SM80_TILES, (bm, bn), 2), 0.05, 1.5)
+    hopper = planner_sm80.HOPPER_TILE_EFFICIENCY   # the sweeps ran on Hopper, where these override the table
+    return [Param(f"sm80.HOPPER_TILE_EFFICIENCY[{bm}x{bn}]", *_item(hopper, (bm, bn)), 0.05, 1.5) if (bm, bn) in hopper
+            else Param(f"sm80.SM80_TILES[{bm}x{bn}]", *_item(planner_sm80.SM80_TILES, (bm, bn), 2), 0.05, 1.5)
             for (bm, bn) in planner_sm80.SM80_TILES if (bm, bn) != reference]
 
 
