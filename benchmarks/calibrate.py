@@ -18,8 +18,9 @@ kernel whatever the config) and are counted apart.
 Fit (CPU): reads such a JSON and searches the cost model's efficiency constants (sm90: L2_HALF_REUSE,
 SMEM_HALF_REUSE, ISSUE_EFFICIENCY[1], CLUSTER_COUPLING, OVERHEAD_K["cooperative"]; sm80: SM80_TILES' relative
 efficiencies, HOPPER_TILE_EFFICIENCY's where it overrides them) by coordinate search, for the model's choice among
-each shape's measured candidates to land within 3 % of the best as often as possible (then the smallest loss). It prints the proposed values and the fraction
-before and after. In-sample: check a proposal on shapes it was not fitted on before committing it.
+each shape's measured candidates to land within 3 % of the best as often as possible (then the smallest loss). It
+prints the proposed values and the fraction before and after. In-sample: check a proposal on shapes it was not fitted
+on before committing it.
 """
 from __future__ import annotations
 

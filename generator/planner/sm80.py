@@ -56,14 +56,16 @@ HOPPER_BLOCK_K = {(128, 128): 64}
 HOPPER_MAX_STAGES_4_WARPS = 7
 # On Hopper, 128x256 (8 warps, BK = 32) takes 3 stages instead of 4 for a long K (at least LONG_K) on at least
 # LONG_K_MIN_ROWS rows. In the calibration sweep (h200_calibrate_sm80_after_hopper_table.json, bf16 and fp16 tn), 3
-# stages ran 1-4 % faster on 21 of the 24 such shapes, and on 15 of them the tuner picked 3 stages over 4. Timed
-# again side by side on fresh operands, the 3-stage kernel was 0.8-4.8 % faster. With K = 4096, or with fewer rows
-# (one or two waves), 3 stages read 0.90-1.01 of 4.
+# stages ran 0.3-3.9 % faster on 23 of the 24 such shapes, and on 19 of them the tuner picked 3 stages over 4: timed
+# again side by side on fresh operands, 0.8-4.8 % faster. With K = 4096, or with fewer rows (one or two waves), 3
+# stages read 0.90-1.01 of 4.
 HOPPER_LONG_K_STAGES = {(128, 256): 3}
 # The 4-warp 128x64 and 64x128 tiles' efficiency on Hopper (SM80_TILES: 0.70, the A100-era guess). Fitted to the
 # calibration sweeps (H200, bf16 and fp16 tn): 0.8 moves one benchmark shape's pick, 512x6144x4096, from 128x256 (96
 # tiles: a quarter of the SMs idle) to 128x64, which measured 8 % faster in both dtypes, timed again side by side
-# (h200_calibrate_sm80_after_hopper_table.json); no other shape of the LLM set or the squares moves.
+# (h200_calibrate_sm80_after_hopper_table.json); no other shape of the LLM set or the squares moves. A sweep after
+# the change with two shapes the fit never saw, 768x4096x4096 and 384x8192x4096, found 128x64 the best of 16 on all
+# three in both dtypes, the old pick 1.08-1.09x its time (h200_calibrate_sm80_hopper_small_tiles.json).
 HOPPER_TILE_EFFICIENCY = {(128, 64): 0.8, (64, 128): 0.8}
 LONG_K = 8192
 LONG_K_MIN_ROWS = 512
