@@ -77,3 +77,19 @@ def test_sm80_parameters_are_the_tile_efficiencies() -> None:
     with calibrate.restored(calibrate.params("sm80")):
         calibrate.params("sm80")[0].put(0.123)
     assert calibrate.params("sm80")[0].get() != 0.123
+
+
+def test_summary_counts_the_pick_within_3pct_both_ways() -> None:
+    """summarize counts a shape within 3 % by the tuning run's times and, apart, by the side-by-side re-timing."""
+    def record(pick_ms: float, best_ms: float, verified_pick_ms: float, verified_best_ms: float) -> dict:
+        return {"family": "sm90", "dtype": "bf16", "m": 512, "n": 4096, "k": 4096, "candidates": [{}, {}],
+                "within_3pct": calibrate.within(pick_ms, best_ms), "tuned_gain": pick_ms / best_ms,
+                "verified_pick_ms": verified_pick_ms, "verified_best_ms": verified_best_ms,
+                "verified_gain": verified_pick_ms / verified_best_ms}
+    records = [record(1.10, 1.00, 1.00, 1.00),    # a lucky window in the run, equal when re-timed
+               record(1.08, 1.00, 1.01, 1.00),
+               record(1.00, 1.00, 1.00, 1.00),
+               record(1.02, 1.00, 1.05, 1.00)]    # within in the run, 5 % behind when re-timed
+    line = calibrate.summarize(records)[0]
+    assert "in 2/4 (50%) by the tuning run's times, 3/4 (75%) re-timed side by side" in line
+    assert calibrate.within(1.03, 1.0) and not calibrate.within(1.031, 1.0)

@@ -269,10 +269,16 @@ def one_wave_streams_b(tile: tuple[int, int, int], problem: Problem, tiles: int,
             and math.ceil(problem.k / tile[2]) >= ONE_WAVE_CLUSTER_K_TILES)
 
 
+def rule_may_apply(dtype: DType, knobs: Knobs) -> bool:
+    """Whether a measured tile rule (few_rows_stream_b, cluster_covers_each_problem) may fix the plan: 16-bit inputs
+    (the measured ones) and none of tile, schedule and cluster fixed by the user."""
+    return dtype.bytes == 2 and knobs.tile is None and knobs.schedule is None and knobs.cluster is None
+
+
 def few_rows_stream_b(dtype: DType, knobs: Knobs, problem: Problem, sm_count: int) -> bool:
     """Whether the plan is 64x128 pingpong in a 2x1 cluster by FEW_ROWS_STREAM_B_SM_SHARE's rule: 16-bit inputs (the
     measured ones), and the user fixed none of tile, schedule and cluster."""
-    if dtype.bytes != 2 or knobs.tile is not None or knobs.schedule is not None or knobs.cluster is not None:
+    if not rule_may_apply(dtype, knobs):
         return False
     block_k = sm90_block_k(dtype)
     rows = math.ceil(problem.m / SMALL_M_TILE_ROWS)
@@ -285,7 +291,7 @@ def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) ->
     """Whether the plan is 128x256 cooperative in a 2x1 cluster by COVERING_TILE's rule: a batch of 16-bit problems
     of two 128-row tile rows and one 256-column tile column that a 128-column tile would not cover, the user fixed
     none of tile, schedule and cluster."""
-    if dtype.bytes != 2 or knobs.tile is not None or knobs.schedule is not None or knobs.cluster is not None:
+    if not rule_may_apply(dtype, knobs):
         return False
     bm, bn = COVERING_TILE
     return problem.batch > 1 and math.ceil(problem.m / bm) == COVERING_CLUSTER[0] and bn // 2 < problem.n <= bn
