@@ -33,7 +33,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runpy
 
 from generator import Gemm  # noqa: E402
-from generator.gemm import M_BUCKETS  # noqa: E402
+from generator.gemm import M_BUCKETS, op_key  # noqa: E402
 from generator.runtime import BucketedOp, compile_many  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -217,13 +217,15 @@ def planned_ops(shapes, dtypes, layout, family_arg: dict, buckets: tuple[int, ..
             hints = dict(m=m, n=n, k=k, **({"batch": batch} if batch is not None else {}))
             for d in dtypes:
                 plans[(s, d)] = [(None, Gemm(dtype=d, layout=layout_of(s), **hints, **family_arg))]
-    configs = list(dict.fromkeys(p.config for pairs in plans.values() for _, p in pairs))
+    # An op is its kernel and the problem its backward is planned for (op_key), as generator.nn.Linear builds them.
+    keys = list(dict.fromkeys(op_key(p) for pairs in plans.values() for _, p in pairs))
     start = time.perf_counter()
-    built = dict(zip(configs, compile_many(configs, namespace="gemmgen")))
-    print(f"built {len(configs)} kernels in {time.perf_counter() - start:.1f} s", flush=True)
+    built = dict(zip(keys, compile_many([c for c, _ in keys], namespace="gemmgen", problems=[p for _, p in keys])))
+    print(f"built {len({c for c, _ in keys})} kernels in {time.perf_counter() - start:.1f} s", flush=True)
     if buckets is None:
-        return {key: built[pairs[0][1].config] for key, pairs in plans.items()}
-    return {key: BucketedOp.from_built([(bound, p.config) for bound, p in pairs], built) for key, pairs in plans.items()}
+        return {key: built[op_key(pairs[0][1])] for key, pairs in plans.items()}
+    return {key: BucketedOp.from_built([(bound, op_key(p)) for bound, p in pairs], built)
+            for key, pairs in plans.items()}
 
 
 def run(shapes, dtypes, layout, with_triton: bool, rounds: int = 2, family: str | None = None,

@@ -55,7 +55,9 @@ Knobs
     ``"scalar"`` makes it a runtime Scalar operand named ``alpha``/``beta``; bias ``"row"``/``"col"`` adds a
     Row/Col operand named ``bias``; C is a Matrix operand named ``C`` (``c_dtype``, ``c_order``). Operands in
     the order bias, C, alpha, beta. ``ACTIVATIONS`` lists the accepted activation names (None/"identity"/
-    "none" for none, aliases "gelu_erf" -> gelu, "swish" -> silu).
+    "none" for none, aliases "gelu_erf" -> gelu, "swish" -> silu); the functions ``relu`` ... ``tanh`` of
+    this module are accepted too (``activation=ep.relu`` is ``activation="relu"``; ``leaky_relu`` with its
+    default slope), any other function is refused (write it as an epilogue function).
 
 The description
     ``Epilogue.operands``, ``.result`` (D's ``Expr``), ``.aux``; ``.text`` (infix formula), ``.describe()``

@@ -14,13 +14,13 @@ import difflib
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .planner import Estimate, Knobs, Problem, check_family, choose
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
-from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, from_knobs, trace, with_scales
+from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, activation_name, from_knobs, trace, with_scales
 from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype,
                          parse_input_dtype, parse_layout)
 
@@ -35,8 +35,16 @@ DEFAULT_NAMESPACE = "gemmgen"
 #: last, the plan's own (large-M) kernel. Calls of at most 16 rows take the small-M kernel within any of them.
 #: 2048: a prefill of a few sequences (4 x 512 tokens) on a narrow layer (N = 1024: 64 tiles of the M = 4096 plan's
 #: 128x256, half the SMs) read 0.63x cuBLAS on the large-M kernel and 0.97x on its own (H200,
-#: h200_bench_prefill_{bucketed,hinted}.json).
-M_BUCKETS = (64, 128, 512, 1024, 2048)
+#: h200_bench_prefill_{bucketed,hinted}.json). 256: on the corpus of real models' layers (benchmarks/bench_corpus.py,
+#: H100) 256 tokens on the M = 512 plan read 0.861x cuBLAS (geomean of the 46 layers whose plan differs) against 0.942x
+#: on the plan for 256 rows (h100_corpus_fwd_exact.json).
+M_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+
+
+def op_key(plan: Gemm) -> tuple[KernelConfig, Problem | None]:
+    """What tells two plans' ops apart: the kernel, and the problem its backward kernels are planned for (the size
+    hints; generator.planner.backward.backward_configs). ``compile_many(configs, problems=...)`` builds them."""
+    return plan.config, plan.problem
 
 
 def _positive_or_none(value: object, what: str) -> int | None:
@@ -96,10 +104,14 @@ _KNOB_PARSERS: dict[str, tuple[str, Callable[[object], object]]] = {
 class EpilogueKnobs:
     """The simple epilogue knobs: ``act(alpha * acc + beta * C + bias)`` (see generator.epilogue.from_knobs)."""
 
-    activation: str | None = None
+    activation: str | None = None           # canonical: a name or function (ep.relu) given is stored as "relu"
     bias: str | None = None                 # "row" (length M) or "col" (length N)
     alpha: float | str | None = None        # a number compiled in, or "scalar" (a runtime argument)
     beta: float | str | None = None         # None: no C; a number, or "scalar"
+
+    def __post_init__(self) -> None:
+        # One spelling per activation, so ep.relu, "relu" and "RELU" make equal requests and read back alike.
+        object.__setattr__(self, "activation", activation_name(self.activation))
 
     def epilogue(self) -> Epilogue:
         return from_knobs(activation=self.activation, bias=self.bias, alpha=self.alpha, beta=self.beta)
@@ -194,9 +206,9 @@ class Gemm:
                  batch: int | None = None, tile_shape: object = None, warps: object = None, stages: int | None = None,
                  raster_group: int | None = None, family: str | None = None, schedule: str | None = None,
                  cluster_shape: object = None, raster: str | None = None, epilogue: object = None,
-                 activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
-                 beta: float | str | None = None, scale: str | None = None, fast_accum: bool | None = None,
-                 dtype_b: object = None, namespace: str = DEFAULT_NAMESPACE) -> None:
+                 activation: str | Callable[..., Any] | None = None, bias: str | None = None,
+                 alpha: float | str | None = None, beta: float | str | None = None, scale: str | None = None,
+                 fast_accum: bool | None = None, dtype_b: object = None, namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_input_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -413,11 +425,14 @@ class Gemm:
 
     @property
     def activation(self) -> str | None:
-        """The activation knob: relu, leaky_relu, gelu, gelu_tanh, silu, sigmoid, tanh or None."""
+        """The activation knob: relu, leaky_relu, gelu, gelu_tanh, silu, sigmoid, tanh or None. Set a name
+        (aliases "swish", "gelu_erf"; any case) or the function itself (``plan.activation = ep.relu``, as in
+        the CUTLASS Python interface); it reads back as the canonical name ("relu"). Any other function goes
+        in ``plan.epilogue = fn``."""
         return self._request.epilogue_knobs.activation
 
     @activation.setter
-    def activation(self, value: str | None) -> None:
+    def activation(self, value: str | Callable[..., Any] | None) -> None:
         self._set_epilogue_knob("activation", value)
 
     @property
@@ -532,7 +547,7 @@ class Gemm:
         """Render, build (cached) and load the kernel; returns the op, also at torch.ops.<namespace>.<name>."""
         from .runtime.op import compile_op
 
-        return compile_op(self.config, namespace=self.namespace, verbose=verbose)
+        return compile_op(self.config, namespace=self.namespace, verbose=verbose, problem=self._request.problem)
 
     def bucket_plans(self, bounds: Sequence[int] = M_BUCKETS) -> list[tuple[int | None, Gemm]]:
         """The plans of an M-bucketed op: this plan re-planned for M = each bound (N and K as this plan's hints,
@@ -560,10 +575,11 @@ class Gemm:
         built in one parallel run (cached). ``op.path(A, B)`` names the kernel a call takes."""
         from .runtime import BucketedOp, compile_many
 
-        bounded = [(bound, plan.config) for bound, plan in self.bucket_plans(bounds)]
-        configs = [config for _, config in bounded]
-        built = dict(zip(configs, compile_many(configs, namespace=self.namespace, verbose=verbose)))
-        return BucketedOp.from_built(bounded, built)
+        bounded = [(bound, op_key(plan)) for bound, plan in self.bucket_plans(bounds)]
+        keys = list(dict.fromkeys(key for _, key in bounded))
+        ops = compile_many([config for config, _ in keys], namespace=self.namespace, verbose=verbose,
+                           problems=[problem for _, problem in keys])
+        return BucketedOp.from_built(bounded, dict(zip(keys, ops)))
 
     def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None,
              autograd: bool = True, tuning: str | os.PathLike[str] | None = None) -> Path:

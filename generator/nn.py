@@ -14,13 +14,15 @@ Linear inside an ``nn.Sequential`` (the activation module becomes ``nn.Identity`
 from __future__ import annotations
 
 import warnings
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .gemm import DEFAULT_NAMESPACE, Gemm
+from .gemm import DEFAULT_NAMESPACE, Gemm, op_key
 from .runtime import BucketedOp, GemmOp, compile_many, leading_dim
+from .spec.epilogue import activation_name
 from .spec.types import INPUT_DTYPES, Order, parse_dtype
 
 __all__ = ["Linear", "plan_linear", "replace_linear"]
@@ -55,7 +57,7 @@ def _compute_dtype(linear: nn.Linear, dtype: object) -> torch.dtype:
 
 
 def plan_linear(linear: nn.Linear, *, dtype: object = None, arch: object = None, m: int | None = None,
-                activation: str | None = None, namespace: str = DEFAULT_NAMESPACE) -> Gemm:
+                activation: str | Callable[..., Any] | None = None, namespace: str = DEFAULT_NAMESPACE) -> Gemm:
     """The plan for ``act(x @ W.t() + b)`` of this layer: layout "tn" (x row-major, W.t() column-major), the
     bias (if the layer has one) and ``activation`` in the epilogue, planned for N = out_features,
     K = in_features and M = ``m`` (default: a large M)."""
@@ -86,7 +88,8 @@ class Linear(nn.Module):
       kernel planned for that M. Under torch.compile the graph calls one op over every bucket's kernel, which
       picks per call in C++ (one graph for any M, no recompiles; ``runtime.buckets.BucketSetOp``).
     * **Bias and activation**: the bias is added in the kernel's epilogue (no separate add);
-      ``activation=`` ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh") is applied there too.
+      ``activation=`` ("relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", or the function, ``ep.relu``)
+      is applied there too.
     * **Fallback**: inputs the kernel cannot take (not on the weights' CUDA device, or of a dtype other
       than the compute or weight dtype) run ``torch.nn.functional.linear`` instead, with a warning the
       first time.
@@ -94,7 +97,7 @@ class Linear(nn.Module):
     """
 
     def __init__(self, linear: nn.Linear, *, dtype: object = None, arch: object = None, m: int | None = None,
-                 activation: str | None = None, op: GemmOp | BucketedOp | None = None) -> None:
+                 activation: str | Callable[..., Any] | None = None, op: GemmOp | BucketedOp | None = None) -> None:
         super().__init__()
         if not isinstance(linear, nn.Linear):
             raise TypeError(f"Linear wraps a torch.nn.Linear, got {type(linear).__name__}")
@@ -105,6 +108,8 @@ class Linear(nn.Module):
             self.register_parameter("bias", None)
         else:
             self.bias = linear.bias
+        if callable(activation):    # ep.relu -> "relu"; another function is refused there
+            activation = activation_name(activation)
         if activation not in _TORCH_ACTIVATIONS:
             choices = ", ".join(repr(a) for a in _TORCH_ACTIVATIONS)
             raise ValueError(f"activation={activation!r}: use one of {choices}")
@@ -233,10 +238,12 @@ def replace_linear(model: nn.Module, *, dtype: object = None, arch: object = Non
              for key, layer in layers.items()}
     # Without m, each layer's op holds a kernel per bucket of M (Gemm.compile_buckets); layers of equal
     # buckets share one op.
-    bounded = {key: tuple((bound, p.config) for bound, p in (plan.bucket_plans() if m is None else [(None, plan)]))
+    # An op is its kernel and the problem its backward kernels are planned for (op_key).
+    bounded = {key: tuple((bound, op_key(p)) for bound, p in (plan.bucket_plans() if m is None else [(None, plan)]))
                for key, plan in plans.items()}
-    configs = list(dict.fromkeys(config for pairs in bounded.values() for _, config in pairs))
-    built = dict(zip(configs, compile_many(configs, namespace=DEFAULT_NAMESPACE))) if configs else {}
+    keys = list(dict.fromkeys(op for pairs in bounded.values() for _, op in pairs))
+    built = dict(zip(keys, compile_many([config for config, _ in keys], namespace=DEFAULT_NAMESPACE,
+                                        problems=[problem for _, problem in keys]))) if keys else {}
     shared = {pairs: built[pairs[0][1]] if m is not None else BucketedOp.from_built(pairs, built)
               for pairs in set(bounded.values())}
     new = {key: Linear(layer, activation=activation[key], op=shared[bounded[key]]) for key, layer in layers.items()}

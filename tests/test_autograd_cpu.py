@@ -1100,8 +1100,8 @@ def test_replace_linear_swaps_every_plain_linear(monkeypatch):
 
     built = []
 
-    def fake_compile_many(configs, *, namespace, verbose=False):
-        built.append(list(configs))
+    def fake_compile_many(configs, *, namespace, verbose=False, problems=None):
+        built.append(list(zip(configs, problems)))
         return [ReferenceOp(c) for c in configs]
 
     monkeypatch.setattr(gnn, "compile_many", fake_compile_many)
@@ -1118,7 +1118,7 @@ def test_replace_linear_swaps_every_plain_linear(monkeypatch):
     assert isinstance(model[0], gnn.Linear) and model[2] is model[3][0] and isinstance(model[3][1], gnn.Linear)
     assert type(model[4]) is Custom
     assert model[0].weight is weights[0] and model[2].weight is weights[1]
-    assert len(built) == 1 and len(built[0]) == len(set(built[0]))   # one build, each config once
+    assert len(built) == 1 and len(built[0]) == len(set(built[0]))   # one build, each op once
     assert model[2].op is model[3][1].op                 # equal shapes share one op
     x = torch.randn(4, 8, dtype=torch.bfloat16)
     assert model(x).shape == (4, 4)
@@ -1136,7 +1136,7 @@ def test_replace_linear_checks_every_layer_before_swapping():
 def test_replace_linear_folds_biases_and_fuses_the_following_activation(monkeypatch):
     import generator.nn as gnn
 
-    monkeypatch.setattr(gnn, "compile_many", lambda configs, *, namespace, verbose=False:
+    monkeypatch.setattr(gnn, "compile_many", lambda configs, *, namespace, verbose=False, problems=None:
                         [ReferenceOp(c) for c in configs])
     torch.manual_seed(1)
     base = nn.Sequential(nn.Linear(24, 40), nn.GELU(approximate="tanh"), nn.Linear(40, 40), nn.SiLU(),
@@ -1174,6 +1174,12 @@ def test_linear_activation_knob_and_its_refusals():
     ours = Linear(layer, activation="relu", op=ReferenceOp(plan_linear(layer, arch=90, activation="relu").config))
     x = torch.randn(5, 8, dtype=torch.bfloat16)
     assert rel(ours(x), torch.relu(torch.nn.functional.linear(x, layer.weight, layer.bias))) <= BOUND[torch.bfloat16]
+    from generator import epilogue as ep
+
+    by_fn = Linear(layer, activation=ep.relu, op=ours.op)            # the function is its name
+    assert by_fn.activation == "relu" and plan_linear(layer, arch=90, activation=ep.relu).config == ours.op.config
+    with pytest.raises(ValueError, match=r"ep\.relu.*plan\.epilogue = fn"):
+        Linear(layer, activation=torch.relu, op=ours.op)
 
 
 def test_wrong_input_dtype_names_only_fixes_that_exist(real_ops):

@@ -158,8 +158,8 @@ def test_planned_ops_per_shape_or_bucketed(monkeypatch):
 
     builds = []
 
-    def fake_compile_many(configs, *, namespace):
-        builds.append(list(configs))
+    def fake_compile_many(configs, *, namespace, problems):
+        builds.append(list(zip(configs, problems)))
         return [SimpleNamespace(name=c.name, config=c, dtype=None, out_dtype=None, device_type="cuda") for c in configs]
 
     monkeypatch.setattr(bench, "compile_many", fake_compile_many)
@@ -171,8 +171,9 @@ def test_planned_ops_per_shape_or_bucketed(monkeypatch):
         "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"]
     bucketed = bench.planned_ops(shapes, ["bf16"], "tn", {}, bench.M_BUCKETS)
     ops = list(bucketed.values())
-    # one build, each kernel once: the buckets M <= 64, 128, 512 and larger of the one (N, K) (1024 merges into larger)
-    assert len(builds) == 2 and len(builds[1]) == len(set(builds[1])) == 4
+    # one build, each op (kernel and backward hint) once: the buckets M <= 64, 128, 256, 512 and larger of the one
+    # (N, K) (1024 merges into larger)
+    assert len(builds) == 2 and len(builds[1]) == len(set(builds[1])) == 5
     assert [op.select(m).name for op, (m, _, _) in zip(ops, shapes)] == [op.name for op in per_shape.values()]
 
 
@@ -199,7 +200,7 @@ def test_planned_ops_for_batched_shapes(monkeypatch):
 
     from generator import Gemm
 
-    def fake_compile_many(configs, *, namespace):
+    def fake_compile_many(configs, *, namespace, problems):
         return [SimpleNamespace(name=c.name, config=c) for c in configs]
 
     monkeypatch.setattr(bench, "compile_many", fake_compile_many)

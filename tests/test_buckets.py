@@ -18,6 +18,7 @@ def test_bucket_plans_for_an_llm_layer():
     assert [(bound, plan.name) for bound, plan in plans] == [
         (64, "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),
         (128, "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),
+        (256, "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g8m"),
         (512, "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),
         (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),   # M = 1024 plans it too: merged
     ]
@@ -27,7 +28,7 @@ def test_bucket_plans_for_an_llm_layer():
         (1024, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
         (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     ]
-    assert M_BUCKETS == (64, 128, 512, 1024, 2048)
+    assert M_BUCKETS == (64, 128, 256, 512, 1024, 2048)
 
 
 def test_equal_neighbours_merge_and_knobs_stay():

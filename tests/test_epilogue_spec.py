@@ -336,6 +336,48 @@ def test_knob_aliases_and_identity() -> None:
     assert ep.from_knobs(activation="leaky_relu") == ep.trace(lambda acc: ep.leaky_relu(acc))
 
 
+ACTIVATION_FUNCTIONS = ("relu", "leaky_relu", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh")
+
+
+@pytest.mark.parametrize("name", ACTIVATION_FUNCTIONS)
+def test_activation_function_is_its_name(name) -> None:
+    """plan.activation = ep.relu (as CUTLASS's plan.activation = cutlass.epilogue.relu) is "relu" everywhere."""
+    from generator import Gemm
+
+    fn = getattr(ep, name)
+    assert ep.from_knobs(activation=fn, bias="col") == ep.from_knobs(activation=name, bias="col")
+    by_fn, by_name = Gemm("bf16", "tn", arch=90, activation=fn), Gemm("bf16", "tn", arch=90, activation=name)
+    assert by_fn.config == by_name.config and by_fn.activation == name
+    plan = Gemm("bf16", "tn", arch=80)
+    plan.activation = fn
+    assert plan.activation == name and plan.config == Gemm("bf16", "tn", arch=80, activation=name).config
+
+
+def test_activation_reads_back_canonical() -> None:
+    from generator import Gemm
+
+    plan = Gemm("bf16", "tn", arch=90, activation="SWISH")
+    assert plan.activation == "silu"
+    plan.activation = "none"
+    assert plan.activation is None and plan.epilogue.is_identity
+    assert ep.from_knobs(activation=ep.leaky_relu) == ep.trace(lambda acc: ep.leaky_relu(acc, 0.01))
+
+
+@pytest.mark.parametrize("fn", [ep.clamp, ep.max, lambda acc: ep.relu(acc), math.tanh],
+                         ids=["ep.clamp", "ep.max", "lambda", "math.tanh"])
+def test_activation_refuses_other_functions(fn) -> None:
+    from generator import Gemm
+
+    with pytest.raises(ValueError, match=r"ep\.relu, ep\.leaky_relu.*'gelu_erf', 'swish'.*plan\.epilogue = fn"):
+        ep.from_knobs(activation=fn)
+    plan = Gemm("bf16", "tn", arch=90, activation="gelu")
+    with pytest.raises(ValueError, match="activation=.*epilogue="):
+        plan.activation = fn
+    assert plan.activation == "gelu"            # a refused value leaves the plan as it was
+    with pytest.raises(ValueError, match="epilogue="):
+        Gemm("bf16", "tn", arch=90, activation=fn)
+
+
 @pytest.mark.parametrize("knobs, fragment", [
     (dict(activation="softmax"), "'relu'"),
     (dict(bias="matrix"), "'row', 'col'"),

@@ -39,6 +39,7 @@ from ..spec.config import KernelConfig
 from ..spec.epilogue import ACC, IDENTITY
 from ..spec.types import DType, Layout, Order, parse_layout, parse_order
 from . import plan
+from .common import Problem
 
 _FLIP = {Order.row: Order.col, Order.col: Order.row}
 
@@ -56,12 +57,22 @@ def backward_layouts(layout: object, grad_order: object = Order.row) -> tuple[La
     return grad_a, grad_b
 
 
-def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tuple[KernelConfig, KernelConfig]:
+def backward_problems(problem: Problem) -> tuple[Problem, Problem]:
+    """The sizes of dA and dB for a forward problem M x N x K: dA (M, K) = dD (M, N) @ B.t() is M x K x N, and
+    dB (K, N) = A.t() @ dD is K x N x M, whose inner dimension is the forward's M (a linear layer's weight gradient
+    sums over the tokens)."""
+    return Problem(problem.m, problem.k, problem.n), Problem(problem.k, problem.n, problem.m)
+
+
+def backward_configs(config: KernelConfig, grad_order: object = Order.row,
+                     problem: Problem | None = None) -> tuple[KernelConfig, KernelConfig]:
     """Planned configs for dA and dB: the forward op's dtype, architecture and kernel family, output
     dtype = input dtype.
 
-    Planned without problem hints (a large problem), like a forward plan without hints: the kernel
-    is chosen once per forward op, not per call, so one compiled graph serves every M.
+    ``problem``: the forward problem the op was planned for (an M bucket's bound and the layer's N and K); dA and
+    dB are then planned for their own sizes (``backward_problems``), not the forward's tile: at 256 tokens dB's
+    inner dimension is 256, a problem of its own. None: planned without hints (a large square problem), as a
+    forward plan without hints is.
     """
     layouts = backward_layouts(config.layout, grad_order)
     out_dtype = None
@@ -71,9 +82,30 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row) -> tu
             # sm90 reads tf32 A and B K-major only (spec/config.py check_tf32): its gradients' kernels take layout
             # tn, and the autograd formula copies an operand stored otherwise. The sm80 family takes every layout.
             layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
-    grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family, out_dtype=out_dtype)
-                      for lay in layouts)
+    problems = backward_problems(problem) if problem is not None else (None, None)
+    grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family, out_dtype=out_dtype, problem=p)
+                      for lay, p in zip(layouts, problems))
     return grad_a, grad_b
+
+
+def backward_hint(config: KernelConfig, problem: Problem | None) -> Problem | None:
+    """``problem`` where planning the backward kernels for it (``backward_configs``) changes them from the
+    unhinted ones, for either order of dD; else None (the op then shares the unhinted op's registration). Quantized
+    plans have no backward."""
+    if problem is None or config.dtype.is_quantized or problem.batch != 1:
+        return None
+    for order in Order:
+        if backward_configs(config, order, problem) != backward_configs(config, order):
+            return problem
+    return None
+
+
+def hinted_op_name(config: KernelConfig, problem: Problem | None) -> str:
+    """The registered name of ``config``'s op whose backward is planned for ``problem`` (``backward_hint``): the
+    kernel name, and after ``_bwd_`` the forward problem the backward kernels were planned for."""
+    if problem is None:
+        return config.name
+    return f"{config.name}_bwd_{problem.m}x{problem.n}x{problem.k}"
 
 
 def accumulator_config(config: KernelConfig) -> KernelConfig:

@@ -80,10 +80,16 @@ def grad_ops(op: OpHandle, grad_order: Order = Order.row,
         with _GRAD_OPS_LOCK:
             ops = _GRAD_OPS.get(key)
             if ops is None:
-                planned = configs if configs is not None else backward_configs(op.config, grad_order)
+                planned = configs if configs is not None else backward_configs(op.config, grad_order, op_problem(op))
                 grad_a, grad_b = op.derived(list(planned))
                 ops = _GRAD_OPS[key] = (grad_a, grad_b)
     return ops
+
+
+def op_problem(op: OpHandle):
+    """The forward problem ``op``'s backward kernels are planned for (GemmOp.problem), None for an unhinted op (and
+    for handles that have none: emitted packages plan their backward at emit time)."""
+    return getattr(op, "problem", None)
 
 
 def _in_order(t: torch.Tensor, order: Order) -> torch.Tensor:
@@ -113,7 +119,7 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
         return
     # Planned once here for both the formula and the backward ops' registration (planning is most of the
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
-    configs = {order: backward_configs(op.config, order) for order in Order}
+    configs = {order: backward_configs(op.config, order, op_problem(op)) for order in Order}
     if not op.config.epilogue.is_identity:
         _register_epilogue_formula(op, lib)
     elif op.config.dtype is DType.tf32:

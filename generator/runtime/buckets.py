@@ -63,7 +63,8 @@ class BucketSetOp(GemmOp):
         self._largest = self._ops[-1]
         names = "|".join(f"{bound}:{op.name}" for bound, op in buckets)
         digest = hashlib.sha1(names.encode()).hexdigest()[:10]
-        super().__init__(self._largest.config, None, namespace, name=f"{self._largest.name}_buckets_{digest}")
+        super().__init__(self._largest.config, None, namespace, name=f"{self._largest.name}_buckets_{digest}",
+                         problem=self._largest.problem)   # (the backward of the largest bucket's op)
         self._attach(self._largest.library)
 
     def _register_cpp_kernel(self, library: KernelLibrary) -> bool:
@@ -117,10 +118,11 @@ class BucketedOp:
                         if len(ops) > 1 and all(isinstance(op, GemmOp) and op.built for op in ops) else None)
 
     @classmethod
-    def from_built(cls, bounded_configs: Sequence[tuple[int | None, Any]], built: Mapping[Any, Any]) -> BucketedOp:
-        """The op of ``Gemm.bucket_plans``' (bound, config) pairs, each config's op taken from ``built`` (the
-        callers build every kernel of several bucketed ops in one parallel run)."""
-        return cls([MBucket(bound, built[config]) for bound, config in bounded_configs])
+    def from_built(cls, bounded_keys: Sequence[tuple[int | None, Any]], built: Mapping[Any, Any]) -> BucketedOp:
+        """The op of (bound, key) pairs, each key's op taken from ``built`` (the callers build every kernel of several
+        bucketed ops in one parallel run). A key is what tells the ops apart: ``generator.gemm.op_key`` of each of
+        ``Gemm.bucket_plans``' plans (its kernel, and the problem its backward is planned for), or a config."""
+        return cls([MBucket(bound, built[key]) for bound, key in bounded_keys])
 
     @property
     def name(self) -> str:

@@ -39,6 +39,8 @@ try:   # torch's broadcasting's test for a size of 1 (older torch: guard_size_ob
 except ImportError:   # pragma: no cover
     from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
 
+from ..planner.backward import backward_hint, hinted_op_name
+from ..planner.common import Problem as PlannedProblem
 from ..spec.config import GROUPED_EPILOGUE_REFUSAL, KernelConfig, grouped_list_refusal, grouped_refusal
 from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from . import jit_runtime
@@ -147,8 +149,12 @@ class GemmOp:
     device_type = "cuda"
 
     def __init__(self, config: KernelConfig, library: KernelLibrary | None, namespace: str,
-                 name: str | None = None) -> None:
+                 name: str | None = None, problem: PlannedProblem | None = None) -> None:
         self.config = config
+        #: The forward problem its backward kernels are planned for (planner.backward.backward_hint), where that
+        #: changes them; such an op is registered under a name of its own (``hinted_op_name``), since one op's
+        #: autograd formula holds one pair of backward kernels per order of dD.
+        self.problem = backward_hint(config, problem)
         self._library: KernelLibrary | None = None
         self._library_lock = threading.Lock()
         #: Whether CUDA calls reach the C++ kernel of the JIT runtime (else this class's Python path).
@@ -156,7 +162,7 @@ class GemmOp:
         #: Whether its autograd formula is the JIT runtime's C++ one (else generator.runtime.autograd's Python one).
         self.cpp_autograd = False
         self.namespace = namespace
-        self.name = config.name if name is None else name   # (another name: buckets.BucketSetOp)
+        self.name = hinted_op_name(config, self.problem) if name is None else name   # (buckets.BucketSetOp's own)
         self.dtype = TORCH_DTYPES[config.dtype]
         self.dtype_b = TORCH_DTYPES[config.b_dtype]   # B's (fp8: e4m3 x e5m2 plans differ)
         self.out_dtype = TORCH_DTYPES[config.out_dtype]
@@ -297,7 +303,7 @@ class GemmOp:
 
     def __reduce__(self) -> tuple:
         # Pickled as its config: unpickling builds (or loads from the cache) and registers the same op.
-        return (_load_op, (self.config, self.namespace))
+        return (_load_op, (self.config, self.namespace, self.problem))
 
     # -- checks -----------------------------------------------------------------------------------
 
@@ -773,7 +779,8 @@ def has_grouped(config: KernelConfig) -> bool:
 
 
 def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
-    """The op registered for ``config`` in ``namespace``; registered now, unbuilt, if there is none."""
+    """The op registered for ``config`` (its backward unhinted) in ``namespace``; registered now, unbuilt, if there
+    is none."""
     entry = _LIBRARIES.get(f"{namespace}::{config.name}")
     return entry[1] if entry is not None else GemmOp(config, None, namespace)
 
@@ -859,15 +866,24 @@ def _register(op: GemmOp, library: KernelLibrary | None) -> None:
         raise
 
 
-def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False) -> GemmOp:
-    return GemmOp(config, load_library(config, verbose=verbose), namespace)
+def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False,
+               problem: PlannedProblem | None = None) -> GemmOp:
+    """The built op of ``config``; ``problem``: the forward problem its backward kernels are planned for (the
+    plan's size hints; None: unhinted)."""
+    return GemmOp(config, load_library(config, verbose=verbose), namespace, problem=problem)
 
 
-def _load_op(config: KernelConfig, namespace: str) -> GemmOp:
-    return compile_op(config, namespace=namespace)
+def _load_op(config: KernelConfig, namespace: str, problem: PlannedProblem | None = None) -> GemmOp:
+    return compile_op(config, namespace=namespace, problem=problem)
 
 
-def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False) -> list[GemmOp]:
-    """Build several kernels in one parallel ninja run; ops in the order of ``configs``."""
-    libraries = build_libraries(configs, verbose=verbose)
-    return [GemmOp(c, library, namespace) for c, library in zip(configs, libraries)]
+def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False,
+                 problems: Sequence[PlannedProblem | None] | None = None) -> list[GemmOp]:
+    """Build several kernels in one parallel ninja run; ops in the order of ``configs``, each with its backward
+    planned for the matching entry of ``problems`` (as ``compile_op``'s ``problem``)."""
+    libraries = build_libraries(list(dict.fromkeys(configs)), verbose=verbose)
+    by_config = dict(zip(dict.fromkeys(configs), libraries))
+    hints = list(problems) if problems is not None else [None] * len(configs)
+    if len(hints) != len(configs):
+        raise ValueError(f"compile_many: {len(configs)} configs but {len(hints)} problems")
+    return [GemmOp(c, by_config[c], namespace, problem=p) for c, p in zip(configs, hints)]

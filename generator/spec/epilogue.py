@@ -28,9 +28,9 @@ from .types import OUTPUT_DTYPES, DType, Order, parse_dtype, parse_order
 __all__ = [
     "ACC", "ACTIVATIONS", "IDENTITY", "KINDS", "KNOB_NAMES", "MAINLOOP_KINDS", "OPS", "RESERVED_NAMES", "SCALE_BLOCK",
     "SCALE_MODES", "SCALE_NAMES", "SHAPES", "Col", "Epilogue", "EpilogueError", "Expr", "Matrix", "Operand",
-    "OperandKind", "Row", "Scalar", "ScalarTensor", "Value", "abs", "clamp", "epilogue_from_json", "epilogue_to_json",
-    "from_knobs", "gelu", "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu", "tanh", "trace",
-    "with_scales",
+    "OperandKind", "Row", "Scalar", "ScalarTensor", "Value", "abs", "activation_name", "clamp", "epilogue_from_json",
+    "epilogue_to_json", "from_knobs", "gelu", "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu",
+    "tanh", "trace", "with_scales",
 ]
 
 
@@ -993,10 +993,32 @@ def _coefficient(knob: str, value: object) -> float | str | None:
                      "argument)")
 
 
-def _activation(value: object) -> str | None:
+def activation_name(value: str | Callable[..., Any] | None) -> str | None:
+    """The canonical activation (a key of ``_ACTIVATION_FUNCTIONS``, or None) of an ``activation`` knob value:
+    a name or alias of ``ACTIVATIONS`` (any case), or one of the functions themselves (``ep.relu``, ...), as
+    the CUTLASS Python interface writes ``plan.activation = cutlass.epilogue.relu``.
+
+    Every entry point of the knob (``from_knobs``, ``Gemm(activation=)``, ``plan.activation``, ``nn.Linear``)
+    goes through here, so a function and its name make one Epilogue, one config, and read back as the same
+    name. ``ep.leaky_relu`` takes its default slope, as the name does. Any other callable (``torch.relu``, a
+    lambda, ``ep.clamp``) is refused: the knob names an activation, and arbitrary code belongs in an
+    epilogue function, which is traced."""
+    functions = ", ".join(f"ep.{name}" for name in _ACTIVATION_FUNCTIONS)
+    if callable(value):
+        for name, fn in _ACTIVATION_FUNCTIONS.items():
+            if fn is value:
+                return name
+        what = getattr(value, "__name__", None)
+        what = f"{getattr(value, '__module__', None) or '?'}.{what}" if what else repr(value)
+        raise ValueError(
+            f"activation={what} is not one of the activation functions {functions} (generator.epilogue) nor of "
+            f"the names {_choices(tuple(ACTIVATIONS))}; for any other function write the epilogue as a function of "
+            "the accumulator and pass it as epilogue=: plan.epilogue = fn or Gemm(..., epilogue=fn), e.g. "
+            "def fn(acc): return ep.clamp(acc, 0, 6) (see generator.epilogue)")
     key = value.lower() if isinstance(value, str) else value
-    if key not in ACTIVATIONS:
-        raise ValueError(f"activation={value!r} is not one of {_choices(tuple(ACTIVATIONS))}")
+    if not (key is None or isinstance(key, str)) or key not in ACTIVATIONS:
+        raise ValueError(f"activation={value!r} is not one of {_choices(tuple(ACTIVATIONS))} or the functions "
+                         f"{functions}")
     return ACTIVATIONS[key]
 
 
@@ -1004,12 +1026,13 @@ def _activation(value: object) -> str | None:
 KNOB_NAMES = ("activation", "bias", "alpha", "beta")
 
 
-def from_knobs(activation: str | None = None, bias: str | None = None, alpha: float | str | None = None,
-               beta: float | str | None = None, c_dtype: object = None, c_order: object = None,
-               bias_dtype: object = None) -> Epilogue:
+def from_knobs(activation: str | Callable[..., Any] | None = None, bias: str | None = None,
+               alpha: float | str | None = None, beta: float | str | None = None, c_dtype: object = None,
+               c_order: object = None, bias_dtype: object = None) -> Epilogue:
     """``act(alpha * acc + beta * C + bias)``, built with the same functions a traced function would call, so
-    the equivalent function traces to an equal Epilogue. Operands in the order bias, C, alpha, beta."""
-    act = _activation(activation)
+    the equivalent function traces to an equal Epilogue. Operands in the order bias, C, alpha, beta.
+    ``activation`` is a name or one of the functions (``ep.gelu``): see ``activation_name``."""
+    act = activation_name(activation)
     a, b = _coefficient("alpha", alpha), _coefficient("beta", beta)
     bias = bias.lower() if isinstance(bias, str) else bias
     if bias not in (None, "row", "col"):

@@ -26,7 +26,7 @@ def bucketed():
 def test_every_bucket_against_float64(bucketed):
     names = [b.op.name for b in bucketed.buckets]
     assert len(set(names)) == len(names) >= 2
-    for m, bucket in ((1, 0), (64, 0), (100, 1), (128, 1), (300, 2), (2000, -1)):
+    for m, bucket in ((1, 0), (64, 0), (100, 1), (128, 1), (200, 2), (300, 3), (2000, -1)):
         x = torch.randn(m, 1024, device="cuda").bfloat16()
         w = torch.randn(4096, 1024, device="cuda").bfloat16()
         bias = torch.randn(4096, device="cuda").bfloat16()
@@ -76,17 +76,46 @@ def test_compiled_graph_runs_each_calls_bucket(bucketed):
     bias = torch.randn(4096, device="cuda").bfloat16()
     counter = CompileCounterWithBackend("inductor")
     compiled = torch.compile(lambda x: bucketed(x, w.t(), bias), backend=counter, fullgraph=True, dynamic=True)
-    names = {b.op.name for b in bucketed.buckets}
-    for m, bucket in ((1, 0), (64, 0), (100, 1), (300, 2), (2000, -1), (5000, -1)):
+    names = {b.op.config.name for b in bucketed.buckets}   # the CUDA kernels' names (an op's may add _bwd_...)
+    for m, bucket in ((1, 0), (64, 0), (100, 1), (200, 2), (300, 3), (2000, -1), (5000, -1)):
         x = torch.randn(m, 1024, device="cuda").bfloat16()
         expected = bucketed.buckets[bucket].op
         assert set_op.path(x, w.t(), bias).startswith(expected.name + ": ")
         compiled(x)   # (the first call compiles)
         ran = kernels_run(lambda: compiled(x))
         ours = {name for name in names if any(name in k for k in ran)}
-        assert ours == {expected.name}, (m, ours, ran)
+        assert ours == {expected.config.name}, (m, ours, ran)
         y = compiled(x)
         assert torch.equal(y, expected(x, w.t(), bias)), m
         assert torch.equal(set_op(x, w.t(), bias), y) and torch.equal(set_op.run(x, w.t(), (bias,), None), y), m
     # M = 1 gets a graph of its own (dynamo specializes sizes 0 and 1 whatever the op); every other M shares one
-    assert counter.frame_count == 2, f"{counter.frame_count} compiles for 6 row counts"
+    assert counter.frame_count == 2, f"{counter.frame_count} compiles for 7 row counts"
+
+
+def test_each_bucket_differentiates_on_kernels_planned_for_its_shape():
+    """Each bucket's op plans its backward kernels for the bucket's forward problem (planner.backward_configs with the
+    problem): at 256 tokens dW's inner dimension is 256, not a large square. Gradients of every bucket (ragged M
+    included) against float64; the grad ops are the hinted plans."""
+    from generator.planner import Problem
+    from generator.planner.backward import backward_configs
+    from generator.runtime.autograd import grad_ops
+    from generator.spec.types import Order
+
+    n, k = 3072, 1024
+    op = Gemm("bf16", "tn", n=n, k=k, namespace="gemmgen_buckets_grad_test").compile_buckets()
+    hinted = [b for b in op.buckets if b.op.problem is not None]
+    assert hinted, "no bucket's backward differs from the unhinted plan"
+    for bucket in op.buckets:
+        bound = bucket.max_m or 4096
+        want = backward_configs(bucket.op.config, Order.row, Problem(bound, n, k) if bucket.op.problem else None)
+        assert tuple(g.config for g in grad_ops(bucket.op, Order.row)) == want
+    for m in (77, 256, 300, 1500, 3000):
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        op(x, w.t()).backward(dy)
+        x64, w64, dy64 = x.detach().double(), w.detach().double(), dy.double()
+        for got, ref, what in ((x.grad, dy64 @ w64, "dX"), (w.grad, dy64.t() @ x64, "dW")):
+            assert got is not None and torch.isfinite(got).all(), (m, what)
+            err = ((got.double() - ref).norm() / ref.norm()).item()
+            assert err <= BOUND[torch.bfloat16], (m, what, err)
