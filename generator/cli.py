@@ -110,10 +110,13 @@ examples:
   {PROG} plot benchmarks/results/h200_bench_llm_rules.json --out llm.png
   {PROG} plot benchmarks/results/h200_bench_llm_rules.json --kind roofline --out roofline.png
   {PROG} plot benchmarks/results/h100_sm90_bench_llm.json --dtype bf16 --kind bars --title "H100, bf16"
+  {PROG} plot corpus.json --kind bands --dtype bf16 --out corpus.png
 
 Reads the JSON of benchmarks/bench.py --json or benchmarks/inductor_compare.py --json and draws per shape the
 TFLOP/s of ours, cuBLAS, Triton and Inductor (those the file has) with ours / each beneath, and a roofline
 (TFLOP/s against FLOP per byte of A, B and D, under the GPU's HBM bandwidth and tensor-core peak).
+A benchmarks/bench_corpus.py file ("benchmark": "corpus") is drawn as bands (its only kind): ours / cuBLAS
+against tokens, a panel per pass (fwd, dX, dW), a line per layer kind, the geomean and min of every row.
 Needs matplotlib: pip install -e ".[plot]". Neither torch nor a GPU.
 """
 
@@ -319,7 +322,8 @@ def _add_plot_parser(sub) -> None:
 
     plot = sub.add_parser("plot", help="draw a benchmark's JSON: ours vs cuBLAS, Triton, Inductor; a roofline",
                           description="Draw a results JSON of benchmarks/bench.py or inductor_compare.py into an "
-                                      "image: TFLOP/s per shape and a roofline. Needs matplotlib "
+                                      "image: TFLOP/s per shape and a roofline; one of bench_corpus.py: ours / "
+                                      "cuBLAS against tokens per pass and layer kind. Needs matplotlib "
                                       "(pip install -e \".[plot]\"), not torch or a GPU.",
                           epilog=PLOT_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     plot.add_argument("results", metavar="RESULTS.json", help="the JSON a benchmark wrote (--json)")
@@ -328,7 +332,7 @@ def _add_plot_parser(sub) -> None:
                            "<RESULTS>.png in the current folder (<RESULTS>_<kind>.png for one kind)")
     plot.add_argument("--kind", default="both", choices=list(KINDS),
                       help="bars (TFLOP/s per shape and the ratios), roofline, or both side by side "
-                           "(default: %(default)s)")
+                           "(default: %(default)s); bands for a bench_corpus.py file (its default, and only kind)")
     plot.add_argument("--title", default=None, help="figure title (default: the GPU, the file's name and torch)")
     plot.add_argument("--dtype", action="append", default=None, metavar="DTYPE",
                       help="only the rows of this dtype (repeat for more; default: every row)")
@@ -674,15 +678,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from .plot import PlotOptions, default_out, load_results, plot
+    from .plot import Corpus, PlotOptions, check_kind, default_out, load_results, plot
 
     results = load_results(args.results)   # a missing or malformed file: ValueError, exit 2
+    check_kind(results, args.kind)         # bands for a corpus file only, bars and roofline for any other
     if args.dtype:
         results = results.only(args.dtype)
     out = Path(args.out) if args.out is not None else default_out(args.results, args.kind)
     drawn = plot(results, out, PlotOptions(kind=args.kind, title=args.title, dpi=args.dpi))
-    skipped = f" ({results.skipped} row(s) without a shape, dtype or ours_tflops left out)" if results.skipped else ""
-    print(f"{drawn.out}: {len(results.points)} shape(s) of {results.device}, {args.kind}{skipped}")
+    skipped = f" ({results.skipped} row(s) {results.SKIPPED_WHY} left out)" if results.skipped else ""
+    if isinstance(results, Corpus):
+        what, kind = f"{len(results.rows)} corpus row(s) ({', '.join(results.passes)})", "bands"
+    else:
+        what, kind = f"{len(results.points)} shape(s)", args.kind
+    print(f"{drawn.out}: {what} of {results.device}, {kind}{skipped}")
     return 0
 
 

@@ -3,8 +3,10 @@
 Reads the JSON that ``benchmarks/bench.py`` or ``benchmarks/inductor_compare.py`` wrote and draws, per
 shape, our TFLOP/s next to cuBLAS, Triton and Inductor (whichever the file measured) with the ratios
 beneath, and a roofline: TFLOP/s against arithmetic intensity, under the HBM bandwidth and the tensor
-cores' peak. Needs matplotlib (``pip install -e ".[plot]"``) but neither torch nor a GPU, so results
-copied off the GPU machine (which has no network to install matplotlib) are drawn anywhere.
+cores' peak. A ``benchmarks/bench_corpus.py`` file ("benchmark": "corpus") is drawn as bands instead:
+ours / cuBLAS against the token count, one panel per pass (fwd, dX, dW), one line per layer kind. Needs
+matplotlib (``pip install -e ".[plot]"``) but neither torch nor a GPU, so results copied off the GPU
+machine (which has no network to install matplotlib) are drawn anywhere.
 
 This is a tool downstream of the benchmarks: nothing in the package imports it but the command line.
 """
@@ -15,10 +17,18 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Hashable, Mapping, Sequence, TypeVar
 
 INSTALL_HINT = 'pip install -e ".[plot]"'
-KINDS = ("both", "bars", "roofline")
+KINDS = ("both", "bars", "roofline", "bands")
+#: The kinds each file draws: bench.py's per-shape rows, and bench_corpus.py's rows ("bands"; "both" its default).
+SHAPE_KINDS = ("both", "bars", "roofline")
+CORPUS_KINDS = ("both", "bands")
+#: A corpus row's passes, in panel order: the forward GEMM and the backward's grad-input and grad-weight GEMMs.
+PASSES = ("fwd", "dX", "dW")
+#: Where ours / cuBLAS should stay at or above: the dashed line of the bands.
+TARGET_FLOOR = 0.92
+LAYER_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 
 #: A row's TFLOP/s columns and the name each is drawn under, in drawing order (ours first).
 SERIES_COLUMNS = {
@@ -124,13 +134,64 @@ class Results:
     def dtypes(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(p.dtype for p in self.points))
 
+    SKIPPED_WHY: ClassVar[str] = "without a shape, dtype or ours_tflops"
+
     def only(self, dtypes: Sequence[str]) -> Results:
         """The rows of the given dtypes; ValueError names the dtypes the file has."""
-        unknown = [d for d in dtypes if d not in self.dtypes]
-        if unknown:
-            raise ValueError(f"{self.source} has no {', '.join(unknown)} rows (its dtypes: {', '.join(self.dtypes)})")
+        _check_dtypes(self.source, self.dtypes, dtypes)
         kept = tuple(p for p in self.points if p.dtype in dtypes)
         return Results(self.source, self.device, kept, self.skipped, self.torch)
+
+
+def _check_dtypes(source: str, present: Sequence[str], wanted: Sequence[str]) -> None:
+    """ValueError naming the file's dtypes where a wanted one has no rows."""
+    unknown = [d for d in wanted if d not in present]
+    if unknown:
+        raise ValueError(f"{source} has no {', '.join(unknown)} rows (its dtypes: {', '.join(present)})")
+
+
+@dataclass(frozen=True)
+class CorpusRow:
+    """One row of a bench_corpus.py file: a model's layer GEMM in one pass at one token count."""
+
+    model: str
+    layer: str             # the layer kind (q, kv, mlp_up, ...): any string
+    pass_: str             # fwd, dX or dW
+    tokens: int            # M of the forward GEMM (dW's inner dimension)
+    dtype: str
+    ratio: float           # ours / cuBLAS (cuBLAS's time over ours): > 1 where ours is faster
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The plottable rows of a benchmarks/bench_corpus.py file ("benchmark": "corpus")."""
+
+    source: str
+    device: str
+    rows: tuple[CorpusRow, ...]
+    skipped: int = 0       # rows without a known pass, a layer, tokens, a dtype or the ratio
+    torch: str = ""
+
+    SKIPPED_WHY: ClassVar[str] = f"without a pass of {', '.join(PASSES)}, a layer, tokens, a dtype or vs_cublas"
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(r.dtype for r in self.rows))
+
+    @property
+    def passes(self) -> tuple[str, ...]:
+        return tuple(p for p in PASSES if any(r.pass_ == p for r in self.rows))
+
+    @property
+    def layers(self) -> tuple[str, ...]:
+        """The layer kinds in the order the file first has them."""
+        return tuple(dict.fromkeys(r.layer for r in self.rows))
+
+    def only(self, dtypes: Sequence[str]) -> Corpus:
+        """The rows of the given dtypes; ValueError names the dtypes the file has."""
+        _check_dtypes(self.source, self.dtypes, dtypes)
+        kept = tuple(r for r in self.rows if r.dtype in dtypes)
+        return Corpus(self.source, self.device, kept, self.skipped, self.torch)
 
 
 # -- reading ----------------------------------------------------------------------------------------
@@ -142,6 +203,11 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) and value > 0 else None
 
 
+def _count(value: Any) -> int | None:
+    """A positive int (not a bool), or None."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _shape(row: Mapping[str, Any]) -> tuple[int, int, int] | None:
     """bench.py's m, n, k or inductor_compare.py's "shape": [m, n, k]."""
     dims = [row.get(key) for key in ("m", "n", "k")]
@@ -149,7 +215,7 @@ def _shape(row: Mapping[str, Any]) -> tuple[int, int, int] | None:
         dims = row.get("shape")
     if not isinstance(dims, (list, tuple)) or len(dims) != 3:
         return None
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims):
+    if not all(_count(d) is not None for d in dims):
         return None
     return dims[0], dims[1], dims[2]
 
@@ -162,9 +228,7 @@ def parse_point(row: Any) -> Point | None:
     tflops = {name: v for column, name in SERIES_COLUMNS.items() if (v := _number(row.get(column))) is not None}
     if shape is None or dtype not in INPUT_BYTES or "ours" not in tflops:
         return None
-    batch = row.get("batch")
-    batch = batch if isinstance(batch, int) and not isinstance(batch, bool) and batch > 0 else 1
-    return Point(*shape, dtype=dtype, tflops=tflops, batch=batch)
+    return Point(*shape, dtype=dtype, tflops=tflops, batch=_count(row.get("batch")) or 1)
 
 
 def parse_results(data: Any, source: str = "results") -> Results:
@@ -182,8 +246,48 @@ def parse_results(data: Any, source: str = "results") -> Results:
                    skipped=len(rows) - len(points), torch=str(data.get("torch") or ""))
 
 
-def load_results(path: str | Path) -> Results:
-    """Read a results file; ValueError (with the path and why) where it is missing or not one."""
+def is_corpus(data: Any) -> bool:
+    """Whether decoded JSON is bench_corpus.py's: its top-level "benchmark" is "corpus"."""
+    return isinstance(data, Mapping) and data.get("benchmark") == "corpus"
+
+
+def _corpus_ratio(row: Mapping[str, Any]) -> float | None:
+    """vs_cublas, or cuBLAS's time over ours where the row has the times but not the ratio."""
+    ratio = _number(row.get("vs_cublas"))
+    if ratio is None and (ours := _number(row.get("ours_ms"))) and (cublas := _number(row.get("cublas_ms"))):
+        ratio = cublas / ours
+    return ratio
+
+
+def parse_corpus_row(row: Any) -> CorpusRow | None:
+    """A corpus row, or None where it lacks a known pass, a layer, tokens, a dtype or the ratio."""
+    if not isinstance(row, Mapping):
+        return None
+    layer, dtype, model = row.get("layer"), row.get("dtype"), row.get("model")
+    tokens, ratio = _count(row.get("tokens")), _corpus_ratio(row)
+    known = row.get("pass") in PASSES and isinstance(layer, str) and layer != "" and isinstance(dtype, str)
+    if not known or tokens is None or ratio is None:
+        return None
+    return CorpusRow(model if isinstance(model, str) else "", layer, row["pass"], tokens, dtype, ratio)
+
+
+def parse_corpus(data: Mapping[str, Any], source: str = "results") -> Corpus:
+    """A Corpus from the decoded JSON of bench_corpus.py: {"benchmark": "corpus", "device", "torch", "rows"}."""
+    rows = data.get("rows")
+    if not isinstance(rows, list):
+        raise ValueError(f"{source}: a corpus file (\"benchmark\": \"corpus\") without a \"rows\" list")
+    parsed = tuple(r for r in map(parse_corpus_row, rows) if r is not None)
+    if not parsed:
+        raise ValueError(f"{source}: none of its {len(rows)} corpus rows has a pass of {', '.join(PASSES)}, a layer, "
+                         "tokens, a dtype and vs_cublas: nothing to plot")
+    device = data.get("device")
+    return Corpus(source, device if isinstance(device, str) else "unknown GPU", parsed,
+                  skipped=len(rows) - len(parsed), torch=str(data.get("torch") or ""))
+
+
+def load_results(path: str | Path) -> Results | Corpus:
+    """Read a results file, a Corpus where it is bench_corpus.py's; ValueError (with the path and why) where it is
+    missing or not one."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -193,14 +297,14 @@ def load_results(path: str | Path) -> Results:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{path} is not JSON ({err.msg} at line {err.lineno} column {err.colno})") from None
-    return parse_results(data, str(path))
+    return parse_corpus(data, str(path)) if is_corpus(data) else parse_results(data, str(path))
 
 
 # -- drawing ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class PlotOptions:
-    kind: str = "both"               # both, bars or roofline
+    kind: str = "both"               # both, bars or roofline; both or bands for a corpus file
     title: str | None = None         # default: the device, the file's name and torch
     dpi: int = 100
 
@@ -216,6 +320,17 @@ class Drawn:
     ceilings: Ceilings | None
 
 
+@dataclass(frozen=True)
+class DrawnBands:
+    """What a corpus plot drew: per pass, the layer kinds' lines and the line over every row."""
+
+    out: Path
+    passes: tuple[str, ...]                                         # the panels, left to right
+    layers: tuple[str, ...]                                         # the layer kinds, in legend order
+    lines: Mapping[tuple[str, str], tuple[tuple[int, float], ...]]  # (pass, layer) -> (tokens, geomean)
+    overall: Mapping[str, tuple[tuple[int, float, float], ...]]     # pass -> (tokens, geomean, min) of every row
+
+
 def _figure_class():
     """matplotlib's Figure, imported only here: a Figure saves itself through the Agg canvas without pyplot,
     so no global backend is set (the GPU machine and CI have no display)."""
@@ -227,7 +342,7 @@ def _figure_class():
     return Figure
 
 
-def _default_title(results: Results) -> str:
+def _default_title(results: Results | Corpus) -> str:
     torch = f", torch {results.torch}" if results.torch else ""
     return f"{results.device}: {Path(results.source).name}{torch}"
 
@@ -366,10 +481,25 @@ def _bars_width(results: Results) -> float:
     return min(24.0, max(6.0, 1.5 + 0.12 * len(results.points) * max(2, len(results.series))))
 
 
-def plot(results: Results, out: str | Path, options: PlotOptions = PlotOptions()) -> Drawn:
-    """Draw the results into out (the format from its suffix: .png, .svg, .pdf)."""
-    if options.kind not in KINDS:
-        raise ValueError(f"kind={options.kind!r} is not one of {', '.join(KINDS)}")
+def check_kind(results: Results | Corpus, kind: str) -> None:
+    """ValueError where the file cannot be drawn as kind: bands only for a corpus file, bars and roofline only
+    for a per-shape one."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r} is not one of {', '.join(KINDS)}")
+    if isinstance(results, Corpus) and kind not in CORPUS_KINDS:
+        raise ValueError(f"{results.source} is a corpus file (benchmarks/bench_corpus.py), drawn as ours / cuBLAS "
+                         f"against tokens: --kind {kind} draws per-shape files (bench.py); use --kind bands or both")
+    if isinstance(results, Results) and kind not in SHAPE_KINDS:
+        raise ValueError(f"--kind {kind} draws a corpus file (benchmarks/bench_corpus.py); {results.source} is a "
+                         f"per-shape file: use --kind {', '.join(SHAPE_KINDS[1:])} or {SHAPE_KINDS[0]}")
+
+
+def plot(results: Results | Corpus, out: str | Path, options: PlotOptions = PlotOptions()) -> Drawn | DrawnBands:
+    """Draw the results into out (the format from its suffix: .png, .svg, .pdf): a corpus file as bands, any
+    other as bars and a roofline."""
+    check_kind(results, options.kind)
+    if isinstance(results, Corpus):
+        return plot_bands(results, out, options)
     Figure = _figure_class()
     bars, roof = options.kind in ("both", "bars"), options.kind in ("both", "roofline")
     bars_w, roof_w = (_bars_width(results) if bars else 0.0), (6.5 if roof else 0.0)
@@ -390,6 +520,87 @@ def plot(results: Results, out: str | Path, options: PlotOptions = PlotOptions()
     out = Path(out)
     fig.savefig(out, dpi=options.dpi)
     return Drawn(out, shapes, results.series if bars else (), roofline, ceilings if roof else None)
+
+
+# -- a corpus: ours / cuBLAS against tokens -----------------------------------------------------------
+
+K = TypeVar("K", bound=Hashable)
+
+
+def _grouped(rows: Sequence[CorpusRow], key: Callable[[CorpusRow], K]) -> dict[K, list[float]]:
+    groups: dict[K, list[float]] = {}
+    for row in rows:
+        groups.setdefault(key(row), []).append(row.ratio)
+    return groups
+
+
+def layer_geomeans(corpus: Corpus) -> dict[tuple[str, str, int], float]:
+    """(pass, layer, tokens) -> the geomean of ours / cuBLAS over the rows there (the models and dtypes)."""
+    groups = _grouped(corpus.rows, lambda r: (r.pass_, r.layer, r.tokens))
+    return {key: _geomean(ratios) for key, ratios in groups.items()}
+
+
+def pass_spread(corpus: Corpus) -> dict[tuple[str, int], tuple[float, float]]:
+    """(pass, tokens) -> (geomean, min) of ours / cuBLAS over every row there."""
+    groups = _grouped(corpus.rows, lambda r: (r.pass_, r.tokens))
+    return {key: (_geomean(ratios), min(ratios)) for key, ratios in groups.items()}
+
+
+def _draw_pass(ax, corpus: Corpus, pass_: str, geomeans: Mapping[tuple[str, str, int], float],
+               overall: Sequence[tuple[int, float, float]]) -> dict[str, tuple[tuple[int, float], ...]]:
+    """One panel: a line per layer kind, the geomean of every row thick and black over a band down to the min."""
+    lines: dict[str, tuple[tuple[int, float], ...]] = {}
+    for i, layer in enumerate(corpus.layers):
+        pts = tuple(sorted((t, g) for (p, l, t), g in geomeans.items() if p == pass_ and l == layer))
+        if pts:
+            ax.plot(*zip(*pts), color=f"C{i % 10}", marker=LAYER_MARKERS[i % len(LAYER_MARKERS)], markersize=3,
+                    linewidth=1, label=layer)
+            lines[layer] = pts
+    tokens, means, lows = zip(*overall)
+    ax.fill_between(tokens, lows, means, color="black", alpha=0.12, linewidth=0, label="min .. geomean, every row")
+    ax.plot(tokens, lows, color="black", linestyle="none", marker="v", markersize=4, label="min, every row")
+    ax.plot(tokens, means, color="black", linewidth=2.5, label="geomean, every row", zorder=4)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(TARGET_FLOOR, color="tab:red", linestyle="--", linewidth=1, label=f"target floor {TARGET_FLOOR:g}")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(tokens, [str(t) for t in tokens], rotation=0 if len(tokens) <= 8 else 45, fontsize=7)
+    ax.minorticks_off()
+    ax.set_xlabel("tokens (M of the forward GEMM)")
+    rows = sum(r.pass_ == pass_ for r in corpus.rows)
+    ax.set_title(f"{pass_}: {rows} row(s)", fontsize=10)
+    ax.grid(which="major", alpha=0.3)
+    return lines
+
+
+def _ratio_axis(ax, values: Sequence[float]) -> None:
+    """The shared y axis: ours / cuBLAS on a log scale, 1 and the target floor always in range."""
+    low, high = min(*values, TARGET_FLOOR) / 1.06, max(*values, 1.0) * 1.06
+    ax.set_yscale("log")
+    ax.set_ylim(low, high)
+    ticks = _ratio_ticks(low, high)
+    ax.set_yticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_ylabel("ours / cuBLAS (> 1: ours faster)")
+
+
+def plot_bands(corpus: Corpus, out: str | Path, options: PlotOptions = PlotOptions()) -> DrawnBands:
+    """A corpus file: one panel per pass, ours / cuBLAS against tokens per layer kind and over every row."""
+    Figure = _figure_class()
+    passes, geomeans, spread = corpus.passes, layer_geomeans(corpus), pass_spread(corpus)
+    overall = {p: tuple(sorted((t, g, m) for (q, t), (g, m) in spread.items() if q == p)) for p in passes}
+    fig = Figure(figsize=(1.5 + 4.5 * len(passes), 5.0), layout="constrained")
+    axes = fig.subplots(1, len(passes), sharey=True, squeeze=False)[0]
+    lines: dict[tuple[str, str], tuple[tuple[int, float], ...]] = {}
+    for ax, pass_ in zip(axes, passes):
+        drawn = _draw_pass(ax, corpus, pass_, geomeans, overall[pass_])
+        lines.update({(pass_, layer): pts for layer, pts in drawn.items()})
+    _ratio_axis(axes[0], [*geomeans.values(), *(low for _, low in spread.values())])   # shared by every panel
+    handles = {label: h for ax in axes for h, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), loc="outside right upper", fontsize=8)
+    fig.suptitle(options.title or _default_title(corpus), fontsize=11)
+    out = Path(out)
+    fig.savefig(out, dpi=options.dpi)
+    return DrawnBands(out, passes, corpus.layers, lines, overall)
 
 
 def default_out(source: str | Path, kind: str = "both") -> Path:

@@ -6,6 +6,8 @@
 #   STEPS="sanitize sass probe" gpu/run_all.sh         (sm90: compute-sanitizer, HGMMA in the SASS, template probe)
 #   STEPS="fuzz fuzz_sanitize" FUZZ_ARGS="--cases 500" gpu/run_all.sh   (random calls against float64; then a sample of
 #                                                       them under memcheck and racecheck: docs/fuzzing.md)
+#   STEPS=corpus CORPUS_ARGS="--tokens 1,256,4096 --exact" gpu/run_all.sh   (the real models' layers, forward and
+#                                                       backward, per M band: benchmarks/bench_corpus.py)
 #   STEPS=inductor gpu/run_all.sh                      (ours, cuBLAS and torch.compile max-autotune; what Inductor picked)
 #   STEPS=power POWER_ARGS="--variant g16=raster_group:16" gpu/run_all.sh   (steady-state TFLOP/s, SM clock, power)
 #   STEPS=ceiling CEILING_ARGS="--dtype fp16" gpu/run_all.sh   (mma.sync ceiling per clock next to the sm80 kernel;
@@ -67,6 +69,7 @@ for step in $STEPS; do
                  2> "$OUT/calibrate${CALIBRATE_TAG:-}_progress.log" | tee "$OUT/calibrate${CALIBRATE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
                python3 benchmarks/calibrate.py --fit "$OUT/calibrate${CALIBRATE_TAG:-}.json" --fit-json "$OUT/calibrate${CALIBRATE_TAG:-}_fit.json" 2>&1 | tee -a "$OUT/calibrate${CALIBRATE_TAG:-}.log" ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    corpus) python3 benchmarks/bench_corpus.py --json "$OUT/bench_corpus${CORPUS_TAG:-}.json" ${CORPUS_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_corpus${CORPUS_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer
       for tool in memcheck racecheck; do

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -10,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from generator import cli
-from generator.plot import INSTALL_HINT, PlotOptions, load_results, parse_results, plot
+from generator.plot import (INSTALL_HINT, Corpus, PlotOptions, check_kind, is_corpus, layer_geomeans, load_results,
+                            parse_corpus, parse_results, pass_spread, plot)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -28,6 +30,31 @@ def assert_png(path: Path, min_bytes: int = 20_000) -> None:
     data = path.read_bytes()
     assert data[:8] == PNG_MAGIC, f"{path} is not a PNG"
     assert len(data) > min_bytes, f"{path} is only {len(data)} bytes: an empty figure?"
+
+
+def corpus_row(model: str, layer: str, pass_: str, tokens: int, dtype: str, ratio: float | None, **more) -> dict:
+    return {"model": model, "layer": layer, "pass": pass_, "tokens": tokens, "m": tokens, "n": 4096, "k": 4096,
+            "dtype": dtype, "vs_cublas": ratio, "kernel": "sm90_bf16_tn_x", **more}
+
+
+#: A bench_corpus.py file in small: no dX rows, a ratio only as times, and two rows that cannot be drawn.
+CORPUS = {"device": "NVIDIA H100 80GB HBM3", "torch": "2.11.0+cu130", "benchmark": "corpus", "summary": {}, "rows": [
+    corpus_row("llama3-8b", "mlp_up", "fwd", 256, "bf16", 0.8),
+    corpus_row("qwen2-7b", "mlp_up", "fwd", 256, "bf16", 1.25),
+    corpus_row("llama3-8b", "mlp_up", "fwd", 1024, "bf16", 1.1),
+    corpus_row("llama3-8b", "q", "fwd", 256, "bf16", 0.9),
+    corpus_row("llama3-8b", "mlp_up", "dW", 256, "bf16", 0.96),
+    corpus_row("llama3-8b", "mlp_up", "dW", 256, "fp16", None, ours_ms=0.05, cublas_ms=0.03),   # 0.6 from the times
+    corpus_row("llama3-8b", "mlp_up", "bwd", 256, "bf16", 1.0),                                 # not a pass
+    corpus_row("llama3-8b", "q", "fwd", 0, "bf16", 1.0),                                        # no tokens
+]}
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> Path:
+    path = tmp_path / "corpus.json"
+    path.write_text(json.dumps(CORPUS))
+    return path
 
 
 # -- reading ----------------------------------------------------------------------------------------
@@ -86,6 +113,48 @@ def test_not_a_results_file_says_why(tmp_path):
         load_results(LLM_H200).only(["fp16"])
 
 
+def test_a_corpus_file_is_read_as_one(corpus_file):
+    assert not is_corpus(json.loads(LLM_H200.read_text())) and is_corpus(CORPUS)
+    corpus = load_results(corpus_file)
+    assert isinstance(corpus, Corpus) and corpus.device == "NVIDIA H100 80GB HBM3" and corpus.torch == "2.11.0+cu130"
+    assert len(corpus.rows) == 6 and corpus.skipped == 2
+    assert corpus.passes == ("fwd", "dW") and corpus.layers == ("mlp_up", "q") and corpus.dtypes == ("bf16", "fp16")
+    assert corpus.rows[5].ratio == pytest.approx(0.6)   # cuBLAS's time over ours where vs_cublas is null
+    assert len(corpus.only(["bf16"]).rows) == 5
+    with pytest.raises(ValueError, match=r"no fp8 rows \(its dtypes: bf16, fp16\)"):
+        corpus.only(["fp8"])
+    with pytest.raises(ValueError, match="none of its 1 corpus rows"):
+        parse_corpus({"benchmark": "corpus", "rows": [corpus_row("m", "q", "fwd", 16, "bf16", None)]}, "c.json")
+    with pytest.raises(ValueError, match="without a \"rows\" list"):
+        parse_corpus({"benchmark": "corpus"}, "c.json")
+
+
+def test_corpus_geomeans_per_pass_layer_and_tokens(corpus_file):
+    corpus = load_results(corpus_file)
+    assert layer_geomeans(corpus) == pytest.approx({
+        ("fwd", "mlp_up", 256): 1.0,                  # over the models: sqrt(0.8 * 1.25)
+        ("fwd", "mlp_up", 1024): 1.1,
+        ("fwd", "q", 256): 0.9,
+        ("dW", "mlp_up", 256): (0.96 * 0.6) ** 0.5,   # over the dtypes
+    })
+    assert layer_geomeans(corpus.only(["bf16"]))[("dW", "mlp_up", 256)] == pytest.approx(0.96)
+    spread = pass_spread(corpus)   # (pass, tokens) -> (geomean, min) of every row
+    assert spread.keys() == {("fwd", 256), ("fwd", 1024), ("dW", 256)}
+    assert spread[("fwd", 256)] == pytest.approx(((0.8 * 1.25 * 0.9) ** (1 / 3), 0.8))
+    assert spread[("dW", 256)] == pytest.approx(((0.96 * 0.6) ** 0.5, 0.6))
+
+
+def test_each_file_refuses_the_other_files_kinds(corpus_file):
+    corpus, shapes = load_results(corpus_file), load_results(LLM_H200)
+    for kind in ("both", "bands"):
+        check_kind(corpus, kind)
+    for kind in ("bars", "roofline"):
+        with pytest.raises(ValueError, match=f"is a corpus file .*--kind {kind} draws per-shape files"):
+            check_kind(corpus, kind)
+    with pytest.raises(ValueError, match="--kind bands draws a corpus file"):
+        check_kind(shapes, "bands")
+
+
 def test_missing_matplotlib_names_the_extra(tmp_path, monkeypatch):
     # None in sys.modules makes the import fail, whether matplotlib is installed or not
     monkeypatch.setitem(sys.modules, "matplotlib", None)
@@ -121,6 +190,31 @@ def test_draws_the_inductor_comparison_one_kind_at_a_time(matplotlib, tmp_path):
     assert roof.ceilings is not None and roof.ceilings.hbm_tbps == pytest.approx(3.0037)   # the measured copy
 
 
+def test_draws_a_corpus_as_bands(matplotlib, corpus_file, tmp_path):
+    corpus = load_results(corpus_file)
+    drawn = plot(corpus, tmp_path / "corpus.png")   # the default kind, both, is the bands for a corpus
+    assert_png(tmp_path / "corpus.png", min_bytes=10_000)
+    assert drawn.passes == ("fwd", "dW") and drawn.layers == ("mlp_up", "q")
+    (t0, g0), (t1, g1) = drawn.lines[("fwd", "mlp_up")]
+    assert (t0, t1) == (256, 1024) and (g0, g1) == pytest.approx((1.0, 1.1))
+    assert ("dW", "q") not in drawn.lines   # no rows there: no line
+    [(tokens, geomean, low)] = drawn.overall["dW"]
+    assert tokens == 256 and (geomean, low) == pytest.approx(((0.96 * 0.6) ** 0.5, 0.6))
+    bf16 = plot(corpus.only(["bf16"]), tmp_path / "bf16.svg", PlotOptions(kind="bands", title="bf16"))
+    assert (tmp_path / "bf16.svg").read_text().lstrip().startswith("<?xml")
+    assert bf16.overall["dW"][0][1:] == pytest.approx((0.96, 0.96))
+
+
+def test_cli_draws_a_corpus(matplotlib, corpus_file, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "generator", "plot", str(corpus_file), "--kind", "bands",
+                        "--dtype", "bf16"], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("corpus_bands.png: 5 corpus row(s) (fwd, dW) of NVIDIA H100 80GB HBM3, bands")
+    assert "2 row(s) without a pass of fwd, dX, dW" in r.stdout
+    assert_png(tmp_path / "corpus_bands.png", min_bytes=10_000)
+
+
 def test_cli_draws_a_plot(matplotlib, tmp_path):
     out = tmp_path / "cli.png"
     r = subprocess.run([sys.executable, "-m", "generator", "plot", str(LLM_H200), "--out", str(out),
@@ -140,6 +234,17 @@ def test_cli_bad_input_exits_2(args, message, tmp_path, capsys):
     assert cli.main(["plot", *args, "--out", str(tmp_path / "x.png")]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x.png").exists()
+
+
+@pytest.mark.parametrize("kind", ["bars", "roofline"])
+def test_cli_refuses_bars_or_roofline_of_a_corpus(kind, corpus_file, tmp_path, capsys):
+    assert cli.main(["plot", str(corpus_file), "--kind", kind, "--out", str(tmp_path / "x.png")]) == 2
+    assert "is a corpus file" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
+
+
+def test_cli_refuses_bands_of_a_per_shape_file(tmp_path, capsys):
+    assert cli.main(["plot", str(LLM_H200), "--kind", "bands", "--out", str(tmp_path / "x.png")]) == 2
+    assert "--kind bands draws a corpus file" in capsys.readouterr().err and not (tmp_path / "x.png").exists()
 
 
 def test_cli_bad_kind_exits_2_listing_the_choices(capsys):
