@@ -73,7 +73,7 @@ from typing import Any, Protocol, Sequence
 
 import jinja2
 
-from .planner.backward import accumulator_config, backward_closure, backward_configs
+from .planner.backward import accumulator_config, autograd_form, backward_closure, backward_configs
 from .render import included_headers, render, templates_dir
 from .render.epilogue_python import python_function
 from .spec.config import KernelConfig, check_config, grouped_list_refusal, grouped_refusal
@@ -400,13 +400,16 @@ def _plan_knobs(item: object, config: KernelConfig) -> tuple[tuple[str, Any], ..
 
 
 def _grads(cfg: KernelConfig) -> dict[str, dict[str, Any]]:
-    """{"row" | "col": the op computing dA ("a") and dB ("b") for a dD stored in that order, and the
-    storage orders in which they take B.t() ("a_b_row") and A.t() ("b_a_row"): True = row-major}."""
+    """{"row" | "col": the op computing dA ("a") and dB ("b") for a dD stored in that order, the storage orders in
+    which they take B.t() ("a_b_row") and A.t() ("b_a_row"; B and A where they compute the transpose), True =
+    row-major, and whether they do ("a_transposed", "b_transposed"): planner.backward.autograd_form}."""
     grads: dict[str, dict[str, Any]] = {}
     for order in Order:
         grad_a, grad_b = backward_configs(cfg, order)
-        grads[order.value] = {"a": grad_op_name(grad_a), "b": grad_op_name(grad_b),
-                              "a_b_row": grad_a.layout.b is Order.row, "b_a_row": grad_b.layout.a is Order.row}
+        form = autograd_form(cfg, grad_a, grad_b)
+        grads[order.value] = {"a": grad_op_name(grad_a), "b": grad_op_name(grad_b), "a_b_row": form.a_b_row,
+                              "b_a_row": form.b_a_row, "a_transposed": form.a_transposed,
+                              "b_transposed": form.b_transposed}
     return grads
 
 

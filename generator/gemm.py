@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from .planner import Estimate, Knobs, Problem, check_family, choose
+from .planner.backward import same_backward
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
@@ -552,7 +553,8 @@ class Gemm:
     def bucket_plans(self, bounds: Sequence[int] = M_BUCKETS) -> list[tuple[int | None, Gemm]]:
         """The plans of an M-bucketed op: this plan re-planned for M = each bound (N and K as this plan's hints,
         4096 where none was given; every knob set here stays set), then this plan for any larger M (max_m None).
-        Neighbouring buckets that plan the same kernel are merged into the larger one."""
+        Neighbouring buckets that plan the same kernel, and the same backward kernels for their problems, are merged
+        into the larger one."""
         if list(bounds) != sorted(set(bounds)) or any(not isinstance(b, int) or b < 1 for b in bounds):
             raise ValueError(f"bounds={tuple(bounds)}: give distinct positive row counts in increasing order, e.g. "
                              f"{M_BUCKETS}")
@@ -560,7 +562,11 @@ class Gemm:
         n, k = (problem.n, problem.k) if problem is not None else (4096, 4096)
         plans: list[tuple[int | None, Gemm]] = [(bound, self._replanned(Problem(bound, n, k))) for bound in bounds]
         plans.append((None, self))
-        merged = [pair for pair, after in zip(plans, plans[1:]) if pair[1].config != after[1].config]
+        # Neighbours merge where they run one kernel with one backward (a differentiable op plans its backward for its
+        # bucket's problem: at a long K, dX of 512 rows wants other tiles than dX of 4096).
+        merged = [pair for pair, after in zip(plans, plans[1:])
+                  if pair[1].config != after[1].config
+                  or not same_backward(pair[1].config, pair[1].problem, after[1].problem)]
         return merged + [plans[-1]]
 
     def _replanned(self, problem: Problem) -> Gemm:

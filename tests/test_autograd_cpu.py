@@ -748,11 +748,12 @@ def test_grouped_backward_matches_float64(layout, layout_c, out_dtype, formula):
         assert offsets.grad is None
 
 
-@pytest.mark.parametrize("layout, da, db", [("tn", "tt", "nt_dcol"), ("tt", "tn", "nt")])
+@pytest.mark.parametrize("layout, da, db", [("tn", "tt", "nt"), ("tt", "tn", "nt")])
 def test_grouped_backward_is_one_grouped_call_for_da_and_one_list_call_for_db(calls, layout, da, db):
     """dA = dA-op.grouped(dD, B.transpose(1, 2), offsets) (B's memory, no copy); dB: one list call on the dB op with a
     problem (A[rows of g].t(), dD[rows of g]) per group with rows (views of A and dD), the empty group launching
-    nothing (its dB[g] is zeros)."""
+    nothing (its dB[g] is zeros). For tn the column-major dB[g] is computed as its transpose, a problem
+    (dD[rows of g].t(), A[rows of g]) (planner.backward.writes_transposed)."""
     op = reference_op(layout)
     sizes = [5, 0, 17, 18]
     a, b, offsets = grouped_operands(layout, sizes, 24, 32, requires_grad=True)
@@ -765,9 +766,13 @@ def test_grouped_backward_is_one_grouped_call_for_da_and_one_list_call_for_db(ca
     assert torch.equal(grad_a_call.A, g) and grad_a_call.B.shape == (4, 24, 32)
     assert grad_a_call.B.data_ptr() == b.data_ptr() and torch.equal(grad_a_call.B, b.detach().transpose(1, 2))
     starts = [0, 5, 22]   # the groups with rows: 0, 2, 3
-    assert [tuple(x.shape) for x in grad_b_call.A] == [(32, 5), (32, 17), (32, 18)]
-    assert [x.data_ptr() for x in grad_b_call.A] == [a[s].data_ptr() for s in starts]
-    assert [tuple(y.shape) for y in grad_b_call.B] == [(5, 24), (17, 24), (18, 24)]
+    lefts, rights = (grad_b_call.B, grad_b_call.A) if layout == "tn" else (grad_b_call.A, grad_b_call.B)
+    if layout == "tn":   # (dD rows.t(), A rows): the transposed problem
+        lefts, rights = [x.t() for x in lefts], [y.t() for y in rights]
+    assert [tuple(x.shape) for x in lefts] == [(32, 5), (32, 17), (32, 18)]
+    assert [x.data_ptr() for x in lefts] == [a[s].data_ptr() for s in starts]
+    assert [tuple(y.shape) for y in rights] == [(5, 24), (17, 24), (18, 24)]
+    assert [y.data_ptr() for y in rights] == [g[s].data_ptr() for s in starts]
     assert torch.equal(b.grad[1], torch.zeros(32, 24, dtype=torch.bfloat16))
     ref_a, ref_b = grouped_grads64(a, b, offsets, g)
     assert_grad(a.grad, ref_a, a, "dA")
@@ -779,7 +784,7 @@ def test_grouped_backward_computes_only_what_is_needed(calls):
     op = reference_op("tn")
     a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32)
     g = torch.randn(40, 24, dtype=torch.bfloat16)
-    for which, want in (("A", [("tt", "grouped")]), ("B", [("nt_dcol", "list")])):
+    for which, want in (("A", [("tt", "grouped")]), ("B", [("nt", "list")])):
         x, y = (a.requires_grad_(), b) if which == "A" else (a.detach(), b.requires_grad_())
         d = op.grouped(x, y, offsets)
         calls.clear()
@@ -803,8 +808,8 @@ def test_grouped_backward_falls_back_to_plain_calls_where_the_plans_refuse(calls
     g = torch.randn(40, 24, dtype=torch.bfloat16)
     calls.clear()
     d.backward(g)
-    assert [(c.layout, c.form) for c in calls] == [("tt", "plain")] * 3 + [("nt_dcol", "plain")] * 3
-    assert [tuple(c.A.shape) for c in calls] == [(5, 24), (17, 24), (18, 24), (32, 5), (32, 17), (32, 18)]
+    assert [(c.layout, c.form) for c in calls] == [("tt", "plain")] * 3 + [("nt", "plain")] * 3
+    assert [tuple(c.A.shape) for c in calls] == [(5, 24), (17, 24), (18, 24), (24, 5), (24, 17), (24, 18)]
     ref_a, ref_b = grouped_grads64(a, b, offsets, g)
     assert_grad(a.grad, ref_a, a, "dA")
     assert_grad(b.grad, ref_b, b, "dB")
@@ -820,7 +825,7 @@ def test_grouped_backward_falls_back_where_operands_break_the_16_byte_rule(calls
     g = torch.randn(40, 27).to(torch.bfloat16)[:, 1:25]
     calls.clear()
     d.backward(g)
-    assert [(c.layout, c.form) for c in calls] == [("tt", "plain")] * 3 + [("nt_dcol", "plain")] * 3
+    assert [(c.layout, c.form) for c in calls] == [("tt", "plain")] * 3 + [("nt", "plain")] * 3
     assert calls[0].A.data_ptr() == g.data_ptr()   # no copy of the gradient
     ref_a, ref_b = grouped_grads64(a, b, offsets, g)
     assert_grad(a.grad, ref_a, a, "dA")
@@ -919,18 +924,19 @@ def test_list_backward_matches_float64(layout, formula):
 
 def test_list_backward_is_one_list_call_per_gradient_op(calls):
     """One list call on the dA op and one on the dB op, with (dD_i, B_i.t()) and (A_i.t(), dD_i) (views, no copies)
-    of the problems with work (the M = 0 problem launches nothing)."""
+    of the problems with work (the M = 0 problem launches nothing). nt's column-major dA_i is computed as its
+    transpose: problems (B_i, dD_i.t()) (planner.backward.writes_transposed)."""
     op = reference_op("nt")
     a, b = list_operands("nt", requires_grad=True)
     d = op(a, b)
     grads = [torch.randn_like(t) for t in d]
     calls.clear()
     torch.autograd.backward(d, grads)
-    assert [(c.layout, c.form) for c in calls] == [("tn_dcol", "list"), ("tt", "list")]
+    assert [(c.layout, c.form) for c in calls] == [("tn", "list"), ("tt", "list")]
     grad_a_call, grad_b_call = calls
     work = [0, 1, 3]
-    assert [x.data_ptr() for x in grad_a_call.A] == [grads[i].data_ptr() for i in work]
-    assert [y.data_ptr() for y in grad_a_call.B] == [b[i].data_ptr() for i in work]
+    assert [x.data_ptr() for x in grad_a_call.B] == [grads[i].data_ptr() for i in work]
+    assert [y.data_ptr() for y in grad_a_call.A] == [b[i].data_ptr() for i in work]
     assert [x.data_ptr() for x in grad_b_call.A] == [a[i].data_ptr() for i in work]
     assert [tuple(x.shape) for x in grad_b_call.A] == [(k, m) for m, k, _ in (LIST_SIZES[i] for i in work)]
     assert a[2].grad.shape == (0, 16) and torch.equal(b[2].grad, torch.zeros(16, 8, dtype=torch.bfloat16))
@@ -947,7 +953,7 @@ def test_list_backward_only_where_gradients_flow(calls):
     d = op(a, b)
     calls.clear()
     (d[0].float().sum() + d[3].float().pow(2).sum()).backward()
-    assert [(c.layout, c.form, len(c.A)) for c in calls] == [("tt", "list", 1), ("nt_dcol", "list", 1)]
+    assert [(c.layout, c.form, len(c.A)) for c in calls] == [("tt", "list", 1), ("nt", "list", 1)]
     assert b[1].grad is None
     ref_a, ref_b = list_grads64(a, b, [torch.ones_like(d[0]), None, None, 2 * d[3].detach()])
     assert_grad(a[0].grad, ref_a[0], a[0], "dA[0]")
@@ -965,8 +971,8 @@ def test_list_backward_per_gradient_order_and_per_problem_fallback(calls):
     calls.clear()
     torch.autograd.backward(d, grads)
     assert [(c.layout, c.form) for c in calls] == [
-        ("tt", "list"), ("tt", "plain"), ("nt_dcol", "list"), ("nt_dcol", "plain"),   # row-major gradients: 0, 2
-        ("nt", "list"), ("nn_dcol", "list")]                                         # the column-major one: 1
+        ("tt", "list"), ("tt", "plain"), ("nt", "list"), ("nt", "plain"),   # row-major gradients: 0, 2
+        ("nt", "list"), ("tt", "list")]                                     # the column-major one: 1
     assert [len(c.A) for c in calls if c.form == "list"] == [1, 1, 1, 1]
     ref_a, ref_b = list_grads64(a, b, grads)
     for i in range(3):

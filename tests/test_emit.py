@@ -16,7 +16,7 @@ import pytest
 
 from generator import Gemm, emit
 from generator import epilogue as ep
-from generator.planner.backward import accumulator_config, backward_closure, backward_configs
+from generator.planner.backward import accumulator_config, autograd_form, backward_closure, backward_configs
 from generator.emit import GENCODE, backward_ops, resolve_ops
 from generator.plans import load_plans_file
 from generator.render import included_headers, render, templates_dir
@@ -314,19 +314,23 @@ _AUTOGRAD_SPEC = re.compile(
     r'const AutogradSpec kgrad_(\w+) = \{\n\s+/\*ns=\*/"(\w+)",\n\s+/\*op=\*/"(\w+)",\n'
     r'\s+/\*dtype=\*/c10::ScalarType::(\w+),\n'
     r'\s+/\*grad_a=\*/\{"(\w+)", "(\w+)"\},\n\s+/\*grad_b=\*/\{"(\w+)", "(\w+)"\},\n'
-    r'\s+/\*grad_a_b_row=\*/\{(true|false), (true|false)\},\n\s+/\*grad_b_a_row=\*/\{(true|false), (true|false)\},\n\};')
+    r'\s+/\*grad_a_b_row=\*/\{(true|false), (true|false)\},\n\s+/\*grad_b_a_row=\*/\{(true|false), (true|false)\},\n'
+    r'\s+/\*grad_a_transposed=\*/\{(true|false), (true|false)\},\n'
+    r'\s+/\*grad_b_transposed=\*/\{(true|false), (true|false)\},\n\};')
 
 
 def autograd_specs(binding: str) -> dict[str, dict]:
     """The AutogradSpec table of an emitted binding.cpp: op -> dtype, and per storage order of dD the ops
-    computing dA and dB with the orders they take B.t() and A.t() in."""
+    computing dA and dB with the orders they take B.t() and A.t() in (B and A where they compute the transpose),
+    and whether each does (planner.backward.autograd_form)."""
     specs = {}
     for m in _AUTOGRAD_SPEC.finditer(binding):
-        var, _ns, op, dtype, ga_row, ga_col, gb_row, gb_col, abr_row, abr_col, bar_row, bar_col = m.groups()
+        (var, _ns, op, dtype, ga_row, ga_col, gb_row, gb_col, abr_row, abr_col, bar_row, bar_col,
+         at_row, at_col, bt_row, bt_col) = m.groups()
         assert var == op
         specs[op] = {"dtype": {"BFloat16": "bf16", "Half": "fp16"}[dtype],
-                     "row": (ga_row, gb_row, abr_row == "true", bar_row == "true"),
-                     "col": (ga_col, gb_col, abr_col == "true", bar_col == "true")}
+                     "row": (ga_row, gb_row, *(flag == "true" for flag in (abr_row, bar_row, at_row, bt_row))),
+                     "col": (ga_col, gb_col, *(flag == "true" for flag in (abr_col, bar_col, at_col, bt_col)))}
     return specs
 
 
@@ -335,8 +339,10 @@ def test_backward_ops_are_emitted_for_both_gradient_orders_and_double_backward(t
     out = emit(plans, name="my_gemms", out=tmp_path / "pkg")
     files = tree(out)
     closure = backward_closure(p.config for p in plans)
-    # the closure: at most the 8 layouts (A, B, D orders) per dtype, arch and family, each kernel written once
-    assert len(closure) == 16 and {(c.dtype.value, c.arch) for c in closure.values()} == {("bf16", 90), ("fp16", 80)}
+    # the closure: at most the 8 layouts (A, B, D orders) per dtype, arch and family, each kernel written once; the
+    # 16-bit sm90 ones write row-major D only (a column-major gradient is computed as its transpose)
+    assert len(closure) == 12 and {(c.dtype.value, c.arch) for c in closure.values()} == {("bf16", 90), ("fp16", 80)}
+    assert {c.layout.c for c in closure.values() if c.arch == 90} == {Order.row}
     assert all(c.out_dtype == c.dtype for c in closure.values())
     cu = sorted(rel for rel in files if rel.endswith(".cu"))
     assert cu == sorted({f"csrc/{k}.cu" for k in [*closure, *(p.name for p in plans)]})
@@ -358,8 +364,9 @@ def test_backward_ops_are_emitted_for_both_gradient_orders_and_double_backward(t
         assert spec["dtype"] == configs[op].dtype.value
         for order in Order:
             grad_a, grad_b = backward_configs(configs[op], order)
-            assert spec[order.value] == (f"_grad_{grad_a.name}", f"_grad_{grad_b.name}", grad_a.layout.b is Order.row,
-                                         grad_b.layout.a is Order.row), (op, order)
+            form = autograd_form(configs[op], grad_a, grad_b)
+            assert spec[order.value] == (f"_grad_{grad_a.name}", f"_grad_{grad_b.name}", form.a_b_row, form.b_a_row,
+                                         form.a_transposed, form.b_transposed), (op, order)
         assert f'm.impl("{op}", GemmAutogradKernel{{&kgrad_{op}}});' in binding
         assert f'm.impl("{op}.out", GemmOutAutogradKernel{{&kgrad_{op}}});' in binding
     record = json.loads(files["plans.json"])
@@ -414,7 +421,8 @@ def test_no_autograd_leaves_the_backward_out(tmp_path):
 
 
 _GROUPED_REGISTRATION = re.compile(r'_register_grouped_autograd\("(\w+)", "(\w+)", \{\n'
-                                   r'    "row": \("(\w+)", "(\w+)"\),\n    "col": \("(\w+)", "(\w+)"\),\n\}\)')
+                                   r'    "row": \("(\w+)", "(\w+)", (True|False), (True|False)\),\n'
+                                   r'    "col": \("(\w+)", "(\w+)", (True|False), (True|False)\),\n\}\)')
 
 
 def test_grouped_calls_take_the_jit_formulas_with_autograd(tmp_path):
@@ -434,15 +442,18 @@ def test_grouped_calls_take_the_jit_formulas_with_autograd(tmp_path):
     assert set(registered) == {op.name for op in differentiable}
     autograd = impl_block(binding, "my_gemms", "Autograd")
     for op in differentiable:
-        (row_a, row_b), (col_a, col_b) = (backward_configs(op.config, order) for order in (Order.row, Order.col))
-        assert registered[op.name] == (op.config.dtype.torch_name, *(f"_grad_{c.name}" for c in (row_a, row_b, col_a,
-                                                                                              col_b))), op.name
+        want = [op.config.dtype.torch_name]
+        for order in (Order.row, Order.col):
+            grad_a, grad_b = backward_configs(op.config, order)
+            form = autograd_form(op.config, grad_a, grad_b)
+            want += [f"_grad_{grad_a.name}", f"_grad_{grad_b.name}", str(form.a_transposed), str(form.b_transposed)]
+        assert registered[op.name] == tuple(want), op.name
         assert f'"{op.name}.grouped' not in autograd, op.name
     (quantized,) = [op.name for op in ops if not op.differentiable]
     assert (f'  m.impl("{quantized}.grouped", gemmgen::grouped_autograd_kernel("{quantized}"));\n'
             f'  m.impl("{quantized}.grouped_list", gemmgen::grouped_list_autograd_kernel("{quantized}"));') in autograd
     # each backward op the formulas call: its orders, D's dtype, and whether its plan takes grouped and list calls
-    called = {name for names in registered.values() for name in names[1:]}
+    called = {name for names in registered.values() for name in (names[1], names[2], names[5], names[6])}
     for cfg in backward_closure(p.config for p in plans[:2]).values():
         assert f"_grad_{cfg.name}" in called
         layout = cfg.layout
@@ -895,7 +906,7 @@ def test_emit_works_without_torch(no_torch_env, tmp_path):
         Gemm("bf16", "tt", arch=86).emit({str(tmp_path / "noag")!r}, autograd=False)
         Gemm("bf16", "tn", arch=90, activation="gelu", bias="col").emit({str(tmp_path / "fused")!r})
         from generator.planner.backward import backward_closure  # the backward kernels are planned without torch too
-        assert len(backward_closure([Gemm("bf16", "tn", arch=90).config])) == 8
+        assert len(backward_closure([Gemm("bf16", "tn", arch=90).config])) == 4   # row-major D: tt, tn, nt, nn
         assert "torch" not in sys.modules
         try:
             import torch
@@ -1266,8 +1277,9 @@ def test_an_epilogue_plan_is_packaged_with_its_operands(tmp_path):
         assert f'm.impl("_grad_{acc.name}", GemmAutogradKernel{{&kgrad__grad_{acc.name}}});' in binding
     for op, plan, acc in ((KNOB_OP, plans[0], accs[0]), (FUNCTION_OP, plans[1], accs[1])):
         grads = {order: backward_configs(plan.config, order) for order in Order}
-        rows = [f'    "{o.value}": ("_grad_{a.name}", "_grad_{b.name}", {a.layout.b is Order.row}, '
-                f'{b.layout.a is Order.row}),' for o, (a, b) in grads.items()]
+        forms = {o: autograd_form(plan.config, a, b) for o, (a, b) in grads.items()}
+        rows = [f'    "{o.value}": ("_grad_{a.name}", "_grad_{b.name}", {forms[o].a_b_row}, {forms[o].b_a_row},\n'
+                f'            {forms[o].a_transposed}, {forms[o].b_transposed}),' for o, (a, b) in grads.items()]
         assert "\n".join([f'_register_epilogue_autograd("{op}", _epilogue_{op}, "_grad_{acc.name}", {{', *rows, "})"]) \
             in init, op
         assert f"def _epilogue_{op}(acc, " in init
@@ -1340,11 +1352,12 @@ def test_the_backward_ops_of_epilogue_ops(tmp_path):
     assert plain_fp32.config == acc
     grads = backward_ops(resolve_ops([gelu, relu, plain_fp32]))
     names = [op.name for op in grads]
-    assert names == sorted(names) and len(set(op.config.name for op in grads)) == len(grads) == 9
+    # acc's kernel and the closure's four (the 16-bit sm90 closure writes row-major D only)
+    assert names == sorted(names) and len(set(op.config.name for op in grads)) == len(grads) == 5
     assert {op.config.name for op in grads} == {acc.name, *backward_closure([gelu.config])}
     assert next(op for op in grads if op.config == acc).name == f"_grad_{acc.name}"
     files = tree(emit([gelu, relu, plain_fp32], name="g", out=tmp_path / "a" / "g", op_names=["x", "y", "z"]))
-    assert sum(1 for rel in files if rel.endswith(".cu")) == 2 + 9   # x's, y's and the backward's (z's is acc's)
+    assert sum(1 for rel in files if rel.endswith(".cu")) == 2 + 5   # x's, y's and the backward's (z's is acc's)
     again = tree(emit([plain_fp32, relu, gelu], name="g", out=tmp_path / "b" / "g", op_names=["z", "y", "x"]))
     assert again == files
 

@@ -32,7 +32,7 @@ kernels (double backward) are again of this kind, so the set is closed: at most 
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 from ..spec.config import KernelConfig
@@ -83,9 +83,55 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row,
             # tn, and the autograd formula copies an operand stored otherwise. The sm80 family takes every layout.
             layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
     problems = backward_problems(problem) if problem is not None else (None, None)
-    grad_a, grad_b = (plan(config.dtype, lay, config.arch, family=config.family, out_dtype=out_dtype, problem=p)
-                      for lay, p in zip(layouts, problems))
-    return grad_a, grad_b
+    grads = []
+    for lay, p in zip(layouts, problems):
+        if writes_transposed(config, lay):
+            lay, p = transposed_layout(lay), (Problem(p.n, p.m, p.k) if p is not None else None)
+        grads.append(plan(config.dtype, lay, config.arch, family=config.family, out_dtype=out_dtype, problem=p))
+    return grads[0], grads[1]
+
+
+def writes_transposed(config: KernelConfig, gradient: Layout) -> bool:
+    """Whether the gradient of layout ``gradient`` (a column-major D) is computed as its transpose into row-major
+    storage (``transposed_layout``) on ``config``'s family: sm90 16-bit plans. The sm90 kernel stores a column-major
+    D from the accumulators element by element, while a row-major one goes out by TMA: dW of a linear layer (``nt``
+    with a column-major D for a ``tn`` forward) read 0.79 TB/s against cuBLAS's 2.5 TB/s at 16 tokens, the store being
+    the whole kernel (docs/corpus.md). The formulas call such a kernel on the transposed operands and hand back the
+    transpose of its result (``computes_transpose``), the bytes of the column-major gradient."""
+    return config.family == "sm90" and config.dtype.bytes == 2 and gradient.c is Order.col
+
+
+def transposed_layout(layout: Layout) -> Layout:
+    """The layout of P.t() = R.t() @ L.t() for a product P = L @ R of ``layout``: each operand's order flips as it is
+    transposed, and P.t() of a column-major P is row-major."""
+    return Layout(a=_FLIP[layout.b], b=_FLIP[layout.a], c=_FLIP[layout.c])
+
+
+@dataclass(frozen=True)
+class AutogradForm:
+    """How the C++ formula (templates/torch/gemm_autograd.h, AutogradSpec) calls one order's dA and dB ops: the order
+    in which dA's op takes B.t() (B where it computes dA.t()), dB's op A.t() (A where it computes dB.t()), and
+    whether each computes the transpose (``computes_transpose``). True = row-major."""
+
+    a_b_row: bool
+    b_a_row: bool
+    a_transposed: bool
+    b_transposed: bool
+
+
+def autograd_form(config: KernelConfig, grad_a: KernelConfig, grad_b: KernelConfig) -> AutogradForm:
+    """The ``AutogradForm`` of ``config``'s backward kernels ``grad_a`` and ``grad_b`` (``backward_configs``)."""
+    a_t = computes_transpose(grad_a, config.layout.a)
+    b_t = computes_transpose(grad_b, config.layout.b)
+    return AutogradForm(a_b_row=(grad_a.layout.a if a_t else grad_a.layout.b) is Order.row,
+                        b_a_row=(grad_b.layout.b if b_t else grad_b.layout.a) is Order.row,
+                        a_transposed=a_t, b_transposed=b_t)
+
+
+def computes_transpose(grad: KernelConfig, stored: Order) -> bool:
+    """Whether the backward kernel ``grad`` computes its gradient's transpose (``writes_transposed``): it writes
+    row-major where the gradient is stored in ``stored`` (A's order for dA, B's for dB) column-major."""
+    return grad.layout.c is not stored
 
 
 def backward_hint(config: KernelConfig, problem: Problem | None) -> Problem | None:
@@ -98,6 +144,13 @@ def backward_hint(config: KernelConfig, problem: Problem | None) -> Problem | No
         if backward_configs(config, order, problem) != backward_configs(config, order):
             return problem
     return None
+
+
+def same_backward(config: KernelConfig, first: Problem | None, second: Problem | None) -> bool:
+    """Whether ``config``'s backward kernels are the same planned for the forward problems ``first`` and ``second``
+    (two M buckets of one kernel may merge only then: the merged bucket's op plans its backward for one of them)."""
+    return backward_hint(config, first) == backward_hint(config, second) or all(
+        backward_configs(config, order, first) == backward_configs(config, order, second) for order in Order)
 
 
 def hinted_op_name(config: KernelConfig, problem: Problem | None) -> str:

@@ -54,7 +54,8 @@ from typing import Any
 
 import torch
 
-from ..planner.backward import accumulator_config, backward_configs, backward_layouts, saving_config
+from ..planner.backward import (accumulator_config, backward_configs, backward_layouts, computes_transpose,
+                                saving_config)
 from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
 from ..spec.types import DType, Order
 from . import grouped_formula, jit_runtime
@@ -141,12 +142,21 @@ def _product_grads(op: OpHandle, A: torch.Tensor, B: torch.Tensor, grad: torch.T
     """dA = grad @ B.t() and dB = A.t() @ grad, on this generator's kernels."""
     grad, order = _gradient(op, grad)
     grad_a_op, grad_b_op = grad_ops(op, order)
-    # Each operand in the order its kernel reads (the gradient already is, but for tf32, whose kernels read
-    # both operands K-major only).
-    a_layout, b_layout = grad_a_op.config.layout, grad_b_op.config.layout
-    grad_a = grad_a_op(_in_order(grad, a_layout.a), _in_order(B.t(), a_layout.b)) if need_a else None
-    grad_b = grad_b_op(_in_order(A.t(), b_layout.a), _in_order(grad, b_layout.b)) if need_b else None
+    layout = op.config.layout
+    grad_a = _product(grad_a_op, grad, B.t(), layout.a) if need_a else None
+    grad_b = _product(grad_b_op, A.t(), grad, layout.b) if need_b else None
     return grad_a, grad_b
+
+
+def _product(grad_op: OpHandle, left: torch.Tensor, right: torch.Tensor, stored: Order) -> torch.Tensor:
+    """left @ right on ``grad_op``, a gradient stored in ``stored``: each operand in the order its kernel reads (the
+    gradient already is, but for tf32, whose kernels read both operands K-major only); a kernel that computes the
+    transpose (planner.backward.computes_transpose: a row-major write of a column-major gradient) takes right.t() and
+    left.t(), and its result's transpose is the gradient."""
+    lay = grad_op.config.layout
+    if computes_transpose(grad_op.config, stored):
+        return grad_op(_in_order(right.t(), lay.a), _in_order(left.t(), lay.b)).t()
+    return grad_op(_in_order(left, lay.a), _in_order(right, lay.b))
 
 
 def refuse_batched_grad(op: OpHandle, A: torch.Tensor, B: torch.Tensor, wanting: list[str]) -> None:
@@ -356,20 +366,21 @@ def _formula(op: OpHandle) -> grouped_formula.Formula:
     use)."""
     def ops(row: bool) -> tuple[grouped_formula.GradOp, grouped_formula.GradOp]:
         grad_a, grad_b = grad_ops(op, Order.row if row else Order.col)
-        return _grad_op(grad_a), _grad_op(grad_b)
+        return _grad_op(grad_a, op.config.layout.a), _grad_op(grad_b, op.config.layout.b)
 
     return grouped_formula.Formula(op.name, op.dtype, ops)
 
 
-def _grad_op(handle: OpHandle) -> grouped_formula.GradOp:
-    """A backward op as grouped_formula calls it. Its refusal tests are this module's functions, looked up when they
-    run (tests record the paths taken by replacing them)."""
+def _grad_op(handle: OpHandle, stored: Order) -> grouped_formula.GradOp:
+    """A backward op as grouped_formula calls it, for a gradient stored in ``stored``. Its refusal tests are this
+    module's functions, looked up when they run (tests record the paths taken by replacing them)."""
     layout = handle.config.layout
     return grouped_formula.GradOp(
         call=handle, grouped=handle.grouped, grouped_list=handle.grouped_list, a_row=layout.a is Order.row,
         b_row=layout.b is Order.row, d_row=layout.c is Order.row, out_dtype=handle.out_dtype,
         grouped_call_refusal=lambda x, y: grouped_call_refusal(handle, x, y),
-        list_problem_refusal=lambda i, x, y: list_problem_refusal(handle, i, x, y))
+        list_problem_refusal=lambda i, x, y: list_problem_refusal(handle, i, x, y),
+        transposed=computes_transpose(handle.config, stored))
 
 
 def grouped_call_refusal(grad_op: OpHandle, x: torch.Tensor, y: torch.Tensor) -> str | None:

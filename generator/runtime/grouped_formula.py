@@ -220,6 +220,14 @@ class GradOp:
     # (``grouped_call_refusal``, ``list_problem_refusal`` with its plan's refusals).
     grouped_call_refusal: Callable[[torch.Tensor, torch.Tensor], str | None]
     list_problem_refusal: Callable[[int, torch.Tensor, torch.Tensor], str | None]
+    # Whether it computes its gradient's transpose into row-major storage (generator/planner/backward.py
+    # writes_transposed): x @ y is then taken as (y.t() @ x.t()).t(), the bytes of a column-major result.
+    transposed: bool = False
+
+    @property
+    def result_row(self) -> bool:
+        """The order the gradients it gives are stored in (True: row-major)."""
+        return self.d_row != self.transposed
 
 
 @dataclass(frozen=True)
@@ -293,25 +301,45 @@ def grouped_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: tor
     grad_a = _grouped_grad_a(grad_a_op, A, B, offsets, grad, groups) if need_a else None
     grad_b = None
     if need_b:
-        xs = [in_order(A[start:end].t(), grad_b_op.a_row) for start, end in groups]
-        ys = [in_order(grad[start:end], grad_b_op.b_row) for start, end in groups]
-        grad_b = stack_in_order(list_products(grad_b_op, xs, ys), tuple(B.shape), grad_b_op.d_row,
-                                grad_b_op.out_dtype, B.device)
+        products = gradient_products(grad_b_op, [A[start:end].t() for start, end in groups],
+                                     [grad[start:end] for start, end in groups])
+        grad_b = stack_in_order(products, tuple(B.shape), grad_b_op.result_row, grad_b_op.out_dtype, B.device)
     return grad_a, grad_b
+
+
+def gradient_products(grad_op: GradOp, lefts: list[torch.Tensor], rights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[left @ right for each pair] on ``grad_op`` (one list call, ``list_products``), each operand put in the order
+    its kernel reads (a copy only where it is stored otherwise); on a transposed op (``GradOp.transposed``) as
+    (right.t() @ left.t()).t(). The results are stored in ``grad_op.result_row``'s order."""
+    if grad_op.transposed:
+        xs = [in_order(r.t(), grad_op.a_row) for r in rights]
+        ys = [in_order(left.t(), grad_op.b_row) for left in lefts]
+        return [d.t() for d in list_products(grad_op, xs, ys)]
+    xs = [in_order(left, grad_op.a_row) for left in lefts]
+    ys = [in_order(r, grad_op.b_row) for r in rights]
+    return list_products(grad_op, xs, ys)
 
 
 def _grouped_grad_a(grad_a_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
                     groups: list[tuple[int, int]]) -> torch.Tensor:
     """dA = grad @ B[g].t() per group's rows: one grouped call, or where it would be refused one plain call per group
     with rows, into rows of dA."""
-    x, y = in_order(grad, grad_a_op.a_row), in_order(B.transpose(1, 2), grad_a_op.b_row)
-    if grad_a_op.grouped_call_refusal(x, y) is None:
-        return grad_a_op.grouped(x, y, offsets)
-    grad_a = empty_in_order((A.shape[0], A.shape[1]), grad_a_op.d_row, grad_a_op.out_dtype, A.device)
+    if not grad_a_op.transposed:   # (a grouped call walks rows of D: a transposed dA has none to walk)
+        x, y = in_order(grad, grad_a_op.a_row), in_order(B.transpose(1, 2), grad_a_op.b_row)
+        if grad_a_op.grouped_call_refusal(x, y) is None:
+            return grad_a_op.grouped(x, y, offsets)
+    grad_a = empty_in_order((A.shape[0], A.shape[1]), grad_a_op.result_row, grad_a_op.out_dtype, A.device)
     for g, (start, end) in enumerate(groups):
         if end > start:
-            grad_a[start:end] = grad_a_op.call(x[start:end], y[g])
+            grad_a[start:end] = _plain_product(grad_a_op, grad[start:end], B[g].t())
     return grad_a
+
+
+def _plain_product(grad_op: GradOp, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """left @ right as one plain call of ``grad_op`` (see ``gradient_products``)."""
+    if grad_op.transposed:
+        return grad_op.call(in_order(right.t(), grad_op.a_row), in_order(left.t(), grad_op.b_row)).t()
+    return grad_op.call(in_order(left, grad_op.a_row), in_order(right, grad_op.b_row))
 
 
 def list_backward(op: Formula, A: list[torch.Tensor], B: list[torch.Tensor], grads: list[torch.Tensor | None],
@@ -338,12 +366,9 @@ def list_backward(op: Formula, A: list[torch.Tensor], B: list[torch.Tensor], gra
 
 def _products_into(out: list[torch.Tensor | None], grad_op: GradOp, chosen: list[int],
                    pair: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> None:
-    """out[i] = x @ y for each chosen problem i, (x, y) = pair(i), each put in ``grad_op``'s orders (a copy only where
-    it is stored otherwise): one list call (``list_products``)."""
+    """out[i] = x @ y for each chosen problem i, (x, y) = pair(i): one list call (``gradient_products``)."""
     pairs = [pair(i) for i in chosen]
-    xs = [in_order(x, grad_op.a_row) for x, _ in pairs]
-    ys = [in_order(y, grad_op.b_row) for _, y in pairs]
-    for i, d in zip(chosen, list_products(grad_op, xs, ys)):
+    for i, d in zip(chosen, gradient_products(grad_op, [x for x, _ in pairs], [y for _, y in pairs])):
         out[i] = d
 
 

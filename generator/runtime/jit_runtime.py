@@ -24,6 +24,7 @@ from typing import Sequence
 import torch
 
 from ..build import BuildError, BuildRequest, build
+from ..planner.backward import autograd_form
 from ..render import templates_dir
 from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
 from ..spec.epilogue import KINDS, Epilogue
@@ -82,7 +83,8 @@ class JitAutogradSpec(ctypes.Structure):
 
     _fields_ = [("ns", ctypes.c_char_p), ("op", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
                 ("grad_a", ctypes.c_char_p * 2), ("grad_b", ctypes.c_char_p * 2),
-                ("grad_a_b_row", ctypes.c_int * 2), ("grad_b_a_row", ctypes.c_int * 2)]
+                ("grad_a_b_row", ctypes.c_int * 2), ("grad_b_a_row", ctypes.c_int * 2),
+                ("grad_a_transposed", ctypes.c_int * 2), ("grad_b_transposed", ctypes.c_int * 2)]
 
 
 def torch_flags() -> tuple[str, ...]:
@@ -199,13 +201,15 @@ class _Runtime:
         if there is no runtime."""
         if not self.ensure():
             return False
-        pairs = [configs[Order.row], configs[Order.col]]
+        forms = [autograd_form(op.config, *configs[order]) for order in (Order.row, Order.col)]
         spec = JitAutogradSpec(
             ns=op.namespace.encode(), op=op.name.encode(), dtype=op.config.dtype.value.encode(),
-            grad_a=(ctypes.c_char_p * 2)(*(a.name.encode() for a, _ in pairs)),
-            grad_b=(ctypes.c_char_p * 2)(*(b.name.encode() for _, b in pairs)),
-            grad_a_b_row=(ctypes.c_int * 2)(*(int(a.layout.b is Order.row) for a, _ in pairs)),
-            grad_b_a_row=(ctypes.c_int * 2)(*(int(b.layout.a is Order.row) for _, b in pairs)))
+            grad_a=(ctypes.c_char_p * 2)(*(configs[order][0].name.encode() for order in (Order.row, Order.col))),
+            grad_b=(ctypes.c_char_p * 2)(*(configs[order][1].name.encode() for order in (Order.row, Order.col))),
+            grad_a_b_row=(ctypes.c_int * 2)(*(int(f.a_b_row) for f in forms)),
+            grad_b_a_row=(ctypes.c_int * 2)(*(int(f.b_a_row) for f in forms)),
+            grad_a_transposed=(ctypes.c_int * 2)(*(int(f.a_transposed) for f in forms)),
+            grad_b_transposed=(ctypes.c_int * 2)(*(int(f.b_transposed) for f in forms)))
         _call(self._register_autograd, spec, f"registering the autograd formula of {op.namespace}::{op.name}")
         return True
 

@@ -230,8 +230,10 @@ struct JitAutogradSpec {
   const char* dtype;      // of A and B: "fp16" | "bf16"
   const char* grad_a[2];  // per storage order of dD (row, col): the op computing dA
   const char* grad_b[2];  // and dB
-  int grad_a_b_row[2];    // the storage order in which grad_a takes B.t(): 1 = row-major
-  int grad_b_a_row[2];    // and grad_b A.t()
+  int grad_a_b_row[2];    // the storage order in which grad_a takes B.t(): 1 = row-major (B where transposed)
+  int grad_b_a_row[2];    // and grad_b A.t() (A where transposed)
+  int grad_a_transposed[2];  // 1: grad_a computes dA.t() (gemm_autograd.h AutogradSpec)
+  int grad_b_transposed[2];  // and grad_b dB.t()
 };
 
 struct RegisteredAutograd {
@@ -254,6 +256,8 @@ void register_autograd(const JitAutogradSpec& in) {
     spec.grad_b[order] = entry->grad_b[order].c_str();
     spec.grad_a_b_row[order] = in.grad_a_b_row[order] != 0;
     spec.grad_b_a_row[order] = in.grad_b_a_row[order] != 0;
+    spec.grad_a_transposed[order] = in.grad_a_transposed[order] != 0;
+    spec.grad_b_transposed[order] = in.grad_b_transposed[order] != 0;
   }
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::Autograd, __FILE__, __LINE__);
   entry->library->impl(entry->op.c_str(), gemmgen::GemmAutogradKernel{&spec});

@@ -36,8 +36,12 @@ struct AutogradSpec {
   c10::ScalarType dtype;      // of A and B: a gradient of another dtype is cast to it
   const char* grad_a[2];      // the op computing dA = dD @ B.t()
   const char* grad_b[2];      // the op computing dB = A.t() @ dD
-  bool grad_a_b_row[2];       // the storage order in which grad_a takes B.t() (true = row-major)
-  bool grad_b_a_row[2];       // the storage order in which grad_b takes A.t()
+  bool grad_a_b_row[2];       // the storage order in which grad_a takes B.t() (true = row-major); B where transposed
+  bool grad_b_a_row[2];       // the storage order in which grad_b takes A.t(); A where transposed
+  // Whether grad_a (grad_b) computes dA.t() = B @ dD.t() (dB.t() = dD.t() @ A) into row-major storage, the bytes of
+  // a column-major dA (dB): generator/planner/backward.py writes_transposed.
+  bool grad_a_transposed[2];
+  bool grad_b_transposed[2];
   // The op's own handles, found on first use (the schemas may be defined after this is registered).
   mutable std::once_flag found;
   mutable std::optional<c10::TypedOperatorHandle<GemmSignature>> self;
@@ -90,12 +94,14 @@ struct GemmFunction : public torch::autograd::Function<GemmFunction> {
     }
     at::Tensor grad_a, grad_b;
     if (ctx->needs_input_grad(0)) {
-      grad_a = find_op<GemmSignature>(spec.ns, spec.grad_a[order], "")
-                   .call(grad, in_order(B.t(), spec.grad_a_b_row[order]));
+      const auto op = find_op<GemmSignature>(spec.ns, spec.grad_a[order], "");
+      grad_a = spec.grad_a_transposed[order] ? op.call(in_order(B, spec.grad_a_b_row[order]), grad.t()).t()
+                                             : op.call(grad, in_order(B.t(), spec.grad_a_b_row[order]));
     }
     if (ctx->needs_input_grad(1)) {
-      grad_b = find_op<GemmSignature>(spec.ns, spec.grad_b[order], "")
-                   .call(in_order(A.t(), spec.grad_b_a_row[order]), grad);
+      const auto op = find_op<GemmSignature>(spec.ns, spec.grad_b[order], "");
+      grad_b = spec.grad_b_transposed[order] ? op.call(grad.t(), in_order(A, spec.grad_b_a_row[order])).t()
+                                             : op.call(in_order(A.t(), spec.grad_b_a_row[order]), grad);
     }
     return {grad_a, grad_b, at::Tensor()};
   }
