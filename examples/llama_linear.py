@@ -3,6 +3,7 @@
     python examples/llama_linear.py                           # 8 layers, hidden 2048, prefill 4x512, decode b1 and b8
     python examples/llama_linear.py --layers 16 --decode-batches 1,4,8 --json out.json
     python examples/llama_linear.py --no-compile              # eager rows only (no torch.compile time)
+    python examples/llama_linear.py --train-batch 2           # also an eager training step (forward + backward)
 
 Builds a ``transformers.LlamaForCausalLM`` from a small ``LlamaConfig`` (random weights, fixed seed, bf16, sdpa
 attention, untied lm_head) on the GPU, and a deep copy whose nn.Linear layers (q, k, v, o, gate, up, down of every
@@ -91,6 +92,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-batches", type=parse_batches, default=[1, 8], metavar="B,B,...",
                    help="batch sizes of the one-token decode step")
     p.add_argument("--decode-context", type=int, default=128, help="tokens in the KV cache before the decode step")
+    p.add_argument("--train-batch", type=int, default=0,
+                   help="sequences of the training-step row (forward, cross-entropy loss, backward; eager): 0 leaves "
+                        "it out")
+    p.add_argument("--train-len", type=int, default=1024, help="tokens per sequence in the training step")
     p.add_argument("--rounds", type=int, default=5, help="interleaved do_bench rounds per row")
     p.add_argument("--no-compile", action="store_true", help="eager rows only")
     p.add_argument("--no-reduce-overhead", action="store_true", help="skip the reduce-overhead (CUDA graph) rows")
@@ -331,6 +336,48 @@ def run_row(case: Case, mode: str, models: dict[str, Any], rounds: int) -> Row:
     return row
 
 
+def train_row(args: argparse.Namespace, models: dict[str, Any], gen: torch.Generator, rounds: int) -> Row:
+    """One eager training step per model: zeroed gradients, forward with the tokens as labels (transformers' shifted
+    cross-entropy), backward. Checked on the weight gradients of every Linear (ours: dX and dW on generated kernels):
+    each model's against an fp32 copy's (the same bf16 weights upcast), ours' error at most ACCURACY_RATIO times the
+    stock model's or within REL_BOUND of stock, over all gradients together."""
+    from bench import timed_rounds, warm_up_gpu
+
+    ids = torch.randint(0, args.vocab, (args.train_batch, args.train_len), device=DEVICE, generator=gen)
+
+    def make_step(model: Any) -> Callable[[], torch.Tensor]:
+        def step() -> torch.Tensor:
+            model.zero_grad(set_to_none=True)
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+            loss.backward()
+            return loss.detach()
+        return step
+
+    def linear_grads(model: Any) -> torch.Tensor:
+        return torch.cat([p.grad.float().flatten() for name, p in model.named_parameters()
+                          if name.endswith("proj.weight") or name == "lm_head.weight"])
+
+    row = Row(f"train step {args.train_batch}x{args.train_len}", "eager")
+    grads = {}
+    reference = copy.deepcopy(models["stock"]).float()
+    for which, model in (("fp32", reference), *models.items()):
+        make_step(model)()
+        grads[which] = linear_grads(model)
+    del reference
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
+    row.ours_vs_stock = rel_diff(grads["ours"], grads["stock"])
+    row.stock_vs_fp32, row.ours_vs_fp32 = (rel_diff(grads[w], grads["fp32"]) for w in ("stock", "ours"))
+    row.ok = row.ours_vs_stock <= REL_BOUND or row.ours_vs_fp32 <= ACCURACY_RATIO * row.stock_vs_fp32
+    row.notes = ["compared: the Linear layers' weight gradients"]
+    del grads
+    warm_up_gpu(1.0)
+    ms = timed_rounds({which: make_step(model) for which, model in models.items()}, rounds)
+    row.stock_ms, row.ours_ms = ms["stock"], ms["ours"]
+    row.speedup = row.stock_ms / row.ours_ms
+    return row
+
+
 def with_step_begin(step: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor]:
     """Each call a new CUDA-graph step: the previous replay's outputs are dead, its graph may run again."""
     def wrapped() -> torch.Tensor:
@@ -431,6 +478,10 @@ def run_on_gpu(args: argparse.Namespace) -> int:
                 rows.append(row)
                 print(format_row(row), flush=True)
                 write_json(args.json, meta, rows)
+    if args.train_batch:
+        rows.append(train_row(args, {"stock": stock, "ours": ours}, gen, args.rounds))
+        print(format_row(rows[-1]), flush=True)
+        write_json(args.json, meta, rows)
     return summarize(rows, args.json)
 
 

@@ -583,8 +583,9 @@ def test_emit_epilogue_plans(epilogue_file, tmp_path):
     assert status == 0, err
     assert "ep.gemm_bf16_tn_gelutanh_cbias  (bf16 -> bf16, layout tn, D = gelu_tanh(acc + bias), kernel " \
            "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_ep_gelutanh_cbias_" in out
-    # differentiable: the 8 backward kernels of bf16 sm_90 and the one recomputing acc in fp32
-    assert "autograd: differentiable, with 9 backward kernel(s) in the package" in out
+    # differentiable: the 4 backward kernels of bf16 sm_90 (row-major D: a column-major gradient is computed as its
+    # transpose) and the one recomputing acc in fp32
+    assert "autograd: differentiable, with 5 backward kernel(s) in the package" in out
     assert "autograd: none" not in out and "autograd: forward only" not in out
     expected = emit([Gemm("bf16", "tn", arch=90, activation="gelu_tanh", bias="col")], name="ep", out=tmp_path / "api")
     assert files_of(tmp_path / "a") == files_of(expected)

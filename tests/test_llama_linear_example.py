@@ -134,7 +134,8 @@ def _smoke_run(script, monkeypatch, tmp_path, scale: float) -> tuple[int, dict]:
     out = tmp_path / "rows.json"
     rc = script.main(["--layers", "2", "--hidden", "128", "--intermediate", "256", "--heads", "4", "--kv-heads", "2",
                       "--vocab", "500", "--prefill-batch", "2", "--prefill-len", "32", "--decode-batches", "1,3",
-                      "--decode-context", "8", "--rounds", "2", "--no-compile", "--json", str(out)])
+                      "--decode-context", "8", "--rounds", "2", "--no-compile", "--train-batch", "2", "--train-len",
+                      "16", "--json", str(out)])
     return rc, json.loads(out.read_text())
 
 
@@ -143,7 +144,7 @@ def test_transformers_calls_on_cpu(script, monkeypatch, tmp_path, capsys):
     assert rc == 0, capsys.readouterr().out
     assert data["swapped"] == 2 * 7 + 1
     assert [(r["case"], r["mode"]) for r in data["rows"]] == \
-        [("prefill 2x32", "eager"), ("decode b1", "eager"), ("decode b3", "eager")]
+        [("prefill 2x32", "eager"), ("decode b1", "eager"), ("decode b3", "eager"), ("train step 2x16", "eager")]
     for r in data["rows"]:
         assert r["ok"] and r["ours_vs_stock"] == 0.0 and 0 < r["stock_vs_fp32"] < 2e-2 and r["speedup"] == 1.0
 
