@@ -300,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
                         + ", ".join(m.name for m in corpus.models()))
     parser.add_argument("--tokens", default=None, help=f"comma list of M (default: {','.join(map(str, corpus.TOKENS))})")
     parser.add_argument("--passes", default="fwd,dX,dW", help="comma list of fwd, dX, dW")
+    parser.add_argument("--layers", default=None, help="comma list of layer kinds (default: all), e.g. lm_head,o")
     parser.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp16")
     parser.add_argument("--max-gflop", type=float, default=None, help="leave out GEMMs of more GFLOP (time budget)")
     parser.add_argument("--buckets", default=None, help="the M buckets' bounds (default: Gemm.compile_buckets')")
@@ -332,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
         rows = corpus.rows(parse_list(args.models), parse_list(args.tokens, int) or corpus.TOKENS,
-                           parse_list(args.passes), args.max_gflop)
+                           parse_list(args.passes), args.max_gflop, parse_list(args.layers))
     except ValueError as e:
         parser.error(str(e))
     dtypes = parse_list(args.dtypes)

@@ -152,9 +152,11 @@ def pass_shape(pass_: str, tokens: int, n: int, k: int) -> tuple[int, int, int]:
 
 
 def rows(model_names: Iterable[str] | None = None, tokens: Iterable[int] = TOKENS,
-         passes: Iterable[str] = PASSES, max_gflop: float | None = None) -> list[CorpusRow]:
-    """The corpus' rows for the named models (all by default), token counts and passes; ``max_gflop`` leaves out
-    GEMMs of more work (to fit a time budget)."""
+         passes: Iterable[str] = PASSES, max_gflop: float | None = None,
+         layer_kinds: Iterable[str] | None = None) -> list[CorpusRow]:
+    """The corpus' rows for the named models (all by default), token counts and passes, of the layer kinds named
+    (all by default); ``max_gflop`` leaves out GEMMs of more work (to fit a time budget)."""
+    kinds = None if layer_kinds is None else set(layer_kinds)
     chosen = models()
     if model_names is not None:
         wanted = list(model_names)
@@ -170,6 +172,8 @@ def rows(model_names: Iterable[str] | None = None, tokens: Iterable[int] = TOKEN
     out = []
     for model in chosen:
         for layer in model.layers:
+            if kinds is not None and layer.kind not in kinds:
+                continue
             for t in tokens:
                 for p in passes:
                     row = CorpusRow(model.name, layer.kind, p, t, *pass_shape(p, t, layer.n, layer.k), layer.n,

@@ -1114,3 +1114,23 @@ def test_batch_hint_weighs_clusters_by_every_problems_tiles() -> None:
 def test_batch_hint_must_be_a_positive_integer(batch: object) -> None:
     with pytest.raises(ValueError, match=r"batch=.*give a positive integer problem size"):
         plan(m=256, batch=batch)
+
+
+def test_a_very_long_k_weighs_every_candidate_split() -> None:
+    """From SPLIT_K_LONG_K_TILES k tiles (a vocabulary head's dX: K = the vocabulary) each 1x1 candidate the launch
+    cuts into at least SPLIT_K_LONG_K_MIN_PARTS k parts (SMs // tiles) is weighed so split: at 512 x 2048 x 151936 the
+    big cooperative tile in 4 parts, not 128 whole 64x128 pingpong tiles; 64 tiles (2 parts) stay whole. Below the
+    threshold the plan is the one without the rule."""
+    from generator.planner.sm90 import SPLIT_K_LONG_K_TILES, long_k_parts
+    from generator.spec.arch import arch_spec
+
+    long = Gemm("bf16", "tt", arch=90, m=512, n=2048, k=151936)
+    assert long.config.stream_k and long.config.tile[:2] == (128, 256) and long.config.cluster == (1, 1)
+    assert long_k_parts(long.config, Problem(512, 2048, 151936), arch_spec(90).sm_count) == 132 // 32
+    assert "each split into 4 k parts" in str(long)
+    short_k = (SPLIT_K_LONG_K_TILES - 1) * 64
+    short = Gemm("bf16", "tt", arch=90, m=512, n=2048, k=short_k)
+    assert not short.config.stream_k   # (the share rule: 64x128 tiles fill the SMs)
+    two_parts = Gemm("bf16", "tt", arch=90, m=512, n=4096, k=128256)   # 64 tiles of 128x256: a split in two only
+    assert not two_parts.config.stream_k
+    assert long_k_parts(replace(long.config, stream_k=False), Problem(512, 2048, short_k), 132) == 1

@@ -96,6 +96,15 @@ SPLIT_K_MIN_K_TILES = 128
 # 64x128 cut in 4 parts at 32x4096x14336 0.91x cuBLAS against 0.74x whole, 64x4096x14336 0.96x against 0.82x; 64
 # tiles cut in 2 at 32x8192x8192 0.88x against 0.91x, 64x8192x8192 0.94x against 1.01x.
 SPLIT_K_MAX_SM_SHARE = {"cooperative": 1 / 2, "pingpong": 1 / 4}
+# From this many k tiles (16-bit: K >= 65536; a vocabulary head's dX, whose K is the vocabulary) every 1x1 candidate
+# whose tiles the launch cuts into at least SPLIT_K_LONG_K_MIN_PARTS k parts (SMs // tiles) is weighed so split, for
+# either schedule (split_k_parts): each part still streams hundreds of k tiles, so the partial sums' round trip is
+# noise beside the SMs a whole-K grid leaves idle. Measured on the corpus' vocabulary heads (H200, dX, bench_corpus.py
+# --layers lm_head, docs/corpus.md): 4 to 8 parts won everywhere (256 x 2048 x 151936 0.47x -> 0.96x cuBLAS, 512 x
+# 2048 x 151936 0.90x -> 0.99x); 2 parts won one shape (512 x 3072 x 128256 0.80x -> 1.01x) and lost three by 2-6 %
+# (512 x 4096 x 128256, 256 x 8192 x 128256, 1024 x 2048 x *), so a split in two is left to tune().
+SPLIT_K_LONG_K_TILES = 1024
+SPLIT_K_LONG_K_MIN_PARTS = 4
 # The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
 PLANNED_SCHEDULES = ("cooperative", "pingpong")
 
@@ -370,7 +379,8 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
     last_wave_fill = (blocks - (per_sm - 1) * slots) / slots
     eff, traffic = efficiency(cfg, problem)
     overhead = OVERHEAD_K[cfg.schedule] + (0 if cfg.schedule == "pingpong" else epilogue_overhead_k(cfg))
-    cost = per_sm * bm * bn * (max(problem.k, 1) + overhead) / eff
+    parts = long_k_parts(cfg, problem, sm_count)   # (one wave of tiles x parts: per_sm is 1)
+    cost = per_sm * bm * bn * (max(problem.k, 1) / parts + overhead) / eff
     persistent = "one tile per block" if cfg.schedule == "ws" else "persistent"
     if cm * cn > 1:
         shared = " and ".join(op for c, op in ((cm, "B"), (cn, "A")) if c > 1)
@@ -378,7 +388,8 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
     else:
         cluster = "cluster 1x1 (no multicast)"
     idle = f", {blocks - tiles} idle block(s) fill partial clusters" if blocks > tiles else ""
-    reason = (f"{tiles} tiles of {bm}x{bn} in {per_sm} wave(s) over {slots} SMs (last wave {last_wave_fill:.0%} "
+    split = f", each split into {parts} k parts (a K of {problem.k})" if parts > 1 else ""
+    reason = (f"{tiles} tiles of {bm}x{bn}{split} in {per_sm} wave(s) over {slots} SMs (last wave {last_wave_fill:.0%} "
               f"full{idle}), {cfg.schedule} ({persistent}); {cluster}; efficiency {eff:.2f}; {cfg.stages} stages "
               f"use {cfg.smem_bytes} of {spec.smem_per_block} bytes of shared memory")
     return Estimate(cfg, cost, reason)
@@ -427,8 +438,21 @@ def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32 sums are not added as fp32 partials)."""
     units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
     k_tiles = math.ceil(problem.k / cfg.tile[2])
+    if k_tiles >= SPLIT_K_LONG_K_TILES:
+        return long_k_parts(cfg, problem, sm_count)
     share = SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
     if (cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8" or units > share * sm_count
             or k_tiles < SPLIT_K_MIN_K_TILES):
         return 1
     return min(sm_count // units, k_tiles)
+
+
+def long_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
+    """The k parts of each tile of a 1x1 persistent plan of one problem with at least SPLIT_K_LONG_K_TILES k tiles
+    whose tiles the launch cuts into at least SPLIT_K_LONG_K_MIN_PARTS parts (SMs // tiles); 1 otherwise, and for
+    int8 (its int32 sums are not added as fp32 partials)."""
+    parts = sm_count // tile_count(cfg.tile, problem)
+    if (cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8" or parts < SPLIT_K_LONG_K_MIN_PARTS
+            or cfg.schedule not in SPLIT_K_MAX_SM_SHARE or math.ceil(problem.k / cfg.tile[2]) < SPLIT_K_LONG_K_TILES):
+        return 1
+    return parts
