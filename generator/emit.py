@@ -39,9 +39,11 @@ arguments that require grad; ``.out`` refuses them either way.
 Autograd (``autograd=True``, the default) is gemmgen's formula (``generator.runtime.autograd``; in C++ in
 gemm_autograd.h, registered by binding.cpp for every op without a fused epilogue): dA = dD @ B.t() and
 dB = A.t() @ dD by kernels of the package, with the layouts ``generator.planner.backward`` derives for a
-row-major and a column-major dD. Those kernels are private ops of the package (``_grad_<kernel>``), and so
-are the kernels of their own backward (double backward): ``backward_closure``, at most eight kernels per
-dtype, architecture and family, and one per fused epilogue's acc kernel; deduplicated by kernel name.
+row-major and a column-major dD, planned for the backward problems of the plan's size hints where it has them
+(``EmittedOp.problem``). Those kernels are private ops of the package (``_grad_<kernel>``), and so are the kernels
+of their own backward (double backward, planned without hints): ``backward_closure``, at most eight kernels per
+dtype, architecture and family beside each hinted plan's own dA and dB, and one per fused epilogue's acc kernel;
+deduplicated by kernel name.
 
 Grouped calls (``.grouped``, ``.grouped_list``) are differentiable with the JIT ops' formulas too: the package
 carries ``generator/runtime/grouped_formula.py`` byte for byte (it imports only torch), and ``__init__.py``
@@ -74,6 +76,7 @@ from typing import Any, Protocol, Sequence
 import jinja2
 
 from .planner.backward import accumulator_config, autograd_form, backward_closure, backward_configs
+from .planner.common import Problem
 from .render import included_headers, render, templates_dir
 from .render.epilogue_python import python_function
 from .spec.config import KernelConfig, check_config, grouped_list_refusal, grouped_refusal
@@ -237,6 +240,15 @@ class EmittedOp:
     hints: tuple[tuple[str, int], ...] = ()
 
     @property
+    def problem(self) -> Problem | None:
+        """The forward problem of the plan's size hints, which its backward kernels are planned for
+        (planner.backward.backward_configs); None without hints, or for a batch (which has no backward)."""
+        hints = dict(self.hints)
+        if not hints or hints.get("batch", 1) != 1:
+            return None
+        return Problem(hints["m"], hints["n"], hints["k"])
+
+    @property
     def differentiable(self) -> bool:
         """Whether a package emitted with autograd differentiates it: every op of a float type does (A @ B by
         gemm_autograd.h's C++ formula, a fused epilogue by the Python formula of the package's __init__.py);
@@ -254,7 +266,7 @@ class EmittedOp:
             "quantized": cfg.dtype.is_quantized,
             # per storage order of dD: the ops computing dA and dB, for binding.cpp's autograd specs (A @ B) and
             # __init__.py's formula (a fused epilogue: dacc in place of dD)
-            "grads": _grads(cfg) if autograd else None,
+            "grads": _grads(cfg, self.problem) if autograd else None,
             "qualname": f"torch.ops.{package}.{self.name}",
             "kernel": cfg.name,
             "arch": cfg.arch,
@@ -399,13 +411,14 @@ def _plan_knobs(item: object, config: KernelConfig) -> tuple[tuple[str, Any], ..
     return knobs
 
 
-def _grads(cfg: KernelConfig) -> dict[str, dict[str, Any]]:
+def _grads(cfg: KernelConfig, problem: Problem | None = None) -> dict[str, dict[str, Any]]:
     """{"row" | "col": the op computing dA ("a") and dB ("b") for a dD stored in that order, the storage orders in
     which they take B.t() ("a_b_row") and A.t() ("b_a_row"; B and A where they compute the transpose), True =
-    row-major, and whether they do ("a_transposed", "b_transposed"): planner.backward.autograd_form}."""
+    row-major, and whether they do ("a_transposed", "b_transposed"): planner.backward.autograd_form}. ``problem``:
+    the plan's forward problem, which dA and dB are planned for (EmittedOp.problem)."""
     grads: dict[str, dict[str, Any]] = {}
     for order in Order:
-        grad_a, grad_b = backward_configs(cfg, order)
+        grad_a, grad_b = backward_configs(cfg, order, problem)
         form = autograd_form(cfg, grad_a, grad_b)
         grads[order.value] = {"a": grad_op_name(grad_a), "b": grad_op_name(grad_b), "a_b_row": form.a_b_row,
                               "b_a_row": form.b_a_row, "a_transposed": form.a_transposed,
@@ -419,7 +432,7 @@ def backward_ops(ops: Sequence[EmittedOp]) -> list[EmittedOp]:
     acc (``accumulator_config``; its dA and dB kernels, and theirs, are the closure of the op's own config);
     sorted and deduplicated by kernel name."""
     ops = [op for op in ops if op.differentiable]
-    configs = backward_closure(op.config for op in ops)
+    configs = backward_closure([op.config for op in ops], [op.problem for op in ops])
     for op in ops:
         if not op.config.epilogue.is_identity:
             acc = accumulator_config(op.config)

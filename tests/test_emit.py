@@ -1694,3 +1694,19 @@ def test_epilogue_binding_on_cpu(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "GRADS OK" in r.stdout and "EPILOGUE OK" in r.stdout
+
+
+def test_a_hinted_plan_s_backward_is_planned_for_its_shape(tmp_path):
+    """A plan with size hints gets dA and dB kernels planned for its own backward problems (M x K x N and K x N x M),
+    as the JIT ops do: at 256 rows of a 14336 x 4096 layer they differ from the unhinted ones, and the package's
+    autograd spec names them and builds them."""
+    from generator.planner import Problem
+
+    plan = Gemm("bf16", "tn", arch=90, m=256, n=14336, k=4096)
+    hinted = {o: backward_configs(plan.config, o, Problem(256, 14336, 4096)) for o in Order}
+    assert any(hinted[o] != backward_configs(plan.config, o) for o in Order)
+    files = tree(emit([plan], name="hinted", out=tmp_path / "pkg"))
+    spec = autograd_specs(files["csrc/binding.cpp"].decode())["gemm_bf16_tn"]
+    for order in Order:
+        assert spec[order.value][:2] == tuple(f"_grad_{c.name}" for c in hinted[order])
+        assert all(f"csrc/{c.name}.cu" in files for c in hinted[order])

@@ -183,15 +183,21 @@ def saving_config(config: KernelConfig) -> KernelConfig | None:
     return replace(config, epilogue=replace(ep, aux=ACC))
 
 
-def backward_closure(configs: Iterable[KernelConfig]) -> dict[str, KernelConfig]:
+def backward_closure(configs: Iterable[KernelConfig],
+                     problems: Iterable[Problem | None] | None = None) -> dict[str, KernelConfig]:
     """Every config that the backward of ``configs`` needs, for both orders of dD, and the backward of
-    those (double backward, and so on): {kernel name: config}, sorted by name.
+    those (double backward, and so on): {kernel name: config}, sorted by name. ``problems``: the forward problem of
+    each config (``backward_configs``' hint; None, or no list: unhinted); the backward kernels' own backward is
+    planned without hints, as their ops are registered.
 
     The given configs are not in it unless some backward reaches them. Deduplicated by kernel name,
     which spells the whole config.
     """
+    configs = list(configs)
+    hints = list(problems) if problems is not None else [None] * len(configs)
     found: dict[str, KernelConfig] = {}
-    todo = [grad for cfg in configs for order in Order for grad in backward_configs(cfg, order)]
+    todo = [grad for cfg, problem in zip(configs, hints) for order in Order
+            for grad in backward_configs(cfg, order, problem)]
     while todo:
         cfg = todo.pop()
         if cfg.name not in found:
