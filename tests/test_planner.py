@@ -180,7 +180,8 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=129, n=8192, k=8192), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g1m"),      # three 64-row tile rows: not
     (dict(m=64, n=2048, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),     # 16 tiles in 8 parts
     (dict(m=32, n=4096, k=4096), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # 64 k tiles: not
-    (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),            # K=1: the epilogue is all
+    (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x64x64_c1x1_s8_pp_g1m"),             # K=1: the epilogue is all; one
+    # narrow tile (narrow_grid: 64x64 pingpong where 64x128 tiles reach at most a quarter of the SMs)
     (dict(m=8192, n=8192, k=512), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # short K: pingpong
     (dict(m=4097, n=4095, k=4104), "sm90_bf16_tn_128x256x64_c1x2_s4_coop_g8n"),   # 1x2 fills 4 waves exactly
 ])

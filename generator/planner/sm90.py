@@ -80,6 +80,22 @@ PROMOTED_TILES: tuple[tuple[str, tuple[int, int]], ...] = (("cooperative", (128,
 PROMOTION_SLICED_EFFICIENCY = 0.97
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
+# 128x64 cooperative is weighed beyond one 128-row tile for problems of at most these many rows and columns (narrow
+# layers: kv projections, an MoE's down projections). Measured (H200, bf16 tn, gpu/midm_tiles.py,
+# h200_midm_narrow.json): 512 x 2048 x 2048 0.900x cuBLAS against 0.781x for 64x128 pingpong, 256 x 2048 x 4096
+# 0.798x against 0.773x, 512 x 1024 x 4096 0.829x against 0.806x; at 1024 rows it lost (1024 x 1024 x 3072: 0.805x
+# against 0.820x), and at 6144 columns by far (512 x 6144 x 4096, candidate_shapes).
+NARROW_TILE_MAX_M = 512
+NARROW_TILE_MAX_N = 2048
+# 64x64 pingpong: on a narrow layer (at most NARROW_TILE_MAX_N columns) where 64x128 pingpong tiles would reach at
+# most a quarter of the SMs and K is short of split-K (SPLIT_K_MIN_K_TILES), twice the tiles put twice the SMs to work
+# on the same bytes of B. Measured (the same file):
+# 256 x 1024 x 4096 0.814x against 0.736x, 128 x 1024 x 4096 0.803x against 0.720x (128x64 cooperative), 512 x 512 x
+# 3584 0.870x against 0.777x, 64 x 1024 x 4096 0.782x against 0.718x, 256 x 576 x 2048 0.915x against 0.875x; from 64
+# tiles of 64x128 on it lost (512 x 1024 x 4096: 0.705x against 0.806x), and beside split-K (256 x 1024 x 8192: 0.701x
+# against 0.764x).
+SMALL_TILE = (64, 64)
+SMALL_TILE_MAX_SM_SHARE = 1 / 4
 # At most this many rows (M), and only tiles of as many rows: a 128-row cooperative tile gives its second consumer
 # warpgroup nothing but zero rows. Measured (bf16 tn, H200, gpu/midm_tiles.py, docs/planner.md): 64x128 pingpong
 # 0.93x cuBLAS at 32x8192x8192 and 1.01x at 64x8192x8192, against 0.55x and 0.65x for the 128x64 cooperative tile
@@ -224,8 +240,8 @@ def choose_raster(cfg: KernelConfig, problem: Problem, sm_count: int, knobs: Kno
 
 # -- candidates ------------------------------------------------------------------------------------------
 
-def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64,
-                     promoted: bool = False) -> list[tuple[str, tuple[int, int, int]]]:
+def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted: bool = False,
+                     sm_count: int = 132) -> list[tuple[str, tuple[int, int, int]]]:
     """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule.
 
     The narrow cooperative tile (128x64) only where M fits one 128-row tile: there it is the way to put
@@ -237,13 +253,28 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64,
         return [(schedule, knobs.tile) for schedule in schedules]
     wanted = "cooperative" if knobs.schedule == "ws" else knobs.schedule  # ws builds cooperative's tiles
     tiles = (PROMOTED_TILES if promoted else ()) + CANDIDATE_TILES
+    if narrow_grid(problem, block_k, sm_count):
+        tiles += (("pingpong", SMALL_TILE),)
     shapes = [(knobs.schedule or schedule, (bm, bn, block_k)) for schedule, (bm, bn) in tiles
-              if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and problem.m > bm)]
+              if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and not narrow_tile_fits(problem, bm))]
     short = [shape for shape in shapes if shape[1][0] == SMALL_M_TILE_ROWS]
     if problem.m <= SMALL_M_TILE_ROWS and short:   # few rows: tiles of no more rows (see SMALL_M_TILE_ROWS)
         shapes = short
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
     return shapes or [(str(knobs.schedule), (128, 256, block_k))]
+
+
+def narrow_tile_fits(problem: Problem, bm: int) -> bool:
+    """Whether the narrow 128x64 cooperative tile is weighed: M fits one tile row, or the problem is a narrow layer of
+    at most NARROW_TILE_MAX_M rows and NARROW_TILE_MAX_N columns."""
+    return problem.m <= bm or (problem.m <= NARROW_TILE_MAX_M and problem.n <= NARROW_TILE_MAX_N)
+
+
+def narrow_grid(problem: Problem, block_k: int, sm_count: int) -> bool:
+    """Whether 64x64 pingpong (SMALL_TILE) is weighed: a narrow layer (at most NARROW_TILE_MAX_N columns) whose 64x128
+    pingpong tiles would reach at most SMALL_TILE_MAX_SM_SHARE of the SMs, K short of split-K, one problem."""
+    return (problem.batch == 1 and problem.n <= NARROW_TILE_MAX_N and math.ceil(problem.k / block_k) < SPLIT_K_MIN_K_TILES
+            and tile_count((SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN, block_k), problem) <= SMALL_TILE_MAX_SM_SHARE * sm_count)
 
 
 def tile_count(tile: tuple[int, int, int], problem: Problem) -> int:
@@ -320,7 +351,8 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
     """Every sm90 config the planner would consider, in order of preference (checked later by check_config)."""
     configs = []
     fast_accum = bool(knobs.fast_accum)
-    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype), dtype.is_fp8 and not fast_accum):
+    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype), dtype.is_fp8 and not fast_accum,
+                                           sm_count):
         for cluster in cluster_candidates(tile, knobs, problem, sm_count):
             cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=None,
                                stages=MIN_STAGES if knobs.stages is None else knobs.stages, raster_group=1,
