@@ -1135,3 +1135,19 @@ def test_a_very_long_k_weighs_every_candidate_split() -> None:
     two_parts = Gemm("bf16", "tt", arch=90, m=512, n=4096, k=128256)   # 64 tiles of 128x256: a split in two only
     assert not two_parts.config.stream_k
     assert long_k_parts(replace(long.config, stream_k=False), Problem(512, 2048, short_k), 132) == 1
+
+
+@pytest.mark.parametrize("m, n, k, tile", [
+    (256, 1024, 4096, (64, 64)),      # 32 tiles of 64x128: 64x64 pingpong (narrow_grid)
+    (512, 512, 3584, (64, 64)),
+    (512, 1024, 4096, (128, 64)),     # 64 tiles of 64x128: no 64x64; 128x64 cooperative up to 512 rows
+    (512, 2048, 2048, (128, 64)),
+    (256, 1024, 8192, (128, 64)),     # K long enough for split-K: no 64x64
+    (1024, 1024, 3072, (64, 128)),    # 1024 rows: neither rule
+    (256, 4096, 4096, (64, 128)),     # 4096 columns: not a narrow layer
+])
+def test_narrow_layers_weigh_the_narrow_tiles(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
+    """Narrow layers (at most NARROW_TILE_MAX_N columns): 64x64 pingpong where 64x128 tiles would reach at most a
+    quarter of the SMs and K is short of split-K; 128x64 cooperative up to NARROW_TILE_MAX_M rows; the measured
+    losses are the boundaries (docs/corpus.md, "Narrow layers")."""
+    assert Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config.tile[:2] == tile
