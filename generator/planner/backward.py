@@ -29,6 +29,16 @@ gets its own pair of kernels (first letter of dA and second of dB become 'n'). T
 keep the forward op's dtype, architecture and family, and write the input dtype. Their own backward
 kernels (double backward) are again of this kind, so the set is closed: at most the eight layouts
 (4 operand layouts x 2 orders of D) per dtype, architecture and family (``backward_closure``).
+
+Two refinements, both measured on the corpus of real models' layers (docs/corpus.md):
+
+* Transposed gradients. On sm90 with 16-bit inputs a gradient whose D the table above writes column-major
+  (``tn``'s dB ``nt_dcol``, for instance) is computed as its transpose into row-major storage, which the kernel
+  writes by TMA (``writes_transposed``): dB.t() = dD.t() @ A on ``nt``; the formulas swap and transpose the operands
+  and hand back the result's transpose (``computes_transpose``, ``autograd_form``). The sm90 16-bit closure is then
+  the four row-major-D layouts.
+* Sizes. An op planned for a problem (its size hints, an M bucket's bound) plans dA and dB for their own sizes
+  (``backward_problems``: dB's inner dimension is the token count), where that changes them (``backward_hint``).
 """
 from __future__ import annotations
 
