@@ -159,7 +159,7 @@ def backward_hint(config: KernelConfig, problem: Problem | None) -> Problem | No
 def same_backward(config: KernelConfig, first: Problem | None, second: Problem | None) -> bool:
     """Whether ``config``'s backward kernels are the same planned for the forward problems ``first`` and ``second``
     (two M buckets of one kernel may merge only then: the merged bucket's op plans its backward for one of them)."""
-    return backward_hint(config, first) == backward_hint(config, second) or all(
+    return config.dtype.is_quantized or all(
         backward_configs(config, order, first) == backward_configs(config, order, second) for order in Order)
 
 

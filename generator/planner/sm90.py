@@ -244,10 +244,11 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted
                      sm_count: int = 132) -> list[tuple[str, tuple[int, int, int]]]:
     """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule.
 
-    The narrow cooperative tile (128x64) only where M fits one 128-row tile: there it is the way to put
-    enough N tiles on the SMs (128x4096x4096: 0.88x cuBLAS, the best measured), but with more rows its
-    m64n64 wgmmas lose to the big tiles by far more than the model's reuse terms say (512x6144x4096:
-    0.63-0.75x against 0.84x for 128x256; benchmarks/sweep_sm90.py, docs/planner.md)."""
+    The narrow cooperative tile (128x64) only where M fits one 128-row tile or on a narrow layer
+    (``narrow_tile_fits``): there it is the way to put enough N tiles on the SMs (128x4096x4096: 0.88x cuBLAS,
+    the best measured), but with more rows of a wide layer its m64n64 wgmmas lose to the big tiles by far more than
+    the model's reuse terms say (512x6144x4096: 0.63-0.75x against 0.84x for 128x256; benchmarks/sweep_sm90.py,
+    docs/planner.md). 64x64 pingpong only on a narrow grid (``narrow_grid``)."""
     if knobs.tile is not None:
         schedules = [knobs.schedule] if knobs.schedule else list(PLANNED_SCHEDULES)
         return [(schedule, knobs.tile) for schedule in schedules]
@@ -273,8 +274,10 @@ def narrow_tile_fits(problem: Problem, bm: int) -> bool:
 def narrow_grid(problem: Problem, block_k: int, sm_count: int) -> bool:
     """Whether 64x64 pingpong (SMALL_TILE) is weighed: a narrow layer (at most NARROW_TILE_MAX_N columns) whose 64x128
     pingpong tiles would reach at most SMALL_TILE_MAX_SM_SHARE of the SMs, K short of split-K, one problem."""
-    return (problem.batch == 1 and problem.n <= NARROW_TILE_MAX_N and math.ceil(problem.k / block_k) < SPLIT_K_MIN_K_TILES
-            and tile_count((SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN, block_k), problem) <= SMALL_TILE_MAX_SM_SHARE * sm_count)
+    wide_tiles = tile_count((SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN, block_k), problem)
+    short_k = math.ceil(problem.k / block_k) < SPLIT_K_MIN_K_TILES
+    return (problem.batch == 1 and problem.n <= NARROW_TILE_MAX_N and short_k
+            and wide_tiles <= SMALL_TILE_MAX_SM_SHARE * sm_count)
 
 
 def tile_count(tile: tuple[int, int, int], problem: Problem) -> int:
@@ -467,16 +470,22 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a persistent
     single problem (grouped calls take no stream-K) whose tiles reach at most SPLIT_K_MAX_SM_SHARE of the SMs, of at
-    least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32 sums are not added as fp32 partials)."""
+    least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32 sums are not added as fp32 partials); from
+    SPLIT_K_LONG_K_TILES k tiles, ``long_k_parts``."""
     units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
     k_tiles = math.ceil(problem.k / cfg.tile[2])
     if k_tiles >= SPLIT_K_LONG_K_TILES:
         return long_k_parts(cfg, problem, sm_count)
     share = SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
-    if (cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8" or units > share * sm_count
-            or k_tiles < SPLIT_K_MIN_K_TILES):
+    if not _splittable(cfg, problem) or units > share * sm_count or k_tiles < SPLIT_K_MIN_K_TILES:
         return 1
     return min(sm_count // units, k_tiles)
+
+
+def _splittable(cfg: KernelConfig, problem: Problem) -> bool:
+    """What both split-K rules ask of a plan: a 1x1 cluster, one problem (grouped calls take no stream-K), not int8
+    (its int32 sums are not added as fp32 partials)."""
+    return cfg.cluster == (1, 1) and problem.batch == 1 and cfg.dtype.value != "int8"
 
 
 def long_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
@@ -484,7 +493,7 @@ def long_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     whose tiles the launch cuts into at least SPLIT_K_LONG_K_MIN_PARTS parts (SMs // tiles); 1 otherwise, and for
     int8 (its int32 sums are not added as fp32 partials)."""
     parts = sm_count // tile_count(cfg.tile, problem)
-    if (cfg.cluster != (1, 1) or problem.batch != 1 or cfg.dtype.value == "int8" or parts < SPLIT_K_LONG_K_MIN_PARTS
-            or cfg.schedule not in SPLIT_K_MAX_SM_SHARE or math.ceil(problem.k / cfg.tile[2]) < SPLIT_K_LONG_K_TILES):
+    if (not _splittable(cfg, problem) or parts < SPLIT_K_LONG_K_MIN_PARTS or cfg.schedule not in SPLIT_K_MAX_SM_SHARE
+            or math.ceil(problem.k / cfg.tile[2]) < SPLIT_K_LONG_K_TILES):
         return 1
     return parts

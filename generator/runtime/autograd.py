@@ -152,11 +152,11 @@ def _product(grad_op: OpHandle, left: torch.Tensor, right: torch.Tensor, stored:
     """left @ right on ``grad_op``, a gradient stored in ``stored``: each operand in the order its kernel reads (the
     gradient already is, but for tf32, whose kernels read both operands K-major only); a kernel that computes the
     transpose (planner.backward.computes_transpose: a row-major write of a column-major gradient) takes right.t() and
-    left.t(), and its result's transpose is the gradient."""
+    left.t(), and its result's transpose is the gradient (grouped_formula.kernel_operands)."""
     lay = grad_op.config.layout
-    if computes_transpose(grad_op.config, stored):
-        return grad_op(_in_order(right.t(), lay.a), _in_order(left.t(), lay.b)).t()
-    return grad_op(_in_order(left, lay.a), _in_order(right, lay.b))
+    transposed = computes_transpose(grad_op.config, stored)
+    d = grad_op(*grouped_formula.kernel_operands(left, right, lay.a is Order.row, lay.b is Order.row, transposed))
+    return d.t() if transposed else d
 
 
 def refuse_batched_grad(op: OpHandle, A: torch.Tensor, B: torch.Tensor, wanting: list[str]) -> None:

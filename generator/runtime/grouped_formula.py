@@ -307,17 +307,23 @@ def grouped_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: tor
     return grad_a, grad_b
 
 
+def kernel_operands(left: torch.Tensor, right: torch.Tensor, a_row: bool, b_row: bool,
+                    transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The operands with which a kernel taking A and B in the orders ``a_row`` and ``b_row`` computes left @ right,
+    each in its order (a copy only where it is stored otherwise); where it computes the transpose (``transposed``:
+    generator/planner/backward.py writes_transposed) right.t() and left.t(), and the caller transposes the result."""
+    if transposed:
+        left, right = right.t(), left.t()
+    return in_order(left, a_row), in_order(right, b_row)
+
+
 def gradient_products(grad_op: GradOp, lefts: list[torch.Tensor], rights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """[left @ right for each pair] on ``grad_op`` (one list call, ``list_products``), each operand put in the order
-    its kernel reads (a copy only where it is stored otherwise); on a transposed op (``GradOp.transposed``) as
-    (right.t() @ left.t()).t(). The results are stored in ``grad_op.result_row``'s order."""
-    if grad_op.transposed:
-        xs = [in_order(r.t(), grad_op.a_row) for r in rights]
-        ys = [in_order(left.t(), grad_op.b_row) for left in lefts]
-        return [d.t() for d in list_products(grad_op, xs, ys)]
-    xs = [in_order(left, grad_op.a_row) for left in lefts]
-    ys = [in_order(r, grad_op.b_row) for r in rights]
-    return list_products(grad_op, xs, ys)
+    """[left @ right for each pair] on ``grad_op`` (one list call, ``list_products``; ``kernel_operands``). The
+    results are stored in ``grad_op.result_row``'s order."""
+    pairs = [kernel_operands(left, right, grad_op.a_row, grad_op.b_row, grad_op.transposed)
+             for left, right in zip(lefts, rights)]
+    products = list_products(grad_op, [x for x, _ in pairs], [y for _, y in pairs])
+    return [d.t() for d in products] if grad_op.transposed else products
 
 
 def _grouped_grad_a(grad_a_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
@@ -336,10 +342,9 @@ def _grouped_grad_a(grad_a_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets
 
 
 def _plain_product(grad_op: GradOp, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """left @ right as one plain call of ``grad_op`` (see ``gradient_products``)."""
-    if grad_op.transposed:
-        return grad_op.call(in_order(right.t(), grad_op.a_row), in_order(left.t(), grad_op.b_row)).t()
-    return grad_op.call(in_order(left, grad_op.a_row), in_order(right, grad_op.b_row))
+    """left @ right as one plain call of ``grad_op`` (``kernel_operands``)."""
+    d = grad_op.call(*kernel_operands(left, right, grad_op.a_row, grad_op.b_row, grad_op.transposed))
+    return d.t() if grad_op.transposed else d
 
 
 def list_backward(op: Formula, A: list[torch.Tensor], B: list[torch.Tensor], grads: list[torch.Tensor | None],
