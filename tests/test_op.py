@@ -195,3 +195,14 @@ def test_grouped_list_overload_of_a_built_op(op):
         d = op([mode.from_tensor(t).to("cuda") for t in a], [mode.from_tensor(t).to("cuda") for t in b])
     assert [(tuple(t.shape), t.stride(), t.dtype, t.device.type) for t in d] == [
         ((64, 48), (48, 1), torch.bfloat16, "cuda"), ((8, 24), (24, 1), torch.bfloat16, "cuda")]
+
+
+def test_compile_many_refuses_problems_that_do_not_match_the_configs_before_building(monkeypatch):
+    from generator import Gemm
+    from generator.runtime import op as op_module
+
+    monkeypatch.setattr(op_module, "build_libraries", lambda *a, **k: pytest.fail("built before refusing"))
+    config = Gemm("bf16", "tn", arch=90).config
+    with pytest.raises(ValueError, match="compile_many: 2 configs but 1 problems: give one problem \\(or None\\) per "
+                                         "config"):
+        op_module.compile_many([config, config], namespace="gemmgen_refusal_test", problems=[None])

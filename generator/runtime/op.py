@@ -881,9 +881,10 @@ def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool =
                  problems: Sequence[PlannedProblem | None] | None = None) -> list[GemmOp]:
     """Build several kernels in one parallel ninja run; ops in the order of ``configs``, each with its backward
     planned for the matching entry of ``problems`` (as ``compile_op``'s ``problem``)."""
+    hints = list(problems) if problems is not None else [None] * len(configs)
+    if len(hints) != len(configs):   # (before the build, which takes minutes)
+        raise ValueError(f"compile_many: {len(configs)} configs but {len(hints)} problems: give one problem (or None) "
+                         "per config")
     libraries = build_libraries(list(dict.fromkeys(configs)), verbose=verbose)
     by_config = dict(zip(dict.fromkeys(configs), libraries))
-    hints = list(problems) if problems is not None else [None] * len(configs)
-    if len(hints) != len(configs):
-        raise ValueError(f"compile_many: {len(configs)} configs but {len(hints)} problems")
     return [GemmOp(c, by_config[c], namespace, problem=p) for c, p in zip(configs, hints)]

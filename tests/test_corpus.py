@@ -1,0 +1,47 @@
+"""benchmarks/corpus.py and bench_corpus.py's pure parts (no GPU): the passes' GEMM shapes, the row filters and their
+refusals, the summary per pass and M band."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import bench_corpus  # noqa: E402
+import corpus  # noqa: E402
+
+
+def test_the_passes_are_the_products_autograd_runs():
+    # y = x @ W.t() with W (N, K) at M tokens: dX = dY @ W is M x K x N, dW = dY.t() @ X is N x K x M
+    assert corpus.pass_shape("fwd", 256, 14336, 4096) == (256, 14336, 4096)
+    assert corpus.pass_shape("dX", 256, 14336, 4096) == (256, 4096, 14336)
+    assert corpus.pass_shape("dW", 256, 14336, 4096) == (14336, 4096, 256)
+    with pytest.raises(ValueError, match="pass 'dY': one of fwd, dX, dW"):
+        corpus.pass_shape("dY", 1, 2, 3)
+
+
+def test_rows_filters_and_refusals():
+    models = corpus.models()
+    assert len(models) >= 10 and any(layer.kind.startswith("expert") for m in models for layer in m.layers)
+    rows = corpus.rows(["llama3-8b"], tokens=[1, 4096], passes=["fwd"], layer_kinds=["lm_head"])
+    assert [(r.m, r.n, r.k) for r in rows] == [(1, 128256, 4096), (4096, 128256, 4096)]
+    assert all(r.flop <= 1e12 for r in corpus.rows(["llama3-8b"], max_gflop=1000))
+    with pytest.raises(ValueError, match="unknown model\\(s\\) nope: choose from "):
+        corpus.rows(["nope"])
+    with pytest.raises(ValueError, match="pass 'bwd': one of fwd, dX, dW"):
+        corpus.rows(passes=["bwd"])
+    assert corpus.band_of(256) == "65-256" and corpus.band_of(20000) == ">16384"
+
+
+def test_summary_per_pass_and_band_counts_each_gemm_once():
+    t = [bench_corpus.Timing("fwd", m, 4096, 4096, "bf16", 1.0, r, r, "k", 1e-3) for m, r in
+         [(1, 1.2), (256, 0.8), (256 + 1, 0.9), (4096, 1.0)]]
+    t.append(bench_corpus.Timing("dW", 4096, 4096, 256, "bf16", 1.0, 0.9, 0.9, "k", 1e-3))
+    tokens = {x.key: bench_corpus.tokens_of_timing(x.pass_, x.m, x.n, x.k) for x in t}
+    s = bench_corpus.summarize(t, tokens)
+    assert s["fwd"]["all"]["count"] == 4 and s["fwd"]["all"]["min"] == 0.8 and s["fwd"]["all"]["below_0.95"] == 2
+    assert s["fwd"]["bands"]["65-256"]["count"] == 1 and s["fwd"]["bands"]["257-1024"]["geomean"] == 0.9
+    assert s["dW"]["bands"] == {"65-256": s["dW"]["all"]}    # dW's band is its token count, its inner dimension
+    assert bench_corpus.percentile([1.0, 2.0, 3.0], 0.5) == 2.0
