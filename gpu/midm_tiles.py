@@ -40,26 +40,28 @@ CANDIDATES = [((128, 64, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1,
 SCHEDULES = {"pp": "pingpong", "coop": "cooperative"}
 
 
-def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str, bool]]:
-    """``--candidates 128x128x64:2x1:pp,256x128x64:1x2:coop:sk`` as CANDIDATES' (tile, cluster, schedule,
-    stream-K) tuples."""
+def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str, bool, int | None]]:
+    """``--candidates 128x128x64:2x1:pp,256x128x64:1x2:coop:sk,64x64x64:2x1:pp:s8`` as CANDIDATES' (tile, cluster,
+    schedule, stream-K, stages) tuples (stages None: as many as fit)."""
     parsed = []
     for item in filter(None, text.split(",")):
-        tile, cluster, schedule, *sk = item.split(":")
-        if schedule not in SCHEDULES or sk not in ([], ["sk"]):
-            raise SystemExit(f"--candidates {item!r}: write TILE:CLUSTER:pp|coop[:sk], e.g. 128x128x64:2x1:pp")
+        tile, cluster, schedule, *rest = item.split(":")
+        sk = "sk" in rest
+        stages = [r for r in rest if r.startswith("s") and r[1:].isdigit()]
+        if schedule not in SCHEDULES or len(rest) != sk + len(stages) or len(stages) > 1:
+            raise SystemExit(f"--candidates {item!r}: write TILE:CLUSTER:pp|coop[:sk][:sN], e.g. 128x128x64:2x1:pp")
         parsed.append((tuple(map(int, tile.split("x"))), tuple(map(int, cluster.split("x"))), SCHEDULES[schedule],
-                       bool(sk)))
+                       sk, int(stages[0][1:]) if stages else None))
     return parsed
 
 
 def configs_for(m: int, n: int, k: int, candidates=CANDIDATES) -> list[KernelConfig]:
     """The planner's config first, then the candidates (stream-K is a config field the planner does not set)."""
     configs = [Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config]
-    for tile, cluster, schedule, stream_k in candidates:
+    for tile, cluster, schedule, stream_k, *stages in candidates:
         try:
             plan = Gemm("bf16", "tn", arch=90, m=m, n=n, k=k, tile_shape=tile, cluster_shape=cluster,
-                        schedule=schedule)
+                        schedule=schedule, stages=stages[0] if stages else None)
         except ValueError as refused:   # not legal here: say so and go on
             print(f"  skip {tile} {cluster} {schedule}: {refused}")
             continue
@@ -73,7 +75,7 @@ def main() -> None:
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--candidates", default=None,
-                    help="time these instead of the default candidates: TILE:CLUSTER:pp|coop[:sk],... "
+                    help="time these instead of the default candidates: TILE:CLUSTER:pp|coop[:sk][:sN],... "
                          "(e.g. 128x128x64:2x1:pp,256x128x64:1x2:coop)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()

@@ -15,7 +15,7 @@ import pytest
 from generator import Gemm, KernelConfig, check_config
 from generator.spec import config as config_module
 from generator.spec.arch import ARCHS, arch_spec
-from generator.spec.config import max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes
+from generator.spec.config import SM90_MAX_STAGES, max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
 from generator.planner.shipped import benchmark_shapes
 from generator.spec.types import DType, Order, parse_layout
@@ -167,8 +167,8 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=2048, n=2048, k=2048), "sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m"),   # one wave, 32 k tiles: no cluster
     (dict(m=512, n=4096, k=4096), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # (one_wave_streams_b)
     (dict(m=128, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 tiles: one wave
-    (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # few rows: 64-row tiles
-    (dict(m=16), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),                        # n, k default to 4096
+    (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),        # few rows: 64-row tiles (narrow_grid)
+    (dict(m=16), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),                        # n, k default to 4096
     (dict(m=64, n=8192, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # (SMALL_M_TILE_ROWS)
     (dict(m=128, n=4096, k=14336), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"), # half the SMs idle, long K
     (dict(m=128, n=4096, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 128 k tiles: split
@@ -179,9 +179,9 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=128, n=6144, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 96 tiles: not one full wave
     (dict(m=129, n=8192, k=8192), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g1m"),      # three 64-row tile rows: not
     (dict(m=64, n=2048, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),     # 16 tiles in 8 parts
-    (dict(m=32, n=4096, k=4096), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # 64 k tiles: not
-    (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x64x64_c1x1_s8_pp_g1m"),             # K=1: the epilogue is all; one
-    # narrow tile (narrow_grid: 64x64 pingpong where 64x128 tiles reach at most a quarter of the SMs)
+    (dict(m=32, n=4096, k=4096), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),       # 64 k tiles: no split-K; 64x64
+    (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),            # K=1: the epilogue is all; one
+    # narrow tile (narrow_grid: 64x64 pingpong where 64x128 tiles reach at most half of the SMs)
     (dict(m=8192, n=8192, k=512), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # short K: pingpong
     (dict(m=4097, n=4095, k=4104), "sm90_bf16_tn_128x256x64_c1x2_s4_coop_g8n"),   # 1x2 fills 4 waves exactly
 ])
@@ -237,7 +237,7 @@ def test_small_m_gets_a_small_tile() -> None:
 def test_small_m_gets_a_small_tile_sm90(m: int) -> None:
     """Few rows: a tile with 64 rows, or 128x64, so that more SMs get a tile than 128x256 would give."""
     small = plan(arch=90, m=m, n=4096, k=4096).config
-    assert small.tile[:2] in ((64, 128), (64, 256), (128, 64))
+    assert small.tile[:2] in ((64, 64), (64, 128), (64, 256), (128, 64))
     assert small.tile[0] * small.tile[1] < 128 * 256
 
 
@@ -318,8 +318,8 @@ PINNED_SM90_BF16_TN = {
     (2048, 2048, 2048): 'sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m',
     (4096, 4096, 4096): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
     (8192, 8192, 8192): 'sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m',
-    (16, 4096, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
-    (16, 6144, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
+    (16, 4096, 4096): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m',
+    (16, 6144, 4096): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m',
     (16, 14336, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
     (16, 4096, 14336): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m',
     (16, 28672, 8192): 'sm90_bf16_tn_64x256x64_c1x1_s4_pp_g1m',
@@ -396,7 +396,7 @@ def test_planned_stages_sm90_are_as_many_as_fit() -> None:
     for m in (16, 128, 1000, 4096):
         cfg = plan(arch=90, m=m).config
         check_config(cfg)
-        assert 2 <= cfg.stages == sm90_max_stages_that_fit(cfg) <= 8
+        assert 2 <= cfg.stages == sm90_max_stages_that_fit(cfg) <= SM90_MAX_STAGES
         assert cfg.smem_bytes <= ARCHS[90].smem_per_block < sm90_smem_bytes(replace(cfg, stages=cfg.stages + 1)) \
             or cfg.stages == 8
     assert plan(arch=90, tile_shape=(128, 256, 64)).stages == 4      # 4 x 48 KB + 32 KB epilogue + 1 KB
@@ -834,10 +834,14 @@ REFUSED_SM90_ASSIGNMENTS = [
                  id="schedule"),
     pytest.param(dict(arch=90), "schedule", 3, "schedule=3: give one of 'ws', 'cooperative', 'pingpong'",
                  id="schedule-type"),
-    pytest.param(dict(arch=90, schedule="cooperative"), "tile_shape", (64, 128, 64),
-                 "tile 64x128x64 with schedule 'cooperative': BM must be one of (128, 256) (its two consumer "
+    pytest.param(dict(arch=90, schedule="ws"), "tile_shape", (64, 128, 64),
+                 "tile 64x128x64 with schedule 'ws': BM must be one of (128, 256) (its two consumer "
                  "warpgroups split the tile along M into whole 64-row wgmma blocks): use schedule='pingpong' for "
-                 "BM=64, or tile 128x128x64", id="cooperative-bm"),
+                 "BM=64, or tile 128x128x64", id="ws-bm"),
+    pytest.param(dict(arch=90, schedule="cooperative"), "tile_shape", (64, 64, 64),
+                 "tile 64x64x64 with schedule 'cooperative': a 64-row cooperative tile splits along N between its "
+                 "two consumer warpgroups, which rules out BN=64 (each warpgroup's half must be whole 64-column "
+                 "epilogue subtiles): use BN in (128, 256), or schedule='pingpong'", id="cooperative-split-n-bn"),
     pytest.param(dict(arch=90, schedule="ws"), "tile_shape", (64, 256, 64),
                  "tile 64x256x64 with schedule 'ws': BM must be one of (128, 256) (its two consumer warpgroups split "
                  "the tile along M into whole 64-row wgmma blocks): use schedule='pingpong' for BM=64, or tile "
@@ -857,9 +861,10 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "(1, 2) (two blocks along N share A), (2, 2), (4, 1) or (1, 4)", id="cluster-string"),
     pytest.param(dict(arch=90), "cluster_shape", (2,),
                  "cluster_shape=(2,): give 2 positive integers, e.g. cluster_shape=(2, 1)", id="cluster-length"),
-    pytest.param(dict(arch=90), "stages", 1, "stages=1: the TMA pipeline takes 2 to 8 stages", id="stages-few"),
-    pytest.param(dict(arch=90), "stages", 9, "stages=9: the TMA pipeline takes 2 to 8 stages", id="stages-many"),
-    pytest.param(dict(arch=90), "stages", 0, "stages=0: the TMA pipeline takes 2 to 8 stages", id="stages-zero"),
+    pytest.param(dict(arch=90), "stages", 1, "stages=1: the TMA pipeline takes 2 to 16 stages", id="stages-few"),
+    pytest.param(dict(arch=90, m=64, n=1024, k=1024), "stages", 17, "stages=17: the TMA pipeline takes 2 to 16 stages",
+                 id="stages-many"),
+    pytest.param(dict(arch=90), "stages", 0, "stages=0: the TMA pipeline takes 2 to 16 stages", id="stages-zero"),
     pytest.param(dict(arch=90, tile_shape=(128, 256, 64)), "stages", 5, SM90_SMEM_SENTENCE, id="smem"),
     pytest.param(dict(arch=90, stages=5), "tile_shape", (128, 256, 64), SM90_SMEM_SENTENCE, id="smem-via-tile"),
     pytest.param(dict(arch=90, tile_shape=(128, 192, 64)), "stages", 5,
@@ -955,8 +960,9 @@ def test_constructor_knobs_are_judged_together() -> None:
 def test_a_fixed_tile_weighs_both_persistent_schedules() -> None:
     assert plan(arch=90, tile_shape=(256, 128, 64)).schedule == "cooperative"   # pingpong cannot hold it
     p = plan(arch=90, tile_shape=(64, 128, 64))
-    assert p.schedule == "pingpong"
-    assert p.rejected and all("with schedule 'cooperative': BM must be one of (128, 256)" in r for r in p.rejected)
+    assert p.schedule == "pingpong"   # cooperative splits it along N: weighed, no faster (ISSUE_EFFICIENCY)
+    assert not p.rejected
+    assert plan(arch=90, tile_shape=(64, 64, 64)).rejected   # cooperative cannot split 64 columns
 
 
 def test_family_switches_and_back() -> None:
@@ -1106,9 +1112,10 @@ def test_batch_hint_counts_every_problems_tiles(arch: int) -> None:
 
 
 def test_batch_hint_weighs_clusters_by_every_problems_tiles() -> None:
-    # One problem of 256 x 2048 fills a single wave (1x1 only); 64 of them take several, where multicast pays.
-    assert plan(arch=90, m=256, n=2048, k=7168).config.cluster == (1, 1)
-    assert plan(arch=90, m=256, n=2048, k=7168, batch=64).config.cluster != (1, 1)
+    # One problem of 256 x 2048 x 2048 fills a single wave (1x1 only: too short a K for a one-wave 2x1, see
+    # ONE_WAVE_CLUSTER_K_TILES); 64 of them take several, where multicast pays.
+    assert plan(arch=90, m=256, n=2048, k=2048).config.cluster == (1, 1)
+    assert plan(arch=90, m=256, n=2048, k=2048, batch=64).config.cluster != (1, 1)
 
 
 @pytest.mark.parametrize("batch", [0, -3, 2.5, True])
@@ -1140,14 +1147,14 @@ def test_a_very_long_k_weighs_every_candidate_split() -> None:
 @pytest.mark.parametrize("m, n, k, tile", [
     (256, 1024, 4096, (64, 64)),      # 32 tiles of 64x128: 64x64 pingpong (narrow_grid)
     (512, 512, 3584, (64, 64)),
-    (512, 1024, 4096, (128, 64)),     # 64 tiles of 64x128: no 64x64; 128x64 cooperative up to 512 rows
-    (512, 2048, 2048, (128, 64)),
+    (512, 1024, 4096, (64, 64)),      # 64 tiles of 64x128: half the SMs, still 64x64
+    (512, 2048, 2048, (128, 64)),     # 128 tiles of 64x128: no 64x64; 128x64 cooperative up to 512 rows
     (256, 1024, 8192, (128, 64)),     # K long enough for split-K: no 64x64
     (1024, 1024, 3072, (64, 128)),    # 1024 rows: neither rule
     (256, 4096, 4096, (64, 128)),     # 4096 columns: not a narrow layer
 ])
 def test_narrow_layers_weigh_the_narrow_tiles(m: int, n: int, k: int, tile: tuple[int, int]) -> None:
-    """Narrow layers (at most NARROW_TILE_MAX_N columns): 64x64 pingpong where 64x128 tiles would reach at most a
-    quarter of the SMs and K is short of split-K; 128x64 cooperative up to NARROW_TILE_MAX_M rows; the measured
+    """Narrow layers (at most NARROW_TILE_MAX_N columns): 64x64 pingpong where 64x128 tiles would reach at most
+    half of the SMs and K is short of split-K; 128x64 cooperative up to NARROW_TILE_MAX_M rows; the measured
     losses are the boundaries (docs/corpus.md, "Narrow layers")."""
     assert Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config.tile[:2] == tile

@@ -87,15 +87,19 @@ NARROW_BN = 64
 # against 0.820x), and at 6144 columns by far (512 x 6144 x 4096, candidate_shapes).
 NARROW_TILE_MAX_M = 512
 NARROW_TILE_MAX_N = 2048
-# 64x64 pingpong: on a narrow layer (at most NARROW_TILE_MAX_N columns) where 64x128 pingpong tiles would reach at
-# most a quarter of the SMs and K is short of split-K (SPLIT_K_MIN_K_TILES), twice the tiles put twice the SMs to work
-# on the same bytes of B. Measured (the same file):
-# 256 x 1024 x 4096 0.814x against 0.736x, 128 x 1024 x 4096 0.803x against 0.720x (128x64 cooperative), 512 x 512 x
-# 3584 0.870x against 0.777x, 64 x 1024 x 4096 0.782x against 0.718x, 256 x 576 x 2048 0.915x against 0.875x; from 64
-# tiles of 64x128 on it lost (512 x 1024 x 4096: 0.705x against 0.806x), and beside split-K (256 x 1024 x 8192: 0.701x
-# against 0.764x).
+# 64x64 pingpong: where 64x128 pingpong tiles would reach at
+# most half the SMs (so the 64x64 tiles still fit one wave) and K is short of split-K (SPLIT_K_MIN_K_TILES), twice the
+# tiles put twice the SMs to work on the same bytes of B. Its 16 KB stages run 12 deep (SM90_MAX_STAGES), as cuBLAS
+# runs its 64x64 tiles 13 deep. Measured (H100, bf16 tn, gpu/midm_tiles.py, h100_midm_narrow_stages.json), 12 stages
+# against 8: 64 x 1024 x 4096 0.924x cuBLAS against 0.828x, 128 x 512 x 3584 0.944x against 0.840x, 256 x 512 x 2048
+# 0.954x against 0.853x, 192 x 1024 x 2048 1.016x against 0.956x; and against the 128x64 cooperative tile that the
+# quarter-share rule left these shapes (its 64x128 tiles reach a quarter to half of the SMs): 256 x 1408 x 2048 0.942x
+# against 0.800x, 512 x 768 x 2048 0.892x against 0.843x, 256 x 2048 x 4096 0.862x (2x1 cluster) against 0.797x. Where
+# 64x128 tiles fill more than half the SMs the cooperative tile stays ahead (512 x 1408 x 2048: 0.939x against 0.681x;
+# 512 x 2048 x 2048 0.935x against 0.683x); beside split-K it lost on the H200 (256 x 1024 x 8192: 0.701x against
+# 0.764x, h200_midm_narrow.json).
 SMALL_TILE = (64, 64)
-SMALL_TILE_MAX_SM_SHARE = 1 / 4
+SMALL_TILE_MAX_SM_SHARE = 1 / 2
 # At most this many rows (M), and only tiles of as many rows: a 128-row cooperative tile gives its second consumer
 # warpgroup nothing but zero rows. Measured (bf16 tn, H200, gpu/midm_tiles.py, docs/planner.md): 64x128 pingpong
 # 0.93x cuBLAS at 32x8192x8192 and 1.01x at 64x8192x8192, against 0.55x and 0.65x for the 128x64 cooperative tile
@@ -137,7 +141,11 @@ SMEM_HALF_REUSE = 8.0
 WGMMA_M = 64
 # Efficiency by the number of m64 wgmma streams in flight at once (warpgroups issuing together x m64
 # blocks each): one stream (64-row pingpong) leaves the tensor cores waiting; fitted to 64x256
-# pingpong's measured 0.58x (see the module docstring).
+# pingpong's measured 0.58x (see the module docstring). A 64-row cooperative tile (split along N between its two
+# warpgroups, KernelConfig.splits_n) counts as one stream: its two half-width streams measured no faster than one
+# pingpong warpgroup on the whole tile (H100, bf16 tn, gpu/midm_tiles.py, h100_midm_split_n.json: 64x128 at
+# 1024 x 1024 x 3072 0.711x cuBLAS against 0.728x, 512 x 4096 x 4096 0.601x against 0.601x, 1024 x 4096 x 4096 0.522x
+# against 0.521x), so the planner never prefers it; tune() and a user's schedule="cooperative" reach it.
 ISSUE_EFFICIENCY = {1: 0.65}
 # A cluster's blocks wait for each other (a stage is free only when both have used it): multicast has
 # to save more than this to be worth it.
@@ -272,12 +280,13 @@ def narrow_tile_fits(problem: Problem, bm: int) -> bool:
 
 
 def narrow_grid(problem: Problem, block_k: int, sm_count: int) -> bool:
-    """Whether 64x64 pingpong (SMALL_TILE) is weighed: a narrow layer (at most NARROW_TILE_MAX_N columns) whose 64x128
-    pingpong tiles would reach at most SMALL_TILE_MAX_SM_SHARE of the SMs, K short of split-K, one problem."""
+    """Whether 64x64 pingpong (SMALL_TILE) is weighed: 64x128 pingpong tiles would reach at most
+    SMALL_TILE_MAX_SM_SHARE of the SMs (so twice as many 64x64 tiles still fit one wave), K short of split-K, one
+    problem. (Not only on narrow layers: 64 x 4096 x 4096 measured 1.012x cuBLAS on 64x64 against 0.901x on 64x128,
+    h100_midm_split_n.json.)"""
     wide_tiles = tile_count((SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN, block_k), problem)
     short_k = math.ceil(problem.k / block_k) < SPLIT_K_MIN_K_TILES
-    return (problem.batch == 1 and problem.n <= NARROW_TILE_MAX_N and short_k
-            and wide_tiles <= SMALL_TILE_MAX_SM_SHARE * sm_count)
+    return problem.batch == 1 and short_k and wide_tiles <= SMALL_TILE_MAX_SM_SHARE * sm_count
 
 
 def tile_count(tile: tuple[int, int, int], problem: Problem) -> int:
@@ -391,8 +400,9 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
     rows_a, cols_b = min(bm, problem.m), min(bn, problem.n)
     loaded = rows_a / share_a + cols_b / share_b
     l2_reuse = bm * bn / loaded
-    smem_reuse = WGMMA_M * bn / (WGMMA_M + bn)
-    issuing = 1 if cfg.schedule == "pingpong" else 2    # warpgroups issuing wgmma at the same time
+    wgmma_n = cfg.consumer_cols  # one warpgroup's wgmma: its share of the tile's columns
+    smem_reuse = WGMMA_M * wgmma_n / (WGMMA_M + wgmma_n)
+    issuing = 1 if cfg.schedule == "pingpong" or cfg.splits_n else 2    # wgmma streams issued at the same time
     streams = issuing * cfg.consumer_rows // WGMMA_M
     eff = (l2_reuse / (l2_reuse + L2_HALF_REUSE) * smem_reuse / (smem_reuse + SMEM_HALF_REUSE)
            * ISSUE_EFFICIENCY.get(streams, 1.0))

@@ -34,6 +34,9 @@ SM80_BLOCK_K = (32, 64)    # 16-bit inputs; every input type: sm80_block_k
 SM80_BLOCK_K_BYTES = (64, 128)
 SM80_WARP_COUNTS = (4, 8)
 MIN_STAGES, MAX_STAGES = 2, 8
+# sm90's TMA ring may run deeper: the small tiles' stages are cheap (64x64 bf16: 16 KB), and cuBLAS runs its 64x64
+# tiles 13 stages deep (its nvjet kernel names, gpu/cublas_kernels.py). Only the 64x64 tiles fit more than 8.
+SM90_MAX_STAGES = 16
 RASTER_GROUPS = (1, 2, 4, 8, 16)
 
 # -- sm90 ---------------------------------------------------------------------------------------------
@@ -48,12 +51,16 @@ SM90_WIDE_BN = 320
 # blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).
 SM90_SCHEDULES = ("ws", "cooperative", "pingpong")
 SM90_SCHEDULE_TAGS = {"ws": "ws", "cooperative": "coop", "pingpong": "pp"}
-SM90_BLOCK_M = {"ws": (128, 256), "cooperative": (128, 256), "pingpong": (64, 128)}
+SM90_BLOCK_M = {"ws": (128, 256), "cooperative": (64, 128, 256), "pingpong": (64, 128)}
+# A 64-row cooperative tile is split along N between its two consumer warpgroups (64 x BN/2 each, as cuBLAS runs its
+# 64-row tiles with two consumer warpgroups): each half is whole 64-column epilogue subtiles and B chunks.
+SM90_SPLIT_N_BLOCK_N = (128, 256)
 # A consumer thread holds its warpgroup's fp32 accumulators: (rows * BN / 128) registers; with
 # setmaxnreg's 232 registers per consumer thread, 160 accumulators (a 64x320 share) leave ~70 for
 # addresses and the epilogue.
 SM90_MAX_ACCUMULATORS = 160
 SM90_WARPGROUP_THREADS = 128
+WGMMA_ROWS = 64  # wgmma's m64: one warpgroup's block of rows
 SM90_MAX_BOX_ROWS = 256                     # cuTensorMapEncodeTiled: each box dimension at most 256 elements
 SM90_THREADS = 3 * SM90_WARPGROUP_THREADS   # 1 producer warpgroup + 2 consumer warpgroups
 # (cluster_m, cluster_n): 2x1 = two CTAs on neighbouring M tiles share (multicast) the B tile; 1x2 share A;
@@ -149,13 +156,24 @@ class KernelConfig:
 
     @property
     def consumer_rows(self) -> int:
-        """sm90: the rows of a tile one consumer warpgroup owns (ws/cooperative split the tile along M)."""
-        return self.tile[0] if self.schedule == "pingpong" else self.tile[0] // 2
+        """sm90: the rows of a tile one consumer warpgroup owns (ws/cooperative split the tile along M, except a
+        64-row cooperative tile, which they split along N)."""
+        return self.tile[0] if self.schedule == "pingpong" or self.splits_n else self.tile[0] // 2
+
+    @property
+    def consumer_cols(self) -> int:
+        """sm90: the columns of a tile one consumer warpgroup owns."""
+        return self.tile[1] // 2 if self.splits_n else self.tile[1]
+
+    @property
+    def splits_n(self) -> bool:
+        """sm90: whether the two consumer warpgroups split each tile along N (a 64-row cooperative tile)."""
+        return self.family == "sm90" and self.schedule != "pingpong" and self.tile[0] == WGMMA_ROWS
 
     @property
     def accumulators_per_thread(self) -> int:
         """sm90: fp32 accumulator registers of one consumer thread."""
-        return self.consumer_rows * self.tile[1] // SM90_WARPGROUP_THREADS
+        return self.consumer_rows * self.consumer_cols // SM90_WARPGROUP_THREADS
 
     @property
     def stage_bytes(self) -> int:
@@ -359,9 +377,14 @@ def sm90_smem_bytes(cfg: KernelConfig) -> int:
 
 
 def sm90_max_stages_that_fit(cfg: KernelConfig) -> int:
-    """sm90: the deepest pipeline of ``cfg``'s tile (its own stages ignored) that fits, at most MAX_STAGES."""
+    """sm90: the deepest pipeline of ``cfg``'s tile (its own stages ignored) that fits, at most SM90_MAX_STAGES."""
     spare = arch_spec(cfg.arch).smem_per_block - sm90_epilogue_bytes(cfg) - SM90_RESERVED_SMEM_BYTES
-    return min(MAX_STAGES, spare // cfg.stage_bytes)
+    return min(SM90_MAX_STAGES, spare // cfg.stage_bytes)
+
+
+def max_stages(family: str) -> int:
+    """The deepest pipeline a family's template takes ("sm90" or "sm80")."""
+    return SM90_MAX_STAGES if family == "sm90" else MAX_STAGES
 
 
 def _sm90_smem_parts(cfg: KernelConfig) -> str:
@@ -710,8 +733,8 @@ def _check_sm90_tma_box(cfg: KernelConfig) -> None:
 
 
 def _check_sm90_stages(cfg: KernelConfig) -> None:
-    if cfg.stages < MIN_STAGES or cfg.stages > MAX_STAGES:
-        raise ValueError(f"stages={cfg.stages}: the TMA pipeline takes {MIN_STAGES} to {MAX_STAGES} stages")
+    if cfg.stages < MIN_STAGES or cfg.stages > SM90_MAX_STAGES:
+        raise ValueError(f"stages={cfg.stages}: the TMA pipeline takes {MIN_STAGES} to {SM90_MAX_STAGES} stages")
     spec = arch_spec(cfg.arch)
     need = sm90_smem_bytes(cfg)
     if need > spec.smem_per_block:
@@ -744,6 +767,13 @@ def _check_sm90_schedule(cfg: KernelConfig) -> None:
             fix = f"use schedule='pingpong' for BM={bm}, or tile 128x{bn}x{bk}"
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BM must be one of {allowed} "
                          f"({why}): {fix}")
+    if cfg.splits_n and (bn not in SM90_SPLIT_N_BLOCK_N or cfg.promoted):
+        what = "fp8's promotion (its k tile sums are sliced by the whole tile's columns)" if cfg.promoted else \
+            f"BN={bn} (each warpgroup's half must be whole 64-column epilogue subtiles)"
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': a 64-row cooperative tile splits "
+                         f"along N between its two consumer warpgroups, which rules out {what}: use BN in "
+                         f"{SM90_SPLIT_N_BLOCK_N}{', fast_accum=True' if cfg.promoted else ''}, or "
+                         f"schedule='pingpong'")
     if cfg.accumulators_per_thread > SM90_MAX_ACCUMULATORS:
         rows = cfg.consumer_rows
         if cfg.schedule == "pingpong":

@@ -16,7 +16,7 @@ from ..planner import Knobs, Problem, estimate, ranked
 from ..planner.sm80 import default_stages
 from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster
 from ..spec.arch import ArchSpec
-from ..spec.config import (MAX_STAGES, MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, KernelConfig, check_config,
+from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, KernelConfig, check_config, max_stages,
                            sm80_block_k, sm90_max_stages_that_fit)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
@@ -64,7 +64,7 @@ def is_legal(cfg: KernelConfig) -> bool:
 
 def _stage_neighbours(cfg: KernelConfig) -> Iterator[KernelConfig]:
     for stages in (cfg.stages - 1, cfg.stages + 1):
-        if MIN_STAGES <= stages <= MAX_STAGES:
+        if MIN_STAGES <= stages <= max_stages(cfg.family):
             yield replace(cfg, stages=stages)
 
 

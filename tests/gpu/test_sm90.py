@@ -24,7 +24,8 @@ from gpu_cases import BOUND, DTYPES, LAYOUTS, OUT_DTYPES, RAGGED  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-# (schedule, tile, cluster): every schedule, every cluster shape, both consumer splits.
+# (schedule, tile, cluster): every schedule, every cluster shape, all three consumer splits (along M, a 64-row
+# cooperative tile's along N, pingpong's whole tiles).
 VARIANTS = (
     ("cooperative", (128, 256, 64), (2, 1)),
     ("cooperative", (128, 256, 64), (1, 1)),
@@ -40,6 +41,9 @@ VARIANTS = (
     ("pingpong", (128, 128, 64), (4, 1)),
     ("ws", (128, 128, 64), (1, 4)),
     ("cooperative", (128, 320, 64), (2, 1)),  # two wgmmas (n256 + n64) per m64 block and k step
+    ("cooperative", (64, 128, 64), (1, 1)),   # split along N: 64 x 64 per consumer warpgroup
+    ("cooperative", (64, 256, 64), (2, 1)),
+    ("cooperative", (64, 128, 64), (1, 2)),
 )
 
 

@@ -26,6 +26,8 @@ PLANS = {
     "bf16_pp_64x128": dict(dtype="bf16", tile_shape=(64, 128, 64), cluster_shape=(1, 1), schedule="pingpong"),
     "bf16_pp_128x128_c2x1": dict(dtype="bf16", tile_shape=(128, 128, 64), cluster_shape=(2, 1),
                                  schedule="pingpong"),
+    # a 64-row cooperative tile: its consumers split each segment's tile along N
+    "bf16_coop_64x128": dict(dtype="bf16", tile_shape=(64, 128, 64), cluster_shape=(1, 1)),
     "e4m3_block_pp": dict(dtype="e4m3", scale="block", tile_shape=(64, 128, 128), cluster_shape=(1, 1),
                           schedule="pingpong"),
 }

@@ -1,0 +1,87 @@
+"""Which kernels cuBLAS runs for the corpus' GEMMs: name, grid, block and time of every kernel torch.matmul
+launches, read from a torch.profiler trace. cuBLAS's nvjet kernel names carry the tile, stages and cluster it chose
+(e.g. ``nvjet_sm90_tst_192x128_64x5_2x1_v_bz_coopA_TNT``), and a split-K run shows as a second (reduce) kernel or
+as a grid larger than the tile count: the map of what wins where, for the planner's candidate space.
+
+    python3 gpu/cublas_kernels.py [--tokens 64,256,1024] [--passes fwd,dX,dW] [--json $OUT/cublas_kernels.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import torch  # noqa: E402
+
+import corpus  # noqa: E402
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def theirs(pass_: str, tokens: int, n: int, k: int, dtype: torch.dtype):
+    """torch's product for one pass of y = x @ W.t(), called as autograd calls it."""
+    X = torch.randn(tokens, k, device="cuda", dtype=dtype)
+    W = torch.randn(n, k, device="cuda", dtype=dtype)
+    dY = torch.randn(tokens, n, device="cuda", dtype=dtype)
+    return {"fwd": lambda: torch.matmul(X, W.t()), "dX": lambda: torch.matmul(dY, W),
+            "dW": lambda: torch.matmul(dY.t(), X)}[pass_]
+
+
+def kernels_of(fn, repeats: int) -> list[dict]:
+    """The kernels of one call of ``fn`` (its last of ``repeats`` profiled calls), with their median duration."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
+    launched = [e for e in events if e.get("cat") == "kernel"]
+    per_call = len(launched) // repeats
+    if per_call == 0:
+        return []
+    out = []
+    for i in range(per_call):
+        same = sorted(e["dur"] for e in launched[i::per_call])
+        e = launched[i]
+        out.append({"name": e["name"], "grid": e["args"].get("grid"), "block": e["args"].get("block"),
+                    "us": same[len(same) // 2]})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", default="16,64,128,256,512,1024")
+    ap.add_argument("--passes", default="fwd,dX,dW")
+    ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "cublas_kernels.json"))
+    args = ap.parse_args()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = corpus.rows(tokens=[int(t) for t in args.tokens.split(",")], passes=args.passes.split(","))
+    seen: dict[tuple, dict] = {}
+    for row in rows:
+        if row.gemm in seen:
+            continue
+        fn = theirs(row.pass_, row.tokens, row.out_features, row.in_features, DTYPES[args.dtype])
+        kernels = kernels_of(fn, args.repeats)
+        seen[row.gemm] = {"pass": row.pass_, "m": row.m, "n": row.n, "k": row.k, "layer": row.layer,
+                          "kernels": kernels}
+        names = " + ".join(f"{k['name'][:70]} grid{tuple(k['grid'] or ())} {k['us']:.1f}us" for k in kernels)
+        print(f"{row.pass_:3s} {row.m:6d} {row.n:6d} {row.k:6d}  {names}", flush=True)
+    Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                           "dtype": args.dtype, "rows": list(seen.values())}, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
