@@ -167,7 +167,7 @@ def test_planned_ops_per_shape_or_bucketed(monkeypatch):
     shapes = [(16, 4096, 4096), (300, 4096, 4096), (4096, 4096, 4096)]
     per_shape = bench.planned_ops(shapes, ["bf16"], "tn", {}, None)
     assert [op.name for op in per_shape.values()] == [
-        "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m", "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m",
+        "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m", "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m",
         "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"]
     bucketed = bench.planned_ops(shapes, ["bf16"], "tn", {}, bench.M_BUCKETS)
     ops = list(bucketed.values())

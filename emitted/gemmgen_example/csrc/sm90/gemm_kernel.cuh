@@ -386,8 +386,13 @@ struct Kernel {
   static constexpr int kEpiRows = 64;
   static constexpr int kEpiCols = kSwizzleRowBytes / static_cast<int>(sizeof(Out));
   static constexpr int kEpiBufferBytes = kEpiRows * kSwizzleRowBytes;
-  // A consumer warpgroup's share of a tile: rows [wg_row0, wg_row0 + WG_M), all BN columns.
-  static constexpr int WG_M = PINGPONG ? BM : BM / kConsumerWarpgroups;
+  // A consumer warpgroup's share of a tile: rows [row_in_tile, row_in_tile + WG_M), columns [col_in_tile, col_in_tile +
+  // WG_N). A pingpong warpgroup takes whole tiles; cooperative (and ws) tiles of 128 or 256 rows split along M (all BN
+  // columns each); a 64-row cooperative tile splits along N (both the same 64 rows, BN / 2 columns each), so that two
+  // wgmma streams run where a 64-row pingpong tile, the only tile of its CTA, leaves the second warpgroup idle.
+  static constexpr bool SPLIT_N = !PINGPONG && BM == kMmaM;
+  static constexpr int WG_M = PINGPONG || SPLIT_N ? BM : BM / kConsumerWarpgroups;
+  static constexpr int WG_N = SPLIT_N ? BN / kConsumerWarpgroups : BN;
   static constexpr int MMA_BLOCKS_M = WG_M / kMmaM;
   // (One buffer per subtile, so that no store is waited for inside a tile, measured no faster: docs/sm90.md,
   // "The epilogue".)
@@ -404,11 +409,13 @@ struct Kernel {
   static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
-  using Mma = TileMma<BN, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
+  using Mma = TileMma<WG_N, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
   static_assert(sizeof(typename Cfg::ElemB) == sizeof(Elem), "A and B differ only as fp8 formats (one byte each)");
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
   static_assert(MMA_BLOCKS_M * ACCUM <= 160, "accumulators beyond 160 of the 232 registers per thread would spill");
+  static_assert(!SPLIT_N || (!Cfg::kPromote && BN % (kConsumerWarpgroups * 64) == 0),
+                "a tile split along N: whole 64-column epilogue subtiles and B chunks per warpgroup, no promotion");
 
   // Promotion (fp8, see mainloop_promoted) holds a second set of accumulators, the current k tile's; per-block
   // scales (fp8 with scale="block") are applied there.
@@ -437,7 +444,7 @@ struct Kernel {
   static_assert(!(STREAM_K && kIntAccum), "stream-K adds partial tiles as fp32");
   // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
   // order: register r of thread t at r * 128 + t, so each access is coalesced), then a flag each.
-  static constexpr int kPartialFloats = WG_M * BN;
+  static constexpr int kPartialFloats = WG_M * WG_N;
   static_assert(ACCUM % 4 == 0, "partial sums move as float4");
   __host__ __device__ __forceinline__ static size_t workspace_partials_bytes(int ctas) {
     return static_cast<size_t>(ctas) * kConsumerWarpgroups * kPartialFloats * sizeof(float);
@@ -739,7 +746,8 @@ struct Kernel {
                                  const CUtensorMap* tmap_source, uint32_t rank, int consumer) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
     epi.grouped = W == Walking::kRows;
-    const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
+    const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
+    const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     RingPos pos;
     int local = 0;  // this CTA's work units so far
     WalkOf<W> walk;
@@ -750,12 +758,12 @@ struct Kernel {
         continue;
       }
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
-      const int m0 = at.m0, n0 = at.n0;
+      const int m0 = at.m0, n0 = at.n0 + col_in_tile;  // (n0: this warpgroup's first column)
       const Problem tile = W != Walking::kFlat ? at.bounded(p) : p;  // the stores' bounds
       epi.problem = W == Walking::kFlat ? at.problem : 0;            // grouped rows share one D; listed: their own
       if constexpr (W == Walking::kList) epi.take_listed(p.list + at.problem);
       if constexpr (!Cfg::Epilogue::kIdentity) {
-        Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, BN, threadIdx.x % kWarpgroupThreads,
+        Cfg::Epilogue::prefetch(args, m0 + row_in_tile, WG_M, n0, WG_N, threadIdx.x % kWarpgroupThreads,
                                 kWarpgroupThreads);
       }
       if (PINGPONG && local > 0) wait_turn(consumer);
@@ -779,7 +787,7 @@ struct Kernel {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles,
                           block_scales(args, p, m0 + row_in_tile, n0));
       } else {
-        mainloop(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles);
+        mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles);
       }
       if (PINGPONG && next_exists) pass_turn(consumer);
       if constexpr (kIntAccum) {
@@ -817,7 +825,8 @@ struct Kernel {
                                           const CUtensorMap* tmap_d, uint32_t rank, int consumer, float* workspace) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), nullptr, false};  // source read from global
     int* flags = reinterpret_cast<int*>(reinterpret_cast<char*>(workspace) + workspace_partials_bytes(gridDim.x));
-    const int row_in_tile = PINGPONG ? 0 : consumer * WG_M;
+    const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
+    const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     const int slot_consumer = PINGPONG ? 0 : consumer;
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
     const int cluster = first_unit();
@@ -833,7 +842,7 @@ struct Kernel {
         return;
       }
       const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
-      const int m0 = at.m0, n0 = at.n0;
+      const int m0 = at.m0, n0 = at.n0 + col_in_tile;  // (n0: this warpgroup's first column)
       epi.problem = at.problem;
       if (PINGPONG && index > 0) wait_turn(consumer);
       float acc[MMA_BLOCKS_M][ACCUM];
@@ -841,7 +850,7 @@ struct Kernel {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
                           block_scales(args, p, m0 + row_in_tile, n0));
       } else {
-        mainloop(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end);
+        mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
       if (PINGPONG && index + 1 < segments) pass_turn(consumer);
       if (s.kt_begin > 0) {  // a contributor: the owner adds this part and stores the tile
@@ -930,9 +939,9 @@ struct Kernel {
   }
 
   // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
-  // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A). COLUMNS < BN:
-  // the slice of the tile's columns [column0, column0 + COLUMNS) only (B's rows there; promotion's slices).
-  template <int COLUMNS = BN, typename A, int N>
+  // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A and columns of B).
+  // COLUMNS < WG_N: the slice of the columns [column0, column0 + COLUMNS) only (B's rows there; promotion's slices).
+  template <int COLUMNS = WG_N, typename A, int N>
   __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][N], uint64_t stage0_a,
                                                       uint64_t stage0_b, int slot, bool accumulate, int column0 = 0) {
     using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
@@ -957,11 +966,11 @@ struct Kernel {
   // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
   // ring from `pos` on; the first k tile overwrites acc.
   __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                  int row_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
-                                                  int kt_end) {
-    // Stage 0's descriptors, this warpgroup's rows of A; a stage is STAGE_BYTES further on.
+                                                  int row_in_tile, int col_in_tile, RingPos& pos, uint32_t rank,
+                                                  int kt_begin, int kt_end) {
+    // Stage 0's descriptors, this warpgroup's rows of A and columns of B; a stage is STAGE_BYTES further on.
     uint64_t stage0_a = ptx::desc_advance(TileA::descriptor(smem.a(0)), TileA::offset_units(row_in_tile, 0));
-    uint64_t stage0_b = TileB::descriptor(smem.b(0));
+    uint64_t stage0_b = ptx::desc_advance(TileB::descriptor(smem.b(0)), TileB::offset_units(col_in_tile, 0));
     // Kept in (uniform) registers, not derived again from the shared-memory window's base in every k tile
     // (8 instructions per k tile in the SASS otherwise).
     ptx::keep_in_register(stage0_a);
@@ -1212,13 +1221,13 @@ struct Kernel {
                        reinterpret_cast<uintptr_t>(d) % (2 * sizeof(Out)) == 0;
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-      apply_epilogue<BN / 8>(args, p, acc, m0, n0, i, 0);
+      apply_epilogue<WG_N / 8>(args, p, acc, m0, n0, i, 0);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
         if (row >= p.m) continue;
 #pragma unroll
-        for (int j = 0; j < BN / 8; ++j) {
+        for (int j = 0; j < WG_N / 8; ++j) {
           const int col = n0 + j * 8 + 2 * (lane % 4);
           const float x = acc[i][4 * j + 2 * h], y = acc[i][4 * j + 2 * h + 1];
           if constexpr (Cfg::kDRowMajor) {
@@ -1307,7 +1316,7 @@ struct Kernel {
     for (int r = t / 8; r < WG_M; r += kWarpgroupThreads / 8) {
       const int row = m0 + r;
       if (row >= p.m) continue;
-      for (int c = t % 8; c < BN && n0 + c < p.n; c += 8) {
+      for (int c = t % 8; c < WG_N && n0 + c < p.n; c += 8) {
         const int col = n0 + c;
         const float value = Cfg::Epilogue::apply(args, 0.0f, row, col);
         d[Cfg::kDRowMajor ? static_cast<int64_t>(row) * args.ldd + col : static_cast<int64_t>(col) * args.ldd + row] =
@@ -1337,7 +1346,7 @@ struct Kernel {
     }
   }
 
-  static constexpr int kSubtilesPerBlock = BN / kEpiCols;                // per m64 block
+  static constexpr int kSubtilesPerBlock = WG_N / kEpiCols;              // per m64 block
   static constexpr int kSubtiles = MMA_BLOCKS_M * kSubtilesPerBlock;    // per consumer warpgroup and tile
   static constexpr int kSourceValues = kEpiCols / 2;                     // per thread and subtile
 
@@ -1369,7 +1378,7 @@ struct Kernel {
       // TMA clips a store to the matrix only to 16-byte granularity along the contiguous dimension:
       // measured on the H100, a row's last partial chunk is written whole, zeros past N included
       // (gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
-      const bool partial_chunk_at_n = n0 + BN > p.n && p.n % kStoreChunkElems != 0;
+      const bool partial_chunk_at_n = n0 + WG_N > p.n && p.n % kStoreChunkElems != 0;
       // A group's last rows: TMA clips at D's end, not the group's, and would write the next group's rows.
       const bool past_group_end = grouped && m0 + WG_M > p.m;
       return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
