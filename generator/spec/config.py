@@ -47,6 +47,10 @@ SM90_BLOCK_N = (64, 128, 192, 256, 320)     # wgmma m64nNk16 takes N up to 256 i
 # (320: two wgmmas per m64 block and k step, n256 and n64, as cuBLAS's 128x320 kernel at 8192^3; cooperative
 # only, and never the planner's choice: measured no faster than 128x256, docs/sm90.md "The 128x320 tile")
 SM90_WIDE_BN = 320
+# N tiles between those, in steps of 16 (cuBLAS runs 80-, 112-, 144-wide tiles where their count fills the SMs:
+# gpu/cublas_kernels.py): 16-bit inputs and a K-major B only (an M/N-major B tile loads whole 64-column chunks), D
+# stored directly (the epilogue's TMA subtiles are 64 columns wide).
+SM90_ODD_BLOCK_N = (80, 96, 112, 144, 160, 176, 208, 224, 240)
 # ws / cooperative: two consumer warpgroups split the tile along M (each owns BM/2 rows, whole m64
 # blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).
 SM90_SCHEDULES = ("ws", "cooperative", "pingpong")
@@ -699,10 +703,12 @@ def check_sm90(cfg: KernelConfig) -> None:
     if bk != block_k:
         raise ValueError(f"tile {bm}x{bn}x{bk}: the sm90 family needs BK={block_k} for {cfg.dtype.value} (one 128-byte "
                          f"swizzle row of k values): use tile {bm}x{bn}x{block_k}")
-    if bm not in all_bm or bn not in SM90_BLOCK_N:
+    if bm not in all_bm or bn not in SM90_BLOCK_N + SM90_ODD_BLOCK_N:
         raise ValueError(f"tile {bm}x{bn}x{bk} is not one the sm90 template builds: BM in {all_bm} (64 with "
-                         f"schedule 'pingpong' only, 256 with 'cooperative' or 'ws' only), BN in {SM90_BLOCK_N}, "
+                         f"schedule 'pingpong' or a cooperative split along N, 256 with 'cooperative' or 'ws' only), "
+                         f"BN in {SM90_BLOCK_N} or, for 16-bit inputs with a K-major B, {SM90_ODD_BLOCK_N}, "
                          f"BK = {block_k} (e.g. 128x256x{block_k} or 128x128x{block_k})")
+    _check_sm90_odd_block_n(cfg)
     if bm * bn > 2 * SM90_MAX_ACCUMULATORS * SM90_WARPGROUP_THREADS:
         raise ValueError(f"tile {bm}x{bn}x{bk} needs more accumulator registers than two consumer warpgroups have "
                          f"({bm * bn // (2 * SM90_WARPGROUP_THREADS)} per thread, at most "
@@ -718,6 +724,21 @@ def check_sm90(cfg: KernelConfig) -> None:
         raise ValueError(f"raster={cfg.raster!r}: use 'm' (tiles run down M through raster_group tile rows, then "
                          f"along N) or 'n' (along N through raster_group tile columns, then down M)")
     _check_raster_group_and_out(cfg)
+
+
+def _check_sm90_odd_block_n(cfg: KernelConfig) -> None:
+    """A BN that is no multiple of 64 (SM90_ODD_BLOCK_N): wgmma wrappers for the 16-bit types only, and a B tile
+    loaded as whole rows along K (an M/N-major B tile comes in 64-column chunks)."""
+    bm, bn, bk = cfg.tile
+    if bn not in SM90_ODD_BLOCK_N:
+        return
+    if cfg.dtype.bytes != 2:
+        raise ValueError(f"tile {bm}x{bn}x{bk}: N tiles that are no multiple of 64 are built for bf16 and fp16 inputs; "
+                         f"{cfg.dtype.value} takes BN in {SM90_BLOCK_N}")
+    if not cfg.layout.b_k_major:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with layout '{cfg.layout.tag}': B is N-major here and loads in "
+                         f"64-column chunks, so BN must be a multiple of 64 (one of {SM90_BLOCK_N}); BN={bn} needs a "
+                         f"K-major B (layout '{cfg.layout.tag[0]}n')")
 
 
 def _check_sm90_tma_box(cfg: KernelConfig) -> None:

@@ -64,6 +64,8 @@ PLANS["sm90_fused_pingpong"] = dict(dtype="bf16", layout="tn", epilogue=fused, f
 # Split along N: each consumer warpgroup's epilogue covers its half of the columns.
 PLANS["sm90_fused_64x128_split_n"] = dict(dtype="bf16", layout="tn", epilogue=fused, family="sm90",
                                           schedule="cooperative", tile_shape=(64, 128, 64))
+PLANS["sm90_fused_128x144_odd_n"] = dict(dtype="bf16", layout="tn", epilogue=fused, family="sm90",
+                                         schedule="cooperative", tile_shape=(128, 144, 64))
 PLANS["sm90_fused_256x128_c1x2"] = dict(dtype="bf16", layout="tn", epilogue=fused, family="sm90",
                                         tile_shape=(256, 128, 64), cluster_shape=(1, 2))
 # The source (C) by TMA through the staging buffers: 16-bit and fp32 D, one subtile per tile (128x64: the
@@ -74,6 +76,8 @@ PLANS["sm90_alpha_beta_128x64"] = dict(dtype="fp16", layout="nt", alpha=2.0, bet
                                        schedule="cooperative", tile_shape=(128, 64, 64))
 PLANS["sm90_alpha_beta_pingpong"] = dict(dtype="bf16", layout="tn", alpha=-1.0, beta=1.5, family="sm90",
                                          schedule="pingpong", tile_shape=(128, 128, 64))
+PLANS["sm90_alpha_beta_odd_n"] = dict(dtype="fp16", layout="nn", alpha=2.0, beta=0.5, family="sm90",
+                                      schedule="pingpong", tile_shape=(64, 112, 64))
 PLANS["sm90_alpha_beta_split_n"] = dict(dtype="bf16", layout="nt", alpha=2.0, beta=0.5, out_dtype="fp32",
                                         family="sm90", schedule="cooperative", tile_shape=(64, 256, 64))
 # sm80 reads the source in pairs of neighbouring columns.

@@ -223,3 +223,42 @@ def test_every_shipped_config():
         layout = op.config.layout.blas
         for m, n, k in ((1000, 1000, 1000), (257, 513, 129)):
             check(op, layout, m, n, k, col_major=op.config.layout.c.value == "col")
+
+
+# N tiles that are no multiple of 64 (SM90_ODD_BLOCK_N): 16-bit inputs, K-major B (layouts tn and nn), D stored
+# directly (16-bit D) or by TMA where the width is whole 32-column fp32 subtiles (96, 160, 224).
+ODD_N_VARIANTS = (
+    ("cooperative", (128, 144, 64), (1, 1)),
+    ("cooperative", (128, 80, 64), (2, 1)),
+    ("cooperative", (128, 224, 64), (1, 2)),
+    ("pingpong", (64, 96, 64), (1, 1)),
+    ("pingpong", (128, 112, 64), (2, 1)),
+    ("pingpong", (64, 240, 64), (1, 1)),
+)
+
+
+@pytest.fixture(scope="session")
+def odd_n_ops():
+    keys = list(itertools.product(ODD_N_VARIANTS, ("tn", "nn"), DTYPES, OUT_DTYPES))
+    configs = [Gemm(dtype=dt, layout=lay, out_dtype=od, schedule=s, tile_shape=t, cluster_shape=c).config
+               for (s, t, c), lay, dt, od in keys]
+    return dict(zip(keys, compile_many(configs, namespace="gemmgen_sm90_odd_n")))
+
+
+@pytest.mark.parametrize("variant", ODD_N_VARIANTS, ids=variant_id)
+@pytest.mark.parametrize("layout", ["tn", "nn"])
+def test_odd_n_tiles_ragged(odd_n_ops, variant, layout):
+    """Ragged M, N, K on the odd-width tiles, every dtype and output dtype; large problems bit-identical on
+    repeats."""
+    for dt, od in itertools.product(DTYPES, OUT_DTYPES):
+        op = odd_n_ops[(variant, layout, dt, od)]
+        rng = random.Random(f"odd{variant}{layout}{dt}{od}")
+        shapes = [tuple(rng.choice(RAGGED) for _ in range(3)) for _ in range(6)] + [(1, 1, 1), (65, 145, 63)]
+        for m, n, k in shapes:
+            check(op, layout, m, n, k)
+    op = odd_n_ops[(variant, layout, "bf16", "bf16")]
+    check(op, layout, 4097, 4544, 4544)
+    a, b = operands(layout, 2000, 3000, 1000, torch.bfloat16)
+    first = op(a, b)
+    for _ in range(5):
+        assert torch.equal(op(a, b), first)

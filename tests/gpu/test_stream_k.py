@@ -28,6 +28,8 @@ PLANS = {
                                  schedule="pingpong"),
     # a 64-row cooperative tile: its consumers split each segment's tile along N
     "bf16_coop_64x128": dict(dtype="bf16", tile_shape=(64, 128, 64), cluster_shape=(1, 1)),
+    # an N tile that is no multiple of 64 (D stored directly)
+    "bf16_coop_128x144": dict(dtype="bf16", tile_shape=(128, 144, 64), cluster_shape=(1, 1)),
     "e4m3_block_pp": dict(dtype="e4m3", scale="block", tile_shape=(64, 128, 128), cluster_shape=(1, 1),
                           schedule="pingpong"),
 }
