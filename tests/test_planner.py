@@ -801,7 +801,8 @@ SM90_SMEM_SENTENCE = ("stages=5 with tile 128x256x64 bf16 needs 279552 bytes of 
                       "tiles + 32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use stages<=4 or "
                       "tile 128x128x64")
 SM90_BAD_TILE = ("tile {} is not one the sm90 template builds: BM in (64, 128, 256) (64 with schedule 'pingpong' "
-                 "only, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256, 320), BK = 64 (e.g. "
+                 "or a cooperative split along N, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256, 320) "
+                 "or, for 16-bit inputs with a K-major B, (80, 96, 112, 144, 160, 176, 208, 224, 240), BK = 64 (e.g. "
                  "128x256x64 or 128x128x64)")
 SM90_ONLY = "{}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"
 
@@ -817,7 +818,14 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "tile 128x128x32: the sm90 family needs BK=64 for bf16 (one 128-byte swizzle row of k values): use "
                  "tile 128x128x64", id="bk"),
     pytest.param(dict(arch=90), "tile_shape", (96, 128, 64), SM90_BAD_TILE.format("96x128x64"), id="bm"),
-    pytest.param(dict(arch=90), "tile_shape", (128, 96, 64), SM90_BAD_TILE.format("128x96x64"), id="bn"),
+    pytest.param(dict(arch=90), "tile_shape", (128, 72, 64), SM90_BAD_TILE.format("128x72x64"), id="bn"),
+    pytest.param(dict(arch=90, layout="tt"), "tile_shape", (128, 96, 64),
+                 "tile 128x96x64 with layout 'tt': B is N-major here and loads in 64-column chunks, so BN must be a "
+                 "multiple of 64 (one of (64, 128, 192, 256, 320)); BN=96 needs a K-major B (layout 'tn')",
+                 id="bn-odd-n-major-b"),
+    pytest.param(dict(dtype="e4m3", arch=90), "tile_shape", (128, 96, 128),
+                 "tile 128x96x128: N tiles that are no multiple of 64 are built for bf16 and fp16 inputs; e4m3 takes "
+                 "BN in (64, 128, 192, 256, 320)", id="bn-odd-fp8"),
     pytest.param(dict(arch=90), "tile_shape", (256, 256, 64),
                  "tile 256x256x64 needs more accumulator registers than two consumer warpgroups have (256 per "
                  "thread, at most 160): the largest sm90 tiles are 128x320, 128x256 and 256x128", id="tile-too-large"),

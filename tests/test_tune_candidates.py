@@ -10,6 +10,7 @@ from generator import Gemm, check_config
 from generator.gemm import _space
 from generator.planner import Problem
 from generator.tune import Space, candidates, neighbours
+from generator.tune.candidates import wave_fill
 
 SHAPES = [(4096, 4096, 4096), (512, 4096, 14336), (128, 4096, 14336), (16384, 28672, 8192), (1000, 1000, 1000)]
 
@@ -120,3 +121,19 @@ def test_candidates_of_a_problem_other_than_the_plans() -> None:
     plan = Gemm("bf16", "tn", arch=90)
     small = candidates(space_of(plan), Problem(64, 8192, 8192), plan.estimate.config)
     assert small[0] == plan.estimate.config and len(small) > 1
+
+
+def test_sm90_neighbours_include_the_n_tile_that_fills_the_waves() -> None:
+    """512 x 4544 x 4544: 96 tiles of 128x192 leave a quarter of the SMs idle; 128x144 makes 128 tiles. Only 16-bit
+    inputs with a K-major B take such a tile, and only where it fills the waves better than the pick's own BN."""
+    plan = Gemm("bf16", "tn", arch=90, m=512, n=4544, k=4544)
+    pick = plan.estimate.config
+    assert pick.tile == (128, 192, 64)
+    near = neighbours(pick, space_of(plan), plan._request.problem)
+    assert any(c.tile == (128, 144, 64) for c in near)
+    assert wave_fill(pick, 144, plan._request.problem, 132) > wave_fill(pick, 192, plan._request.problem, 132)
+    # An N-major B (layout tt) and fp8 never get one.
+    tt = Gemm("bf16", "tt", arch=90, m=512, n=4544, k=4544)
+    assert not any(c.tile[1] % 64 for c in neighbours(tt.estimate.config, space_of(tt), tt._request.problem))
+    fp8 = Gemm("e4m3", "tn", arch=90, m=512, n=4544, k=4544)
+    assert not any(c.tile[1] % 64 for c in candidates_of(fp8))

@@ -1346,6 +1346,9 @@ struct Kernel {
     }
   }
 
+  // A consumer's columns in whole subtiles go out by TMA through the staging buffers; a width that is no multiple
+  // of a subtile (a 16-bit tile of 80, 144, ... columns) stores directly (store_direct).
+  static constexpr bool kWholeSubtiles = WG_N % kEpiCols == 0;
   static constexpr int kSubtilesPerBlock = WG_N / kEpiCols;              // per m64 block
   static constexpr int kSubtiles = MMA_BLOCKS_M * kSubtilesPerBlock;    // per consumer warpgroup and tile
   static constexpr int kSourceValues = kEpiCols / 2;                     // per thread and subtile
@@ -1381,7 +1384,7 @@ struct Kernel {
       const bool partial_chunk_at_n = n0 + WG_N > p.n && p.n % kStoreChunkElems != 0;
       // A group's last rows: TMA clips at D's end, not the group's, and would write the next group's rows.
       const bool past_group_end = grouped && m0 + WG_M > p.m;
-      return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
+      return kWholeSubtiles && Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
     }
 
     // Before the main loop of the tile at (m0, n0) (this warpgroup's rows): start the TMA loads of the
