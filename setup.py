@@ -28,7 +28,8 @@ setup(
     python_requires=">=3.9",
     package_dir={"generator": "generator", "gemmgen_templates": "templates"},
     packages=find_packages(include=["generator", "generator.*"]) + ["gemmgen_templates"],
-    package_data={"gemmgen_templates": TEMPLATE_PATTERNS},
+    # generator/tune/tables: the dispatch tables measured per GPU model (generator/tune/shipped.py)
+    package_data={"gemmgen_templates": TEMPLATE_PATTERNS, "generator.tune": ["tables/*.json"]},
     include_package_data=True,
     install_requires=["jinja2", "pybind11", "torch", "ninja", "tqdm"],   # tqdm: tuning's progress bars
     # plot: python -m generator plot (matplotlib); the tests draw one too, so test carries it

@@ -182,13 +182,14 @@ def _space(request: _Request) -> Space:
 
 
 def _lookup_tuned(request: _Request, pick: KernelConfig) -> TunedChoice | None:
-    """The tuning cache's winner for the request's problem on this GPU, if one was recorded (a plan without size
-    hints has no problem to look up; without a table on disk this costs one directory listing)."""
+    """The tuning cache's winner for the request's problem on this GPU, else the shipped dispatch table's for its
+    band of rows (a plan without size hints has no problem to look up; without a table this costs one directory
+    listing)."""
     if request.problem is None:
         return None
-    from .tune import lookup_choice, lookup_wanted
+    from .tune import lookup_choice
 
-    return lookup_choice(_space(request), request.problem, pick) if lookup_wanted() else None
+    return lookup_choice(_space(request), request.problem, pick)
 
 
 class Gemm:

@@ -26,6 +26,8 @@
 #   STEPS=grouped GROUPED_ARGS=--list-only gpu/run_all.sh   (list form only: op.grouped_list; tests: tests/gpu/test_grouped_list.py)
 #   STEPS=tune gpu/run_all.sh                          (tune 3 shapes from an empty build cache and tuning table, then
 #                                                       the same again from the cache; TUNE_SHAPES, TUNE_ARGS="--dtype fp16")
+#   STEPS=tunecorpus TUNE_CORPUS_ARGS="--tokens 256,512 --max-candidates 8"   (tune the corpus' forward layers and
+#                                                       write the winners as a dispatch table: benchmarks/tune_corpus.py)
 #   STEPS=calibrate CALIBRATE_ARGS="--families sm90" CALIBRATE_TAG=_sm90 gpu/run_all.sh   (the estimate's pick against
 #                                                       the measured best on the LLM set and squares, then --fit)
 set -uo pipefail
@@ -67,6 +69,7 @@ for step in $STEPS; do
             done
             GEMMGEN_CACHE_DIR=$tune_cache GEMMGEN_TUNING_DIR=$tune_cache/tuning python3 -m generator tune --export "$OUT/tuning.json" | tee -a "$OUT/tune.log"
             rm -rf "$tune_cache" ;;
+    tunecorpus) python3 benchmarks/tune_corpus.py --out "$OUT/dispatch_table.json" ${TUNE_CORPUS_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/tune_corpus.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     calibrate) python3 benchmarks/calibrate.py --json "$OUT/calibrate${CALIBRATE_TAG:-}.json" ${CALIBRATE_ARGS:-} \
                  2> "$OUT/calibrate${CALIBRATE_TAG:-}_progress.log" | tee "$OUT/calibrate${CALIBRATE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
                python3 benchmarks/calibrate.py --fit "$OUT/calibrate${CALIBRATE_TAG:-}.json" --fit-json "$OUT/calibrate${CALIBRATE_TAG:-}_fit.json" 2>&1 | tee -a "$OUT/calibrate${CALIBRATE_TAG:-}.log" ;;

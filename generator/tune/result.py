@@ -17,11 +17,16 @@ class TunedChoice:
     config: KernelConfig
     entry: Entry
     device: DeviceKey
+    source: str = ""    # a shipped dispatch table's label ("the H100 table"); "" for the user's tuning cache
 
     def line(self) -> str:
         """One line for print(plan): the winner, its time and the estimate's pick's, where and when."""
         e = self.entry
         pick = "the estimate's pick" if e.kernel != e.estimate_kernel else "the estimate's pick itself"
+        if self.source:
+            k = e.key
+            return (f"{e.kernel}, from {self.source} (measured at {k.m}x{k.n}x{k.k}: {e.ms:.4g} ms vs "
+                    f"{e.estimate_ms:.4g} ms for {pick}, {100 * e.gain:+.1f} %, {e.date[:10]})")
         return (f"{e.kernel}, {e.ms:.4g} ms vs {e.estimate_ms:.4g} ms for {pick} ({100 * e.gain:+.1f} %), measured on "
                 f"{self.device.gpu} {e.date[:10]} ({e.candidates} candidates)")
 

@@ -16,6 +16,7 @@ from .cache import Entry, EntryKey, apply_fields, config_fields, lookup, record,
 from .candidates import DEFAULT_MAX_CANDIDATES, Space, candidates, is_legal
 from .device import DeviceKey, current_device
 from .result import Candidate, TunedChoice, TuneResult
+from .shipped import shipped_answer, shipped_tables
 
 #: Set to 0 to plan by the estimate alone (benchmarks of the untuned pick); plan.tune() still tunes.
 TUNED_ENV = "GEMMGEN_TUNED"
@@ -47,16 +48,16 @@ def entry_key(space: Space, problem: Problem, pick: KernelConfig) -> EntryKey:
                     m=problem.m, n=problem.n, k=problem.k, batch=problem.batch)
 
 
-def choice_from_entry(entry: Entry, pick: KernelConfig, device: DeviceKey) -> TunedChoice | None:
+def choice_from_entry(entry: Entry, pick: KernelConfig, device: DeviceKey, source: str = "") -> TunedChoice | None:
     """The recorded winner rebuilt on ``pick``'s request; None where it no longer is that kernel or is illegal
-    (a stale record: the config space changed without its version)."""
+    (a stale record: the config space changed without its version). ``source``: a shipped table's label."""
     try:
         cfg = apply_fields(pick, entry.config)
     except (TypeError, ValueError):
         return None
     if cfg.name != entry.kernel or not is_legal(cfg):
         return None
-    return TunedChoice(cfg, entry, device)
+    return TunedChoice(cfg, entry, device, source)
 
 
 def tuning_enabled() -> bool:
@@ -70,16 +71,25 @@ def lookup_wanted() -> bool:
 
 
 def lookup_choice(space: Space, problem: Problem, pick: KernelConfig) -> TunedChoice | None:
-    """The recorded winner for this request and problem on the current GPU, or None. Costs one directory listing
-    where no table exists (and nothing with GEMMGEN_TUNED=0); else the GPU's identity (once per process) and a
-    dictionary lookup in the parsed table (parsed again only when the file changes)."""
-    if not lookup_wanted():
+    """The recorded winner for this request and problem on the current GPU, or None: the user's tuning cache first,
+    then the dispatch table shipped for this GPU model (``shipped``: its entry for the problem's band of rows). Costs
+    one directory listing where neither exists (and nothing with GEMMGEN_TUNED=0); else the GPU's identity (once
+    per process; the shipped tables alone do not import torch for it) and a dictionary lookup in parsed tables."""
+    if not tuning_enabled():
         return None
-    device = current_device()
+    cached = lookup_wanted()
+    if not cached and not shipped_tables():
+        return None
+    device = current_device(import_torch=cached)
     if device is None:
         return None
-    entry = lookup(device, entry_key(space, problem, pick))
-    return None if entry is None else choice_from_entry(entry, pick, device)
+    key = entry_key(space, problem, pick)
+    entry = lookup(device, key) if cached else None
+    choice = None if entry is None else choice_from_entry(entry, pick, device)
+    if choice is not None:
+        return choice
+    answer = shipped_answer(device, key)
+    return None if answer is None else choice_from_entry(answer[0], pick, device, source=answer[1])
 
 
 def _result_from_entry(entry: Entry, choice: TunedChoice, pick: KernelConfig, problem: Problem,

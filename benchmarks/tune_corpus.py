@@ -1,0 +1,77 @@
+"""Tune the corpus' forward GEMMs on this GPU and write the winners as a dispatch table to ship
+(generator/tune/shipped.py): per layer (N, K) of every corpus model and per M bucket bound, the fastest correct
+kernel that plan.tune() finds around the planner's pick. An entry measured at m rows answers M in (m/2, m].
+
+    python3 benchmarks/tune_corpus.py --out generator/tune/tables/h100.json
+    python3 benchmarks/tune_corpus.py --tokens 128,256 --models llama3-8b --max-candidates 8 --out /tmp/t.json
+
+bf16, layout tn (y = x @ W.t()), the M buckets' bounds of Gemm.compile_buckets by default. Each tuning run is also
+recorded in the user's tuning cache as usual; --out gets this run's winners only, without the per-candidate rows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import corpus  # noqa: E402
+
+
+def forward_layers(models: list[str] | None, tokens: list[int]) -> list[tuple[int, int, int]]:
+    """The distinct (m, n, k) of the corpus' forward rows at ``tokens``, in corpus order."""
+    return list(dict.fromkeys((r.m, r.n, r.k) for r in corpus.rows(models, tokens, ["fwd"])))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from generator.gemm import M_BUCKETS
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=None, help="comma list (default: all)")
+    ap.add_argument("--tokens", default=",".join(map(str, M_BUCKETS)), help="the rows each layer is tuned at")
+    ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--max-candidates", type=int, default=12)
+    ap.add_argument("--budget-s", type=float, default=30.0, help="per GEMM, builds included")
+    ap.add_argument("--out", required=True, help="the table file to write (JSON, the tuning export format)")
+    args = ap.parse_args(argv)
+
+    import torch
+    from generator import Gemm
+    from generator.tune import Table, current_device
+    from generator.tune.cache import bundle_json
+    from generator.build import write_atomically
+
+    if not torch.cuda.is_available():
+        print("tune_corpus: needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
+    try:
+        shapes = forward_layers(args.models.split(",") if args.models else None,
+                                [int(t) for t in args.tokens.split(",")])
+    except ValueError as err:
+        ap.error(str(err))
+    device = current_device()
+    print(f"{device.describe()}: {len(shapes)} GEMMs", flush=True)
+    entries = {}
+    start = time.perf_counter()
+    for i, (m, n, k) in enumerate(shapes):
+        plan = Gemm(args.dtype, "tn", m=m, n=n, k=k)
+        result = plan.tune(max_candidates=args.max_candidates, budget_s=args.budget_s, progress=False)
+        entry = replace(result.entry, table=())
+        entries[entry.key.text] = entry
+        print(f"[{i + 1}/{len(shapes)}] {m}x{n}x{k}: {result.winner.name} {result.ms * 1e3:.1f} us, pick "
+              f"{result.pick.name} {result.pick_ms * 1e3:.1f} us ({100 * (result.pick_ms / result.ms - 1):+.1f} %)"
+              f"{' (cached)' if result.from_cache else ''}", flush=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    write_atomically(out, json.dumps(bundle_json([Table(device, entries)]), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(entries)} entries to {out} in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

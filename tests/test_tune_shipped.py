@@ -1,0 +1,133 @@
+"""The dispatch tables shipped per GPU model (generator/tune/shipped.py): an entry measured at m rows answers its
+layer's plans with M in (m/2, m]; the user's own tuning cache wins over it; another GPU model, GEMMGEN_TUNED=0, an
+entry that is no longer that kernel, and shapes outside the table keep the estimate."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from generator import Gemm
+from generator.gemm import _space
+from generator.tune import Entry, Table, tuner
+from generator.tune import shipped
+from generator.tune.cache import bundle_json, config_fields, load_tables, record
+from generator.tune.tuner import entry_key
+from tune_cases import H100, own_tuning_dir  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    own_tuning_dir(tmp_path, monkeypatch)
+    folder = tmp_path / "tables"
+    folder.mkdir()
+    monkeypatch.setattr(shipped, "TABLES_DIR", folder)
+    monkeypatch.setattr(tuner, "current_device", lambda **_: H100)
+    shipped.shipped_tables.cache_clear()
+    yield folder
+    shipped.shipped_tables.cache_clear()
+
+
+def entry_for(plan: Gemm, winner_of, ms: float = 0.05) -> Entry:
+    pick = plan.estimate.config
+    winner = winner_of(pick)
+    return Entry(key=entry_key(_space(plan._request), plan._request.problem, pick), kernel=winner.name,
+                 config=config_fields(winner), ms=ms, estimate_ms=ms * 1.1, estimate_kernel=pick.name, candidates=12,
+                 date="2026-11-27T10:00:00Z")
+
+
+def ship(folder: Path, entries: list[Entry], device=H100) -> None:
+    table = Table(device, {e.key.text: e for e in entries})
+    (folder / "h100.json").write_text(json.dumps(bundle_json([table])))
+    shipped.shipped_tables.cache_clear()
+
+
+def two_clusters(pick):
+    return replace(pick, cluster=(1, 2) if pick.cluster != (1, 2) else (1, 1))
+
+
+def test_an_entry_answers_its_band_of_rows(tables: Path) -> None:
+    at_256 = entry_for(Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096), two_clusters)
+    ship(tables, [at_256])
+    for m in (129, 200, 256):   # (128, 256]
+        plan = Gemm("bf16", "tn", arch=90, m=m, n=4096, k=4096)
+        assert plan.tuned is not None and plan.config.name == at_256.kernel, m
+        line = next(x for x in str(plan).splitlines() if x.startswith("tuned:"))
+        assert "from the H100 table (measured at 256x4096x4096" in line
+    for m in (128, 257, 1024):  # outside the band: the estimate
+        assert Gemm("bf16", "tn", arch=90, m=m, n=4096, k=4096).tuned is None, m
+    # another layer, another request, no size hints: the estimate
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=8192).tuned is None
+    assert Gemm("fp16", "tn", arch=90, m=256, n=4096, k=4096).tuned is None
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096, stages=3).tuned is None
+    assert Gemm("bf16", "tn", arch=90).tuned is None
+
+
+def test_the_nearest_measured_row_count_answers(tables: Path) -> None:
+    plan_128, plan_512 = (Gemm("bf16", "tn", arch=90, m=m, n=4096, k=4096) for m in (128, 512))
+    at_128 = entry_for(plan_128, two_clusters)
+    at_512 = entry_for(plan_512, lambda p: replace(p, raster="n" if p.raster == "m" else "m"))
+    ship(tables, [at_512, at_128])
+    assert Gemm("bf16", "tn", arch=90, m=100, n=4096, k=4096).config.name == at_128.kernel
+    assert Gemm("bf16", "tn", arch=90, m=300, n=4096, k=4096).config.name == at_512.kernel
+    assert Gemm("bf16", "tn", arch=90, m=200, n=4096, k=4096).tuned is None   # (128, 256]: not measured
+
+
+def test_the_users_cache_wins_and_the_switch_turns_both_off(tables: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096)
+    ship(tables, [entry_for(plan, two_clusters)])
+    mine = entry_for(plan, lambda p: replace(p, raster="n" if p.raster == "m" else "m"))
+    record(H100, mine)
+    again = Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096)
+    assert again.config.name == mine.kernel and "table" not in str(again)
+    monkeypatch.setenv("GEMMGEN_TUNED", "0")
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096).tuned is None
+
+
+def test_another_gpu_model_or_a_stale_entry_misses(tables: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plan = Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096)
+    entry = entry_for(plan, two_clusters)
+    ship(tables, [entry], device=replace(H100, gpu="NVIDIA H200", driver="other"))
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096).tuned is None
+    # the same model measured with another driver, CUDA and torch: it answers
+    ship(tables, [entry], device=replace(H100, driver="other", cuda="13.0", torch="2.11.0"))
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096).tuned is not None
+    # an entry whose recorded fields no longer give its kernel (the config space moved): ignored
+    ship(tables, [replace(entry, kernel=entry.kernel + "_renamed")])
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096).tuned is None
+    # no GPU: no lookup
+    monkeypatch.setattr(tuner, "current_device", lambda **_: None)
+    ship(tables, [entry])
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096).tuned is None
+
+
+def test_a_corrupt_shipped_table_is_a_clear_error(tables: Path) -> None:
+    (tables / "broken.json").write_text("{not json")
+    shipped.shipped_tables.cache_clear()
+    with pytest.raises(ValueError, match="the shipped dispatch table .*broken.json.* is not valid JSON"):
+        Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096)
+
+
+def test_the_shipped_tables_are_package_data_and_well_formed() -> None:
+    """setup.py ships generator/tune/tables/*.json; each file there is a table this gemmgen reads."""
+    text = (Path(__file__).resolve().parents[1] / "setup.py").read_text()
+    assert '"generator.tune": ["tables/*.json"]' in text
+    folder = Path(shipped.__file__).resolve().parent / "tables"
+    for path in sorted(folder.glob("*.json")):
+        for table in load_tables(path):
+            assert table.entries, f"{path}: a shipped table without entries"
+
+
+def test_tune_corpus_tunes_each_forward_layer_once_per_row_count() -> None:
+    """benchmarks/tune_corpus.py: the distinct forward GEMMs of the corpus at the given row counts."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import tune_corpus
+
+    shapes = tune_corpus.forward_layers(["llama3-8b", "qwen2.5-7b"], [64, 256])
+    assert len(shapes) == len(set(shapes)) and {m for m, _, _ in shapes} == {64, 256}
+    assert (256, 4096, 4096) in shapes and (64, 14336, 4096) in shapes
+    with pytest.raises(ValueError, match="unknown model"):
+        tune_corpus.forward_layers(["no-such-model"], [64])
