@@ -304,7 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp16")
     parser.add_argument("--max-gflop", type=float, default=None, help="leave out GEMMs of more GFLOP (time budget)")
     parser.add_argument("--buckets", default=None, help="the M buckets' bounds (default: Gemm.compile_buckets')")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds; the median of three drops one disturbed round (docs/corpus.md)")
     parser.add_argument("--warmup-ms", type=float, default=5.0)
     parser.add_argument("--rep-ms", type=float, default=25.0)
     parser.add_argument("--exact", action="store_true",

@@ -173,6 +173,11 @@ def _epilogue_arg(value: object) -> Epilogue | None:
                      "def f(acc, bias: ep.Col): return ep.relu(acc + bias) (see generator.epilogue)")
 
 
+#: print(plan)'s "tuned:" line for a plan that no measurement answers: neither the user's tuning cache nor a shipped
+#: dispatch table holds its problem on this GPU.
+UNTUNED_LINE = "no, estimated (no measured winner for this problem on this GPU; plan.tune() measures)"
+
+
 def _space(request: _Request) -> Space:
     """What tuning needs of a request: the planner's inputs but the problem."""
     from .tune import Space
@@ -491,8 +496,8 @@ class Gemm:
     def __str__(self) -> str:
         # The config is the same on every part of its arch; the gpu line says whose SMs and HBM the why counts.
         gpu = self._request.spec.gpu.describe()
-        tuned = f"\ntuned:        {self._tuned.line()}" if self._tuned is not None else ""
-        return f"{self.config.describe()}\ngpu:          {gpu}\nwhy:          {self.why}{tuned}"
+        tuned = self._tuned.line() if self._tuned is not None else UNTUNED_LINE
+        return f"{self.config.describe()}\ngpu:          {gpu}\nwhy:          {self.why}\ntuned:        {tuned}"
 
     def __repr__(self) -> str:
         return f"Gemm({self.name})"

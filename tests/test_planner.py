@@ -449,7 +449,8 @@ threads:      384 (1 producer warpgroup + 2 consumer warpgroups)
 gpu:          H100 SXM (typical of sm_90; arch=None plans for the visible GPU): 132 SMs, 80 GB of HBM at 3.35 TB/s
 why:          512 tiles of 128x256 in 4 wave(s) over 132 SMs (last wave 88% full), cooperative (persistent); \
 cluster 2x1 multicasts B (0.67x the L2->SM bytes of no cluster); efficiency 0.75; 4 stages use 230400 of 232448 \
-bytes of shared memory"""
+bytes of shared memory
+tuned:        no, estimated (no measured winner for this problem on this GPU; plan.tune() measures)"""
 
 
 def test_readme_shows_the_current_sm90_plan() -> None:
@@ -464,7 +465,7 @@ def test_print_plan_sm90(capsys: pytest.CaptureFixture[str]) -> None:
     print(p)
     assert capsys.readouterr().out == SM90_DEFAULT_TEXT + "\n"
     assert repr(p) == "Gemm(sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m)"
-    assert p.why == SM90_DEFAULT_TEXT.split("why:          ")[1]
+    assert p.why == SM90_DEFAULT_TEXT.split("why:          ")[1].split("\ntuned:")[0]
 
 
 @pytest.mark.parametrize("knobs, lines", [
@@ -1166,3 +1167,14 @@ def test_narrow_layers_weigh_the_narrow_tiles(m: int, n: int, k: int, tile: tupl
     half of the SMs and K is short of split-K; 128x64 cooperative up to NARROW_TILE_MAX_M rows; the measured
     losses are the boundaries (docs/corpus.md, "Narrow layers")."""
     assert Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config.tile[:2] == tile
+
+
+def test_a_64_row_cooperative_tile_splits_along_n() -> None:
+    """Its two consumer warpgroups take 64 x BN/2 each: what print(plan) says and what the model weighs (one wgmma
+    stream, as a 64-row pingpong warpgroup: measured no faster)."""
+    cfg = plan(arch=90, tile_shape=(64, 256, 64), schedule="cooperative").config
+    assert cfg.splits_n and (cfg.consumer_rows, cfg.consumer_cols, cfg.accumulators_per_thread) == (64, 128, 64)
+    assert "split each tile along N, 64x128 each" in cfg.describe()
+    wide = plan(arch=90, tile_shape=(128, 256, 64), schedule="cooperative").config
+    assert not wide.splits_n and "split each tile along M, 64x256 each" in wide.describe()
+    assert not plan(arch=90, tile_shape=(64, 256, 64), schedule="pingpong").config.splits_n

@@ -275,7 +275,8 @@ def describe_schedule(cfg: KernelConfig) -> str:
         return (f"pingpong (persistent: the two consumer warpgroups take alternate tiles, {rows}x{bn} each, "
                 f"one's epilogue overlapping the other's math)")
     if cfg.schedule == "cooperative":
-        return f"cooperative (persistent: two consumer warpgroups split each tile along M, {rows}x{bn} each)"
+        along, cols = ("N", cfg.consumer_cols) if cfg.splits_n else ("M", bn)
+        return f"cooperative (persistent: two consumer warpgroups split each tile along {along}, {rows}x{cols} each)"
     return f"ws (one tile per block: two consumer warpgroups split it along M, {rows}x{bn} each)"
 
 
