@@ -2,6 +2,7 @@
 
     python benchmarks/bench_epilogue.py [--shapes 4096x4096x4096,...] [--rounds 3] [--no-inductor]
                                         [--family sm80] [--json out.json]
+    python benchmarks/bench_epilogue.py --corpus-up 512,1024,2048,4096 --no-inductor   (the corpus' MLP-up layers)
 
 Columns, TFLOP/s of the GEMM (2MNK / time), do_bench medians over interleaved rounds:
   ours_plain         our plain GEMM, the planner's kernel for the shape
@@ -119,6 +120,9 @@ def measure_shape(m: int, n: int, k: int, ops: dict, with_inductor: bool, rounds
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shapes", default=DEFAULT_SHAPES)
+    ap.add_argument("--corpus-up", default=None, metavar="TOKENS",
+                    help="instead of --shapes: every MLP-up layer of the shape corpus (benchmarks/corpus.py: mlp_up, "
+                         "mlp_gate_up, expert_up, shared_up) at these token counts, e.g. 512,1024,2048")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--family", default=None, help="sm80 or sm90 (default: the planner's)")
     ap.add_argument("--knobs", default="",
@@ -128,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     family = {"family": args.family} if args.family else {}
     family.update(parse_knobs(args.knobs))
-    shapes = parse_shapes(args.shapes)
+    shapes = corpus_up_shapes([int(t) for t in args.corpus_up.split(",")]) if args.corpus_up else \
+        parse_shapes(args.shapes)
     plans = {(s, name): Gemm("bf16", "tn", m=s[0], n=s[1], k=s[2], **family, **knobs)
              for s in shapes for name, knobs in EPILOGUES.items()}
     unique = {p.name: p.config for p in plans.values()}
@@ -146,6 +151,16 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                                          "family": args.family, "rows": rows}, indent=1))
     return 0
+
+
+UP_KINDS = ("mlp_up", "mlp_gate_up", "expert_up", "shared_up")
+
+
+def corpus_up_shapes(tokens: list[int]) -> list[tuple[int, int, int]]:
+    """The distinct (M, N, K) of the corpus' MLP-up layers (the layers a bias + activation follows) at ``tokens``."""
+    import corpus
+    return list(dict.fromkeys((r.m, r.n, r.k) for r in corpus.rows(tokens=tokens, passes=["fwd"],
+                                                                     layer_kinds=UP_KINDS)))
 
 
 def parse_knobs(text: str) -> dict[str, object]:

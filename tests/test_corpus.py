@@ -45,3 +45,15 @@ def test_summary_per_pass_and_band_counts_each_gemm_once():
     assert s["fwd"]["bands"]["65-256"]["count"] == 1 and s["fwd"]["bands"]["257-1024"]["geomean"] == 0.9
     assert s["dW"]["bands"] == {"65-256": s["dW"]["all"]}    # dW's band is its token count, its inner dimension
     assert bench_corpus.percentile([1.0, 2.0, 3.0], 0.5) == 2.0
+
+
+def test_bench_epilogue_takes_the_corpus_mlp_up_layers() -> None:
+    """bench_epilogue.py --corpus-up: the MLP-up layers (the ones a bias + activation follows), distinct, at the
+    token counts given."""
+    import bench_epilogue
+
+    shapes = bench_epilogue.corpus_up_shapes([512, 2048])
+    up = {(layer.n, layer.k) for model in corpus.models() for layer in model.layers
+          if layer.kind in bench_epilogue.UP_KINDS}
+    assert len(shapes) == len(set(shapes)) == 2 * len(up)
+    assert {(n, k) for _, n, k in shapes} == up and {m for m, _, _ in shapes} == {512, 2048}
