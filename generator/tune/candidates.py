@@ -3,8 +3,9 @@
 Around means: the pick's neighbours along every axis the config has (stages one more or less, the other
 clusters, cooperative against pingpong, the tile a step larger or smaller along M or N, the N tile that fills the
 SMs' waves best, the raster order and group, data-parallel against split-K/stream-K), then the planner's next best
-by estimate and their neighbours, then the rest of what the planner weighs. Every candidate honours the knobs the user fixed and passes
-``check_config``, the same legality rules the planner applies: tuning replaces the estimate, never the rules.
+by estimate and their neighbours, then the rest of what the planner weighs. Every candidate honours the knobs the
+user fixed and passes ``check_config``, the same legality rules the planner applies: tuning replaces the estimate,
+never the rules.
 Pure Python, like the planner: no torch, no GPU, no files.
 """
 from __future__ import annotations
