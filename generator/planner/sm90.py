@@ -89,14 +89,14 @@ NARROW_TILE_MAX_M = 512
 NARROW_TILE_MAX_N = 2048
 # 64x64 pingpong: where 64x128 pingpong tiles would reach at most half the SMs (so the 64x64 tiles still fit one wave)
 # and K is short of split-K (SPLIT_K_MIN_K_TILES), twice the tiles put twice the SMs to work on the same bytes of B.
-# Its 16 KB stages run 12 deep (SM90_MAX_STAGES), as cuBLAS runs its 64x64 tiles 13 deep. Measured (H100, bf16 tn, gpu/midm_tiles.py, h100_midm_narrow_stages.json), 12 stages
-# against 8: 64 x 1024 x 4096 0.924x cuBLAS against 0.828x, 128 x 512 x 3584 0.944x against 0.840x, 256 x 512 x 2048
-# 0.954x against 0.853x, 192 x 1024 x 2048 1.016x against 0.956x; and against the 128x64 cooperative tile that the
-# quarter-share rule left these shapes (its 64x128 tiles reach a quarter to half of the SMs): 256 x 1408 x 2048 0.942x
-# against 0.800x, 512 x 768 x 2048 0.892x against 0.843x, 256 x 2048 x 4096 0.862x (2x1 cluster) against 0.797x. Where
-# 64x128 tiles fill more than half the SMs the cooperative tile stays ahead (512 x 1408 x 2048: 0.939x against 0.681x;
-# 512 x 2048 x 2048 0.935x against 0.683x); beside split-K it lost on the H200 (256 x 1024 x 8192: 0.701x against
-# 0.764x, h200_midm_narrow.json).
+# Its 16 KB stages run 12 deep (SM90_MAX_STAGES), as cuBLAS runs its 64x64 tiles 13 deep. Measured (H100, bf16 tn,
+# gpu/midm_tiles.py, h100_midm_narrow_stages.json), 12 stages against 8: 64 x 1024 x 4096 0.924x cuBLAS against
+# 0.828x, 128 x 512 x 3584 0.944x against 0.840x, 256 x 512 x 2048 0.954x against 0.853x, 192 x 1024 x 2048 1.016x
+# against 0.956x; and against the 128x64 cooperative tile that the quarter-share rule left these shapes (its 64x128
+# tiles reach a quarter to half of the SMs): 256 x 1408 x 2048 0.942x against 0.800x, 512 x 768 x 2048 0.892x against
+# 0.843x, 256 x 2048 x 4096 0.862x (2x1 cluster) against 0.797x. Where 64x128 tiles fill more than half the SMs the
+# cooperative tile stays ahead (512 x 1408 x 2048: 0.939x against 0.681x; 512 x 2048 x 2048 0.935x against 0.683x);
+# beside split-K it lost on the H200 (256 x 1024 x 8192: 0.701x against 0.764x, h200_midm_narrow.json).
 SMALL_TILE = (64, 64)
 SMALL_TILE_MAX_SM_SHARE = 1 / 2
 # At most this many rows (M), and only tiles of as many rows: a 128-row cooperative tile gives its second consumer
