@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -21,6 +22,20 @@ import torch  # noqa: E402
 import corpus  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+NVJET = re.compile(r"nvjet_sm90_\w+?_(\d+)x(\d+)_(\d+)x(\d+)_(\d+)x(\d+)_")
+
+
+def parse_nvjet(name: str) -> dict | None:
+    """What an nvjet kernel name says, in our terms: ``nvjet_sm90_tst_<BN>x<BM>_<BK>x<stages>_<cluster N>x<cluster M>``
+    (cuBLAS computes D^T = B^T A^T column-major, so its first tile side is our N and its cluster's first side our N
+    too), and whether it splits K (a ``splitKreduce`` kernel follows it). None for any other kernel."""
+    match = NVJET.search(name)
+    if match is None:
+        return None
+    bn, bm, bk, stages, cluster_n, cluster_m = map(int, match.groups())
+    return {"tile": [bm, bn, bk], "stages": stages, "cluster": [cluster_m, cluster_n], "split_k": "splitK" in name}
 
 
 def theirs(pass_: str, tokens: int, n: int, k: int, dtype: torch.dtype):
@@ -53,7 +68,7 @@ def kernels_of(fn, repeats: int) -> list[dict]:
         same = sorted(e["dur"] for e in launched[i::per_call])
         e = launched[i]
         out.append({"name": e["name"], "grid": e["args"].get("grid"), "block": e["args"].get("block"),
-                    "us": same[len(same) // 2]})
+                    "us": same[len(same) // 2], "parsed": parse_nvjet(e["name"])})
     return out
 
 

@@ -57,3 +57,15 @@ def test_bench_epilogue_takes_the_corpus_mlp_up_layers() -> None:
           if layer.kind in bench_epilogue.UP_KINDS}
     assert len(shapes) == len(set(shapes)) == 2 * len(up)
     assert {(n, k) for _, n, k in shapes} == up and {m for m, _, _ in shapes} == {512, 2048}
+
+
+def test_cublas_kernel_names_read_in_our_terms() -> None:
+    """gpu/cublas_kernels.py: cuBLAS's nvjet names put our N first (it computes D^T column-major), in tile and cluster;
+    a split-K kernel says so; other kernels (the split-K reduction) parse to None."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+    from cublas_kernels import parse_nvjet
+
+    assert parse_nvjet("nvjet_sm90_tst_144x128_64x6_1x2_h_bz_TNN") == {
+        "tile": [128, 144, 64], "stages": 6, "cluster": [2, 1], "split_k": False}
+    assert parse_nvjet("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT")["split_k"]
+    assert parse_nvjet("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>") is None
