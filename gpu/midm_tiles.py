@@ -4,8 +4,9 @@ timed beside cuBLAS in one run: which decomposition fills the GPU when M x N giv
 
     python3 gpu/midm_tiles.py [--shapes 64x8192x8192,512x4096x14336] [--json $OUT/midm_tiles.json]
 
-bf16, x @ W.t() (layout tn). Each row: the kernel, its TFLOP/s, the ratio to torch.matmul measured in the same
-interleaved rounds, and its error against float32.
+bf16, x @ W.t() (layout tn), or with --layout tt dY @ W (the dX of a linear layer: B N-major). Each row: the
+kernel, its TFLOP/s, the ratio to torch.matmul measured in the same interleaved rounds, and its error against
+float32.
 """
 from __future__ import annotations
 
@@ -55,12 +56,12 @@ def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], 
     return parsed
 
 
-def configs_for(m: int, n: int, k: int, candidates=CANDIDATES) -> list[KernelConfig]:
+def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn") -> list[KernelConfig]:
     """The planner's config first, then the candidates (stream-K is a config field the planner does not set)."""
-    configs = [Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config]
+    configs = [Gemm("bf16", layout, arch=90, m=m, n=n, k=k).config]
     for tile, cluster, schedule, stream_k, *stages in candidates:
         try:
-            plan = Gemm("bf16", "tn", arch=90, m=m, n=n, k=k, tile_shape=tile, cluster_shape=cluster,
+            plan = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, tile_shape=tile, cluster_shape=cluster,
                         schedule=schedule, stages=stages[0] if stages else None)
         except ValueError as refused:   # not legal here: say so and go on
             print(f"  skip {tile} {cluster} {schedule}: {refused}")
@@ -77,26 +78,30 @@ def main() -> None:
     ap.add_argument("--candidates", default=None,
                     help="time these instead of the default candidates: TILE:CLUSTER:pp|coop[:sk][:sN],... "
                          "(e.g. 128x128x64:2x1:pp,256x128x64:1x2:coop)")
+    ap.add_argument("--layout", default="tn", choices=["tn", "tt"],
+                    help="tn: x @ W.t() (the forward); tt: dY @ W (dX, B N-major)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
     shapes = parse_shapes(args.shapes)
     candidates = parse_candidates(args.candidates) if args.candidates else CANDIDATES
-    per_shape = {s: configs_for(*s, candidates) for s in shapes}
+    per_shape = {s: configs_for(*s, candidates, args.layout) for s in shapes}
     configs = {c.name: c for shape_configs in per_shape.values() for c in shape_configs}
     ops = {op.name: op for op in compile_many(list(configs.values()), namespace="gemmgen_midm_tiles")}
     rows = []
     for (m, n, k), shape_configs in per_shape.items():
         x = torch.randn(m, k, device="cuda").bfloat16()
-        w = torch.randn(n, k, device="cuda").bfloat16()
-        ref = x.float() @ w.float().t()
-        fns = {"cublas": lambda: torch.matmul(x, w.t())}
-        fns.update({c.name: (lambda op=ops[c.name]: op(x, w.t())) for c in shape_configs})
+        # B (k x n): W.t() of an (n x k) weight (tn), or a (k x n) weight itself, N-major (tt)
+        b = torch.randn(n, k, device="cuda").bfloat16().t() if args.layout == "tn" else \
+            torch.randn(k, n, device="cuda").bfloat16()
+        ref = x.float() @ b.float()
+        fns = {"cublas": lambda: torch.matmul(x, b)}
+        fns.update({c.name: (lambda op=ops[c.name]: op(x, b)) for c in shape_configs})
         times = timed_rounds(fns, args.rounds)
         flops = 2.0 * m * n * k
         print(f"{m}x{n}x{k}: cuBLAS {flops / times['cublas'] / 1e9:.1f} TFLOP/s")
         for i, c in enumerate(shape_configs):
             name = c.name
-            err = ((ops[name](x, w.t()).float() - ref).norm() / ref.norm()).item()
+            err = ((ops[name](x, b).float() - ref).norm() / ref.norm()).item()
             ratio = times["cublas"] / times[name]
             pick = " (planner's pick)" if i == 0 else ""
             print(f"  {name:52s} {flops / times[name] / 1e9:7.1f}  x{ratio:.3f} cuBLAS  err {err:.1e}{pick}")
