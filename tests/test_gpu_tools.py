@@ -1,0 +1,33 @@
+"""The pure parts of the GPU sweep tools under gpu/: what their command lines mean (no GPU needed)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "gpu"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import midm_tiles  # noqa: E402
+
+
+def test_midm_candidates_take_split_k_and_stages() -> None:
+    parsed = midm_tiles.parse_candidates("64x64x64:2x1:pp:s8,128x128x64:1x1:coop:sk,64x128x64:1x1:pp")
+    assert parsed == [((64, 64, 64), (2, 1), "pingpong", False, 8), ((128, 128, 64), (1, 1), "cooperative", True, None),
+                      ((64, 128, 64), (1, 1), "pingpong", False, None)]
+    for bad in ("64x64x64:1x1:fast", "64x64x64:1x1:pp:s8:s9", "64x64x64:1x1:pp:turbo"):
+        with pytest.raises(SystemExit, match="write TILE:CLUSTER:pp|coop"):
+            midm_tiles.parse_candidates(bad)
+
+
+def test_midm_configs_follow_the_layout_and_skip_what_is_illegal(capsys: pytest.CaptureFixture[str]) -> None:
+    candidates = midm_tiles.parse_candidates("64x64x64:1x1:pp:sk,128x144x64:1x1:coop,64x64x64:1x1:pp:s8")
+    forward = midm_tiles.configs_for(1, 2048, 4096, candidates, "tn")
+    backward = midm_tiles.configs_for(1, 2048, 4096, candidates, "tt")
+    assert all(c.layout.tag == "tn" for c in forward) and all(c.layout.tag == "tt" for c in backward)
+    assert any(c.stream_k for c in backward) and any(c.stages == 8 for c in backward)
+    assert any(c.tile == (128, 144, 64) for c in forward)          # an odd N tile takes a K-major B ...
+    assert not any(c.tile == (128, 144, 64) for c in backward)     # ... and is skipped, with the reason, for tt
+    assert "skip (128, 144, 64)" in capsys.readouterr().out
