@@ -56,6 +56,10 @@ def table_files() -> list[Path]:
 
 # -- keys and entries -----------------------------------------------------------------------------------------
 
+#: The EntryKey fields that are the request (the rest is the problem: m, n, k, batch).
+REQUEST_FIELDS = ("arch", "family", "dtype", "out_dtype", "layout", "epilogue", "knobs")
+
+
 @dataclass(frozen=True)
 class EntryKey:
     """What makes a measured winner valid besides the device: the request (arch, family, dtypes, layout, fused
@@ -96,8 +100,7 @@ class EntryKey:
 
     def same_request(self, other: EntryKey) -> bool:
         """Whether the two keys differ only in the problem."""
-        return all(getattr(self, f) == getattr(other, f)
-                   for f in ("arch", "family", "dtype", "out_dtype", "layout", "epilogue", "knobs"))
+        return all(getattr(self, f) == getattr(other, f) for f in REQUEST_FIELDS)
 
 
 def config_fields(cfg: KernelConfig) -> dict[str, Any]:

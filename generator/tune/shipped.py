@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .cache import Entry, EntryKey, Table, TableError, load_tables
+from .cache import REQUEST_FIELDS, Entry, EntryKey, Table, TableError, load_tables
 from .device import DeviceKey
 
 #: Where the shipped tables live (package data).
@@ -55,8 +55,7 @@ class ShippedTable:
 
 def layer_key(key: EntryKey) -> tuple[str, int, int, int]:
     """What an entry answers for besides its band of rows: the request and the layer's N, K and batch."""
-    request = "/".join(str(getattr(key, f)) for f in ("arch", "family", "dtype", "out_dtype", "layout", "epilogue",
-                                                      "knobs"))
+    request = "/".join(str(getattr(key, f)) for f in REQUEST_FIELDS)
     return request, key.n, key.k, key.batch
 
 
