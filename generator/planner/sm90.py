@@ -412,14 +412,21 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
     return eff, loaded / (rows_a + cols_b)
 
 
+def waves(cfg: KernelConfig, problem: Problem, sm_count: int) -> tuple[int, int, int]:
+    """(blocks, slots, waves): the grid's blocks in whole clusters (idle blocks of partial clusters included), the
+    blocks resident at once (one per SM: the ring takes the shared memory), and the waves they take."""
+    cm, cn = cfg.cluster
+    units_m, units_n = grid_units(cfg, problem)
+    blocks = units_m * units_n * cm * cn * problem.batch
+    slots = resident_clusters(sm_count, cm * cn) * cm * cn
+    return blocks, slots, math.ceil(blocks / slots)
+
+
 def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
     bm, bn, _ = cfg.tile
     cm, cn = cfg.cluster
     tiles = tile_count(cfg.tile, problem)
-    units_m, units_n = grid_units(cfg, problem)
-    blocks = units_m * units_n * cm * cn * problem.batch    # whole clusters, idle blocks included
-    slots = resident_clusters(sm_count, cm * cn) * cm * cn   # one block per SM: the ring takes the shared memory
-    per_sm = math.ceil(blocks / slots)
+    blocks, slots, per_sm = waves(cfg, problem, sm_count)
     last_wave_fill = (blocks - (per_sm - 1) * slots) / slots
     eff, traffic = efficiency(cfg, problem)
     overhead = OVERHEAD_K[cfg.schedule] + (0 if cfg.schedule == "pingpong" else epilogue_overhead_k(cfg))

@@ -10,13 +10,12 @@ Pure Python, like the planner: no torch, no GPU, no files.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from typing import Iterable, Iterator
 
 from ..planner import Knobs, Problem, estimate, ranked
 from ..planner.sm80 import default_stages
-from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster
+from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster, waves
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, SM90_ODD_BLOCK_N, KernelConfig,
                            check_config, max_stages, sm80_block_k, sm90_max_stages_that_fit)
@@ -107,12 +106,10 @@ def _sm90_neighbours(cfg: KernelConfig, space: Space, problem: Problem) -> Itera
 
 
 def wave_fill(cfg: KernelConfig, bn: int, problem: Problem, sm_count: int) -> float:
-    """The share of the SMs the tiles of ``cfg`` with ``bn`` columns keep busy over their waves (1: every wave full)."""
-    bm = cfg.tile[0]
-    cm, cn = cfg.cluster
-    clusters = math.ceil(math.ceil(problem.m / bm) / cm) * math.ceil(math.ceil(problem.n / bn) / cn) * problem.batch
-    resident = max(1, sm_count // (cm * cn))
-    return clusters / (math.ceil(clusters / resident) * resident)
+    """The share of the SMs the tiles of ``cfg`` with ``bn`` columns keep busy over their waves (1: every wave full;
+    the planner's count of blocks and waves, planner.sm90.waves)."""
+    blocks, slots, count = waves(replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2])), problem, sm_count)
+    return blocks / (count * slots)
 
 
 def _sm90_filling_block_n(cfg: KernelConfig, space: Space, problem: Problem) -> int | None:
