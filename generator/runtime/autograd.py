@@ -152,11 +152,10 @@ def _product(grad_op: OpHandle, left: torch.Tensor, right: torch.Tensor, stored:
     """left @ right on ``grad_op``, a gradient stored in ``stored``: each operand in the order its kernel reads (the
     gradient already is, but for tf32, whose kernels read both operands K-major only); a kernel that computes the
     transpose (planner.backward.computes_transpose: a row-major write of a column-major gradient) takes right.t() and
-    left.t(), and its result's transpose is the gradient (grouped_formula.kernel_operands)."""
+    left.t(), and its result's transpose is the gradient (grouped_formula.kernel_product)."""
     lay = grad_op.config.layout
-    transposed = computes_transpose(grad_op.config, stored)
-    d = grad_op(*grouped_formula.kernel_operands(left, right, lay.a is Order.row, lay.b is Order.row, transposed))
-    return d.t() if transposed else d
+    return grouped_formula.kernel_product(grad_op, left, right, lay.a is Order.row, lay.b is Order.row,
+                                          computes_transpose(grad_op.config, stored))
 
 
 def refuse_batched_grad(op: OpHandle, A: torch.Tensor, B: torch.Tensor, wanting: list[str]) -> None:

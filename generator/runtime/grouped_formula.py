@@ -342,9 +342,16 @@ def _grouped_grad_a(grad_a_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets
 
 
 def _plain_product(grad_op: GradOp, left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
-    """left @ right as one plain call of ``grad_op`` (``kernel_operands``)."""
-    d = grad_op.call(*kernel_operands(left, right, grad_op.a_row, grad_op.b_row, grad_op.transposed))
-    return d.t() if grad_op.transposed else d
+    """left @ right as one plain call of ``grad_op``."""
+    return kernel_product(grad_op.call, left, right, grad_op.a_row, grad_op.b_row, grad_op.transposed)
+
+
+def kernel_product(call: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], left: torch.Tensor,
+                   right: torch.Tensor, a_row: bool, b_row: bool, transposed: bool) -> torch.Tensor:
+    """left @ right from one ``call`` of a kernel (``kernel_operands``); where it computes the transpose, the
+    transpose of its result."""
+    d = call(*kernel_operands(left, right, a_row, b_row, transposed))
+    return d.t() if transposed else d
 
 
 def list_backward(op: Formula, A: list[torch.Tensor], B: list[torch.Tensor], grads: list[torch.Tensor | None],
