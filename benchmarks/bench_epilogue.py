@@ -159,8 +159,7 @@ UP_KINDS = ("mlp_up", "mlp_gate_up", "expert_up", "shared_up")
 def corpus_up_shapes(tokens: list[int]) -> list[tuple[int, int, int]]:
     """The distinct (M, N, K) of the corpus' MLP-up layers (the layers a bias + activation follows) at ``tokens``."""
     import corpus
-    return list(dict.fromkeys((r.m, r.n, r.k) for r in corpus.rows(tokens=tokens, passes=["fwd"],
-                                                                     layer_kinds=UP_KINDS)))
+    return corpus.forward_shapes(tokens=tokens, layer_kinds=UP_KINDS)
 
 
 def parse_knobs(text: str) -> dict[str, object]:

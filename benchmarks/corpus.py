@@ -183,6 +183,12 @@ def rows(model_names: Iterable[str] | None = None, tokens: Iterable[int] = TOKEN
     return out
 
 
+def forward_shapes(model_names: Iterable[str] | None = None, tokens: Iterable[int] = TOKENS,
+                   layer_kinds: Iterable[str] | None = None) -> list[tuple[int, int, int]]:
+    """The distinct (m, n, k) of the forward rows (``rows``' filters), in corpus order."""
+    return list(dict.fromkeys((r.m, r.n, r.k) for r in rows(model_names, tokens, ["fwd"], layer_kinds=layer_kinds)))
+
+
 def band_of(tokens: int) -> str:
     """The label of the M band ``tokens`` falls in, e.g. "65-256"."""
     for lo, hi in BANDS:

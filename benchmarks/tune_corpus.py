@@ -23,11 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import corpus  # noqa: E402
 
 
-def forward_layers(models: list[str] | None, tokens: list[int]) -> list[tuple[int, int, int]]:
-    """The distinct (m, n, k) of the corpus' forward rows at ``tokens``, in corpus order."""
-    return list(dict.fromkeys((r.m, r.n, r.k) for r in corpus.rows(models, tokens, ["fwd"])))
-
-
 def main(argv: list[str] | None = None) -> int:
     from generator.gemm import M_BUCKETS
 
@@ -50,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         print("tune_corpus: needs a CUDA GPU; none is visible", file=sys.stderr)
         return 2
     try:
-        shapes = forward_layers(args.models.split(",") if args.models else None,
-                                [int(t) for t in args.tokens.split(",")])
+        shapes = corpus.forward_shapes(args.models.split(",") if args.models else None,
+                                       [int(t) for t in args.tokens.split(",")])
     except ValueError as err:
         ap.error(str(err))
     device = current_device()

@@ -69,3 +69,15 @@ def test_cublas_kernel_names_read_in_our_terms() -> None:
         "tile": [128, 144, 64], "stages": 6, "cluster": [2, 1], "split_k": False}
     assert parse_nvjet("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_TNT")["split_k"]
     assert parse_nvjet("void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16>") is None
+
+
+def test_forward_shapes_are_the_distinct_forward_gemms() -> None:
+    """corpus.forward_shapes (what benchmarks/tune_corpus.py tunes): each distinct forward GEMM once, at the given row
+    counts; an unknown model is refused."""
+    import tune_corpus  # noqa: F401  (imports without a GPU)
+
+    shapes = corpus.forward_shapes(["llama3-8b", "qwen2.5-7b"], [64, 256])
+    assert len(shapes) == len(set(shapes)) and {m for m, _, _ in shapes} == {64, 256}
+    assert (256, 4096, 4096) in shapes and (64, 14336, 4096) in shapes
+    with pytest.raises(ValueError, match="unknown model"):
+        corpus.forward_shapes(["no-such-model"], [64])

@@ -119,15 +119,3 @@ def test_the_shipped_tables_are_package_data_and_well_formed() -> None:
         for table in load_tables(path):
             assert table.entries, f"{path}: a shipped table without entries"
 
-
-def test_tune_corpus_tunes_each_forward_layer_once_per_row_count() -> None:
-    """benchmarks/tune_corpus.py: the distinct forward GEMMs of the corpus at the given row counts."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import tune_corpus
-
-    shapes = tune_corpus.forward_layers(["llama3-8b", "qwen2.5-7b"], [64, 256])
-    assert len(shapes) == len(set(shapes)) and {m for m, _, _ in shapes} == {64, 256}
-    assert (256, 4096, 4096) in shapes and (64, 14336, 4096) in shapes
-    with pytest.raises(ValueError, match="unknown model"):
-        tune_corpus.forward_layers(["no-such-model"], [64])

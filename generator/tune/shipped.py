@@ -31,15 +31,14 @@ class ShippedTable:
     """One GPU model's winners, by request and layer: {(request text, n, k, batch): [(m, entry), ...] by m}."""
 
     device: DeviceKey
-    path: Path
     layers: dict[tuple[str, int, int, int], tuple[tuple[int, Entry], ...]]
 
     @classmethod
-    def of(cls, table: Table, path: Path) -> ShippedTable:
+    def of(cls, table: Table) -> ShippedTable:
         layers: dict[tuple[str, int, int, int], list[tuple[int, Entry]]] = {}
         for entry in table.entries.values():
             layers.setdefault(layer_key(entry.key), []).append((entry.key.m, entry))
-        return cls(table.device, path, {key: tuple(sorted(rows, key=lambda r: r[0])) for key, rows in layers.items()})
+        return cls(table.device, {key: tuple(sorted(rows, key=lambda r: r[0])) for key, rows in layers.items()})
 
     def answer(self, key: EntryKey) -> Entry | None:
         """The entry whose band of rows holds ``key.m``: the smallest measured m >= key.m, if key.m > m / 2."""
@@ -76,7 +75,7 @@ def shipped_tables() -> tuple[ShippedTable, ...]:
     tables = []
     for path in sorted(TABLES_DIR.glob("*.json")) if TABLES_DIR.is_dir() else []:
         try:
-            tables += [ShippedTable.of(t, path) for t in load_tables(path)]
+            tables += [ShippedTable.of(t) for t in load_tables(path)]
         except TableError as err:
             raise TableError(f"the shipped dispatch table {err}") from None
     return tuple(tables)
