@@ -109,13 +109,17 @@ def exact_reference():
     yield
 
 
-@pytest.fixture(scope="session")
-def variant_ops():
+def build_variants(variants, layouts, namespace: str) -> dict:
     """One op per (variant, layout, dtype, out dtype), all built in one parallel ninja run."""
-    keys = list(itertools.product(VARIANTS, LAYOUTS, DTYPES, OUT_DTYPES))
+    keys = list(itertools.product(variants, layouts, DTYPES, OUT_DTYPES))
     configs = [Gemm(dtype=dt, layout=lay, out_dtype=od, schedule=s, tile_shape=t, cluster_shape=c).config
                for (s, t, c), lay, dt, od in keys]
-    return dict(zip(keys, compile_many(configs, namespace="gemmgen_sm90")))
+    return dict(zip(keys, compile_many(configs, namespace=namespace)))
+
+
+@pytest.fixture(scope="session")
+def variant_ops():
+    return build_variants(VARIANTS, LAYOUTS, "gemmgen_sm90")
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
@@ -239,10 +243,7 @@ ODD_N_VARIANTS = (
 
 @pytest.fixture(scope="session")
 def odd_n_ops():
-    keys = list(itertools.product(ODD_N_VARIANTS, ("tn", "nn"), DTYPES, OUT_DTYPES))
-    configs = [Gemm(dtype=dt, layout=lay, out_dtype=od, schedule=s, tile_shape=t, cluster_shape=c).config
-               for (s, t, c), lay, dt, od in keys]
-    return dict(zip(keys, compile_many(configs, namespace="gemmgen_sm90_odd_n")))
+    return build_variants(ODD_N_VARIANTS, ("tn", "nn"), "gemmgen_sm90_odd_n")
 
 
 @pytest.mark.parametrize("variant", ODD_N_VARIANTS, ids=variant_id)
