@@ -200,15 +200,13 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     # How each pass calls a kernel of its kind (the autograd formula's operands), and torch's product.
     call = {"fwd": lambda f: f(X, W.t()), "dX": lambda f: f(dY, W),
             "dW": lambda f: f(X.t(), dY).t()}[row.pass_]   # dW: the dB kernel writes dW.t() column-major
-    theirs = {"fwd": lambda: torch.matmul(X, W.t()), "dX": lambda: torch.matmul(dY, W),
-              "dW": lambda: torch.matmul(dY.t(), X)}[row.pass_]
+    theirs = lambda: corpus.pass_product(row.pass_, X, W, dY)  # noqa: E731
     mine = fwd if row.pass_ == "fwd" else grad_ops(fwd, Order.row)[row.pass_ == "dW"]
     fns = {"ours": lambda: call(mine), "cublas": theirs}
     for col, extra_op in extra.items():
         fns[col] = (lambda o: lambda: call(o))(extra_op)
     got = fns["ours"]().float()
-    want = {"fwd": lambda: X.float() @ W.float().t(), "dX": lambda: dY.float() @ W.float(),
-            "dW": lambda: dY.float().t() @ X.float()}[row.pass_]()
+    want = corpus.pass_product(row.pass_, X.float(), W.float(), dY.float() if dY is not None else None)
     err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
     del want, got
     for fn in fns.values():

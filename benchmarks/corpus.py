@@ -151,6 +151,18 @@ def pass_shape(pass_: str, tokens: int, n: int, k: int) -> tuple[int, int, int]:
     raise ValueError(f"pass {pass_!r}: one of {', '.join(PASSES)}")
 
 
+def pass_product(pass_: str, X, W, dY):
+    """torch's product for one pass of y = X @ W.t() (X tokens x k, W n x k, dY tokens x n), as autograd runs it:
+    fwd X @ W.t(), dX dY @ W, dW dY.t() @ X (tensors of any dtype: the caller's)."""
+    if pass_ == "fwd":
+        return X @ W.t()
+    if pass_ == "dX":
+        return dY @ W
+    if pass_ == "dW":
+        return dY.t() @ X
+    raise ValueError(f"pass {pass_!r}: one of {', '.join(PASSES)}")
+
+
 def rows(model_names: Iterable[str] | None = None, tokens: Iterable[int] = TOKENS,
          passes: Iterable[str] = PASSES, max_gflop: float | None = None,
          layer_kinds: Iterable[str] | None = None) -> list[CorpusRow]:

@@ -81,3 +81,14 @@ def test_forward_shapes_are_the_distinct_forward_gemms() -> None:
     assert (256, 4096, 4096) in shapes and (64, 14336, 4096) in shapes
     with pytest.raises(ValueError, match="unknown model"):
         corpus.forward_shapes(["no-such-model"], [64])
+
+
+def test_pass_product_is_each_pass_as_autograd_runs_it() -> None:
+    torch = pytest.importorskip("torch")
+    X, W, dY = torch.randn(5, 3, dtype=torch.float64), torch.randn(4, 3, dtype=torch.float64), \
+        torch.randn(5, 4, dtype=torch.float64)
+    assert torch.equal(corpus.pass_product("fwd", X, W, dY), X @ W.t())
+    assert corpus.pass_product("dX", X, W, dY).shape == X.shape == (5, 3)
+    assert corpus.pass_product("dW", X, W, dY).shape == W.shape == (4, 3)
+    with pytest.raises(ValueError, match="pass 'bwd': one of fwd, dX, dW"):
+        corpus.pass_product("bwd", X, W, dY)
