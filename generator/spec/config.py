@@ -790,11 +790,14 @@ def _check_sm90_schedule(cfg: KernelConfig) -> None:
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BM must be one of {allowed} "
                          f"({why}): {fix}")
     if cfg.splits_n and (bn not in SM90_SPLIT_N_BLOCK_N or cfg.promoted):
-        what = "fp8's promotion (its k tile sums are sliced by the whole tile's columns)" if cfg.promoted else \
-            f"BN={bn} (each warpgroup's half must be whole 64-column epilogue subtiles)"
+        if cfg.promoted:
+            what, fix = ("fp8's promotion (its k tile sums are sliced by the whole tile's columns)",
+                         "fast_accum=True")
+        else:
+            what, fix = (f"BN={bn} (each warpgroup's half must be whole 64-column epilogue subtiles)",
+                         f"BN in {SM90_SPLIT_N_BLOCK_N}")
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': a 64-row cooperative tile splits "
-                         f"along N between its two consumer warpgroups, which rules out {what}: use BN in "
-                         f"{SM90_SPLIT_N_BLOCK_N}{', fast_accum=True' if cfg.promoted else ''}, or "
+                         f"along N between its two consumer warpgroups, which rules out {what}: use {fix}, or "
                          f"schedule='pingpong'")
     if cfg.accumulators_per_thread > SM90_MAX_ACCUMULATORS:
         rows = cfg.consumer_rows
