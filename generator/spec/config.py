@@ -48,8 +48,8 @@ SM90_BLOCK_N = (64, 128, 192, 256, 320)     # wgmma m64nNk16 takes N up to 256 i
 # only, and never the planner's choice: measured no faster than 128x256, docs/sm90.md "The 128x320 tile")
 SM90_WIDE_BN = 320
 # N tiles between those, in steps of 16 (cuBLAS runs 80-, 112-, 144-wide tiles where their count fills the SMs:
-# gpu/cublas_kernels.py): 16-bit inputs and a K-major B only (an M/N-major B tile loads whole 64-column chunks), D
-# stored directly (the epilogue's TMA subtiles are 64 columns wide).
+# gpu/cublas_kernels.py): 16-bit inputs and a K-major B only (an M/N-major B tile loads whole 64-column chunks); D goes
+# out by TMA in whole 64-column subtiles and the columns past them directly.
 SM90_ODD_BLOCK_N = (80, 96, 112, 144, 160, 176, 208, 224, 240)
 # ws / cooperative: two consumer warpgroups split the tile along M (each owns BM/2 rows, whole m64
 # blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).

@@ -1211,6 +1211,18 @@ struct Kernel {
   __device__ __forceinline__ static void store_direct(const GemmArgs& args, const Problem& p,
                                                       ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int problem,
                                                       const ListProblem* listed = nullptr) {
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+      apply_epilogue<WG_N / 8>(args, p, acc, m0, n0, i, 0);
+      store_direct_blocks<0, WG_N / 8>(args, p, acc, m0, n0, i, problem, listed);
+    }
+  }
+
+  // The n8 blocks [J0, J0 + BLOCKS) of m64 block i (epilogue applied) -> D, as store_direct writes them.
+  template <int J0, int BLOCKS, typename ACC>
+  __device__ __forceinline__ static void store_direct_blocks(const GemmArgs& args, const Problem& p,
+                                                             ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
+                                                             int problem, const ListProblem* listed) {
     Out* d = listed != nullptr ? static_cast<Out*>(listed->d_ptr)
                                : static_cast<Out*>(args.d) + problem * args.batch_stride_d;
     const int64_t ldd = listed != nullptr ? listed->ldd : args.ldd;
@@ -1220,28 +1232,24 @@ struct Kernel {
     const bool pairs = Cfg::kDRowMajor && ldd % 2 == 0 &&
                        reinterpret_cast<uintptr_t>(d) % (2 * sizeof(Out)) == 0;
 #pragma unroll
-    for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-      apply_epilogue<WG_N / 8>(args, p, acc, m0, n0, i, 0);
+    for (int h = 0; h < 2; ++h) {
+      const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
+      if (row >= p.m) continue;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
-        if (row >= p.m) continue;
-#pragma unroll
-        for (int j = 0; j < WG_N / 8; ++j) {
-          const int col = n0 + j * 8 + 2 * (lane % 4);
-          const float x = acc[i][4 * j + 2 * h], y = acc[i][4 * j + 2 * h + 1];
-          if constexpr (Cfg::kDRowMajor) {
-            Out* at = d + static_cast<int64_t>(row) * ldd + col;
-            if (pairs && col + 1 < p.n) {
-              *reinterpret_cast<typename Pair<Out>::type*>(at) = Pair<Out>::make(x, y);
-            } else {
-              if (col < p.n) at[0] = from_accumulator<Out>(x);
-              if (col + 1 < p.n) at[1] = from_accumulator<Out>(y);
-            }
+      for (int j = J0; j < J0 + BLOCKS; ++j) {
+        const int col = n0 + j * 8 + 2 * (lane % 4);
+        const float x = acc[i][4 * j + 2 * h], y = acc[i][4 * j + 2 * h + 1];
+        if constexpr (Cfg::kDRowMajor) {
+          Out* at = d + static_cast<int64_t>(row) * ldd + col;
+          if (pairs && col + 1 < p.n) {
+            *reinterpret_cast<typename Pair<Out>::type*>(at) = Pair<Out>::make(x, y);
           } else {
-            if (col < p.n) d[static_cast<int64_t>(col) * ldd + row] = from_accumulator<Out>(x);
-            if (col + 1 < p.n) d[static_cast<int64_t>(col + 1) * ldd + row] = from_accumulator<Out>(y);
+            if (col < p.n) at[0] = from_accumulator<Out>(x);
+            if (col + 1 < p.n) at[1] = from_accumulator<Out>(y);
           }
+        } else {
+          if (col < p.n) d[static_cast<int64_t>(col) * ldd + row] = from_accumulator<Out>(x);
+          if (col + 1 < p.n) d[static_cast<int64_t>(col + 1) * ldd + row] = from_accumulator<Out>(y);
         }
       }
     }
@@ -1346,10 +1354,13 @@ struct Kernel {
     }
   }
 
-  // A consumer's columns in whole subtiles go out by TMA through the staging buffers; a width that is no multiple
-  // of a subtile (a 16-bit tile of 80, 144, ... columns) stores directly (store_direct).
+  // A consumer's columns go out by TMA through the staging buffers in whole subtiles; a width that is no multiple
+  // of a subtile (a 16-bit tile of 80, 144, ... columns) stores its last kTailBlocks n8 blocks directly
+  // (store_direct_blocks) after its whole subtiles, and takes its source operand from global memory.
   static constexpr bool kWholeSubtiles = WG_N % kEpiCols == 0;
-  static constexpr int kSubtilesPerBlock = WG_N / kEpiCols;              // per m64 block
+  static constexpr int kSubtilesPerBlock = WG_N / kEpiCols;              // whole subtiles per m64 block
+  static constexpr int kTailBlock0 = kSubtilesPerBlock * kEpiCols / 8;   // the first n8 block past them
+  static constexpr int kTailBlocks = WG_N / 8 - kTailBlock0;
   static constexpr int kSubtiles = MMA_BLOCKS_M * kSubtilesPerBlock;    // per consumer warpgroup and tile
   static constexpr int kSourceValues = kEpiCols / 2;                     // per thread and subtile
 
@@ -1384,14 +1395,14 @@ struct Kernel {
       const bool partial_chunk_at_n = n0 + WG_N > p.n && p.n % kStoreChunkElems != 0;
       // A group's last rows: TMA clips at D's end, not the group's, and would write the next group's rows.
       const bool past_group_end = grouped && m0 + WG_M > p.m;
-      return kWholeSubtiles && Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
+      return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
     }
 
     // Before the main loop of the tile at (m0, n0) (this warpgroup's rows): start the TMA loads of the
     // source's first subtiles into the staging buffers they will be read from. Returns whether the tile
     // takes its source from there (else the epilogue reads it from global memory).
     __device__ __forceinline__ bool load_source(const Problem& p, int m0, int n0) const {
-      if (!kSourced || !use_source_tma || !stores_by_tma(p, m0, n0)) return false;
+      if (!kSourced || !kWholeSubtiles || !use_source_tma || !stores_by_tma(p, m0, n0)) return false;
       if (threadIdx.x % kWarpgroupThreads == 0) {
         ptx::tma_store_wait_read<0>();  // the previous tile's last stores are done reading the buffers
 #pragma unroll
@@ -1502,6 +1513,10 @@ struct Kernel {
             }
           }
           buffer ^= 1;
+        }
+        if constexpr (kTailBlocks > 0) {  // the columns past the whole subtiles: directly
+          apply_epilogue<kTailBlocks>(args, p, acc, m0, n0, i, kTailBlock0);
+          store_direct_blocks<kTailBlock0, kTailBlocks>(args, p, acc, m0, n0, i, problem, listed);
         }
       }
     }
