@@ -78,6 +78,14 @@ def test_build_load_and_cache(cache: Path, include_dir: Path) -> None:
     assert second.ptxas_log == first.ptxas_log
 
 
+def test_cached_library_without_its_log(cache: Path, include_dir: Path) -> None:
+    first = build(tiny_request(include_dir))
+    (first.library.parent / "ptxas.log").unlink()   # as a partial copy of the cache leaves it
+    again = build(tiny_request(include_dir))
+    assert again.cached and again.library == first.library and again.ptxas_log == ""
+    assert call_answer(again) == 42
+
+
 def test_key_covers_headers(cache: Path, include_dir: Path) -> None:
     before = cache_key(tiny_request(include_dir))
     (include_dir / "sub").mkdir()

@@ -248,7 +248,10 @@ class _Target:
         return self.library.is_file()
 
     def result(self, *, cached: bool, seconds: float) -> BuildResult:
-        return BuildResult(self.library, self.key, cached, seconds, self.log.read_text(errors="replace"))
+        # A cache copied or cleaned by other tools may keep the .so without its log: the library is still whole,
+        # only its ptxas report (registers, spills) is gone.
+        log = self.log.read_text(errors="replace") if self.log.is_file() else ""
+        return BuildResult(self.library, self.key, cached, seconds, log)
 
     def command(self) -> list[str]:
         """The nvcc command the rule runs, for error messages (the rule adds the redirections)."""
