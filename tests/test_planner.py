@@ -1182,3 +1182,15 @@ def test_a_64_row_cooperative_tile_splits_along_n() -> None:
     wide = plan(arch=90, tile_shape=(128, 256, 64), schedule="cooperative").config
     assert not wide.splits_n and "split each tile along M, 64x256 each" in wide.describe()
     assert not plan(arch=90, tile_shape=(64, 256, 64), schedule="pingpong").config.splits_n
+
+
+def test_odd_n_tiles_where_they_fill_the_waves_by_a_margin() -> None:
+    """A 128x144 tile where its count fills the waves that 128x192 leaves half empty (the same waves on a quarter
+    narrower tile); never for the percent a better-rounded wave count gives a large problem, never for an N-major B
+    (layout tt) or fp8 (their B tiles load whole 64-column chunks; fp8 has no odd-N wgmma wrappers)."""
+    for m, n, k in ((1024, 4544, 4544), (8192, 576, 2048)):
+        assert Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config.tile == (128, 144, 64), (m, n, k)
+    assert Gemm("bf16", "tn", arch=90, m=8192, n=8192, k=8192).config.tile[1] == 256
+    assert Gemm("bf16", "tn", arch=90, m=2048, n=1408, k=2048).config.tile[1] % 64 == 0   # 144 would add a wave
+    assert Gemm("bf16", "tt", arch=90, m=1024, n=4544, k=4544).config.tile[1] % 64 == 0
+    assert Gemm("e4m3", "tn", arch=90, m=1024, n=4544, k=4544).config.tile[1] % 64 == 0

@@ -50,8 +50,8 @@ import math
 from dataclasses import replace
 
 from ..spec.arch import ArchSpec
-from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, KernelConfig, promote_slices, sm90_block_k,
-                           sm90_max_stages_that_fit)
+from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, promote_slices,
+                           sm90_block_k, sm90_max_stages_that_fit)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -77,6 +77,20 @@ CANDIDATE_TILES: tuple[tuple[str, tuple[int, int]], ...] = (
 # costs the efficiency below: measured 0.97 of 128x192 at 8192^3 (1184 against 1220 TFLOP/s) and at 4096x14336x4096
 # equal, while at 4096^3 its fewer waves win (1228 against 1149; docs/dtypes.md).
 PROMOTED_TILES: tuple[tuple[str, tuple[int, int]], ...] = (("cooperative", (128, 192)),)
+# 128-row cooperative tiles whose N is no multiple of 64 (SM90_ODD_BLOCK_N from 144 up), weighed after the others
+# (equal cost keeps the even tile) for 16-bit inputs with a K-major B, where their count fills the waves better:
+# 1024 x 4544 x 4544 128x144 c2x1 0.947x cuBLAS against 0.759x for 128x192 (256 tiles in 2 full waves against 192 in a
+# half-empty second), 8192 x 576 x 2048 128x144 c1x1 0.925x against 0.769x (4 tiles across N instead of 3, last one
+# full), 512 x 4544 x 4544 0.901x against 0.777x; where they add a wave the model keeps the even tile (2048 x 1408 x
+# 2048: 0.899x for 128x192 against 0.674-0.690x). H200, bf16 tn, gpu/midm_tiles.py, h200_midm_odd_n_tma.json.
+# Narrower ones (80-128) lost where measured (8192 x 576 x 2048: 128x112 0.522x, 128x96 0.734x).
+ODD_TILES: tuple[tuple[str, tuple[int, int]], ...] = tuple(("cooperative", (128, bn)) for bn in SM90_ODD_BLOCK_N
+                                                            if bn > 128)
+# What the model does not see of an odd tile (its columns past the last whole 64-column subtile stored directly, the
+# partial last tile column) as an efficiency factor: an odd tile is taken only where it saves more than this, as in
+# the measured wins (the same waves on a quarter narrower tile), never for the 1-2 % that a wave count rounded a
+# little better gives on a large problem (8192^3: 128x224 would model 1.5 % under 128x256).
+ODD_N_EFFICIENCY = 0.85
 PROMOTION_SLICED_EFFICIENCY = 0.97
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
@@ -248,14 +262,15 @@ def choose_raster(cfg: KernelConfig, problem: Problem, sm_count: int, knobs: Kno
 # -- candidates ------------------------------------------------------------------------------------------
 
 def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted: bool = False,
-                     sm_count: int = 132) -> list[tuple[str, tuple[int, int, int]]]:
+                     sm_count: int = 132, odd_n: bool = False) -> list[tuple[str, tuple[int, int, int]]]:
     """(schedule, tile) pairs to weigh, honouring a fixed tile and/or schedule.
 
     The narrow cooperative tile (128x64) only where M fits one 128-row tile or on a narrow layer
     (``narrow_tile_fits``): there it is the way to put enough N tiles on the SMs (128x4096x4096: 0.88x cuBLAS,
     the best measured), but with more rows of a wide layer its m64n64 wgmmas lose to the big tiles by far more than
     the model's reuse terms say (512x6144x4096: 0.63-0.75x against 0.84x for 128x256; benchmarks/sweep_sm90.py,
-    docs/planner.md). 64x64 pingpong only on a narrow grid (``narrow_grid``)."""
+    docs/planner.md). 64x64 pingpong only on a narrow grid (``narrow_grid``); the ODD_TILES where ``odd_n`` (16-bit
+    inputs, K-major B: odd_n_tiles_fit)."""
     if knobs.tile is not None:
         schedules = [knobs.schedule] if knobs.schedule else list(PLANNED_SCHEDULES)
         return [(schedule, knobs.tile) for schedule in schedules]
@@ -263,6 +278,8 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted
     tiles = (PROMOTED_TILES if promoted else ()) + CANDIDATE_TILES
     if narrow_grid(problem, block_k, sm_count):
         tiles += (("pingpong", SMALL_TILE),)
+    if odd_n:
+        tiles += ODD_TILES
     shapes = [(knobs.schedule or schedule, (bm, bn, block_k)) for schedule, (bm, bn) in tiles
               if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and not narrow_tile_fits(problem, bm))]
     short = [shape for shape in shapes if shape[1][0] == SMALL_M_TILE_ROWS]
@@ -270,6 +287,12 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted
         shapes = short
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
     return shapes or [(str(knobs.schedule), (128, 256, block_k))]
+
+
+def odd_n_tiles_fit(dtype: DType, layout: Layout, promoted: bool) -> bool:
+    """Whether the ODD_TILES are weighed: 16-bit inputs (their wgmma wrappers) with a K-major B (an M/N-major B tile
+    loads whole 64-column chunks), not promoted fp8 (which has PROMOTED_TILES)."""
+    return dtype.bytes == 2 and layout.b_k_major and not promoted
 
 
 def narrow_tile_fits(problem: Problem, bm: int) -> bool:
@@ -362,8 +385,9 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
     """Every sm90 config the planner would consider, in order of preference (checked later by check_config)."""
     configs = []
     fast_accum = bool(knobs.fast_accum)
-    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype), dtype.is_fp8 and not fast_accum,
-                                           sm_count):
+    promoted = dtype.is_fp8 and not fast_accum
+    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype), promoted, sm_count,
+                                           odd_n_tiles_fit(dtype, layout, promoted)):
         for cluster in cluster_candidates(tile, knobs, problem, sm_count):
             cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=None,
                                stages=MIN_STAGES if knobs.stages is None else knobs.stages, raster_group=1,
@@ -409,6 +433,8 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
         eff *= CLUSTER_COUPLING
     if cfg.promoted and promote_slices(cfg) > 1:
         eff *= PROMOTION_SLICED_EFFICIENCY
+    if bn in SM90_ODD_BLOCK_N:
+        eff *= ODD_N_EFFICIENCY
     return eff, loaded / (rows_a + cols_b)
 
 
