@@ -60,19 +60,23 @@ def family_configs(family: str, dtype: str, layout: str, arch: int | None,
     if family == "sm80":
         return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, warps=w, stages=s, family="sm80").config
                 for t, w, s in SM80_CONFIGS]
-    return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, cluster_shape=c, schedule=sched, stages=s,
-                 family="sm90").config for t, c, sched, s in (sm90_kernels or SM90_CONFIGS)]
+    return [dataclasses.replace(Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, cluster_shape=c,
+                                     schedule=sched, stages=s, family="sm90").config, stream_k=bool(sk))
+            for t, c, sched, s, *sk in (sm90_kernels or SM90_CONFIGS)]
 
 
 def parse_sm90_kernel(text: str) -> tuple:
-    """"TILE:CLUSTER:SCHEDULE:STAGES", e.g. "128x256x64:2x1:cooperative:3", as an SM90_CONFIGS entry."""
+    """"TILE:CLUSTER:SCHEDULE:STAGES[:sk]", e.g. "128x256x64:2x1:cooperative:3", as an SM90_CONFIGS entry (a fifth
+    field: stream-K / split-K on)."""
     try:
-        tile, cluster, schedule, stages = text.split(":")
+        tile, cluster, schedule, stages, *rest = text.split(":")
+        if rest not in ([], ["sk"]):
+            raise ValueError(rest)
         return (tuple(int(x) for x in tile.split("x")), tuple(int(x) for x in cluster.split("x")), schedule,
-                int(stages))
+                int(stages), bool(rest))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected TILE:CLUSTER:SCHEDULE:STAGES, "
-                                         "e.g. 128x256x64:2x1:cooperative:3") from None
+        raise argparse.ArgumentTypeError(f"{text!r}: expected TILE:CLUSTER:SCHEDULE:STAGES[:sk], "
+                                         "e.g. 128x256x64:2x1:cooperative:3 or 64x128x64:1x1:pingpong:8:sk") from None
 
 
 def launch(lib: KernelLibrary, cfg: KernelConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> None:

@@ -38,6 +38,11 @@
 #ifndef GEMMGEN_SM90_STREAM_K
 #define GEMMGEN_SM90_STREAM_K 0
 #endif
+// Timing experiment: split-K's parts summed by the k = 0 part alone, one partial tile after another (the
+// stream-K owner's way), instead of each part adding its own slice of the tile (consume_stream_k).
+#ifndef GEMMGEN_SM90_EXPERIMENT_SK_SERIAL_FIXUP
+#define GEMMGEN_SM90_EXPERIMENT_SK_SERIAL_FIXUP 0
+#endif
 // Timing experiment only (wrong results): stream-K without its fixup, contributors store no partials and
 // owners wait for none, to separate the fixup's cost from the rest of stream-K's.
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP
@@ -853,6 +858,15 @@ struct Kernel {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
       if (PINGPONG && index + 1 < segments) pass_turn(consumer);
+      // Split-K in at least kSliceSumParts parts, this cluster's one segment one part of its unit: the parts add up
+      // slices of it (1x1 clusters, as the planner takes split-K: a cluster's blocks would keep the values it needs
+      // live through a 128x256 tile's main loop, a spill there).
+      if (CLUSTER == 1 && sk.units < sk.clusters && sk.clusters / sk.units >= kSliceSumParts &&
+          !GEMMGEN_SM90_EXPERIMENT_SK_SERIAL_FIXUP && !GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP) {
+        finish_split_k(args, p, acc, sk, cluster, rank, consumer, slot_consumer, workspace, flags, m0 + row_in_tile,
+                       n0, at.problem);
+        return;
+      }
       if (s.kt_begin > 0) {  // a contributor: the owner adds this part and stores the tile
 #if GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP  // timing experiment only, wrong results: no partials exchanged
         if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);  // keeps acc live
@@ -875,6 +889,72 @@ struct Kernel {
     };
     sk.for_each_segment(cluster, compute);
     epi.finish();
+  }
+
+  // From this many parts of a unit on, its parts add up slices of it (finish_split_k); with fewer the owner adds the
+  // other parts' tiles and stores the whole tile through the TMA epilogue. Measured (H100, bf16, gpu/split_k_ab.sh,
+  // h100_ab_split_k_*.json), slices against the owner: 16 parts 0.753x cuBLAS against 0.524x (64 x 1024 x 8192), 8
+  // parts 0.803x against 0.712x (128 x 1024 x 8192), 0.828x against 0.755x (48 x 2048 x 8192); 4 parts 0.99-0.92x of
+  // the owner's time (a vocabulary head's dX: 0.637x against 0.691x), 2 parts 0.94-0.97x.
+  static constexpr int kSliceSumParts = 8;
+
+  // Split-K (fewer units than clusters: the launch cut every unit into parts = clusters / units equal k ranges, one
+  // cluster each, cluster c holding part c % parts of unit c / parts). Every part leaves its partial sums in the
+  // workspace; once all parts of the unit are there, each adds up its own share of the tile's n8 column blocks, in
+  // part order (the same bits every run, whichever part adds them, and the same as the owner's sum), applies the
+  // epilogue and stores them. The owner alone adding (parts - 1) partial tiles, one after another, read them through
+  // one SM: 15 tiles of 32 KB at 64 x 1024 x 8192 (8 tiles of 64x128, 16 parts).
+  template <typename ACC>
+  __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
+                                        const StreamK& sk, int cluster, uint32_t rank, int consumer, int slot_consumer,
+                                        float* workspace, int* flags, int m0, int n0, int problem) {
+    const int parts = sk.clusters / sk.units;
+    const int part = cluster % parts, first = cluster - part;
+    const int slot = partial_slot(cluster, rank, slot_consumer);
+    store_partial(workspace, slot, acc);
+    publish_partial(flags + slot, consumer);
+    // Every part's flag, one thread each, then the warpgroup's barrier hands what they saw to the rest.
+    for (int k = threadIdx.x % kWarpgroupThreads; k < parts; k += kWarpgroupThreads) {
+      const int* flag = flags + partial_slot(first + k, rank, slot_consumer);
+      while (ptx::ld_acquire_gpu(flag) == 0) {
+      }
+    }
+    ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+    constexpr int kBlocksN = WG_N / 8;                    // n8 blocks per m64 block
+    constexpr int kBlocks = MMA_BLOCKS_M * kBlocksN;      // this warpgroup's n8 blocks of the tile
+    const int begin = kBlocks * part / parts, end = kBlocks * (part + 1) / parts;
+    // This thread's float4 of n8 block 0 in the unit's first part (store_partial's layout: float4 (i * ACCUM + 4j) / 4
+    // of every thread, thread-minor); the parts' slots follow each other CLUSTER * kConsumerWarpgroups apart.
+    const float4* first_part = reinterpret_cast<const float4*>(workspace) +
+                               static_cast<int64_t>(partial_slot(first, rank, slot_consumer)) * (kPartialFloats / 4) +
+                               threadIdx.x % kWarpgroupThreads;
+#pragma unroll  // (whole: the block's registers are picked by constants)
+    for (int b = 0; b < kBlocks; ++b) {
+      if (b < begin || b >= end) continue;
+      const int i = b / kBlocksN, j = b % kBlocksN;
+      const float4 sum = sum_parts(first_part + b * kWarpgroupThreads, parts);  // (b = (i * ACCUM + 4j) / 4)
+      acc[i][4 * j] = sum.x;
+      acc[i][4 * j + 1] = sum.y;
+      acc[i][4 * j + 2] = sum.z;
+      acc[i][4 * j + 3] = sum.w;
+      apply_epilogue<1>(args, p, acc, m0, n0, i, j);
+      store_direct_blocks<1>(args, p, acc, m0, n0, i, j, problem, nullptr);
+    }
+  }
+
+  // The sum of the float4 at `at` in each of `parts` consecutive parts' partial tiles, in part order.
+  __device__ __forceinline__ static float4 sum_parts(const float4* at, int parts) {
+    constexpr int64_t kPartStride = static_cast<int64_t>(CLUSTER) * kConsumerWarpgroups * (kPartialFloats / 4);
+    float4 sum = __ldcg(at);  // L2: written by other SMs
+#pragma unroll 4
+    for (int k = 1; k < parts; ++k) {
+      const float4 v = __ldcg(at + k * kPartStride);
+      sum.x += v.x;
+      sum.y += v.y;
+      sum.z += v.z;
+      sum.w += v.w;
+    }
+    return sum;
   }
 
   __device__ __forceinline__ static int partial_slot(int cluster, uint32_t rank, int consumer) {
@@ -1214,15 +1294,16 @@ struct Kernel {
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i) {
       apply_epilogue<WG_N / 8>(args, p, acc, m0, n0, i, 0);
-      store_direct_blocks<0, WG_N / 8>(args, p, acc, m0, n0, i, problem, listed);
+      store_direct_blocks<WG_N / 8>(args, p, acc, m0, n0, i, 0, problem, listed);
     }
   }
 
-  // The n8 blocks [J0, J0 + BLOCKS) of m64 block i (epilogue applied) -> D, as store_direct writes them.
-  template <int J0, int BLOCKS, typename ACC>
+  // The n8 blocks [j0, j0 + BLOCKS) of m64 block i (epilogue applied) -> D, as store_direct writes them (i and j0
+  // constants where inlined: they pick registers).
+  template <int BLOCKS, typename ACC>
   __device__ __forceinline__ static void store_direct_blocks(const GemmArgs& args, const Problem& p,
                                                              ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
-                                                             int problem, const ListProblem* listed) {
+                                                             int j0, int problem, const ListProblem* listed) {
     Out* d = listed != nullptr ? static_cast<Out*>(listed->d_ptr)
                                : static_cast<Out*>(args.d) + problem * args.batch_stride_d;
     const int64_t ldd = listed != nullptr ? listed->ldd : args.ldd;
@@ -1236,7 +1317,7 @@ struct Kernel {
       const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
       if (row >= p.m) continue;
 #pragma unroll
-      for (int j = J0; j < J0 + BLOCKS; ++j) {
+      for (int j = j0; j < j0 + BLOCKS; ++j) {
         const int col = n0 + j * 8 + 2 * (lane % 4);
         const float x = acc[i][4 * j + 2 * h], y = acc[i][4 * j + 2 * h + 1];
         if constexpr (Cfg::kDRowMajor) {
@@ -1516,7 +1597,7 @@ struct Kernel {
         }
         if constexpr (kTailBlocks > 0) {  // the columns past the whole subtiles: directly
           apply_epilogue<kTailBlocks>(args, p, acc, m0, n0, i, kTailBlock0);
-          store_direct_blocks<kTailBlock0, kTailBlocks>(args, p, acc, m0, n0, i, problem, listed);
+          store_direct_blocks<kTailBlocks>(args, p, acc, m0, n0, i, kTailBlock0, problem, listed);
         }
       }
     }

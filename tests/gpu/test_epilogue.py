@@ -6,6 +6,8 @@ every layout of A, B, C and D, output dtypes, NaN-poisoned outputs, the second o
 All kernels are built in one parallel ninja run (module fixture)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -160,6 +162,43 @@ def test_epilogue_against_float64(ops, key):
         pytest.skip("sm90 family needs an sm_90 GPU")
     for m, n, k in SHAPES:
         check(ops[key], m, n, k)
+
+
+# Split-K (stream-K with fewer tiles than SMs, every tile's k tiles cut into parts): each part adds up its share of the
+# tile's columns and applies the epilogue there, D stored directly; a long K so that the launch cuts.
+SPLIT_K_PLANS = {
+    "pingpong_fused": dict(dtype="bf16", layout="tn", epilogue=fused, schedule="pingpong", tile_shape=(64, 128, 64)),
+    "aux_dcol": dict(dtype="bf16", layout="tt", layout_c="col", epilogue=with_aux, schedule="cooperative",
+                     tile_shape=(128, 64, 64)),
+    "alpha_beta_fp32": dict(dtype="fp16", layout="nt", alpha=2.0, beta=0.5, out_dtype="fp32",
+                            schedule="cooperative", tile_shape=(128, 128, 64)),
+    "split_n_row_bias": dict(dtype="bf16", layout="tn", bias="row", activation="gelu_tanh", schedule="cooperative",
+                             tile_shape=(64, 256, 64)),
+}
+SPLIT_K_SHAPES = [(64, 1000, 8192), (17, 520, 4104), (130, 1000, 3000)]
+
+
+@pytest.fixture(scope="module")
+def split_k_ops():
+    if not IS_SM90:
+        pytest.skip("split-K is built for the sm90 family (an H100-class GPU)")
+    configs = {key: replace(Gemm(family="sm90", arch=90, cluster_shape=(1, 1), **kw).config, stream_k=True)
+               for key, kw in SPLIT_K_PLANS.items()}
+    return dict(zip(configs, compile_many(list(configs.values()), namespace="gemmgen_ep_split_k_test")))
+
+
+@pytest.mark.parametrize("key", list(SPLIT_K_PLANS))
+def test_split_k_epilogue_against_float64(split_k_ops, key):
+    op = split_k_ops[key]
+    for m, n, k in SPLIT_K_SHAPES:
+        check(op, m, n, k)
+        a, b, values = inputs(op, m, n, k)
+        first, again = outputs(op(a, b, *values)), outputs(op(a, b, *values))
+        assert all(map(torch.equal, first, again)), f"{op.name} {m}x{n}x{k}: differs between runs"
+
+
+def outputs(got) -> tuple:
+    return got if isinstance(got, tuple) else (got,)
 
 
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
