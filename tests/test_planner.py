@@ -1194,3 +1194,14 @@ def test_odd_n_tiles_where_they_fill_the_waves_by_a_margin() -> None:
     assert Gemm("bf16", "tn", arch=90, m=2048, n=1408, k=2048).config.tile[1] % 64 == 0   # 144 would add a wave
     assert Gemm("bf16", "tt", arch=90, m=1024, n=4544, k=4544).config.tile[1] % 64 == 0
     assert Gemm("e4m3", "tn", arch=90, m=1024, n=4544, k=4544).config.tile[1] % 64 == 0
+
+
+def test_a_long_k_over_several_waves_takes_wide_cooperative_tiles() -> None:
+    """From SPLIT_K_LONG_K_TILES k tiles with more 128x128 tiles than SMs (a vocabulary head's dX at 4096 tokens) the
+    wave count no longer decides: cooperative tiles of at least 128x192 only. One wave (1024 x 2048) keeps its pick."""
+    for m, n, k in ((4096, 3584, 152064), (8192, 3584, 152064), (4096, 2048, 102400)):
+        cfg = Gemm("bf16", "tt", arch=90, m=m, n=n, k=k).config
+        assert cfg.schedule == "cooperative" and cfg.tile[0] * cfg.tile[1] >= 128 * 192, (m, n, k, cfg.name)
+    assert Gemm("bf16", "tt", arch=90, m=1024, n=2048, k=102400).config.schedule == "pingpong"
+    fixed = Gemm("bf16", "tt", arch=90, m=4096, n=3584, k=152064, schedule="pingpong").config
+    assert fixed.schedule == "pingpong"   # a schedule the user fixed is kept

@@ -138,6 +138,16 @@ SPLIT_K_MAX_SM_SHARE = {"cooperative": 1 / 2, "pingpong": 1 / 4}
 # (512 x 4096 x 128256, 256 x 8192 x 128256, 1024 x 2048 x *), so a split in two is left to tune().
 SPLIT_K_LONG_K_TILES = 1024
 SPLIT_K_LONG_K_MIN_PARTS = 4
+# A K of at least SPLIT_K_LONG_K_TILES k tiles over more than one wave of 128x128 tiles (a vocabulary head's dX at
+# thousands of tokens): cooperative tiles of at least 128x128 only. Each tile then streams its operands for hundreds of
+# microseconds, the blocks of a wave drift apart along K and L2 stops serving the panels they share, so the tiles that
+# load the fewest bytes per flop (at least 128x192) win whatever the wave count says. Measured (bf16 dY @ W, gpu/midm_tiles.py --layout
+# tt): 4096 x 3584 x 152064 128x256 c2x1 cooperative 1.029x cuBLAS against 0.687x for the 128x128 c2x1 pingpong tile
+# the wave count prefers (H100, h100_midm_dx_bigk.json; H200 0.949x against 0.985x, h200_midm_dx_bigk.json); at K =
+# 18944 the two read 0.925x and 0.934x. With the rule (H100, h100_midm_dx_longk_rule.json): 8192 x 3584 x 152064
+# 128x256 1.043x against 0.446x, 4096 x 3584 x 256000 128x192 1.049x against 0.677x, 4096 x 3584 x 152064 128x192
+# 0.935x against 0.650x.
+LONG_K_WIDE_TILE_MIN_AREA = 128 * 192
 # The schedules the planner weighs for a tile the user fixed (ws only when asked for: see above).
 PLANNED_SCHEDULES = ("cooperative", "pingpong")
 
@@ -285,8 +295,19 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted
     short = [shape for shape in shapes if shape[1][0] == SMALL_M_TILE_ROWS]
     if problem.m <= SMALL_M_TILE_ROWS and short:   # few rows: tiles of no more rows (see SMALL_M_TILE_ROWS)
         shapes = short
+    if knobs.schedule is None and long_k_over_waves(problem, block_k, sm_count):
+        wide = [shape for shape in shapes
+                if shape[0] == "cooperative" and shape[1][0] * shape[1][1] >= LONG_K_WIDE_TILE_MIN_AREA]
+        shapes = wide or shapes
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
     return shapes or [(str(knobs.schedule), (128, 256, block_k))]
+
+
+def long_k_over_waves(problem: Problem, block_k: int, sm_count: int) -> bool:
+    """Whether LONG_K_WIDE_TILE_MIN_AREA's rule holds: at least SPLIT_K_LONG_K_TILES k tiles and more 128x128 tiles than
+    SMs."""
+    return (math.ceil(problem.k / block_k) >= SPLIT_K_LONG_K_TILES
+            and tile_count((128, 128, block_k), problem) > sm_count)
 
 
 def odd_n_tiles_fit(dtype: DType, layout: Layout, promoted: bool) -> bool:
