@@ -1146,8 +1146,9 @@ def test_a_very_long_k_weighs_every_candidate_split() -> None:
     from generator.spec.arch import arch_spec
 
     long = Gemm("bf16", "tt", arch=90, m=512, n=2048, k=151936)
-    assert long.config.stream_k and long.config.tile[:2] == (128, 256) and long.config.cluster == (1, 1)
-    assert long_k_parts(long.config, Problem(512, 2048, 151936), arch_spec(90).sm_count) == 132 // 32
+    # (2x1 clusters of 128x256 tiles: 16 units over 66 resident clusters, LONG_K_SPLIT_CLUSTERS)
+    assert long.config.stream_k and long.config.tile[:2] == (128, 256) and long.config.cluster == (2, 1)
+    assert long_k_parts(long.config, Problem(512, 2048, 151936), arch_spec(90).sm_count) == 66 // 16
     assert "each split into 4 k parts" in str(long)
     short_k = (SPLIT_K_LONG_K_TILES - 1) * 64
     short = Gemm("bf16", "tt", arch=90, m=512, n=2048, k=short_k)
@@ -1205,3 +1206,12 @@ def test_a_long_k_over_several_waves_takes_wide_cooperative_tiles() -> None:
     assert Gemm("bf16", "tt", arch=90, m=1024, n=2048, k=102400).config.schedule == "pingpong"
     fixed = Gemm("bf16", "tt", arch=90, m=4096, n=3584, k=152064, schedule="pingpong").config
     assert fixed.schedule == "pingpong"   # a schedule the user fixed is kept
+
+
+def test_a_long_k_split_takes_a_2x1_cluster_over_two_tile_rows() -> None:
+    """A vocabulary head's dX at 256 tokens: split-K in a 2x1 cluster (B multicast to both tile rows); one tile row
+    keeps 1x1 (a second block would compute zeros)."""
+    cfg = Gemm("bf16", "tt", arch=90, m=256, n=3584, k=152064).config
+    assert cfg.stream_k and cfg.cluster == (2, 1) and cfg.schedule == "cooperative", cfg.name
+    one_row = Gemm("bf16", "tt", arch=90, m=128, n=4096, k=128256).config
+    assert one_row.stream_k and one_row.cluster == (1, 1), one_row.name

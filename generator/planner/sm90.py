@@ -138,6 +138,14 @@ SPLIT_K_MAX_SM_SHARE = {"cooperative": 1 / 2, "pingpong": 1 / 4}
 # (512 x 4096 x 128256, 256 x 8192 x 128256, 1024 x 2048 x *), so a split in two is left to tune().
 SPLIT_K_LONG_K_TILES = 1024
 SPLIT_K_LONG_K_MIN_PARTS = 4
+# A long-K split with a 2x1 cluster (each B tile loaded once for the cluster's two tile rows, by multicast), weighed
+# beside the 1x1 one wherever the plan has at least two tile rows: that cluster streams W, the vocabulary head's
+# weight, from L2 once where two 1x1 blocks each fetch it. Measured (H100, bf16 dY @ W, gpu/midm_tiles.py --layout tt,
+# h100_midm_dx_head_cluster_sk.json), split 4 ways either way: 256 x 3584 x 152064 128x256 0.929x cuBLAS at 2x1 against
+# 0.670x at 1x1, 256 x 4096 x 128256 0.957x against 0.665x, 256 x 2048 x 151936 0.963x against 0.859x; 512 x 3072 x
+# 128256 128x192 2x1 0.927x against 0.744x for the pick before (128x128 pingpong 2x1, whole K: 2 parts, below the
+# rule's 4, so the pick stays); 512 x 2048 x 151936 0.946x against 0.889x (h100_midm_dx_head_cluster_sk_512.json).
+LONG_K_SPLIT_CLUSTERS = ((2, 1),)
 # A K of at least SPLIT_K_LONG_K_TILES k tiles over more than one wave of 128x128 tiles (a vocabulary head's dX at
 # thousands of tokens): cooperative tiles of at least 128x128 only. Each tile then streams its operands for hundreds of
 # microseconds, the blocks of a wave drift apart along K and L2 stops serving the panels they share, so the tiles that
@@ -351,7 +359,9 @@ def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Proble
     tiles = tile_count(tile, problem)
     if tiles > sm_count:
         return list(PLANNED_CLUSTERS)
-    return [(1, 1), (2, 1)] if one_wave_streams_b(tile, problem, tiles, sm_count) else [(1, 1)]
+    long_k_split = (math.ceil(problem.k / tile[2]) >= SPLIT_K_LONG_K_TILES and problem.batch == 1
+                    and math.ceil(problem.m / tile[0]) >= 2)   # LONG_K_SPLIT_CLUSTERS
+    return [(1, 1), (2, 1)] if long_k_split or one_wave_streams_b(tile, problem, tiles, sm_count) else [(1, 1)]
 
 
 def one_wave_streams_b(tile: tuple[int, int, int], problem: Problem, tiles: int, sm_count: int) -> bool:
@@ -552,11 +562,21 @@ def _splittable(cfg: KernelConfig, problem: Problem) -> bool:
 
 
 def long_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
-    """The k parts of each tile of a 1x1 persistent plan of one problem with at least SPLIT_K_LONG_K_TILES k tiles
-    whose tiles the launch cuts into at least SPLIT_K_LONG_K_MIN_PARTS parts (SMs // tiles); 1 otherwise, and for
-    int8 (its int32 sums are not added as fp32 partials)."""
-    parts = sm_count // tile_count(cfg.tile, problem)
-    if (not _splittable(cfg, problem) or parts < SPLIT_K_LONG_K_MIN_PARTS or cfg.schedule not in SPLIT_K_MAX_SM_SHARE
+    """The k parts of each tile of a persistent plan of one problem with at least SPLIT_K_LONG_K_TILES k tiles whose
+    cluster units the launch cuts into at least SPLIT_K_LONG_K_MIN_PARTS parts (resident clusters // units); 1
+    otherwise, and for int8 (its int32 sums are not added as fp32 partials). A 1x1 plan, or a 2x1 one over real tile
+    rows (LONG_K_SPLIT_CLUSTERS)."""
+    units_m, units_n = grid_units(cfg, problem)
+    parts = resident_clusters(sm_count, cfg.cluster[0] * cfg.cluster[1]) // (units_m * units_n)
+    splittable = _splittable(cfg, problem) or long_k_split_cluster(cfg, problem)
+    if (not splittable or parts < SPLIT_K_LONG_K_MIN_PARTS or cfg.schedule not in SPLIT_K_MAX_SM_SHARE
             or math.ceil(problem.k / cfg.tile[2]) < SPLIT_K_LONG_K_TILES):
         return 1
     return parts
+
+
+def long_k_split_cluster(cfg: KernelConfig, problem: Problem) -> bool:
+    """Whether ``cfg`` takes LONG_K_SPLIT_CLUSTERS' rule: a 2x1 cluster over at least two tile rows, one problem, not
+    int8."""
+    return (cfg.cluster in LONG_K_SPLIT_CLUSTERS and math.ceil(problem.m / cfg.tile[0]) >= cfg.cluster[0]
+            and problem.batch == 1 and cfg.dtype.value != "int8")

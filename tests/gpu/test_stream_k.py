@@ -26,6 +26,8 @@ PLANS = {
     "bf16_pp_64x128": dict(dtype="bf16", tile_shape=(64, 128, 64), cluster_shape=(1, 1), schedule="pingpong"),
     "bf16_pp_128x128_c2x1": dict(dtype="bf16", tile_shape=(128, 128, 64), cluster_shape=(2, 1),
                                  schedule="pingpong"),
+    # a vocabulary head's dX at a few hundred tokens: 2x1 clusters split along K (planner LONG_K_SPLIT_CLUSTERS)
+    "bf16_coop_128x256_c2x1": dict(dtype="bf16", tile_shape=(128, 256, 64), cluster_shape=(2, 1)),
     # a 64-row cooperative tile: its consumers split each segment's tile along N
     "bf16_coop_64x128": dict(dtype="bf16", tile_shape=(64, 128, 64), cluster_shape=(1, 1)),
     # an N tile that is no multiple of 64 (D stored directly)
