@@ -66,6 +66,7 @@ class Timing:
     exact_kernel: str | None = None
     unhinted_ms: float | None = None
     unhinted_kernel: str | None = None
+    path: str = "fast"   # which of the op's kernels the call took (op.path: 'fast', 'small_m', ...)
 
     @property
     def key(self) -> tuple:
@@ -202,6 +203,7 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
             "dW": lambda f: f(X.t(), dY).t()}[row.pass_]   # dW: the dB kernel writes dW.t() column-major
     theirs = lambda: corpus.pass_product(row.pass_, X, W, dY)  # noqa: E731
     mine = fwd if row.pass_ == "fwd" else grad_ops(fwd, Order.row)[row.pass_ == "dW"]
+    path = mine.path(*{"fwd": (X, W.t()), "dX": (dY, W), "dW": (X.t(), dY)}[row.pass_])
     fns = {"ours": lambda: call(mine), "cublas": theirs}
     for col, extra_op in extra.items():
         fns[col] = (lambda o: lambda: call(o))(extra_op)
@@ -216,7 +218,7 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     ms = {name: statistics.median(v) for name, v in interleaved_rounds(fns, rounds, measure).items()}
     return Timing(row.pass_, row.m, row.n, row.k, dtype, ms["ours"], ms["cublas"], ms["cublas"] / ms["ours"],
                   mine.name, err, ms.get("exact"), extra["exact"].name if "exact" in extra else None,
-                  ms.get("unhinted"), extra["unhinted"].name if "unhinted" in extra else None)
+                  ms.get("unhinted"), extra["unhinted"].name if "unhinted" in extra else None, path)
 
 
 def run(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...], rounds: int, columns: list[str],
@@ -242,7 +244,8 @@ def run(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...], roun
             ex = f"{t.cublas_ms / t.exact_ms:6.3f}" if t.exact_ms else f"{'-':>6}"
             un = f"{t.cublas_ms / t.unhinted_ms:6.3f}" if t.unhinted_ms else f"{'-':>6}"
             print(f"{t.pass_:>4} {t.m:>6} {t.n:>6} {t.k:>6} {d:>5} {t.ours_ms:9.4f} {t.cublas_ms:9.4f} "
-                  f"{t.vs_cublas:6.3f} {ex} {un} {t.rel_error:8.1e}  {t.kernel}", flush=True)
+                  f"{t.vs_cublas:6.3f} {ex} {un} {t.rel_error:8.1e}  {t.kernel}"
+                  f"{'' if t.path == 'fast' else f' ({t.path} path)'}", flush=True)
             torch.cuda.empty_cache()
             if checkpoint is not None and len(timings) % CHECKPOINT_EVERY == 0:
                 checkpoint(timings)
@@ -265,7 +268,7 @@ def result_rows(rows: list[CorpusRow], timings: list[Timing]) -> list[dict]:
                         "vs_cublas": t.vs_cublas, "ours_tflops": flop / t.ours_ms / 1e9,
                         "cublas_tflops": flop / t.cublas_ms / 1e9, "kernel": t.kernel, "rel_error": t.rel_error,
                         "exact_ms": t.exact_ms, "exact_kernel": t.exact_kernel, "unhinted_ms": t.unhinted_ms,
-                        "unhinted_kernel": t.unhinted_kernel})
+                        "unhinted_kernel": t.unhinted_kernel, "path": t.path})
     return out
 
 
@@ -275,7 +278,7 @@ def timings_of(result: dict) -> list[Timing]:
     for r in result["rows"]:
         t = Timing(r["pass"], r["m"], r["n"], r["k"], r["dtype"], r["ours_ms"], r["cublas_ms"], r["vs_cublas"],
                    r["kernel"], r["rel_error"], r.get("exact_ms"), r.get("exact_kernel"), r.get("unhinted_ms"),
-                   r.get("unhinted_kernel"))
+                   r.get("unhinted_kernel"), r.get("path", "fast"))
         seen.setdefault(t.key, t)
     return list(seen.values())
 

@@ -92,3 +92,15 @@ def test_pass_product_is_each_pass_as_autograd_runs_it() -> None:
     assert corpus.pass_product("dW", X, W, dY).shape == W.shape == (4, 3)
     with pytest.raises(ValueError, match="pass 'bwd': one of fwd, dX, dW"):
         corpus.pass_product("bwd", X, W, dY)
+
+
+def test_result_rows_keep_which_kernel_path_ran() -> None:
+    """A decode row runs the op's small-M kernel, not the bucket's tiled kernel its `kernel` names: the row says so, and
+    a written file reads back with it (files written before the field read 'fast')."""
+    rows = corpus.rows(["llama3-8b"], [16], passes=["fwd"])[:1]
+    timing = bench_corpus.Timing("fwd", 16, rows[0].n, rows[0].k, "bf16", 1.0, 1.1, 1.1, "k", 1e-3, path="small_m")
+    written = bench_corpus.result_rows(rows, [timing])
+    assert written[0]["path"] == "small_m"
+    assert bench_corpus.timings_of({"rows": written})[0].path == "small_m"
+    del written[0]["path"]
+    assert bench_corpus.timings_of({"rows": written})[0].path == "fast"
