@@ -61,7 +61,7 @@ def family_configs(family: str, dtype: str, layout: str, arch: int | None,
         return [Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, warps=w, stages=s, family="sm80").config
                 for t, w, s in SM80_CONFIGS]
     return [dataclasses.replace(Gemm(dtype=dtype, layout=layout, arch=arch, tile_shape=t, cluster_shape=c,
-                                     schedule=sched, stages=s, family="sm90").config, stream_k=bool(sk))
+                                     schedule=sched, stages=s, family="sm90").config, stream_k=any(sk))
             for t, c, sched, s, *sk in (sm90_kernels or SM90_CONFIGS)]
 
 

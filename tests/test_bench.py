@@ -88,10 +88,11 @@ def test_ab_variants_takes_explicit_sm90_kernels():
     import ab_variants
 
     spec = ab_variants.parse_sm90_kernel("128x256x64:2x1:cooperative:3")
-    assert spec == ((128, 256, 64), (2, 1), "cooperative", 3)
-    names = [c.name for c in ab_variants.family_configs("sm90", "bf16", "tn", 90, [spec])]
-    assert names == ["sm90_bf16_tn_128x256x64_c2x1_s3_coop_g8m"]
-    for bad in ("128x256x64:2x1:cooperative", "128x256:2x1:cooperative:x"):
+    assert spec == ((128, 256, 64), (2, 1), "cooperative", 3, False)
+    split = ab_variants.parse_sm90_kernel("64x128x64:1x1:pingpong:8:sk")   # a fifth field: stream-K / split-K
+    names = [c.name for c in ab_variants.family_configs("sm90", "bf16", "tn", 90, [spec, split])]
+    assert names == ["sm90_bf16_tn_128x256x64_c2x1_s3_coop_g8m", "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g8n"]
+    for bad in ("128x256x64:2x1:cooperative", "128x256:2x1:cooperative:x", "64x128x64:1x1:pingpong:8:xx"):
         with pytest.raises(argparse.ArgumentTypeError, match="TILE:CLUSTER:SCHEDULE:STAGES"):
             ab_variants.parse_sm90_kernel(bad)
 
