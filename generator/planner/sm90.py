@@ -147,9 +147,9 @@ SPLIT_K_LONG_K_MIN_PARTS = 4
 # rule's 4, so the pick stays); 512 x 2048 x 151936 0.946x against 0.889x (h100_midm_dx_head_cluster_sk_512.json).
 LONG_K_SPLIT_CLUSTERS = ((2, 1),)
 # A K of at least SPLIT_K_LONG_K_TILES k tiles over more than one wave of 128x128 tiles (a vocabulary head's dX at
-# thousands of tokens): cooperative tiles of at least 128x128 only. Each tile then streams its operands for hundreds of
+# thousands of tokens): cooperative tiles of at least 128x192 only. Each tile then streams its operands for hundreds of
 # microseconds, the blocks of a wave drift apart along K and L2 stops serving the panels they share, so the tiles that
-# load the fewest bytes per flop (at least 128x192) win whatever the wave count says. Measured (bf16 dY @ W, gpu/midm_tiles.py --layout
+# load the fewest bytes per flop win whatever the wave count says. Measured (bf16 dY @ W, gpu/midm_tiles.py --layout
 # tt): 4096 x 3584 x 152064 128x256 c2x1 cooperative 1.029x cuBLAS against 0.687x for the 128x128 c2x1 pingpong tile
 # the wave count prefers (H100, h100_midm_dx_bigk.json; H200 0.949x against 0.985x, h200_midm_dx_bigk.json); at K =
 # 18944 the two read 0.925x and 0.934x. With the rule (H100, h100_midm_dx_longk_rule.json): 8192 x 3584 x 152064

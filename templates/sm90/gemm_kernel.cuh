@@ -905,9 +905,10 @@ struct Kernel {
   // epilogue and stores them. The owner alone adding (parts - 1) partial tiles, one after another, read them through
   // one SM: 15 tiles of 32 KB at 64 x 1024 x 8192 (8 tiles of 64x128, 16 parts).
   template <typename ACC>
-  __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p, ACC (&acc)[MMA_BLOCKS_M][ACCUM],
-                                        const StreamK& sk, int cluster, uint32_t rank, int consumer, int slot_consumer,
-                                        float* workspace, int* flags, int m0, int n0, int problem) {
+  __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p,
+                                                        ACC (&acc)[MMA_BLOCKS_M][ACCUM], const StreamK& sk, int cluster,
+                                                        uint32_t rank, int consumer, int slot_consumer, float* workspace,
+                                                        int* flags, int m0, int n0, int problem) {
     const int parts = sk.clusters / sk.units;
     const int part = cluster % parts, first = cluster - part;
     const int slot = partial_slot(cluster, rank, slot_consumer);
