@@ -136,3 +136,11 @@ def test_sm90_neighbours_include_the_n_tile_that_fills_the_waves() -> None:
     assert not any(c.tile[1] % 64 for c in neighbours(tt.estimate.config, space_of(tt), tt._request.problem))
     fp8 = Gemm("e4m3", "tn", arch=90, m=512, n=4544, k=4544)
     assert not any(c.tile[1] % 64 for c in candidates_of(fp8))
+
+
+def test_sm90_neighbours_of_an_odd_n_pick_include_the_even_tiles_around_it() -> None:
+    """1024 x 4544 x 4544: the planner's 128x144 (ODD_TILES); tune() also tries 128x128 and 128x192."""
+    plan = Gemm("bf16", "tn", arch=90, m=1024, n=4544, k=4544)
+    assert plan.estimate.config.tile == (128, 144, 64)
+    near = {c.tile for c in neighbours(plan.estimate.config, space_of(plan), plan._request.problem)}
+    assert {(128, 128, 64), (128, 192, 64)} <= near

@@ -91,7 +91,9 @@ def _sm90_neighbours(cfg: KernelConfig, space: Space, problem: Problem) -> Itera
     if other is not None:
         yield _sm90_refit(replace(cfg, schedule=other, stream_k=False), space, problem)
     bm, bn, bk = cfg.tile
-    for tile in ((bm, bn - 64, bk), (bm, bn + 64, bk), (bm // 2, bn, bk), (bm * 2, bn, bk)):
+    # (an odd N tile, the planner's where it fills the waves: the even ones on either side of it)
+    wider, narrower = (bn + 64, bn - 64) if bn % 64 == 0 else (bn // 64 * 64 + 64, bn // 64 * 64)
+    for tile in ((bm, narrower, bk), (bm, wider, bk), (bm // 2, bn, bk), (bm * 2, bn, bk)):
         if tile[1] in SM90_BLOCK_N and tile[0] >= 64:
             yield _sm90_refit(replace(cfg, tile=tile), space, problem)
     filling = _sm90_filling_block_n(cfg, space, problem)
