@@ -199,11 +199,12 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     W = torch.randn(n, k, device="cuda").to(t)
     dY = torch.randn(tokens, n, device="cuda").to(t) if row.pass_ != "fwd" else None
     # How each pass calls a kernel of its kind (the autograd formula's operands), and torch's product.
-    call = {"fwd": lambda f: f(X, W.t()), "dX": lambda f: f(dY, W),
-            "dW": lambda f: f(X.t(), dY).t()}[row.pass_]   # dW: the dB kernel writes dW.t() column-major
+    operands = {"fwd": (X, W.t()), "dX": (dY, W), "dW": (X.t(), dY)}[row.pass_]
+    transposed = row.pass_ == "dW"   # dW: the dB kernel writes dW.t() column-major
+    call = lambda f: f(*operands).t() if transposed else f(*operands)  # noqa: E731
     theirs = lambda: corpus.pass_product(row.pass_, X, W, dY)  # noqa: E731
     mine = fwd if row.pass_ == "fwd" else grad_ops(fwd, Order.row)[row.pass_ == "dW"]
-    path = mine.path(*{"fwd": (X, W.t()), "dX": (dY, W), "dW": (X.t(), dY)}[row.pass_])
+    path = mine.path(*operands)
     fns = {"ours": lambda: call(mine), "cublas": theirs}
     for col, extra_op in extra.items():
         fns[col] = (lambda o: lambda: call(o))(extra_op)

@@ -359,9 +359,8 @@ def cluster_candidates(tile: tuple[int, int, int], knobs: Knobs, problem: Proble
     tiles = tile_count(tile, problem)
     if tiles > sm_count:
         return list(PLANNED_CLUSTERS)
-    long_k_split = (math.ceil(problem.k / tile[2]) >= SPLIT_K_LONG_K_TILES and problem.batch == 1
-                    and math.ceil(problem.m / tile[0]) >= 2)   # LONG_K_SPLIT_CLUSTERS
-    return [(1, 1), (2, 1)] if long_k_split or one_wave_streams_b(tile, problem, tiles, sm_count) else [(1, 1)]
+    wanted = long_k_over_two_rows(tile, problem) or one_wave_streams_b(tile, problem, tiles, sm_count)
+    return [(1, 1), (2, 1)] if wanted else [(1, 1)]
 
 
 def one_wave_streams_b(tile: tuple[int, int, int], problem: Problem, tiles: int, sm_count: int) -> bool:
@@ -576,7 +575,13 @@ def long_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
 
 
 def long_k_split_cluster(cfg: KernelConfig, problem: Problem) -> bool:
-    """Whether ``cfg`` takes LONG_K_SPLIT_CLUSTERS' rule: a 2x1 cluster over at least two tile rows, one problem, not
-    int8."""
-    return (cfg.cluster in LONG_K_SPLIT_CLUSTERS and math.ceil(problem.m / cfg.tile[0]) >= cfg.cluster[0]
-            and problem.batch == 1 and cfg.dtype.value != "int8")
+    """Whether ``cfg`` takes LONG_K_SPLIT_CLUSTERS' rule: a 2x1 cluster where ``long_k_over_two_rows``, not int8."""
+    return (cfg.cluster in LONG_K_SPLIT_CLUSTERS and long_k_over_two_rows(cfg.tile, problem)
+            and cfg.dtype.value != "int8")
+
+
+def long_k_over_two_rows(tile: tuple[int, int, int], problem: Problem) -> bool:
+    """Where LONG_K_SPLIT_CLUSTERS' 2x1 cluster is weighed: at least SPLIT_K_LONG_K_TILES k tiles, at least two tile
+    rows (the cluster's second block has a real tile), one problem."""
+    return (math.ceil(problem.k / tile[2]) >= SPLIT_K_LONG_K_TILES and problem.batch == 1
+            and math.ceil(problem.m / tile[0]) >= 2)
