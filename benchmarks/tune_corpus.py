@@ -6,7 +6,14 @@ kernel that plan.tune() finds around the planner's pick. An entry measured at m 
     python3 benchmarks/tune_corpus.py --tokens 128,256 --models llama3-8b --max-candidates 8 --out /tmp/t.json
 
 bf16, layout tn (y = x @ W.t()), the M buckets' bounds of Gemm.compile_buckets by default, tuned token count by token
-count in the order given. Each tuning run is also recorded in the user's tuning cache as usual; --out gets this run's
+count in the order given.
+
+An entry answers a band of rows, but is measured at its top: a winner at 512 rows (4 rows of 128-row tiles) can lose at
+384 (3 rows), where the waves differ. So a winner other than the planner's pick is timed again beside the pick inside
+its band (at 5/8 and 3/4 of its rows, --interior) and goes into the table only where it is no slower there than the pick
+by more than --interior-tolerance; else the band keeps the estimate. --report records every such check (JSON).
+
+Each tuning run is also recorded in the user's tuning cache as usual; --out gets this run's
 winners only, without the per-candidate rows. --time-limit-s stops starting new GEMMs after that many seconds and writes
 what was tuned: run the same command again (the same tuning cache) and the tuned GEMMs come from the cache at once.
 """
@@ -35,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-candidates", type=int, default=12)
     ap.add_argument("--budget-s", type=float, default=30.0, help="per GEMM, builds included")
     ap.add_argument("--out", required=True, help="the table file to write (JSON, the tuning export format)")
+    ap.add_argument("--interior", default="0.625,0.75",
+                    help="fractions of an entry's rows where a winner other than the pick is checked against it")
+    ap.add_argument("--interior-tolerance", type=float, default=0.01,
+                    help="how much slower than the pick a winner may be at an interior row count and be kept")
+    ap.add_argument("--report", default=None, help="JSON of the interior checks (read first: a rerun reuses them)")
     ap.add_argument("--time-limit-s", type=float, default=None,
                     help="start no GEMM after this many seconds; the table then holds the GEMMs tuned so far")
     args = ap.parse_args(argv)
@@ -56,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(err))
     device = current_device()
     print(f"{device.describe()}: {len(shapes)} GEMMs", flush=True)
+    fractions = [float(f) for f in args.interior.split(",") if f]
+    report_path = Path(args.report) if args.report else None
+    checks = json.loads(report_path.read_text()) if report_path and report_path.exists() else {}
     entries = {}
+    tuned = 0
     start = time.perf_counter()
     for i, (m, n, k) in enumerate(shapes):
         if args.time_limit_s is not None and time.perf_counter() - start > args.time_limit_s:
@@ -65,15 +81,47 @@ def main(argv: list[str] | None = None) -> int:
         plan = Gemm(args.dtype, "tn", m=m, n=n, k=k)
         result = plan.tune(max_candidates=args.max_candidates, budget_s=args.budget_s, progress=False)
         entry = replace(result.entry, table=())
-        entries[entry.key.text] = entry
+        tuned += 1
         print(f"[{i + 1}/{len(shapes)}] {m}x{n}x{k}: {result.winner.name} {result.ms * 1e3:.1f} us, pick "
               f"{result.pick.name} {result.pick_ms * 1e3:.1f} us ({100 * (result.pick_ms / result.ms - 1):+.1f} %)"
               f"{' (cached)' if result.from_cache else ''}", flush=True)
+        if result.winner.name != result.pick.name:
+            check = checks.get(entry.key.text) or interior_check(result, fractions, args.interior_tolerance)
+            checks[entry.key.text] = check
+            print(f"    inside the band: {check['summary']}", flush=True)
+            if not check["kept"]:
+                continue
+        entries[entry.key.text] = entry
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(out, json.dumps(bundle_json([Table(device, entries)]), indent=1, sort_keys=True) + "\n")
-    print(f"wrote {len(entries)} entries to {out} in {time.perf_counter() - start:.0f} s")
-    return 0 if len(entries) == len(shapes) else 3
+    if report_path:
+        write_atomically(report_path, json.dumps(checks, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {len(entries)} entries to {out} in {time.perf_counter() - start:.0f} s "
+          f"({sum(not c['kept'] for c in checks.values())} winners dropped for losing inside their band)")
+    return 0 if tuned == len(shapes) else 3
+
+
+def interior_check(result, fractions: list[float], tolerance: float) -> dict:
+    """The winner against the pick at row counts inside the entry's band, side by side: kept where the winner is no
+    slower than the pick by more than ``tolerance`` at every one of them."""
+    from generator.planner import Problem
+    from generator.tune.measure import measure
+
+    p = result.problem
+    times = {}
+    for fraction in fractions:
+        m = max(1, round(p.m * fraction))
+        rows, _, _ = measure([result.pick, result.winner], Problem(m, p.n, p.k, p.batch), namespace="gemmgen",
+                             deadline=None, progress=False)
+        pick_ms, winner_ms = (row.ms for row in rows)
+        times[m] = (pick_ms, winner_ms)
+    kept = all(w is not None and pk is not None and w <= pk * (1 + tolerance) for pk, w in times.values())
+    summary = ", ".join(f"{m} rows {pk * 1e3:.1f} -> {w * 1e3:.1f} us" if pk and w else f"{m} rows: not timed"
+                        for m, (pk, w) in times.items())
+    return {"m": p.m, "n": p.n, "k": p.k, "pick": result.pick.name, "winner": result.winner.name,
+            "gain_at_m": result.pick_ms / result.ms, "interior": {str(m): t for m, t in times.items()},
+            "kept": kept, "summary": summary + ("" if kept else ": dropped")}
 
 
 if __name__ == "__main__":

@@ -104,3 +104,28 @@ def test_result_rows_keep_which_kernel_path_ran() -> None:
     assert bench_corpus.timings_of({"rows": written})[0].path == "small_m"
     del written[0]["path"]
     assert bench_corpus.timings_of({"rows": written})[0].path == "fast"
+
+
+def test_a_winner_that_loses_inside_its_band_is_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune_corpus.interior_check: a winner measured at a band's top is kept only where it is no slower than the
+    pick at the rows inside the band (a 512-row winner can lose at 384 rows, where the waves differ)."""
+    from types import SimpleNamespace
+
+    import tune_corpus
+    from generator.planner import Problem
+    from generator.tune import measure as measure_module
+
+    pick, winner = SimpleNamespace(name="pick"), SimpleNamespace(name="winner")
+    result = SimpleNamespace(problem=Problem(512, 3072, 8192), pick=pick, winner=winner, ms=0.048, pick_ms=0.051)
+    slow_at = {320: False, 384: True}
+
+    def fake_measure(configs, problem, **_):
+        assert [c.name for c in configs] == ["pick", "winner"] and (problem.n, problem.k) == (3072, 8192)
+        winner_ms = 0.060 if slow_at[problem.m] else 0.040
+        return [SimpleNamespace(ms=0.050), SimpleNamespace(ms=winner_ms)], [], None
+
+    monkeypatch.setattr(measure_module, "measure", fake_measure)
+    check = tune_corpus.interior_check(result, [0.625, 0.75], tolerance=0.01)
+    assert not check["kept"] and set(check["interior"]) == {"320", "384"} and check["summary"].endswith("dropped")
+    slow_at[384] = False
+    assert tune_corpus.interior_check(result, [0.625, 0.75], tolerance=0.01)["kept"]

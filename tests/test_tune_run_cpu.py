@@ -17,6 +17,19 @@ from generator.tune.cache import table_path  # noqa: E402
 from tune_cases import H100  # noqa: E402
 
 
+class FakeFlush:
+    """The L2 flush without a GPU: nothing to write, nothing to hold."""
+
+    def __init__(self, device=None) -> None:
+        self.lead_s = 0.0
+
+    def cover(self, host_s: float) -> None:
+        self.lead_s = max(self.lead_s, host_s)
+
+    def __call__(self) -> None:
+        pass
+
+
 class FakeGpu:
     """Per kernel name: its time per call (ms) and whether it computes garbage; the last call's time."""
 
@@ -58,7 +71,7 @@ def gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeGpu:
         return torch.randn(problem.m, problem.k, generator=gen), torch.randn(problem.k, problem.n, generator=gen), []
 
     monkeypatch.setattr(measure, "make_operands", operands)
-    monkeypatch.setattr(measure, "L2Flush", lambda device=None: (lambda: None))
+    monkeypatch.setattr(measure, "L2Flush", FakeFlush)
 
     def time_calls(fn, calls, flush):
         fn()

@@ -2,6 +2,11 @@
 larger than L2 written) before every call, a warm-up, interleaved rounds over the candidates (each round in another
 order, so a clock or temperature drift hits every candidate alike), the median of every call's time.
 
+The events time the GPU, not the host: after the flush the GPU spins (``torch.cuda._sleep``) for longer than the host
+takes to enqueue the start event, the call and the end event, so a call whose kernel is shorter than its host
+overhead (a 10 us GEMM behind 20 us of Python) is not timed as the host's gap. Every candidate of a problem pays the
+same host overhead in use, so only the GPU's time tells them apart.
+
 Also what a measurement needs around it: fresh random operands in the plan's storage orders, and the check that a
 candidate computes the right thing, so a wrong kernel can never win.
 """
@@ -126,16 +131,39 @@ def relative_error(out: Any, ref: Any) -> float:
 # -- the timer ------------------------------------------------------------------------------------------------
 
 class L2Flush:
-    """Writes a buffer larger than the L2 cache, so that the next call finds none of its operands there."""
+    """Writes a buffer larger than the L2 cache, so that the next call finds none of its operands there; then holds
+    the GPU for ``lead_s`` (a spin kernel), so that the host has enqueued the timed call before the GPU reaches it."""
 
     MIN_BYTES = 64 << 20
+    #: The hold covers this multiple of the slowest host enqueue seen (``cover``), plus MIN_LEAD_S.
+    LEAD_FACTOR = 2.0
+    MIN_LEAD_S = 20e-6
+    MAX_LEAD_S = 2e-3
+    #: Spin cycles timed once to learn the spin kernel's rate on this GPU.
+    CALIBRATION_CYCLES = 1_000_000
 
     def __init__(self, device: torch.device | None = None) -> None:
         l2 = getattr(torch.cuda.get_device_properties(device or torch.cuda.current_device()), "L2_cache_size", 0)
         self.buffer = torch.empty(max(2 * l2, self.MIN_BYTES) // 4, dtype=torch.int32, device="cuda")
+        self.cycles_per_s = self._spin_rate()
+        self.lead_s = self.MIN_LEAD_S
+
+    def _spin_rate(self) -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(self.CALIBRATION_CYCLES)   # first launch: not timed
+        start.record()
+        torch.cuda._sleep(self.CALIBRATION_CYCLES)
+        end.record()
+        end.synchronize()
+        return self.CALIBRATION_CYCLES / max(start.elapsed_time(end) * 1e-3, 1e-6)
+
+    def cover(self, host_s: float) -> None:
+        """Hold the GPU long enough for a call whose host side takes ``host_s`` seconds to enqueue."""
+        self.lead_s = min(self.MAX_LEAD_S, max(self.lead_s, self.LEAD_FACTOR * host_s + self.MIN_LEAD_S))
 
     def __call__(self) -> None:
         self.buffer.zero_()
+        torch.cuda._sleep(int(self.lead_s * self.cycles_per_s))
 
 
 def time_calls(fn: Callable[[], Any], calls: int, flush: L2Flush) -> list[float]:
@@ -177,9 +205,14 @@ def calls_for(estimate_ms: float, settings: TimingSettings) -> int:
 
 
 def warm_up(fn: Callable[[], Any], settings: TimingSettings, flush: L2Flush) -> float:
-    """Untimed calls, then a short timed run: the estimate of one call's time (ms) that sets the calls per round."""
-    for _ in range(settings.warmup):
+    """Untimed calls (their host time sets how long the flush holds the GPU), then a short timed run: the estimate
+    of one call's time (ms) that sets the calls per round."""
+    host_s = []
+    for _ in range(max(settings.warmup, 1)):
+        t0 = time.perf_counter()
         fn()
+        host_s.append(time.perf_counter() - t0)
+    flush.cover(max(host_s[1:] or host_s))   # the first call may load and check more than a steady call does
     return statistics.median(time_calls(fn, settings.min_calls, flush))
 
 
