@@ -20,7 +20,9 @@ def visible(monkeypatch: pytest.MonkeyPatch):
         props = SimpleNamespace(name=name, major=cc[0], minor=cc[1], multi_processor_count=sms)
         cuda = SimpleNamespace(is_available=lambda: True, current_device=lambda: 0,
                                get_device_properties=lambda device: props)
-        monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda))
+        # (version and __version__: a plan with size hints asks the device's key for the shipped dispatch tables)
+        monkeypatch.setitem(sys.modules, "torch", SimpleNamespace(cuda=cuda, version=SimpleNamespace(cuda="13.0"),
+                                                                  __version__="2.11.0+cu130"))
     return make
 
 

@@ -18,12 +18,15 @@ from generator.gemm import UNTUNED_LINE, _space
 from generator.tune import DeviceKey, Entry, entry_key, load_tables
 from generator.tune import tuner
 from generator.tune.cache import config_fields, record, table_path
-from tune_cases import H100, own_tuning_dir  # noqa: E402
+from tune_cases import H100, no_shipped_tables, own_tuning_dir  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    return own_tuning_dir(tmp_path, monkeypatch)
+def tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    no_shipped_tables(tmp_path, monkeypatch)
+    yield own_tuning_dir(tmp_path, monkeypatch)
+    from generator.tune import shipped
+    shipped.shipped_tables.cache_clear()
 
 
 @pytest.fixture

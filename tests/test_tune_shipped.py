@@ -97,6 +97,9 @@ def test_another_gpu_model_or_a_stale_entry_misses(tables: Path, monkeypatch: py
     # an entry whose recorded fields no longer give its kernel (the config space moved): ignored
     ship(tables, [replace(entry, kernel=entry.kernel + "_renamed")])
     assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096).tuned is None
+    # an entry measured against a kernel the planner no longer picks: ignored (its winner beat another pick)
+    ship(tables, [replace(entry, estimate_kernel="sm90_an_older_pick")])
+    assert Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096).tuned is None
     # no GPU: no lookup
     monkeypatch.setattr(tuner, "current_device", lambda **_: None)
     ship(tables, [entry])
@@ -118,4 +121,27 @@ def test_the_shipped_tables_are_package_data_and_well_formed() -> None:
     for path in sorted(folder.glob("*.json")):
         for table in load_tables(path):
             assert table.entries, f"{path}: a shipped table without entries"
+
+
+def test_every_shipped_entry_is_a_kernel_of_this_gemmgen() -> None:
+    """Each shipped entry's recorded fields rebuild its kernel on the request's pick (none is stale), and it is
+    measured against the kernel the planner picks today: a planner change that moves a pick under a shipped entry
+    retires that entry (it answers nothing), so the fix is to re-tune those rows (benchmarks/tune_corpus.py) or drop
+    them from the table."""
+    folder = Path(shipped.__file__).resolve().parent / "tables"
+    stale, retired = [], []
+    for path in sorted(folder.glob("*.json")):
+        for table in load_tables(path):
+            for entry in table.entries.values():
+                k = entry.key
+                with pytest.MonkeyPatch.context() as mp:
+                    mp.setenv("GEMMGEN_TUNED", "0")
+                    pick = Gemm(k.dtype, k.layout, arch=k.arch, m=k.m, n=k.n, k=k.k).estimate.config
+                if tuner.choice_from_entry(entry, pick, table.device) is None:
+                    stale.append(f"{path.name}: {k.text} -> {entry.kernel}")
+                if entry.estimate_kernel != pick.name:
+                    retired.append(f"{path.name}: {k.text}: measured against {entry.estimate_kernel}, "
+                                   f"the planner now picks {pick.name}")
+    assert not stale, "shipped entries that are no longer their kernel:\n" + "\n".join(stale)
+    assert not retired, "re-tune these rows (benchmarks/tune_corpus.py) or drop them:\n" + "\n".join(retired)
 

@@ -17,3 +17,15 @@ def own_tuning_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("GEMMGEN_TUNING_DIR", str(folder))
     monkeypatch.delenv("GEMMGEN_TUNED", raising=False)
     return folder
+
+
+def no_shipped_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The shipped dispatch tables (generator/tune/tables) replaced by an empty folder, for tests of the user's own
+    tuning cache on the made-up H100, which the shipped H100 table would otherwise answer."""
+    from generator.tune import shipped
+
+    folder = tmp_path / "no_shipped_tables"
+    folder.mkdir()
+    monkeypatch.setattr(shipped, "TABLES_DIR", folder)
+    shipped.shipped_tables.cache_clear()
+    return folder

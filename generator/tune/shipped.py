@@ -4,8 +4,12 @@ cache's export format (docs/tuning.md).
 
 A plan with size hints that the user's own tuning cache does not answer takes the table's winner for its request
 (dtypes, layout, epilogue, fixed knobs), its N, K and batch, and its band of rows: an entry measured at ``m`` rows
-answers every M in (m/2, m], the M buckets of ``Gemm.compile_buckets`` (an entry at 256 serves M = 129-256).
-Shapes the table does not hold keep the estimate. ``print(plan)`` then says "from the <GPU> table".
+answers every M in (m/2, m] (an entry at 256 serves M = 129-256; ``benchmarks/tune_corpus.py`` checks a winner inside
+that band before it ships it).
+An entry answers only a plan whose estimate picks the kernel it was measured against (``estimate_kernel``): its
+winner beat that pick, not whatever a later planner or another row count picks, so a planner change retires the
+entries it touches instead of overriding a new pick with an old measurement. Shapes the table does not hold keep the
+estimate. ``print(plan)`` then says "from the <GPU> table".
 
 A table holds for its GPU model, not for one machine: it is matched on the GPU's name, SM count, compute
 capability and the config space's version (``DeviceKey`` minus driver, CUDA and torch, which the user's own

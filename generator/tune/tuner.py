@@ -89,7 +89,9 @@ def lookup_choice(space: Space, problem: Problem, pick: KernelConfig) -> TunedCh
     if choice is not None:
         return choice
     answer = shipped_answer(device, key)
-    return None if answer is None else choice_from_entry(answer[0], pick, device, source=answer[1])
+    if answer is None or answer[0].estimate_kernel != pick.name:
+        return None   # measured against another pick: whether its winner beats this one is not known
+    return choice_from_entry(answer[0], pick, device, source=answer[1])
 
 
 def _result_from_entry(entry: Entry, choice: TunedChoice, pick: KernelConfig, problem: Problem,
