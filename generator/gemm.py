@@ -33,13 +33,17 @@ if TYPE_CHECKING:
 DEFAULT_NAMESPACE = "gemmgen"
 
 #: Rows of A up to which an M-bucketed op (Gemm.compile_buckets) keeps a kernel planned for that M; above the
-#: last, the plan's own (large-M) kernel. Calls of at most 16 rows take the small-M kernel within any of them.
-#: 2048: a prefill of a few sequences (4 x 512 tokens) on a narrow layer (N = 1024: 64 tiles of the M = 4096 plan's
-#: 128x256, half the SMs) read 0.63x cuBLAS on the large-M kernel and 0.97x on its own (H200,
-#: h200_bench_prefill_{bucketed,hinted}.json). 256: on the corpus of real models' layers (benchmarks/bench_corpus.py,
-#: H100) 256 tokens on the M = 512 plan read 0.861x cuBLAS (geomean of the 46 layers whose plan differs) against 0.942x
-#: on the plan for 256 rows (h100_corpus_fwd_exact.json).
-M_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+#: last, the plan's own (large-M, 4096-row) kernel. Calls of at most 16 rows take the small-M kernel within any of them.
+#: Neighbouring bounds whose plans agree (kernel and backward) merge, so the grid is as fine as the planner's picks
+#: change: a bound every 128 rows (one row of 128-row tiles) up to 1024, where a tile row more or less moves the waves
+#: most, then every 256 and 512 rows. Why so fine: a call takes the kernel planned for the top of its bucket, and a tile
+#: that fits the top can misfit the rows below it (384 rows are 3 rows of tiles: on the 512-row plan's 2x1 clusters a
+#: quarter of the cluster rows is padding). Measured on the corpus of real models' layers (H100, 58 layers, the old
+#: grid 64, 128, 256, 512, 1024, 2048): 384 tokens read 0.78x cuBLAS and 768 0.86x, against 0.92-0.94x at 256, 512
+#: and 1024 (h100_corpus_fwd_estimate_beside_table.json). The cost model, over every 32nd M from 64 to 4096 on those
+#: layers, puts the bucket's kernel 6.8 % behind the plan for the exact M on the old grid (p90 30 %) and 1.5 % on this
+#: one (p90 5 %), at 7.7 kernels a layer against 5.2 (benchmarks/bucket_grid.py).
+M_BUCKETS = (64, 128, 192, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584)
 
 
 def op_key(plan: Gemm) -> tuple[KernelConfig, Problem | None]:

@@ -18,19 +18,29 @@ def test_bucket_plans_for_an_llm_layer():
     assert [(bound, plan.name) for bound, plan in plans] == [
         (64, "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),    # 32 tiles of 64x128 would leave 3/4 of the SMs idle
         (128, "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),
-        (256, "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g8m"),
-        (512, "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),
-        (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),   # M = 1024 plans it too: merged
-    ]
-    # N = 6144: 128x192 tiles fill the SMs at M = 512 and 1024, 128x256 beyond; 512 and 1024 stay two buckets of one
-    # kernel, because their backward kernels (planned for each bucket's problem) differ
-    plans = Gemm("bf16", "tn", n=6144, k=4096, arch=90).bucket_plans()
-    assert [(bound, plan.name) for bound, plan in plans][3:] == [
-        (512, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
-        (1024, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
+        (256, "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g8m"),   # 192 plans it too: merged
+        (512, "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),  # and 384
+        (640, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
+        (768, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
+        (1024, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+        (1536, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),   # 12 rows of 128x192 tiles: 2 waves on 132 SMs
+        (2048, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+        (2560, "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),
+        (3072, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+        (3584, "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),
         (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     ]
-    assert M_BUCKETS == (64, 128, 256, 512, 1024, 2048)
+    # N = 6144 from 2560 rows: one kernel, three buckets, because their backward kernels (planned for each bucket's
+    # problem) differ
+    plans = Gemm("bf16", "tn", n=6144, k=4096, arch=90).bucket_plans()
+    assert [(bound, plan.name) for bound, plan in plans][-4:] == [
+        (2560, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
+        (3072, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
+        (3584, "sm90_bf16_tn_128x192x64_c2x1_s4_coop_g8m"),
+        (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
+    ]
+    # a bound every tile row (128) up to 1024, then every 256 and 512 rows
+    assert M_BUCKETS == (64, 128, 192, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584)
 
 
 def test_equal_neighbours_merge_and_knobs_stay():

@@ -129,3 +129,15 @@ def test_a_winner_that_loses_inside_its_band_is_dropped(monkeypatch: pytest.Monk
     assert not check["kept"] and set(check["interior"]) == {"320", "384"} and check["summary"].endswith("dropped")
     slow_at[384] = False
     assert tune_corpus.interior_check(result, [0.625, 0.75], tolerance=0.01)["kept"]
+
+
+def test_bucket_grid_scores_a_grid_against_the_exact_plans() -> None:
+    """bucket_grid.grid_loss: on a grid with a bound at every M scored, each call runs its exact plan (loss 1); on
+    the old 2x grid 384 rows take the 512-row plan, which the model costs more than the plan for 384."""
+    import bucket_grid
+
+    layers, ms = [(14336, 4096)], [256, 384]
+    exact = bucket_grid.grid_loss((256, 384), layers, ms)
+    assert exact["geomean"] == exact["max"] == 1.0 and exact["kernels_max"] == 2
+    old = bucket_grid.grid_loss(bucket_grid.OLD_GRID, layers, ms)
+    assert old["max"] > 1.1
