@@ -3,6 +3,8 @@ timed beside cuBLAS in one run: which decomposition fills the GPU when M x N giv
 (docs/sm90.md, "Fewer tiles than SMs").
 
     python3 gpu/midm_tiles.py [--shapes 64x8192x8192,512x4096x14336] [--json $OUT/midm_tiles.json]
+    GEMMGEN_TUNED=0 python3 gpu/midm_tiles.py --corpus-tokens 256,512,1024 --candidates "" \
+        --variants raster=n,raster_group=4      (the estimate's pick against the pick with those fields changed)
 
 bf16, x @ W.t() (layout tn), or with --layout tt dY @ W (the dX of a linear layer: B N-major). Each row: the
 kernel, its TFLOP/s, the ratio to torch.matmul measured in the same interleaved rounds, and its error against
@@ -24,7 +26,7 @@ import torch  # noqa: E402
 
 from bench import parse_shapes, timed_rounds  # noqa: E402
 from generator import Gemm  # noqa: E402
-from generator.spec.config import KernelConfig  # noqa: E402
+from generator.spec.config import KernelConfig, check_config  # noqa: E402
 from generator.runtime.op import compile_many  # noqa: E402
 
 SHAPES = ("32x8192x8192,64x8192x8192,128x8192x8192,128x4096x4096,128x4096x14336,128x14336x4096,"
@@ -56,9 +58,35 @@ def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], 
     return parsed
 
 
-def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn") -> list[KernelConfig]:
-    """The planner's config first, then the candidates (stream-K is a config field the planner does not set)."""
-    configs = [Gemm("bf16", layout, arch=90, m=m, n=n, k=k).config]
+def parse_variants(text: str) -> list[dict[str, object]]:
+    """``--variants raster=n,raster_group=4+raster=m`` as field changes to the pick: one dict per comma item, its
+    ``+``-joined field=value pairs (integers where they parse)."""
+    variants = []
+    for item in filter(None, text.split(",")):
+        fields = {}
+        for pair in item.split("+"):
+            name, eq, value = pair.partition("=")
+            if not eq or name not in KernelConfig.__dataclass_fields__:
+                raise SystemExit(f"--variants {item!r}: write FIELD=VALUE[+FIELD=VALUE], FIELD a KernelConfig field")
+            fields[name] = int(value) if value.isdigit() else value
+        variants.append(fields)
+    return variants
+
+
+def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn",
+                variants: list[dict[str, object]] = ()) -> list[KernelConfig]:
+    """The planner's config first, then the pick with each variant's fields changed (where legal), then the
+    candidates (stream-K is a config field the planner does not set)."""
+    pick = Gemm("bf16", layout, arch=90, m=m, n=n, k=k).config
+    configs = [pick]
+    for fields in variants:
+        variant = replace(pick, **fields)
+        try:
+            check_config(variant)
+        except ValueError as refused:   # not legal here: say so and go on
+            print(f"  skip {variant.name}: {refused}")
+            continue
+        configs.append(variant)
     for tile, cluster, schedule, stream_k, *stages in candidates:
         try:
             plan = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, tile_shape=tile, cluster_shape=cluster,
@@ -78,13 +106,22 @@ def main() -> None:
     ap.add_argument("--candidates", default=None,
                     help="time these instead of the default candidates: TILE:CLUSTER:pp|coop[:sk][:sN],... "
                          "(e.g. 128x128x64:2x1:pp,256x128x64:1x2:coop)")
+    ap.add_argument("--variants", default="", help="the pick with fields changed: FIELD=VALUE[+FIELD=VALUE],... "
+                    "(e.g. raster=n,raster_group=4)")
+    ap.add_argument("--corpus-tokens", default=None,
+                    help="the corpus' forward GEMMs at these token counts (benchmarks/corpus.py) instead of --shapes")
     ap.add_argument("--layout", default="tn", choices=["tn", "tt"],
                     help="tn: x @ W.t() (the forward); tt: dY @ W (dX, B N-major)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
-    shapes = parse_shapes(args.shapes)
-    candidates = parse_candidates(args.candidates) if args.candidates else CANDIDATES
-    per_shape = {s: configs_for(*s, candidates, args.layout) for s in shapes}
+    if args.corpus_tokens:
+        import corpus
+        shapes = corpus.forward_shapes(None, [int(t) for t in args.corpus_tokens.split(",")])
+    else:
+        shapes = parse_shapes(args.shapes)
+    candidates = parse_candidates(args.candidates) if args.candidates is not None else CANDIDATES
+    variants = parse_variants(args.variants)
+    per_shape = {s: configs_for(*s, candidates, args.layout, variants) for s in shapes}
     configs = {c.name: c for shape_configs in per_shape.values() for c in shape_configs}
     ops = {op.name: op for op in compile_many(list(configs.values()), namespace="gemmgen_midm_tiles")}
     rows = []

@@ -31,3 +31,15 @@ def test_midm_configs_follow_the_layout_and_skip_what_is_illegal(capsys: pytest.
     assert any(c.tile == (128, 144, 64) for c in forward)          # an odd N tile takes a K-major B ...
     assert not any(c.tile == (128, 144, 64) for c in backward)     # ... and is skipped, with the reason, for tt
     assert "skip (128, 144, 64)" in capsys.readouterr().out
+
+
+def test_midm_variants_change_fields_of_the_pick(capsys: pytest.CaptureFixture[str]) -> None:
+    """--variants raster=n,raster_group=4: the pick, then the pick with those fields changed; an illegal variant is
+    skipped with the reason, a field that is not a config's refused."""
+    variants = midm_tiles.parse_variants("raster=n,raster_group=4,raster_group=3")
+    assert variants == [{"raster": "n"}, {"raster_group": 4}, {"raster_group": 3}]
+    pick, *others = midm_tiles.configs_for(512, 2048, 2048, [], "tn", variants)
+    assert [(c.raster, c.raster_group) for c in others] == [("n", pick.raster_group), (pick.raster, 4)]
+    assert "skip" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="FIELD=VALUE"):
+        midm_tiles.parse_variants("colour=blue")
