@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     entries = {}
     tuned = 0
     start = time.perf_counter()
+    prebuild([Gemm(args.dtype, "tn", m=m, n=n, k=k) for m, n, k in shapes], args.max_candidates)
     for i, (m, n, k) in enumerate(shapes):
         if args.time_limit_s is not None and time.perf_counter() - start > args.time_limit_s:
             print(f"time limit: {len(shapes) - i} GEMMs left untuned (run the command again to go on)", flush=True)
@@ -100,6 +101,26 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {len(entries)} entries to {out} in {time.perf_counter() - start:.0f} s "
           f"({sum(not c['kept'] for c in checks.values())} winners dropped for losing inside their band)")
     return 0 if tuned == len(shapes) else 3
+
+
+def prebuild(plans: list, max_candidates: int) -> None:
+    """Build every candidate of every plan in one parallel run before any is timed: tune() builds each GEMM's
+    candidates as a batch of its own, which waits for its slowest kernel while the other cores idle."""
+    from generator.gemm import _space
+    from generator.spec.config import SMALL_M_MAX_ROWS
+    from generator.tune import candidates
+    from generator.tune.measure import build_all
+
+    t0 = time.perf_counter()
+    configs = {}
+    for plan in plans:
+        problem = plan.problem
+        if problem.m > SMALL_M_MAX_ROWS:   # at most 16 rows the pick is the only candidate
+            for cfg in candidates(_space(plan._request), problem, plan.estimate.config, max_candidates):
+                configs[cfg.name] = cfg
+    built, error = build_all(list(configs.values()), progress=False)
+    print(f"built {len(built)} of {len(configs)} candidate kernels in {time.perf_counter() - t0:.0f} s"
+          + (f" (failed: {error.splitlines()[0]})" if error else ""), flush=True)
 
 
 def interior_check(result, fractions: list[float], tolerance: float) -> dict:

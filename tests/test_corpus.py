@@ -141,3 +141,23 @@ def test_bucket_grid_scores_a_grid_against_the_exact_plans() -> None:
     assert exact["geomean"] == exact["max"] == 1.0 and exact["kernels_max"] == 2
     old = bucket_grid.grid_loss(bucket_grid.OLD_GRID, layers, ms)
     assert old["max"] > 1.1
+
+
+def test_tune_corpus_builds_every_candidate_in_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """tune_corpus.prebuild: the candidates tune() will time for each plan, built together once (none for a plan of
+    at most 16 rows, whose pick is its only candidate)."""
+    pytest.importorskip("torch")
+    import tune_corpus
+    from generator import Gemm
+    from generator.tune import measure as measure_module
+
+    runs = []
+    monkeypatch.setattr(measure_module, "build_all", lambda configs, progress: (runs.append(configs) or configs, None))
+    plans = [Gemm("bf16", "tn", arch=90, m=m, n=4096, k=4096) for m in (256, 512, 8)]
+    tune_corpus.prebuild(plans, 4)
+    from generator.gemm import _space
+    from generator.tune import candidates
+
+    expected = {c.name for p in plans[:2] for c in candidates(_space(p._request), p.problem, p.estimate.config, 4)}
+    assert len(runs) == 1 and len({c.name for c in runs[0]}) == len(runs[0])
+    assert {c.name for c in runs[0]} == expected and plans[0].estimate.config.name in expected
