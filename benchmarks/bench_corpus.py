@@ -67,6 +67,8 @@ class Timing:
     unhinted_ms: float | None = None
     unhinted_kernel: str | None = None
     path: str = "fast"   # which of the op's kernels the call took (op.path: 'fast', 'small_m', ...)
+    alt_ms: float | None = None      # --alt-buckets: the same call on the op of the other grid of M buckets
+    alt_kernel: str | None = None
 
     @property
     def key(self) -> tuple:
@@ -106,7 +108,7 @@ def summarize(timings: list[Timing], tokens_of: dict[tuple, int]) -> dict:
             ratios = [t.vs_cublas for t in of_pass if lo <= tokens_of[t.key] <= hi]
             if ratios:
                 entry["bands"][f"{lo}-{hi}"] = stats(ratios)
-        for column in ("exact", "unhinted"):
+        for column in EXTRA_COLUMNS:
             ratios = [t.cublas_ms / getattr(t, f"{column}_ms") for t in of_pass if getattr(t, f"{column}_ms")]
             if ratios:
                 entry[f"{column}_plan"] = stats(ratios)
@@ -114,6 +116,10 @@ def summarize(timings: list[Timing], tokens_of: dict[tuple, int]) -> dict:
                          for t in sorted(of_pass, key=lambda t: t.vs_cublas) if t.vs_cublas < SLOW]
         summary[p] = entry
     return summary
+
+
+#: The optional columns beside ours: the exact-size plan, the unhinted backward plan, another grid of M buckets.
+EXTRA_COLUMNS = ("exact", "unhinted", "alt")
 
 
 def tokens_of_timing(pass_: str, m: int, n: int, k: int) -> int:
@@ -127,7 +133,7 @@ def print_summary(summary: dict) -> None:
         for band, s in [("all", entry["all"]), *entry["bands"].items()]:
             print(f"{p:>4} {band:>11} {s['count']:>5} {s['geomean']:8.3f} {s['p10']:6.3f} {s['min']:6.3f} "
                   f"{s['below_0.95']:>6} {s['below_0.92']:>6}")
-        for column in ("exact", "unhinted"):
+        for column in EXTRA_COLUMNS:
             if f"{column}_plan" in entry:
                 s = entry[f"{column}_plan"]
                 print(f"{p:>4} {column + ' plan':>11} {s['count']:>5} {s['geomean']:8.3f} {s['p10']:6.3f} "
@@ -136,13 +142,14 @@ def print_summary(summary: dict) -> None:
 
 # -- the GPU part -------------------------------------------------------------------------------------------------
 
-def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...], columns: list[str]
-              ) -> tuple[dict, dict]:
+def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...], columns: list[str],
+              alt_buckets: tuple[int, ...] | None = None) -> tuple[dict, dict]:
     """{(out_features, in_features, dtype): BucketedOp} for every layer, and {(pass, m, n, k, dtype): {column: op}}
     for the extra ``columns``: "exact" (the kernel planned for the row's own size: the forward plan hinted with M, N
     and K, or the backward kernel planned for the exact forward problem) and "unhinted" (backward rows: the kernel
-    planned without hints, as every backward was before backward_configs took the forward problem). Every kernel,
-    the backward ops' too, built in one parallel run."""
+    planned without hints, as every backward was before backward_configs took the forward problem); with
+    ``alt_buckets``, "alt": the op the row's call takes on the layer's op bucketed by that grid instead (its bucket's
+    forward op, or that op's backward op). Every kernel, the backward ops' too, built in one parallel run."""
     from bench import DTYPES
     from generator import Gemm
     from generator.gemm import op_key
@@ -156,6 +163,8 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     weights = sorted({(r.out_features, r.in_features) for r in rows})
     plans = {(n, k, d): Gemm(dtype=DTYPES[d], layout="tn", n=n, k=k).bucket_plans(buckets)
              for n, k in weights for d in dtypes}
+    alt_plans = {key: Gemm(dtype=DTYPES[key[2]], layout="tn", n=key[0], k=key[1]).bucket_plans(alt_buckets)
+                 for key in plans} if alt_buckets else {}
     extra_configs: dict[tuple, dict] = {}
     for r in {r.gemm: r for r in rows}.values():
         for d in dtypes:
@@ -167,18 +176,25 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
             if "unhinted" in columns and r.pass_ != "fwd":
                 wanted["unhinted"] = backward_configs(fwd, Order.row)[r.pass_ == "dW"]
             extra_configs[(*r.gemm, d)] = wanted
-    keys = list(dict.fromkeys([op_key(p) for pairs in plans.values() for _, p in pairs]
+    keys = list(dict.fromkeys([op_key(p) for pairs in [*plans.values(), *alt_plans.values()] for _, p in pairs]
                               + [(c, None) for wanted in extra_configs.values() for c in wanted.values()]))
     start = time.perf_counter()
     built = dict(zip(keys, compile_many([c for c, _ in keys], namespace="gemmgen", problems=[p for _, p in keys])))
     ops = {key: BucketedOp.from_built([(bound, op_key(p)) for bound, p in pairs], built) for key, pairs in plans.items()}
+    alt_ops = {key: BucketedOp.from_built([(bound, op_key(p)) for bound, p in pairs], built)
+               for key, pairs in alt_plans.items()}
     # The backward kernels autograd will launch, built now in parallel rather than one by one on first launch.
-    backward = list(dict.fromkeys(g.config for op in ops.values() for b in op.buckets
+    backward = list(dict.fromkeys(g.config for op in [*ops.values(), *alt_ops.values()] for b in op.buckets
                                   for g in grad_ops(b.op, Order.row)))
     build_libraries(backward, verbose=False)
     print(f"built {len({c for c, _ in keys})} kernels and {len(backward)} backward kernels in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
     extra = {key: {col: built[(c, None)] for col, c in wanted.items()} for key, wanted in extra_configs.items()}
+    for r in {r.gemm: r for r in rows}.values():
+        for d in dtypes:
+            if alt_ops:
+                alt = alt_ops[(r.out_features, r.in_features, d)].select(r.tokens)
+                extra[(*r.gemm, d)]["alt"] = alt if r.pass_ == "fwd" else grad_ops(alt, Order.row)[r.pass_ == "dW"]
     return ops, extra
 
 
@@ -219,24 +235,25 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     ms = {name: statistics.median(v) for name, v in interleaved_rounds(fns, rounds, measure).items()}
     return Timing(row.pass_, row.m, row.n, row.k, dtype, ms["ours"], ms["cublas"], ms["cublas"] / ms["ours"],
                   mine.name, err, ms.get("exact"), extra["exact"].name if "exact" in extra else None,
-                  ms.get("unhinted"), extra["unhinted"].name if "unhinted" in extra else None, path)
+                  ms.get("unhinted"), extra["unhinted"].name if "unhinted" in extra else None, path,
+                  alt_ms=ms.get("alt"), alt_kernel=extra["alt"].name if "alt" in extra else None)
 
 
 def run(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...], rounds: int, columns: list[str],
-        warmup_ms: float, rep_ms: float, checkpoint=None) -> list[Timing]:
+        warmup_ms: float, rep_ms: float, checkpoint=None, alt_buckets: tuple[int, ...] | None = None) -> list[Timing]:
     """Every distinct GEMM's timing; ``checkpoint(timings)`` every CHECKPOINT_EVERY of them (a run cut off by a time
     limit keeps what it measured)."""
     import torch
     from bench import warm_up_gpu
 
-    ops, extra = build_ops(rows, dtypes, buckets, columns)
+    ops, extra = build_ops(rows, dtypes, buckets, columns, alt_buckets)
     distinct: dict[tuple, CorpusRow] = {}
     for r in rows:
         distinct.setdefault(r.gemm, r)
     warm_up_gpu()
     timings = []
     print(f"{'pass':>4} {'M':>6} {'N':>6} {'K':>6} {'dtype':>5} {'ours ms':>9} {'cuBLAS ms':>9} {'ratio':>6} "
-          f"{'exact':>6} {'unhint':>6} {'rel.err':>8}  kernel", flush=True)
+          f"{'exact':>6} {'unhint':>6} {'alt':>6} {'rel.err':>8}  kernel", flush=True)
     for d in dtypes:
         for r in distinct.values():
             t = measure_gemm(r, d, ops[(r.out_features, r.in_features, d)], extra[(*r.gemm, d)], rounds, warmup_ms,
@@ -244,8 +261,9 @@ def run(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...], roun
             timings.append(t)
             ex = f"{t.cublas_ms / t.exact_ms:6.3f}" if t.exact_ms else f"{'-':>6}"
             un = f"{t.cublas_ms / t.unhinted_ms:6.3f}" if t.unhinted_ms else f"{'-':>6}"
+            alt = f"{t.cublas_ms / t.alt_ms:6.3f}" if t.alt_ms else f"{'-':>6}"
             print(f"{t.pass_:>4} {t.m:>6} {t.n:>6} {t.k:>6} {d:>5} {t.ours_ms:9.4f} {t.cublas_ms:9.4f} "
-                  f"{t.vs_cublas:6.3f} {ex} {un} {t.rel_error:8.1e}  {t.kernel}"
+                  f"{t.vs_cublas:6.3f} {ex} {un} {alt} {t.rel_error:8.1e}  {t.kernel}"
                   f"{'' if t.path == 'fast' else f' ({t.path} path)'}", flush=True)
             torch.cuda.empty_cache()
             if checkpoint is not None and len(timings) % CHECKPOINT_EVERY == 0:
@@ -269,7 +287,8 @@ def result_rows(rows: list[CorpusRow], timings: list[Timing]) -> list[dict]:
                         "vs_cublas": t.vs_cublas, "ours_tflops": flop / t.ours_ms / 1e9,
                         "cublas_tflops": flop / t.cublas_ms / 1e9, "kernel": t.kernel, "rel_error": t.rel_error,
                         "exact_ms": t.exact_ms, "exact_kernel": t.exact_kernel, "unhinted_ms": t.unhinted_ms,
-                        "unhinted_kernel": t.unhinted_kernel, "path": t.path})
+                        "unhinted_kernel": t.unhinted_kernel, "path": t.path, "alt_ms": t.alt_ms,
+                        "alt_kernel": t.alt_kernel})
     return out
 
 
@@ -279,7 +298,7 @@ def timings_of(result: dict) -> list[Timing]:
     for r in result["rows"]:
         t = Timing(r["pass"], r["m"], r["n"], r["k"], r["dtype"], r["ours_ms"], r["cublas_ms"], r["vs_cublas"],
                    r["kernel"], r["rel_error"], r.get("exact_ms"), r.get("exact_kernel"), r.get("unhinted_ms"),
-                   r.get("unhinted_kernel"), r.get("path", "fast"))
+                   r.get("unhinted_kernel"), r.get("path", "fast"), r.get("alt_ms"), r.get("alt_kernel"))
         seen.setdefault(t.key, t)
     return list(seen.values())
 
@@ -315,6 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unhinted", action="store_true",
                         help="backward rows: also time the kernel planned without hints (the backward before it was "
                              "planned for its own shape)")
+    parser.add_argument("--alt-buckets", default=None,
+                        help="also time each call on the layer's op bucketed by these bounds (e.g. the previous grid "
+                             "64,128,256,512,1024,2048): column 'alt', side by side with ours")
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="summarise these files' rows together instead of measuring")
     parser.add_argument("--json", default=None, help="default $OUT/bench_corpus.json or ./bench_corpus.json")
@@ -349,7 +371,8 @@ def main(argv: list[str] | None = None) -> int:
     def save(timings: list[Timing]) -> dict:
         return write(out, device, torch.__version__, result_rows(rows, timings), timings)
 
-    timings = run(rows, dtypes, buckets, args.rounds, columns, args.warmup_ms, args.rep_ms, save)
+    alt_buckets = tuple(parse_list(args.alt_buckets, int)) if args.alt_buckets else None
+    timings = run(rows, dtypes, buckets, args.rounds, columns, args.warmup_ms, args.rep_ms, save, alt_buckets)
     summary = save(timings)
     print_summary(summary)
     wrong = [t for t in timings if not t.rel_error <= ERROR_BOUND[t.dtype]]

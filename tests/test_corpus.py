@@ -47,6 +47,18 @@ def test_summary_per_pass_and_band_counts_each_gemm_once():
     assert bench_corpus.percentile([1.0, 2.0, 3.0], 0.5) == 2.0
 
 
+def test_the_other_bucket_grid_column_is_summarised_and_kept_in_the_file() -> None:
+    """--alt-buckets: the same call on the layer's op bucketed by another grid, beside ours: its ratio to cuBLAS is
+    summarised as 'alt_plan' and its time and kernel survive the JSON round trip (result_rows, timings_of)."""
+    t = [bench_corpus.Timing("fwd", 384, 4096, 4096, "bf16", 1.0, 0.9, 0.9, "new", 1e-3, alt_ms=1.2, alt_kernel="old"),
+         bench_corpus.Timing("fwd", 768, 4096, 4096, "bf16", 1.0, 0.9, 0.9, "new", 1e-3)]
+    s = bench_corpus.summarize(t, {x.key: x.m for x in t})
+    assert s["fwd"]["alt_plan"]["count"] == 1 and s["fwd"]["alt_plan"]["geomean"] == 0.75
+    rows = [corpus.CorpusRow("m", "q", "fwd", x.m, x.m, 4096, 4096, 4096, 4096) for x in t]
+    again = bench_corpus.timings_of({"rows": bench_corpus.result_rows(rows, t)})
+    assert [(x.alt_ms, x.alt_kernel) for x in again] == [(1.2, "old"), (None, None)]
+
+
 def test_bench_epilogue_takes_the_corpus_mlp_up_layers() -> None:
     """bench_epilogue.py --corpus-up: the MLP-up layers (the ones a bias + activation follows), distinct, at the
     token counts given."""
