@@ -190,11 +190,10 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     print(f"built {len({c for c, _ in keys})} kernels and {len(backward)} backward kernels in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
     extra = {key: {col: built[(c, None)] for col, c in wanted.items()} for key, wanted in extra_configs.items()}
-    for r in {r.gemm: r for r in rows}.values():
+    for r in {r.gemm: r for r in rows}.values() if alt_ops else ():
         for d in dtypes:
-            if alt_ops:
-                alt = alt_ops[(r.out_features, r.in_features, d)].select(r.tokens)
-                extra[(*r.gemm, d)]["alt"] = alt if r.pass_ == "fwd" else grad_ops(alt, Order.row)[r.pass_ == "dW"]
+            alt = alt_ops[(r.out_features, r.in_features, d)].select(r.tokens)
+            extra[(*r.gemm, d)]["alt"] = alt if r.pass_ == "fwd" else grad_ops(alt, Order.row)[r.pass_ == "dW"]
     return ops, extra
 
 

@@ -74,12 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     entries = {}
     tuned = 0
     start = time.perf_counter()
-    prebuild([Gemm(args.dtype, "tn", m=m, n=n, k=k) for m, n, k in shapes], args.max_candidates)
-    for i, (m, n, k) in enumerate(shapes):
+    plans = [Gemm(args.dtype, "tn", m=m, n=n, k=k) for m, n, k in shapes]
+    prebuild(plans, args.max_candidates)
+    for i, ((m, n, k), plan) in enumerate(zip(shapes, plans)):
         if args.time_limit_s is not None and time.perf_counter() - start > args.time_limit_s:
             print(f"time limit: {len(shapes) - i} GEMMs left untuned (run the command again to go on)", flush=True)
             break
-        plan = Gemm(args.dtype, "tn", m=m, n=n, k=k)
         result = plan.tune(max_candidates=args.max_candidates, budget_s=args.budget_s, progress=False)
         entry = replace(result.entry, table=())
         tuned += 1

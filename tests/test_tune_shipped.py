@@ -15,17 +15,14 @@ from generator.tune import Entry, Table, tuner
 from generator.tune import shipped
 from generator.tune.cache import bundle_json, config_fields, load_tables, record
 from generator.tune.tuner import entry_key
-from tune_cases import H100, own_tuning_dir  # noqa: E402
+from tune_cases import H100, no_shipped_tables, own_tuning_dir  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     own_tuning_dir(tmp_path, monkeypatch)
-    folder = tmp_path / "tables"
-    folder.mkdir()
-    monkeypatch.setattr(shipped, "TABLES_DIR", folder)
+    folder = no_shipped_tables(tmp_path, monkeypatch)
     monkeypatch.setattr(tuner, "current_device", lambda **_: H100)
-    shipped.shipped_tables.cache_clear()
     yield folder
     shipped.shipped_tables.cache_clear()
 
