@@ -48,6 +48,19 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP
 #define GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP 0
 #endif
+// TMA fills the rows (columns) of a box past the matrix edge with zeros at a fraction of the rate it loads real ones:
+// a tile row of A wholly past M made its 2x1 cluster 1.5-1.7x slower (docs/sm90.md, "Loads past the matrix edge").
+// So the loads that start past the tile's kept rows (columns) are not issued (OperandTile::skipped_bytes); 0 issues
+// them as before. GEMMGEN_SM90_A_BOX_ROWS loads a K-major A slice in boxes of at most that many rows, so that a
+// ragged M leaves fewer rows for TMA to fill; measured at 32 it won 10-25 % on ragged M and lost as much on small
+// tiles with a short K (more loads to issue per stage), so it stays off (256: one box per slice) until the edge tile
+// alone takes the small boxes. Both are switches for A/B runs (gpu/ab_variants.py).
+#ifndef GEMMGEN_SM90_SKIP_OOB_LOADS
+#define GEMMGEN_SM90_SKIP_OOB_LOADS 1
+#endif
+#ifndef GEMMGEN_SM90_A_BOX_ROWS
+#define GEMMGEN_SM90_A_BOX_ROWS 256
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -259,7 +272,7 @@ constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up 
 //   M/N-major: ROWS/64 chunks; each chunk is 64 rows (one per k) of 64 M/N values.
 // PARTS: how many CTAs of the cluster share the operand tile; each loads 1/PARTS of it and multicasts
 // it to all of them (K-major: a slice of the rows; M/N-major: a slice of the k rows of every chunk).
-template <int ROWS, bool K_MAJOR, int PARTS, int ELEM_BYTES>
+template <int ROWS, bool K_MAJOR, int PARTS, int ELEM_BYTES, int MAX_BOX_ROWS = 256>
 struct OperandTile {
   static constexpr int kBlockK = kBlockKOf<ELEM_BYTES>;
   static constexpr int kMmaK = kMmaKBytes / ELEM_BYTES;
@@ -268,40 +281,69 @@ struct OperandTile {
   static constexpr int kChunkBytes = kBlockK * kSwizzleRowBytes;  // M/N-major: kBlockK k rows of kRowElems
   static constexpr int kChunks = K_MAJOR ? 1 : ROWS / 64;
   static constexpr bool kShared = PARTS > 1;
+  static constexpr bool kSkipOobLoads = GEMMGEN_SM90_SKIP_OOB_LOADS;
   // The rows (K-major) or k rows (M/N-major) of one CTA's slice.
   static constexpr int kSliceRows = (K_MAJOR ? ROWS : kBlockK) / PARTS;
+  // K-major: a slice is loaded as kLoads boxes of kBoxRows rows (at most MAX_BOX_ROWS); M/N-major: one box per chunk.
+  static constexpr int kBoxRows = K_MAJOR && kSliceRows > MAX_BOX_ROWS ? MAX_BOX_ROWS : kSliceRows;
+  static constexpr int kLoads = K_MAJOR ? kSliceRows / kBoxRows : kChunks;
+  // What one load covers along M (N), all sharers' loads together, and the bytes of one (skipped_bytes).
+  static constexpr int kUnitRows = K_MAJOR ? kBoxRows : kRowElems;
+  static constexpr int kUnits = K_MAJOR ? ROWS / kBoxRows : kChunks;
+  static constexpr int kUnitBytes = K_MAJOR ? kBoxRows * kSwizzleRowBytes : kChunkBytes;
   // The TMA box (innermost first) the host must encode for this operand.
   static constexpr int kBoxInner = kRowElems;
-  static constexpr int kBoxOuter = kSliceRows;
+  static constexpr int kBoxOuter = kBoxRows;
   static_assert(K_MAJOR ? ROWS % 8 == 0 : ROWS % kRowElems == 0,
                 "K-major tiles are whole 8-row swizzle atoms; M/N-major ones whole chunks of one 128-byte row");
   static_assert(kSliceRows % 8 == 0, "a slice is whole 1024-byte swizzle atoms, so each CTA's writes keep the pattern");
+  static_assert(kSliceRows % kBoxRows == 0 && kBoxRows % 8 == 0, "a slice is whole boxes of whole swizzle atoms");
   static_assert(kBoxOuter <= 256, "a TMA box is at most 256 elements along each dimension");
 
   // Issue this CTA's loads of the stage: rows [mn0, mn0 + ROWS), k values [k0, k0 + kBlockK) of matrix `matrix`
   // (the map's third dimension: the problem of a batch, 0 for an operand shared by all problems).
   // `part`: this CTA's slice; `sharers`: the cluster ranks that share the tile (bit r: rank r).
+  // `extent`: the tile's rows (columns) from which on the product is not stored; with GEMMGEN_SM90_SKIP_OOB_LOADS the
+  // loads that start there are not issued (skipped_bytes).
   __device__ __forceinline__ static void load(const void* tmap, uint32_t dst, uint32_t full_bar, int mn0, int k0,
-                                              int matrix, int part, uint16_t sharers) {
+                                              int matrix, int part, uint16_t sharers, int extent) {
     const int offset = kShared ? part * kSliceRows : 0;
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
+    for (int i = 0; i < kLoads; ++i) {
       if constexpr (K_MAJOR) {
-        const uint32_t to = dst + offset * kSwizzleRowBytes;
+        const int row = offset + i * kBoxRows;
+        if (kSkipOobLoads && mn0 + row >= extent) break;   // and so are the boxes after it
+        const uint32_t to = dst + row * kSwizzleRowBytes;
         if constexpr (kShared) {
-          ptx::tma_load_3d_multicast(to, tmap, full_bar, k0, mn0 + offset, matrix, sharers);
+          ptx::tma_load_3d_multicast(to, tmap, full_bar, k0, mn0 + row, matrix, sharers);
         } else {
-          ptx::tma_load_3d(to, tmap, full_bar, k0, mn0, matrix);
+          ptx::tma_load_3d(to, tmap, full_bar, k0, mn0 + row, matrix);
         }
       } else {
-        const uint32_t to = dst + c * kChunkBytes + offset * kSwizzleRowBytes;
+        if (kSkipOobLoads && mn0 + i * kRowElems >= extent) break;
+        const uint32_t to = dst + i * kChunkBytes + offset * kSwizzleRowBytes;
         if constexpr (kShared) {
-          ptx::tma_load_3d_multicast(to, tmap, full_bar, mn0 + c * kRowElems, k0 + offset, matrix, sharers);
+          ptx::tma_load_3d_multicast(to, tmap, full_bar, mn0 + i * kRowElems, k0 + offset, matrix, sharers);
         } else {
-          ptx::tma_load_3d(to, tmap, full_bar, mn0 + c * kRowElems, k0, matrix);
+          ptx::tma_load_3d(to, tmap, full_bar, mn0 + i * kRowElems, k0, matrix);
         }
       }
     }
+  }
+
+  // The bytes of a stage that no sharer of the tile loads when GEMMGEN_SM90_SKIP_OOB_LOADS is on: the loads (K-major:
+  // boxes of kBoxRows rows; M/N-major: 64-column chunks) that start at or past `extent`. TMA would only zero-fill
+  // them, and a row of A (column of B) reaches only the same row (column) of the product, which the epilogue does
+  // not store past `extent`; so the stale bytes left in those slots are never seen. Every sharer computes the same
+  // sum from the same tile origin, so each one's barrier expects exactly the bytes that arrive.
+  __device__ __forceinline__ static int skipped_bytes(int mn0, int extent) {
+    if constexpr (!kSkipOobLoads) return 0;
+    int bytes = 0;
+#pragma unroll
+    for (int u = 0; u < kUnits; ++u) {
+      if (mn0 + u * kUnitRows >= extent) bytes += kUnitBytes;
+    }
+    return bytes;
   }
 
   // wgmma descriptor of the tile at `base` (its first rows, k step 0). Other rows and k steps of the same
@@ -378,7 +420,7 @@ struct Kernel {
 
   // The CN CTAs of a tile row share A; the CM CTAs of a tile column share B.
   static constexpr int kElemBytes = static_cast<int>(sizeof(Elem));
-  using TileA = OperandTile<BM, Cfg::kAKMajor, CN, kElemBytes>;
+  using TileA = OperandTile<BM, Cfg::kAKMajor, CN, kElemBytes, GEMMGEN_SM90_A_BOX_ROWS>;
   using TileB = OperandTile<BN, Cfg::kBKMajor, CM, kElemBytes>;
   static constexpr int kBlockK = TileA::kBlockK, kMmaK = TileA::kMmaK;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
@@ -734,12 +776,16 @@ struct Kernel {
                                                       const CUtensorMap* tmap_b, RingPos& pos, const TileAt& at,
                                                       int kt_begin, int kt_end, const Sharing& share) {
     const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
+    const int stage_bytes =
+        STAGE_BYTES - TileA::skipped_bytes(at.m0, at.row_end) - TileB::skipped_bytes(at.n0, at.col_end);
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
       const uint32_t full = smem.full_bar(pos.stage);
-      ptx::mbarrier_arrive_expect_tx(full, STAGE_BYTES);
-      TileA::load(tmap_a, smem.a(pos.stage), full, at.m0, kt * kBlockK, matrix_a, share.part_a, share.sharers_a);
-      TileB::load(tmap_b, smem.b(pos.stage), full, at.n0, kt * kBlockK, matrix_b, share.part_b, share.sharers_b);
+      ptx::mbarrier_arrive_expect_tx(full, stage_bytes);
+      TileA::load(tmap_a, smem.a(pos.stage), full, at.m0, kt * kBlockK, matrix_a, share.part_a, share.sharers_a,
+                  at.row_end);
+      TileB::load(tmap_b, smem.b(pos.stage), full, at.n0, kt * kBlockK, matrix_b, share.part_b, share.sharers_b,
+                  at.col_end);
       pos.next();
     }
   }
