@@ -183,9 +183,10 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     ops = {key: BucketedOp.from_built([(bound, op_key(p)) for bound, p in pairs], built) for key, pairs in plans.items()}
     alt_ops = {key: BucketedOp.from_built([(bound, op_key(p)) for bound, p in pairs], built)
                for key, pairs in alt_plans.items()}
-    # The backward kernels autograd will launch, built now in parallel rather than one by one on first launch.
+    # The backward kernels autograd will launch, built now in parallel rather than one by one on first launch (none
+    # for a forward-only run).
     backward = list(dict.fromkeys(g.config for op in [*ops.values(), *alt_ops.values()] for b in op.buckets
-                                  for g in grad_ops(b.op, Order.row)))
+                                  for g in grad_ops(b.op, Order.row))) if any(r.pass_ != "fwd" for r in rows) else []
     build_libraries(backward, verbose=False)
     print(f"built {len({c for c, _ in keys})} kernels and {len(backward)} backward kernels in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
