@@ -165,8 +165,9 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
              for n, k in weights for d in dtypes}
     alt_plans = {key: Gemm(dtype=DTYPES[key[2]], layout="tn", n=key[0], k=key[1]).bucket_plans(alt_buckets)
                  for key in plans} if alt_buckets else {}
+    distinct = list({r.gemm: r for r in rows}.values())   # one row per GEMM
     extra_configs: dict[tuple, dict] = {}
-    for r in {r.gemm: r for r in rows}.values():
+    for r in distinct:
         for d in dtypes:
             fwd = Gemm(dtype=DTYPES[d], layout="tn", m=r.tokens, n=r.out_features, k=r.in_features).config
             wanted = {}
@@ -191,7 +192,7 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     print(f"built {len({c for c, _ in keys})} kernels and {len(backward)} backward kernels in "
           f"{time.perf_counter() - start:.1f} s", flush=True)
     extra = {key: {col: built[(c, None)] for col, c in wanted.items()} for key, wanted in extra_configs.items()}
-    for r in {r.gemm: r for r in rows}.values() if alt_ops else ():
+    for r in distinct if alt_ops else ():
         for d in dtypes:
             alt = alt_ops[(r.out_features, r.in_features, d)].select(r.tokens)
             extra[(*r.gemm, d)]["alt"] = alt if r.pass_ == "fwd" else grad_ops(alt, Order.row)[r.pass_ == "dW"]

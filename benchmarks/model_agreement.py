@@ -24,14 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from generator import Gemm  # noqa: E402
 from generator.planner import Problem, estimate  # noqa: E402
 from generator.spec.arch import arch_spec  # noqa: E402
-from generator.spec.config import KernelConfig  # noqa: E402
+from generator.spec.config import SM90_SCHEDULE_TAGS, KernelConfig  # noqa: E402
 
 SM_COUNT = 132
-SCHEDULES = {"pp": "pingpong", "coop": "cooperative", "ws": "ws"}
+#: A name's schedule tag -> the schedule (KernelConfig.name writes SM90_SCHEDULE_TAGS).
+SCHEDULES = {tag: schedule for schedule, tag in SM90_SCHEDULE_TAGS.items()}
 # sm90_<dtype>_<layout>_<BM>x<BN>x<BK>_c<CM>x<CN>_s<stages>_<schedule>[_sk]_g<group><raster> (KernelConfig.name of an
 # sm90 plan with its input dtype as output and no epilogue).
 SM90_NAME = re.compile(r"sm90_(?P<dtype>[a-z0-9]+)_(?P<layout>[nt]{2})_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
-                       r"_c(?P<cm>\d)x(?P<cn>\d)_s(?P<stages>\d+)_(?P<schedule>pp|coop|ws)(?P<sk>_sk)?"
+                       r"_c(?P<cm>\d)x(?P<cn>\d)_s(?P<stages>\d+)_(?P<schedule>" + "|".join(SCHEDULES) + r")(?P<sk>_sk)?"
                        r"_g(?P<group>\d+)(?P<raster>[mn])$")
 
 
