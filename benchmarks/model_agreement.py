@@ -32,8 +32,8 @@ SCHEDULES = {tag: schedule for schedule, tag in SM90_SCHEDULE_TAGS.items()}
 # sm90_<dtype>_<layout>_<BM>x<BN>x<BK>_c<CM>x<CN>_s<stages>_<schedule>[_sk]_g<group><raster> (KernelConfig.name of an
 # sm90 plan with its input dtype as output and no epilogue).
 SM90_NAME = re.compile(r"sm90_(?P<dtype>[a-z0-9]+)_(?P<layout>[nt]{2})_(?P<bm>\d+)x(?P<bn>\d+)x(?P<bk>\d+)"
-                       r"_c(?P<cm>\d)x(?P<cn>\d)_s(?P<stages>\d+)_(?P<schedule>" + "|".join(SCHEDULES) + r")(?P<sk>_sk)?"
-                       r"_g(?P<group>\d+)(?P<raster>[mn])$")
+                       r"_c(?P<cm>\d)x(?P<cn>\d)_s(?P<stages>\d+)"
+                       r"_(?P<schedule>" + "|".join(SCHEDULES) + r")(?P<sk>_sk)?_g(?P<group>\d+)(?P<raster>[mn])$")
 
 
 def config_of(name: str, m: int, n: int, k: int) -> KernelConfig:
