@@ -32,8 +32,9 @@ The cost model, in relative units (not seconds):
     - l2: MACs per element brought from L2 into the SM per k step = BM*BN / (A rows + B columns),
       where a multicast operand counts half (each block of the cluster loads half of it) and rows
       past the matrix edge count nothing. (A load wholly past the edge is not issued; the rows past the
-      edge of a box that straddles it TMA fills with zeros, slowly, which the model does not see:
-      docs/sm90.md, "Loads past the matrix edge".)
+      edge of a box that straddles it TMA fills with zeros, slowly, which the model does not see: at most
+      31 rows of A, which the tile across A's last row loads in 32-row boxes, but nearly a whole box
+      of B's columns at N's edge; docs/sm90.md, "Loads past the matrix edge".)
     - wgmma: MACs per element read from shared memory by one wgmma m64nNk16 = 64*N / (64 + N): wide N
       reuses the A fragment; N=256 reads 17% fewer bytes per MAC than N=128.
     - issue: wgmma is asynchronous, and the tensor cores stay busy only while enough of them are in

@@ -51,15 +51,20 @@
 // TMA fills the rows (columns) of a box past the matrix edge with zeros at a fraction of the rate it loads real ones:
 // a tile row of A wholly past M made its 2x1 cluster 1.5-1.7x slower (docs/sm90.md, "Loads past the matrix edge").
 // So the loads that start past the tile's kept rows (columns) are not issued (OperandTile::skipped_bytes); 0 issues
-// them as before. GEMMGEN_SM90_A_BOX_ROWS loads a K-major A slice in boxes of at most that many rows, so that a
+// them as before. GEMMGEN_SM90_A_BOX_ROWS loads every K-major A slice in boxes of at most that many rows, so that a
 // ragged M leaves fewer rows for TMA to fill; measured at 32 it won 10-25 % on ragged M and lost as much on small
-// tiles with a short K (more loads to issue per stage), so it stays off (256: one box per slice) until the edge tile
-// alone takes the small boxes. Both are switches for A/B runs (gpu/ab_variants.py).
+// tiles with a short K (more loads to issue per stage), so it stays off (256: one box per slice). Instead the tiles
+// that cross the last row of A alone load it in boxes of GEMMGEN_SM90_A_EDGE_BOX_ROWS rows (a second map of A,
+// LoadMaps::a_edge; 0: off), and so skip all but the last box's padding. All three are switches for A/B runs
+// (gpu/ab_variants.py).
 #ifndef GEMMGEN_SM90_SKIP_OOB_LOADS
 #define GEMMGEN_SM90_SKIP_OOB_LOADS 1
 #endif
 #ifndef GEMMGEN_SM90_A_BOX_ROWS
 #define GEMMGEN_SM90_A_BOX_ROWS 256
+#endif
+#ifndef GEMMGEN_SM90_A_EDGE_BOX_ROWS
+#define GEMMGEN_SM90_A_EDGE_BOX_ROWS 32
 #endif
 
 namespace gemmgen {
@@ -202,6 +207,15 @@ struct GroupedRows {
   };
 };
 
+// The maps the producer loads the operands through. a_edge: A in the boxes of OperandTile's MAX_BOX_ROWS =
+// GEMMGEN_SM90_A_EDGE_BOX_ROWS, for the tiles that cross A's last row; nullptr where there is none (a listed problem's
+// maps, a call whose tiles all end inside A), and the tiles load A through `a` then.
+struct LoadMaps {
+  const CUtensorMap* a;
+  const CUtensorMap* a_edge;
+  const CUtensorMap* b;
+};
+
 // A list of problems (GemmArgs::list) as the kernel reads it: per problem, its tensor maps and sizes, which the host
 // launch encodes and copies to the device before the kernel starts (GemmArgs::list_device). The work units are
 // (problem, cluster-sized block of tiles) pairs, problem-major; first_unit is the units of the problems before.
@@ -272,6 +286,15 @@ constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up 
 //   M/N-major: ROWS/64 chunks; each chunk is 64 rows (one per k) of 64 M/N values.
 // PARTS: how many CTAs of the cluster share the operand tile; each loads 1/PARTS of it and multicasts
 // it to all of them (K-major: a slice of the rows; M/N-major: a slice of the k rows of every chunk).
+// The rows of the boxes that load a K-major slice of `slice_rows` rows, given at most `max_rows` each: the largest
+// multiple of 8 (whole swizzle atoms) that divides the slice, so that the slice is whole boxes.
+constexpr int box_rows_of(int slice_rows, int max_rows) {
+  for (int rows = max_rows < slice_rows ? max_rows - max_rows % 8 : slice_rows; rows >= 8; rows -= 8) {
+    if (slice_rows % rows == 0) return rows;
+  }
+  return slice_rows;
+}
+
 template <int ROWS, bool K_MAJOR, int PARTS, int ELEM_BYTES, int MAX_BOX_ROWS = 256>
 struct OperandTile {
   static constexpr int kBlockK = kBlockKOf<ELEM_BYTES>;
@@ -285,7 +308,7 @@ struct OperandTile {
   // The rows (K-major) or k rows (M/N-major) of one CTA's slice.
   static constexpr int kSliceRows = (K_MAJOR ? ROWS : kBlockK) / PARTS;
   // K-major: a slice is loaded as kLoads boxes of kBoxRows rows (at most MAX_BOX_ROWS); M/N-major: one box per chunk.
-  static constexpr int kBoxRows = K_MAJOR && kSliceRows > MAX_BOX_ROWS ? MAX_BOX_ROWS : kSliceRows;
+  static constexpr int kBoxRows = K_MAJOR ? box_rows_of(kSliceRows, MAX_BOX_ROWS) : kSliceRows;
   static constexpr int kLoads = K_MAJOR ? kSliceRows / kBoxRows : kChunks;
   // What one load covers along M (N), all sharers' loads together, and the bytes of one (skipped_bytes).
   static constexpr int kUnitRows = K_MAJOR ? kBoxRows : kRowElems;
@@ -422,6 +445,11 @@ struct Kernel {
   static constexpr int kElemBytes = static_cast<int>(sizeof(Elem));
   using TileA = OperandTile<BM, Cfg::kAKMajor, CN, kElemBytes, GEMMGEN_SM90_A_BOX_ROWS>;
   using TileB = OperandTile<BN, Cfg::kBKMajor, CM, kElemBytes>;
+  // The same tile of A in smaller boxes, for the tiles that cross A's last row (LoadMaps::a_edge); the boxes land
+  // where one large box would put them (the swizzle repeats every 8 rows), so the consumers read either alike.
+  using TileAEdge = OperandTile<BM, Cfg::kAKMajor, CN, kElemBytes, GEMMGEN_SM90_A_EDGE_BOX_ROWS>;
+  static constexpr bool kAEdgeBoxes =
+      Cfg::kAKMajor && GEMMGEN_SM90_A_EDGE_BOX_ROWS > 0 && TileAEdge::kBoxRows < TileA::kBoxRows;
   static constexpr int kBlockK = TileA::kBlockK, kMmaK = TileA::kMmaK;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
@@ -538,6 +566,12 @@ struct Kernel {
     return p;
   }
 
+  // Whether some tile crosses A's last row (a ragged M, or a group's end), so that the launch encodes LoadMaps::a_edge
+  // and the producer prefetches it. A listed problem's tiles load A through its own map (LoadMaps::a_edge null).
+  __host__ __device__ __forceinline__ static bool uses_a_edge_map(const Problem& p) {
+    return kAEdgeBoxes && p.list == nullptr && (p.group_ends != nullptr || p.m % BM != 0);
+  }
+
   // Grouped rows as work units: clusters of CM tiles along M per unit.
   __device__ __forceinline__ static GroupedRows grouped_rows(const Problem& p) {
     return GroupedRows{p.group_ends, p.groups, p.m, BM * CM, p.units_n};
@@ -647,9 +681,8 @@ struct Kernel {
 
   // workspace: the stream-K partial sums and flags (flags zeroed by the host); unused otherwise.
   // tmap_source: the epilogue source's map when source_tma_possible(args), else unused.
-  __device__ static void run(const CUtensorMap* tmap_a, const CUtensorMap* tmap_b, const CUtensorMap* tmap_d,
-                             const CUtensorMap* tmap_source, const GemmArgs& args, float* workspace,
-                             char* smem_raw) {
+  __device__ static void run(const LoadMaps& maps, const CUtensorMap* tmap_d, const CUtensorMap* tmap_source,
+                             const GemmArgs& args, float* workspace, char* smem_raw) {
     const uint32_t raw = ptx::smem_addr(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
@@ -678,7 +711,7 @@ struct Kernel {
     const Problem p = with_group_units(problem(args));
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kProducerRegisters>();
-      if (threadIdx.x == 0) produce(p, smem, tmap_a, tmap_b, rank);
+      if (threadIdx.x == 0) produce(p, smem, maps, rank);
       __syncwarp();
     } else {
       ptx::setmaxnreg_inc<kConsumerRegisters>();
@@ -723,10 +756,11 @@ struct Kernel {
     return PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : p.units;
   }
 
-  __device__ static void produce(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
-                                 const CUtensorMap* tmap_b, uint32_t rank) {
-    ptx::prefetch_tensormap(tmap_a);
-    ptx::prefetch_tensormap(tmap_b);
+  __device__ static void produce(const Problem& p, const Smem& smem, const LoadMaps& maps, uint32_t rank) {
+    ptx::prefetch_tensormap(maps.a);
+    ptx::prefetch_tensormap(maps.b);
+    // (fetched ahead as A's and B's: the edge tiles come last in M, but a short K reaches them early)
+    if (uses_a_edge_map(p)) ptx::prefetch_tensormap(maps.a_edge);
     const Sharing share = sharing(rank);
     RingPos pos;
     if (STREAM_K && p.k_tiles > 0) {
@@ -734,25 +768,24 @@ struct Kernel {
       WalkOf<Walking::kFlat> walk;  // (unused: flat units)
       sk.for_each_segment(first_unit(), [&](const StreamK::Segment& s) {
         const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
-        load_k_tiles(p, smem, tmap_a, tmap_b, pos, at, s.kt_begin, s.kt_end, share);
+        load_k_tiles(p, smem, maps, pos, at, s.kt_begin, s.kt_end, share);
       });
       return;
     }
     if (Cfg::kWalksLists && p.list != nullptr) {
-      produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, tmap_a, tmap_b, rank, pos, share);
+      produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, maps, rank, pos, share);
     } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
-      produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, tmap_a, tmap_b, rank, pos, share);
+      produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, maps, rank, pos, share);
     } else {
-      produce_units<Walking::kFlat>(p, smem, tmap_a, tmap_b, rank, pos, share);
+      produce_units<Walking::kFlat>(p, smem, maps, rank, pos, share);
     }
   }
 
   // The producer's loads of this cluster's whole work units. A listed problem's operands come through its own
   // maps, which the host wrote to global memory: acquired once per problem (the tensormap proxy's fence).
   template <Walking W>
-  __device__ __forceinline__ static void produce_units(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
-                                                       const CUtensorMap* tmap_b, uint32_t rank, RingPos& pos,
-                                                       const Sharing& share) {
+  __device__ __forceinline__ static void produce_units(const Problem& p, const Smem& smem, const LoadMaps& maps,
+                                                       uint32_t rank, RingPos& pos, const Sharing& share) {
     WalkOf<W> walk;
     int acquired = -1;  // (kList) the problem whose maps this thread has acquired
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p)) {
@@ -764,26 +797,41 @@ struct Kernel {
           ptx::fence_proxy_tensormap_acquire(&listed.b);
           acquired = at.problem;
         }
-        load_k_tiles(p, smem, &listed.a, &listed.b, pos, at, 0, at.k_tiles, share);
+        load_k_tiles(p, smem, LoadMaps{&listed.a, nullptr, &listed.b}, pos, at, 0, at.k_tiles, share);
       } else {
-        load_k_tiles(p, smem, tmap_a, tmap_b, pos, at, 0, at.k_tiles, share);
+        load_k_tiles(p, smem, maps, pos, at, 0, at.k_tiles, share);
       }
     }
   }
 
-  // The producer's TMA loads of k tiles [kt_begin, kt_end) of tile `at`, one ring slot each.
-  __device__ __forceinline__ static void load_k_tiles(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
+  // The producer's TMA loads of k tiles [kt_begin, kt_end) of tile `at`, one ring slot each. A tile that crosses
+  // A's last row loads A through the edge map, when there is one. Every sharer of the A tile sees the same origin
+  // and the same maps, so all take the same boxes and expect the same bytes.
+  __device__ __forceinline__ static void load_k_tiles(const Problem& p, const Smem& smem, const LoadMaps& maps,
+                                                      RingPos& pos, const TileAt& at, int kt_begin, int kt_end,
+                                                      const Sharing& share) {
+    if (kAEdgeBoxes && maps.a_edge != nullptr && at.m0 + BM > at.row_end) {  // (a listed problem's: null)
+      load_k_range<TileAEdge>(p, smem, maps.a_edge, maps.b, pos, at, kt_begin, kt_end, share);
+    } else {
+      load_k_range<TileA>(p, smem, maps.a, maps.b, pos, at, kt_begin, kt_end, share);
+    }
+  }
+
+  // The loop of load_k_tiles, once per way of loading A: the choice is made once per tile, outside the loop, so that
+  // an inner tile's loop is the one it had before the edge boxes (a 64x64 tile's k step is ~35 ns of wgmma).
+  template <class LoadedA>
+  __device__ __forceinline__ static void load_k_range(const Problem& p, const Smem& smem, const CUtensorMap* tmap_a,
                                                       const CUtensorMap* tmap_b, RingPos& pos, const TileAt& at,
                                                       int kt_begin, int kt_end, const Sharing& share) {
     const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
     const int stage_bytes =
-        STAGE_BYTES - TileA::skipped_bytes(at.m0, at.row_end) - TileB::skipped_bytes(at.n0, at.col_end);
+        STAGE_BYTES - LoadedA::skipped_bytes(at.m0, at.row_end) - TileB::skipped_bytes(at.n0, at.col_end);
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
       const uint32_t full = smem.full_bar(pos.stage);
       ptx::mbarrier_arrive_expect_tx(full, stage_bytes);
-      TileA::load(tmap_a, smem.a(pos.stage), full, at.m0, kt * kBlockK, matrix_a, share.part_a, share.sharers_a,
-                  at.row_end);
+      LoadedA::load(tmap_a, smem.a(pos.stage), full, at.m0, kt * kBlockK, matrix_a, share.part_a, share.sharers_a,
+                    at.row_end);
       TileB::load(tmap_b, smem.b(pos.stage), full, at.n0, kt * kBlockK, matrix_b, share.part_b, share.sharers_b,
                   at.col_end);
       pos.next();

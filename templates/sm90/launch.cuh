@@ -94,7 +94,7 @@ struct TensorMapType<int32_t> {
   static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_INT32;
 };
 
-using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, float*);
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, float*);
 
 // What a tensor map encodes; equal keys give equal maps, so a launch with the same operand as the
 // last one (the common case: a layer's weight) skips the encoding.
@@ -289,7 +289,7 @@ inline int launch_list(KernelFn fast, const GemmArgs* call, cudaStream_t stream)
     args.list_device = on_device;
     const CUtensorMap unused{};  // every map is the listed problems' own
     const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
-    err = cudaLaunchKernelEx(&cluster_launch.config, fast, unused, unused, unused, unused, args,
+    err = cudaLaunchKernelEx(&cluster_launch.config, fast, unused, unused, unused, unused, unused, args,
                              static_cast<float*>(nullptr));
   }
   const cudaError_t freed = cudaFreeAsync(on_device, stream);
@@ -335,6 +335,14 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   int code = operand_map<Elem, typename K::TileA, Cfg::kAKMajor>(map_a, args->a, args->m, args->k, args->lda, batch,
                                                                  args->batch_stride_a);
   if (code != 0) return code;
+  // A again in the edge tiles' smaller boxes, where some tile crosses A's last row (a ragged M, or any group's end):
+  // the kernel takes it for exactly those tiles (Kernel::load_k_tiles) and never reads it otherwise.
+  thread_local CachedMap map_a_edge;
+  if (K::uses_a_edge_map(problem)) {
+    code = operand_map<Elem, typename K::TileAEdge, Cfg::kAKMajor>(map_a_edge, args->a, args->m, args->k, args->lda,
+                                                                   batch, args->batch_stride_a);
+    if (code != 0) return code;
+  }
   code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(map_b, args->b, args->n, args->k,
                                                                           args->ldb, batch, args->batch_stride_b);
   if (code != 0) return code;
@@ -398,8 +406,8 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   }
   if (err == cudaSuccess) {
     const ClusterLaunchConfig<K> cluster_launch(ctas, stream);
-    err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_b.map, map_d.map, map_source.map, *args,
-                             workspace);
+    err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_a_edge.map, map_b.map, map_d.map,
+                             map_source.map, *args, workspace);
   }
   if (workspace != nullptr) {
     const cudaError_t freed = cudaFreeAsync(workspace, stream);

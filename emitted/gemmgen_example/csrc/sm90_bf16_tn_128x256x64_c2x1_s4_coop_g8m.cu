@@ -78,15 +78,17 @@ using Kernel = gemmgen::sm90::Kernel<Config>;
 
 }  // namespace
 
-// The tensor maps of A, B, D and the epilogue's source travel as __grid_constant__ parameters: the TMA unit reads them from
-// the kernel's parameter space, no copy to global memory needed.
+// The tensor maps of A, of A in the edge tiles' smaller boxes (encoded by the launch whenever a tile crosses A's last
+// row: sm90::launch), B, D and the epilogue's source travel as __grid_constant__ parameters: the TMA unit reads them from the kernel's parameter
+// space, no copy to global memory needed.
 extern "C" __global__ void __launch_bounds__(gemmgen::sm90::kThreads, 1)
-    sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_b,
-               const __grid_constant__ CUtensorMap tmap_d, const __grid_constant__ CUtensorMap tmap_source,
-               GemmArgs args, float* workspace) {
+    sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_a_edge,
+               const __grid_constant__ CUtensorMap tmap_b, const __grid_constant__ CUtensorMap tmap_d,
+               const __grid_constant__ CUtensorMap tmap_source, GemmArgs args, float* workspace) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
-  Kernel::run(&tmap_a, &tmap_b, &tmap_d, &tmap_source, args, workspace, smem);
+  const gemmgen::sm90::LoadMaps maps{&tmap_a, &tmap_a_edge, &tmap_b};
+  Kernel::run(maps, &tmap_d, &tmap_source, args, workspace, smem);
 #elif defined(__CUDA_ARCH__)
   // A package that also carries older targets compiles this file for them too (one set of nvcc flags
   // for all its sources); wgmma, TMA and setmaxnreg exist only in sm_90a, so those builds get a stub.
