@@ -205,7 +205,7 @@ COVERING_TILE = (128, 256)
 COVERING_CLUSTER = (2, 1)
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
-# 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (gpu/debug/cluster_occupancy.cu,
+# 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
 # docs/planner.md), so 4096^3 and 8192^3 take 5 and 18 waves of 128x256 tiles instead of 4 and 16.
 PLANNED_CLUSTERS = ((1, 1), (2, 1), (1, 2))
 # The share of the SMs that clusters of this many blocks can fill at once (measured on the 132-SM H100
