@@ -40,7 +40,7 @@ sys.path.insert(0, str(HERE))
 
 from bench import parse_shapes, tflops  # noqa: E402
 from generator import Gemm, quantize  # noqa: E402
-from generator.build import build_many  # noqa: E402
+from generator.toolchain import build_many  # noqa: E402
 from generator.runtime import GemmOp, KernelLibrary, build_request, compile_many  # noqa: E402
 from generator.spec.config import KernelConfig, sm90_block_k  # noqa: E402
 from generator.spec.types import DType  # noqa: E402

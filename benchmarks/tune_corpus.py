@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from generator import Gemm
     from generator.tune import Table, current_device
     from generator.tune.cache import bundle_json
-    from generator.build import write_atomically
+    from generator.toolchain import write_atomically
 
     if not torch.cuda.is_available():
         print("tune_corpus: needs a CUDA GPU; none is visible", file=sys.stderr)

@@ -76,7 +76,7 @@ def plan_render_compile_without_gpu() -> int:
         print(f"rendered {name}: {len(text.splitlines())} lines")
     skipped = ["running the kernel and comparing with torch.matmul — no CUDA GPU visible"]
 
-    from generator.build import BuildError, build, nvcc_path, spill_report
+    from generator.toolchain import BuildError, build, nvcc_path, spill_report
 
     try:
         nvcc = nvcc_path()

@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 from bench import interleaved_rounds, parse_shapes  # noqa: E402
 from generator import Gemm  # noqa: E402
-from generator.build import build_many, spill_report  # noqa: E402
+from generator.toolchain import build_many, spill_report  # noqa: E402
 from generator.spec.config import KernelConfig  # noqa: E402
 from generator.runtime import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
 from power_probe import Sampler, steady_sample  # noqa: E402

@@ -11,7 +11,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from generator import Gemm  # noqa: E402
-from generator.build import build  # noqa: E402
+from generator.toolchain import build  # noqa: E402
 from generator.runtime import build_request  # noqa: E402
 
 

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from generator.spec.arch import ARCHS  # noqa: E402
-from generator.build import BuildRequest, build_many, spill_report  # noqa: E402
+from generator.toolchain import BuildRequest, build_many, spill_report  # noqa: E402
 from generator.runtime import GemmArgsStruct, KernelLibrary  # noqa: E402
 from generator.render import _environment, templates_dir  # noqa: E402
 

@@ -24,7 +24,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="module")
 def build_cache(tmp_path_factory: pytest.TempPathFactory):
     """A fresh build cache ($GEMMGEN_CACHE_DIR) for a module that builds kernels; skips without nvcc."""
-    from generator.build import BuildError, nvcc_path
+    from generator.toolchain import BuildError, nvcc_path
 
     try:
         nvcc_path()

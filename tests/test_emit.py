@@ -829,7 +829,7 @@ def binding_with_stub_kernels(pkg: Path, name: str, kernels: list[str], tmp_path
     """Build an emitted package's binding.cpp here against stub kernels (STUB_KERNEL each) into an importable folder
     beside a ``generator`` that refuses to import (the package must not need gemmgen); returns the environment
     that imports it. Skips without nvcc or Python's headers."""
-    from generator.build import BuildError, nvcc_path
+    from generator.toolchain import BuildError, nvcc_path
     from generator.runtime.jit_runtime import torch_flags
 
     try:

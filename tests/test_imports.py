@@ -11,7 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent / "generator"
 
 # Stages from the bottom up: a module may import its own stage's modules and those of lower stages only.
-STAGES = ("spec", "epilogue", "planner", "render", "build", "runtime", "tune", "emit", "gemm", "plans", "nn",
+STAGES = ("spec", "epilogue", "planner", "render", "toolchain", "runtime", "tune", "emit", "gemm", "plans", "nn",
           "quantization", "plot", "cli", "__init__", "__main__")
 
 

@@ -4,7 +4,7 @@ with family="sm80"), the sm90 family for sm_90a only (wgmma and TMA exist nowher
 
 CPU only (ptxas needs no GPU). The compiles run in parallel, one nvcc per kernel straight to a .cubin:
 the point is ptxas's resource report, and a cubin skips the host compiler and the linker that a
-loadable library needs. Device flags are the builder's (generator/build/builder.py: -O3 -std=c++17 -lineinfo).
+loadable library needs. Device flags are the builder's (generator/toolchain/builder.py: -O3 -std=c++17 -lineinfo).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from generator.spec.epilogue import with_scales
 from generator.render import render, templates_dir
 from generator.planner.shipped import SHIPPED_ARCHS, shipped_configs
 
-# The flags of generator/build/builder.py that change device code; -cubin replaces -shared -Xcompiler -fPIC.
+# The flags of generator/toolchain/builder.py that change device code; -cubin replaces -shared -Xcompiler -fPIC.
 DEVICE_FLAGS = ["-O3", "-std=c++17", "-lineinfo", "-Xptxas", "-v"]
 SASS_TARGET = {80: "sm_80", 90: "sm_90a"}
 COMPILE_TIMEOUT_S = 600

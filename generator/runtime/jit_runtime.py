@@ -1,6 +1,6 @@
 """The JIT runtime: one small torch C++ library that gives every JIT-built op a C++ CUDA kernel.
 
-A kernel library has no torch headers (one nvcc run per kernel, see ``generator.build``), so from
+A kernel library has no torch headers (one nvcc run per kernel, see ``generator.toolchain``), so from
 Python it is called through ctypes. That path costs 20-30 us of host time per call (the dispatcher's
 Python kernel, the argument checks in Python, ctypes), about twice what ``torch.matmul`` costs. This
 module builds ``templates/torch/jit_runtime.cpp`` once per torch version and compiler (through the same
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from ..build import BuildError, BuildRequest, build
+from ..toolchain import BuildError, BuildRequest, build
 from ..planner.backward import autograd_form
 from ..render import templates_dir
 from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..build import BuildError, BuildRequest, build_many
+from ..toolchain import BuildError, BuildRequest, build_many
 from ..render import render, templates_dir
 from ..spec.arch import ARCHS
 from ..spec.config import KernelConfig

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..build import cache_root, file_lock, write_atomically
+from ..toolchain import cache_root, file_lock, write_atomically
 from ..spec.config import KernelConfig
 from .device import DeviceKey
 

@@ -86,7 +86,7 @@ def driver_version() -> str:
 
 def cuda_version(torch_cuda: str | None) -> str:
     """The release of the nvcc that builds the kernels ("12.8.93"; memoized by the builder), else torch's CUDA."""
-    from ..build import BuildError, nvcc_path, nvcc_version
+    from ..toolchain import BuildError, nvcc_path, nvcc_version
 
     try:
         text = nvcc_version(nvcc_path())

@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..build import BuildError, BuildRequest, build_many
+from ..toolchain import BuildError, BuildRequest, build_many
 from ..planner import Problem
 from ..runtime import compile_many, jit_runtime
 from ..runtime.loader import build_request

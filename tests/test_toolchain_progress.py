@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from generator.build import BuildError, BuildRequest, build_many, nvcc_path
+from generator.toolchain import BuildError, BuildRequest, build_many, nvcc_path
 
 GENCODE = "-gencode=arch=compute_80,code=sm_80"
 GOOD = 'extern "C" int answer() { return ANSWER; }\n'

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from generator.build import (BuildError, BuildRequest, BuildResult, build, build_many, cache_key,
+from generator.toolchain import (BuildError, BuildRequest, BuildResult, build, build_many, cache_key,
                              nvcc_path, spill_report)
 
 GENCODE = "-gencode=arch=compute_80,code=sm_80"
