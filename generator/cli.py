@@ -52,7 +52,7 @@ examples:
   {PROG} plot benchmarks/results/h200_bench_llm_rules.json --out llm.png
 
 Layouts: first letter A (M x K), second B (K x N); 't' = row-major, 'n' = column-major (BLAS).
-'tn' is torch's x @ W.t() for an nn.Linear weight W of shape (N, K). See README.md.
+'tn' is torch's x @ W.t() for an nn.Linear weight W of shape (N, K). See docs/cli.md and docs/api.md.
 """
 
 PLAN_EPILOG = f"""\

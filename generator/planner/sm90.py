@@ -14,8 +14,8 @@ What is chosen, and how:
 * **cluster**. A 2x1 cluster puts two blocks on neighbouring M tiles of one N tile: they need the same B
   tile, so each loads half of it and TMA multicasts it to both (1x2: the same with A). That cuts the
   L2 -> SM bytes per flop, at the price of coupling the two blocks' pipelines.
-* **stages**: as many as fit in shared memory (at most 8): the deeper the ring, the more TMA latency
-  is hidden, and a Hopper block has nothing else to spend its 227 KB on.
+* **stages**: as many as fit in shared memory (at most SM90_MAX_STAGES; only 64x64 tiles fit more than 8): the
+  deeper the ring, the more TMA latency is hidden, and a Hopper block has nothing else to spend its 227 KB on.
 * **raster order and group**: see ``choose_raster``.
 
 The cost model, in relative units (not seconds):
