@@ -58,7 +58,7 @@ struct Config {
     static constexpr int kScaleBlockK = GEMMGEN_SCALE_BLOCK_K;  // common/gemm_args.h
     // (Referenced here too, so that nvcc does not warn of unused members where a kernel reads none of them.)
     static_assert((kRowBlocksSlot < 0) == (kColBlocksSlot < 0) && kScaleBlockK > 0,
-                  "per-block scales come in pairs, of A and of B (spec/epilogue.py)");
+                  "per-block scales come in pairs, of A and of B (generator/spec/epilogue/description.py)");
   };
 
   // Grouped rows (GemmArgs::group_ends): the persistent schedules walk the groups' tiles; the ws schedule's grid

@@ -11,7 +11,7 @@ extern "C" {
 // The most extra operands a fused epilogue takes (MAX_EPILOGUE_OPERANDS in generator/spec/config.py).
 #define GEMMGEN_MAX_EPILOGUE_OPERANDS 8
 
-// The K extent of one per-block scale of fp8 A and B (SCALE_BLOCK in generator/spec/epilogue.py): A's scales
+// The K extent of one per-block scale of fp8 A and B (SCALE_BLOCK in generator/spec/epilogue/operands.py): A's scales
 // are (M, ceil(K / 128)), one per row and 128-wide K block; B's (ceil(N / 128), ceil(K / 128)), one per
 // 128 x 128 block; both fp32, row-major, their leading dimension in ep_ld.
 #define GEMMGEN_SCALE_BLOCK_K 128

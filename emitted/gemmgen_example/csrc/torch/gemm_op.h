@@ -56,8 +56,8 @@ namespace __attribute__((visibility("hidden"))) gemmgen {
 using LaunchFn = int (*)(const GemmArgs*, void*);
 using ErrorStringFn = const char* (*)(int);
 
-// The kinds of a fused epilogue's operand (generator/spec/epilogue.py KINDS, in that order): a scalar (by value),
-// per-row and per-column vectors, an M x N matrix, a one-element fp32 tensor read on the device, and the
+// The kinds of a fused epilogue's operand (generator/spec/epilogue/operands.py KINDS, in that order): a scalar (by
+// value), per-row and per-column vectors, an M x N matrix, a one-element fp32 tensor read on the device, and the
 // per-block fp32 scales of A (M, ceil(K/128)) and of B (ceil(N/128), ceil(K/128)) that the main loop applies.
 enum class OperandKind : int {
   Scalar = 0, Row = 1, Col = 2, Matrix = 3, ScalarTensor = 4, RowBlocks = 5, ColBlocks = 6
