@@ -387,9 +387,9 @@ def _epilogue_context(ep: Epilogue, boxed: bool = False) -> dict[str, Any]:
 
 def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
     """An op without a fused epilogue has the .grouped and .grouped_list overloads (grouped GEMM: a mixture of
-    experts' rows; a list of problems), as the JIT ops (generator.runtime.op: has_grouped); its OpSpec says why the
-    plan takes no such call, if it does not (generator.spec.config.grouped_refusal, grouped_list_refusal: the op
-    refuses such a call with these words)."""
+    experts' rows; a list of problems), as the JIT ops (generator.runtime.registration: has_grouped); its OpSpec says
+    why the plan takes no such call, if it does not (generator.spec.config.grouped_refusal, grouped_list_refusal: the
+    op refuses such a call with these words)."""
     grouped = cfg.epilogue.is_identity
     refusal = grouped_refusal(cfg) if grouped else None
     list_refusal = grouped_list_refusal(cfg) if grouped else None

@@ -5,7 +5,7 @@ Two kinds of op appear here:
 * real ops, built with nvcc for sm_90 (skipped without nvcc): their fake implementations run under
   FakeTensorMode on cuda-device fake tensors, which needs no GPU;
 * ``ReferenceOp``: a GemmOp whose kernel library is replaced by ``torch.matmul`` on CPU tensors, registered
-  through exactly the same code (``op._register``: schemas, tags, fake, ``.out`` decomposition, autograd
+  through exactly the same code (``registration._register``: schemas, tags, fake, ``.out`` decomposition, autograd
   formula with backward ops planned from the forward config). The formula is the JIT runtime's C++ one
   (templates/torch/gemm_autograd.h, built here with nvcc) or, where the runtime is missing, generator.runtime.autograd's
   Python one: the ``formula`` fixture runs the tests that differentiate through both. Its argument checks are the real ones, so
@@ -1229,9 +1229,7 @@ def test_tf32_autograd_matches_float64_for_every_gradient_order(layout_c):
         d = op(a, b)
         g = _upstream(kind, m, n, d.dtype)
         d.backward(g)
-        # The backward kernels multiply in the op's input dtype: an fp32 upstream gradient goes in rounded to it, and
-        # the reference takes the same rounded values (else a tiny K's cancellation turns that rounding into >1 %).
-        (a64 @ b64).backward(g.to(dtype).double())
+        (a64 @ b64).backward(g.double())
         for got, ref, t in ((a.grad, a64.grad, a), (b.grad, b64.grad, b)):
             assert got.dtype == torch.float32 and got.shape == t.shape
             assert rel(got, ref) <= 1e-5, (layout_c, m, n, k, kind)   # the reference op multiplies in fp32

@@ -54,7 +54,7 @@ def test_compile_registers_the_cpp_cuda_kernel_and_autograd(op):
             python = key == "Autograd[alias]" and "grouped" in overload
             assert where is not None and ("jit_runtime.cpp" in where) != python, (key, overload, where)
     # the other keys stay Python's: CPU tensors hear the Python checks, meta tensors the fake
-    assert "op.py" in torch._C._dispatch_dump(f"gemmgen_rt::{op.name}").split("CompositeExplicitAutograd")[1]
+    assert "registration.py" in torch._C._dispatch_dump(f"gemmgen_rt::{op.name}").split("CompositeExplicitAutograd")[1]
 
 
 def _raise(call):

@@ -1,7 +1,8 @@
 """The runtime stage: a built kernel library behind a torch op (``op.GemmOp``), with its argument checks
-(``checks``), its ctypes entry points (``library``), the build-and-load step (``loader``), the C++ call path
-(``jit_runtime``) and the autograd formula (``autograd``; that of grouped calls in ``grouped_formula``, which imports
-nothing of gemmgen because emitted packages carry a copy of it). Needs torch."""
+(``op_checks``, on ``checks``), its torch.library registration (``registration``), its ctypes entry points
+(``library``), the build-and-load step (``loader``), the C++ call path (``jit_runtime``) and the autograd formula
+(``autograd``; that of grouped calls in ``grouped_formula``, which imports nothing of gemmgen because emitted packages
+carry a copy of it). Needs torch."""
 from .buckets import BucketedOp, MBucket
 from .checks import leading_dim
 from .library import GemmArgsStruct, KernelLibrary

@@ -111,7 +111,7 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_autograd.h) where it is
     built, so that calls needing no gradient skip Python; else this module's, in Python. An op with a fused
     epilogue always takes the Python formula (``_register_epilogue_formula``)."""
-    grouped = op.config.epilogue.is_identity   # the ops with .grouped overloads (generator.runtime.op: has_grouped)
+    grouped = op.config.epilogue.is_identity   # the ops with .grouped overloads (registration.has_grouped)
     if op.config.dtype.is_quantized:
         _register_quantized_refusal(op, lib)
         _register_out_refusal(op, lib)

@@ -110,7 +110,7 @@ def runtime_request() -> BuildRequest:
 
 class _Runtime:
     """The loaded runtime, or why there is none. One per process: it is a loaded library, like the
-    torch registrations it makes (see ``generator.runtime.op._LIBRARIES``)."""
+    torch registrations it makes (see ``generator.runtime.registration._LIBRARIES``)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()

@@ -576,7 +576,7 @@ def grouped_refusal(cfg: KernelConfig) -> str | None:
     the fix; None where it does. Only the sm90 family's persistent schedules (cooperative, pingpong) walk groups,
     and not with stream-K: the ws schedule's grid (one cluster per tile) and stream-K's shares are sized on the host
     from the tile count, which the groups' sizes (device data) do not give (templates/sm90/gemm.cu.j2,
-    kWalksGroups). The op refuses such a call before any launch, in these words (generator/runtime/op.py and
+    kWalksGroups). The op refuses such a call before any launch, in these words (generator/runtime/op_checks.py and
     templates/torch/gemm_op.h)."""
     reason = _grouped_plan_refusal(cfg, "its shares are cut on the host from the tile count, which the groups' sizes "
                                         "on the device do not give")
@@ -592,7 +592,7 @@ def grouped_list_refusal(cfg: KernelConfig) -> str | None:
     """Why ``cfg``'s kernel library takes no list call (CUTLASS's GroupedGemm: op([A0, A1, ...], [B0, B1, ...]),
     GemmArgs' list), with the fix; None where it does. ``grouped_refusal``'s rules but A's order: each problem's
     tensor maps start at its own matrices, so a column-major A is taken too. The op refuses such a call before any
-    launch, in these words (generator/runtime/op.py and templates/torch/gemm_op.h)."""
+    launch, in these words (generator/runtime/op_checks.py and templates/torch/gemm_op.h)."""
     return _grouped_plan_refusal(cfg, "the list's walk takes each problem's tiles whole")
 
 

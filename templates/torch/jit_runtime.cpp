@@ -109,7 +109,8 @@ void check_schema(const RegisteredOp& entry) {
                     spec.aux ? " and aux" : "");
 }
 
-// Whether Python defined the overload (a plain op's .grouped and .grouped_list: generator/runtime/op.py's has_grouped).
+// Whether Python defined the overload (a plain op's .grouped and .grouped_list: generator/runtime/registration.py's
+// has_grouped).
 bool has_overload(const std::string& ns, const std::string& op, const char* overload) {
   return c10::Dispatcher::singleton().findSchema({ns + "::" + op, overload}).has_value();
 }

@@ -7,7 +7,7 @@
 // is generated: one constant OpSpec each) and gemmgen's JIT runtime (templates/torch/jit_runtime.cpp,
 // one OpSpec per kernel library loaded at run time). This header and those two files are the only ones
 // that include torch headers; the kernels are plain CUDA with the C interface of common/gemm_args.h.
-// The messages are generator/runtime/op.py's (GemmOp._check*) and, for a fused epilogue's operands,
+// The messages are generator/runtime/op_checks.py's (OpChecks._check*) and, for a fused epilogue's operands,
 // generator/runtime/operands.py's, so an op says the same whichever way it was built.
 //
 // A and B are 2-D, or either or both 3-D for a batch of problems (D[b] = epilogue(A[b] @ B[b]), D 3-D): Problem
@@ -216,9 +216,9 @@ inline int64_t batch_stride(const at::Tensor& t) { return t.dim() == 3 && t.size
 inline bool is_batched(const at::Tensor& A, const at::Tensor& B) { return A.dim() == 3 || B.dim() == 3; }
 
 // The number of problems of a batched call (3-D A or B; ranks checked): the batch of the 3-D operand(s), where a
-// batch of 1 broadcasts against the other's, as in torch.matmul (generator/runtime/op.py: batch_size). Sizes may
-// be symbolic: the tests for 1 are size-oblivious, as torch's broadcasting (a dynamic batch is taken for not 1,
-// without a guard), and equal batches a deferred run-time assertion (expect_true), as check_k's K.
+// batch of 1 broadcasts against the other's, as in torch.matmul (generator/runtime/op_checks.py: batch_size).
+// Sizes may be symbolic: the tests for 1 are size-oblivious, as torch's broadcasting (a dynamic batch is taken for
+// not 1, without a guard), and equal batches a deferred run-time assertion (expect_true), as check_k's K.
 inline c10::SymInt batch_size(const at::Tensor& A, const at::Tensor& B) {
   if (B.dim() != 3) return A.sym_size(0);
   if (A.dim() != 3) return B.sym_size(0);
@@ -322,8 +322,8 @@ inline void check_index(const char* what, int64_t size) {
   TORCH_CHECK_VALUE(size <= kInt32Max, what, "=", size, " is larger than the kernels index (2**31 - 1): split the problem");
 }
 
-// A call's GEMM as its checked A and B describe it (op.py's Problem): GemmArgs' sizes and leading dimensions, and
-// for a batched call (3-D A or B) the number of problems and A's and B's batch strides (elements; 0: one matrix for
+// A call's GEMM as its checked A and B describe it (op_checks.py's Problem): GemmArgs' sizes and leading dimensions,
+// and for a batched call (3-D A or B) the number of problems and A's and B's batch strides (elements; 0: one matrix for
 // every problem).
 struct Problem {
   int64_t m, n, k, lda, ldb;
