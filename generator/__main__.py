@@ -1,4 +1,4 @@
-"""``python -m generator plan|render|bench ...``: see generator/cli.py or ``python -m generator --help``."""
+"""``python -m generator plan|render|bench ...``: see generator/cli/ or ``python -m generator --help``."""
 import sys
 
 from .cli import main

@@ -1316,7 +1316,7 @@ def test_an_epilogue_plan_is_packaged_with_its_operands(tmp_path):
     r = subprocess.run([sys.executable, "-m", "generator", "emit", "--plans", str(out / "plans.json"),
                         "--name", "fused", "--out", str(tmp_path / "cli")],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    if r.returncode == 0:   # (the command line may still refuse epilogue plans: generator/cli.py)
+    if r.returncode == 0:   # (the command line may still refuse epilogue plans: generator/cli/emit.py)
         assert tree(tmp_path / "cli") == tree(out)
 
 
