@@ -454,9 +454,9 @@ tuned:        no, estimated (no measured winner for this problem on this GPU; pl
 
 
 def test_api_docs_show_the_current_sm90_plan() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
+    page = (Path(__file__).resolve().parent.parent / "docs" / "api.md").read_text()
     heading = "With `arch=90` (on an H100 or H200, `arch=None` gives the same plan, its `gpu:` line naming that GPU):"
-    block = readme.split(f"{heading}\n\n```text\n")[1].split("```")[0]
+    block = page.split(f"{heading}\n\n```text\n")[1].split("```")[0]
     assert block == SM90_DEFAULT_TEXT + "\n", "docs/api.md's print(plan) example is out of date"
 
 

@@ -1,7 +1,7 @@
 """The README is the landing page: its example is real code and its links and the docs' links lead somewhere.
-The example runs on a GPU in tests/gpu/test_readme.py; here, without one, it must parse and import only names that
-exist, and every relative link of README.md and docs/*.md must name a file that is there (and a heading of it, for
-a link with an anchor)."""
+The example runs on a GPU in tests/gpu/test_readme_example.py; here, without one, it must parse and import only names
+that exist, and every relative link of README.md and docs/*.md must name a file that is there (and a heading of it,
+for a link with an anchor)."""
 from __future__ import annotations
 
 import ast

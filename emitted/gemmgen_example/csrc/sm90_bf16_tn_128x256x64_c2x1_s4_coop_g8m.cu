@@ -79,8 +79,8 @@ using Kernel = gemmgen::sm90::Kernel<Config>;
 }  // namespace
 
 // The tensor maps of A, of A in the edge tiles' smaller boxes (encoded by the launch whenever a tile crosses A's last
-// row: sm90::launch), B, D and the epilogue's source travel as __grid_constant__ parameters: the TMA unit reads them from the kernel's parameter
-// space, no copy to global memory needed.
+// row: sm90::launch), B, D and the epilogue's source travel as __grid_constant__ parameters: the TMA unit reads them
+// from the kernel's parameter space, no copy to global memory needed.
 extern "C" __global__ void __launch_bounds__(gemmgen::sm90::kThreads, 1)
     sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_a_edge,
                const __grid_constant__ CUtensorMap tmap_b, const __grid_constant__ CUtensorMap tmap_d,
