@@ -4,6 +4,12 @@ kernel that plan.tune() finds around the planner's pick. An entry measured at m 
 
     python3 benchmarks/tune_corpus.py --out generator/tune/tables/h100.json
     python3 benchmarks/tune_corpus.py --tokens 128,256 --models llama3-8b --max-candidates 8 --out /tmp/t.json
+    python3 benchmarks/tune_corpus.py --passes dX,dW --tokens 256,512 --out /tmp/bwd.json
+
+--passes dX,dW tunes the backward GEMMs the JIT ops choose for those rows (``planner.backward.gradient_requests``: dX
+is M x K x N in layout tt, dW its transpose N x K x M in layout tn on the sm90 16-bit kernels): an op whose
+forward is planned for m rows plans its backward for m rows (an M bucket's bound), and ``tune.tuned_plan`` looks
+these entries up by the gradient's own request and problem.
 
 bf16, layout tn (y = x @ W.t()), the M buckets' bounds of Gemm.compile_buckets by default, tuned token count by token
 count in the order given.
@@ -39,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default=None, help="comma list (default: all)")
     ap.add_argument("--tokens", default=",".join(map(str, M_BUCKETS)), help="the rows each layer is tuned at")
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--passes", default="fwd", help="comma list of fwd, dX, dW: the GEMMs tuned for each row")
     ap.add_argument("--max-candidates", type=int, default=12)
     ap.add_argument("--budget-s", type=float, default=30.0, help="per GEMM, builds included")
     ap.add_argument("--out", required=True, help="the table file to write (JSON, the tuning export format)")
@@ -64,26 +71,30 @@ def main(argv: list[str] | None = None) -> int:
         tokens = [int(t) for t in args.tokens.split(",")]
         models = args.models.split(",") if args.models else None
         shapes = [s for t in tokens for s in corpus.forward_shapes(models, [t])]
+        passes = [x for x in args.passes.split(",") if x]
+        if not passes or set(passes) - set(PASSES):
+            raise ValueError(f"--passes {args.passes!r}: give a comma list of {', '.join(PASSES)}")
     except ValueError as err:
         ap.error(str(err))
     device = current_device()
-    print(f"{device.describe()}: {len(shapes)} GEMMs", flush=True)
+    gemms = pass_plans(shapes, passes, args.dtype)
+    print(f"{device.describe()}: {len(gemms)} GEMMs", flush=True)
     fractions = [float(f) for f in args.interior.split(",") if f]
     report_path = Path(args.report) if args.report else None
     checks = json.loads(report_path.read_text()) if report_path and report_path.exists() else {}
     entries = {}
     tuned = 0
     start = time.perf_counter()
-    plans = [Gemm(args.dtype, "tn", m=m, n=n, k=k) for m, n, k in shapes]
-    prebuild(plans, args.max_candidates)
-    for i, ((m, n, k), plan) in enumerate(zip(shapes, plans)):
+    prebuild([plan for _, plan in gemms], args.max_candidates)
+    for i, (what, plan) in enumerate(gemms):
         if args.time_limit_s is not None and time.perf_counter() - start > args.time_limit_s:
-            print(f"time limit: {len(shapes) - i} GEMMs left untuned (run the command again to go on)", flush=True)
+            print(f"time limit: {len(gemms) - i} GEMMs left untuned (run the command again to go on)", flush=True)
             break
+        m, n, k = plan.problem.m, plan.problem.n, plan.problem.k
         result = plan.tune(max_candidates=args.max_candidates, budget_s=args.budget_s, progress=False)
         entry = replace(result.entry, table=())
         tuned += 1
-        print(f"[{i + 1}/{len(shapes)}] {m}x{n}x{k}: {result.winner.name} {result.ms * 1e3:.1f} us, pick "
+        print(f"[{i + 1}/{len(gemms)}] {what}{m}x{n}x{k}: {result.winner.name} {result.ms * 1e3:.1f} us, pick "
               f"{result.pick.name} {result.pick_ms * 1e3:.1f} us ({100 * (result.pick_ms / result.ms - 1):+.1f} %)"
               f"{' (cached)' if result.from_cache else ''}", flush=True)
         if result.winner.name != result.pick.name:
@@ -100,7 +111,32 @@ def main(argv: list[str] | None = None) -> int:
         write_atomically(report_path, json.dumps(checks, indent=1, sort_keys=True) + "\n")
     print(f"wrote {len(entries)} entries to {out} in {time.perf_counter() - start:.0f} s "
           f"({sum(not c['kept'] for c in checks.values())} winners dropped for losing inside their band)")
-    return 0 if tuned == len(shapes) else 3
+    return 0 if tuned == len(gemms) else 3
+
+
+PASSES = ("fwd", "dX", "dW")
+
+
+def pass_plans(shapes: list[tuple[int, int, int]], passes: list[str], dtype: str,
+               arch: int | None = None) -> list[tuple[str, object]]:
+    """(label, plan) of each distinct GEMM to tune: the forward y = x @ W.t() of each shape, and the gradients' GEMMs
+    the op of that forward chooses its backward kernels for (``gradient_requests`` with a row-major dY). The label
+    prefixes the log line ("" for the forward, "dX tt " for instance). ``arch`` None: the visible GPU's."""
+    from generator import Gemm
+    from generator.planner.backward import gradient_requests
+    from generator.spec.types import Order
+
+    gemms: dict[tuple, tuple[str, object]] = {}
+    for m, n, k in shapes:
+        forward = Gemm(dtype, "tn", arch=arch, m=m, n=n, k=k)
+        if "fwd" in passes:
+            gemms.setdefault(("tn", m, n, k), ("", forward))
+        for what, request in zip(("dX", "dW"), gradient_requests(forward.config, Order.row, forward.problem)):
+            if what in passes:
+                p, layout = request.problem, request.layout
+                gemms.setdefault((layout.tag, p.m, p.n, p.k), (
+                    f"{what} {layout.tag} ", Gemm(dtype, layout, arch=arch, m=p.m, n=p.n, k=p.k, out_dtype=request.out_dtype)))
+    return list(gemms.values())
 
 
 def prebuild(plans: list, max_candidates: int) -> None:

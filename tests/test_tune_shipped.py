@@ -4,6 +4,8 @@ entry that is no longer that kernel, and shapes outside the table keep the estim
 from __future__ import annotations
 
 import json
+import re
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,7 +13,10 @@ import pytest
 
 from generator import Gemm
 from generator.gemm import _space
-from generator.tune import Entry, Table, tuner
+from generator.planner import Problem
+from generator.planner.backward import backward_configs, backward_hint, gradient_requests, hinted_op_name
+from generator.spec.types import Order
+from generator.tune import Entry, Table, tuned_plan, tuner
 from generator.tune import shipped
 from generator.tune.cache import bundle_json, config_fields, load_tables, record
 from generator.tune.tuner import entry_key
@@ -142,3 +147,55 @@ def test_every_shipped_entry_is_a_kernel_of_this_gemmgen() -> None:
     assert not stale, "shipped entries that are no longer their kernel:\n" + "\n".join(stale)
     assert not retired, "re-tune these rows (benchmarks/tune_corpus.py) or drop them:\n" + "\n".join(retired)
 
+
+
+def test_a_gradient_takes_the_tables_winner_for_its_own_problem(tables: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The JIT ops choose their backward kernels as plans do (tune.tuned_plan): the table's entry for dX's own
+    request and problem (layout tt, M x K x N for a tn forward) answers it; the op is then registered under a name
+    of its own, and GEMMGEN_TUNED=0 gives the planner's kernels back."""
+    forward = Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096)
+    problem = forward.problem
+    grad_a_request, _ = gradient_requests(forward.config, Order.row, problem)
+    assert grad_a_request.layout.blas == "tt" and grad_a_request.problem == Problem(256, 4096, 4096)
+    grad_a_plan = Gemm("bf16", "tt", arch=90, m=256, n=4096, k=4096)
+    entry = entry_for(grad_a_plan, two_clusters)
+    ship(tables, [entry])
+    planned = backward_configs(forward.config, Order.row, problem)
+    chosen = backward_configs(forward.config, Order.row, problem, tuned_plan)
+    assert chosen[0].name == entry.kernel != planned[0].name
+    assert chosen[1] == planned[1]                                   # dW: no entry, the estimate
+    assert backward_configs(forward.config, Order.col, problem, tuned_plan) == backward_configs(
+        forward.config, Order.col, problem)                          # a column-major dD: another request
+    assert backward_configs(forward.config, Order.row, None, tuned_plan) == backward_configs(forward.config)
+    assert backward_hint(forward.config, problem, tuned_plan) == problem
+    name = hinted_op_name(forward.config, problem, tuned_plan)
+    assert re.fullmatch(re.escape(hinted_op_name(forward.config, problem)) + r"_tuned[0-9a-f]{8}", name), name
+    # the op: registered under that name, its formula's dA op runs the winner (nothing is built: no GPU needed)
+    from generator.runtime.autograd import grad_ops
+    from generator.runtime.op import GemmOp
+
+    op = GemmOp(forward.config, None, "gemmgen_tuned_backward", problem=problem, plan_gradient=tuned_plan)
+    assert op.name == name and [g.config for g in grad_ops(op)] == list(chosen)
+    # another band of rows: the planner's kernels, and its op's name
+    other = Problem(1024, 4096, 4096)
+    assert backward_configs(forward.config, Order.row, other, tuned_plan) == backward_configs(
+        forward.config, Order.row, other)
+    assert hinted_op_name(forward.config, other, tuned_plan) == hinted_op_name(forward.config, other)
+    monkeypatch.setenv("GEMMGEN_TUNED", "0")
+    assert backward_configs(forward.config, Order.row, problem, tuned_plan) == planned
+    assert hinted_op_name(forward.config, problem, tuned_plan) == hinted_op_name(forward.config, problem)
+
+
+def test_the_gradients_tune_corpus_tunes_are_the_ones_the_ops_look_up(tables: Path) -> None:
+    """benchmarks/tune_corpus.py --passes dX,dW files its winners under the key the op's backward looks up
+    (tuned_plan on gradient_requests): entries made from its plans answer both gradients of the forward."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import tune_corpus
+
+    (_, dx_plan), (_, dw_plan) = tune_corpus.pass_plans([(512, 14336, 4096)], ["dX", "dW"], "bf16", arch=90)
+    entries = [entry_for(dx_plan, two_clusters), entry_for(dw_plan, two_clusters)]
+    ship(tables, entries)
+    forward = Gemm("bf16", "tn", arch=90, m=512, n=14336, k=4096)
+    chosen = backward_configs(forward.config, Order.row, forward.problem, tuned_plan)
+    assert [c.name for c in chosen] == [e.kernel for e in entries]
+    assert [c.name for c in chosen] != [c.name for c in backward_configs(forward.config, Order.row, forward.problem)]

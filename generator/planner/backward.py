@@ -39,11 +39,17 @@ Two refinements, both measured on the corpus of real models' layers (docs/corpus
   the four row-major-D layouts.
 * Sizes. An op planned for a problem (its size hints, an M bucket's bound) plans dA and dB for their own sizes
   (``backward_problems``: dB's inner dimension is the token count), where that changes them (``backward_hint``).
+
+Each gradient's kernel is chosen by a ``PlanGradient`` function: the planner's estimate (``plan``, the default here,
+and what emitted packages take), or, handed in from above the planner, one that also takes the measured winner for
+the gradient's own request and problem (``generator.tune.tuned_plan``: the user's tuning cache, then the dispatch
+table shipped for the GPU), which the JIT ops (``Gemm.compile``, ``compile_buckets``, ``nn.Linear``) use.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
-from typing import Iterable
+from typing import Iterable, Protocol
 
 from ..spec.config import KernelConfig
 from ..spec.epilogue import ACC, IDENTITY
@@ -52,6 +58,23 @@ from . import plan
 from .common import Problem
 
 _FLIP = {Order.row: Order.col, Order.col: Order.row}
+
+
+class PlanGradient(Protocol):
+    """Chooses one gradient's kernel from its request, as ``plan`` does (``plan`` is one)."""
+
+    def __call__(self, dtype: DType, layout: Layout, arch: int, *, family: str | None = None,
+                 out_dtype: DType | None = None, problem: Problem | None = None) -> KernelConfig: ...
+
+
+@dataclass(frozen=True)
+class GradientRequest:
+    """What one gradient's kernel is planned for: its layout (row-major D where it is computed as its transpose),
+    output dtype (None: the input dtype) and problem (None: unhinted)."""
+
+    layout: Layout
+    out_dtype: DType | None
+    problem: Problem | None
 
 
 def backward_layouts(layout: object, grad_order: object = Order.row) -> tuple[Layout, Layout]:
@@ -74,16 +97,10 @@ def backward_problems(problem: Problem) -> tuple[Problem, Problem]:
     return Problem(problem.m, problem.k, problem.n), Problem(problem.k, problem.n, problem.m)
 
 
-def backward_configs(config: KernelConfig, grad_order: object = Order.row,
-                     problem: Problem | None = None) -> tuple[KernelConfig, KernelConfig]:
-    """Planned configs for dA and dB: the forward op's dtype, architecture and kernel family, output
-    dtype = input dtype.
-
-    ``problem``: the forward problem the op was planned for (an M bucket's bound and the layer's N and K); dA and
-    dB are then planned for their own sizes (``backward_problems``), not the forward's tile: at 256 tokens dB's
-    inner dimension is 256, a problem of its own. None: planned without hints (a large square problem), as a
-    forward plan without hints is.
-    """
+def gradient_requests(config: KernelConfig, grad_order: object = Order.row,
+                      problem: Problem | None = None) -> tuple[GradientRequest, GradientRequest]:
+    """The requests of dA's and dB's kernels for ``config`` (see ``backward_configs``): what their kernels are planned
+    for, and what a tuning run measures to choose them (benchmarks/tune_corpus.py)."""
     layouts = backward_layouts(config.layout, grad_order)
     out_dtype = None
     if config.dtype is DType.tf32:
@@ -93,12 +110,28 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row,
             # tn, and the autograd formula copies an operand stored otherwise. The sm80 family takes every layout.
             layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
     problems = backward_problems(problem) if problem is not None else (None, None)
-    grads = []
+    requests = []
     for lay, p in zip(layouts, problems):
         if writes_transposed(config, lay):
             lay, p = transposed_layout(lay), (Problem(p.n, p.m, p.k) if p is not None else None)
-        grads.append(plan(config.dtype, lay, config.arch, family=config.family, out_dtype=out_dtype, problem=p))
-    return grads[0], grads[1]
+        requests.append(GradientRequest(lay, out_dtype, p))
+    return requests[0], requests[1]
+
+
+def backward_configs(config: KernelConfig, grad_order: object = Order.row, problem: Problem | None = None,
+                     plan_gradient: PlanGradient = plan) -> tuple[KernelConfig, KernelConfig]:
+    """Planned configs for dA and dB: the forward op's dtype, architecture and kernel family, output
+    dtype = input dtype.
+
+    ``problem``: the forward problem the op was planned for (an M bucket's bound and the layer's N and K); dA and
+    dB are then planned for their own sizes (``backward_problems``), not the forward's tile: at 256 tokens dB's
+    inner dimension is 256, a problem of its own. None: planned without hints (a large square problem), as a
+    forward plan without hints is. ``plan_gradient``: how each is chosen (the module docstring).
+    """
+    grad_a, grad_b = (plan_gradient(config.dtype, r.layout, config.arch, family=config.family,
+                                    out_dtype=r.out_dtype, problem=r.problem)
+                      for r in gradient_requests(config, grad_order, problem))
+    return grad_a, grad_b
 
 
 def writes_transposed(config: KernelConfig, gradient: Layout) -> bool:
@@ -144,31 +177,43 @@ def computes_transpose(grad: KernelConfig, stored: Order) -> bool:
     return grad.layout.c is not stored
 
 
-def backward_hint(config: KernelConfig, problem: Problem | None) -> Problem | None:
-    """``problem`` where planning the backward kernels for it (``backward_configs``) changes them from the
+def backward_hint(config: KernelConfig, problem: Problem | None, plan_gradient: PlanGradient = plan) -> Problem | None:
+    """``problem`` where choosing the backward kernels for it (``backward_configs``) changes them from the
     unhinted ones, for either order of dD; else None (the op then shares the unhinted op's registration). Quantized
     plans have no backward."""
     if problem is None or config.dtype.is_quantized or problem.batch != 1:
         return None
     for order in Order:
-        if backward_configs(config, order, problem) != backward_configs(config, order):
+        if backward_configs(config, order, problem, plan_gradient) != backward_configs(config, order):
             return problem
     return None
 
 
-def same_backward(config: KernelConfig, first: Problem | None, second: Problem | None) -> bool:
-    """Whether ``config``'s backward kernels are the same planned for the forward problems ``first`` and ``second``
+def same_backward(config: KernelConfig, first: Problem | None, second: Problem | None,
+                  plan_gradient: PlanGradient = plan) -> bool:
+    """Whether ``config``'s backward kernels are the same chosen for the forward problems ``first`` and ``second``
     (two M buckets of one kernel may merge only then: the merged bucket's op plans its backward for one of them)."""
     return config.dtype.is_quantized or all(
-        backward_configs(config, order, first) == backward_configs(config, order, second) for order in Order)
+        backward_configs(config, order, first, plan_gradient) == backward_configs(config, order, second, plan_gradient)
+        for order in Order)
 
 
-def hinted_op_name(config: KernelConfig, problem: Problem | None) -> str:
+def hinted_op_name(config: KernelConfig, problem: Problem | None, plan_gradient: PlanGradient = plan) -> str:
     """The registered name of ``config``'s op whose backward is planned for ``problem`` (``backward_hint``): the
-    kernel name, and after ``_bwd_`` the forward problem the backward kernels were planned for."""
+    kernel name, and after ``_bwd_`` the forward problem the backward kernels were planned for. Where
+    ``plan_gradient`` chooses other kernels than the planner would (measured winners), a digest of their names
+    follows (``_tuned<hex>``): one registered op holds one backward, and another process, or this one after a
+    ``tune()``, may choose differently for the same problem."""
     if problem is None:
         return config.name
-    return f"{config.name}_bwd_{problem.m}x{problem.n}x{problem.k}"
+    name = f"{config.name}_bwd_{problem.m}x{problem.n}x{problem.k}"
+    if plan_gradient is plan:
+        return name
+    chosen = [backward_configs(config, order, problem, plan_gradient) for order in Order]
+    if chosen == [backward_configs(config, order, problem) for order in Order]:
+        return name
+    digest = hashlib.sha1(" ".join(c.name for pair in chosen for c in pair).encode()).hexdigest()[:8]
+    return f"{name}_tuned{digest}"
 
 
 def accumulator_config(config: KernelConfig) -> KernelConfig:
@@ -193,12 +238,12 @@ def saving_config(config: KernelConfig) -> KernelConfig | None:
     return replace(config, epilogue=replace(ep, aux=ACC))
 
 
-def backward_closure(configs: Iterable[KernelConfig],
-                     problems: Iterable[Problem | None] | None = None) -> dict[str, KernelConfig]:
+def backward_closure(configs: Iterable[KernelConfig], problems: Iterable[Problem | None] | None = None,
+                     plan_gradient: PlanGradient = plan) -> dict[str, KernelConfig]:
     """Every config that the backward of ``configs`` needs, for both orders of dD, and the backward of
     those (double backward, and so on): {kernel name: config}, sorted by name. ``problems``: the forward problem of
-    each config (``backward_configs``' hint; None, or no list: unhinted); the backward kernels' own backward is
-    planned without hints, as their ops are registered.
+    each config (``backward_configs``' hint; None, or no list: unhinted), whose kernels ``plan_gradient`` chooses;
+    the backward kernels' own backward is planned without hints, as their ops are registered.
 
     The given configs are not in it unless some backward reaches them. Deduplicated by kernel name,
     which spells the whole config.
@@ -207,7 +252,7 @@ def backward_closure(configs: Iterable[KernelConfig],
     hints = list(problems) if problems is not None else [None] * len(configs)
     found: dict[str, KernelConfig] = {}
     todo = [grad for cfg, problem in zip(configs, hints) for order in Order
-            for grad in backward_configs(cfg, order, problem)]
+            for grad in backward_configs(cfg, order, problem, plan_gradient)]
     while todo:
         cfg = todo.pop()
         if cfg.name not in found:

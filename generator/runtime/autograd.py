@@ -54,8 +54,9 @@ from typing import Any
 
 import torch
 
-from ..planner.backward import (accumulator_config, backward_configs, backward_layouts, computes_transpose,
-                                saving_config)
+from ..planner import plan
+from ..planner.backward import (PlanGradient, accumulator_config, backward_configs, backward_layouts,
+                                computes_transpose, saving_config)
 from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
 from ..spec.types import DType, Order
 from . import grouped_formula, jit_runtime
@@ -81,7 +82,8 @@ def grad_ops(op: OpHandle, grad_order: Order = Order.row,
         with _GRAD_OPS_LOCK:
             ops = _GRAD_OPS.get(key)
             if ops is None:
-                planned = configs if configs is not None else backward_configs(op.config, grad_order, op_problem(op))
+                planned = configs if configs is not None else backward_configs(op.config, grad_order, op_problem(op),
+                                                                               op_plan_gradient(op))
                 grad_a, grad_b = op.derived(list(planned))
                 ops = _GRAD_OPS[key] = (grad_a, grad_b)
     return ops
@@ -91,6 +93,12 @@ def op_problem(op: OpHandle):
     """The forward problem ``op``'s backward kernels are planned for (GemmOp.problem), None for an unhinted op (and
     for handles that have none: emitted packages plan their backward at emit time)."""
     return getattr(op, "problem", None)
+
+
+def op_plan_gradient(op: OpHandle) -> PlanGradient:
+    """How ``op``'s backward kernels are chosen (GemmOp.plan_gradient); the planner's estimate for handles that
+    have none."""
+    return getattr(op, "plan_gradient", plan)
 
 
 def _in_order(t: torch.Tensor, order: Order) -> torch.Tensor:
@@ -120,7 +128,7 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
         return
     # Planned once here for both the formula and the backward ops' registration (planning is most of the
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
-    configs = {order: backward_configs(op.config, order, op_problem(op)) for order in Order}
+    configs = {order: backward_configs(op.config, order, op_problem(op), op_plan_gradient(op)) for order in Order}
     if not op.config.epilogue.is_identity:
         _register_epilogue_formula(op, lib)
     elif op.config.dtype is DType.tf32:

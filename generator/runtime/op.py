@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ..planner.backward import backward_hint, hinted_op_name
+from ..planner import plan
+from ..planner.backward import PlanGradient, backward_hint, hinted_op_name
 from ..planner.common import Problem as PlannedProblem
 from ..spec.config import GROUPED_EPILOGUE_REFUSAL, KernelConfig, grouped_list_refusal
 from . import jit_runtime
@@ -56,12 +57,15 @@ class GemmOp(OpChecks):
     device_type = "cuda"
 
     def __init__(self, config: KernelConfig, library: KernelLibrary | None, namespace: str,
-                 name: str | None = None, problem: PlannedProblem | None = None) -> None:
+                 name: str | None = None, problem: PlannedProblem | None = None,
+                 plan_gradient: PlanGradient = plan) -> None:
         self.config = config
+        #: How its backward kernels are chosen (planner.backward.PlanGradient: the estimate, or measured winners).
+        self.plan_gradient = plan_gradient
         #: The forward problem its backward kernels are planned for (planner.backward.backward_hint), where that
         #: changes them; such an op is registered under a name of its own (``hinted_op_name``), since one op's
         #: autograd formula holds one pair of backward kernels per order of dD.
-        self.problem = backward_hint(config, problem)
+        self.problem = backward_hint(config, problem, plan_gradient)
         self._library: KernelLibrary | None = None
         self._library_lock = threading.Lock()
         #: Whether CUDA calls reach the C++ kernel of the JIT runtime (else this class's Python path).
@@ -69,7 +73,7 @@ class GemmOp(OpChecks):
         #: Whether its autograd formula is the JIT runtime's C++ one (else generator.runtime.autograd's Python one).
         self.cpp_autograd = False
         self.namespace = namespace
-        self.name = hinted_op_name(config, self.problem) if name is None else name   # (buckets.BucketSetOp's own)
+        self.name = hinted_op_name(config, self.problem, plan_gradient) if name is None else name   # (buckets.BucketSetOp's own)
         self.dtype = TORCH_DTYPES[config.dtype]
         self.dtype_b = TORCH_DTYPES[config.b_dtype]   # B's (fp8: e4m3 x e5m2 plans differ)
         self.out_dtype = TORCH_DTYPES[config.out_dtype]
@@ -197,7 +201,7 @@ class GemmOp(OpChecks):
 
     def __reduce__(self) -> tuple:
         # Pickled as its config: unpickling builds (or loads from the cache) and registers the same op.
-        return (_load_op, (self.config, self.namespace, self.problem))
+        return (_load_op, (self.config, self.namespace, self.problem, self.plan_gradient))
 
     def derived(self, configs: list[KernelConfig]) -> list[GemmOp]:
         """Other ops of this generator in this op's namespace, registered now and built on their first
@@ -365,24 +369,27 @@ def registered_op(config: KernelConfig, namespace: str) -> GemmOp:
 
 
 def compile_op(config: KernelConfig, *, namespace: str, verbose: bool = False,
-               problem: PlannedProblem | None = None) -> GemmOp:
+               problem: PlannedProblem | None = None, plan_gradient: PlanGradient = plan) -> GemmOp:
     """The built op of ``config``; ``problem``: the forward problem its backward kernels are planned for (the
-    plan's size hints; None: unhinted)."""
-    return GemmOp(config, load_library(config, verbose=verbose), namespace, problem=problem)
+    plan's size hints; None: unhinted), ``plan_gradient`` how (planner.backward.PlanGradient)."""
+    return GemmOp(config, load_library(config, verbose=verbose), namespace, problem=problem,
+                  plan_gradient=plan_gradient)
 
 
-def _load_op(config: KernelConfig, namespace: str, problem: PlannedProblem | None = None) -> GemmOp:
-    return compile_op(config, namespace=namespace, problem=problem)
+def _load_op(config: KernelConfig, namespace: str, problem: PlannedProblem | None = None,
+             plan_gradient: PlanGradient = plan) -> GemmOp:
+    return compile_op(config, namespace=namespace, problem=problem, plan_gradient=plan_gradient)
 
 
 def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False,
-                 problems: Sequence[PlannedProblem | None] | None = None) -> list[GemmOp]:
+                 problems: Sequence[PlannedProblem | None] | None = None,
+                 plan_gradient: PlanGradient = plan) -> list[GemmOp]:
     """Build several kernels in one parallel ninja run; ops in the order of ``configs``, each with its backward
-    planned for the matching entry of ``problems`` (as ``compile_op``'s ``problem``)."""
+    planned for the matching entry of ``problems`` (as ``compile_op``'s ``problem``) by ``plan_gradient``."""
     hints = list(problems) if problems is not None else [None] * len(configs)
     if len(hints) != len(configs):   # (before the build, which takes minutes)
         raise ValueError(f"compile_many: {len(configs)} configs but {len(hints)} problems: give one problem (or None) "
                          "per config")
     libraries = build_libraries(list(dict.fromkeys(configs)), verbose=verbose)
     by_config = dict(zip(dict.fromkeys(configs), libraries))
-    return [GemmOp(c, by_config[c], namespace, problem=p) for c, p in zip(configs, hints)]
+    return [GemmOp(c, by_config[c], namespace, problem=p, plan_gradient=plan_gradient) for c, p in zip(configs, hints)]

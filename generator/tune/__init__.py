@@ -15,9 +15,9 @@ from .cache import (FORMAT, FORMAT_VERSION, Entry, EntryKey, Table, TableError, 
 from .candidates import DEFAULT_MAX_CANDIDATES, Space, candidates, neighbours
 from .device import DeviceKey, current_device
 from .result import Candidate, TunedChoice, TuneResult
-from .tuner import TUNED_ENV, NoGpuError, entry_key, lookup_choice, lookup_wanted, tune
+from .tuner import TUNED_ENV, NoGpuError, entry_key, lookup_choice, lookup_wanted, tune, tuned_plan
 
 __all__ = ["DEFAULT_MAX_CANDIDATES", "FORMAT", "FORMAT_VERSION", "TUNED_ENV", "Candidate", "DeviceKey", "Entry",
            "EntryKey", "NoGpuError", "Space", "Table", "TableError", "TuneResult", "TunedChoice", "candidates",
            "current_device", "entry_key", "export_tables", "import_tables", "load_tables", "lookup_choice",
-           "lookup_wanted", "neighbours", "tune", "tuning_dir"]
+           "lookup_wanted", "neighbours", "tune", "tuned_plan", "tuning_dir"]

@@ -10,8 +10,11 @@ from dataclasses import fields
 from datetime import datetime, timezone
 from typing import Any
 
-from ..planner import Knobs, Problem
+from ..planner import Knobs, Problem, plan
+from ..planner.common import default_family
+from ..spec.arch import arch_spec
 from ..spec.config import SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
+from ..spec.types import DType, Layout
 from .cache import Entry, EntryKey, apply_fields, config_fields, lookup, record, table_files
 from .candidates import DEFAULT_MAX_CANDIDATES, Space, candidates, is_legal
 from .device import DeviceKey, current_device
@@ -92,6 +95,24 @@ def lookup_choice(space: Space, problem: Problem, pick: KernelConfig) -> TunedCh
     if answer is None or answer[0].estimate_kernel != pick.name:
         return None   # measured against another pick: whether its winner beats this one is not known
     return choice_from_entry(answer[0], pick, device, source=answer[1])
+
+
+def tuned_plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = None, out_dtype: DType | None = None,
+               problem: Problem | None = None) -> KernelConfig:
+    """``planner.plan``'s config, or where a measurement answers its request and problem on this GPU (``lookup_choice``:
+    the user's tuning cache, then the shipped table) the measured winner: how the JIT ops choose their backward
+    kernels (``planner.backward.PlanGradient``). Looked up under the key of ``Gemm(dtype, layout, arch=arch, m=, n=,
+    k=)``, with the family a fixed knob only where it is not the architecture's default: a user's ``tune()`` of the
+    gradient's GEMM answers it too."""
+    pick = plan(dtype, layout, arch, family=family, out_dtype=out_dtype, problem=problem)
+    if problem is None:
+        return pick
+    spec = arch_spec(arch)
+    knobs = Knobs() if family in (None, default_family(spec, dtype, layout)) else Knobs(family=family)
+    space = Space(dtype=dtype, out_dtype=out_dtype or dtype, layout=layout, spec=spec, sm_count=spec.sm_count,
+                  knobs=knobs)
+    choice = lookup_choice(space, problem, pick)
+    return pick if choice is None else choice.config
 
 
 def _result_from_entry(entry: Entry, choice: TunedChoice, pick: KernelConfig, problem: Problem,

@@ -99,8 +99,8 @@ def test_compiled_graph_runs_each_calls_bucket(bucketed):
 
 
 def test_each_bucket_differentiates_on_kernels_planned_for_its_shape():
-    """Each bucket's op plans its backward kernels for the bucket's forward problem (planner.backward_configs with the
-    problem): at 256 tokens dW's inner dimension is 256, not a large square. Gradients of every bucket (ragged M
+    """Each bucket's op chooses its backward kernels for the bucket's forward problem (planner.backward_configs with the
+    problem and the op's plan_gradient): at 256 tokens dW's inner dimension is 256, not a large square. Gradients of every bucket (ragged M
     included) against float64; the grad ops are the hinted plans."""
     from generator.planner import Problem
     from generator.planner.backward import backward_configs
@@ -113,7 +113,8 @@ def test_each_bucket_differentiates_on_kernels_planned_for_its_shape():
     assert hinted, "no bucket's backward differs from the unhinted plan"
     for bucket in op.buckets:
         bound = bucket.max_m or 4096
-        want = backward_configs(bucket.op.config, Order.row, Problem(bound, n, k) if bucket.op.problem else None)
+        want = backward_configs(bucket.op.config, Order.row, Problem(bound, n, k) if bucket.op.problem else None,
+                                bucket.op.plan_gradient)   # (tune.tuned_plan: a shipped table may answer a gradient)
         assert tuple(g.config for g in grad_ops(bucket.op, Order.row)) == want
     for m in (77, 256, 300, 1500, 3000):
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
