@@ -43,3 +43,21 @@ def test_progress_names_the_failed_kernel() -> None:
     with pytest.raises(BuildError, match="prog_broken"):
         build_many(reqs, progress=lambda req, ok: heard.__setitem__(req.name, ok))
     assert heard == {"prog_good": True, "prog_broken": False}
+
+
+def test_the_end_line_says_which_kernels_another_process_built(capsys: pytest.CaptureFixture[str]) -> None:
+    """Ranks that start together on one machine wait for the one building a kernel (its file lock): the waiting
+    process says so instead of claiming the build."""
+    import re
+    import time
+
+    from generator.toolchain.builder import _Progress
+
+    for by_others, count, what in ((2, 2, "2 kernels (a, b)"), (1, 3, "3 kernels (a, b, c)"), (0, 1, "k")):
+        with _Progress(what, verbose=True, count=count) as shown:   # verbose: the "building" line at once
+            time.sleep(0.05)
+            shown.by_others = by_others
+    err = capsys.readouterr().err
+    assert re.search(r"another process built 2 kernels \(a, b\); waited [0-9.]+ s\n", err), err
+    assert re.search(r"\] built 3 kernels \(a, b, c\) in [0-9.]+ s \(1 of them by another process\)\n", err), err
+    assert re.search(r"\] built k in [0-9.]+ s\n", err), err

@@ -373,10 +373,14 @@ def _failure_message(target: _Target, ninja_output: str) -> str:
 
 class _Progress:
     """One stderr line when a build turns out slow (> SLOW_BUILD_S), one when it ends; silent for fast
-    builds so that a cache hit or a tiny kernel prints nothing."""
+    builds so that a cache hit or a tiny kernel prints nothing. The end line says how many of the kernels another
+    process built while this one waited for their locks (``by_others``), so that ranks starting together on one
+    machine do not each claim the build."""
 
-    def __init__(self, what: str, verbose: bool) -> None:
+    def __init__(self, what: str, verbose: bool, count: int = 1) -> None:
         self.what = what
+        self.count = count
+        self.by_others = 0
         self.started = threading.Event()
         self.t0 = time.perf_counter()
         self.timer = threading.Timer(0.0 if verbose else SLOW_BUILD_S, self._announce)
@@ -394,9 +398,14 @@ class _Progress:
         self.timer.cancel()
         self.timer.join()  # so that "building" is never printed after "built"
         if self.started.is_set():
-            verb = "built" if exc_type is None else "failed to build"
-            print(f"[gemmgen] {verb} {self.what} in {time.perf_counter() - self.t0:.1f} s",
-                  file=sys.stderr, flush=True)
+            seconds = time.perf_counter() - self.t0
+            if exc_type is None and self.by_others == self.count:
+                line = f"another process built {self.what}; waited {seconds:.1f} s"
+            else:
+                verb = "built" if exc_type is None else "failed to build"
+                others = f" ({self.by_others} of them by another process)" if self.by_others else ""
+                line = f"{verb} {self.what} in {seconds:.1f} s{others}"
+            print(f"[gemmgen] {line}", file=sys.stderr, flush=True)
 
 
 def _describe(targets: list[_Target]) -> str:
@@ -491,7 +500,7 @@ def _build_missing(missing: list[_Target], cached: set[str], *, verbose: bool,
             reported.add(target.stem)
             progress(target.req, target.is_built())
 
-    with _Progress(_describe(missing), verbose), _locked(missing):
+    with _Progress(_describe(missing), verbose, len(missing)) as shown, _locked(missing):
         todo = []
         for target in missing:
             if target.is_built():
@@ -500,6 +509,7 @@ def _build_missing(missing: list[_Target], cached: set[str], *, verbose: bool,
             else:
                 _prepare(target)
                 todo.append(target)
+        shown.by_others = len(missing) - len(todo)
         if not todo:
             return
         by_name: dict[str, list[_Target]] = {}
