@@ -433,6 +433,15 @@ def make_cases(args: argparse.Namespace, stock: Any, ours: Any, gen: torch.Gener
     return cases
 
 
+def raise_recompile_limit(at_least: int = 64) -> None:
+    """Let dynamo keep ``at_least`` graphs per code object (its default, 8, is one model's forward compiled for a few
+    shapes and modes; two models of one class share the count)."""
+    import torch._dynamo.config as dynamo_config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(at_least, getattr(dynamo_config, name)))
+
+
 def run_on_gpu(args: argparse.Namespace) -> int:
     sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]  # bench.py's timing helpers; generator from a checkout
     import transformers
@@ -440,10 +449,7 @@ def run_on_gpu(args: argparse.Namespace) -> int:
     from bench import warm_up_gpu
 
     # Ten graphs of one forward (stock and ours, per case and mode) exceed dynamo's default of 8 per code object.
-    import torch._dynamo.config as dynamo_config
-    for name in ("recompile_limit", "cache_size_limit"):
-        if hasattr(dynamo_config, name):
-            setattr(dynamo_config, name, max(64, getattr(dynamo_config, name)))
+    raise_recompile_limit()
 
     device = torch.cuda.get_device_name()
     print(f"{describe(args)} on {device}; torch {torch.__version__}, transformers {transformers.__version__}",
