@@ -201,7 +201,7 @@ def _lookup_tuned(request: _Request, pick: KernelConfig) -> TunedChoice | None:
     return lookup_choice(_space(request), request.problem, pick)
 
 
-def _plan_gradient() -> PlanGradient:
+def plan_gradient() -> PlanGradient:
     """How a compiled op chooses its backward kernels: as the forward does, the measured winner where the tuning cache
     or the shipped table answers the gradient's own problem, else the estimate (planner.backward.PlanGradient)."""
     from .tune import tuned_plan
@@ -567,7 +567,7 @@ class Gemm:
         from .runtime.op import compile_op
 
         return compile_op(self.config, namespace=self.namespace, verbose=verbose, problem=self._request.problem,
-                          plan_gradient=_plan_gradient())
+                          plan_gradient=plan_gradient())
 
     def bucket_plans(self, bounds: Sequence[int] = M_BUCKETS) -> list[tuple[int | None, Gemm]]:
         """The plans of an M-bucketed op: this plan re-planned for M = each bound (N and K as this plan's hints,
@@ -585,7 +585,7 @@ class Gemm:
         # bucket's problem: at a long K, dX of 512 rows wants other tiles than dX of 4096).
         merged = [pair for pair, after in zip(plans, plans[1:])
                   if pair[1].config != after[1].config
-                  or not same_backward(pair[1].config, pair[1].problem, after[1].problem, _plan_gradient())]
+                  or not same_backward(pair[1].config, pair[1].problem, after[1].problem, plan_gradient())]
         return merged + [plans[-1]]
 
     def _replanned(self, problem: Problem) -> Gemm:
@@ -603,7 +603,7 @@ class Gemm:
         bounded = [(bound, op_key(plan)) for bound, plan in self.bucket_plans(bounds)]
         keys = list(dict.fromkeys(key for _, key in bounded))
         ops = compile_many([config for config, _ in keys], namespace=self.namespace, verbose=verbose,
-                           problems=[problem for _, problem in keys], plan_gradient=_plan_gradient())
+                           problems=[problem for _, problem in keys], plan_gradient=plan_gradient())
         return BucketedOp.from_built(bounded, dict(zip(keys, ops)))
 
     def emit(self, out: str | os.PathLike[str], name: str | None = None, *, op_name: str | None = None,

@@ -1105,10 +1105,12 @@ def test_linear_refuses_fp32_weights_without_a_compute_dtype():
 
 def test_replace_linear_swaps_every_plain_linear(monkeypatch):
     import generator.nn as gnn
+    from generator.tune import tuned_plan
 
     built = []
 
-    def fake_compile_many(configs, *, namespace, verbose=False, problems=None):
+    def fake_compile_many(configs, *, namespace, verbose=False, problems=None, plan_gradient=None):
+        assert plan_gradient is tuned_plan   # the backward chosen as compile_buckets' ops choose it (the tables too)
         built.append(list(zip(configs, problems)))
         return [ReferenceOp(c) for c in configs]
 
@@ -1144,7 +1146,7 @@ def test_replace_linear_checks_every_layer_before_swapping():
 def test_replace_linear_folds_biases_and_fuses_the_following_activation(monkeypatch):
     import generator.nn as gnn
 
-    monkeypatch.setattr(gnn, "compile_many", lambda configs, *, namespace, verbose=False, problems=None:
+    monkeypatch.setattr(gnn, "compile_many", lambda configs, *, namespace, verbose=False, problems=None, plan_gradient=None:
                         [ReferenceOp(c) for c in configs])
     torch.manual_seed(1)
     base = nn.Sequential(nn.Linear(24, 40), nn.GELU(approximate="tanh"), nn.Linear(40, 40), nn.SiLU(),

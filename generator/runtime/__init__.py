@@ -2,7 +2,7 @@
 (``op_checks``, on ``checks``), its torch.library registration (``registration``), its ctypes entry points
 (``library``), the build-and-load step (``loader``), the C++ call path (``jit_runtime``) and the autograd formula
 (``autograd``; that of grouped calls in ``grouped_formula``, which imports nothing of gemmgen because emitted packages
-carry a copy of it). Needs torch."""
+carry a copy of it), and the ops' DTensor sharding rules (``sharding``: tensor parallelism). Needs torch."""
 from .buckets import BucketedOp, MBucket
 from .checks import leading_dim
 from .library import GemmArgsStruct, KernelLibrary

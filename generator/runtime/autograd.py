@@ -275,7 +275,7 @@ def _epilogue_backward(op: OpHandle, A: torch.Tensor, B: torch.Tensor, values: l
     elif saved_acc is not None:
         acc = saved_acc.float()
     else:   # the gradients do not read acc's value, only its shape
-        acc = torch.zeros((), dtype=torch.float32, device=A.device).expand(m, n)
+        acc = A.new_zeros((), dtype=torch.float32).expand(m, n)   # (new_zeros: a DTensor A gives a DTensor)
     with torch.enable_grad():
         if not (create_graph and acc.requires_grad):
             acc = acc.detach().requires_grad_(needs[0] or needs[1])

@@ -15,6 +15,9 @@ What each overload has, so that it behaves like a native op (see ``_register``):
 * ``.grouped`` and ``.grouped_list`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an
   autograd formula on this generator's kernels (``generator.runtime.grouped_formula``: ``grouped_backward``,
   ``list_backward``; fp8 and int8 ops refuse inputs which require grad).
+* DTensor operands (tensor parallelism): the default overload's sharding strategy, each rank running the kernel on its
+  local shards, and refusals for the grouped overloads (``generator.runtime.sharding.register_rules``; ``.out``
+  decomposes into the default overload).
 * all: tagged ``needs_fixed_stride_order`` (Inductor hands the operands over in the stride order they
   had when traced, i.e. the planned layout) and ``pt2_compliant_tag`` (opcheck passes).
 """
@@ -28,6 +31,7 @@ from ..spec.config import KernelConfig
 from .autograd import register_autograd
 from .library import KernelLibrary
 from .operands import schema_arguments, schema_returns
+from .sharding import register_rules
 
 
 # The torch.library registrations must outlive the call that made them; keyed by qualified name.
@@ -120,6 +124,8 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
 
             torch.library.register_fake(f"{qualname}.grouped_list", fake_grouped_list, lib=lib)
 
+        # DTensor operands: each rank's local GEMM, placements by the rules of generator.runtime.sharding
+        register_rules(op, has_grouped(op.config))
         register_autograd(op, lib)
         if library is not None:
             op._attach(library)
