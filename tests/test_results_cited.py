@@ -15,10 +15,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 #: Where citations are read.
 CITING = ("docs/**/*.md", "README.md", "generator/**/*.py", "benchmarks/*.py", "gpu/**/*.py", "gpu/*.sh",
           "examples/*.py", "templates/**/*.*")
-#: A results name as the files are named: the GPU first (h100_, h200_, h200x2_ for two of them).
-NAME = re.compile(r"h[12]00(?:x\d)?_[\w{},*-]*(?:\.[\w{},*-]+)*")
+#: A results name as the files are named: the machine first (h100_, h200_, h200x2_ for two GPUs; cpu2_ for a run
+#: without a GPU on 2 cores).
+MACHINE = r"(?:h[12]00(?:x\d)?|cpu\d+)_"
+NAME = re.compile(MACHINE + r"[\w{},*-]*(?:\.[\w{},*-]+)*")
 #: The path form, which must name a file that is there (not `git show REV:benchmarks/results/...`, a file of the past).
-PATH = re.compile(r"(?<!:)benchmarks/results/(h[12]00(?:x\d)?_[\w{},*-]*(?:\.[\w{},*-]+)*)")
+PATH = re.compile(r"(?<!:)benchmarks/results/(" + MACHINE + r"[\w{},*-]*(?:\.[\w{},*-]+)*)")
 
 
 def stem(name: str) -> str:
