@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ncu, clocks left alone (--clock-control none, as the device's METHOD.md asks), on the planner's kernel and on
 # torch.matmul's (cuBLAS) for the same shapes and data: duration, SM clock, tensor-pipe activity, memory.
-#   [CUBLAS_KERNEL=regex:"nvjet|gemv"] gpu/ncu_compare.sh [SHAPES (default "4096x4096x4096 8192x8192x8192")] [DTYPE (default bf16)] [EXTRA profile.py args]
+#   [CUBLAS_KERNEL=regex:"nvjet|gemv"] gpu/ncu_compare.sh [SHAPES (default "4096x4096x4096 8192x8192x8192")] [DTYPE (default bf16)] [EXTRA ncu_kernel.py args]
 # Writes $OUT/ncu_<shape>_<dtype>_{ours,cublas}.txt.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu_out}
@@ -20,7 +20,7 @@ for shape in $SHAPES; do
     ncu --clock-control none --launch-skip 3 --launch-count 1 -k "$kernel" \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section SchedulerStats --section WarpStateStats --metrics "$METRICS" \
-        python3 gpu/profile.py --shape "$shape" --dtype "$DTYPE" $args > "$OUT/ncu_${shape}_${DTYPE}_${who}.txt" 2>&1 || status=1
+        python3 gpu/ncu_kernel.py --shape "$shape" --dtype "$DTYPE" $args > "$OUT/ncu_${shape}_${DTYPE}_${who}.txt" 2>&1 || status=1
     grep -E "Profiling|Duration|SM Frequency|Compute \(SM\) Throughput|L2 Cache Throughput|DRAM Throughput|pipe_tensor|dram__bytes" \
         "$OUT/ncu_${shape}_${DTYPE}_${who}.txt" | sed "s/^/$shape $who: /"
   done

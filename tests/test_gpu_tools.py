@@ -43,3 +43,11 @@ def test_midm_variants_change_fields_of_the_pick(capsys: pytest.CaptureFixture[s
     assert "skip" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="FIELD=VALUE"):
         midm_tiles.parse_variants("colour=blue")
+
+
+def test_no_script_folder_shadows_a_standard_module():
+    """Tests put gpu/ and benchmarks/ on sys.path, which processes they spawn inherit: a gpu/profile.py there once
+    made torch.distributed.checkpoint's `import cProfile` fail in tests/test_fsdp_cpu.py's ranks."""
+    shadowing = sorted(f"{folder}/{path.name}" for folder in ("gpu", "benchmarks", "examples", "tests")
+                       for path in (ROOT / folder).glob("*.py") if path.stem in sys.stdlib_module_names)
+    assert not shadowing, f"rename these scripts, they shadow standard modules: {shadowing}"

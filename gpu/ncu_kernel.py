@@ -1,8 +1,8 @@
 """Run one planned kernel a few times on one shape, for ncu:
-    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/profile.py --schedule pingpong --cluster 1x1
-    ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/profile.py --family sm80 --tile 128x256x32
-    ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/profile.py --cublas   (torch.matmul, same data)
-    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/profile.py --dtype e4m3 --scale block
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --schedule pingpong --cluster 1x1
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/ncu_kernel.py --family sm80 --tile 128x256x32
+    ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/ncu_kernel.py --cublas   (torch.matmul, same data)
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --dtype e4m3 --scale block
 """
 from __future__ import annotations
 
