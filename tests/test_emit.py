@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -859,20 +860,47 @@ def binding_with_stub_kernels(pkg: Path, name: str, kernels: list[str], tmp_path
     return env
 
 
-def test_autograd_formula_of_the_binding_on_cpu(tmp_path):
-    """The emitted binding's autograd (gemm_autograd.h's C++ formula, registered by binding.cpp for every op), built here
-    with stub kernels and run with CPU stand-in kernels: every op and backward op gets the binding's Autograd
-    kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward match float64; .out
-    refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
+AUTOGRAD_CPU, EPILOGUE_CPU = "gemmgen_autograd_cpu", "gemmgen_epilogue_cpu"
+
+
+def autograd_cpu_plans() -> list[Gemm]:
+    return [*two_plans(), Gemm("bf16", "nn", arch=80), Gemm("fp16", "tt", arch=90)]
+
+
+@pytest.fixture(scope="module")
+def stub_bindings(tmp_path_factory) -> dict[str, Future]:
+    """The packages of test_autograd_formula_of_the_binding_on_cpu (AUTOGRAD_CPU) and test_epilogue_binding_on_cpu
+    (EPILOGUE_CPU), emitted and built with stub kernels (binding_with_stub_kernels) at once, one build per core:
+    each is a host compile of its binding.cpp against torch's headers (15-20 s on one core, most of either test).
+    {package name: a done future of the environment that imports it}; each test takes its own result, so a failed
+    build fails (and a missing nvcc skips) that test alone."""
     pytest.importorskip("torch")
-    name = "gemmgen_autograd_cpu"
-    plans = [*two_plans(), Gemm("bf16", "nn", arch=80), Gemm("fp16", "tt", arch=90)]
+    plans = {AUTOGRAD_CPU: autograd_cpu_plans(), EPILOGUE_CPU: epilogue_plans()}
+    packages = {name: emit(p, name=name, out=tmp_path_factory.mktemp(name) / "pkg") for name, p in plans.items()}
+    ops = resolve_ops(plans[AUTOGRAD_CPU])
+    kernels = {AUTOGRAD_CPU: sorted({op.config.name for op in [*ops, *backward_ops(ops)]}),
+               EPILOGUE_CPU: sorted(p.stem for p in (packages[EPILOGUE_CPU] / "csrc").glob("*.cu"))}
+
+    def build(name: str) -> dict[str, str]:
+        return binding_with_stub_kernels(packages[name], name, kernels[name], packages[name].parent)
+
+    with ThreadPoolExecutor(max_workers=len(packages)) as pool:
+        return {name: pool.submit(build, name) for name in packages}
+
+
+def test_autograd_formula_of_the_binding_on_cpu(tmp_path, stub_bindings):
+    """The emitted binding's autograd (gemm_autograd.h's C++ formula, registered by binding.cpp for every op), built
+    with stub kernels (stub_bindings) and run with CPU stand-in kernels: every op and backward op gets the binding's
+    Autograd kernel; gradients (row-major, column-major, sliced and expanded dD) and double backward match float64;
+    .out refuses grad. The real kernels are checked on the GPU (tests/gpu/test_emitted_package.py)."""
+    pytest.importorskip("torch")
+    name = AUTOGRAD_CPU
+    plans = autograd_cpu_plans()
     ops = resolve_ops(plans)
     all_ops = [*ops, *backward_ops(ops)]
-    pkg = emit(plans, name=name, out=tmp_path / "pkg")
+    env = stub_bindings[name].result()
     specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
                        op.config.layout.b.value, op.config.layout.c.value) for op in all_ops}
-    env = binding_with_stub_kernels(pkg, name, sorted({op.config.name for op in all_ops}), tmp_path)
     takes = {op.name: (grouped_refusal(op.config) is None, grouped_list_refusal(op.config) is None) for op in all_ops}
     grads = {op.name: tuple(f"_grad_{c.name}" for c in backward_configs(op.config, Order.row)) for op in all_ops}
     code = AUTOGRAD_CHECK.format(name=name, cpu_kernels=CPU_KERNELS.format(specs=specs, name=name),
@@ -1671,19 +1699,18 @@ def _python_messages() -> dict[str, tuple[str, str]]:
     return expected
 
 
-def test_epilogue_binding_on_cpu(tmp_path):
-    """The binding of a package with epilogue ops, built here with stub kernels (as the autograd test above):
+def test_epilogue_binding_on_cpu(tmp_path, stub_bindings):
+    """The binding of a package with epilogue ops, built with stub kernels (stub_bindings, as the autograd test's):
     boxed kernels for every key, the same messages as the JIT op's Python checks where a CPU machine reaches
     them (CPU and meta tensors), .out's refusal of grad, meta and fake shapes, .out decomposed; then, with CPU
     stand-in kernels, the gradients of __init__.py's formula against float64 (EPILOGUE_GRADS). The kernels
     themselves are tests/gpu/test_emitted_epilogue.py's."""
     expected = _python_messages()
-    name = "gemmgen_epilogue_cpu"
+    name = EPILOGUE_CPU
     plans = epilogue_plans()
     ops = resolve_ops(plans)
     all_ops = [*ops, *backward_ops(ops)]
-    pkg = emit(plans, name=name, out=tmp_path / "pkg")
-    env = binding_with_stub_kernels(pkg, name, sorted(p.stem for p in (pkg / "csrc").glob("*.cu")), tmp_path)
+    env = stub_bindings[name].result()
     specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
                        op.config.layout.b.value, op.config.layout.c.value) for op in all_ops}
     operands = {op.name: [(o.kind, o.dtype.value, o.order.value if o.order else None)

@@ -1,6 +1,11 @@
-"""nvcc compiles the rendered kernel of every shipped config, and ptxas reports no spills and no stack frame
+"""nvcc compiles the rendered kernels of the shipped configs, and ptxas reports no spills and no stack frame
 in any entry function: the sm80 family for sm_80 (planned for arch 80) and for sm_90a (planned for arch 90
 with family="sm80"), the sm90 family for sm_90a only (wgmma and TMA exist nowhere else).
+
+Each kind of shipped kernel compiles, not each shipped config (see representative()): every kernel shape in every
+layout for its target, while the bf16 and fp16 twins of a kernel (which differ only in the mma/wgmma type) and where
+thread blocks go (cluster, raster) are dealt across the layouts. test_the_compiled_kernels_cover_the_shipped_ones
+checks that this holds for whatever the planner ships.
 
 CPU only (ptxas needs no GPU). The compiles run in parallel, one nvcc per kernel straight to a .cubin:
 the point is ptxas's resource report, and a cubin skips the host compiler and the linker that a
@@ -8,13 +13,15 @@ loadable library needs. Device flags are the builder's (generator/toolchain/buil
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pytest
@@ -47,10 +54,70 @@ def find_nvcc() -> str | None:
 NVCC = find_nvcc()
 NO_NVCC = "nvcc not found (set CUDA_HOME or put nvcc on PATH): cannot compile the shipped kernels"
 
+# -- which shipped configs compile ------------------------------------------------------------------------------
+# A shipped set is a product: {bf16, fp16} x the four layouts x kernel shapes (tile, warps, stages, schedule, split),
+# some shapes in several placements (cluster, raster). Compiling all of it (200 configs; with the cases below 236
+# compiles, 7 to 8 minutes of the CPU suite's 13 on 2 cores) repeats the same ptxas work:
+# - the 16-bit twins: a bf16 kernel and its fp16 twin differ only in the type of the mma.sync/wgmma instruction
+#   (and the names); ptxas's reports of all 100 twin pairs were identical, every entry function's registers, stack
+#   and spills (nvcc 13.0). So one of the two compiles, alternating: each layout gets both.
+# - placements (cluster shape, raster order and group) change block-index arithmetic and the TMA multicast, not the
+#   main loop: each placement compiles once, dealt across the layouts.
+# What compiles in every combination is (kernel shape, layout) on each target: the operand paths (ldmatrix or
+# ldmatrix.trans, the TMA boxes and shared-memory layouts) meet the shape's accumulators there, and the sm80 kernels
+# sit at the register cap (244-255 of 255 at 128x256, a few registers apart between layouts), where a few registers
+# more spill (128x256 at BK 64 does: docs/tuning.md). The sm80 family planned for arch 90 ships other tiles than for
+# arch 80 (5 of its 6 shapes), so it is a set of its own on sm_90a.
+
+#: The config fields dealt (not compiled in every combination); the others make the kernel's shape.
+DEALT_FIELDS = frozenset({"dtype", "out_dtype", "layout", "cluster", "raster", "raster_group"})
+TWIN_DTYPES = frozenset({"bf16", "fp16"})
+
+
+def kernel_shape(cfg: KernelConfig) -> tuple:
+    """What a compile of ``cfg`` stands for, but for layout and dtype: the fields not dealt, and the dtype where it
+    is not a 16-bit twin (tf32, fp8 and int8 kernels differ in more than an instruction's type)."""
+    dtype = "16-bit" if cfg.dtype.value in TWIN_DTYPES else cfg.dtype.value
+    out = "same" if cfg.out_dtype == cfg.dtype else cfg.out_dtype.value
+    return (dtype, out, *(getattr(cfg, f.name) for f in fields(cfg) if f.name not in DEALT_FIELDS))
+
+
+def placement(cfg: KernelConfig) -> tuple:
+    return cfg.cluster, cfg.raster, cfg.raster_group
+
+
+def _nearest(group: Sequence[KernelConfig], wanted: tuple) -> KernelConfig:
+    """The config of ``group`` with the wanted (placement, layout, dtype); where the set lacks it, the one that matches
+    most (placement first, then layout)."""
+    def fit(c: KernelConfig) -> tuple[bool, ...]:
+        return tuple(x == y for x, y in zip((placement(c), c.layout.tag, c.dtype.value), wanted))
+    return max(group, key=fit)
+
+
+def representative(configs: Sequence[KernelConfig]) -> list[KernelConfig]:
+    """The configs to compile for a shipped set: each kernel shape in every layout, its placements dealt across the
+    layouts (as many compiles as layouts or placements, whichever more), the 16-bit dtype alternating between layouts
+    and between shapes (so that each layout compiles in both)."""
+    layouts = sorted({c.layout.tag for c in configs})
+    shapes: dict[tuple, list[KernelConfig]] = {}
+    for cfg in configs:
+        shapes.setdefault(kernel_shape(cfg), []).append(cfg)
+    picked: list[KernelConfig] = []
+    for g, group in enumerate(shapes.values()):
+        placements = sorted({placement(c) for c in group})
+        dtypes = sorted({c.dtype.value for c in group})
+        for i in range(max(len(placements), len(layouts))):
+            best = _nearest(group, (placements[i % len(placements)], layouts[i % len(layouts)],
+                                    dtypes[(i + g) % len(dtypes)]))
+            if best not in picked:
+                picked.append(best)
+    return picked
+
+
 # (target arch, config): the architecture's default family, plus the sm80 family where another is the default.
-CASES = [(arch, cfg) for arch in SHIPPED_ARCHS for cfg in shipped_configs(arch)]
+CASES = [(arch, cfg) for arch in SHIPPED_ARCHS for cfg in representative(shipped_configs(arch))]
 CASES += [(arch, cfg) for arch in SHIPPED_ARCHS if shipped_configs(arch)[0].family != "sm80"
-          for cfg in shipped_configs(arch, family="sm80")]
+          for cfg in representative(shipped_configs(arch, family="sm80"))]
 # Tiles the templates build but the planner never picks, each with a K-major and an N-major B: the wide
 # 128x320 tile (two wgmmas per k step, accumulators beyond 128 per thread).
 CASES += [(90, Gemm(dtype, layout, arch=90, schedule="cooperative", tile_shape=(128, 320, 64),
@@ -108,9 +175,12 @@ CASES += [(80, Gemm("fp32", "tn", arch=80).config), (90, Gemm("fp32", "nt", arch
 CASES += [(90, replace(Gemm("bf16", "tn", arch=90).config, stream_k=True)),
           (90, replace(Gemm("e4m3", "tn", arch=90, scale="block", schedule="cooperative", cluster_shape=(1, 1),
                             m=128, n=4096, k=4096).config, stream_k=True))]
-#: At most this many shipped configs per (arch, family): each is one nvcc run in CI (about 1-3 s on one core). sm90
-#: ships 112 since the planner's 64-row tiles for few rows, split-K and the 128x192 candidate (the whole CPU suite then
-#: took 7.5 minutes on CI's 2 cores).
+# A case listed twice (a knob case that a shipped config already is) compiles once.
+CASES = list({(arch, cfg.name): (arch, cfg) for arch, cfg in CASES}.values())
+
+#: At most this many shipped configs per (arch, family): each is planned and rendered here, and a new kernel shape
+#: among them is one nvcc run per layout in CI (about 1-5 s on one core). sm90 ships 120 since the planner's 64-row
+#: tiles for few rows, split-K and the 128x192 candidate.
 MAX_SHIPPED = {"sm80": 64, "sm90": 128}
 
 
@@ -186,9 +256,8 @@ class Compiled:
     seconds: float
 
 
-def _compile(cfg: KernelConfig, arch: int, folder: Path) -> Compiled:
+def _compile(name: str, text: str, arch: int, folder: Path) -> Compiled:
     folder.mkdir(parents=True, exist_ok=True)
-    (name, text), = render(cfg).items()
     source = folder / name
     source.write_text(text)
     cmd = [NVCC, *DEVICE_FLAGS, *ARCHS[arch].gencode.split(), f"-I{templates_dir()}", "-cubin",
@@ -204,16 +273,25 @@ def _compile(cfg: KernelConfig, arch: int, folder: Path) -> Compiled:
 
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], Compiled]:
-    """Every shipped kernel for its arch, compiled by a pool of nvcc processes (one per core)."""
+    """Every case's kernel for its arch, compiled by a pool of nvcc processes (one per core). A source rendered
+    twice for one target compiles once; the longest sources (the fused epilogues: the slowest compiles) go first,
+    so that no long compile is left running alone at the end."""
     if NVCC is None:
         pytest.skip(NO_NVCC)
     root = tmp_path_factory.mktemp("nvcc")
     workers = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    source_of, unique = {}, {}   # case -> (arch, source hash); (arch, source hash) -> (arch, file name, source)
+    for arch, cfg in CASES:
+        (name, text), = render(cfg).items()
+        source_of[(arch, cfg.name)] = key = (arch, hashlib.sha256(text.encode()).hexdigest())
+        unique.setdefault(key, (arch, name, text))
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {(arch, cfg.name): pool.submit(_compile, cfg, arch, root / f"sm{arch}") for arch, cfg in CASES}
-        results = {key: f.result() for key, f in futures.items()}
-    print(f"\n[nvcc] {len(results)} kernels compiled with {workers} workers in {time.perf_counter() - start:.1f} s")
+        futures = {key: pool.submit(_compile, name, text, arch, root / f"sm{arch}")
+                   for key, (arch, name, text) in sorted(unique.items(), key=lambda item: -len(item[1][2]))}
+        done = {key: f.result() for key, f in futures.items()}
+    results = {case: done[key] for case, key in source_of.items()}
+    print(f"\n[nvcc] {len(done)} kernels compiled with {workers} workers in {time.perf_counter() - start:.1f} s")
     return results
 
 
@@ -228,6 +306,49 @@ def test_shipped_configs_are_few_enough_for_ci() -> None:
             assert all(c.arch == arch and c.family == family for c in configs)
     assert {c.family for c in shipped_configs(90)} == {"sm90"}
     assert {c.family for c in shipped_configs(80)} == {"sm80"}
+
+
+def test_the_compiled_kernels_cover_the_shipped_ones() -> None:
+    """Of each shipped set, what compiles (representative()): every kernel shape in every placement and in every
+    layout, every layout in every 16-bit dtype. A planner change that ships a new shape, placement, layout or dtype
+    is compiled by the cases above, or fails here."""
+    def uncovered(chosen: Sequence[KernelConfig], shipped: Sequence[KernelConfig],
+                  of: Callable[[KernelConfig], Hashable]) -> list[str]:
+        """The shipped configs that no compiled one stands for (by ``of``)."""
+        seen = {of(c) for c in chosen}
+        return [c.name for c in shipped if of(c) not in seen]
+
+    for arch in SHIPPED_ARCHS:
+        default = shipped_configs(arch)[0].family
+        for family in sorted({default, "sm80"}):
+            shipped = shipped_configs(arch, family=family)
+            chosen = [cfg for a, cfg in CASES if a == arch and cfg in shipped]
+            for of in (lambda c: (kernel_shape(c), placement(c)), lambda c: (kernel_shape(c), c.layout.tag),
+                       lambda c: (c.layout.tag, c.dtype.value)):
+                missing = uncovered(chosen, shipped, of)
+                assert not missing, f"sm{arch} {family} on {SASS_TARGET[arch]}: nothing compiled stands for {missing}"
+
+
+def test_representative_deals_a_product() -> None:
+    """The dealing on a made-up set: 2 dtypes x 4 layouts x (a shape in 3 placements, a shape in 1)."""
+    coop = Gemm("bf16", "tn", arch=90, schedule="cooperative", tile_shape=(128, 256, 64), cluster_shape=(1, 1)).config
+    pp = replace(coop, tile=(128, 128, 64), schedule="pingpong")
+    shipped = shipped_configs(90)
+    dtypes = sorted({c.dtype for c in shipped}, key=lambda d: d.value)
+    layouts = sorted({c.layout for c in shipped}, key=lambda lay: lay.tag)
+    assert len(dtypes) == 2 and len(layouts) == 4
+    configs = [replace(cfg, dtype=d, out_dtype=d, layout=lay, cluster=cl)
+               for cfg, clusters in ((coop, ((1, 1), (2, 1), (1, 2))), (pp, ((1, 1),)))
+               for cl in clusters for lay in layouts for d in dtypes]
+    picked = representative(configs)
+    assert len(picked) == 8 and len(set(picked)) == 8
+    assert {(c.tile, c.layout) for c in picked} == {(c.tile, c.layout) for c in configs}
+    assert {c.cluster for c in picked if c.tile == coop.tile} == {(1, 1), (2, 1), (1, 2)}
+    for layout in layouts:
+        assert {c.dtype for c in picked if c.layout == layout} == set(dtypes)
+    # a placement more than there are layouts: all of them still compile, a layout twice
+    wide = configs + [replace(c, cluster=(2, 2)) for c in configs if c.tile == coop.tile and c.cluster == (1, 1)]
+    assert {c.cluster for c in representative(wide) if c.tile == coop.tile} == {(1, 1), (2, 1), (1, 2), (2, 2)}
 
 
 def test_sm90_kernels_compile_for_sm90a_only() -> None:
