@@ -23,8 +23,9 @@ from torch import nn
 
 from .gemm import DEFAULT_NAMESPACE, Gemm, op_key, plan_gradient
 from .runtime import BucketedOp, GemmOp, compile_many, leading_dim
-from .runtime.sharding import (NotLinear, ShardingRefusal, check_mesh, dtensor_api, free, grad_placements, is_dtensor,
-                               operand_placements, operand_refusal, product_placements)
+from .runtime.sharding import (ShardingRefusal, check_mesh, dtensor_api, free, grad_placements, is_dtensor,
+                               is_partial, is_replicate, is_shard, operand_placements, operand_refusal,
+                               product_placements)
 from .spec.epilogue import activation_name
 from .spec.types import INPUT_DTYPES, Order, parse_dtype
 
@@ -33,6 +34,9 @@ __all__ = ["Linear", "plan_linear", "replace_linear"]
 #: Activation modules replace_linear fuses into the Linear before them, by the epilogue's name for each.
 _FUSABLE = {nn.ReLU: "relu", nn.SiLU: "silu", nn.Sigmoid: "sigmoid", nn.Tanh: "tanh"}
 #: The same activations in torch, for the fallback path of Linear.
+#: The fix a NotLinear refusal names for a row-parallel layer with a fused activation.
+_ROW_PARALLEL_ACTIVATION = ("A row-parallel layer takes no fused activation: make it without activation= "
+                            "(replace_linear(model, fuse_activations=False)) and keep the activation module after it")
 _TORCH_ACTIVATIONS = {None: lambda y: y, "relu": F.relu, "gelu": F.gelu,
                       "gelu_tanh": lambda y: F.gelu(y, approximate="tanh"), "silu": F.silu,
                       "sigmoid": torch.sigmoid, "tanh": torch.tanh}
@@ -223,14 +227,9 @@ class Linear(nn.Linear):
         a = tuple(_as_a(p, x.dim()) for p in x.placements)
         b = tuple(_as_b(p) for p in w.placements)
         rows = (x.numel() // x.shape[-1] if x.shape[-1] else 0, x.shape[-1])
-        try:
-            product = product_placements(self._name, self.op.config.epilogue, (a, rows), (b, (w.shape[1], w.shape[0])))
-        except NotLinear as err:
-            raise NotLinear(f"{self._label(x, w)}: {err}. A row-parallel layer takes no fused activation: make it "
-                            "without activation= (replace_linear(model, fuse_activations=False)) and keep the "
-                            "activation module after it") from None
-        except ShardingRefusal as err:
-            raise ShardingRefusal(f"{self._label(x, w)}: {err}") from None
+        # No try/except around the rules: torch 2.11's dynamo cannot trace a re-raise (``raise ... from``).
+        product = product_placements(f"{self._name} (the op's A = x, B = W.t())", self.op.config.epilogue, (a, rows),
+                                     (b, (w.shape[1], w.shape[0])), not_linear_fix=_ROW_PARALLEL_ACTIVATION)
         roles = product.roles
         taken_x = tuple(p if t == q else _x_of(t, x.dim()) for p, q, t in zip(x.placements, a, product.a))
         taken_w = tuple(_as_b(t) for t in product.b)
@@ -246,12 +245,6 @@ class Linear(nn.Linear):
     @property
     def _name(self) -> str:
         return f"generator.nn.Linear({self.in_features}, {self.out_features})"
-
-    def _label(self, x: torch.Tensor, w: torch.Tensor) -> str:
-        """The layer and its operands' placements, for refusals (built only for them: torch.compile traces no repr of
-        a placement)."""
-        return (f"{self._name} with x {tuple(x.placements)} and the weight {tuple(w.placements)} (the op's A = x, "
-                "B = W.t())")
 
     def _check_dtensors(self, x: torch.Tensor, w: torch.Tensor) -> Any:
         """The mesh of x, W and the bias; refuses a plain tensor among DTensors, two meshes, another device's mesh."""
@@ -276,8 +269,7 @@ class Linear(nn.Linear):
         wanted = operand_placements(self._name, ep, roles)["bias"]   # (plan_linear's epilogue names it so)
         if free(bias.placements, wanted):
             return _local(bias, wanted, roles)
-        dt = dtensor_api()
-        if all(free([p], [w]) or (type(w) is dt.Partial and type(p) is dt.Replicate)
+        if all(free([p], [w]) or (is_partial(w) and is_replicate(p))
                for p, w in zip(bias.placements, wanted)):
             return _added_once(bias, wanted, roles)
         raise operand_refusal(self._name, ep, "bias", bias.placements, wanted, roles)
@@ -286,19 +278,19 @@ class Linear(nn.Linear):
 def _as_a(p: Any, rank: int) -> Any:
     """x's placement as the op's A (M, K): a shard of x's last dimension is K's, of any other M's (the rows)."""
     dt = dtensor_api()
-    return dt.Shard(1 if p.dim % rank == rank - 1 else 0) if type(p) is dt.Shard else p
+    return dt.shards[1 if p.dim % rank == rank - 1 else 0] if is_shard(p) else p
 
 
 def _as_b(p: Any) -> Any:
     """W's placement as the op's B = W.t() (K, N), and back: W's rows are N, its columns K."""
     dt = dtensor_api()
-    return dt.Shard(1 - p.dim % 2) if type(p) is dt.Shard else p
+    return dt.shards[1 - p.dim % 2] if is_shard(p) else p
 
 
 def _x_of(a: Any, rank: int) -> Any:
     """x's placement for an A the rules slice on K (a whole x against a weight sharded on in_features)."""
     dt = dtensor_api()
-    return dt.Shard(rank - 1) if type(a) is dt.Shard else a
+    return dt.shards[rank - 1] if is_shard(a) else a
 
 
 def _y_of(role: str, x_placement: Any, rank: int) -> Any:
@@ -308,8 +300,8 @@ def _y_of(role: str, x_placement: Any, rank: int) -> Any:
     if role == "m":
         return x_placement
     if role == "n":
-        return dt.Shard(rank - 1)
-    return dt.Partial() if role == "partial" else dt.Replicate()
+        return dt.shards[rank - 1]
+    return dt.partial if role == "partial" else dt.replicate
 
 
 def _local(t: torch.Tensor, placements: tuple[Any, ...], roles: tuple[str, ...]) -> torch.Tensor:
@@ -327,11 +319,11 @@ def _added_once(bias: torch.Tensor, wanted: tuple[Any, ...], roles: tuple[str, .
     rank takes its row, and the bias's gradient, the first rank's, reaches the Replicate parameter through DTensor's
     gather of the table (every row even, so the shapes agree on every rank)."""
     dt = dtensor_api()
-    partial = [i for i, p in enumerate(wanted) if type(p) is dt.Partial]
+    partial = [i for i, p in enumerate(wanted) if is_partial(p)]
     rows = math.prod([bias.device_mesh.size(i) for i in partial])
     row = bias.unsqueeze(0)
     table = torch.cat([row, row.new_zeros((rows - 1, row.shape[1]))])
-    placements = tuple(dt.Shard(0) if i in partial else dt.Shard(1) if type(p) is dt.Shard else p
+    placements = tuple(dt.shards[0] if i in partial else dt.shards[1] if is_shard(p) else p
                        for i, p in enumerate(wanted))
     return _local(table, placements, roles).squeeze(0)
 

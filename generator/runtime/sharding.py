@@ -96,10 +96,39 @@ def load() -> bool:
         from torch.distributed.tensor._dtensor_spec import DTensorSpec
         from torch.distributed.tensor._op_schema import OpSpec, OpStrategy
 
+        # The placements the rules hand out are made here, once: under torch.compile the DTensor path then reads
+        # placements and makes none (torch 2.11's dynamo gives a placement made in a compiled frame another type).
         _DT = type("DTensorClasses", (), dict(DTensor=dt.DTensor, Shard=dt.Shard, Replicate=dt.Replicate,
                                               Partial=dt.Partial, DTensorSpec=DTensorSpec, OpSpec=OpSpec,
-                                              OpStrategy=OpStrategy))
+                                              OpStrategy=OpStrategy, shards=tuple(dt.Shard(d) for d in range(8)),
+                                              replicate=dt.Replicate(), partial=dt.Partial(),
+                                              other_shards=_subclasses(dt.Shard), other_partials=_subclasses(dt.Partial)))
     return True
+
+
+def _subclasses(cls: type) -> tuple[type, ...]:
+    """Every subclass of ``cls`` defined so far (strided shards, masked or norm partials: placements the rules refuse)."""
+    found = []
+    for sub in cls.__subclasses__():
+        found += [sub, *_subclasses(sub)]
+    return tuple(found)
+
+
+# The placement tests below use isinstance, not ``type(p) is``: under torch 2.11's dynamo a placement made inside the
+# compiled frame (ColwiseParallel's input hook makes a Replicate()) has a type that is not its class.
+
+def is_replicate(p: Any) -> bool:
+    return isinstance(p, _DT.Replicate)
+
+
+def is_shard(p: Any) -> bool:
+    """A plain Shard (not a strided one)."""
+    return isinstance(p, _DT.Shard) and not isinstance(p, _DT.other_shards)
+
+
+def is_partial(p: Any) -> bool:
+    """A plain Partial of any reduction (not a masked one)."""
+    return isinstance(p, _DT.Partial) and not isinstance(p, _DT.other_partials)
 
 
 def dtensor_api() -> Any:
@@ -166,11 +195,11 @@ def _dims(shape: Sequence[int], operand: str) -> tuple[str, ...]:
 def _role(placement: Any, dims: tuple[str, ...], name: str, what: str, mesh_dim: int) -> str:
     """"replicate", "partial" or the name of the sharded dimension; other placements (a Partial other than a sum,
     strided or masked shards) are refused."""
-    if type(placement) is _DT.Replicate:
+    if is_replicate(placement):
         return "replicate"
-    if type(placement) is _DT.Partial and placement.reduce_op == "sum":
+    if is_partial(placement) and placement.reduce_op == "sum":
         return "partial"
-    if type(placement) is _DT.Shard:
+    if is_shard(placement):
         return dims[placement.dim % len(dims)]
     raise ShardingRefusal(f"{name}: {what} is {placement} on mesh dimension {mesh_dim}, which these rules do not take "
                           "(Shard, Replicate and Partial sums only): redistribute it first")
@@ -178,9 +207,9 @@ def _role(placement: Any, dims: tuple[str, ...], name: str, what: str, mesh_dim:
 
 def describe(placement: Any, dims: tuple[str, ...] = ()) -> str:
     """A placement as messages name it: 'Shard(1) (K)', 'Replicate()', 'Partial()' (a sum)."""
-    if type(placement) is _DT.Shard and dims:
+    if is_shard(placement) and dims:
         return f"Shard({placement.dim % len(dims)}) ({dims[placement.dim % len(dims)].upper()})"
-    if type(placement) is _DT.Partial and placement.reduce_op == "sum":
+    if is_partial(placement) and placement.reduce_op == "sum":
         return "Partial()"
     return repr(placement)
 
@@ -202,13 +231,14 @@ def _taken(role: str, other: str, dims: tuple[str, ...], shape: Sequence[int], p
         return placement
     if other == "batch" and (len(shape) < 3 or shape[0] == 1):
         return placement
-    return _DT.Shard(dims.index(other))
+    return _DT.shards[dims.index(other)]
 
 
 def product_placements(name: str, ep: Epilogue, a: tuple[Sequence[Any], Sequence[int]],
-                       b: tuple[Sequence[Any], Sequence[int]]) -> Product:
+                       b: tuple[Sequence[Any], Sequence[int]], not_linear_fix: str | None = None) -> Product:
     """D's roles and A's and B's placements as taken, from A's and B's (placements, global shape); refuses pairs no
-    rule takes, and a Partial D of an epilogue that is not linear in acc."""
+    rule takes, and a Partial D of an epilogue that is not linear in acc (with ``not_linear_fix`` where the caller
+    knows a better fix than the op's)."""
     (a_placements, a_shape), (b_placements, b_shape) = a, b
     a_dims, b_dims = _dims(a_shape, "A"), _dims(b_shape, "B")
     roles, a_taken, b_taken = [], [], []
@@ -225,8 +255,8 @@ def product_placements(name: str, ep: Epilogue, a: tuple[Sequence[Any], Sequence
             raise NotLinear(
                 f"{name}: on mesh dimension {i} each rank holds a partial sum of acc (A {describe(pa, a_dims)}, B "
                 f"{describe(pb, b_dims)}), but D = {ep.text} is not linear in acc: the sum of the ranks' D would not "
-                "be D. Shard B on N instead (column-parallel), or plan the op without the nonlinear part and apply it "
-                "after the reduction (D.redistribute(placements=[Replicate()]))")
+                "be D. " + (not_linear_fix or "Shard B on N instead (column-parallel), or plan the op without the "
+                            "nonlinear part and apply it after the reduction (D.redistribute(placements=[Replicate()]))"))
         roles.append(out)
         a_taken.append(_taken(ra, rb, a_dims, a_shape, pa))
         b_taken.append(_taken(rb, ra, b_dims, b_shape, pb))
@@ -237,13 +267,13 @@ def free(got: Sequence[Any], wanted: Sequence[Any]) -> bool:
     """Whether an operand placed ``got`` is taken as ``wanted`` without communication: equal, or sliced (Replicate ->
     Shard). Replicate -> Partial would divide it by the mesh size (a bias added in shares), and anything else
     gathers: both refused."""
-    return all(g == w or (type(g) is _DT.Replicate and type(w) is _DT.Shard) for g, w in zip(got, wanted))
+    return all(g == w or (is_replicate(g) and is_shard(w)) for g, w in zip(got, wanted))
 
 
 def output_placements(roles: Sequence[str], rank: int) -> tuple[Any, ...]:
     """D's placements (rank 2, or 3 for a batch) from its roles."""
     dims = ("batch", "m", "n")[3 - rank:]
-    return tuple(_DT.Replicate() if r == "replicate" else _DT.Partial() if r == "partial" else _DT.Shard(dims.index(r))
+    return tuple(_DT.replicate if r == "replicate" else _DT.partial if r == "partial" else _DT.shards[dims.index(r)]
                  for r in roles)
 
 
@@ -259,8 +289,8 @@ def operand_placements(name: str, ep: Epilogue, roles: Sequence[str]) -> dict[st
             raise ShardingRefusal(f"{name}: {operand.name} holds per-block scales, which these rules do not shard: "
                                   "replicate A and B, or call the op on the local tensors (t.to_local())")
         wanted[operand.name] = tuple(
-            _DT.Partial() if r == "partial" and operand.name in partial
-            else _DT.Shard(dims.index(r)) if dims and r in dims else _DT.Replicate() for r in roles)
+            _DT.partial if r == "partial" and operand.name in partial
+            else _DT.shards[dims.index(r)] if dims and r in dims else _DT.replicate for r in roles)
     return wanted
 
 
@@ -269,11 +299,11 @@ def operand_refusal(name: str, ep: Epilogue, operand: str, got: Sequence[Any], w
     """The refusal of an epilogue operand placed otherwise than D's roles need (``operand_placements``)."""
     op = ep.operand(operand)
     i = next(i for i, (g, w) in enumerate(zip(got, wanted)) if not free([g], [w]))
-    if type(wanted[i]) is _DT.Partial:
+    if is_partial(wanted[i]):
         fix = ("pass it as a Partial DTensor holding each rank's share (generator.nn.Linear gives a row-parallel bias "
                "whole to the first rank of the mesh dimension and zeros to the others, so that it is added once), or "
                "call the op without it and add it after the reduction")
-    elif type(wanted[i]) is _DT.Shard:
+    elif is_shard(wanted[i]):
         fix = f"shard it as D's {roles[i].upper()} is (distribute_tensor(t, mesh, [Shard({wanted[i].dim})]))"
     else:
         fix = "replicate it (t.redistribute(placements=[Replicate()]))"
@@ -286,8 +316,8 @@ def grad_placements(placements: Sequence[Any], roles: Sequence[str]) -> tuple[An
     operand) of a product whose D has ``roles``: a shard's own gradient is that shard's; a Partial operand's is whole
     (each rank's dD is the whole one); a whole operand's is whole only where D is, else a partial sum (the backward
     sums over the shards of D, or multiplies a partial sum)."""
-    return tuple(_DT.Replicate() if type(p) is _DT.Partial
-                 else (_DT.Replicate() if r == "replicate" else _DT.Partial()) if type(p) is _DT.Replicate
+    return tuple(_DT.replicate if is_partial(p)
+                 else (_DT.replicate if r == "replicate" else _DT.partial) if is_replicate(p)
                  else p for p, r in zip(placements, roles))
 
 

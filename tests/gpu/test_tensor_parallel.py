@@ -3,7 +3,7 @@ Linear(4d, d) in bf16, parallelized with parallelize_module (ColwiseParallel, th
 ranks, against the same layers on one GPU: the output, the input's gradient and every parameter's gradient (gathered
 with full_tensor) within the bf16 bound (gpu_cases.BOUND; the row-parallel layer's partial sums are rounded to bf16
 before they are added, as torch's own nn.Linear's are); and the compiled TP model (torch.compile, Inductor) against the
-eager one. With biases (the row-parallel one added once) and without, and with the GELU fused into the column-parallel
+eager one (fullgraph: the DTensor path traces whole). With biases (the row-parallel one added once) and without, and with the GELU fused into the column-parallel
 layer's epilogue (replace_linear's default).
 
 Two processes, one per GPU, started by torch.multiprocessing.spawn (no torchrun); a failed assertion in either fails
@@ -101,7 +101,7 @@ def _rank(rank: int, port: int, variant: str) -> None:
             warnings.filterwarnings("error", message=".*using torch.nn.functional.linear")
             eager = run(ours, x, g)
             check(f"{variant} TP eager vs one GPU", eager, single, rank)
-            compiled = run(torch.compile(ours), x, g)
+            compiled = run(torch.compile(ours, fullgraph=True), x, g)   # a graph break would hide a refusal
             check(f"{variant} TP compiled vs eager", compiled, eager, rank)
     finally:
         dist.destroy_process_group()
