@@ -152,7 +152,7 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     forward op, or that op's backward op). Every kernel, the backward ops' too, built in one parallel run."""
     from bench import DTYPES
     from generator import Gemm
-    from generator.gemm import op_key
+    from generator.gemm import op_key, plan_gradient
     from generator.planner import Problem
     from generator.planner.backward import backward_configs
     from generator.runtime import BucketedOp, compile_many
@@ -180,7 +180,9 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     keys = list(dict.fromkeys([op_key(p) for pairs in [*plans.values(), *alt_plans.values()] for _, p in pairs]
                               + [(c, None) for wanted in extra_configs.values() for c in wanted.values()]))
     start = time.perf_counter()
-    built = dict(zip(keys, compile_many([c for c, _ in keys], namespace="gemmgen", problems=[p for _, p in keys])))
+    # The backward kernels chosen as compile_buckets' ops choose them (the tuning cache, the shipped table).
+    built = dict(zip(keys, compile_many([c for c, _ in keys], namespace="gemmgen", problems=[p for _, p in keys],
+                                        plan_gradient=plan_gradient())))
     ops = {key: BucketedOp.from_built([(bound, op_key(p)) for bound, p in pairs], built) for key, pairs in plans.items()}
     alt_ops = {key: BucketedOp.from_built([(bound, op_key(p)) for bound, p in pairs], built)
                for key, pairs in alt_plans.items()}
