@@ -26,7 +26,6 @@ from __future__ import annotations
 import copy
 import socket
 import warnings
-from typing import Callable
 
 import pytest
 
@@ -36,6 +35,7 @@ if not (torch.distributed.is_available() and torch.distributed.is_gloo_available
 
 from torch import nn  # noqa: E402
 
+from fsdp_checkpoint import check_checkpoint, full  # noqa: E402
 from test_autograd_cpu import BOUND, rel  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -99,10 +99,6 @@ def shard(model: nn.Module, variant: str) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=LR)
 
 
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def step(model: nn.Module, opt: torch.optim.Optimizer, data: tuple) -> tuple[float, float]:
     """One training step: (this rank's loss, the total gradient norm before clipping)."""
     opt.zero_grad(set_to_none=True)
@@ -125,30 +121,6 @@ def check_against_unsharded(sharded: nn.Module, reference: nn.Module, rank: int,
         assert p.grad.placements == p.placements, f"{what} {name}: gradient placed {p.grad.placements}"
         err = rel(full(p.grad), p_ref.grad)
         assert err <= GRAD_BOUND, f"rank {rank} {what} {name}: gradient rel error {err:.3g}"
-
-
-def check_checkpoint(saved: nn.Module, opt: torch.optim.Optimizer, make: Callable[[], tuple], stock_keys: tuple,
-                     path: str, rank: int) -> None:
-    """dcp.save of ``saved`` and its optimizer, dcp.load into a fresh model with our layers (``make``)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
-
-    dcp.save({"model": get_model_state_dict(saved), "optim": get_optimizer_state_dict(saved, opt)}, checkpoint_id=path)
-    fresh, fresh_opt = make()
-    state = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
-    model_keys, optim_keys = stock_keys
-    assert tuple(state["model"]) == model_keys, f"model keys {list(state['model'])}, the stock model's {model_keys}"
-    assert tuple(state["optim"]["state"]) == optim_keys, f"optimizer keys {list(state['optim']['state'])}"
-    dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(fresh, state["model"])
-    set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
-    for (name, p), q in zip(fresh.named_parameters(), saved.parameters()):
-        assert torch.equal(full(p), full(q)), f"rank {rank}: loaded {name} differs from the saved one"
-        for key, value in fresh_opt.state[p].items():   # AdamW's step, exp_avg, exp_avg_sq
-            assert torch.equal(full(value), full(opt.state[q][key])), f"rank {rank}: loaded {name}'s {key} differs"
-    data = batch(rank)
-    assert step(fresh, fresh_opt, data)[0] == step(saved, opt, data)[0], f"rank {rank}: next-step losses differ"
 
 
 def _rank(rank: int, port: int, path: str) -> None:
@@ -198,7 +170,8 @@ def _train_and_check(rank: int, variant: str, path: str) -> None:
             fresh = ours(mlp(1, variant))
             return fresh, shard(fresh, variant)
 
-        check_checkpoint(mine, opts["ours"], make, stock_keys, path, rank)
+        data = batch(rank)
+        check_checkpoint(mine, opts["ours"], make, stock_keys, path, rank, lambda m, o: step(m, o, data)[0])
 
 
 def _free_port() -> int:

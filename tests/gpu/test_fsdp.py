@@ -45,6 +45,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
 
+from fsdp_checkpoint import check_checkpoint, full  # noqa: E402
 from gpu_cases import BOUND  # noqa: E402
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2 and torch.distributed.is_available()
@@ -135,10 +136,6 @@ def shard(kind: str, variant: str, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.AdamW(model.parameters(), lr=LR)
 
 
-def full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
 def step(kind: str, model: nn.Module, opt: torch.optim.Optimizer, data: Any) -> tuple[float, float, float]:
     """One training step: (this rank's loss, the total gradient norm before clipping, seconds)."""
     torch.cuda.synchronize()
@@ -174,31 +171,6 @@ def train_and_compare(kind: str, variant: str, models: dict, opts: dict, data: A
               f"-> {losses[-1][1]:.4f}", flush=True)
 
 
-def check_checkpoint(kind: str, variant: str, saved: nn.Module, opt: torch.optim.Optimizer, stock_keys: tuple,
-                     path: str, data: Any, rank: int, device: str) -> None:
-    """dcp.save of ``saved`` and its optimizer; dcp.load into a fresh model with our layers (another seed)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
-
-    dcp.save({"model": get_model_state_dict(saved), "optim": get_optimizer_state_dict(saved, opt)}, checkpoint_id=path)
-    fresh = with_our_layers(kind, build(kind, variant, 1, device))
-    fresh_opt = shard(kind, variant, fresh)
-    state = {"model": get_model_state_dict(fresh), "optim": get_optimizer_state_dict(fresh, fresh_opt)}
-    model_keys, optim_keys = stock_keys
-    assert tuple(state["model"]) == model_keys, f"model keys {list(state['model'])}, the stock model's {model_keys}"
-    assert tuple(state["optim"]["state"]) == optim_keys, f"optimizer keys {list(state['optim']['state'])}"
-    dcp.load(state, checkpoint_id=path)
-    set_model_state_dict(fresh, state["model"])
-    set_optimizer_state_dict(fresh, fresh_opt, state["optim"])
-    for (name, p), q in zip(fresh.named_parameters(), saved.parameters()):
-        assert torch.equal(full(p), full(q)), f"rank {rank}: loaded {name} differs from the saved one"
-        for key, value in fresh_opt.state[p].items():   # AdamW's step, exp_avg, exp_avg_sq
-            assert torch.equal(full(value), full(opt.state[q][key])), f"rank {rank}: loaded {name}'s {key} differs"
-    loaded, kept = step(kind, fresh, fresh_opt, data)[0], step(kind, saved, opt, data)[0]
-    assert loaded == kept, f"rank {rank} {kind} {variant}: next-step loss {loaded} loaded, {kept} saved"
-
-
 def _rank(rank: int, port: int, kind: str, variant: str, path: str) -> None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
@@ -218,7 +190,13 @@ def _rank(rank: int, port: int, kind: str, variant: str, path: str) -> None:
             train_and_compare(kind, variant, models, opts, data, rank)
             assert tuple(get_model_state_dict(stock)) == model_keys
             stock_keys = (model_keys, tuple(get_optimizer_state_dict(stock, opts["stock"])["state"]))
-            check_checkpoint(kind, variant, models["ours"], opts["ours"], stock_keys, path, data, rank, device)
+
+            def make() -> tuple[nn.Module, torch.optim.Optimizer]:
+                fresh = with_our_layers(kind, build(kind, variant, 1, device))
+                return fresh, shard(kind, variant, fresh)
+
+            check_checkpoint(models["ours"], opts["ours"], make, stock_keys, path, rank,
+                             lambda m, o: step(kind, m, o, data)[0])
     finally:
         dist.destroy_process_group()
 
