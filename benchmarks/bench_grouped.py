@@ -161,9 +161,17 @@ def path_of(op, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> str:
 
 
 def measure(shape, op, dname: str, ragged: bool, seed: int, rounds: int, order: str) -> Row:
+    experts, tokens, _, _ = shape
+    anchor = ANCHOR_GROUPED_MM.get(tuple(shape)) if not ragged and dname == "bf16" else None
+    return measure_sizes(shape, group_sizes(experts, tokens, ragged, seed), op, dname, rounds, order, anchor, ragged)
+
+
+def measure_sizes(shape, sizes: list[int], op, dname: str, rounds: int, order: str, anchor: float | None = None,
+                  ragged: bool = True) -> Row:
+    """One row: the E x T x N x K entry ``shape`` with the groups of ``sizes`` rows (T: the mean the op is planned
+    for), ours, torch._grouped_mm and the torch.mm loop on the same tensors."""
     experts, tokens, n, k = shape
     dtype = DTYPES[dname]
-    sizes = group_sizes(experts, tokens, ragged, seed)
     total = sum(sizes)
     a = torch.randn(total, k, device="cuda").to(dtype)
     w = torch.randn(experts, n, k, device="cuda").to(dtype)
@@ -212,8 +220,7 @@ def measure(shape, op, dname: str, ragged: bool, seed: int, rounds: int, order: 
     return Row(experts, tokens, n, k, total, dname, op.name, path, ms["ours"], gmm_ms, ms["loop"],
                tflops(total, n, k, ms["ours"]), tflops(total, n, k, gmm_ms) if gmm_ms else None,
                tflops(total, n, k, ms["loop"]), (gmm_ms / ms["ours"]) if gmm_ms else None, ms["loop"] / ms["ours"],
-               err, gmm_err, loop_err, ANCHOR_GROUPED_MM.get(tuple(shape)) if not ragged and dname == "bf16" else None,
-               ragged, sizes, note)
+               err, gmm_err, loop_err, anchor, ragged, sizes, note)
 
 
 # -- the list form (op.grouped_list: a list of independent problems, CUTLASS's GroupedGemm) -----------------------

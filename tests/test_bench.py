@@ -275,3 +275,30 @@ def test_bench_grouped_table_lines_up():
     assert "WRONG" in g.format_row(g.Row(**{**row.__dict__, "rel_error": 0.5}))
     assert "WRONG" not in g.format_row(row)
     assert g.summarize([row, refused]) == {"geomean ours/torch._grouped_mm": 1.0, "geomean ours/loop": 1.07}
+
+
+def test_bench_moe_routing():
+    """benchmarks/bench_moe.py's router: every token picks top-k distinct experts (each group at most the token count,
+    the groups summing to tokens x top-k), seeded (the same sizes again, others for another seed), skewed as named
+    (Dirichlet and Zipf's largest group above uniform's), only the local experts under expert parallelism; and without
+    a GPU the script says so, exits 2 and prints the sizes."""
+    import bench_moe as m
+
+    for name, layer in m.MODELS.items():
+        for routing in m.ROUTINGS:
+            sizes = m.route(layer, 512, routing, seed=0)
+            assert len(sizes) == layer.groups and min(sizes) >= 0 and max(sizes) <= 512, (name, routing)
+            if layer.local_experts is None:
+                assert sum(sizes) == 512 * layer.top_k, (name, routing)
+            assert sizes == m.route(layer, 512, routing, seed=0)
+            assert sizes != m.route(layer, 512, routing, seed=1), (name, routing)
+    layer = m.MODELS["qwen1.5-moe-a2.7b"]
+    largest = {r: max(m.route(layer, 4096, r)) for r in m.ROUTINGS}
+    assert largest["dirichlet"] > 2 * largest["uniform"] and largest["zipf"] > 2 * largest["uniform"], largest
+    assert m.MODELS["mixtral-8x7b"].gemms() == {"up": (28672, 4096), "down": (4096, 14336)}
+    with pytest.raises(ValueError, match="routing 'hot'"):
+        m.popularity("hot", 8, __import__("torch").Generator())
+    if not __import__("torch").cuda.is_available():
+        assert m.main(["--models", "mixtral-8x7b", "--tokens", "64", "--routings", "zipf"]) == 2
+    with pytest.raises(SystemExit):
+        m.main(["--routings", "hot"])

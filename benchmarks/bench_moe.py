@@ -1,0 +1,218 @@
+"""Benchmark: grouped GEMM at real routing, the experts' layers of public mixture-of-experts models with tokens routed
+uniformly, Dirichlet-skewed and Zipf-skewed, next to torch._grouped_mm and a loop of torch.mm (issue 35's table).
+
+    python benchmarks/bench_moe.py [--models mixtral-8x7b,...] [--tokens 512,4096] [--routings uniform,dirichlet,zipf]
+        [--seed 0] [--dtype bf16] [--rounds 3] [--json $OUT/bench_moe.json]
+
+Each model's MoE layer is (experts, top-k, hidden, intermediate), with an expert-parallel slice where the model is
+served so (DeepSeek-V3: 256 experts, 32 of them on this GPU). Each token picks top-k distinct experts (``route``),
+and an expert's group is the tokens that picked it, sorted by expert as a MoE layer gathers them:
+
+    uniform     every expert equally likely (the groups differ by sampling noise only)
+    dirichlet   expert popularity drawn from Dirichlet(--alpha, default 0.3): a few hot experts, several nearly idle
+    zipf        popularity 1 / rank^--zipf-s (default 1.2), the ranks shuffled over the experts
+
+Two grouped GEMMs per layer, layout tn as bench_grouped.py's (A the routed rows, B = W.transpose(1, 2)):
+``up`` (the fused gate and up projections, N = 2 * intermediate, K = hidden) and ``down`` (N = hidden,
+K = intermediate). Ours is op.grouped, the op planned by Gemm(dtype, "tn", m=mean rows per expert, n=N, k=K,
+batch=E); the columns and checks are bench_grouped.py's (``measure_sizes``). The summary holds issue 35's targets:
+the geomean of ours / torch._grouped_mm, the lowest row, and ours against the faster of _grouped_mm and the loop.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bench import DTYPES, ORDERS, geomean, warm_up_gpu  # noqa: E402
+from bench_grouped import WRONG, Row, format_row, header, measure_sizes  # noqa: E402
+from generator import Gemm  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+
+
+@dataclass(frozen=True)
+class MoeLayer:
+    """A model's routed experts (shared experts are dense layers: benchmarks/corpus.py has them)."""
+
+    experts: int
+    top_k: int
+    hidden: int
+    intermediate: int
+    local_experts: int | None = None   # expert parallelism: this GPU holds experts [0, local_experts)
+
+    @property
+    def groups(self) -> int:
+        return self.local_experts or self.experts
+
+    def gemms(self) -> dict[str, tuple[int, int]]:
+        """{name: (N, K)} of the layer's two grouped GEMMs."""
+        return {"up": (2 * self.intermediate, self.hidden), "down": (self.hidden, self.intermediate)}
+
+
+#: Public configurations (their config.json): 8 experts top-2, 60 top-4, 64 top-8, 128 top-8, 256 top-8 with 32 local.
+MODELS = {
+    "mixtral-8x7b": MoeLayer(experts=8, top_k=2, hidden=4096, intermediate=14336),
+    "qwen1.5-moe-a2.7b": MoeLayer(experts=60, top_k=4, hidden=2048, intermediate=1408),
+    "olmoe-1b-7b": MoeLayer(experts=64, top_k=8, hidden=2048, intermediate=1024),
+    "qwen3-30b-a3b": MoeLayer(experts=128, top_k=8, hidden=2048, intermediate=768),
+    "deepseek-v3-ep8": MoeLayer(experts=256, top_k=8, hidden=7168, intermediate=2048, local_experts=32),
+}
+ROUTINGS = ("uniform", "dirichlet", "zipf")
+
+
+def popularity(routing: str, experts: int, generator: torch.Generator, alpha: float = 0.3,
+               zipf_s: float = 1.2) -> torch.Tensor:
+    """Each expert's weight in the router's choice (float64, sums to 1)."""
+    if routing == "uniform":
+        return torch.full((experts,), 1.0 / experts, dtype=torch.float64)
+    if routing == "dirichlet":
+        # Gamma(alpha) draws normalized; torch's Dirichlet takes no generator, so draw through one of its own seed.
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            weights = torch.distributions.Dirichlet(torch.full((experts,), float(alpha), dtype=torch.float64)).sample()
+        return weights
+    if routing == "zipf":
+        ranks = torch.randperm(experts, generator=generator).to(torch.float64) + 1.0
+        weights = ranks ** -zipf_s
+        return weights / weights.sum()
+    raise ValueError(f"routing {routing!r}: one of {', '.join(ROUTINGS)}")
+
+
+def route(layer: MoeLayer, tokens: int, routing: str, seed: int = 0, alpha: float = 0.3,
+          zipf_s: float = 1.2) -> list[int]:
+    """The rows of each of this GPU's experts: ``tokens`` tokens each pick ``layer.top_k`` distinct experts, drawn by
+    the routing's popularity (seeded by seed, routing and the layer), counted per expert; with expert parallelism only
+    the local experts' groups (their total is then what reached this GPU)."""
+    generator = torch.Generator().manual_seed(hash_seed(seed, routing, layer))
+    weights = popularity(routing, layer.experts, generator, alpha, zipf_s)
+    picks = torch.multinomial(weights.expand(tokens, -1), layer.top_k, replacement=False, generator=generator)
+    counts = torch.bincount(picks.flatten(), minlength=layer.experts)
+    return counts[:layer.groups].tolist()
+
+
+def hash_seed(seed: int, routing: str, layer: MoeLayer) -> int:
+    """A stable seed per (seed, routing, layer): Python's hash() of a string changes between processes."""
+    text = f"{seed}:{routing}:{layer.experts}:{layer.top_k}:{layer.hidden}:{layer.intermediate}"
+    return sum((i + 1) * ord(c) for i, c in enumerate(text)) % (2**31 - 1)
+
+
+@dataclass
+class MoeRow:
+    model: str
+    gemm: str
+    tokens: int
+    routing: str
+    smallest: int
+    largest: int
+    empty: int
+    row: Row
+
+    @property
+    def vs_best(self) -> float:
+        """Ours against the faster of torch._grouped_mm and the loop (time ratio: above 1 is ours faster)."""
+        return min(r for r in (self.row.vs_grouped_mm, self.row.vs_loop) if r is not None)
+
+
+def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: str) -> dict:
+    """{(E, mean rows, N, K): op}, each planned as bench_grouped.py plans an E x T x N x K entry; one parallel build."""
+    shapes = sorted({(len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k) for *_, sizes, n, k in cases})
+    plans = {s: Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0]) for s in shapes}
+    configs = list(dict.fromkeys(p.config for p in plans.values()))
+    built = dict(zip(configs, compile_many(configs, namespace="gemmgen")))
+    return {s: built[p.config] for s, p in plans.items()}
+
+
+def summarize(rows: list[MoeRow]) -> dict[str, float]:
+    vs_gmm = [r.row.vs_grouped_mm for r in rows if r.row.vs_grouped_mm]
+    summary = {}
+    if vs_gmm:
+        summary["geomean ours/torch._grouped_mm"] = round(geomean(vs_gmm), 4)
+        summary["min ours/torch._grouped_mm"] = round(min(vs_gmm), 4)
+    if rows:
+        summary["geomean ours/best of (_grouped_mm, loop)"] = round(geomean([r.vs_best for r in rows]), 4)
+        summary["min ours/best of (_grouped_mm, loop)"] = round(min(r.vs_best for r in rows), 4)
+    return summary
+
+
+def parse_list(text: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in items if allowed is not None and x not in allowed]
+    if unknown or not items:
+        raise ValueError(f"{what}: {', '.join(unknown) or 'none given'}; choose from {', '.join(allowed or ())}")
+    return items
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(MODELS), help="comma list of: " + ", ".join(MODELS))
+    parser.add_argument("--tokens", default="512,4096", help="tokens routed per layer call (comma list)")
+    parser.add_argument("--routings", default=",".join(ROUTINGS), help="comma list of: " + ", ".join(ROUTINGS))
+    parser.add_argument("--gemms", default="up,down", help="comma list of: up, down")
+    parser.add_argument("--alpha", type=float, default=0.3, help="Dirichlet concentration (smaller: more skewed)")
+    parser.add_argument("--zipf-s", type=float, default=1.2, help="Zipf exponent (larger: more skewed)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--order", choices=sorted(ORDERS), default="balanced")
+    parser.add_argument("--json", default=None, help="default $OUT/bench_moe.json or ./bench_moe.json")
+    args = parser.parse_args(argv)
+    try:
+        models = parse_list(args.models, tuple(MODELS), "--models")
+        routings = parse_list(args.routings, ROUTINGS, "--routings")
+        gemms = parse_list(args.gemms, ("up", "down"), "--gemms")
+        tokens = [int(t) for t in parse_list(args.tokens, None, "--tokens")]
+    except ValueError as err:
+        parser.error(str(err))
+    if any(t < 1 for t in tokens) or args.rounds < 1 or args.alpha <= 0 or args.zipf_s <= 0:
+        parser.error("--tokens, --rounds, --alpha and --zipf-s must be positive")
+    cases = [(model, gemm, t, routing, route(MODELS[model], t, routing, args.seed, args.alpha, args.zipf_s),
+              *MODELS[model].gemms()[gemm])
+             for model in models for t in tokens for routing in routings for gemm in gemms]
+    if not torch.cuda.is_available():
+        print("bench_moe: needs a CUDA GPU; none is visible (the routed group sizes follow)", file=sys.stderr)
+        for model, gemm, t, routing, sizes, n, k in cases:
+            print(f"{model} {gemm} {t} tokens {routing}: {sizes}", file=sys.stderr)
+        return 2
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.dtype}, layout tn, "
+          f"do_bench median of {args.rounds} interleaved rounds")
+    ops = planned(cases, args.dtype)
+    warm_up_gpu()
+    rows = []
+    print(f"{'model':<18} {'gemm':<4} {'tokens':>6} {'routing':<9} {'min':>5} {'max':>5} {'empty':>5} | " + header())
+    for model, gemm, t, routing, sizes, n, k in cases:
+        shape = (len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k)
+        row = measure_sizes(shape, sizes, ops[shape], args.dtype, args.rounds, args.order)
+        moe = MoeRow(model, gemm, t, routing, min(sizes), max(sizes), sizes.count(0), row)
+        rows.append(moe)
+        print(f"{model:<18} {gemm:<4} {t:>6} {routing:<9} {moe.smallest:>5} {moe.largest:>5} {moe.empty:>5} | "
+              + format_row(row), flush=True)
+    summary = summarize(rows)
+    for key, value in summary.items():
+        print(f"{key}: {value}")
+    out = Path(args.json) if args.json else Path(os.environ.get("OUT", ".")) / "bench_moe.json"
+    out.write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "dtype": args.dtype,
+                               "seed": args.seed, "alpha": args.alpha, "zipf_s": args.zipf_s,
+                               "models": {m: asdict(MODELS[m]) for m in models},
+                               "rows": [{**{k: v for k, v in asdict(r).items() if k != "row"}, "vs_best": r.vs_best,
+                                         **asdict(r.row)} for r in rows],
+                               "summary": summary}, indent=1))
+    print(f"wrote {out}")
+    wrong = [f"{r.model} {r.gemm} {r.tokens} {r.routing}" for r in rows if not r.row.rel_error <= WRONG]
+    if wrong:
+        print(f"{len(wrong)} row(s) WRONG (rel.err > {WRONG}): " + ", ".join(wrong), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
