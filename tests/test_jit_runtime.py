@@ -1113,6 +1113,92 @@ def test_while_a_graph_is_captured_the_python_path_skips_the_value_checks(python
     assert _raise(lambda: python_grouped(op, a, b, bad.long()))[0] is TypeError
 
 
+# -- the masked form (op.masked: each group's rows in a slab of their own; a Python kernel, no C++ one yet) ----------
+
+SLAB = 24
+
+
+def masked_inputs(op, counts=(5, 0, 24, 17), slab=SLAB, n=GN, k=GK):
+    """A (E, slab, K) row-major slabs back to back, B (E, K, N) of op's plan, and counts (int32)."""
+    cfg = op.config
+    a = torch.randn(len(counts), slab, k).to(TORCH_DTYPES[cfg.dtype])
+    b, _ = batched_operand(k, n, cfg.layout.b.value, "packed", TORCH_DTYPES[cfg.b_dtype], batch=len(counts))
+    return a, b, torch.tensor(counts, dtype=torch.int32)
+
+
+@pytest.mark.parametrize("key", GROUPED)
+def test_masked_calls_launch_the_grouped_kernel_over_the_slabs(python_launches_on_cpu, key):
+    """GemmArgs of a masked call: A's slabs as one (E * max_m, K) matrix, the groups as the batch, group_ends the
+    counts' address and group_rows the slab; D (E, max_m, N), each slab a block of one matrix in the plan's order of
+    D; the method, torch.ops and the fake agree on it."""
+    op = stand_in(key)
+    a, b, counts = masked_inputs(op)
+    groups, rows = a.shape[0], a.shape[0] * SLAB
+    d, args = launched(lambda: op.masked(a, b, counts))
+    row = op.config.layout.c.value == "row"
+    assert (tuple(d.shape), d.dtype) == ((groups, SLAB, GN), op.out_dtype)
+    assert d.stride() == ((SLAB * GN, GN, 1) if row else (SLAB, 1, rows))
+    assert (args.a, args.b, args.d) == (a.data_ptr(), b.data_ptr(), d.data_ptr())
+    assert (args.m, args.n, args.k, args.lda, args.ldb, args.ldd) == (
+        rows, GN, GK, GK, b.stride(1 if op.config.layout.b.value == "row" else 2), line(rows, GN, "row" if row else "col"))
+    assert batch_fields(args) == (groups, 0, b.stride(0), 0)
+    assert (args.group_ends, args.group_rows) == (counts.data_ptr(), SLAB)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op.op.masked(mode.from_tensor(a), mode.from_tensor(b), mode.from_tensor(counts))
+    assert (tuple(fake.shape), fake.stride(), fake.dtype) == (tuple(d.shape), d.stride(), d.dtype)
+
+
+MASKED_BAD = {
+    "A 2-D": (lambda a, b, c: (a[0], b, c), (ValueError, "a masked call takes A 3-D (E, max_m, K)")),
+    "slabs apart": (lambda a, b, c: (torch.randn(4, SLAB + 3, GK).bfloat16()[:, :SLAB], b, c),
+                    (ValueError, "pass A.contiguous()")),
+    "E differs": (lambda a, b, c: (a[:3], b, c[:3]), (ValueError, "A has 3 slabs (A.size(0)) but B has 4 matrices")),
+    "K differs": (lambda a, b, c: (a[..., :GK - 8], b, c), (ValueError, "K must agree")),
+    "counts int64": (lambda a, b, c: (a, b, c.long()), (TypeError, "pass counts.to(torch.int32)")),
+    "counts 2-D": (lambda a, b, c: (a, b, c[None]), (ValueError, "counts must be 1-D (E,)")),
+    "counts short": (lambda a, b, c: (a, b, c[:3]), (ValueError, "counts has 3 entries but B has 4 matrices")),
+    "counts a list": (lambda a, b, c: (a, b, [5, 0, 24, 17]), (TypeError, "counts must be a torch.Tensor, got list")),
+    "count past the slab": (lambda a, b, c: (a, b, torch.tensor([5, 0, SLAB + 1, 17], dtype=torch.int32)),
+                            (ValueError, f"counts[2] = {SLAB + 1} is outside [0, {SLAB}]")),
+    "count negative": (lambda a, b, c: (a, b, torch.tensor([-1, 0, 2, 17], dtype=torch.int32)),
+                       (ValueError, f"counts[0] = -1 is outside [0, {SLAB}]")),
+    "A requires grad": (lambda a, b, c: (a.requires_grad_(), b, c),
+                        (RuntimeError, "masked calls have no backward pass yet, but A require(s) grad")),
+}
+
+
+@pytest.mark.parametrize("case", list(MASKED_BAD))
+def test_masked_refusals_name_the_fix(python_launches_on_cpu, case):
+    make, (kind, words) = MASKED_BAD[case]
+    op = stand_in("grouped_tt")
+    args = make(*masked_inputs(op))
+    before = len(LAUNCHES)
+    got_kind, message = _raise(lambda: op.masked(*args))
+    assert got_kind is kind and words in message, message
+    assert len(LAUNCHES) == before   # refused before any launch
+    _, launch_args = launched(lambda: op.masked(*masked_inputs(op)))   # and the next right call launches
+    assert launch_args is not None and launch_args.group_rows == SLAB
+
+
+def test_masked_plan_refusals_and_capture(python_launches_on_cpu, monkeypatch):
+    """A plan whose kernels walk no groups is refused in grouped_refusal's words; an op with a fused epilogue has no
+    .masked; while a CUDA graph is captured the counts' values are not read (the kernel clamps them into the slab)."""
+    for key in ("sm80", "ws"):
+        op = stand_in(key)
+        assert _raise(lambda: op.masked(*masked_inputs(op))) == (ValueError, f"{op.name}: {grouped_refusal(op.config)}")
+    fused = stand_in("fused")
+    assert "masked" not in fused.op.overloads() and "masked" in stand_in("grouped_tt").op.overloads()
+    assert _raise(lambda: fused.masked(*masked_inputs(stand_in("grouped_tt")))) == (
+        ValueError, f"{fused.name}: {GROUPED_EPILOGUE_REFUSAL}")
+    op = stand_in("grouped_tt")
+    a, b, _ = masked_inputs(op)
+    bad = torch.tensor([SLAB + 9, -2, 3, 4], dtype=torch.int32)
+    monkeypatch.setattr(op_module, "stream_capturing", lambda device: True)
+    d, args = launched(lambda: op.masked(a, b, bad))
+    assert args is not None and args.group_ends == bad.data_ptr() and d.shape == (4, SLAB, GN)
+
+
 def test_path_of_a_grouped_call_asks_with_the_arguments_of_its_launch(python_launches_on_cpu):
     op = stand_in("pingpong_dcol")
     a, b, offsets = grouped_inputs(op, b_mode="padded")

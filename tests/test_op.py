@@ -81,12 +81,13 @@ def test_fake_tensors_give_the_batched_output_shape(op, shapes, expected):
 
 
 def test_args_struct_matches_the_c_header():
-    # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields, group_ends, then a list
-    # call's host array and the launch's device copy last.
+    # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields, group_ends and
+    # group_rows, then a list call's host array and the launch's device copy last.
     assert GemmArgsStruct.m.offset == 24 and GemmArgsStruct.ldd.offset == 64
     assert GemmArgsStruct.batch.offset == GemmArgsStruct.ldaux.offset + 8
     assert GemmArgsStruct.group_ends.offset == GemmArgsStruct.batch_stride_d.offset + 8
-    assert GemmArgsStruct.list.offset == GemmArgsStruct.group_ends.offset + 8
+    assert GemmArgsStruct.group_rows.offset == GemmArgsStruct.group_ends.offset + 8
+    assert GemmArgsStruct.list.offset == GemmArgsStruct.group_rows.offset + 8
     assert GemmArgsStruct.list_device.offset == GemmArgsStruct.list.offset + 8
     assert GemmArgsStruct.list_device.offset + 8 == ctypes.sizeof(GemmArgsStruct)
     # GemmListProblem: a, b, d, then m, n, k, lda, ldb, ldd (int64): GemmArgs' first nine fields

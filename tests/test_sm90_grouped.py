@@ -4,7 +4,8 @@ ProblemList), checked on the host: the structs compiled by nvcc into small host 
 What the kernel relies on, for any group ends (sorted or not) and any persistent grid: the units of all groups,
 walked by each cluster in its stride (units only increase), cover every (group, block of rows, column block)
 exactly once; a unit's rows lie inside its group's rows and inside [0, m); empty groups have no unit; ends that
-decrease or pass m are clamped (rows outside every group belong to no unit). A list's walk likewise: every
+decrease or pass m are clamped (rows outside every group belong to no unit); masked groups (a slab of rows per
+group, GemmArgs::group_rows) walk each slab's first count rows, counts clamped into the slab. A list's walk likewise: every
 (problem, unit of the problem) exactly once, with that problem's sizes, empty problems never.
 """
 from __future__ import annotations
@@ -25,14 +26,22 @@ static int failures = 0;
 #define CHECK(cond, ...) \
   do { if (!(cond) && failures++ < 10) { std::printf(__VA_ARGS__); std::printf("\n"); } } while (0)
 
-// ends: the groups' ends as given; m: A's rows; rows_per_unit: a cluster's rows; units_n; clusters: the grid.
-void check(const std::vector<int32_t>& ends, int m, int rows_per_unit, int units_n, int clusters) {
-  const GroupedRows rows{ends.data(), static_cast<int>(ends.size()), m, rows_per_unit, units_n};
+// ends: the groups' ends as given (slab > 0: their row counts, each group in rows [g * slab, (g + 1) * slab));
+// m: A's rows; rows_per_unit: a cluster's rows; units_n; clusters: the grid.
+void check(const std::vector<int32_t>& ends, int m, int rows_per_unit, int units_n, int clusters, int slab = 0) {
+  const GroupedRows rows{ends.data(), static_cast<int>(ends.size()), m, rows_per_unit, units_n, slab};
   // The expected blocks: each group's clamped rows in blocks of rows_per_unit, times units_n.
   std::map<std::tuple<int, int, int>, int> expected;  // (group, first row, column block) -> times seen
   int row0 = 0;
   for (int g = 0; g < static_cast<int>(ends.size()); ++g) {
-    const int e = ends[g] < row0 ? row0 : ends[g] > m ? m : ends[g];
+    int e;
+    if (slab > 0) {  // the slab's first count rows, the count clamped into [0, slab]
+      row0 = g * slab;
+      e = row0 + (ends[g] < 0 ? 0 : ends[g] > slab ? slab : ends[g]);
+      CHECK(e <= m, "slab %d: group %d ends at %d past m=%d", slab, g, e, m);
+    } else {
+      e = ends[g] < row0 ? row0 : ends[g] > m ? m : ends[g];
+    }
     for (int r = row0; r < e; r += rows_per_unit)
       for (int n = 0; n < units_n; ++n) expected[{g, r, n}] = 0;
     row0 = e;
@@ -75,6 +84,13 @@ int main() {
   check({-5, 64}, 64, 64, 1, 2);
   for (int clusters = 1; clusters <= 9; ++clusters)
     for (int per = 1; per <= 130; per += 43) check({per, 2 * per, 2 * per, 5 * per}, 5 * per, 64, 3, clusters);
+  // Masked slabs (GemmArgs::group_rows): counts, each group at its slab's first row; full, partial, empty slabs,
+  // counts past the slab or negative (clamped into it), slabs not a multiple of the unit's rows.
+  check({256, 100, 0, 1, 256}, 5 * 256, 128, 3, 7, 256);
+  check({300, -4, 77, 0}, 4 * 160, 64, 2, 5, 160);
+  check({0, 0, 0}, 3 * 64, 128, 4, 3, 64);
+  check({1, 1, 1, 1, 1, 1, 1, 1}, 8 * 8, 256, 56, 66, 8);
+  for (int clusters = 1; clusters <= 6; ++clusters) check({17, 200, 129, 128}, 4 * 200, 128, 2, clusters, 200);
   std::printf("%d failures\n", failures);
   return failures != 0;
 }

@@ -125,6 +125,7 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
         _register_out_refusal(op, lib)
         if grouped:
             _register_quantized_grouped_refusal(op, lib)
+            _register_masked_refusal(op, lib)
         return
     # Planned once here for both the formula and the backward ops' registration (planning is most of the
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
@@ -141,6 +142,7 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
         _register_out_refusal(op, lib)
     if grouped:   # Python's, with either formula: the JIT runtime registers no Autograd kernel for them
         _register_grouped_formulas(op, lib)
+        _register_masked_refusal(op, lib)
     for order in Order:
         grad_ops(op, order, configs[order])
 
@@ -357,6 +359,23 @@ def _register_quantized_grouped_refusal(op: OpHandle, lib: torch.library.Library
 
     lib.impl(f"{op.name}.grouped", grouped_autograd, "Autograd")
     lib.impl(f"{op.name}.grouped_list", grouped_list_autograd, "Autograd")
+
+
+def _register_masked_refusal(op: OpHandle, lib: torch.library.Library) -> None:
+    """The Autograd kernel of .masked: it has no backward formula yet, so inputs that require grad are refused at the
+    call (rather than answered with a result that has no gradient); without grad mode on to the kernel."""
+    ops = getattr(torch.ops, op.namespace)
+
+    def masked_autograd(A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        wanting = _grouped_wanting(A, B, "grouped") if torch.is_grad_enabled() else []
+        if wanting:
+            raise RuntimeError(f"{op.name}.masked: masked calls have no backward pass yet, but {', '.join(wanting)} "
+                               "require(s) grad: call it under torch.no_grad() (inference), or train through "
+                               "op.grouped(A, B, offsets), which is differentiable")
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(ops, op.name).masked(A, B, counts)
+
+    lib.impl(f"{op.name}.masked", masked_autograd, "Autograd")
 
 
 # -- grouped calls: the formulas of .grouped and .grouped_list (see the module docstring) -----------------------------

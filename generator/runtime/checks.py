@@ -51,3 +51,11 @@ def grouped_alignment_refusal(what: str, t: torch.Tensor, order: Order, ld: int,
     (``grouped_formula.alignment_refusal``). ``ld`` and ``stride``: the launch's (``stride`` 0 for A, and for a B of
     one matrix)."""
     return grouped_formula.alignment_refusal(what, t, order is Order.row, ld, stride)
+
+
+def check_group_counts(counts: list[int], slab: int) -> None:
+    """The values of a masked call's counts (read on the host): each group's valid rows, in [0, max_m]."""
+    for g, count in enumerate(counts):
+        if not 0 <= count <= slab:
+            raise ValueError(f"counts[{g}] = {count} is outside [0, {slab}]: each count is the number of valid rows "
+                             f"at the top of its group's slab of A (E, max_m={slab}, K)")

@@ -34,7 +34,7 @@ class GemmArgsStruct(ctypes.Structure):
                 ("ep_scalar", ctypes.c_float * EPILOGUE_SLOTS), ("aux", ctypes.c_void_p), ("ldaux", ctypes.c_int64),
                 ("batch", ctypes.c_int64), ("batch_stride_a", ctypes.c_int64), ("batch_stride_b", ctypes.c_int64),
                 ("batch_stride_d", ctypes.c_int64),
-                ("group_ends", ctypes.c_void_p),
+                ("group_ends", ctypes.c_void_p), ("group_rows", ctypes.c_int64),
                 ("list", ctypes.POINTER(GemmListProblemStruct)), ("list_device", ctypes.c_void_p)]
 
 

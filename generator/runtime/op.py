@@ -8,7 +8,9 @@ problems (``Problem``, ``batch_size``): D[b] = epilogue(A[b] @ B[b]), GemmArgs' 
 fused epilogue has a third, ``.grouped(A, B, offsets) -> D`` (``GemmOp.grouped``): a mixture of experts' rows,
 A (total_M, K) sorted by group, B (E, K, N), D[rows of group g] = A[rows of group g] @ B[g], GemmArgs' group_ends;
 and a fourth, ``.grouped_list(A[], B[]) -> D[]`` (``GemmOp.grouped_list``, or ``op(As, Bs)`` with lists): problems of
-their own sizes (CUTLASS's GroupedGemm), D[i] = A[i] @ B[i] in one launch, GemmArgs' list.
+their own sizes (CUTLASS's GroupedGemm), D[i] = A[i] @ B[i] in one launch, GemmArgs' list; and a fifth,
+``.masked(A, B, counts) -> D`` (``GemmOp.masked``): DeepGEMM's masked layout, each group's rows in a slab of A
+(E, max_m, K), the grouped kernel over the slabs (GemmArgs' group_rows).
 
 Its argument checks are ``op_checks``' (``OpChecks``, its base class); its registration as a torch op, and what
 each overload has so that it behaves like a native op, ``registration``'s.
@@ -26,7 +28,8 @@ from ..planner.backward import PlanGradient, backward_hint, hinted_op_name
 from ..planner.common import Problem as PlannedProblem
 from ..spec.config import GROUPED_EPILOGUE_REFUSAL, KernelConfig, grouped_list_refusal
 from . import jit_runtime
-from .checks import TORCH_DTYPES, batch_stride, check_group_ends, grouped_alignment_refusal, leading_dim
+from .checks import (TORCH_DTYPES, batch_stride, check_group_counts, check_group_ends, grouped_alignment_refusal,
+                     leading_dim)
 from .library import PATHS, GemmArgsStruct, GemmListProblemStruct, KernelLibrary
 from .loader import build_libraries, load_library
 from .op_checks import OpChecks, Problem, _has_work
@@ -125,12 +128,28 @@ class GemmOp(OpChecks):
         are refused with the fix. The offsets' values are checked with one copy to the host, except while a CUDA
         graph is being captured. Also ``torch.ops.<namespace>.<name>.grouped(A, B, offsets)``. Differentiable in A and
         B (docs/grouped.md, "Backward"; not through a torch.compile'd backward yet)."""
-        for value, what in ((A, "A"), (B, "B"), (offsets, "offsets")):
+        self._refuse_grouped_arguments(A=A, B=B, offsets=offsets)
+        return self.op.grouped(A, B, offsets)
+
+    def _refuse_grouped_arguments(self, **tensors: Any) -> None:
+        """Before the dispatcher's own words: arguments that are not tensors, and an op with a fused epilogue (which
+        has no grouped overloads)."""
+        for what, value in tensors.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
-        if not self.config.epilogue.is_identity:   # (such an op has no .grouped overload)
+        if not self.config.epilogue.is_identity:
             raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
-        return self.op.grouped(A, B, offsets)
+
+    def masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Grouped GEMM, the masked form (DeepGEMM's, for decode steps and CUDA graphs): A (E, max_m, K) holds each
+        group's rows in a slab of its own, the first ``counts[g]`` of slab g valid; B (E, K, N) as for ``grouped``;
+        counts int32 (E,) on the GPU. Returns D (E, max_m, N) with D[g, :counts[g]] = A[g, :counts[g]] @ B[g]; the
+        rows of a slab past its count are not written (D is allocated, not zeroed). No value is read on the host while
+        a CUDA graph is being captured (else the counts are checked to lie in [0, max_m]), so a captured call replays
+        with new counts written in place. Also ``torch.ops.<namespace>.<name>.masked(A, B, counts)``. Not
+        differentiable yet: inputs that require grad are refused (use ``grouped`` for training)."""
+        self._refuse_grouped_arguments(A=A, B=B, counts=counts)
+        return self.op.masked(A, B, counts)
 
     def grouped_list(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Grouped GEMM, the list form (CUTLASS's GroupedGemm): problems of their own sizes, A[i] (M_i, K_i) and B[i]
@@ -212,14 +231,15 @@ class GemmOp(OpChecks):
 
     def _args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, problem: Problem, ldd: int,
               batch_stride_d: int = 0, slots: Sequence[tuple[int, int, float]] = (),
-              aux: torch.Tensor | None = None, group_ends: int = 0) -> GemmArgsStruct:
-        """The launch's GemmArgs; ``group_ends``: a grouped call's offsets (its address; 0: not grouped)."""
+              aux: torch.Tensor | None = None, group_ends: int = 0, group_rows: int = 0) -> GemmArgsStruct:
+        """The launch's GemmArgs; ``group_ends``: a grouped call's offsets (its address; 0: not grouped), or a masked
+        call's counts with ``group_rows`` its slab of rows."""
         p = problem
         args = GemmArgsStruct(A.data_ptr(), B.data_ptr(), D.data_ptr(), p.m, p.n, p.k, p.lda, p.ldb, ldd)
         if p.batch is not None:   # a 2-D call leaves them 0: one problem, the launch of before batching
             args.batch, args.batch_stride_a, args.batch_stride_b = p.batch, p.batch_stride_a, p.batch_stride_b
             args.batch_stride_d = batch_stride_d
-        args.group_ends = group_ends or None
+        args.group_ends, args.group_rows = group_ends or None, group_rows
         for i, (ptr, ld, scalar) in enumerate(slots):
             args.ep_ptr[i], args.ep_ld[i], args.ep_scalar[i] = ptr, ld, scalar
         if aux is not None:
@@ -308,11 +328,7 @@ class GemmOp(OpChecks):
         self._refuse_grouped_plan()
         problem = self._check_grouped(A, B, offsets)
         if problem.m > 0 and problem.n > 0 and problem.k > 0:
-            for what, t, order, ld, stride in (("A", A, self.config.layout.a, problem.lda, 0),
-                                               ("B", B, self.config.layout.b, problem.ldb, problem.batch_stride_b)):
-                refusal = grouped_alignment_refusal(what, t, order, ld, stride)
-                if refusal is not None:
-                    raise ValueError(refusal)
+            self._check_grouped_alignment(A, B, problem)
         if not stream_capturing(A.device):
             check_group_ends(offsets.tolist(), problem.m)
         D = self._empty_grouped_out(A, B)
@@ -323,6 +339,34 @@ class GemmOp(OpChecks):
         self._launch(self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), 0,
                                 group_ends=offsets.data_ptr()), A.device)
         return D
+
+    def run_masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The .masked overload (``masked``): the plan, then A, B and counts, the 16-byte rule, the counts' values
+        (one copy to the host; skipped while a CUDA graph is captured), then one launch of the grouped kernel over A's
+        slabs as one matrix, group g starting at row g * max_m."""
+        self._refuse_grouped_plan()
+        problem, rows = self._check_masked(A, B, counts)
+        if problem.m > 0 and problem.n > 0 and problem.k > 0:
+            self._check_grouped_alignment(rows, B, problem)
+        slab = A.shape[1]
+        if not stream_capturing(A.device):
+            check_group_counts(counts.tolist(), slab)
+        D = self._empty_masked_out(A, B)
+        if D.numel() == 0:
+            return D
+        if problem.k == 0:   # every valid row is a sum of nothing (the kernels need a k tile)
+            return D.zero_()
+        self._launch(self._args(rows, B, D, problem, leading_dim(D.view(problem.m, problem.n), self.config.layout.c),
+                                0, group_ends=counts.data_ptr(), group_rows=slab), A.device)
+        return D
+
+    def _check_grouped_alignment(self, A: torch.Tensor, B: torch.Tensor, problem: Problem) -> None:
+        """A grouped call's A (2-D) and B on the 16-byte rule of the kernel's TMA loads."""
+        for what, t, order, ld, stride in (("A", A, self.config.layout.a, problem.lda, 0),
+                                           ("B", B, self.config.layout.b, problem.ldb, problem.batch_stride_b)):
+            refusal = grouped_alignment_refusal(what, t, order, ld, stride)
+            if refusal is not None:
+                raise ValueError(refusal)
 
     def run_grouped_list(self, A: list[torch.Tensor], B: list[torch.Tensor]) -> list[torch.Tensor]:
         """The .grouped_list overload (``grouped_list``): the plan, then the lists and each pair, the 16-byte rule of

@@ -30,7 +30,7 @@ _LIST_SHAPES = {"A": "2-D (M, K) for a list call: one matrix per problem",
 
 #: The form of a call, for the rank its A and B must have (gemm_op.h's CallForm): plain (2-D, or 3-D for a batch),
 #: grouped rows (A 2-D, B 3-D), or a list call (each A[i] and B[i] 2-D).
-Form = Literal["plain", "grouped", "list"]
+Form = Literal["plain", "grouped", "masked", "list"]
 
 
 class Problem(NamedTuple):
@@ -50,7 +50,11 @@ class Problem(NamedTuple):
 
 def _check_rank(t: torch.Tensor, what: str, form: Form = "plain") -> None:
     """``what``: "A" or "B", or a list call's "A[i]" or "B[i]"."""
-    if form == "grouped":
+    if form == "masked" and what == "A":
+        if t.dim() != 3:
+            raise ValueError(f"A has shape {tuple(t.shape)}; a masked call takes A 3-D (E, max_m, K): each group's "
+                             "rows in a slab of max_m rows, the first counts[g] of them valid")
+    elif form in ("grouped", "masked"):
         rank, shape = _GROUPED_SHAPES[what]
         if t.dim() != rank:
             raise ValueError(f"{what} must be {shape}; got shape {tuple(t.shape)}")
@@ -209,6 +213,18 @@ class OpChecks:
         if offsets.shape[0] > 1 and offsets.stride(0) != 1:
             raise ValueError(f"offsets has stride {offsets.stride(0)}; the kernel reads group ends contiguous: pass "
                              "offsets.contiguous()")
+        return self._grouped_problem(A, B, lda, ldb)
+
+    def _check_grouped_operands(self, A: torch.Tensor, B: torch.Tensor) -> Problem:
+        """A grouped call's A (2-D, every group's rows) and B (3-D) as ``_check_grouped`` checks them; its problem."""
+        lda = self._check_operand(A, "A", self.config.layout.a, form="grouped")
+        ldb = self._check_operand(B, "B", self.config.layout.b, form="grouped")
+        if A.device != B.device:
+            raise ValueError(_devices_message(A, B))
+        return self._grouped_problem(A, B, lda, ldb)
+
+    @staticmethod
+    def _grouped_problem(A: torch.Tensor, B: torch.Tensor, lda: int, ldb: int) -> Problem:
         m, n, k, groups = A.shape[0], B.shape[2], A.shape[1], B.shape[0]
         if groups == 0 and m > 0:
             raise ValueError(f"B has no matrices (E = 0) but A has {m} rows: with no groups, A must have no rows")
@@ -216,6 +232,66 @@ class OpChecks:
             if size > INT32_MAX:
                 raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
         return Problem(m, n, k, lda, ldb, groups, 0, batch_stride(B))
+
+    def _check_counts_static(self, counts: object, A: torch.Tensor, B: torch.Tensor) -> None:
+        """A masked call's counts: what holds whatever the sizes (the fake checks it too)."""
+        if not isinstance(counts, torch.Tensor):
+            raise TypeError(f"counts must be a torch.Tensor, got {type(counts).__name__}")
+        if counts.dtype != torch.int32:
+            raise TypeError(f"counts is {counts.dtype}; the groups' row counts are int32: pass counts.to(torch.int32)")
+        if counts.dim() != 1:
+            raise ValueError(f"counts must be 1-D (E,), each group's valid rows; got shape {tuple(counts.shape)}")
+        if counts.device != A.device:
+            raise ValueError(f"counts is on {counts.device} but A and B on {A.device}: pass counts.to('{A.device}')")
+
+    def _check_masked_shapes(self, A: torch.Tensor, B: torch.Tensor) -> None:
+        """A (E, max_m, K) against B (E, K, N): ranks, the same E and K (``torch._check``s: the fake makes them)."""
+        _check_rank(A, "A", "masked")
+        torch._check_with(ValueError, A.shape[0] == B.shape[0],
+                          lambda: f"A has {A.shape[0]} slabs (A.size(0)) but B has {B.shape[0]} matrices: pass one "
+                                  "slab of rows per group")
+        torch._check_with(ValueError, A.shape[2] == B.shape[1],
+                          lambda: f"A is {_shape_str(A.shape)} and B is {_shape_str(B.shape)}: K must agree (A's "
+                                  "columns = the rows of B's matrices); for experts' weights W (E, N, K) pass "
+                                  "B = W.transpose(1, 2)")
+
+    def _check_masked(self, A: object, B: object, counts: object) -> tuple[Problem, torch.Tensor]:
+        """Validate a masked call's A (E, max_m, K), B (E, K, N) and counts but for the counts' values; returns the
+        problem of A's slabs as one matrix (E * max_m rows: a grouped call whose groups start at g * max_m) and that
+        matrix, a view of A."""
+        if not isinstance(A, torch.Tensor):
+            raise TypeError(f"A must be a torch.Tensor, got {type(A).__name__}")
+        if not isinstance(B, torch.Tensor):
+            raise TypeError(f"B must be a torch.Tensor, got {type(B).__name__}")
+        self._check_masked_shapes(A, B)
+        groups, slab, k = A.shape
+        if groups > 1 and slab > 0 and k > 0 and A.stride(0) != slab * A.stride(1):
+            raise ValueError(f"A has strides {tuple(A.stride())}: the kernel reads A's slabs as one matrix of "
+                             f"{groups} x {slab} rows, so a slab must follow the one before it: pass A.contiguous()")
+        rows = A.reshape(groups * slab, k)   # (a view where the check above holds)
+        problem = self._check_grouped_operands(rows, B)
+        self._check_counts_static(counts, A, B)
+        if counts.shape[0] != groups:
+            raise ValueError(f"counts has {counts.shape[0]} entries but B has {groups} matrices (B.size(0)): pass one "
+                             "count per group")
+        if counts.shape[0] > 1 and counts.stride(0) != 1:
+            raise ValueError(f"counts has stride {counts.stride(0)}; the kernel reads the counts contiguous: pass "
+                             "counts.contiguous()")
+        return problem, rows
+
+    def _check_masked_meta(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> None:
+        """The checks of a masked call that a fake implementation can make without guarding on sizes or strides."""
+        self._refuse_grouped_plan()
+        self._check_static_operands(A, B, form="masked")
+        self._check_masked_shapes(A, B)
+        self._check_counts_static(counts, A, B)
+        torch._check_with(ValueError, counts.shape[0] == B.shape[0],
+                          lambda: f"counts has {counts.shape[0]} entries but B has {B.shape[0]} matrices")
+
+    def _empty_masked_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """D of a masked call: (E, max_m, N), the slabs of one (E * max_m, N) matrix in the plan's order of D."""
+        groups, slab = A.shape[0], A.shape[1]
+        return self._empty_matrix(groups * slab, B.shape[-1], A.device).view(groups, slab, B.shape[-1])
 
     def _out_fix(self, batched: bool) -> str:
         """An out in the plan's order of D, for messages."""

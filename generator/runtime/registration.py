@@ -14,7 +14,8 @@ What each overload has, so that it behaves like a native op (see ``_register``):
   refuses inputs which require grad.
 * ``.grouped`` and ``.grouped_list`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an
   autograd formula on this generator's kernels (``generator.runtime.grouped_formula``: ``grouped_backward``,
-  ``list_backward``; fp8 and int8 ops refuse inputs which require grad).
+  ``list_backward``; fp8 and int8 ops refuse inputs which require grad). ``.masked`` (plain ops, JIT only): the
+  kernel and a fake likewise, and an Autograd kernel that refuses inputs which require grad (no formula yet).
 * DTensor operands (tensor parallelism): the default overload's sharding strategy, each rank running the kernel on its
   local shards, and refusals for the grouped overloads (``generator.runtime.sharding.register_rules``; ``.out``
   decomposes into the default overload).
@@ -123,6 +124,14 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
                 return op._empty_list_out(A, B)
 
             torch.library.register_fake(f"{qualname}.grouped_list", fake_grouped_list, lib=lib)
+            _define(lib, f"{op.name}.masked(Tensor A, Tensor B, Tensor counts) -> Tensor")
+            lib.impl(f"{op.name}.masked", op.run_masked, "CompositeExplicitAutograd")
+
+            def fake_masked(A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+                op._check_masked_meta(A, B, counts)
+                return op._empty_masked_out(A, B)   # (E, max_m, N): no size depends on the counts' values
+
+            torch.library.register_fake(f"{qualname}.masked", fake_masked, lib=lib)
 
         # DTensor operands: each rank's local GEMM, placements by the rules of generator.runtime.sharding
         register_rules(op, has_grouped(op.config))

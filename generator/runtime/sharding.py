@@ -382,5 +382,5 @@ def register_rules(op: Any, grouped: bool) -> None:
     overloads = getattr(getattr(torch.ops, op.namespace), op.name)
     propagator.register_op_strategy(overloads.default, functools.partial(_strategy, op))
     if grouped:
-        for overload in ("grouped", "grouped_list"):
+        for overload in ("grouped", "grouped_list", "masked"):
             propagator.register_op_strategy(getattr(overloads, overload), _refuse_grouped(op, overload))

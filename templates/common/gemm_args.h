@@ -66,6 +66,11 @@ typedef struct GemmArgs {
   // strides 0). Ends past m or below the previous end are clamped to them: rows outside every group are not
   // written. Only the sm90 persistent kernels take it; null: not grouped.
   const int32_t* group_ends;
+  // Masked groups (DeepGEMM's masked layout: decode steps and CUDA graphs, where each expert's rows sit in a slab
+  // of their own): group_rows > 0 makes group_ends each group's row count instead of its end; group g is rows
+  // [g * group_rows, g * group_rows + count[g]) of A and D, m = batch * group_rows. A count below 0 or past
+  // group_rows is clamped into [0, group_rows]; the rows of a slab past its count are not written. 0: the ends above.
+  int64_t group_rows;
   // A list of problems (CUTLASS's GroupedGemm): non-null, `batch` (>= 1) problems on the host, each with its own
   // matrices and sizes (D[i] = A[i] * B[i]; a, b, d, m, n, k and the leading dimensions above are unused). The
   // launch reads the list on the host and walks all problems' tiles in one launch. Only the sm90 persistent kernels

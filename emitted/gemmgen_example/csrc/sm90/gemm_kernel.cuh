@@ -151,7 +151,8 @@ constexpr int kSwizzleAtomBytes = 1024;  // 8 rows of 128 bytes: the unit the pa
 constexpr int kMmaM = 64;                // wgmma m64nNkK
 constexpr int kMmaKBytes = 32;           // wgmma's k step in bytes, for every input type (k16 for 16-bit types)
 // Grouped rows (GemmArgs::group_ends: a mixture of experts' tokens sorted by expert) as work units, in group
-// order: group g's rows [end(g - 1), end(g)) in blocks of rows_per_unit (a cluster's tiles along M), times
+// order: group g's rows [end(g - 1), end(g)) (masked groups: [g * slab, g * slab + count(g))) in blocks of
+// rows_per_unit (a cluster's tiles along M), times
 // units_n along N; an empty group has none. The group sizes are device data, so every thread that walks the
 // units counts and finds them itself, from the same ends.
 // A read of data no thread writes during the kernel (through the read-only cache); a plain read on the host, where
@@ -166,24 +167,30 @@ __host__ __device__ __forceinline__ T load_readonly(const T* at) {
 }
 
 struct GroupedRows {
-  const int32_t* ends;
+  const int32_t* ends;  // each group's end, or (masked: slab > 0) its row count
   int groups, m, rows_per_unit, units_n;
+  int slab;             // masked groups (GemmArgs::group_rows): group g's rows start at g * slab; 0: contiguous
 
   __host__ __device__ __forceinline__ static int load(const int32_t* at) { return load_readonly(at); }
-  // Group g's end, clamped into [row0 (the previous end), m]: ends that decrease or pass M leave rows outside
-  // every group, never outside A and D.
+  // Group g's first row: the previous group's end, or its slab's first row.
+  __host__ __device__ __forceinline__ int start(int g, int previous_end) const {
+    return slab > 0 ? g * slab : previous_end;
+  }
+  // Group g's end, clamped into [row0 (its first row), m]: ends that decrease or pass M leave rows outside every
+  // group, never outside A and D; a masked count is clamped into [0, slab] first, so a group stays in its slab.
   __host__ __device__ __forceinline__ int end(int g, int row0) const {
-    const int e = load(ends + g);
+    int e = load(ends + g);
+    if (slab > 0) e = row0 + (e < 0 ? 0 : e > slab ? slab : e);
     return e < row0 ? row0 : e > m ? m : e;
   }
   __host__ __device__ __forceinline__ int units_m(int rows) const { return (rows + rows_per_unit - 1) / rows_per_unit; }
   // The units of all groups.
   __host__ __device__ __forceinline__ int units() const {
-    int total = 0, row0 = 0;
+    int total = 0, row_end = 0;
     for (int g = 0; g < groups; ++g) {
-      const int e = end(g, row0);
-      total += units_m(e - row0) * units_n;
-      row0 = e;
+      const int row0 = start(g, row_end);
+      row_end = end(g, row0);
+      total += units_m(row_end - row0) * units_n;
     }
     return total;
   }
@@ -198,7 +205,7 @@ struct GroupedRows {
       while (unit >= first_unit + units && group + 1 < rows.groups) {
         first_unit += units;
         ++group;
-        row0 = row_end;
+        row0 = rows.start(group, row_end);
         row_end = rows.end(group, row0);
         units_m = rows.units_m(row_end - row0);
         units = units_m * rows.units_n;
@@ -539,8 +546,11 @@ struct Kernel {
     int units;             // of all problems (grouped: counted on the device, with_group_units)
     int k_tiles;
     bool a_batched, b_batched;  // whether A's (B's) matrix differs per problem (else batch stride 0: one for all)
-    const int32_t* group_ends;  // grouped rows: the groups' ends; null otherwise
-    int groups;                 // grouped rows' groups, or the list's problems
+    const int32_t* group_ends;  // grouped rows: the groups' ends (masked: counts); null otherwise
+    // Grouped rows' groups, or the list's problems. Negative for masked groups (GemmArgs::group_rows): -E, each group
+    // a slab of m / E rows (no field of its own: a register more, live through every kernel, made the int8 128x256
+    // fused-epilogue kernel spill).
+    int groups;
     const ListProblem* list;    // a list of problems (on the device); null otherwise
   };
 
@@ -560,7 +570,7 @@ struct Kernel {
     p.a_batched = batch_count(args) > 1 && args.batch_stride_a != 0;
     p.b_batched = batch_count(args) > 1 && args.batch_stride_b != 0;
     p.group_ends = args.group_ends;
-    p.groups = static_cast<int>(batch_count(args));
+    p.groups = static_cast<int>(batch_count(args)) * (is_masked(args) ? -1 : 1);
     p.list = static_cast<const ListProblem*>(args.list_device);
     if (p.group_ends != nullptr || p.list != nullptr) p.units = 0;  // counted on the device: with_group_units
     return p;
@@ -574,7 +584,8 @@ struct Kernel {
 
   // Grouped rows as work units: clusters of CM tiles along M per unit.
   __device__ __forceinline__ static GroupedRows grouped_rows(const Problem& p) {
-    return GroupedRows{p.group_ends, p.groups, p.m, BM * CM, p.units_n};
+    const int groups = p.groups < 0 ? -p.groups : p.groups;
+    return GroupedRows{p.group_ends, groups, p.m, BM * CM, p.units_n, p.groups < 0 ? p.m / groups : 0};
   }
 
   __device__ __forceinline__ static ProblemList problem_list(const Problem& p) { return ProblemList{p.list, p.groups}; }
