@@ -2,7 +2,7 @@
 uniformly, Dirichlet-skewed and Zipf-skewed, next to torch._grouped_mm and a loop of torch.mm (issue 35's table).
 
     python benchmarks/bench_moe.py [--models mixtral-8x7b,...] [--tokens 512,4096] [--routings uniform,dirichlet,zipf]
-        [--seed 0] [--dtype bf16] [--rounds 3] [--json $OUT/bench_moe.json]
+        [--seed 0] [--dtype bf16] [--rounds 3] [--masked] [--json $OUT/bench_moe.json]
 
 Each model's MoE layer is (experts, top-k, hidden, intermediate), with an expert-parallel slice where the model is
 served so (DeepSeek-V3: 256 experts, 32 of them on this GPU). Each token picks top-k distinct experts (``route``),
@@ -32,7 +32,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench import DTYPES, ORDERS, geomean, warm_up_gpu  # noqa: E402
+from bench import DTYPES, ORDERS, geomean, timed_rounds, warm_up_gpu  # noqa: E402
 from bench_grouped import WRONG, Row, format_row, header, measure_sizes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
@@ -115,6 +115,8 @@ class MoeRow:
     largest: int
     empty: int
     row: Row
+    masked_ms: float | None = None   # --masked: op.masked on slabs of max_m rows (the largest group, rounded up to 64)
+    masked_rel_error: float | None = None
 
     @property
     def vs_best(self) -> float:
@@ -129,6 +131,26 @@ def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: 
     configs = list(dict.fromkeys(p.config for p in plans.values()))
     built = dict(zip(configs, compile_many(configs, namespace="gemmgen")))
     return {s: built[p.config] for s, p in plans.items()}
+
+
+def measure_masked(op, sizes: list[int], n: int, k: int, dname: str, rounds: int, order: str) -> tuple[float, float]:
+    """(ms, rel. error) of op.masked over the same groups laid out in slabs of max_m rows (the largest group rounded
+    up to 64), against the float32 product of each group's rows; the rows past the counts hold NaN in A."""
+    dtype = DTYPES[dname]
+    slab = max(64, -(-max(sizes) // 64) * 64)
+    a = torch.randn(len(sizes), slab, k, device="cuda").to(dtype)
+    for g, count in enumerate(sizes):
+        a[g, count:] = float("nan")
+    b = torch.randn(len(sizes), n, k, device="cuda").to(dtype).transpose(1, 2)
+    counts = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    d = op.masked(a, b, counts)
+    err = 0.0
+    for g, count in enumerate(sizes):
+        if count:
+            ref = a[g, :count].float() @ b[g].float()
+            err = max(err, ((d[g, :count].float() - ref).norm() / ref.norm()).item())
+    ms = timed_rounds({"masked": lambda: op.masked(a, b, counts)}, rounds, order)["masked"]
+    return ms, err
 
 
 def summarize(rows: list[MoeRow]) -> dict[str, float]:
@@ -163,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--order", choices=sorted(ORDERS), default="balanced")
+    parser.add_argument("--masked", action="store_true",
+                        help="also time op.masked (DeepGEMM's masked layout) on the same groups in slabs")
     parser.add_argument("--json", default=None, help="default $OUT/bench_moe.json or ./bench_moe.json")
     args = parser.parse_args(argv)
     try:
@@ -193,9 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         shape = (len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k)
         row = measure_sizes(shape, sizes, ops[shape], args.dtype, args.rounds, args.order)
         moe = MoeRow(model, gemm, t, routing, min(sizes), max(sizes), sizes.count(0), row)
+        if args.masked:
+            moe.masked_ms, moe.masked_rel_error = measure_masked(ops[shape], sizes, n, k, args.dtype, args.rounds,
+                                                                 args.order)
         rows.append(moe)
+        masked = (f" | masked {moe.masked_ms:.4f} ms ({row.ours_ms / moe.masked_ms:.3f}x ours), rel.err "
+                  f"{moe.masked_rel_error:.1e}" if moe.masked_ms else "")
         print(f"{model:<18} {gemm:<4} {t:>6} {routing:<9} {moe.smallest:>5} {moe.largest:>5} {moe.empty:>5} | "
-              + format_row(row), flush=True)
+              + format_row(row) + masked, flush=True)
     summary = summarize(rows)
     for key, value in summary.items():
         print(f"{key}: {value}")
@@ -207,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                                          **asdict(r.row)} for r in rows],
                                "summary": summary}, indent=1))
     print(f"wrote {out}")
-    wrong = [f"{r.model} {r.gemm} {r.tokens} {r.routing}" for r in rows if not r.row.rel_error <= WRONG]
+    wrong = [f"{r.model} {r.gemm} {r.tokens} {r.routing}" for r in rows
+             if not r.row.rel_error <= WRONG or (r.masked_rel_error is not None and not r.masked_rel_error <= WRONG)]
     if wrong:
         print(f"{len(wrong)} row(s) WRONG (rel.err > {WRONG}): " + ", ".join(wrong), file=sys.stderr)
         return 1
