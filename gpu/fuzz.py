@@ -10,8 +10,9 @@ What is fixed: per family x dtype a small set of ops (``ops_for``: every layout,
 dtypes, five fused epilogues that between them use every operation and operand kind, a few schedules and tiles),
 all built in one parallel ninja run before the first case, since a build is the cost. What each case draws from
 its own seed (``draw_case``): which op; the call form (plain 2-D; batched 3-D with shared, broadcast and batch
-stride 0 operands; sm90's grouped rows with empty and ragged groups and its list of problems); M, N, K from 0 to
-10^4, log-uniform with a bias to edges (1, 7, 8, 9, tile multiples +-1, 127/128/129, ...) under a cap on M*N*K;
+stride 0 operands; sm90's grouped rows with empty and ragged groups, the same groups in masked slabs, and its list of
+problems); M, N, K from 0 to 10^4, log-uniform with a bias to edges (1, 7, 8, 9, tile multiples +-1, 127/128/129,
+...) under a cap on M*N*K;
 the leading dimensions (tight, 16-byte padded, or padded off the 16-byte rule), base offsets and gaps between
 matrices; a poisoned out= or none, out=C in place; the epilogue's scalars and the inputs' values.
 
@@ -62,7 +63,7 @@ from gpu_cases import BOUND, LAYOUTS  # noqa: E402
 FAMILIES = ("sm80", "sm90")
 DTYPES = ("bf16", "fp16", "tf32", "e4m3", "e5m2", "int8")
 DEFAULT_DTYPES = ("bf16", "fp16")
-FORMS = ("plain", "batched", "grouped", "list")
+FORMS = ("plain", "batched", "grouped", "list", "masked")
 
 MAX_SIZE = 10_000
 MAX_VOLUME = 1 << 32       # M*N*K of a call (times its batch, summed over a list): the biggest take ~1 ms each
@@ -75,9 +76,11 @@ TILE_EDGES = (64, 128, 192, 256)   # every BM, BN and BK of the plans divides on
 ALIGN_BYTES = 16                   # TMA's and cp.async's rule for base addresses, leading dimensions, strides
 ELEM_BYTES = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "e4m3": 1, "e5m2": 1, "int8": 1, "int32": 4}
 DEFAULT_OUT = {"bf16": "bf16", "fp16": "fp16", "tf32": "fp32", "e4m3": "bf16", "e5m2": "bf16", "int8": "int32"}
-FORM_WEIGHTS = {"sm90": {"plain": 0.45, "batched": 0.25, "grouped": 0.15, "list": 0.15},
+FORM_WEIGHTS = {"sm90": {"plain": 0.40, "batched": 0.23, "grouped": 0.14, "list": 0.14, "masked": 0.09},
                 # sm80 takes no grouped call: drawn rarely, to check that it is refused with a message
-                "sm80": {"plain": 0.64, "batched": 0.32, "grouped": 0.02, "list": 0.02}}
+                "sm80": {"plain": 0.62, "batched": 0.32, "grouped": 0.02, "list": 0.02, "masked": 0.02}}
+#: A masked call's slab: its largest group's rows and this many more (padding rows past every count).
+SLAB_EXTRA = {0: 2, 1: 1, 7: 1, 64: 1}
 BATCHES = {1: 1, 2: 3, 3: 3, 4: 2, 5: 1, 8: 2, 16: 1, 33: 1, 64: 0.5}
 BATCH_MODES = {"3d": 0.5, "2d": 0.25, "bcast1": 0.1, "stride0": 0.15}   # how each operand of a batched call is held
 GROUP_COUNTS = {1: 1, 2: 2, 3: 2, 4: 2, 5: 1, 8: 2, 9: 1, 16: 1}
@@ -182,7 +185,7 @@ class OpSpec:
         if form == "batched":
             kinds = {o.kind for o in desc.operands}
             return "matrix" not in kinds and not kinds & set(MAINLOOP_KINDS) and desc.aux is None
-        if form in ("grouped", "list"):
+        if form in ("grouped", "list", "masked"):
             persistent = dict(self.knobs).get("schedule") != "ws" and not self.stream_k
             return (family == "sm90" and desc.is_identity and persistent
                     and (form == "list" or self.a_row))
@@ -339,8 +342,8 @@ class Case:
     seed: int
     op: str                                   # the OpSpec key
     form: str                                 # FORMS
-    problems: tuple[tuple[int, int, int], ...]   # (M, N, K): one; a grouped call's per group; a list call's each
-    batch: int = 0                            # batched: D's number of matrices
+    problems: tuple[tuple[int, int, int], ...]   # (M, N, K): one; a grouped (masked) call's per group; a list's each
+    batch: int = 0                            # batched: D's number of matrices; masked: the slab (max_m)
     a: tuple[View, ...] = ()                  # one; a list call's each
     b: tuple[View, ...] = ()
     out: View | None = None                   # a poisoned out=; None: the op allocates D
@@ -354,14 +357,16 @@ class Case:
 
     @property
     def volume(self) -> int:
-        if self.form == "grouped":
+        if self.form in ("grouped", "masked"):
             return sum(m * n * k for m, n, k in self.problems)
         return sum(m * n * k for m, n, k in self.problems) * max(self.batch, 1)
 
     def text(self) -> str:
-        if self.form == "grouped":
+        if self.form in ("grouped", "masked"):
             n, k = self.problems[0][1:]
             sizes = f"groups={[p[0] for p in self.problems]} N={n} K={k}"
+            if self.form == "masked":
+                sizes += f" max_m={self.batch}"
         elif self.form == "list":
             sizes = "problems=" + (" ".join(f"{m}x{n}x{k}" for m, n, k in self.problems) or "none")
         else:
@@ -518,12 +523,15 @@ def _group_size(rng: random.Random) -> int:
     return log_uniform(rng, 1, 4096)
 
 
-def _draw_grouped(rng: random.Random, spec: OpSpec, elem: int) -> dict:
+def _draw_grouped(rng: random.Random, spec: OpSpec, elem: int, slab_extra: int | None = None) -> dict:
+    """A grouped call's groups, N, K, A and B; with ``slab_extra`` (a masked call) the rows A and D hold are every
+    group's slab of max(sizes) + slab_extra rows, which the element bound applies to."""
     sizes = [_group_size(rng) for _ in range(_pick(rng, GROUP_COUNTS))]
     n, k = draw_size(rng), draw_size(rng)
     while True:
         total = sum(sizes)
-        if total * n * k <= MAX_VOLUME and max(total * k, total * n, len(sizes) * k * n) <= MAX_ELEMENTS:
+        rows = total if slab_extra is None else len(sizes) * (max(sizes) + slab_extra)
+        if total * n * k <= MAX_VOLUME and max(rows * k, rows * n, len(sizes) * k * n) <= MAX_ELEMENTS:
             break
         biggest = max(n, k, *sizes)
         if n == biggest:
@@ -536,6 +544,25 @@ def _draw_grouped(rng: random.Random, spec: OpSpec, elem: int) -> dict:
     a = draw_matrix(rng, sum(sizes), k, spec.a_row, elem, aligned)
     b = draw_matrix(rng, k, n, spec.b_row, elem, aligned, batch=len(sizes))
     return dict(problems=tuple((s, n, k) for s in sizes), a=(a,), b=(b,))
+
+
+def _draw_masked(rng: random.Random, spec: OpSpec, elem: int) -> dict:
+    """A grouped draw's groups, N and K, the rows held in slabs of max_m (the largest group and some padding rows),
+    A (E, max_m, K) the slabs back to back: a masked call's operands."""
+    extra = _pick(rng, SLAB_EXTRA)
+    fields = _draw_grouped(rng, spec, elem, slab_extra=extra)
+    sizes = [p[0] for p in fields["problems"]]
+    n, k = fields["problems"][0][1:]
+    slab = max(sizes) + extra
+    step = ALIGN_BYTES // elem
+    if k >= step and k % step and rng.random() < 0.9:   # A's rows are K apart: mostly on the 16-byte rule
+        k -= k % step
+        fields.update(problems=tuple((s, n, k) for s in sizes),
+                      b=(draw_matrix(rng, k, n, spec.b_row, elem, True, batch=len(sizes)),))
+    # in the op's order (a column-major A is a refusal probe: grouped calls take A row-major)
+    ld = max(k if spec.a_row else slab, 1)
+    a = matrix_view(slab, k, spec.a_row, ld, batch=len(sizes), batch_stride=max(slab if spec.a_row else k, 1) * ld)
+    return dict(fields, a=(a,), batch=slab)
 
 
 def _draw_list(rng: random.Random, spec: OpSpec, elem: int) -> dict:
@@ -591,7 +618,8 @@ def draw_case(family: str, dtype: str, seed: int) -> Case:
         raise ValueError(f"the {family} family takes no {dtype} plans")
     form = _pick(rng, FORM_WEIGHTS[family])
     spec = _pick_op(rng, specs, family, form)
-    drawer = {"plain": _draw_plain, "batched": _draw_batched, "grouped": _draw_grouped, "list": _draw_list}[form]
+    drawer = {"plain": _draw_plain, "batched": _draw_batched, "grouped": _draw_grouped, "list": _draw_list,
+              "masked": _draw_masked}[form]
     fields = drawer(rng, spec, ELEM_BYTES[dtype])
     if form in ("plain", "batched"):
         fields.update(_draw_epilogue(rng, spec, dtype, fields))
@@ -644,10 +672,12 @@ def expected_refusal(case: Case, cfg: KernelConfig) -> str | None:
         return "grouped calls run on the persistent schedules without stream-K"
     elem = ELEM_BYTES[case.dtype]
     a_row, b_row = cfg.layout.a.value == "row", cfg.layout.b.value == "row"
-    if case.form == "grouped" and not a_row:
+    if case.form in ("grouped", "masked") and not a_row:
         return "grouped calls (offsets) take A row-major"
     if case.form == "grouped":
         works = [(sum(p[0] for p in case.problems), *case.problems[0][1:])]
+    elif case.form == "masked":   # A's slabs as one matrix
+        works = [(len(case.problems) * case.batch, *case.problems[0][1:])]
     else:
         works = list(case.problems)
     for (m, n, k), a, b in zip(works, case.a, case.b):
@@ -886,6 +916,30 @@ class Run:
 
         return (lambda: self.op.grouped(A, B, offsets)), (lambda: self.op.path(A, B, offsets=offsets)), check
 
+    def masked(self) -> tuple[Callable[[], Any], Callable[[], str], Callable[[Any], float]]:
+        """op.masked: the rows of each slab past its count hold the padding value (NaN for floats), which no valid row
+        may read; D's rows past the counts are not checked (the op leaves them unwritten)."""
+        case = self.case
+        buf, A = materialize(case.a[0], self.dtype, self.gen, self.device, case.input_scale)
+        counts = [p[0] for p in case.problems]
+        for g, count in enumerate(counts):
+            A[g, count:] = INT_PAD[self.dtype] if self.dtype in INT_PAD else float("nan")
+        self.inputs.append(("A", buf, buf.clone()))
+        B = self.matrix("B", case.b[0], self.dtype)
+        counts_t = torch.tensor(counts, dtype=torch.int32, device=self.device)
+        a64, b64 = to64(A), to64(B)
+        refs = [(a64[g, :count] @ b64[g], magnitude(a64[g, :count], b64[g])) for g, count in enumerate(counts)]
+        shape = (len(counts), case.batch, case.problems[0][1])
+        self.poison_allocator([shape])
+
+        def check(D: Any) -> float:
+            if not self.check_output("D", D, shape):
+                return math.inf
+            return max([relative_error(D[g, :count], ref, [(ACC_FLOOR, mag)], self.norms_on_cpu)
+                        for g, (count, (ref, mag)) in enumerate(zip(counts, refs)) if count], default=0.0)
+
+        return (lambda: self.op.masked(A, B, counts_t)), (lambda: "masked"), check
+
     def listed(self) -> tuple[Callable[[], Any], Callable[[], str], Callable[[Any], float]]:
         case = self.case
         As = [self.matrix(f"A[{i}]", v, self.dtype, case.input_scale) for i, v in enumerate(case.a)]
@@ -923,7 +977,8 @@ def run_case(case: Case, op: Any, device: str = "cuda", norms_on_cpu: bool = Fal
     predicted = expected_refusal(case, op.config)
     run = Run(case, op, device, norms_on_cpu)
     try:
-        form = {"plain": run.plain, "batched": run.plain, "grouped": run.grouped, "list": run.listed}[case.form]
+        form = {"plain": run.plain, "batched": run.plain, "grouped": run.grouped, "list": run.listed,
+                "masked": run.masked}[case.form]
         call, path_of, check = form()
     except Exception as exc:   # the harness's own error: say so, do not blame the op
         return Outcome("failed", bound=bound, message=f"could not prepare the case: {type(exc).__name__}: {exc}",
@@ -1025,7 +1080,7 @@ def distribution(cases: Sequence[Case]) -> dict[str, dict]:
                 features["3-D batch of one"] += view.shape[0] == 1
         features["2-D operand of a batched call"] += case.form == "batched" and min(len(v.shape) for v in
                                                                                        case.a + case.b) == 2
-        features["empty group or problem"] += case.form in ("grouped", "list") and any(
+        features["empty group or problem"] += case.form in ("grouped", "list", "masked") and any(
             0 in p if case.form == "list" else p[0] == 0 for p in case.problems)
         features["K = 0"] += any(p[2] == 0 for p in case.problems)
         features["out= poisoned"] += case.out is not None and not case.in_place

@@ -68,8 +68,9 @@ def test_sizes_and_storage_stay_in_bounds(drawn):
         for case in cases:
             assert all(0 <= s <= fuzz.MAX_SIZE for p in case.problems for s in p), case.text()
             assert case.volume <= fuzz.MAX_VOLUME, case.text()
+            batch = case.batch if case.form == "batched" else 1
             for m, n, k in case.problems:
-                assert max(m * n, m * k, k * n) * max(case.batch, 1) <= fuzz.MAX_ELEMENTS, case.text()
+                assert max(m * n, m * k, k * n) * max(batch, 1) <= fuzz.MAX_ELEMENTS, case.text()
             for view in _views(case):
                 assert view.extent <= 2 * fuzz.MAX_ELEMENTS + 4096 and view.offset >= 0
                 assert len(view.shape) == len(view.strides)
@@ -77,10 +78,17 @@ def test_sizes_and_storage_stay_in_bounds(drawn):
                 assert case.batch >= 1 and any(len(v.shape) == 3 for v in case.a + case.b)
             if case.form in ("plain", "batched"):
                 assert len(case.a) == len(case.b) == len(case.problems) == 1
-            elif case.form == "grouped":
+            elif case.form in ("grouped", "masked"):
                 n, k = case.problems[0][1:]
                 assert all(p[1:] == (n, k) for p in case.problems)
                 assert case.b[0].shape == (len(case.problems), k, n) and not case.operands
+                if case.form == "masked":   # slabs back to back, each at least its group's rows
+                    groups, slab = len(case.problems), case.batch
+                    assert all(p[0] <= slab for p in case.problems), case.text()
+                    assert case.a[0].shape == (groups, slab, k), case.text()
+                    if fuzz.op_spec(case.family, case.dtype, case.op).a_row:
+                        assert case.a[0].strides == (max(slab, 1) * max(k, 1), max(k, 1), 1), case.text()
+                    assert groups * slab * max(n, k) <= fuzz.MAX_ELEMENTS, case.text()
             else:
                 assert len(case.a) == len(case.b) == len(case.problems)
 
@@ -166,7 +174,7 @@ def test_sample_is_small_nested_and_runs_kernels(drawn):
         chosen = [cases[i] for i in big]
         assert all(c.volume <= fuzz.SAMPLE_MAX_VOLUME for c in chosen)
         assert all(fuzz.op_spec(family, dtype, c.op).fits(family, c.form) for c in chosen)
-        wanted = {"plain", "batched"} | ({"grouped", "list"} if family == "sm90" else set())
+        wanted = {"plain", "batched"} | ({"grouped", "list", "masked"} if family == "sm90" else set())
         assert {c.form for c in chosen} == wanted
 
 
@@ -252,6 +260,13 @@ class ReferenceOp:
         for g, end in enumerate(offsets.tolist()):
             D[start:end] = fuzz.to64(A[start:end]) @ fuzz.to64(B[g])
             start = end
+        return self._store(D)
+
+    def masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        self._check()
+        D = torch.full((A.shape[0], A.shape[1], B.shape[-1]), float("nan"), dtype=torch.float64)
+        for g, count in enumerate(counts.tolist()):   # the rows past a count stay unwritten (NaN here)
+            D[g, :count] = fuzz.to64(A[g, :count]) @ fuzz.to64(B[g])
         return self._store(D)
 
     def path(self, *args: Any, **kwargs: Any) -> str:
