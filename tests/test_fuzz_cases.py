@@ -359,6 +359,23 @@ def test_runner_fails_wrong_numbers_nan_and_writes_into_inputs():
     outcome = fuzz.run_case(grouped, NaNOp(_config(grouped), fuzz.expected_refusal(grouped, _config(grouped))),
                             device="cpu")
     assert outcome.status == "failed" and math.isinf(outcome.error) and "non-finite" in outcome.message
+    masked = _first("sm90", "masked", lambda c: c.problems[0][0] > 0 and min(c.problems[0][1:]) > 0)
+    cfg = _config(masked)
+    assert fuzz.run_case(masked, ReferenceOp(cfg), device="cpu").status == "passed"
+    outcome = fuzz.run_case(masked, ShiftedSlabsOp(cfg), device="cpu")
+    assert outcome.status == "failed" and "relative error" in outcome.message, outcome
+
+
+class ShiftedSlabsOp(ReferenceOp):
+    """A masked call that takes group g's rows from where the offsets form would (the previous group's end)."""
+
+    def masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        rows, ends = A.reshape(-1, A.shape[-1]), torch.cumsum(counts, 0).to(torch.int32)
+        packed = super().grouped(rows[:int(ends[-1])], B, ends)
+        D = torch.full((A.shape[0], A.shape[1], B.shape[-1]), float("nan"), dtype=packed.dtype)
+        for g, count in enumerate(counts.tolist()):
+            D[g, :count] = packed[int(ends[g]) - count:int(ends[g])]
+        return D
 
 
 def test_runner_fails_writes_past_the_output():
