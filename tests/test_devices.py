@@ -157,7 +157,7 @@ def test_every_launch_runs_on_the_operands_device() -> None:
     functions = _functions((TEMPLATES / "torch" / "gemm_op.h").read_text())
     launching = {name: body for name, body in functions.items()
                  if name != "launch" and re.search(r"\b(call_)?launch\(op,", body)}
-    assert set(launching) == {"gemm", "gemm_out", "gemm_grouped", "gemm_grouped_list", "gemm_epilogue",
+    assert set(launching) == {"gemm", "gemm_out", "gemm_grouped", "gemm_grouped_list", "gemm_masked", "gemm_epilogue",
                               "gemm_epilogue_out"}
     for name, body in launching.items():
         guard = re.search(r"OptionalCUDAGuard guard\(launch_device\(op, A(\[0\])?\)\);", body)

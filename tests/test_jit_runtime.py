@@ -1134,7 +1134,12 @@ def test_masked_calls_launch_the_grouped_kernel_over_the_slabs(python_launches_o
     op = stand_in(key)
     a, b, counts = masked_inputs(op)
     groups, rows = a.shape[0], a.shape[0] * SLAB
-    d, args = launched(lambda: op.masked(a, b, counts))
+    d, args = launched(lambda: op.masked(a, b, counts))   # (CPU tensors: the Python kernel)
+    cpp, cpp_args = launched(lambda: op.op.masked.redispatch(CUDA_KEY, a, b, counts))
+    python, python_args = launched(lambda: op.run_masked(a, b, counts))
+    for other in (cpp, python):
+        assert (other.shape, other.stride(), other.dtype) == (d.shape, d.stride(), d.dtype)
+    assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python]) == args_dict(args, [d])
     row = op.config.layout.c.value == "row"
     assert (tuple(d.shape), d.dtype) == ((groups, SLAB, GN), op.out_dtype)
     assert d.stride() == ((SLAB * GN, GN, 1) if row else (SLAB, 1, rows))
@@ -1153,7 +1158,11 @@ MASKED_BAD = {
     "A 2-D": (lambda a, b, c: (a[0], b, c), (ValueError, "a masked call takes A 3-D (E, max_m, K)")),
     "slabs apart": (lambda a, b, c: (torch.randn(4, SLAB + 3, GK).bfloat16()[:, :SLAB], b, c),
                     (ValueError, "pass A.contiguous()")),
+    "B 2-D": (lambda a, b, c: (a, b[0], c), (ValueError, "B must be 3-D (E, K, N) for a grouped call")),
     "E differs": (lambda a, b, c: (a[:3], b, c[:3]), (ValueError, "A has 3 slabs (A.size(0)) but B has 4 matrices")),
+    "A float32": (lambda a, b, c: (a.float(), b, c), (TypeError, "pass A.to(torch.bfloat16)")),
+    "counts stride 2": (lambda a, b, c: (a, b, torch.tensor([5, 9, 0, 9, 24, 9, 17, 9], dtype=torch.int32)[::2]),
+                        (ValueError, "pass counts.contiguous()")),
     "K differs": (lambda a, b, c: (a[..., :GK - 8], b, c), (ValueError, "K must agree")),
     "counts int64": (lambda a, b, c: (a, b, c.long()), (TypeError, "pass counts.to(torch.int32)")),
     "counts 2-D": (lambda a, b, c: (a, b, c[None]), (ValueError, "counts must be 1-D (E,)")),
@@ -1176,6 +1185,9 @@ def test_masked_refusals_name_the_fix(python_launches_on_cpu, case):
     before = len(LAUNCHES)
     got_kind, message = _raise(lambda: op.masked(*args))
     assert got_kind is kind and words in message, message
+    if case not in ("A requires grad", "counts a list"):   # (the Autograd kernel's, and the dispatcher's own words)
+        assert _raise(lambda: op.op.masked.redispatch(CUDA_KEY, *args)) == _raise(lambda: op.run_masked(*args)) == (
+            got_kind, message)
     assert len(LAUNCHES) == before   # refused before any launch
     _, launch_args = launched(lambda: op.masked(*masked_inputs(op)))   # and the next right call launches
     assert launch_args is not None and launch_args.group_rows == SLAB

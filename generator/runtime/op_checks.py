@@ -247,6 +247,7 @@ class OpChecks:
     def _check_masked_shapes(self, A: torch.Tensor, B: torch.Tensor) -> None:
         """A (E, max_m, K) against B (E, K, N): ranks, the same E and K (``torch._check``s: the fake makes them)."""
         _check_rank(A, "A", "masked")
+        _check_rank(B, "B", "masked")
         torch._check_with(ValueError, A.shape[0] == B.shape[0],
                           lambda: f"A has {A.shape[0]} slabs (A.size(0)) but B has {B.shape[0]} matrices: pass one "
                                   "slab of rows per group")

@@ -15,7 +15,8 @@ What each overload has, so that it behaves like a native op (see ``_register``):
 * ``.grouped`` and ``.grouped_list`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an
   autograd formula on this generator's kernels (``generator.runtime.grouped_formula``: ``grouped_backward``,
   ``list_backward``; fp8 and int8 ops refuse inputs which require grad). ``.masked`` (plain ops, JIT only): the
-  kernel and a fake likewise, and an Autograd kernel that refuses inputs which require grad (no formula yet).
+  kernel (the JIT runtime adds a C++ one for CUDA) and a fake likewise, and an Autograd kernel that refuses inputs
+  which require grad (no formula yet).
 * DTensor operands (tensor parallelism): the default overload's sharding strategy, each rank running the kernel on its
   local shards, and refusals for the grouped overloads (``generator.runtime.sharding.register_rules``; ``.out``
   decomposes into the default overload).

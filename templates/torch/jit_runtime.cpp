@@ -8,9 +8,9 @@
 // (the checks and launch of the emitted packages) for the op's CUDA dispatch key. The op's schema, its
 // fake implementation, autograd formula and the kernels of other dispatch keys stay registered from
 // Python (generator/runtime/op.py); CUDA tensors now skip Python between the dispatcher and the launch.
-// A plain op gets gemm_op.h's unboxed kernels (its .grouped and .grouped_list overloads' too); an op with a fused
-// epilogue (operands after A and B, maybe a second output) its boxed ones, with the epilogue's operands described in
-// the spec.
+// A plain op gets gemm_op.h's unboxed kernels (its .grouped, .grouped_list and .masked overloads' too); an op with a
+// fused epilogue (operands after A and B, maybe a second output) its boxed ones, with the epilogue's operands described
+// in the spec.
 // gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
 // defined, so a call that needs no gradient does not go through Python either (the default overload and .out;
 // a plain op's .grouped and .grouped_list keep Python's formulas, generator/runtime/autograd.py).
@@ -220,6 +220,9 @@ void register_op(const JitOpSpec& in) {
     }
     if (has_overload(entry->ns, entry->op, "grouped_list")) {
       entry->library->impl((entry->op + ".grouped_list").c_str(), gemmgen::GemmGroupedListKernel{&spec});
+    }
+    if (has_overload(entry->ns, entry->op, "masked")) {
+      entry->library->impl((entry->op + ".masked").c_str(), gemmgen::GemmMaskedKernel{&spec});
     }
   }
 }

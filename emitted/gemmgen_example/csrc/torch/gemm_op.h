@@ -248,8 +248,9 @@ inline at::Tensor empty_d(const OpSpec& op, const at::Tensor& A, const at::Tenso
 // -- checks ------------------------------------------------------------------------------------------
 
 // The form of a call, for the rank its A and B must have: a plain call (2-D, or 3-D for a batch), a grouped call
-// of rows (A 2-D, B 3-D: gemm_grouped), or a list call (each A[i] and B[i] 2-D: gemm_grouped_list).
-enum class CallForm { plain, grouped, list };
+// of rows (A 2-D, B 3-D: gemm_grouped), a list call (each A[i] and B[i] 2-D: gemm_grouped_list), or a masked call
+// (A 3-D slabs, B 3-D: gemm_masked).
+enum class CallForm { plain, grouped, list, masked };
 
 // Rank and dtype of A or B (what: "A", "B", or a list call's "A[i]", "B[i]"): the checks that need no data (the
 // Meta impl runs them too).
@@ -257,7 +258,11 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
                                  CallForm form = CallForm::plain) {
   TORCH_CHECK_TYPE(t.defined(), what, " must be a torch.Tensor, got NoneType");  // None from torch.ops
   const bool is_a = what[0] == 'A';
-  if (form == CallForm::grouped) {
+  if (form == CallForm::masked && is_a) {
+    TORCH_CHECK_VALUE(t.dim() == 3, "A has shape ", tuple_str(t.sym_sizes()),
+                      "; a masked call takes A 3-D (E, max_m, K): each group's rows in a slab of max_m rows, the first "
+                      "counts[g] of them valid");
+  } else if (form == CallForm::grouped || form == CallForm::masked) {
     TORCH_CHECK_VALUE(t.dim() == (is_a ? 2 : 3), what, " must be ",
                       is_a ? "2-D (total_M, K) for a grouped call: every group's rows, sorted by group"
                            : "3-D (E, K, N) for a grouped call: one matrix per group (expert)",
@@ -747,6 +752,17 @@ inline void check_offsets_static(const at::Tensor& offsets, const at::Tensor& A)
                     A.device().str(), ": pass offsets.to('", A.device().str(), "')");
 }
 
+// A grouped call's problem from its checked A (2-D, every group's rows) and B (3-D).
+inline Problem grouped_problem(const at::Tensor& A, const at::Tensor& B, int64_t lda, int64_t ldb) {
+  const int64_t m = A.size(0), n = B.size(2), k = A.size(1), groups = B.size(0);
+  TORCH_CHECK_VALUE(groups > 0 || m == 0, "B has no matrices (E = 0) but A has ", m,
+                    " rows: with no groups, A must have no rows");
+  check_index("M", m);
+  check_index("N", n);
+  check_index("K", k);
+  return Problem{m, n, k, lda, ldb, /*batched=*/true, groups, 0, batch_stride(B)};
+}
+
 // A (2-D), B (3-D) and offsets of a grouped call, but for the offsets' values; returns its problem: total_M x N x K,
 // the groups as the batch (E), B's stride between its matrices (0 for one), A's 0.
 inline Problem check_grouped_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
@@ -759,13 +775,7 @@ inline Problem check_grouped_operands(const OpSpec& op, const at::Tensor& A, con
   TORCH_CHECK_VALUE(offsets.size(0) == B.size(0), offsets_count_message(offsets, B));
   TORCH_CHECK_VALUE(offsets.size(0) <= 1 || offsets.stride(0) == 1, "offsets has stride ", offsets.stride(0),
                     "; the kernel reads group ends contiguous: pass offsets.contiguous()");
-  const int64_t m = A.size(0), n = B.size(2), k = A.size(1), groups = B.size(0);
-  TORCH_CHECK_VALUE(groups > 0 || m == 0, "B has no matrices (E = 0) but A has ", m,
-                    " rows: with no groups, A must have no rows");
-  check_index("M", m);
-  check_index("N", n);
-  check_index("K", k);
-  return Problem{m, n, k, lda, ldb, /*batched=*/true, groups, 0, batch_stride(B)};
+  return grouped_problem(A, B, lda, ldb);
 }
 
 // The 16-byte rule of the grouped kernel's TMA loads (the library's choose_grouped_path, common/launch.cuh).
@@ -895,6 +905,117 @@ inline at::Tensor gemm_grouped_meta(const OpSpec& op, const at::Tensor& A, const
   TORCH_CHECK_VALUE(offsets.sym_size(0).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__),
                     offsets_count_message(offsets, B));
   return empty_grouped_d(op, A, B);
+}
+
+// -- grouped calls, the masked form (DeepGEMM's masked layout; generator/runtime/op.py: GemmOp.run_masked) --------
+//
+// A (E, max_m, K) holds each group's rows in a slab of its own, the slabs back to back, the first counts[g] rows of
+// slab g valid; counts (E,) int32; B (E, K, N) as for a grouped call; D (E, max_m, N), the rows of a slab past its
+// count not written. One launch of the grouped kernel over A's slabs as one (E * max_m, K) matrix, GemmArgs'
+// group_ends the counts and group_rows max_m.
+
+// Ranks, the same E and K (the Meta impl runs it too).
+inline void check_masked_shapes(const at::Tensor& A, const at::Tensor& B) {
+  TORCH_CHECK_VALUE(A.dim() == 3, "A has shape ", tuple_str(A.sym_sizes()),
+                    "; a masked call takes A 3-D (E, max_m, K): each group's rows in a slab of max_m rows, the first "
+                    "counts[g] of them valid");
+  TORCH_CHECK_VALUE(B.dim() == 3,
+                    "B must be 3-D (E, K, N) for a grouped call: one matrix per group (expert); got shape ",
+                    tuple_str(B.sym_sizes()));
+  TORCH_CHECK_VALUE(A.sym_size(0).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__), "A has ",
+                    size_str(A.sym_size(0)), " slabs (A.size(0)) but B has ", size_str(B.sym_size(0)),
+                    " matrices: pass one slab of rows per group");
+  TORCH_CHECK_VALUE(A.sym_size(2).sym_eq(B.sym_size(1)).expect_true(__FILE__, __LINE__), "A is ",
+                    tuple_str(A.sym_sizes()), " and B is ", tuple_str(B.sym_sizes()),
+                    ": K must agree (A's columns = the rows of B's matrices); for experts' weights W (E, N, K) pass "
+                    "B = W.transpose(1, 2)");
+}
+
+// counts: what holds whatever the sizes (the Meta impl runs it too).
+inline void check_counts_static(const at::Tensor& counts, const at::Tensor& A) {
+  TORCH_CHECK_TYPE(counts.defined(), "counts must be a torch.Tensor, got NoneType");
+  TORCH_CHECK_TYPE(counts.scalar_type() == c10::ScalarType::Int, "counts is ", torch_dtype(counts.scalar_type()),
+                   "; the groups' row counts are int32: pass counts.to(torch.int32)");
+  TORCH_CHECK_VALUE(counts.dim() == 1, "counts must be 1-D (E,), each group's valid rows; got shape ",
+                    tuple_str(counts.sym_sizes()));
+  TORCH_CHECK_VALUE(counts.device() == A.device(), "counts is on ", counts.device().str(), " but A and B on ",
+                    A.device().str(), ": pass counts.to('", A.device().str(), "')");
+}
+
+// A, B and counts of a masked call but for the counts' values, in GemmOp._check_masked's order; returns the problem
+// of A's slabs as one matrix and that matrix (a view of A).
+inline std::pair<Problem, at::Tensor> check_masked_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                                            const at::Tensor& counts) {
+  TORCH_CHECK_TYPE(A.defined(), "A must be a torch.Tensor, got NoneType");
+  TORCH_CHECK_TYPE(B.defined(), "B must be a torch.Tensor, got NoneType");
+  check_masked_shapes(A, B);
+  const int64_t groups = A.size(0), slab = A.size(1), k = A.size(2);
+  TORCH_CHECK_VALUE(groups <= 1 || slab == 0 || k == 0 || A.stride(0) == slab * A.stride(1), "A has strides ",
+                    tuple_str(A.strides()), ": the kernel reads A's slabs as one matrix of ", groups, " x ", slab,
+                    " rows, so a slab must follow the one before it: pass A.contiguous()");
+  const at::Tensor rows = A.reshape({groups * slab, k});  // (a view where the check above holds)
+  const int64_t lda = check_operand(op, rows, "A", op.a_row, CallForm::grouped);
+  const int64_t ldb = check_operand(op, B, "B", op.b_row, CallForm::grouped);
+  check_same_device(rows, B);
+  const Problem p = grouped_problem(rows, B, lda, ldb);
+  check_counts_static(counts, A);
+  TORCH_CHECK_VALUE(counts.size(0) == groups, "counts has ", counts.size(0), " entries but B has ", groups,
+                    " matrices (B.size(0)): pass one count per group");
+  TORCH_CHECK_VALUE(counts.size(0) <= 1 || counts.stride(0) == 1, "counts has stride ", counts.stride(0),
+                    "; the kernel reads the counts contiguous: pass counts.contiguous()");
+  return {p, rows};
+}
+
+// The counts' values, with one copy to the host: each in [0, max_m].
+inline void check_group_counts(const at::Tensor& counts, int64_t slab) {
+  const at::Tensor host = counts.to(at::kCPU);  // (itself for CPU tensors: gemmgen's stand-in tests)
+  const int32_t* values = host.data_ptr<int32_t>();  // contiguous: checked, or at most one count
+  for (int64_t g = 0; g < host.numel(); ++g) {
+    TORCH_CHECK_VALUE(values[g] >= 0 && values[g] <= slab, "counts[", g, "] = ", values[g], " is outside [0, ", slab,
+                      "]: each count is the number of valid rows at the top of its group's slab of A (E, max_m=",
+                      slab, ", K)");
+  }
+}
+
+// D of a masked call: (E, max_m, N), the slabs of one (E * max_m, N) matrix in the plan's order.
+inline at::Tensor empty_masked_d(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
+  return empty_matrix(op, A.sym_size(0) * A.sym_size(1), B.sym_size(-1), A.options())
+      .view_symint({A.sym_size(0), A.sym_size(1), B.sym_size(-1)});
+}
+
+// The checks in GemmOp.run_masked's order: the plan, A, B and counts, the 16-byte rule where the call launches, the
+// counts' values; then the launch.
+inline at::Tensor gemm_masked(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) {
+  refuse_grouped_plan(op);
+  const auto [p, rows] = check_masked_operands(op, A, B, counts);
+  if (p.m > 0 && p.n > 0 && p.k > 0) {
+    check_grouped_alignment("A", rows, op.a_row, p.lda, 0);
+    check_grouped_alignment("B", B, op.b_row, p.ldb, p.batch_stride_b);
+  }
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
+  if (!stream_capturing(op)) check_group_counts(counts, A.size(1));
+  at::Tensor D = empty_masked_d(op, A, B);
+  if (D.numel() == 0) return D;
+  if (p.k == 0) return D.zero_();  // every valid row is a sum of nothing (the kernels need a k tile)
+  GemmArgs args{};
+  args.group_ends = counts.data_ptr<int32_t>();
+  args.group_rows = A.size(1);
+  at::Tensor rows_of_d = D.view({p.m, p.n});
+  launch(op, rows, B, rows_of_d, p, leading_dim(rows_of_d, op.d_row), /*batch_stride_d=*/0, args);
+  return D;
+}
+
+// Meta tensors: D's shape, dtype and strides after the checks that need no data.
+inline at::Tensor gemm_masked_meta(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                   const at::Tensor& counts) {
+  refuse_grouped_plan(op);
+  check_rank_and_dtype(op, A, "A", CallForm::masked);
+  check_rank_and_dtype(op, B, "B", CallForm::masked);
+  check_masked_shapes(A, B);
+  check_counts_static(counts, A);
+  TORCH_CHECK_VALUE(counts.sym_size(0).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__), "counts has ",
+                    size_str(counts.sym_size(0)), " entries but B has ", size_str(B.sym_size(0)), " matrices");
+  return empty_masked_d(op, A, B);
 }
 
 // -- grouped calls, the list form (CUTLASS's GroupedGemm; generator/runtime/op.py: GemmOp.run_grouped_list) ---------
@@ -1082,6 +1203,18 @@ struct GemmGroupedMetaKernel {
   const OpSpec* op;
   at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) const {
     return gemm_grouped_meta(*op, A, B, offsets);
+  }
+};
+struct GemmMaskedKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) const {
+    return gemm_masked(*op, A, B, counts);
+  }
+};
+struct GemmMaskedMetaKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) const {
+    return gemm_masked_meta(*op, A, B, counts);
   }
 };
 struct GemmGroupedListKernel {
