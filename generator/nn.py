@@ -25,7 +25,7 @@ from .gemm import DEFAULT_NAMESPACE, Gemm, op_key, plan_gradient
 from .runtime import BucketedOp, GemmOp, compile_many, leading_dim
 from .runtime.sharding import (ShardingRefusal, check_mesh, dtensor_api, free, grad_placements, is_dtensor,
                                is_partial, is_replicate, is_shard, operand_placements, operand_refusal,
-                               product_placements)
+                               product_placements, shard)
 from .spec.epilogue import activation_name
 from .spec.types import INPUT_DTYPES, Order, parse_dtype
 
@@ -277,20 +277,17 @@ class Linear(nn.Linear):
 
 def _as_a(p: Any, rank: int) -> Any:
     """x's placement as the op's A (M, K): a shard of x's last dimension is K's, of any other M's (the rows)."""
-    dt = dtensor_api()
-    return dt.shards[1 if p.dim % rank == rank - 1 else 0] if is_shard(p) else p
+    return shard(1 if p.dim % rank == rank - 1 else 0) if is_shard(p) else p
 
 
 def _as_b(p: Any) -> Any:
     """W's placement as the op's B = W.t() (K, N), and back: W's rows are N, its columns K."""
-    dt = dtensor_api()
-    return dt.shards[1 - p.dim % 2] if is_shard(p) else p
+    return shard(1 - p.dim % 2) if is_shard(p) else p
 
 
 def _x_of(a: Any, rank: int) -> Any:
     """x's placement for an A the rules slice on K (a whole x against a weight sharded on in_features)."""
-    dt = dtensor_api()
-    return dt.shards[rank - 1] if is_shard(a) else a
+    return shard(rank - 1) if is_shard(a) else a
 
 
 def _y_of(role: str, x_placement: Any, rank: int) -> Any:
@@ -300,7 +297,7 @@ def _y_of(role: str, x_placement: Any, rank: int) -> Any:
     if role == "m":
         return x_placement
     if role == "n":
-        return dt.shards[rank - 1]
+        return shard(rank - 1)
     return dt.partial if role == "partial" else dt.replicate
 
 
@@ -318,12 +315,11 @@ def _added_once(bias: torch.Tensor, wanted: tuple[Any, ...], roles: tuple[str, .
     every rank bias / size, rounded). It is a table of one row per rank, the bias and then zeros, sharded by rows: each
     rank takes its row, and the bias's gradient, the first rank's, reaches the Replicate parameter through DTensor's
     gather of the table (every row even, so the shapes agree on every rank)."""
-    dt = dtensor_api()
     partial = [i for i, p in enumerate(wanted) if is_partial(p)]
     rows = math.prod([bias.device_mesh.size(i) for i in partial])
     row = bias.unsqueeze(0)
     table = torch.cat([row, row.new_zeros((rows - 1, row.shape[1]))])
-    placements = tuple(dt.shards[0] if i in partial else dt.shards[1] if is_shard(p) else p
+    placements = tuple(shard(0) if i in partial else shard(1) if is_shard(p) else p
                        for i, p in enumerate(wanted))
     return _local(table, placements, roles).squeeze(0)
 

@@ -200,10 +200,7 @@ class OpChecks:
     def _check_grouped(self, A: object, B: object, offsets: object) -> Problem:
         """Validate a grouped call's A (2-D), B (3-D) and offsets but for the offsets' values; returns its problem:
         total_M x N x K, the batch the groups (E), B's stride between its matrices (0 for one), A's stride 0."""
-        lda = self._check_operand(A, "A", self.config.layout.a, form="grouped")
-        ldb = self._check_operand(B, "B", self.config.layout.b, form="grouped")
-        if A.device != B.device:
-            raise ValueError(_devices_message(A, B))
+        lda, ldb = self._grouped_leading_dims(A, B)
         if A.shape[1] != B.shape[1]:
             raise ValueError(f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree (A's columns = the rows "
                              "of B's matrices); for experts' weights W (E, N, K) pass B = W.transpose(1, 2)")
@@ -215,13 +212,13 @@ class OpChecks:
                              "offsets.contiguous()")
         return self._grouped_problem(A, B, lda, ldb)
 
-    def _check_grouped_operands(self, A: torch.Tensor, B: torch.Tensor) -> Problem:
-        """A grouped call's A (2-D, every group's rows) and B (3-D) as ``_check_grouped`` checks them; its problem."""
+    def _grouped_leading_dims(self, A: object, B: object) -> tuple[int, int]:
+        """A grouped call's A (2-D, every group's rows) and B (3-D), on one device; their leading dimensions."""
         lda = self._check_operand(A, "A", self.config.layout.a, form="grouped")
         ldb = self._check_operand(B, "B", self.config.layout.b, form="grouped")
         if A.device != B.device:
             raise ValueError(_devices_message(A, B))
-        return self._grouped_problem(A, B, lda, ldb)
+        return lda, ldb
 
     @staticmethod
     def _grouped_problem(A: torch.Tensor, B: torch.Tensor, lda: int, ldb: int) -> Problem:
@@ -233,7 +230,7 @@ class OpChecks:
                 raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
         return Problem(m, n, k, lda, ldb, groups, 0, batch_stride(B))
 
-    def _check_counts_static(self, counts: object, A: torch.Tensor, B: torch.Tensor) -> None:
+    def _check_counts_static(self, counts: object, A: torch.Tensor) -> None:
         """A masked call's counts: what holds whatever the sizes (the fake checks it too)."""
         if not isinstance(counts, torch.Tensor):
             raise TypeError(f"counts must be a torch.Tensor, got {type(counts).__name__}")
@@ -270,8 +267,8 @@ class OpChecks:
             raise ValueError(f"A has strides {tuple(A.stride())}: the kernel reads A's slabs as one matrix of "
                              f"{groups} x {slab} rows, so a slab must follow the one before it: pass A.contiguous()")
         rows = A.reshape(groups * slab, k)   # (a view where the check above holds)
-        problem = self._check_grouped_operands(rows, B)
-        self._check_counts_static(counts, A, B)
+        problem = self._grouped_problem(rows, B, *self._grouped_leading_dims(rows, B))
+        self._check_counts_static(counts, A)
         if counts.shape[0] != groups:
             raise ValueError(f"counts has {counts.shape[0]} entries but B has {groups} matrices (B.size(0)): pass one "
                              "count per group")
@@ -285,7 +282,7 @@ class OpChecks:
         self._refuse_grouped_plan()
         self._check_static_operands(A, B, form="masked")
         self._check_masked_shapes(A, B)
-        self._check_counts_static(counts, A, B)
+        self._check_counts_static(counts, A)
         torch._check_with(ValueError, counts.shape[0] == B.shape[0],
                           lambda: f"counts has {counts.shape[0]} entries but B has {B.shape[0]} matrices")
 

@@ -117,6 +117,11 @@ def _subclasses(cls: type) -> tuple[type, ...]:
 # The placement tests below use isinstance, not ``type(p) is``: under torch 2.11's dynamo a placement made inside the
 # compiled frame (ColwiseParallel's input hook makes a Replicate()) has a type that is not its class.
 
+def shard(dim: int) -> Any:
+    """Shard(dim), one of those made at ``load`` (a dimension past them, rare, made here)."""
+    return _DT.shards[dim] if dim < len(_DT.shards) else _DT.Shard(dim)
+
+
 def is_replicate(p: Any) -> bool:
     return isinstance(p, _DT.Replicate)
 
@@ -231,7 +236,7 @@ def _taken(role: str, other: str, dims: tuple[str, ...], shape: Sequence[int], p
         return placement
     if other == "batch" and (len(shape) < 3 or shape[0] == 1):
         return placement
-    return _DT.shards[dims.index(other)]
+    return shard(dims.index(other))
 
 
 def product_placements(name: str, ep: Epilogue, a: tuple[Sequence[Any], Sequence[int]],
@@ -273,7 +278,7 @@ def free(got: Sequence[Any], wanted: Sequence[Any]) -> bool:
 def output_placements(roles: Sequence[str], rank: int) -> tuple[Any, ...]:
     """D's placements (rank 2, or 3 for a batch) from its roles."""
     dims = ("batch", "m", "n")[3 - rank:]
-    return tuple(_DT.replicate if r == "replicate" else _DT.partial if r == "partial" else _DT.shards[dims.index(r)]
+    return tuple(_DT.replicate if r == "replicate" else _DT.partial if r == "partial" else shard(dims.index(r))
                  for r in roles)
 
 
@@ -290,7 +295,7 @@ def operand_placements(name: str, ep: Epilogue, roles: Sequence[str]) -> dict[st
                                   "replicate A and B, or call the op on the local tensors (t.to_local())")
         wanted[operand.name] = tuple(
             _DT.partial if r == "partial" and operand.name in partial
-            else _DT.shards[dims.index(r)] if dims and r in dims else _DT.replicate for r in roles)
+            else shard(dims.index(r)) if dims and r in dims else _DT.replicate for r in roles)
     return wanted
 
 

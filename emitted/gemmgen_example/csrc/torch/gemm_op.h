@@ -248,9 +248,8 @@ inline at::Tensor empty_d(const OpSpec& op, const at::Tensor& A, const at::Tenso
 // -- checks ------------------------------------------------------------------------------------------
 
 // The form of a call, for the rank its A and B must have: a plain call (2-D, or 3-D for a batch), a grouped call
-// of rows (A 2-D, B 3-D: gemm_grouped), a list call (each A[i] and B[i] 2-D: gemm_grouped_list), or a masked call
-// (A 3-D slabs, B 3-D: gemm_masked).
-enum class CallForm { plain, grouped, list, masked };
+// of rows (A 2-D, B 3-D: gemm_grouped), or a list call (each A[i] and B[i] 2-D: gemm_grouped_list).
+enum class CallForm { plain, grouped, list };
 
 // Rank and dtype of A or B (what: "A", "B", or a list call's "A[i]", "B[i]"): the checks that need no data (the
 // Meta impl runs them too).
@@ -258,11 +257,7 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
                                  CallForm form = CallForm::plain) {
   TORCH_CHECK_TYPE(t.defined(), what, " must be a torch.Tensor, got NoneType");  // None from torch.ops
   const bool is_a = what[0] == 'A';
-  if (form == CallForm::masked && is_a) {
-    TORCH_CHECK_VALUE(t.dim() == 3, "A has shape ", tuple_str(t.sym_sizes()),
-                      "; a masked call takes A 3-D (E, max_m, K): each group's rows in a slab of max_m rows, the first "
-                      "counts[g] of them valid");
-  } else if (form == CallForm::grouped || form == CallForm::masked) {
+  if (form == CallForm::grouped) {
     TORCH_CHECK_VALUE(t.dim() == (is_a ? 2 : 3), what, " must be ",
                       is_a ? "2-D (total_M, K) for a grouped call: every group's rows, sorted by group"
                            : "3-D (E, K, N) for a grouped call: one matrix per group (expert)",
@@ -914,7 +909,7 @@ inline at::Tensor gemm_grouped_meta(const OpSpec& op, const at::Tensor& A, const
 // count not written. One launch of the grouped kernel over A's slabs as one (E * max_m, K) matrix, GemmArgs'
 // group_ends the counts and group_rows max_m.
 
-// Ranks, the same E and K (the Meta impl runs it too).
+// Ranks, the same E and K.
 inline void check_masked_shapes(const at::Tensor& A, const at::Tensor& B) {
   TORCH_CHECK_VALUE(A.dim() == 3, "A has shape ", tuple_str(A.sym_sizes()),
                     "; a masked call takes A 3-D (E, max_m, K): each group's rows in a slab of max_m rows, the first "
@@ -931,7 +926,7 @@ inline void check_masked_shapes(const at::Tensor& A, const at::Tensor& B) {
                     "B = W.transpose(1, 2)");
 }
 
-// counts: what holds whatever the sizes (the Meta impl runs it too).
+// counts: what holds whatever the sizes.
 inline void check_counts_static(const at::Tensor& counts, const at::Tensor& A) {
   TORCH_CHECK_TYPE(counts.defined(), "counts must be a torch.Tensor, got NoneType");
   TORCH_CHECK_TYPE(counts.scalar_type() == c10::ScalarType::Int, "counts is ", torch_dtype(counts.scalar_type()),
@@ -1003,19 +998,6 @@ inline at::Tensor gemm_masked(const OpSpec& op, const at::Tensor& A, const at::T
   at::Tensor rows_of_d = D.view({p.m, p.n});
   launch(op, rows, B, rows_of_d, p, leading_dim(rows_of_d, op.d_row), /*batch_stride_d=*/0, args);
   return D;
-}
-
-// Meta tensors: D's shape, dtype and strides after the checks that need no data.
-inline at::Tensor gemm_masked_meta(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
-                                   const at::Tensor& counts) {
-  refuse_grouped_plan(op);
-  check_rank_and_dtype(op, A, "A", CallForm::masked);
-  check_rank_and_dtype(op, B, "B", CallForm::masked);
-  check_masked_shapes(A, B);
-  check_counts_static(counts, A);
-  TORCH_CHECK_VALUE(counts.sym_size(0).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__), "counts has ",
-                    size_str(counts.sym_size(0)), " entries but B has ", size_str(B.sym_size(0)), " matrices");
-  return empty_masked_d(op, A, B);
 }
 
 // -- grouped calls, the list form (CUTLASS's GroupedGemm; generator/runtime/op.py: GemmOp.run_grouped_list) ---------
@@ -1209,12 +1191,6 @@ struct GemmMaskedKernel {
   const OpSpec* op;
   at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) const {
     return gemm_masked(*op, A, B, counts);
-  }
-};
-struct GemmMaskedMetaKernel {
-  const OpSpec* op;
-  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) const {
-    return gemm_masked_meta(*op, A, B, counts);
   }
 };
 struct GemmGroupedListKernel {
