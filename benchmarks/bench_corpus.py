@@ -208,7 +208,9 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     import torch
     from bench import DTYPES, interleaved_rounds
     from triton.testing import do_bench
+    from generator.planner.backward import computes_transpose
     from generator.runtime.autograd import grad_ops
+    from generator.runtime.grouped_formula import kernel_operands
     from generator.spec.types import Order
 
     t = DTYPES[dtype]
@@ -219,14 +221,28 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     dY = torch.randn(tokens, n, device="cuda").to(t) if row.pass_ != "fwd" else None
     # How each pass calls a kernel of its kind (the autograd formula's operands), and torch's product.
     operands = {"fwd": (X, W.t()), "dX": (dY, W), "dW": (X.t(), dY)}[row.pass_]
-    transposed = row.pass_ == "dW"   # dW: the dB kernel writes dW.t() column-major
-    call = lambda f: f(*operands).t() if transposed else f(*operands)  # noqa: E731
+
+    def kernel_args(f) -> tuple:
+        """The operands ``f`` takes: a dX kernel that computes dX.t() (planner.backward.swaps_operands) takes W.t()
+        and dY.t(), as the autograd formula hands them (grouped_formula.kernel_operands)."""
+        if row.pass_ == "dX" and computes_transpose(f.config, Order.row):
+            lay = f.config.layout
+            return kernel_operands(dY, W, lay.a is Order.row, lay.b is Order.row, True)
+        return operands
+
+    def caller(f):
+        """A call of ``f`` that returns the pass's product: the dB kernel writes dW.t(), a swapped dX kernel dX.t()."""
+        args = kernel_args(f)
+        if row.pass_ == "dW" or args is not operands:
+            return lambda: f(*args).t()
+        return lambda: f(*args)
+
     theirs = lambda: corpus.pass_product(row.pass_, X, W, dY)  # noqa: E731
     mine = fwd if row.pass_ == "fwd" else grad_ops(fwd, Order.row)[row.pass_ == "dW"]
-    path = mine.path(*operands)
-    fns = {"ours": lambda: call(mine), "cublas": theirs}
+    path = mine.path(*kernel_args(mine))
+    fns = {"ours": caller(mine), "cublas": theirs}
     for col, extra_op in extra.items():
-        fns[col] = (lambda o: lambda: call(o))(extra_op)
+        fns[col] = caller(extra_op)
     got = fns["ours"]().float()
     want = corpus.pass_product(row.pass_, X.float(), W.float(), dY.float() if dY is not None else None)
     err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()

@@ -110,8 +110,9 @@ def main() -> None:
                     "(e.g. raster=n,raster_group=4)")
     ap.add_argument("--corpus-tokens", default=None,
                     help="the corpus' forward GEMMs at these token counts (benchmarks/corpus.py) instead of --shapes")
-    ap.add_argument("--layout", default="tn", choices=["tn", "tt"],
-                    help="tn: x @ W.t() (the forward); tt: dY @ W (dX, B N-major)")
+    ap.add_argument("--layout", default="tn", choices=["tn", "tt", "nn"],
+                    help="tn: x @ W.t() (the forward); tt: dY @ W (dX, B N-major); nn: dX swapped, W.t() @ dY.t() "
+                         "= dX.t() (a shape MxNxK is then in x tokens x out), beside cuBLAS's dY @ W")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
     if args.corpus_tokens:
@@ -130,8 +131,12 @@ def main() -> None:
         # B (k x n): W.t() of an (n x k) weight (tn), or a (k x n) weight itself, N-major (tt)
         b = torch.randn(n, k, device="cuda").bfloat16().t() if args.layout == "tn" else \
             torch.randn(k, n, device="cuda").bfloat16()
+        if args.layout == "nn":   # A = W.t() (W: out x in, row-major), B = dY.t() (dY: tokens x out, row-major)
+            x = torch.randn(k, m, device="cuda").bfloat16().t()
+            b = torch.randn(n, k, device="cuda").bfloat16().t()
         ref = x.float() @ b.float()
-        fns = {"cublas": lambda: torch.matmul(x, b)}
+        # nn: cuBLAS times the gradient as autograd asks for it, dY @ W (the same product, transposed)
+        fns = {"cublas": (lambda: torch.matmul(b.t(), x.t())) if args.layout == "nn" else (lambda: torch.matmul(x, b))}
         fns.update({c.name: (lambda op=ops[c.name]: op(x, b)) for c in shape_configs})
         times = timed_rounds(fns, args.rounds)
         flops = 2.0 * m * n * k

@@ -153,11 +153,11 @@ def test_a_gradient_takes_the_tables_winner_for_its_own_problem(tables: Path, mo
     """The JIT ops choose their backward kernels as plans do (tune.tuned_plan): the table's entry for dX's own
     request and problem (layout tt, M x K x N for a tn forward) answers it; the op is then registered under a name
     of its own, and GEMMGEN_TUNED=0 gives the planner's kernels back."""
-    forward = Gemm("bf16", "tn", arch=90, m=256, n=4096, k=4096)
+    forward = Gemm("bf16", "tn", arch=90, m=1024, n=4096, k=4096)   # (129-512 tokens: dX swapped, nn)
     problem = forward.problem
     grad_a_request, _ = gradient_requests(forward.config, Order.row, problem)
-    assert grad_a_request.layout.blas == "tt" and grad_a_request.problem == Problem(256, 4096, 4096)
-    grad_a_plan = Gemm("bf16", "tt", arch=90, m=256, n=4096, k=4096)
+    assert grad_a_request.layout.blas == "tt" and grad_a_request.problem == Problem(1024, 4096, 4096)
+    grad_a_plan = Gemm("bf16", "tt", arch=90, m=1024, n=4096, k=4096)
     entry = entry_for(grad_a_plan, two_clusters)
     ship(tables, [entry])
     planned = backward_configs(forward.config, Order.row, problem)
@@ -177,7 +177,7 @@ def test_a_gradient_takes_the_tables_winner_for_its_own_problem(tables: Path, mo
     op = GemmOp(forward.config, None, "gemmgen_tuned_backward", problem=problem, plan_gradient=tuned_plan)
     assert op.name == name and [g.config for g in grad_ops(op)] == list(chosen)
     # another band of rows: the planner's kernels, and its op's name
-    other = Problem(1024, 4096, 4096)
+    other = Problem(2048, 4096, 4096)
     assert backward_configs(forward.config, Order.row, other, tuned_plan) == backward_configs(
         forward.config, Order.row, other)
     assert hinted_op_name(forward.config, other, tuned_plan) == hinted_op_name(forward.config, other)

@@ -37,6 +37,9 @@ Two refinements, both measured on the corpus of real models' layers (docs/corpus
   writes by TMA (``writes_transposed``): dB.t() = dD.t() @ A on ``nt``; the formulas swap and transpose the operands
   and hand back the result's transpose (``computes_transpose``, ``autograd_form``). The sm90 16-bit closure is then
   the four row-major-D layouts.
+* Swapped operands. dX = dY @ W of a linear layer at 129-384 tokens (sm90, 16-bit) is computed as its transpose
+  into column-major storage, dX.t() = W.t() @ dY.t() (``swaps_operands``), where that puts the tokens along N in
+  tiles of a width ``tt`` cannot take along them (80, 96, 112), whose one wave fills the SMs.
 * Sizes. An op planned for a problem (its size hints, an M bucket's bound) plans dA and dB for their own sizes
   (``backward_problems``: dB's inner dimension is the token count), where that changes them (``backward_hint``).
 
@@ -54,8 +57,10 @@ from typing import Iterable, Protocol
 from ..spec.config import KernelConfig
 from ..spec.epilogue import ACC, IDENTITY
 from ..spec.types import DType, Layout, Order, parse_layout, parse_order
+from ..spec.arch import arch_spec
 from . import plan
-from .common import Problem
+from .common import Knobs, Problem
+from .sm90 import few_columns_fill_tile
 
 _FLIP = {Order.row: Order.col, Order.col: Order.row}
 
@@ -111,8 +116,8 @@ def gradient_requests(config: KernelConfig, grad_order: object = Order.row,
             layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
     problems = backward_problems(problem) if problem is not None else (None, None)
     requests = []
-    for lay, p in zip(layouts, problems):
-        if writes_transposed(config, lay):
+    for index, (lay, p) in enumerate(zip(layouts, problems)):
+        if writes_transposed(config, lay) or (index == 0 and swaps_operands(config, lay, p)):
             lay, p = transposed_layout(lay), (Problem(p.n, p.m, p.k) if p is not None else None)
         requests.append(GradientRequest(lay, out_dtype, p))
     return requests[0], requests[1]
@@ -142,6 +147,29 @@ def writes_transposed(config: KernelConfig, gradient: Layout) -> bool:
     the whole kernel (docs/corpus.md). The formulas call such a kernel on the transposed operands and hand back the
     transpose of its result (``computes_transpose``), the bytes of the column-major gradient."""
     return config.family == "sm90" and config.dtype.bytes == 2 and gradient.c is Order.col
+
+
+#: The rows (tokens) of dA = dD @ B.t() (``tt``: a linear layer's dX = dY @ W) that may compute it as its
+#: transpose (``swaps_operands``): more than the first, at most the second.
+SWAPPED_GRAD_A_ROWS = (128, 384)
+_ROW_MAJOR = Layout(a=Order.row, b=Order.row, c=Order.row)
+
+
+def swaps_operands(config: KernelConfig, gradient: Layout, problem: Problem | None) -> bool:
+    """Whether dA, of layout ``gradient`` and size ``problem`` (M x K x N), is computed as its transpose into
+    column-major storage, dA.t() = B @ dD.t() (``transposed_layout``: ``nn`` with a column-major D, whose bytes are
+    the row-major dA; the sm90 kernel stages such a D transposed and stores it by TMA): sm90 16-bit plans, dA of
+    layout ``tt`` (dX = dY @ W with W row-major), one problem of SWAPPED_GRAD_A_ROWS rows, where the swapped problem
+    takes a tile of planner.sm90.FEW_COLUMNS_FILL_N's rule: a 128-row tile as wide as no ``tt`` tile along the tokens
+    can be (80, 96, 112 columns), whose one wave fills the SMs. Measured on the corpus' dX (H200, bf16,
+    bench_corpus.py --passes dX, h200_corpus_dx_swapped_odd.json beside h200_corpus_dx_tt_odd.json), docs/corpus.md."""
+    low, high = SWAPPED_GRAD_A_ROWS
+    if not (config.family == "sm90" and config.dtype.bytes == 2 and gradient == _ROW_MAJOR and problem is not None
+            and problem.batch == 1 and low < problem.m <= high):
+        return False
+    swapped = transposed_layout(gradient)
+    return few_columns_fill_tile(config.dtype, swapped, Knobs(), Problem(problem.n, problem.m, problem.k),
+                                 arch_spec(config.arch).sm_count) is not None
 
 
 def transposed_layout(layout: Layout) -> Layout:

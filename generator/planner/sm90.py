@@ -196,6 +196,19 @@ ONE_WAVE_CLUSTER_K_TILES = 64
 FEW_ROWS_STREAM_B_SM_SHARE = 0.9
 FEW_ROWS_STREAM_B_BN = 128
 DEFAULT_RASTER_GROUP = 8
+# Few columns (129-512) and an M-major A with a K-major B (layout nn: a linear layer's dX computed as its transpose,
+# dX.t() = W.t() @ dY.t(), the weight's rows along M and the tokens along N: planner.backward.swaps_operands): where
+# the 128-row pingpong tile of 64-128 columns (16-column steps) whose one wave fills the most SMs has a width that is
+# no multiple of 64, that tile, 1x1, raster m. The model prefers 128x128 there (it prices the odd widths as slower
+# than they run) and 128x80 with raster n where it weighs them. Measured (H200, bf16, gpu/midm_tiles.py --layout nn,
+# h200_midm_dx_swapped_nn.json; ratios to cuBLAS's dY @ W): 3072 x 384 x 3072 128x80 1.002 against 0.841 for the
+# model's 128x128, 3584 x 384 x 3584 128x96 1.001 against 0.928, 4096 x 384 x 4096 128x96 1.043 against 0.981; 128x80
+# in raster n read 0.61-0.69. Where the fill is best at a multiple of 64 (128x64, 128x128) the rule leaves the plan
+# to the model: on the corpus' dX, 128x64 pingpong read 0.92-0.96x the tt kernels (h200_corpus_dx_swapped_*.json).
+# Not from SPLIT_K_LONG_K_TILES k tiles (the long-K split is the model's).
+FEW_COLUMNS_FILL_N = (129, 512)
+FEW_COLUMNS_FILL_BM = 128
+FEW_COLUMNS_FILL_BN = tuple(range(64, 129, 16))
 # A batch of problems that one 2x1 cluster of 128x256 cooperative tiles covers whole (129-256 rows, 129-256
 # columns): that tile and cluster (cluster_covers_each_problem). Each problem's A and B then cross from L2 into the
 # SMs once, B by multicast; 128x128 pingpong, which the model prefers for its hidden epilogue, loads each problem's A
@@ -404,6 +417,25 @@ def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) ->
     return problem.batch > 1 and math.ceil(problem.m / bm) == COVERING_CLUSTER[0] and bn // 2 < problem.n <= bn
 
 
+def few_columns_fill_tile(dtype: DType, layout: Layout, knobs: Knobs, problem: Problem,
+                          sm_count: int) -> tuple[int, int] | None:
+    """The (BM, BN) of FEW_COLUMNS_FILL_N's rule, or None where it does not apply: 16-bit inputs, A M-major, B
+    K-major, one problem of 129-512 columns and fewer than SPLIT_K_LONG_K_TILES k tiles, none of tile, schedule and
+    cluster fixed, and the best one-wave tile (the most tiles; then the fewest padded columns, the wider tile) of a
+    width that is no multiple of 64."""
+    low, high = FEW_COLUMNS_FILL_N
+    if (not rule_may_apply(dtype, knobs) or layout.a_k_major or not layout.b_k_major or problem.batch != 1
+            or not low <= problem.n <= high or math.ceil(problem.k / sm90_block_k(dtype)) >= SPLIT_K_LONG_K_TILES):
+        return None
+    rows = math.ceil(problem.m / FEW_COLUMNS_FILL_BM)
+    fits = [(tiles, -(math.ceil(problem.n / bn) * bn - problem.n), bn) for bn in FEW_COLUMNS_FILL_BN
+            if (tiles := rows * math.ceil(problem.n / bn)) <= sm_count]
+    if not fits:
+        return None
+    *_, bn = max(fits)
+    return (FEW_COLUMNS_FILL_BM, bn) if bn % 64 else None
+
+
 def is_covering(cfg: KernelConfig) -> bool:
     return cfg.tile[:2] == COVERING_TILE and cfg.schedule == "cooperative" and cfg.cluster == COVERING_CLUSTER
 
@@ -519,6 +551,9 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 
     streams_b = hinted and few_rows_stream_b(dtype, knobs, problem, sm_count)
     covers = hinted and cluster_covers_each_problem(dtype, knobs, problem)
+    fill = few_columns_fill_tile(dtype, layout, knobs, problem, sm_count) if hinted else None
+    if fill is not None:
+        return few_columns_fill(dtype, out_dtype, layout, spec, problem, sm_count, fill, epilogue, dtype_b), []
     if streams_b:
         configs = [c for c in configs if is_few_rows_stream_b(c)] or configs
     elif covers:
@@ -540,6 +575,21 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
                                           f"one block each, partial sums added in a fixed order (the tiles leave "
                                           f"{idle} of the {sm_count} SMs idle)")
     return best, rejected
+
+
+def few_columns_fill(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, problem: Problem, sm_count: int,
+                     tile: tuple[int, int], epilogue: Epilogue, dtype_b: DType | None) -> Estimate:
+    """FEW_COLUMNS_FILL_N's plan: ``tile`` (few_columns_fill_tile) pingpong, 1x1, raster m, the deepest pipeline
+    that fits."""
+    cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout,
+                       tile=(*tile, sm90_block_k(dtype)), warps=None, stages=MIN_STAGES,
+                       raster_group=DEFAULT_RASTER_GROUP, family="sm90", cluster=(1, 1), schedule="pingpong",
+                       raster="m", epilogue=epilogue, dtype_b=dtype_b)
+    cfg = replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
+    tiles = tile_count(cfg.tile, problem)
+    return Estimate(cfg, estimate(cfg, spec, sm_count, problem).cost,
+                    f"{tile[0]}x{tile[1]} pingpong by rule: {problem.n} columns of an M-major A, whose {tiles} tiles "
+                    f"fill {tiles} of {sm_count} SMs in one wave, the most of any 64-128 column tile")
 
 
 def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:

@@ -175,6 +175,29 @@ def test_column_major_output(schedule):
         check(op, "nt", m, n, k, col_major=True)
 
 
+# The swapped dX's kernels (planner.sm90.FEW_COLUMNS_FILL_N): A M-major, B K-major, a column-major 16-bit D staged
+# transposed and stored by TMA (Kernel::stage_subtile, stmatrix .trans), the odd widths' last columns stored directly.
+SWAPPED_DX_VARIANTS = (
+    ("pingpong", (128, 80, 64)),
+    ("pingpong", (128, 96, 64)),
+    ("pingpong", (64, 96, 64)),
+    ("pingpong", (128, 64, 64)),
+    ("cooperative", (128, 112, 64)),
+)
+
+
+@pytest.mark.parametrize("variant", SWAPPED_DX_VARIANTS, ids=lambda v: f"{v[0]}-{v[1][0]}x{v[1][1]}")
+def test_column_major_output_by_tma(variant):
+    schedule, tile = variant
+    ops = compile_many([Gemm(dtype=dt, layout="nn", layout_c="col", schedule=schedule, tile_shape=tile,
+                             cluster_shape=(1, 1)).config for dt in ("bf16", "fp16")], namespace="gemmgen_sm90_dcol")
+    for op in ops:
+        # M a multiple of 8 (whole 16-byte chunks of D's columns: TMA), and not (the last row tile directly);
+        # N past the last whole subtile; one wave and several
+        for m, n, k in ((3072, 384, 256), (1000, 200, 96), (777, 129, 64), (131, 17, 520), (4096, 1024, 64)):
+            check(op, "nn", m, n, k, col_major=True)
+
+
 def test_unaligned_operands_fall_back():
     """Strides TMA cannot take run the unaligned kernel, correctly; the plan says so."""
     plan = Gemm(dtype="bf16", layout="tn")

@@ -209,6 +209,27 @@ def test_backward_runs_generated_kernels(ops):
     assert grad_a.config.dtype == grad_b.config.dtype == op.config.dtype
 
 
+@pytest.mark.parametrize("tokens, k", [(200, 5000), (384, 3000)])
+def test_backward_of_a_bucket_swaps_dx(tokens, k):
+    """At 129-384 tokens a tn op's dX is computed as dX.t() = W.t() @ dY.t() into column-major storage where that
+    takes an odd-width tile (planner.backward.swaps_operands; 128x80 for these): the user's row-major dX, right
+    against float64, and W's gradient too."""
+    n = 1000
+    op = Gemm("bf16", "tn", m=tokens, n=n, k=k, namespace="gemmgen_swapped_dx").compile()
+    grad_a, _ = grad_ops(op, Order.row)
+    assert grad_a.config.layout.tag == "nn_dcol", grad_a.name
+    x = torch.randn(tokens, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(tokens, n, device="cuda", dtype=torch.bfloat16)
+    op(x, w.t()).backward(dy)
+    x64, w64 = (t.detach().double().requires_grad_() for t in (x, w))
+    (x64 @ w64.t()).backward(dy.double())
+    assert x.grad.is_contiguous() and w.grad.is_contiguous()
+    for got, ref, what in ((x.grad, x64.grad, "dX"), (w.grad, w64.grad, "dW")):
+        err = rel(got, ref)
+        assert err <= BOUND[torch.bfloat16], f"{what} at {tokens} tokens: rel error {err:.3g}"
+
+
 # -- generator.nn ------------------------------------------------------------------------------------------
 
 def small_model():

@@ -219,6 +219,16 @@ __device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t
                : "memory");
 }
 
+// The same four matrices, each stored transposed: the address of lane l now starts column l % 8 of matrix l / 8
+// (16 bytes: the column's eight elements, row 0 first). A column-major D is staged so, as D's transpose in rows.
+// PTX ISA §9.7.14 "Warp Level Matrix Multiply-Accumulate Instructions: stmatrix" (.trans, sm_90).
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2,
+                                                  uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0),
+               "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
+
 // ---- warpgroups: wgmma ordering and register reallocation ----------------------------------------
 
 // Order this warpgroup's register and shared-memory accesses before the wgmma.mma_async that follow.

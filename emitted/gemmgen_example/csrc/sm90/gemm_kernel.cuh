@@ -1520,10 +1520,15 @@ struct Kernel {
     }
   }
 
-  // The same through shared memory and TMA stores, 64 x kEpiCols subtiles at a time (row-major D with
-  // a 16-byte-aligned base and row pitch); TMA clips the parts outside M and N.
+  // The same through shared memory and TMA stores, 64 x kEpiCols subtiles at a time (a 16-byte-aligned base and
+  // row pitch); TMA clips the parts outside M and N. A column-major 16-bit D is staged transposed (kEpiCols rows of
+  // D's transpose, 64 elements each: stage_subtile) and goes out through a map of D's transpose: a gradient computed
+  // as its transpose into column-major storage (dA.t() = B @ dD.t(), planner.backward.swaps_operands) writes the
+  // user's row-major dA so. A column-major fp32 D stores directly.
+  static constexpr bool kDTransposedTma = !Cfg::kDRowMajor && sizeof(Out) == 2;
   __host__ __device__ __forceinline__ static bool tma_store_possible(const GemmArgs& args) {
-    return Cfg::kDRowMajor && batch_aligned(args, args.d, args.ldd, args.batch_stride_d, sizeof(Out));
+    return (Cfg::kDRowMajor || kDTransposedTma) &&
+           batch_aligned(args, args.d, args.ldd, args.batch_stride_d, sizeof(Out));
   }
 
   static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns
@@ -1534,7 +1539,8 @@ struct Kernel {
   __host__ __device__ __forceinline__ static bool source_tma_possible(const GemmArgs& args) {
     if constexpr (kSourced) {
       constexpr int slot = Cfg::Epilogue::kSourceSlot;
-      return tma_store_possible(args) &&
+      // (read_source reads the staging buffers in row-major D's layout)
+      return Cfg::kDRowMajor && tma_store_possible(args) &&
              fast_aligned(args.ep_ptr[slot], args.ep_ld[slot], sizeof(typename Cfg::Epilogue::Source));
     } else {
       return false;
@@ -1576,13 +1582,18 @@ struct Kernel {
 
     // A tile whose D goes out by TMA stores through the staging buffers (this warpgroup's rows from m0).
     __device__ __forceinline__ bool stores_by_tma(const Problem& p, int m0, int n0) const {
-      // TMA clips a store to the matrix only to 16-byte granularity along the contiguous dimension:
-      // measured on the H100, a row's last partial chunk is written whole, zeros past N included
-      // (gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
-      const bool partial_chunk_at_n = n0 + WG_N > p.n && p.n % kStoreChunkElems != 0;
+      // TMA clips a store to the matrix only to 16-byte granularity along the contiguous dimension (N, or M for
+      // a column-major D): measured on the H100, a row's last partial chunk is written whole, zeros past N
+      // included (git show 8cd3d06:gpu/debug/padding_probe.py). The tiles holding such a chunk store directly.
+      const bool partial_chunk = Cfg::kDRowMajor ? n0 + WG_N > p.n && p.n % kStoreChunkElems != 0
+                                                 : m0 + WG_M > p.m && p.m % kStoreChunkElems != 0;
       // A group's last rows: TMA clips at D's end, not the group's, and would write the next group's rows.
       const bool past_group_end = grouped && m0 + WG_M > p.m;
-      return Cfg::kDRowMajor && use_tma && !partial_chunk_at_n && !past_group_end;
+      // A column-major D's tile starting inside a 16-byte chunk of its column (a group starting at any row): a TMA
+      // access whose start along the contiguous dimension is not 16-byte aligned faults (illegal instruction:
+      // measured on the H200, a grouped tt_dcol call's group starting at row 1, gpu/fuzz.py).
+      const bool unaligned_start = !Cfg::kDRowMajor && m0 % kStoreChunkElems != 0;
+      return (Cfg::kDRowMajor || kDTransposedTma) && use_tma && !partial_chunk && !past_group_end && !unaligned_start;
     }
 
     // Before the main loop of the tile at (m0, n0) (this warpgroup's rows): start the TMA loads of the
@@ -1711,12 +1722,27 @@ struct Kernel {
     // Subtile (i, sub) of the accumulators into the staging buffer at `buf`, in the 128-byte swizzle.
     // A warp's share is 16 rows x 128 bytes: row = warp * 16 + lane / 4 + 8 * h, its n8 block jj one
     // 16-byte chunk of the row, stored at chunk jj ^ (row % 8) (the 128-byte swizzle TMA undoes).
+    // A column-major D is staged as its transpose: kEpiCols rows (the subtile's columns) of 64 elements (its rows).
     __device__ __forceinline__ static void stage_subtile(const float (&acc)[MMA_BLOCKS_M][ACCUM], int i, int sub,
                                                          uint32_t buf) {
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
       constexpr int kBlocksPerSubtile = kEpiCols / 8;  // n8 blocks of the accumulator layout
-      if constexpr (sizeof(Out) == 2) {
+      if constexpr (kDTransposedTma) {
+        // stmatrix.x4.trans: matrix q = 2 * (jj % 2) + h of an n8 block pair goes to the transpose's rows
+        // 8 * (2 * pair + q / 2) + r (lane l addresses r = l % 8 of matrix l / 8), whose 16-byte chunk 2 * warp + h
+        // holds the matrix's eight D rows, swizzled to chunk (2 * warp + h) ^ r; each pair is 16 rows further on.
+        const int q = lane / 8, r = lane % 8;
+        const uint32_t lane_addr =
+            buf + (8 * (q / 2) + r) * kSwizzleRowBytes + (((2 * warp + q % 2) ^ r) * 16);
+#pragma unroll
+        for (int pair = 0; pair < kBlocksPerSubtile / 2; ++pair) {
+          const int j = sub * kBlocksPerSubtile + 2 * pair;
+          const float* f = &acc[i][4 * j];
+          ptx::stmatrix_x4_trans(lane_addr + 16u * kSwizzleRowBytes * pair, pack<Out>(f[0], f[1]),
+                                 pack<Out>(f[2], f[3]), pack<Out>(f[4], f[5]), pack<Out>(f[6], f[7]));
+        }
+      } else if constexpr (sizeof(Out) == 2) {
         // stmatrix.x4: matrix q = 2 * (jj % 2) + h of an n8 block pair; lane l addresses row l % 8 of matrix
         // l / 8. Rows are 128 bytes and buf is 1024-aligned, so chunk (2 * pair + c) ^ r = 2 * pair ^ (c ^ r)
         // is an XOR of the lane's own address with 32 * pair.
@@ -1747,7 +1773,11 @@ struct Kernel {
 
     __device__ __forceinline__ void store_subtile(uint32_t buf, int i, int sub, int m0, int n0) const {
 #if !GEMMGEN_SM90_EXPERIMENT_NO_TMA_STORE  // timing experiment only, wrong results: stage, never store
-      ptx::tma_store_3d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM, problem);
+      if constexpr (Cfg::kDRowMajor) {
+        ptx::tma_store_3d(tmap_d, buf, n0 + sub * kEpiCols, m0 + i * kMmaM, problem);
+      } else {  // the map of D's transpose: M innermost
+        ptx::tma_store_3d(tmap_d, buf, m0 + i * kMmaM, n0 + sub * kEpiCols, problem);
+      }
 #endif
     }
 

@@ -350,8 +350,12 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   // unused map stays zero.
   thread_local CachedMap map_d;
   if (K::tma_store_possible(*args)) {
-    code = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd, batch,
-                                                                   args->batch_stride_d);
+    // A column-major D: the map of its transpose (M innermost), which the kernel stages (Kernel::stage_subtile)
+    code = Cfg::kDRowMajor
+               ? tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map_d, args->d, args->n, args->m, args->ldd,
+                                                                         batch, args->batch_stride_d)
+               : tensor_map<typename Cfg::Out, K::kEpiRows, K::kEpiCols>(map_d, args->d, args->m, args->n, args->ldd,
+                                                                         batch, args->batch_stride_d);
     if (code != 0) return code;
   } else {
     map_d = CachedMap{};
