@@ -77,6 +77,12 @@ def test_the_ops_and_their_names(tmp_path):
         assert "grouped_list_autograd_kernel" not in binding and f'_register_grouped_autograd("{op}", ' in init
         assert f"{op}.grouped_list = _{op}_grouped_list" in init and f"return _{op}_grouped_list(A, B)" in init
         assert f"_OPS.{op}.grouped_list(list(A), list(B))" in init
+        # the masked form: its schema, kernels (a refusal of grad whatever the package's autograd) and function
+        assert f'm.def("{op}.masked(Tensor A, Tensor B, Tensor counts) -> Tensor", kTags);' in binding
+        for kernel in ("GemmMaskedKernel", "GemmMaskedMetaKernel"):
+            assert f'm.impl("{op}.masked", gemmgen::{kernel}{{&k_{op}}});' in binding
+        assert f'm.impl("{op}.masked", gemmgen::masked_autograd_kernel("{op}"));' in binding
+        assert f"{op}.masked = _{op}_masked" in init and f"return _OPS.{op}.masked(A, B, counts)" in init
     assert "from . import _C" in init and '__all__ = ["gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol"]' in init
     for plan in two_plans():  # every kernel's C entry points are declared and used
         assert f"int {plan.name}_launch(const GemmArgs* args, void* stream);" in binding
@@ -398,10 +404,11 @@ def test_no_autograd_leaves_the_backward_out(tmp_path):
     init = files["my_gemms/__init__.py"].decode()
     binding = files["csrc/binding.cpp"].decode()
     assert "AUTOGRAD = False" in init and "AutogradSpec" not in binding
-    # its one Autograd block refuses grad for the .grouped overloads (as an epilogue op's refuses it: no formula)
+    # its one Autograd block refuses grad for the grouped overloads (as an epilogue op's refuses it: no formula)
     autograd_block = binding.split("TORCH_LIBRARY_IMPL(my_gemms, Autograd, m) {\n")[1].split("}")[0]
     assert autograd_block == "".join(f'  m.impl("{op}.grouped", gemmgen::grouped_autograd_kernel("{op}"));\n'
                                      f'  m.impl("{op}.grouped_list", gemmgen::grouped_list_autograd_kernel("{op}"));\n'
+                                     f'  m.impl("{op}.masked", gemmgen::masked_autograd_kernel("{op}"));\n'
                                      for op in ("gemm_bf16_tn", "gemm_fp16_nt_ofp32_dcol")), autograd_block
     compile(init, "__init__.py", "exec")
     record = json.loads(files["plans.json"])
@@ -450,6 +457,8 @@ def test_grouped_calls_take_the_jit_formulas_with_autograd(tmp_path):
             want += [f"_grad_{grad_a.name}", f"_grad_{grad_b.name}", str(form.a_transposed), str(form.b_transposed)]
         assert registered[op.name] == tuple(want), op.name
         assert f'"{op.name}.grouped' not in autograd, op.name
+        # .masked has no formula: binding.cpp's refusal, with autograd too
+        assert f'  m.impl("{op.name}.masked", gemmgen::masked_autograd_kernel("{op.name}"));' in autograd, op.name
     (quantized,) = [op.name for op in ops if not op.differentiable]
     assert (f'  m.impl("{quantized}.grouped", gemmgen::grouped_autograd_kernel("{quantized}"));\n'
             f'  m.impl("{quantized}.grouped_list", gemmgen::grouped_list_autograd_kernel("{quantized}"));') in autograd
@@ -1046,8 +1055,9 @@ def test_installed_package_registers_its_ops_and_checks_cpu_tensors(built_wheel)
         assert all(has("{WHEEL_PACKAGE}::" + op, "Autograd") is {WHEEL_AUTOGRAD} for op in ops)
         for op in ops:
             packet = getattr(torch.ops.{WHEEL_PACKAGE}, op)
-            assert sorted(packet.overloads()) == ["default", "grouped", "grouped_list", "out"], packet.overloads()
-            for overload in (packet.default, packet.out, packet.grouped, packet.grouped_list):
+            assert sorted(packet.overloads()) == ["default", "grouped", "grouped_list", "masked", "out"], \
+                packet.overloads()
+            for overload in (packet.default, packet.out, packet.grouped, packet.grouped_list, packet.masked):
                 assert torch.Tag.needs_fixed_stride_order in overload.tags, overload.tags
                 assert torch.Tag.pt2_compliant_tag in overload.tags, overload.tags
             assert f"Kernel sm{{pkg.PLANS[op]['arch']}}_" in getattr(pkg, op).__doc__
@@ -1513,6 +1523,30 @@ assert error(lambda: D.sum().backward()) == (
                     "addresses on the host, which a traced backward (torch.compile, fake or meta tensors) cannot do "
                     "yet: keep the grouped call out of the compiled region (call it in a function decorated with "
                     "torch.compiler.disable), or compile without training through it")
+# .masked: the plain op's (gemm_op.h's checks and Meta kernel), forward only whatever the package's autograd
+for op in ("{knob}", "{function}"):
+    assert "masked" not in getattr(torch.ops.{name}, op).overloads() and not hasattr(getattr(pkg, op), "masked")
+slabs, counts = torch.randn(3, 8, 24).bfloat16(), torch.tensor([5, 0, 8], dtype=torch.int32)
+assert error(lambda: pkg.{plain}.masked(slabs, experts, counts)) == on_cpu
+SLABS, EXPERTS, COUNTS = slabs.to(**m), experts.to(**m), counts.to(**m)
+for D in (pkg.{plain}.masked(SLABS, EXPERTS, COUNTS), torch.ops.{name}.{plain}.masked(SLABS, EXPERTS, COUNTS)):
+    assert (tuple(D.shape), D.stride(), D.dtype) == ((3, 8, 40), (320, 40, 1), torch.bfloat16), (D.shape, D.stride())
+masked_grad = ("RuntimeError", "{plain}.masked: masked calls have no backward pass yet, but B require(s) grad: call "
+                               "it under torch.no_grad() (inference), or train through op.grouped(A, B, offsets), "
+                               "which is differentiable")
+assert error(lambda: pkg.{plain}.masked(SLABS, EXPERTS.clone().requires_grad_(), COUNTS)) == masked_grad
+with torch.no_grad():
+    assert pkg.{plain}.masked(SLABS, EXPERTS.clone().requires_grad_(), COUNTS).shape == (3, 8, 40)
+for call, expected in [
+    (lambda: pkg.{plain}.masked(SLABS, EXPERTS, [5, 0, 8]), ("TypeError", "counts must be a torch.Tensor, got list")),
+    (lambda: pkg.{plain}.masked(SLABS, EXPERTS, COUNTS.float()),
+     ("TypeError", "counts is torch.float32; the groups' row counts are int32: pass counts.to(torch.int32)")),
+    (lambda: pkg.{plain}.masked(SLABS, EXPERTS, COUNTS[:2]),
+     ("ValueError", "counts has 2 entries but B has 3 matrices (B.size(0)): pass one count per group")),
+    (lambda: pkg.{plain}.masked(SLABS[0], EXPERTS, COUNTS),
+     ("ValueError", "A has shape (8, 24); a masked call takes A 3-D (E, max_m, K): each group's rows in a slab of "
+                    "max_m rows, the first counts[g] of them valid"))]:
+    assert error(call) == expected, (error(call), expected)
 with FakeTensorMode():   # what torch.compile traces with
     D, AUX = aux_fn(torch.empty(24, 7, device="cuda").half().t(), torch.empty(24, 40, device="cuda").half(),
                     torch.empty(7, device="cuda").half(), torch.empty(7, 40, device="cuda").half(), 1.0)

@@ -123,11 +123,15 @@ CASES += [(arch, cfg) for arch in SHIPPED_ARCHS if shipped_configs(arch)[0].fami
 CASES += [(90, Gemm(dtype, layout, arch=90, schedule="cooperative", tile_shape=(128, 320, 64),
                     cluster_shape=(2, 1)).config) for dtype, layout in (("bf16", "tn"), ("fp16", "nn"))]
 # A 64-row cooperative tile split along N between its consumers, K-major and N-major B; N tiles that are no multiple
-# of 64 (16-bit, K-major B only), cooperative and pingpong.
-CASES += [(90, Gemm(dtype, layout, arch=90, schedule=schedule, tile_shape=tile, cluster_shape=cluster).config)
-          for dtype, layout, schedule, tile, cluster in (
-              ("bf16", "tn", "cooperative", (64, 128, 64), (2, 1)), ("fp16", "tt", "cooperative", (64, 256, 64), (1, 1)),
-              ("bf16", "tn", "cooperative", (128, 144, 64), (2, 1)), ("fp16", "nn", "pingpong", (64, 96, 64), (1, 1)))]
+# of 64 (16-bit, K-major B only), cooperative and pingpong, the pingpong one with a column-major 16-bit D (staged
+# transposed, stored by TMA: a swapped dX's kernel, planner.backward.swaps_operands).
+CASES += [(90, Gemm(dtype, layout, arch=90, schedule=schedule, tile_shape=tile, cluster_shape=cluster,
+                    layout_c=layout_c).config)
+          for dtype, layout, schedule, tile, cluster, layout_c in (
+              ("bf16", "tn", "cooperative", (64, 128, 64), (2, 1), "row"),
+              ("fp16", "tt", "cooperative", (64, 256, 64), (1, 1), "row"),
+              ("bf16", "tn", "cooperative", (128, 144, 64), (2, 1), "row"),
+              ("fp16", "nn", "pingpong", (128, 80, 64), (1, 1), "col"))]
 
 
 COL_MAJOR_FP32 = ep.Matrix(dtype="fp32", order="col")

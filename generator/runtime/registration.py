@@ -14,7 +14,7 @@ What each overload has, so that it behaves like a native op (see ``_register``):
   refuses inputs which require grad.
 * ``.grouped`` and ``.grouped_list`` (plain ops): the kernel under CompositeExplicitAutograd, a fake, and an
   autograd formula on this generator's kernels (``generator.runtime.grouped_formula``: ``grouped_backward``,
-  ``list_backward``; fp8 and int8 ops refuse inputs which require grad). ``.masked`` (plain ops, JIT only): the
+  ``list_backward``; fp8 and int8 ops refuse inputs which require grad). ``.masked`` (plain ops; emitted packages: binding.cpp.j2): the
   kernel (the JIT runtime adds a C++ one for CUDA) and a fake likewise, and an Autograd kernel that refuses inputs
   which require grad (no formula yet).
 * DTensor operands (tensor parallelism): the default overload's sharding strategy, each rank running the kernel on its

@@ -206,3 +206,26 @@ def test_list_backward_matches_float64_and_the_jit_op(installed):
         check_grad(got[i], g64 @ y64.t(), x, f"dA[{i}]")
         check_grad(got[count + i], x64.t() @ g64, y, f"dB[{i}]")
     assert all(torch.equal(u, v) for u, v in zip(got, theirs)), "the list form's gradients differ from the JIT op's"
+
+
+# -- the masked form -----------------------------------------------------------------------------------------------
+
+def test_masked_matches_float64_and_the_jit_op(installed):
+    """The package's .masked (forward only): each slab's valid rows against float64 and bit-equal to the JIT op's,
+    the rows past each count left as they were (NaN: D is allocated, not zeroed, so a NaN-filled block freed just
+    before lands under it), and a refusal of grad in the JIT op's words."""
+    fn, jit = installed["module"].gemm_bf16_tn.masked, installed["jit"]
+    counts_list, max_m, n, k = [5, 0, 17, 64], 64, 72, 200
+    slabs = torch.randn(len(counts_list), max_m, k, device="cuda").to(DTYPE)
+    b = experts(len(counts_list), k, n, "col")
+    counts = torch.tensor(counts_list, dtype=torch.int32, device="cuda")
+    poison((len(counts_list) * max_m, n))
+    d = fn(slabs, b, counts)
+    assert d.shape == (len(counts_list), max_m, n) and torch.equal(d, jit.masked(slabs, b, counts))
+    for g, count in enumerate(counts_list):
+        want = slabs[g, :count].double() @ b[g].double()
+        if count:
+            assert rel_error(d[g, :count], want) <= BOUND, g
+        assert torch.isnan(d[g, count:]).all(), f"slab {g}: rows past its count written"
+    with pytest.raises(RuntimeError, match=r"masked calls have no backward pass yet, but B require\(s\) grad"):
+        fn(slabs, b.clone().requires_grad_(), counts)

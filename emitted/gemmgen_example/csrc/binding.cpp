@@ -6,8 +6,9 @@
 //   gemm_fp16_nn: kernel sm80_fp16_nn_128x256x32_w2x4_s4_g8 (sm_80), fp16 -> fp16, A col-major, B col-major, D row-major
 // Each op also has <op>.grouped(A, B, offsets) -> D: grouped GEMM, a
 // mixture of experts' rows (gemm_op.h's gemm_grouped), and <op>.grouped_list(A[], B[]) -> D[]: problems of their own
-// sizes, D[i] = A[i] @ B[i] in one launch (gemm_grouped_list); a plan whose kernel takes no such call refuses it,
-// its OpSpec saying why.
+// sizes, D[i] = A[i] @ B[i] in one launch (gemm_grouped_list), and <op>.masked(A, B, counts) -> D: DeepGEMM's masked
+// layout, each group's rows in a slab of A (E, max_m, K), the first counts[g] valid (gemm_masked); a plan whose
+// kernel takes no such call refuses it, its OpSpec saying why.
 //
 // The kernels (csrc/<kernel>.cu) are plain CUDA with a C interface; the checks, the launch, the
 // dispatcher kernels are gemmgen's (csrc/torch/gemm_op.h, shared with
@@ -103,10 +104,12 @@ TORCH_LIBRARY(gemmgen_example, m) {
   m.def("gemm_bf16_tn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
   m.def("gemm_bf16_tn.grouped(Tensor A, Tensor B, Tensor offsets) -> Tensor", kTags);
   m.def("gemm_bf16_tn.grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]", kTags);
+  m.def("gemm_bf16_tn.masked(Tensor A, Tensor B, Tensor counts) -> Tensor", kTags);
   m.def("gemm_fp16_nn(Tensor A, Tensor B) -> Tensor", kTags);
   m.def("gemm_fp16_nn.out(Tensor A, Tensor B, *, Tensor(a!) out) -> Tensor(a!)", kTags);
   m.def("gemm_fp16_nn.grouped(Tensor A, Tensor B, Tensor offsets) -> Tensor", kTags);
   m.def("gemm_fp16_nn.grouped_list(Tensor[] A, Tensor[] B) -> Tensor[]", kTags);
+  m.def("gemm_fp16_nn.masked(Tensor A, Tensor B, Tensor counts) -> Tensor", kTags);
 }
 
 // CompositeExplicitAutograd: one implementation for every backend (as gemmgen's JIT ops), so that a
@@ -116,10 +119,12 @@ TORCH_LIBRARY_IMPL(gemmgen_example, CompositeExplicitAutograd, m) {
   m.impl("gemm_bf16_tn.out", GemmOutKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.grouped", gemmgen::GemmGroupedKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.grouped_list", gemmgen::GemmGroupedListKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.masked", gemmgen::GemmMaskedKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.grouped", gemmgen::GemmGroupedKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.grouped_list", gemmgen::GemmGroupedListKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.masked", gemmgen::GemmMaskedKernel{&k_gemm_fp16_nn});
 }
 
 TORCH_LIBRARY_IMPL(gemmgen_example, CompositeImplicitAutograd, m) {
@@ -133,16 +138,21 @@ TORCH_LIBRARY_IMPL(gemmgen_example, Meta, m) {
   m.impl("gemm_bf16_tn.out", GemmOutMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.grouped", gemmgen::GemmGroupedMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_bf16_tn.grouped_list", gemmgen::GemmGroupedListMetaKernel{&k_gemm_bf16_tn});
+  m.impl("gemm_bf16_tn.masked", gemmgen::GemmMaskedMetaKernel{&k_gemm_bf16_tn});
   m.impl("gemm_fp16_nn", GemmMetaKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.out", GemmOutMetaKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.grouped", gemmgen::GemmGroupedMetaKernel{&k_gemm_fp16_nn});
   m.impl("gemm_fp16_nn.grouped_list", gemmgen::GemmGroupedListMetaKernel{&k_gemm_fp16_nn});
+  m.impl("gemm_fp16_nn.masked", gemmgen::GemmMaskedMetaKernel{&k_gemm_fp16_nn});
 }
 
 // .grouped and .grouped_list have no backward pass yet: they refuse arguments that require grad.
+// .masked has no backward pass yet, with autograd or without: it refuses arguments that require grad.
 TORCH_LIBRARY_IMPL(gemmgen_example, Autograd, m) {
   m.impl("gemm_bf16_tn.grouped", gemmgen::grouped_autograd_kernel("gemm_bf16_tn"));
   m.impl("gemm_bf16_tn.grouped_list", gemmgen::grouped_list_autograd_kernel("gemm_bf16_tn"));
+  m.impl("gemm_bf16_tn.masked", gemmgen::masked_autograd_kernel("gemm_bf16_tn"));
   m.impl("gemm_fp16_nn.grouped", gemmgen::grouped_autograd_kernel("gemm_fp16_nn"));
   m.impl("gemm_fp16_nn.grouped_list", gemmgen::grouped_list_autograd_kernel("gemm_fp16_nn"));
+  m.impl("gemm_fp16_nn.masked", gemmgen::masked_autograd_kernel("gemm_fp16_nn"));
 }

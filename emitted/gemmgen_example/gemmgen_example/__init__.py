@@ -14,6 +14,10 @@ Grouped GEMM of a list of problems (as CUTLASS's GroupedGemm): <op>([A0, A1, ...
 also <op>.grouped_list(As, Bs) and torch.ops.gemmgen_example.<op>.grouped_list(As, Bs), each problem of its own sizes,
 D[i] = A[i] @ B[i] in one launch on the sm90 family's persistent kernels (not capturable into a CUDA graph).
 
+The masked form (DeepGEMM's, for decode steps and CUDA graphs): <op>.masked(A, B, counts), also
+torch.ops.gemmgen_example.<op>.masked(A, B, counts), with A (E, max_m, K) each group's rows in a slab, counts (E,) int32 the
+valid rows of each slab, D (E, max_m, N), the rows past each count not written; forward only.
+
 The ops have no autograd formula (emitted with autograd=False): backward() through them raises.
 
     gemm_bf16_tn: bf16 -> bf16, layout tn, kernel sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m (sm_90)
@@ -69,8 +73,8 @@ def _check_tensors(A, B, out):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
 
 
-def _check_grouped_tensors(A, B, offsets):
-    for value, what in ((A, "A"), (B, "B"), (offsets, "offsets")):
+def _check_grouped_tensors(A, B, offsets, what_offsets="offsets"):
+    for value, what in ((A, "A"), (B, "B"), (offsets, what_offsets)):
         if not isinstance(value, _torch.Tensor):
             raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
 
@@ -153,8 +157,29 @@ def _gemm_bf16_tn_grouped_list(A, B):
     return _OPS.gemm_bf16_tn.grouped_list(list(A), list(B))
 
 
+def _gemm_bf16_tn_masked(A, B, counts):
+    """D = grouped GEMM, the masked form (DeepGEMM's, for decode steps and CUDA graphs): D[g, :counts[g]] =
+    A[g, :counts[g]] @ B[g].
+
+    A:      (E, max_m, K) torch.bfloat16, contiguous: each group's rows in a slab of max_m rows, the first
+            counts[g] of them valid (the rest are never read into a result)
+    B:      (E, K, N) torch.bfloat16, each matrix column-major, strides (stride, 1, ldb) with ldb >= K: W.transpose(1, 2) for experts' weights W (E, N, K)
+    counts: (E,) torch.int32 on A's device, each group's valid rows, each in [0, max_m]
+    D:      (E, max_m, N) torch.bfloat16, new, the slabs of one (E * max_m, N) matrix stored as a grouped
+            call's D; the rows of a slab past its count are not written (D is allocated, not zeroed)
+
+    One launch for all groups (the grouped kernel over A's slabs as one matrix); the counts are device data, checked
+    with one copy to the host except while a CUDA graph is being captured, so a captured call replays with new counts
+    written in place. Forward only for now: arguments that require grad are refused (train through .grouped).
+    Also torch.ops.gemmgen_example.gemm_bf16_tn.masked(A, B, counts).
+    """
+    _check_grouped_tensors(A, B, counts, what_offsets="counts")
+    return _OPS.gemm_bf16_tn.masked(A, B, counts)
+
+
 gemm_bf16_tn.grouped = _gemm_bf16_tn_grouped
 gemm_bf16_tn.grouped_list = _gemm_bf16_tn_grouped_list
+gemm_bf16_tn.masked = _gemm_bf16_tn_masked
 
 
 def gemm_fp16_nn(A, B, *, out=None):
@@ -225,5 +250,27 @@ def _gemm_fp16_nn_grouped_list(A, B):
     return _OPS.gemm_fp16_nn.grouped_list(list(A), list(B))
 
 
+def _gemm_fp16_nn_masked(A, B, counts):
+    """D = grouped GEMM, the masked form (DeepGEMM's, for decode steps and CUDA graphs): D[g, :counts[g]] =
+    A[g, :counts[g]] @ B[g].
+
+    A:      (E, max_m, K) torch.float16, contiguous: each group's rows in a slab of max_m rows, the first
+            counts[g] of them valid (the rest are never read into a result)
+    B:      (E, K, N) torch.float16, each matrix column-major, strides (stride, 1, ldb) with ldb >= K: W.transpose(1, 2) for experts' weights W (E, N, K)
+    counts: (E,) torch.int32 on A's device, each group's valid rows, each in [0, max_m]
+    D:      (E, max_m, N) torch.float16, new, the slabs of one (E * max_m, N) matrix stored as a grouped
+            call's D; the rows of a slab past its count are not written (D is allocated, not zeroed)
+
+    One launch for all groups (the grouped kernel over A's slabs as one matrix); the counts are device data, checked
+    with one copy to the host except while a CUDA graph is being captured, so a captured call replays with new counts
+    written in place. Forward only for now: arguments that require grad are refused (train through .grouped).
+    This op's plan takes no grouped call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
+    Also torch.ops.gemmgen_example.gemm_fp16_nn.masked(A, B, counts).
+    """
+    _check_grouped_tensors(A, B, counts, what_offsets="counts")
+    return _OPS.gemm_fp16_nn.masked(A, B, counts)
+
+
 gemm_fp16_nn.grouped = _gemm_fp16_nn_grouped
 gemm_fp16_nn.grouped_list = _gemm_fp16_nn_grouped_list
+gemm_fp16_nn.masked = _gemm_fp16_nn_masked

@@ -1000,6 +1000,23 @@ inline at::Tensor gemm_masked(const OpSpec& op, const at::Tensor& A, const at::T
   return D;
 }
 
+// Meta tensors (emitted packages' Meta kernel; the JIT ops' fake is GemmOp._check_masked_meta): D's shape, dtype and
+// strides after the checks that need neither data nor concrete sizes, in gemm_masked's words.
+inline at::Tensor gemm_masked_meta(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                   const at::Tensor& counts) {
+  refuse_grouped_plan(op);
+  TORCH_CHECK_TYPE(A.defined(), "A must be a torch.Tensor, got NoneType");
+  TORCH_CHECK_TYPE(B.defined(), "B must be a torch.Tensor, got NoneType");
+  check_masked_shapes(A, B);
+  check_rank_and_dtype(op, A, "A");
+  check_rank_and_dtype(op, B, "B");
+  check_counts_static(counts, A);
+  TORCH_CHECK_VALUE(counts.sym_size(0).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__), "counts has ",
+                    size_str(counts.sym_size(0)), " entries but B has ", size_str(B.sym_size(0)),
+                    " matrices (B.size(0)): pass one count per group");
+  return empty_masked_d(op, A, B);
+}
+
 // -- grouped calls, the list form (CUTLASS's GroupedGemm; generator/runtime/op.py: GemmOp.run_grouped_list) ---------
 //
 // A[i] (M_i, K_i) and B[i] (K_i, N_i), each in the plan's order and of its own sizes; D[i] = A[i] @ B[i], a fresh
@@ -1191,6 +1208,12 @@ struct GemmMaskedKernel {
   const OpSpec* op;
   at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) const {
     return gemm_masked(*op, A, B, counts);
+  }
+};
+struct GemmMaskedMetaKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) const {
+    return gemm_masked_meta(*op, A, B, counts);
   }
 };
 struct GemmGroupedListKernel {
@@ -1408,8 +1431,8 @@ inline torch::CppFunction epilogue_out_autograd_kernel(const OpSpec* op, bool ba
 // which are forward only): their grouped calls have no backward pass, so one that would need a gradient is refused at
 // the call (generator/runtime/autograd.py keeps these words), rather than answered with a result that has none;
 // without grad mode it goes on to the kernel. JIT ops and packages emitted with autograd differentiate grouped calls
-// with generator/runtime/grouped_formula.py's formulas instead (registered in Python). Boxed: the dispatcher hands
-// it the handle.
+// with generator/runtime/grouped_formula.py's formulas instead (registered in Python). .masked has no formula yet:
+// every package's refuses grad (refuse_masked_grad). Boxed: the dispatcher hands it the handle.
 inline void refuse_grouped_grad(const char* op, const char* overload, const std::string& wanting) {
   TORCH_CHECK(wanting.empty(), op, ".", overload, ": grouped calls have no backward pass yet, but ", wanting,
               " require(s) grad: call it under torch.no_grad() or with detached tensors");
@@ -1438,15 +1461,30 @@ inline std::string grouped_list_wanting(const c10::IValue* args) {
   return wanting;
 }
 
-template <bool List>
+// A masked call that would need a gradient: its words are generator/runtime/autograd.py's _register_masked_refusal's
+// (a masked call has no backward formula yet, also in packages emitted with autograd).
+inline void refuse_masked_grad(const char* op, const std::string& wanting) {
+  TORCH_CHECK(wanting.empty(), op, ".masked: masked calls have no backward pass yet, but ", wanting,
+              " require(s) grad: call it under torch.no_grad() (inference), or train through op.grouped(A, B, "
+              "offsets), which is differentiable");
+}
+
+enum class GroupedOverload { grouped, grouped_list, masked };
+
+template <GroupedOverload Overload>
 class GroupedAutogradKernel final : public c10::OperatorKernel {
  public:
   explicit GroupedAutogradKernel(const char* op) : op_(op) {}
   void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
     if (at::GradMode::is_enabled()) {
-      const c10::IValue* args = arguments(*stack, List ? 2 : 3);
-      refuse_grouped_grad(op_, List ? "grouped_list" : "grouped", List ? grouped_list_wanting(args)
-                                                                       : grouped_wanting(args));
+      constexpr bool kList = Overload == GroupedOverload::grouped_list;
+      const c10::IValue* args = arguments(*stack, kList ? 2 : 3);
+      if constexpr (Overload == GroupedOverload::masked) {
+        refuse_masked_grad(op_, grouped_wanting(args));
+      } else {
+        refuse_grouped_grad(op_, kList ? "grouped_list" : "grouped", kList ? grouped_list_wanting(args)
+                                                                           : grouped_wanting(args));
+      }
     }
     at::AutoDispatchBelowADInplaceOrView below;
     handle.callBoxed(stack);
@@ -1457,10 +1495,17 @@ class GroupedAutogradKernel final : public c10::OperatorKernel {
 };
 
 inline torch::CppFunction grouped_autograd_kernel(const char* op) {
-  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<GroupedAutogradKernel<false>>(op));
+  return torch::CppFunction::makeFromBoxedFunctor(
+      std::make_unique<GroupedAutogradKernel<GroupedOverload::grouped>>(op));
 }
 inline torch::CppFunction grouped_list_autograd_kernel(const char* op) {
-  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<GroupedAutogradKernel<true>>(op));
+  return torch::CppFunction::makeFromBoxedFunctor(
+      std::make_unique<GroupedAutogradKernel<GroupedOverload::grouped_list>>(op));
+}
+// .masked's, in every emitted package (with autograd too: a masked call has no formula yet)
+inline torch::CppFunction masked_autograd_kernel(const char* op) {
+  return torch::CppFunction::makeFromBoxedFunctor(
+      std::make_unique<GroupedAutogradKernel<GroupedOverload::masked>>(op));
 }
 
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a
