@@ -200,6 +200,45 @@ def test_few_rows_stream_b_rule_says_so_and_yields_to_knobs() -> None:
     assert "_pp_" not in Gemm("e4m3", "tn", arch=90, **hints).name
 
 
+def test_few_columns_fill_rule_says_so_and_yields() -> None:
+    """129-512 columns of an M-major A (nn): the odd-width 128-row pingpong tile whose one wave fills the most SMs, raster
+    m (few_columns_fill_tile), and print(plan) says why; where the best fill is a multiple of 64 wide, an fp32 D, a
+    vocabulary's K, a fixed knob or a K-major A, the model plans."""
+    nn = dict(layout="nn", arch=90, layout_c="col")
+    ruled = plan(m=3072, n=384, k=3072, **nn)      # 24 tile rows: 5 tiles of 80 columns fill 120 SMs
+    assert ruled.name == "sm90_bf16_nn_dcol_128x80x64_c1x1_s7_pp_g8m"
+    assert "128x80 pingpong by rule: 384 columns of an M-major A" in ruled.why
+    assert plan(m=3584, n=384, k=3584, **nn).config.tile[:2] == (128, 96)   # 112 tiles either way: no padding
+    for other in (dict(m=2816, n=384, k=2048),   # 132 tiles of 128x64: a multiple of 64
+                  dict(m=3072, n=384, k=65536),  # 1024 k tiles: the long-K split is the model's
+                  dict(m=3072, n=640, k=3072)):  # more than 512 columns
+        assert "by rule" not in plan(**other, **nn).why, other
+    assert "by rule" not in plan(m=3072, n=384, k=3072, out_dtype="fp32", **nn).why
+    assert "by rule" not in plan(m=3072, n=384, k=3072, schedule="cooperative", **nn).why
+    assert "by rule" not in plan(m=3072, n=384, k=3072, layout="tn", arch=90).why
+
+
+def test_dx_of_a_few_hundred_tokens_is_computed_as_its_transpose() -> None:
+    """dX = dY @ W of a tn forward at 129-384 tokens (planner.backward.swaps_operands) where the swapped problem takes
+    the few-column rule: its request is nn with a column-major D of (in, tokens, out); other token counts, a
+    column-major dD and sm80 plans keep tt."""
+    from generator.planner.backward import backward_configs, gradient_requests
+
+    def dx_request(tokens: int, n: int = 1000, k: int = 3072, order: Order = Order.row, **hints: object):
+        forward = Gemm("bf16", "tn", arch=90, m=tokens, n=n, k=k, **hints)
+        return gradient_requests(forward.config, order, forward.problem)[0]
+
+    swapped = dx_request(384)
+    assert swapped.layout.tag == "nn_dcol" and swapped.problem == Problem(3072, 384, 1000)
+    assert dx_request(200, k=5000).layout.tag == "nn_dcol"
+    for tokens in (128, 512, 1024):
+        assert dx_request(tokens).layout.tag == "tt", tokens
+    assert dx_request(384, k=2816).layout.tag == "tt"                     # 128x64 fills best: no swap
+    assert dx_request(384, order=Order.col).layout.tag != "nn_dcol"
+    sm80 = Gemm("bf16", "tn", arch=90, family="sm80", m=384, n=1000, k=3072)
+    assert backward_configs(sm80.config, Order.row, sm80.problem)[0].layout.tag == "tt"
+
+
 def test_sm80_long_k_takes_three_stages_on_hopper_only() -> None:
     """128x256 at 3 stages for K >= 8192 on >= 512 rows on Hopper (sm80.long_k_stages); the A100, K = 4096, fewer
     rows and a fixed stages= keep what they had."""

@@ -54,10 +54,10 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Iterable, Protocol
 
+from ..spec.arch import arch_spec
 from ..spec.config import KernelConfig
 from ..spec.epilogue import ACC, IDENTITY
 from ..spec.types import DType, Layout, Order, parse_layout, parse_order
-from ..spec.arch import arch_spec
 from . import plan
 from .common import Knobs, Problem
 from .sm90 import few_columns_fill_tile
@@ -168,7 +168,8 @@ def swaps_operands(config: KernelConfig, gradient: Layout, problem: Problem | No
             and problem.batch == 1 and low < problem.m <= high):
         return False
     swapped = transposed_layout(gradient)
-    return few_columns_fill_tile(config.dtype, swapped, Knobs(), Problem(problem.n, problem.m, problem.k),
+    swapped_problem = Problem(problem.n, problem.m, problem.k)
+    return few_columns_fill_tile(config.dtype, config.dtype, swapped, Knobs(), swapped_problem,
                                  arch_spec(config.arch).sm_count) is not None
 
 

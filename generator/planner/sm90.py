@@ -53,8 +53,8 @@ import math
 from dataclasses import replace
 
 from ..spec.arch import ArchSpec
-from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, promote_slices,
-                           sm90_block_k, sm90_max_stages_that_fit)
+from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, check_config,
+                           promote_slices, sm90_block_k, sm90_max_stages_that_fit)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -417,15 +417,16 @@ def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) ->
     return problem.batch > 1 and math.ceil(problem.m / bm) == COVERING_CLUSTER[0] and bn // 2 < problem.n <= bn
 
 
-def few_columns_fill_tile(dtype: DType, layout: Layout, knobs: Knobs, problem: Problem,
+def few_columns_fill_tile(dtype: DType, out_dtype: DType, layout: Layout, knobs: Knobs, problem: Problem,
                           sm_count: int) -> tuple[int, int] | None:
-    """The (BM, BN) of FEW_COLUMNS_FILL_N's rule, or None where it does not apply: 16-bit inputs, A M-major, B
-    K-major, one problem of 129-512 columns and fewer than SPLIT_K_LONG_K_TILES k tiles, none of tile, schedule and
-    cluster fixed, and the best one-wave tile (the most tiles; then the fewest padded columns, the wider tile) of a
-    width that is no multiple of 64."""
+    """The (BM, BN) of FEW_COLUMNS_FILL_N's rule, or None where it does not apply: 16-bit inputs and output (the
+    measured ones), A M-major, B K-major, one problem of 129-512 columns and fewer than SPLIT_K_LONG_K_TILES k tiles,
+    none of tile, schedule and cluster fixed, and the best one-wave tile (the most tiles; then the fewest padded
+    columns, the wider tile) of a width that is no multiple of 64."""
     low, high = FEW_COLUMNS_FILL_N
-    if (not rule_may_apply(dtype, knobs) or layout.a_k_major or not layout.b_k_major or problem.batch != 1
-            or not low <= problem.n <= high or math.ceil(problem.k / sm90_block_k(dtype)) >= SPLIT_K_LONG_K_TILES):
+    if (not rule_may_apply(dtype, knobs) or out_dtype.bytes != 2 or layout.a_k_major or not layout.b_k_major
+            or problem.batch != 1 or not low <= problem.n <= high
+            or math.ceil(problem.k / sm90_block_k(dtype)) >= SPLIT_K_LONG_K_TILES):
         return None
     rows = math.ceil(problem.m / FEW_COLUMNS_FILL_BM)
     fits = [(tiles, -(math.ceil(problem.n / bn) * bn - problem.n), bn) for bn in FEW_COLUMNS_FILL_BN
@@ -551,9 +552,10 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 
     streams_b = hinted and few_rows_stream_b(dtype, knobs, problem, sm_count)
     covers = hinted and cluster_covers_each_problem(dtype, knobs, problem)
-    fill = few_columns_fill_tile(dtype, layout, knobs, problem, sm_count) if hinted else None
-    if fill is not None:
-        return few_columns_fill(dtype, out_dtype, layout, spec, problem, sm_count, fill, epilogue, dtype_b), []
+    fill = few_columns_fill_tile(dtype, out_dtype, layout, knobs, problem, sm_count) if hinted else None
+    ruled = fill and few_columns_fill(dtype, out_dtype, layout, spec, problem, sm_count, fill, epilogue, dtype_b)
+    if ruled is not None:
+        return ruled, []
     if streams_b:
         configs = [c for c in configs if is_few_rows_stream_b(c)] or configs
     elif covers:
@@ -578,14 +580,18 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 
 
 def few_columns_fill(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, problem: Problem, sm_count: int,
-                     tile: tuple[int, int], epilogue: Epilogue, dtype_b: DType | None) -> Estimate:
+                     tile: tuple[int, int], epilogue: Epilogue, dtype_b: DType | None) -> Estimate | None:
     """FEW_COLUMNS_FILL_N's plan: ``tile`` (few_columns_fill_tile) pingpong, 1x1, raster m, the deepest pipeline
-    that fits."""
+    that fits; None where check_config refuses it (the model plans then)."""
     cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout,
                        tile=(*tile, sm90_block_k(dtype)), warps=None, stages=MIN_STAGES,
                        raster_group=DEFAULT_RASTER_GROUP, family="sm90", cluster=(1, 1), schedule="pingpong",
                        raster="m", epilogue=epilogue, dtype_b=dtype_b)
     cfg = replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
+    try:
+        check_config(cfg)
+    except ValueError:
+        return None
     tiles = tile_count(cfg.tile, problem)
     return Estimate(cfg, estimate(cfg, spec, sm_count, problem).cost,
                     f"{tile[0]}x{tile[1]} pingpong by rule: {problem.n} columns of an M-major A, whose {tiles} tiles "
