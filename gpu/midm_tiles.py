@@ -6,9 +6,10 @@ timed beside cuBLAS in one run: which decomposition fills the GPU when M x N giv
     GEMMGEN_TUNED=0 python3 gpu/midm_tiles.py --corpus-tokens 256,512,1024 --candidates "" \
         --variants raster=n,raster_group=4      (the estimate's pick against the pick with those fields changed)
 
-bf16, x @ W.t() (layout tn), or with --layout tt dY @ W (the dX of a linear layer: B N-major). Each row: the
-kernel, its TFLOP/s, the ratio to torch.matmul measured in the same interleaved rounds, and its error against
-float32.
+bf16, x @ W.t() (layout tn), or with --layout tt dY @ W (the dX of a linear layer: B N-major), or with --layout nn
+that dX swapped, W.t() @ dY.t() (its transpose; a shape is then in_features x tokens x out_features), beside
+cuBLAS's dY @ W. Each row: the kernel, its TFLOP/s, the ratio to torch.matmul measured in the same interleaved
+rounds, and its error against float32.
 """
 from __future__ import annotations
 

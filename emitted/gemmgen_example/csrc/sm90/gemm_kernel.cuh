@@ -1590,10 +1590,11 @@ struct Kernel {
       // A group's last rows: TMA clips at D's end, not the group's, and would write the next group's rows.
       const bool past_group_end = grouped && m0 + WG_M > p.m;
       // A column-major D's tile starting inside a 16-byte chunk of its column (a group starting at any row): a TMA
-      // access whose start along the contiguous dimension is not 16-byte aligned faults (illegal instruction:
-      // measured on the H200, a grouped tt_dcol call's group starting at row 1, gpu/fuzz.py).
+      // access whose start along the contiguous dimension is not 16-byte aligned faults (illegal instruction on the
+      // H200 for a grouped tt_dcol call's group starting at row 1: h200_fuzz_dcol_tma_group_start_fault.log).
       const bool unaligned_start = !Cfg::kDRowMajor && m0 % kStoreChunkElems != 0;
-      return (Cfg::kDRowMajor || kDTransposedTma) && use_tma && !partial_chunk && !past_group_end && !unaligned_start;
+      return (Cfg::kDRowMajor || kDTransposedTma) && use_tma && !partial_chunk && !past_group_end &&
+             !unaligned_start;
     }
 
     // Before the main loop of the tile at (m0, n0) (this warpgroup's rows): start the TMA loads of the
