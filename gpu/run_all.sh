@@ -25,6 +25,8 @@
 #                                                       torch.mm loop; tests: STEPS=tests GPU_TESTS=tests/gpu/test_grouped.py)
 #   STEPS=moe MOE_ARGS="--tokens 512,4096" gpu/run_all.sh   (MoE layers of public models at uniform, Dirichlet and
 #                                                       Zipf routing: benchmarks/bench_moe.py)
+#   STEPS=moeblock gpu/run_all.sh                      (a MoE block's training step against torch._grouped_mm, each
+#                                                       routing: examples/moe_block.py; MOEBLOCK_ARGS="--experts 8 ...")
 #   STEPS=grouped GROUPED_ARGS=--list-only gpu/run_all.sh   (list form only: op.grouped_list; tests: tests/gpu/test_grouped_list.py)
 #   STEPS=tune gpu/run_all.sh                          (tune 3 shapes from an empty build cache and tuning table, then
 #                                                       the same again from the cache; TUNE_SHAPES, TUNE_ARGS="--dtype fp16")
@@ -60,6 +62,11 @@ for step in $STEPS; do
             python3 benchmarks/bench_dtypes.py --json "$OUT/bench_dtypes.json" ${DTYPES_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_dtypes.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     grouped) python3 benchmarks/bench_grouped.py --json "$OUT/bench_grouped${GROUPED_TAG:-}.json" ${GROUPED_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped${GROUPED_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     moe)    python3 benchmarks/bench_moe.py --json "$OUT/bench_moe${MOE_TAG:-}.json" ${MOE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_moe${MOE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    moeblock) for routing in uniform dirichlet zipf; do
+              python3 examples/moe_block.py --routing $routing --json "$OUT/moe_block_$routing${MOEBLOCK_TAG:-}.json" \
+                ${MOEBLOCK_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/moe_block_$routing${MOEBLOCK_TAG:-}.log"
+              [ "${PIPESTATUS[0]}" = 0 ] || status=1
+            done ;;
     cublas) python3 gpu/cublas_kernels.py --json "$OUT/cublas_kernels${CUBLAS_TAG:-}.json" ${CUBLAS_ARGS:-} > "$OUT/cublas_kernels${CUBLAS_TAG:-}.log" 2>&1 || status=1; tail -3 "$OUT/cublas_kernels${CUBLAS_TAG:-}.log" ;;
     midm)   python3 gpu/midm_tiles.py --json "$OUT/midm_tiles.json" ${MIDM_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/midm_tiles.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     tune)   # A fresh build cache and tuning table: the first tune of each shape pays its builds (the first one the JIT
