@@ -68,7 +68,9 @@ NO_NVCC = "nvcc not found (set CUDA_HOME or put nvcc on PATH): cannot compile th
 # ldmatrix.trans, the TMA boxes and shared-memory layouts) meet the shape's accumulators there, and the sm80 kernels
 # sit at the register cap (244-255 of 255 at 128x256, a few registers apart between layouts), where a few registers
 # more spill (128x256 at BK 64 does: docs/tuning.md). The sm80 family planned for arch 90 ships other tiles than for
-# arch 80 (5 of its 6 shapes), so it is a set of its own on sm_90a.
+# arch 80 (5 of its 6 shapes), so it is a set of its own on sm_90a. The sm90 family's operands reach shared memory
+# by TMA and wgmma reads them there, so its layouts differ in a TMA box and a descriptor bit, not in registers: each
+# of its shapes compiles in one layout per order of B (representative's by_b_order).
 
 #: The config fields dealt (not compiled in every combination); the others make the kernel's shape.
 DEALT_FIELDS = frozenset({"dtype", "out_dtype", "layout", "cluster", "raster", "raster_group"})
@@ -95,21 +97,35 @@ def _nearest(group: Sequence[KernelConfig], wanted: tuple) -> KernelConfig:
     return max(group, key=fit)
 
 
-def representative(configs: Sequence[KernelConfig]) -> list[KernelConfig]:
+def b_order(cfg: KernelConfig) -> str:
+    return cfg.layout.tag[1]   # 't': B row-major (N-major), 'n': column-major (K-major)
+
+
+def representative(configs: Sequence[KernelConfig], by_b_order: bool = False) -> list[KernelConfig]:
     """The configs to compile for a shipped set: each kernel shape in every layout, its placements dealt across the
     layouts (as many compiles as layouts or placements, whichever more), the 16-bit dtype alternating between layouts
-    and between shapes (so that each layout compiles in both)."""
+    and between shapes (so that each layout compiles in both). ``by_b_order`` (the sm90 family, whose operands reach
+    shared memory by TMA and wgmma reads them there: a layout changes a TMA box and a descriptor bit, not the
+    registers, which the accumulators fill): each kernel shape in one layout per order of B, A's order alternating
+    between shapes."""
     layouts = sorted({c.layout.tag for c in configs})
+    by_b: dict[str, list[str]] = {}
+    for tag in layouts:
+        by_b.setdefault(tag[1], []).append(tag)
     shapes: dict[tuple, list[KernelConfig]] = {}
     for cfg in configs:
         shapes.setdefault(kernel_shape(cfg), []).append(cfg)
     picked: list[KernelConfig] = []
     for g, group in enumerate(shapes.values()):
+        shape_layouts = [tags[g % len(tags)] for tags in by_b.values()] if by_b_order else layouts
+        # (by_b_order: A's order alternates with each shape, the dtype with each pair of shapes, so that every layout
+        # meets both dtypes)
+        turn = g // len(next(iter(by_b.values()))) if by_b_order else g
         placements = sorted({placement(c) for c in group})
         dtypes = sorted({c.dtype.value for c in group})
-        for i in range(max(len(placements), len(layouts))):
-            best = _nearest(group, (placements[i % len(placements)], layouts[i % len(layouts)],
-                                    dtypes[(i + g) % len(dtypes)]))
+        for i in range(max(len(placements), len(shape_layouts))):
+            best = _nearest(group, (placements[i % len(placements)], shape_layouts[i % len(shape_layouts)],
+                                    dtypes[(i + turn) % len(dtypes)]))
             if best not in picked:
                 picked.append(best)
     return picked
@@ -136,7 +152,8 @@ def one_per_shape(configs: Sequence[KernelConfig]) -> list[KernelConfig]:
 
 
 # (target arch, config): the architecture's default family, plus the sm80 family where another is the default.
-CASES = [(arch, cfg) for arch in SHIPPED_ARCHS for cfg in representative(shipped_configs(arch))]
+CASES = [(arch, cfg) for arch in SHIPPED_ARCHS
+         for cfg in representative(shipped_configs(arch), by_b_order=shipped_configs(arch)[0].family == "sm90")]
 CASES += [(arch, cfg) for arch in SHIPPED_ARCHS if shipped_configs(arch)[0].family != "sm80"
           for cfg in one_per_shape(shipped_configs(arch, family="sm80"))]
 # Tiles the templates build but the planner never picks, each with a K-major and an N-major B: the wide
@@ -335,8 +352,8 @@ def test_shipped_configs_are_few_enough_for_ci() -> None:
 
 def test_the_compiled_kernels_cover_the_shipped_ones() -> None:
     """Of each shipped set, what compiles (representative()): every kernel shape in every placement and in every
-    layout, every layout in every 16-bit dtype; of the sm80 family on sm_90a (one_per_shape) every kernel shape and
-    every layout in every 16-bit dtype. A planner change that ships a new shape, placement, layout or dtype is
+    layout (sm90: in each order of B), every layout in every 16-bit dtype; of the sm80 family on sm_90a
+    (one_per_shape) every kernel shape and every layout in every 16-bit dtype. A planner change that ships a new shape, placement, layout or dtype is
     compiled by the cases above, or fails here."""
     def uncovered(chosen: Sequence[KernelConfig], shipped: Sequence[KernelConfig],
                   of: Callable[[KernelConfig], Hashable]) -> list[str]:
@@ -351,7 +368,9 @@ def test_the_compiled_kernels_cover_the_shipped_ones() -> None:
             chosen = [cfg for a, cfg in CASES if a == arch and cfg in shipped]
             every = [lambda c: kernel_shape(c), lambda c: (c.layout.tag, c.dtype.value)]
             if family == default:   # (a family on its second target: one_per_shape)
-                every += [lambda c: (kernel_shape(c), placement(c)), lambda c: (kernel_shape(c), c.layout.tag)]
+                every += [lambda c: (kernel_shape(c), placement(c)), lambda c: (kernel_shape(c), b_order(c))]
+            if family == default == "sm80":   # (sm90: representative's by_b_order)
+                every += [lambda c: (kernel_shape(c), c.layout.tag)]
             for of in every:
                 missing = uncovered(chosen, shipped, of)
                 assert not missing, f"sm{arch} {family} on {SASS_TARGET[arch]}: nothing compiled stands for {missing}"
