@@ -3,7 +3,6 @@ why), the token check (compare_tokens on made-up logits), the table and the exit
 importable, its generate() calls on the CPU (eager rows, stubbed Linear layers). The timed run needs a CUDA GPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -12,20 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from example_scripts import imported_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "generate.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("generate_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module      # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with imported_script(SCRIPT, "generate_example") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def run_script(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:

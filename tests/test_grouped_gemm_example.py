@@ -2,7 +2,6 @@
 then says what it skipped and why, and exits 0. The install and the GPU run are the GPU machine's."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from example_scripts import imported_script
 from generator.spec.config import grouped_list_refusal
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,10 +19,8 @@ SCRIPT = ROOT / "examples" / "grouped_gemm_package.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("grouped_gemm_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with imported_script(SCRIPT, "grouped_gemm_example") as module:
+        yield module
 
 
 def test_its_plan_takes_list_calls_and_its_sizes_keep_the_rule(script):

@@ -2,7 +2,6 @@
 line saying what it skipped and why) where it cannot run. The run itself needs a CUDA GPU and transformers."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -10,20 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from example_scripts import imported_script
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "llama_linear.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("llama_linear_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module      # its dataclasses look their module up
-    try:
-        spec.loader.exec_module(module)
+    with imported_script(SCRIPT, "llama_linear_example") as module:
         yield module
-    finally:
-        sys.modules.pop(spec.name, None)
 
 
 def test_defaults(script, monkeypatch):

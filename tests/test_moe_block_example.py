@@ -3,13 +3,14 @@ matmuls standing in for the grouped products), and its run without a GPU, which 
 The training steps and their timing are the GPU machine's (`python examples/moe_block.py`)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from example_scripts import imported_script
 
 torch = pytest.importorskip("torch")
 
@@ -19,10 +20,8 @@ SCRIPT = ROOT / "examples" / "moe_block.py"
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("moe_block_example", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    with imported_script(SCRIPT, "moe_block_example") as module:
+        yield module
 
 
 def looped(rows, w, ends):

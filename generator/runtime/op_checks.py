@@ -88,6 +88,20 @@ def batch_size(A: torch.Tensor, B: torch.Tensor) -> Any:
     return a
 
 
+def _check_group_vector(t: object, A: torch.Tensor, name: str, values: str, entries: str) -> None:
+    """A grouped call's int32 vector of one entry per group (offsets, counts): its type, dtype, rank and device, in
+    words naming ``values`` (what its int32s are) and ``entries`` (what each entry holds); gemm_op.h's
+    check_group_vector says the same."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != torch.int32:
+        raise TypeError(f"{name} is {t.dtype}; {values} are int32: pass {name}.to(torch.int32)")
+    if t.dim() != 1:
+        raise ValueError(f"{name} must be 1-D (E,), {entries}; got shape {tuple(t.shape)}")
+    if t.device != A.device:
+        raise ValueError(f"{name} is on {t.device} but A and B on {A.device}: pass {name}.to('{A.device}')")
+
+
 def _devices_message(A: torch.Tensor, B: torch.Tensor) -> str:
     """A and B on two devices (cuda:0 and cuda:1 are two): the launch runs on A's, where B's memory is not."""
     return f"A is on {A.device} and B on {B.device}: put both on one GPU, e.g. pass B.to('{A.device}')"
@@ -181,16 +195,7 @@ class OpChecks:
 
     def _check_offsets_static(self, offsets: object, A: torch.Tensor) -> None:
         """A grouped call's offsets: what holds whatever the sizes (the fake checks it too)."""
-        if not isinstance(offsets, torch.Tensor):
-            raise TypeError(f"offsets must be a torch.Tensor, got {type(offsets).__name__}")
-        if offsets.dtype != torch.int32:
-            raise TypeError(f"offsets is {offsets.dtype}; group ends are int32: pass offsets.to(torch.int32)")
-        if offsets.dim() != 1:
-            raise ValueError(f"offsets must be 1-D (E,), the groups' ends (cumulative row counts); got shape "
-                             f"{tuple(offsets.shape)}")
-        if offsets.device != A.device:
-            raise ValueError(f"offsets is on {offsets.device} but A and B on {A.device}: pass "
-                             f"offsets.to('{A.device}')")
+        _check_group_vector(offsets, A, "offsets", "group ends", "the groups' ends (cumulative row counts)")
 
     @staticmethod
     def _offsets_count_message(offsets: torch.Tensor, B: torch.Tensor) -> str:
@@ -232,14 +237,7 @@ class OpChecks:
 
     def _check_counts_static(self, counts: object, A: torch.Tensor) -> None:
         """A masked call's counts: what holds whatever the sizes (the fake checks it too)."""
-        if not isinstance(counts, torch.Tensor):
-            raise TypeError(f"counts must be a torch.Tensor, got {type(counts).__name__}")
-        if counts.dtype != torch.int32:
-            raise TypeError(f"counts is {counts.dtype}; the groups' row counts are int32: pass counts.to(torch.int32)")
-        if counts.dim() != 1:
-            raise ValueError(f"counts must be 1-D (E,), each group's valid rows; got shape {tuple(counts.shape)}")
-        if counts.device != A.device:
-            raise ValueError(f"counts is on {counts.device} but A and B on {A.device}: pass counts.to('{A.device}')")
+        _check_group_vector(counts, A, "counts", "the groups' row counts", "each group's valid rows")
 
     def _check_masked_shapes(self, A: torch.Tensor, B: torch.Tensor) -> None:
         """A (E, max_m, K) against B (E, K, N): ranks, the same E and K (``torch._check``s: the fake makes them)."""
