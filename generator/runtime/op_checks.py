@@ -91,7 +91,7 @@ def batch_size(A: torch.Tensor, B: torch.Tensor) -> Any:
 def _check_group_vector(t: object, A: torch.Tensor, name: str, values: str, entries: str) -> None:
     """A grouped call's int32 vector of one entry per group (offsets, counts): its type, dtype, rank and device, in
     words naming ``values`` (what its int32s are) and ``entries`` (what each entry holds); gemm_op.h's
-    check_group_vector says the same."""
+    check_offsets_static and check_counts_static say the same."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != torch.int32:

@@ -735,21 +735,16 @@ inline std::string offsets_count_message(const at::Tensor& offsets, const at::Te
          " matrices (B.size(0)): pass one end per group";
 }
 
-// A grouped call's int32 vector of one entry per group (offsets, counts): what holds whatever the sizes (the Meta
-// impls run it too), in words naming `values` (what its int32s are) and `entries` (what each entry holds);
-// generator/runtime/op_checks.py's _check_group_vector says the same.
-inline void check_group_vector(const at::Tensor& t, const at::Tensor& A, const char* name, const char* values,
-                               const char* entries) {
-  TORCH_CHECK_TYPE(t.defined(), name, " must be a torch.Tensor, got NoneType");
-  TORCH_CHECK_TYPE(t.scalar_type() == c10::ScalarType::Int, name, " is ", torch_dtype(t.scalar_type()), "; ", values,
-                   " are int32: pass ", name, ".to(torch.int32)");
-  TORCH_CHECK_VALUE(t.dim() == 1, name, " must be 1-D (E,), ", entries, "; got shape ", tuple_str(t.sym_sizes()));
-  TORCH_CHECK_VALUE(t.device() == A.device(), name, " is on ", t.device().str(), " but A and B on ", A.device().str(),
-                    ": pass ", name, ".to('", A.device().str(), "')");
-}
-
+// offsets: what holds whatever the sizes (the Meta impl runs it too).
 inline void check_offsets_static(const at::Tensor& offsets, const at::Tensor& A) {
-  check_group_vector(offsets, A, "offsets", "group ends", "the groups' ends (cumulative row counts)");
+  TORCH_CHECK_TYPE(offsets.defined(), "offsets must be a torch.Tensor, got NoneType");
+  TORCH_CHECK_TYPE(offsets.scalar_type() == c10::ScalarType::Int, "offsets is ", torch_dtype(offsets.scalar_type()),
+                   "; group ends are int32: pass offsets.to(torch.int32)");
+  TORCH_CHECK_VALUE(offsets.dim() == 1,
+                    "offsets must be 1-D (E,), the groups' ends (cumulative row counts); got shape ",
+                    tuple_str(offsets.sym_sizes()));
+  TORCH_CHECK_VALUE(offsets.device() == A.device(), "offsets is on ", offsets.device().str(), " but A and B on ",
+                    A.device().str(), ": pass offsets.to('", A.device().str(), "')");
 }
 
 // A grouped call's problem from its checked A (2-D, every group's rows) and B (3-D).
@@ -931,8 +926,15 @@ inline void check_masked_shapes(const at::Tensor& A, const at::Tensor& B) {
                     "B = W.transpose(1, 2)");
 }
 
+// counts: what holds whatever the sizes.
 inline void check_counts_static(const at::Tensor& counts, const at::Tensor& A) {
-  check_group_vector(counts, A, "counts", "the groups' row counts", "each group's valid rows");
+  TORCH_CHECK_TYPE(counts.defined(), "counts must be a torch.Tensor, got NoneType");
+  TORCH_CHECK_TYPE(counts.scalar_type() == c10::ScalarType::Int, "counts is ", torch_dtype(counts.scalar_type()),
+                   "; the groups' row counts are int32: pass counts.to(torch.int32)");
+  TORCH_CHECK_VALUE(counts.dim() == 1, "counts must be 1-D (E,), each group's valid rows; got shape ",
+                    tuple_str(counts.sym_sizes()));
+  TORCH_CHECK_VALUE(counts.device() == A.device(), "counts is on ", counts.device().str(), " but A and B on ",
+                    A.device().str(), ": pass counts.to('", A.device().str(), "')");
 }
 
 // A, B and counts of a masked call but for the counts' values, in GemmOp._check_masked's order; returns the problem
