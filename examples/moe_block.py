@@ -55,6 +55,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=20, help="timed steps per copy (default 20)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write the table's row and the checks here")
+    p.add_argument("--profile", action="store_true",
+                   help="also profile a few steps of each copy: GPU time per kernel and the step's busy share")
     return p.parse_args(argv)
 
 
@@ -118,6 +120,30 @@ def rel(a: "torch.Tensor", b: "torch.Tensor") -> float:
     return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
+def kernel_times(step: Callable[[], object], steps: int = 3) -> dict:
+    """GPU time per kernel over `steps` training steps (ms per step, the largest first) and the share of the steps'
+    wall time the GPU was busy (low: the step waits on the host)."""
+    from torch.profiler import ProfilerActivity, profile
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start.record()
+        for _ in range(steps):
+            step()
+        end.record()
+        end.synchronize()
+    per_kernel = {e.key: e.device_time_total / 1e3 / steps for e in prof.key_averages() if e.device_time_total > 0}
+    busy = sum(per_kernel.values())
+    return {"kernels_ms": dict(sorted(per_kernel.items(), key=lambda kv: -kv[1])), "gpu_busy_ms": busy,
+            "wall_ms": start.elapsed_time(end) / steps}
+
+
+def print_profile(name: str, prof: dict, top: int = 10) -> None:
+    print(f"{name}: GPU busy {prof['gpu_busy_ms']:.3f} of {prof['wall_ms']:.3f} ms per step (profiled)")
+    for kernel, ms in list(prof["kernels_ms"].items())[:top]:
+        print(f"  {ms:8.3f} ms  {kernel[:110]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if torch is None or not torch.cuda.is_available():
@@ -173,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
             end.synchronize()
             times[name].append(start.elapsed_time(end))
     ms = {name: statistics.median(v) for name, v in times.items()}
+    profiles = {name: kernel_times(lambda name=name: step(name)) for name in copies} if args.profile else {}
     worst = max(checks.values())
     print(f"MoE block: {E} experts, top-{args.top_k}, d {d}, intermediate {inter}, {args.tokens} tokens, "
           f"{args.routing} routing (groups of {min(sizes)} to {max(sizes)} rows, {sizes.count(0)} empty)")
@@ -182,11 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {name} | {ms[name]:.3f} | {ms['torch'] / ms[name]:.3f} |")
     print("agreement with torch._grouped_mm (rel. difference): "
           + ", ".join(f"{k} {v:.1e}" for k, v in checks.items()) + f" (bound {REL_BOUND})")
+    for name, prof in profiles.items():
+        print_profile(name, prof)
     if args.json:
         args.json.write_text(json.dumps({
             "device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args) | {"json": None},
             "group_sizes": sizes, "ours_ms": ms["ours"], "torch_ms": ms["torch"], "speedup": ms["torch"] / ms["ours"],
-            "kernels": [up_op.name, down_op.name], "checks": checks}, indent=1))
+            "kernels": [up_op.name, down_op.name], "checks": checks, "profiles": profiles}, indent=1))
     return 0 if worst <= REL_BOUND else 1
 
 

@@ -88,6 +88,8 @@ class ReferenceOp(GemmOp):
         return D, aux_out
 
     def run_grouped(self, A, B, offsets):
+        if B.dim() == 2:
+            return self.run_grouped_k(A, B, offsets)
         _record(self, "grouped", A, B)
         self._refuse_grouped_plan()
         problem = self._check_grouped(A, B, offsets)   # ranks, dtypes, devices, K, offsets, storage orders
@@ -102,6 +104,24 @@ class ReferenceOp(GemmOp):
         start = 0
         for g, end in enumerate(offsets.tolist()):   # each group's rows by its matrix, fp32 accumulation
             D[start:end] = (A[start:end].float() @ B[g].float()).to(self.out_dtype)
+            start = end
+        return D
+
+    def run_grouped_k(self, A, B, offsets):
+        _record(self, "grouped_k", A, B)
+        self._refuse_grouped_k_plan()
+        problem = self._check_grouped_k(A, B, offsets)   # ranks, dtypes, devices, K, offsets, storage orders
+        if problem.m > 0 and problem.n > 0 and problem.k > 0:
+            for what, t, order, ld in (("A", A, self.config.layout.a, problem.lda),
+                                       ("B", B, self.config.layout.b, problem.ldb)):
+                refusal = grouped_alignment_refusal(what, t, order, ld, 0)
+                if refusal is not None:
+                    raise ValueError(refusal)
+        check_group_ends(offsets.tolist(), problem.k, along_k=True)
+        D = self._empty_grouped_k_out(A, B, offsets)
+        start = 0
+        for g, end in enumerate(offsets.tolist()):   # each group's K range, fp32 accumulation
+            D[g] = (A[:, start:end].float() @ B[start:end].float()).to(self.out_dtype)
             start = end
         return D
 
@@ -751,11 +771,11 @@ def test_grouped_backward_matches_float64(layout, layout_c, out_dtype, formula):
 
 
 @pytest.mark.parametrize("layout, da, db", [("tn", "tt", "nt"), ("tt", "tn", "nt")])
-def test_grouped_backward_is_one_grouped_call_for_da_and_one_list_call_for_db(calls, layout, da, db):
-    """dA = dA-op.grouped(dD, B.transpose(1, 2), offsets) (B's memory, no copy); dB: one list call on the dB op with a
-    problem (A[rows of g].t(), dD[rows of g]) per group with rows (views of A and dD), the empty group launching
-    nothing (its dB[g] is zeros). For tn the column-major dB[g] is computed as its transpose, a problem
-    (dD[rows of g].t(), A[rows of g]) (planner.backward.writes_transposed)."""
+def test_grouped_backward_is_one_grouped_call_for_da_and_one_along_k_for_db(calls, layout, da, db):
+    """dA = dA-op.grouped(dD, B.transpose(1, 2), offsets) (B's memory, no copy); dB: one grouped call along K on the
+    dB op, dB-op.grouped(A.t(), dD, offsets) (views of A and dD: the groups split the reduction, nothing is read on
+    the host), the empty group's dB[g] zeros. For tn the column-major dB is computed as its transpose,
+    dB-op.grouped(dD.t(), A, offsets) (planner.backward.writes_transposed)."""
     op = reference_op(layout)
     sizes = [5, 0, 17, 18]
     a, b, offsets = grouped_operands(layout, sizes, 24, 32, requires_grad=True)
@@ -763,18 +783,13 @@ def test_grouped_backward_is_one_grouped_call_for_da_and_one_list_call_for_db(ca
     g = torch.randn(40, 24, dtype=torch.bfloat16)
     calls.clear()
     d.backward(g)
-    assert [(c.layout, c.form) for c in calls] == [(da, "grouped"), (db, "list")]
+    assert [(c.layout, c.form) for c in calls] == [(da, "grouped"), (db, "grouped_k")]
     grad_a_call, grad_b_call = calls
     assert torch.equal(grad_a_call.A, g) and grad_a_call.B.shape == (4, 24, 32)
     assert grad_a_call.B.data_ptr() == b.data_ptr() and torch.equal(grad_a_call.B, b.detach().transpose(1, 2))
-    starts = [0, 5, 22]   # the groups with rows: 0, 2, 3
-    lefts, rights = (grad_b_call.B, grad_b_call.A) if layout == "tn" else (grad_b_call.A, grad_b_call.B)
-    if layout == "tn":   # (dD rows.t(), A rows): the transposed problem
-        lefts, rights = [x.t() for x in lefts], [y.t() for y in rights]
-    assert [tuple(x.shape) for x in lefts] == [(32, 5), (32, 17), (32, 18)]
-    assert [x.data_ptr() for x in lefts] == [a[s].data_ptr() for s in starts]
-    assert [tuple(y.shape) for y in rights] == [(5, 24), (17, 24), (18, 24)]
-    assert [y.data_ptr() for y in rights] == [g[s].data_ptr() for s in starts]
+    left, right = (grad_b_call.B.t(), grad_b_call.A.t()) if layout == "tn" else (grad_b_call.A, grad_b_call.B)
+    assert left.shape == (32, 40) and left.data_ptr() == a.data_ptr() and torch.equal(left, a.detach().t())
+    assert right.shape == (40, 24) and right.data_ptr() == g.data_ptr()
     assert torch.equal(b.grad[1], torch.zeros(32, 24, dtype=torch.bfloat16))
     ref_a, ref_b = grouped_grads64(a, b, offsets, g)
     assert_grad(a.grad, ref_a, a, "dA")
@@ -782,11 +797,11 @@ def test_grouped_backward_is_one_grouped_call_for_da_and_one_list_call_for_db(ca
 
 
 def test_grouped_backward_computes_only_what_is_needed(calls):
-    """Only A requires grad: the dA call alone; only B: the dB list call alone."""
+    """Only A requires grad: the dA call alone; only B: the dB call (along K) alone."""
     op = reference_op("tn")
     a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 24, 32)
     g = torch.randn(40, 24, dtype=torch.bfloat16)
-    for which, want in (("A", [("tt", "grouped")]), ("B", [("nt", "list")])):
+    for which, want in (("A", [("tt", "grouped")]), ("B", [("nt", "grouped_k")])):
         x, y = (a.requires_grad_(), b) if which == "A" else (a.detach(), b.requires_grad_())
         d = op.grouped(x, y, offsets)
         calls.clear()
@@ -835,7 +850,8 @@ def test_grouped_backward_falls_back_where_operands_break_the_16_byte_rule(calls
 
 
 def test_grouped_double_backward():
-    """The dA and dB ops' .grouped and .grouped_list have the same formulas: a gradient of the gradient."""
+    """The dA and dB ops' .grouped and .grouped_list have the same formulas: a gradient of the gradient (dB's call
+    along K, which has no backward, gives way to the list call when its operands require grad)."""
     op = reference_op("tn")
     a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 16, 24, requires_grad=True)
     (grad_a,) = torch.autograd.grad(op.grouped(a, b, offsets).float().pow(2).sum(), a, create_graph=True)

@@ -823,7 +823,8 @@ def test_fake_batched_outputs_have_the_real_shapes_and_strides(python_launches_o
 
 from generator.runtime import op as op_module  # noqa: E402
 from generator.runtime.checks import batch_stride  # noqa: E402
-from generator.spec.config import GROUPED_EPILOGUE_REFUSAL, grouped_refusal  # noqa: E402
+from generator.spec.config import (GROUPED_EPILOGUE_REFUSAL, grouped_k_refusal, grouped_list_refusal,  # noqa: E402
+                                   grouped_refusal)
 
 #: total_M, N, K of the grouped calls: every bf16 (and int8) leading dimension and B's stride keep the 16-byte rule.
 GM, GN, GK = 40, 48, 32
@@ -894,6 +895,45 @@ def test_grouped_calls_fill_the_gemm_args_alike_on_both_paths(python_launches_on
         assert not any(cpp_args.ep_ptr) and not cpp_args.aux
 
 
+#: The stand-in plans whose kernels take grouped calls along K (A column-major, B row-major).
+GROUPED_K = ["list_nt"]
+
+
+def test_grouped_k_refusal_names_the_layout():
+    """Along K, a group starts at any k: K must be the outer dimension of A and B (layout nt)."""
+    assert grouped_k_refusal(stand_in("list_nt").config) is None
+    assert grouped_k_refusal(stand_in("sm80").config) == grouped_list_refusal(stand_in("sm80").config)
+    tail = ": plan with layout='nt' (for a weight gradient dW = X.t() @ dY: A = X.t(), B = dY)"
+    assert grouped_k_refusal(stand_in("grouped_tt").config).endswith("this plan's A is row-major" + tail)
+    assert grouped_k_refusal(stand_in("int8").config).endswith(
+        "this plan's A is row-major and B is column-major" + tail)
+
+
+@pytest.mark.parametrize("key", GROUPED_K)
+def test_grouped_calls_along_k_fill_the_gemm_args_alike_on_both_paths(python_launches_on_cpu, key):
+    """B 2-D: groups along K. GemmArgs: A (M, K) and B (K, N), one matrix each (batch strides 0), the groups as the
+    batch, D (E, M, N) with each matrix in the plan's order and its stride between matrices, groups_along_k set; the
+    same on the C++ kernel and the Python path."""
+    op = stand_in(key)
+    cfg = op.config
+    orders = (cfg.layout.a.value, cfg.layout.b.value, cfg.layout.c.value)
+    dtype = TORCH_DTYPES[cfg.dtype]
+    for sizes in ([2 * s for s in sizes] for sizes in GROUP_SIZES):   # K = 2 GM (int8's 16-byte rule)
+        a, b = stored(GN, 2 * GM, orders[0], dtype), stored(2 * GM, GK, orders[1], TORCH_DTYPES[cfg.b_dtype])
+        offsets = ends_of(sizes)
+        cpp, cpp_args = launched(lambda: cpp_grouped(op, a, b, offsets))
+        python, python_args = launched(lambda: python_grouped(op, a, b, offsets))
+        groups = len(sizes)
+        strides = (GN * GK, GK, 1) if orders[2] == "row" else (GN * GK, 1, GN)
+        for d in (cpp, python):
+            assert (tuple(d.shape), d.stride(), d.dtype) == ((groups, GN, GK), strides, op.out_dtype), sizes
+        assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python]), sizes
+        assert batch_fields(cpp_args) == (groups, 0, 0, GN * GK), sizes
+        assert cpp_args.groups_along_k == python_args.groups_along_k == 1
+        assert cpp_args.group_ends == offsets.data_ptr(), sizes
+        assert (cpp_args.m, cpp_args.n, cpp_args.k) == (GN, GK, 2 * GM), sizes
+
+
 def test_empty_grouped_calls_launch_nothing_on_both_paths(python_launches_on_cpu):
     """No rows, no columns or no groups: an empty D and no launch; K = 0: D of zeros and no launch (as
     torch.matmul). Operands off the 16-byte rule are taken where nothing launches."""
@@ -930,14 +970,28 @@ GROUPED_BAD = {
     "an sm80 plan for Ampere": ("sm80_arch80", lambda op, a, b, o: (a, b, o), _plan_refusal("sm80_arch80")),
     "the ws schedule": ("ws", lambda op, a, b, o: (a, b, o), _plan_refusal("ws")),
     "stream-K": ("stream_k", lambda op, a, b, o: (a, b, o), _plan_refusal("stream_k")),
-    "an sm80 plan, whatever the operands": ("sm80", lambda op, a, b, o: (a[None], b[0], o.float()),
+    "an sm80 plan, whatever the operands": ("sm80", lambda op, a, b, o: (a[None], b[None], o.float()),
                                             _plan_refusal("sm80")),
     "A 3-D": ("grouped_tt", lambda op, a, b, o: (a[None], b, o),
               (ValueError, f"A must be 2-D (total_M, K) for a grouped call: every group's rows, sorted by group; got "
                            f"shape (1, {GM}, {GK})")),
-    "B 2-D": ("grouped_tt", lambda op, a, b, o: (a, b[0], o),
-              (ValueError, f"B must be 3-D (E, K, N) for a grouped call: one matrix per group (expert); got shape "
-                           f"({GK}, {GN})")),
+    "B 2-D: groups along K, which take A column-major": (
+        "grouped_tt", lambda op, a, b, o: (a, b[0], o),
+        lambda op: (ValueError, f"{op.name}: {grouped_k_refusal(op.config)}")),
+    "along K: the ends must reach K": (
+        "list_nt", lambda op, a, b, o: (a, b[0], o),
+        (ValueError, f"offsets[-1] = {GM} but K is {GK} (A's columns, B's rows): the last group must end at K")),
+    "along K: A 3-D": ("list_nt", lambda op, a, b, o: (a[None], b[0], o),
+                       (ValueError, f"A must be 2-D (M, K) for a grouped call along K (B 2-D): offsets split K; got "
+                                    f"shape (1, {GM}, {GK})")),
+    "along K: K disagrees": ("list_nt", lambda op, a, b, o: (a, b[0, 1:], o),
+                             (ValueError, f"A is ({GM}, {GK}) and B is ({GK - 1}, {GN}): K must agree (A's columns = "
+                                          "B's rows), the dimension offsets splits")),
+    "along K: no groups": ("list_nt", lambda op, a, b, o: (a, b[0], o[:0]),
+                           (ValueError, f"offsets has no group ends (E = 0) but K is {GK}: with no groups, K must be "
+                                        "0")),
+    "along K: an sm80 plan": ("sm80", lambda op, a, b, o: (a, b[0], o),
+                              lambda op: (ValueError, f"{op.name}: {grouped_list_refusal(op.config)}")),
     "A float32": ("grouped_tt", lambda op, a, b, o: (a.float(), b, o),
                   (TypeError, "A is torch.float32; this plan computes bf16: pass A.to(torch.bfloat16) or plan with "
                               "dtype='float32'")),
@@ -1252,12 +1306,22 @@ def test_fake_grouped_outputs_have_the_real_shapes_and_strides(python_launches_o
                                                   "end per group")),
         (plain, (a, b, offsets.long()), (TypeError, "offsets is torch.int64; group ends are int32: pass "
                                                     "offsets.to(torch.int32)")),
-        (plain, (a, b[0], offsets), (ValueError, f"B must be 3-D (E, K, N) for a grouped call: one matrix per group "
-                                                 f"(expert); got shape ({GK}, {GN})")),
+        (plain, (a, b[0], offsets), (ValueError, f"{plain.name}: {grouped_k_refusal(plain.config)}")),
     ]:
         with FakeTensorMode() as mode:
             fakes = [mode.from_tensor(t) for t in (x, y, o)]
             assert _raise(lambda: op.op.grouped(*fakes)) == expected
+    # B 2-D, groups along K: D (E, M, N), each matrix in the plan's order, as the eager call allocates it
+    for key in GROUPED_K:
+        op = stand_in(key)
+        cfg = op.config
+        a = stored(GN, 2 * GM, cfg.layout.a.value, TORCH_DTYPES[cfg.dtype])
+        b = stored(2 * GM, GK, cfg.layout.b.value, TORCH_DTYPES[cfg.b_dtype])
+        offsets = ends_of([10, 0, 70])
+        real = cpp_grouped(op, a, b, offsets)
+        with FakeTensorMode() as mode:
+            fake = op.op.grouped(*(mode.from_tensor(t) for t in (a, b, offsets)))
+        assert (fake.shape, fake.stride(), fake.dtype) == (real.shape, real.stride(), real.dtype), key
 
 
 # -- list calls (.grouped_list: problems of their own sizes, CUTLASS's GroupedGemm): the same checks and GemmArgs ------

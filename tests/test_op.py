@@ -89,7 +89,8 @@ def test_args_struct_matches_the_c_header():
     assert GemmArgsStruct.group_rows.offset == GemmArgsStruct.group_ends.offset + 8
     assert GemmArgsStruct.list.offset == GemmArgsStruct.group_rows.offset + 8
     assert GemmArgsStruct.list_device.offset == GemmArgsStruct.list.offset + 8
-    assert GemmArgsStruct.list_device.offset + 8 == ctypes.sizeof(GemmArgsStruct)
+    assert GemmArgsStruct.groups_along_k.offset == GemmArgsStruct.list_device.offset + 8
+    assert GemmArgsStruct.groups_along_k.offset + 8 == ctypes.sizeof(GemmArgsStruct)
     # GemmListProblem: a, b, d, then m, n, k, lda, ldb, ldd (int64): GemmArgs' first nine fields
     assert [f for f, _ in GemmListProblemStruct._fields_] == [f for f, _ in GemmArgsStruct._fields_[:9]]
     assert GemmListProblemStruct.m.offset == 24 and ctypes.sizeof(GemmListProblemStruct) == 72

@@ -13,9 +13,11 @@ D's dtype, and its two refusal tests (its plan's, decided where the plan is know
 * ``.grouped(A, B, offsets)``, dD (T, N) made row-major (a copy where it is not; the grouped dA kernel walks a
   row-major A): dA = ``grad_a.grouped(dD, B.transpose(1, 2), offsets)``, one launch (B.transpose(1, 2) (E, N, K) is
   B's memory with each matrix in B's order flipped, which the dA op takes); dB[g] = A[rows of g].t() @ dD[rows of g],
-  the reduction over the group's rows, as one list call on the dB op (a problem per group with rows; the group ends
-  read with one copy to the host, ``offsets.tolist()``, and checked; an empty group launches nothing, its dB[g] is
-  zeros), stacked into (E, K, N) in B's order (``torch.stack``: one copy). offsets has no gradient.
+  the reduction over the group's rows, as one grouped call along K on the dB op (``grad_b.grouped(A.t(), dD,
+  offsets)``, B 2-D: the library builds each group's tensor maps on the device, so nothing is read on the host; an
+  empty group's dB[g] is zeros). Where the dB op would refuse that call, one list call (a problem per group with rows;
+  the group ends read with one copy to the host, ``offsets.tolist()``, and checked) stacked into (E, K, N) in B's
+  order (``torch.stack``: one copy). offsets has no gradient. A grouped call along K has no backward yet.
 * ``.grouped_list(As, Bs)``: dA_i = dD_i @ B_i.t() and dB_i = A_i.t() @ dD_i, one list call each per storage order of
   the gradients (normally one), for the problems whose input requires grad and whose output has a gradient (else
   None, torch's zero).
@@ -101,9 +103,9 @@ def gradient(dtype: torch.dtype, grad: torch.Tensor, row: bool | None = None) ->
 
 # -- the checks of grouped calls (gemmgen's op and templates/torch/gemm_op.h say the same) -------------------------
 
-def check_group_ends(ends: list[int], rows: int) -> None:
+def check_group_ends(ends: list[int], rows: int, along_k: bool = False) -> None:
     """The values of a grouped call's offsets (read on the host): nondecreasing group ends from 0, the last one at
-    A's last row."""
+    A's last row (``along_k``: at K, A's last column)."""
     previous = 0
     for g, end in enumerate(ends):
         if end < previous:
@@ -114,6 +116,9 @@ def check_group_ends(ends: list[int], rows: int) -> None:
                              f"{end} < offsets[{g - 1}] = {previous}")
         previous = end
     if ends and ends[-1] != rows:
+        if along_k:
+            raise ValueError(f"offsets[-1] = {ends[-1]} but K is {rows} (A's columns, B's rows): the last group must "
+                             "end at K")
         raise ValueError(f"offsets[-1] = {ends[-1]} but A has {rows} rows: the last group must end at A's last row")
 
 
@@ -295,16 +300,35 @@ def grouped_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: tor
     refuse_traced_grouped_backward(op.name, "grouped", (A, B, offsets, grad))
     grad, row = gradient(op.dtype, grad, True)   # the grouped dA kernel walks the groups over a row-major A
     grad_a_op, grad_b_op = op.grad_ops(row)
-    ends = offsets.tolist()
-    check_group_ends(ends, A.shape[0])   # (the forward checked them, unless it was captured in a CUDA graph)
-    groups = list(zip([0, *ends[:-1]], ends))
+    ends: list[list[tuple[int, int]]] = []
+
+    def groups() -> list[tuple[int, int]]:
+        """The groups' rows, read on the host (one copy, a sync) by the fallbacks that need them, once."""
+        if not ends:
+            values = offsets.tolist()
+            check_group_ends(values, A.shape[0])   # (the forward checked them, unless it was captured in a CUDA graph)
+            ends.append(list(zip([0, *values[:-1]], values)))
+        return ends[0]
+
     grad_a = _grouped_grad_a(grad_a_op, A, B, offsets, grad, groups) if need_a else None
-    grad_b = None
-    if need_b:
-        products = gradient_products(grad_b_op, [A[start:end].t() for start, end in groups],
-                                     [grad[start:end] for start, end in groups])
-        grad_b = stack_in_order(products, tuple(B.shape), grad_b_op.result_row, grad_b_op.out_dtype, B.device)
+    grad_b = _grouped_grad_b(grad_b_op, A, B, offsets, grad, groups) if need_b else None
     return grad_a, grad_b
+
+
+def _grouped_grad_b(grad_b_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+                    groups: Callable[[], list[tuple[int, int]]]) -> torch.Tensor:
+    """dB (E, K, N), dB[g] = A[rows of g].t() @ grad[rows of g]: one grouped call along K (the groups split the
+    reduction; nothing read on the host), or where it would be refused one list call (a problem per group with rows)
+    stacked into B's shape (also where the backward is differentiated: a call along K has no backward)."""
+    x, y = kernel_operands(A.t(), grad, grad_b_op.a_row, grad_b_op.b_row, grad_b_op.transposed)
+    differentiated = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
+    along_k = not grad_b_op.a_row and grad_b_op.b_row   # (K the outer dimension of both: grouped_k_refusal)
+    if has_work(x, y) and along_k and not differentiated and grad_b_op.list_problem_refusal(0, x, y) is None:
+        d = grad_b_op.grouped(x, y, offsets)   # (E, M, N) of the kernel's product, one matrix per group
+        return d.transpose(1, 2) if grad_b_op.transposed else d
+    products = gradient_products(grad_b_op, [A[start:end].t() for start, end in groups()],
+                                 [grad[start:end] for start, end in groups()])
+    return stack_in_order(products, tuple(B.shape), grad_b_op.result_row, grad_b_op.out_dtype, B.device)
 
 
 def kernel_operands(left: torch.Tensor, right: torch.Tensor, a_row: bool, b_row: bool,
@@ -327,7 +351,7 @@ def gradient_products(grad_op: GradOp, lefts: list[torch.Tensor], rights: list[t
 
 
 def _grouped_grad_a(grad_a_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
-                    groups: list[tuple[int, int]]) -> torch.Tensor:
+                    groups: Callable[[], list[tuple[int, int]]]) -> torch.Tensor:
     """dA = grad @ B[g].t() per group's rows: one grouped call, or where it would be refused one plain call per group
     with rows, into rows of dA."""
     if not grad_a_op.transposed:   # (a grouped call walks rows of D: a transposed dA has none to walk)
@@ -335,7 +359,7 @@ def _grouped_grad_a(grad_a_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets
         if grad_a_op.grouped_call_refusal(x, y) is None:
             return grad_a_op.grouped(x, y, offsets)
     grad_a = empty_in_order((A.shape[0], A.shape[1]), grad_a_op.result_row, grad_a_op.out_dtype, A.device)
-    for g, (start, end) in enumerate(groups):
+    for g, (start, end) in enumerate(groups()):
         if end > start:
             grad_a[start:end] = _plain_product(grad_a_op, grad[start:end], B[g].t())
     return grad_a
@@ -391,6 +415,10 @@ def register_formulas(qualname: str, op: Formula, lib: torch.library.Library | N
     autograd (torch.library's layer, in Python)."""
     def grouped_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
         A, B, offsets = inputs
+        if B.dim() == 2:
+            wanting = ", ".join(what for what, t in (("A", A), ("B", B)) if t.requires_grad)
+            raise RuntimeError(f"{op.name}.grouped: a grouped call along K (B 2-D) has no backward pass yet, but "
+                               f"{wanting} require(s) grad: call it under torch.no_grad() or on detached tensors")
         ctx.save_for_backward(A, B, offsets)
 
     def grouped_formula(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:

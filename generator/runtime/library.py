@@ -35,7 +35,8 @@ class GemmArgsStruct(ctypes.Structure):
                 ("batch", ctypes.c_int64), ("batch_stride_a", ctypes.c_int64), ("batch_stride_b", ctypes.c_int64),
                 ("batch_stride_d", ctypes.c_int64),
                 ("group_ends", ctypes.c_void_p), ("group_rows", ctypes.c_int64),
-                ("list", ctypes.POINTER(GemmListProblemStruct)), ("list_device", ctypes.c_void_p)]
+                ("list", ctypes.POINTER(GemmListProblemStruct)), ("list_device", ctypes.c_void_p),
+                ("groups_along_k", ctypes.c_int64)]
 
 
 @dataclass(frozen=True)

@@ -127,7 +127,15 @@ class GemmOp(OpChecks):
         kernels (schedule 'cooperative' or 'pingpong'), with A and B on the 16-byte rule; other plans and operands
         are refused with the fix. The offsets' values are checked with one copy to the host, except while a CUDA
         graph is being captured. Also ``torch.ops.<namespace>.<name>.grouped(A, B, offsets)``. Differentiable in A and
-        B (docs/grouped.md, "Backward"; not through a torch.compile'd backward yet)."""
+        B (docs/grouped.md, "Backward"; not through a torch.compile'd backward yet).
+
+        With B 2-D, groups along K (``torch._grouped_mm``'s 2-D x 2-D form, the weight gradient of grouped rows):
+        A (M, K) and B (K, N), offsets the groups' ends along K; returns D (E, M, N), D[g] = A[:, group g] @
+        B[group g, :] (zeros for an empty group), on the plans that take list calls with A column-major and B
+        row-major (layout 'nt': a group starts at any k, which TMA cannot start a load at along an operand's
+        contiguous dimension; others are refused with the fix). The library builds each group's
+        tensor maps on the device: one launch more, no value read on the host but the checks (skipped while a CUDA
+        graph is captured). Not differentiable yet."""
         self._refuse_grouped_arguments(A=A, B=B, offsets=offsets)
         return self.op.grouped(A, B, offsets)
 
@@ -260,10 +268,15 @@ class GemmOp(OpChecks):
         if offsets is not None:
             if not self.config.epilogue.is_identity:
                 raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
-            problem = self._check_grouped(A, B, offsets)
-            D = self._empty_grouped_out(A, B)
-            args = self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), 0,
-                              group_ends=offsets.data_ptr())
+            if isinstance(B, torch.Tensor) and B.dim() == 2:
+                problem = self._check_grouped_k(A, B, offsets)
+                D = self._empty_grouped_k_out(A, B, offsets)
+                args = self._grouped_k_args(A, B, D, problem, offsets)
+            else:
+                problem = self._check_grouped(A, B, offsets)
+                D = self._empty_grouped_out(A, B)
+                args = self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), 0,
+                                  group_ends=offsets.data_ptr())
             return PATHS[self.library.choose_path(ctypes.byref(args))]
         bind(self.config.epilogue, operands, named)
         problem = self._check(A, B)
@@ -321,10 +334,39 @@ class GemmOp(OpChecks):
             message = self.library.error_string(code).decode()
             raise RuntimeError(f"{self.name}: launch failed: {message}")
 
+    def run_grouped_k(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The .grouped overload with B 2-D (groups along K): the plan (grouped_k_refusal), then A, B and offsets, the
+        16-byte rule where the call launches, the offsets' values (not while a CUDA graph is captured), then the
+        launch. templates/torch/gemm_op.h's gemm_grouped_k checks the same, in this order, with these words."""
+        self._refuse_grouped_k_plan()
+        problem = self._check_grouped_k(A, B, offsets)
+        if problem.m > 0 and problem.n > 0 and problem.k > 0:
+            self._check_grouped_alignment(A, B, problem)
+        if not stream_capturing(A.device):
+            check_group_ends(offsets.tolist(), problem.k, along_k=True)
+        D = self._empty_grouped_k_out(A, B, offsets)
+        if D.numel() == 0:
+            return D
+        if problem.k == 0:   # every group is a sum of nothing
+            return D.zero_()
+        self._launch(self._grouped_k_args(A, B, D, problem, offsets), A.device)
+        return D
+
+    def _grouped_k_args(self, A: torch.Tensor, B: torch.Tensor, D: torch.Tensor, problem: Problem,
+                        offsets: torch.Tensor) -> GemmArgsStruct:
+        """The GemmArgs of a grouped call along K: D's matrices one per group (batch stride D.stride(0))."""
+        args = self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), D.stride(0),
+                          group_ends=offsets.data_ptr())
+        args.groups_along_k = 1
+        return args
+
     def run_grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The .grouped overload (``grouped``): the plan, then A, B and offsets, A's and B's 16-byte rule where the
         call launches, the offsets' values (one copy to the host; skipped while a CUDA graph is captured), then
-        the launch. templates/torch/gemm_op.h's gemm_grouped checks the same, in this order, with these words."""
+        the launch. templates/torch/gemm_op.h's gemm_grouped checks the same, in this order, with these words.
+        B 2-D: groups along K (``run_grouped_k``)."""
+        if isinstance(B, torch.Tensor) and B.dim() == 2:
+            return self.run_grouped_k(A, B, offsets)
         self._refuse_grouped_plan()
         problem = self._check_grouped(A, B, offsets)
         if problem.m > 0 and problem.n > 0 and problem.k > 0:

@@ -13,7 +13,7 @@ try:   # torch's broadcasting's test for a size of 1 (older torch: guard_size_ob
 except ImportError:   # pragma: no cover
     from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
 
-from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
+from ..spec.config import KernelConfig, grouped_k_refusal, grouped_list_refusal, grouped_refusal
 from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from .checks import (INT32_MAX, TORCH_DTYPES, batch_stride, grouped_alignment_refusal, leading_dim, order_of,
                      other_layout)
@@ -29,8 +29,8 @@ _LIST_SHAPES = {"A": "2-D (M, K) for a list call: one matrix per problem",
                 "B": "2-D (K, N) for a list call: one matrix per problem"}
 
 #: The form of a call, for the rank its A and B must have (gemm_op.h's CallForm): plain (2-D, or 3-D for a batch),
-#: grouped rows (A 2-D, B 3-D), or a list call (each A[i] and B[i] 2-D).
-Form = Literal["plain", "grouped", "masked", "list"]
+#: grouped rows (A 2-D, B 3-D), a list call (each A[i] and B[i] 2-D), or groups along K (A and B 2-D).
+Form = Literal["plain", "grouped", "masked", "list", "k_grouped"]
 
 
 class Problem(NamedTuple):
@@ -61,6 +61,10 @@ def _check_rank(t: torch.Tensor, what: str, form: Form = "plain") -> None:
     elif form == "list":
         if t.dim() != 2:
             raise ValueError(f"{what} must be {_LIST_SHAPES[what[0]]}; got shape {tuple(t.shape)}")
+    elif form == "k_grouped":
+        if t.dim() != 2:
+            raise ValueError(f"{what} must be 2-D {_SHAPES[what][0]} for a grouped call along K (B 2-D): offsets "
+                             f"split K; got shape {tuple(t.shape)}")
     elif t.dim() not in (2, 3):
         one, batched = _SHAPES[what]
         raise ValueError(f"{what} must be 2-D {one} or 3-D {batched}; got shape {tuple(t.shape)}")
@@ -235,6 +239,56 @@ class OpChecks:
                 raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
         return Problem(m, n, k, lda, ldb, groups, 0, batch_stride(B))
 
+    # -- grouped calls along K (B 2-D: gemm_op.h's gemm_grouped_k checks the same, in this order) ---------------------
+
+    def _refuse_grouped_k_plan(self) -> None:
+        """A plan whose kernel library takes no grouped call along K (``grouped_k_refusal``) is refused before any
+        other check (the fake too)."""
+        reason = grouped_k_refusal(self.config)
+        if reason is not None:
+            raise ValueError(f"{self.name}: {reason}")
+
+    @staticmethod
+    def _k_grouped_k_message(A: torch.Tensor, B: torch.Tensor) -> str:
+        return (f"A is {_shape_str(A.shape)} and B is {_shape_str(B.shape)}: K must agree (A's columns = B's rows), "
+                "the dimension offsets splits")
+
+    def _check_grouped_k(self, A: object, B: object, offsets: object) -> Problem:
+        """Validate a grouped call along K: A (M, K), B (K, N) and offsets but for the offsets' values; returns its
+        problem: M x N x K, the batch the groups (E), A's and B's strides between matrices 0."""
+        lda = self._check_operand(A, "A", self.config.layout.a, form="k_grouped")
+        ldb = self._check_operand(B, "B", self.config.layout.b, form="k_grouped")
+        if A.device != B.device:
+            raise ValueError(_devices_message(A, B))
+        if A.shape[1] != B.shape[0]:
+            raise ValueError(self._k_grouped_k_message(A, B))
+        self._check_offsets_static(offsets, A)
+        if offsets.shape[0] > 1 and offsets.stride(0) != 1:
+            raise ValueError(f"offsets has stride {offsets.stride(0)}; the kernel reads group ends contiguous: pass "
+                             "offsets.contiguous()")
+        m, n, k, groups = A.shape[0], B.shape[1], A.shape[1], offsets.shape[0]
+        if groups == 0 and k > 0:
+            raise ValueError(f"offsets has no group ends (E = 0) but K is {k}: with no groups, K must be 0")
+        for size, what in ((m, "M"), (n, "N"), (k, "K")):
+            if size > INT32_MAX:
+                raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+        return Problem(m, n, k, lda, ldb, groups, 0, 0)
+
+    def _check_grouped_k_meta(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> None:
+        """The checks of a grouped call along K that a fake implementation can make without guarding on sizes."""
+        self._refuse_grouped_k_plan()
+        self._check_static_operands(A, B, form="k_grouped")
+        torch._check_with(ValueError, A.shape[1] == B.shape[0], lambda: self._k_grouped_k_message(A, B))
+        self._check_offsets_static(offsets, A)
+
+    def _empty_grouped_k_out(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """D of a grouped call along K: (E, M, N), each matrix in the plan's order of D."""
+        like = dict(dtype=self.out_dtype, device=A.device)
+        groups, m, n = offsets.shape[0], A.shape[0], B.shape[1]
+        if self.config.layout.c is Order.row:
+            return torch.empty((groups, m, n), **like)
+        return torch.empty((groups, n, m), **like).transpose(1, 2)
+
     def _check_counts_static(self, counts: object, A: torch.Tensor) -> None:
         """A masked call's counts: what holds whatever the sizes (the fake checks it too)."""
         _check_group_vector(counts, A, "counts", "the groups' row counts", "each group's valid rows")
@@ -408,7 +462,8 @@ class OpChecks:
                     raise TypeError(f"{what}[{i}] must be a torch.Tensor, got {type(t).__name__}")
 
     def _refuse_grouped_list_plan(self) -> None:
-        """A plan whose kernel library takes no list call is refused before any other check (the fake too)."""
+        """A plan whose kernel library takes no list call is refused before any other check (the fakes too; a
+        grouped call along K runs the list kernel, so it is refused likewise)."""
         reason = grouped_list_refusal(self.config)
         if reason is not None:
             raise ValueError(f"{self.name}: {reason}")

@@ -113,6 +113,9 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
             lib.impl(f"{op.name}.grouped", op.run_grouped, "CompositeExplicitAutograd")
 
             def fake_grouped(A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+                if isinstance(B, torch.Tensor) and B.dim() == 2:   # groups along K: (E, M, N)
+                    op._check_grouped_k_meta(A, B, offsets)
+                    return op._empty_grouped_k_out(A, B, offsets)
                 op._check_grouped_meta(A, B, offsets)
                 return op._empty_grouped_out(A, B)   # (total_M, N): no size depends on the offsets' values
 

@@ -596,6 +596,24 @@ def grouped_list_refusal(cfg: KernelConfig) -> str | None:
     return _grouped_plan_refusal(cfg, "the list's walk takes each problem's tiles whole")
 
 
+def grouped_k_refusal(cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel library takes no grouped call along K (``op.grouped(A, B, offsets)`` with B 2-D), with the
+    fix; None where it does: the list kernel (``grouped_list_refusal``) with A column-major and B row-major, K the
+    outer dimension of both. A group starts at any k, and a TMA load whose start along an operand's contiguous
+    dimension is no multiple of 16 bytes faults (an illegal instruction on the H200). The op refuses such a call
+    before any launch, in these words (generator/runtime/op_checks.py and templates/torch/gemm_op.h)."""
+    reason = grouped_list_refusal(cfg)
+    if reason is not None:
+        return reason
+    a_row, b_row = cfg.layout.a is Order.row, cfg.layout.b is Order.row
+    if not a_row and b_row:
+        return None
+    which = " and ".join(part for part, wrong in (("A is row-major", a_row), ("B is column-major", not b_row)) if wrong)
+    return ("grouped calls along K take A column-major and B row-major (M and N contiguous): a group may start at any "
+            f"k, which a TMA load cannot start at along an operand's contiguous dimension; this plan's {which}: plan "
+            "with layout='nt' (for a weight gradient dW = X.t() @ dY: A = X.t(), B = dY)")
+
+
 def sm90_knob_sentence(knob: str, arch: int) -> str:
     """The refusal of an sm90-only knob on an sm80 plan."""
     fix = "plan with arch=90" if arch != 90 else "plan with family='sm90' (or family=None)"

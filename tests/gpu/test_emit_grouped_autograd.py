@@ -221,11 +221,13 @@ def test_masked_matches_float64_and_the_jit_op(installed):
     counts = torch.tensor(counts_list, dtype=torch.int32, device="cuda")
     poison((len(counts_list) * max_m, n))
     d = fn(slabs, b, counts)
-    assert d.shape == (len(counts_list), max_m, n) and torch.equal(d, jit.masked(slabs, b, counts))
+    assert d.shape == (len(counts_list), max_m, n)
     for g, count in enumerate(counts_list):
         want = slabs[g, :count].double() @ b[g].double()
         if count:
             assert rel_error(d[g, :count], want) <= BOUND, g
         assert torch.isnan(d[g, count:]).all(), f"slab {g}: rows past its count written"
+    theirs = jit.masked(slabs, b, counts)   # only the valid rows compare: the rest hold whatever memory held
+    assert all(torch.equal(d[g, :c], theirs[g, :c]) for g, c in enumerate(counts_list)), "differs from the JIT op's"
     with pytest.raises(RuntimeError, match=r"masked calls have no backward pass yet, but B require\(s\) grad"):
         fn(slabs, b.clone().requires_grad_(), counts)

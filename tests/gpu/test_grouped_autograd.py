@@ -3,8 +3,8 @@
 (docs/grouped.md, "Backward"):
 
 * offsets form, dD (T, N): dA = dA-op.grouped(dD, B.transpose(1, 2), offsets), one launch; dB[g] = A[rows of g].t() @
-  dD[rows of g], one list call on the dB op (a problem per group with rows; an empty group's dB[g] is zeros), stacked
-  in B's order; a gradient off the 16-byte rule takes one plain call per group instead.
+  dD[rows of g], one grouped call along K on the dB op (dB-op.grouped(A.t(), dD, offsets); an empty group's dB[g] is
+  zeros); a gradient off the 16-byte rule takes one list call, or one plain call per group, instead.
 * list form: dA_i = dD_i @ B_i.t() and dB_i = A_i.t() @ dD_i, one list call each per storage order of the gradients,
   a problem whose gradient is off the 16-byte rule a plain call of its own; None where no gradient flows.
 
@@ -215,29 +215,30 @@ def check_grouped_backward(op, sizes, n, k, need_a, need_b, kind, what, via="met
 @pytest.mark.parametrize("needs", NEEDS)
 @pytest.mark.parametrize("plan", GROUPED_PLANS)
 def test_grouped_backward_matches_float64(ops, paths, plan, needs):
-    """dA and dB of op.grouped against float64, every case, on the grouped dA call and the dB list call."""
+    """dA and dB of op.grouped against float64, every case, on the grouped dA call and the dB call along K (one query
+    of the dB op's refusal for the whole call, as problem 0)."""
     op = ops[plan]
     need_a, need_b = NEEDS[needs]
     for label, sizes, n, k in OFFSETS_CASES:
         paths.clear()
         check_grouped_backward(op, sizes, n, k, need_a, need_b, "row", f"{op.name} {label} ({needs})")
-        # the paths: the grouped dA call, every group with rows in the dB list call (none refused)
+        # the paths: the grouped dA call, and dB in one call along K (none refused; no rows: nothing launched)
         assert [p for p in paths if p[0] == "grouped"] == ([("grouped", grad_ops(op)[0].config.layout.tag, False)]
                                                            if need_a else []), (label, paths)
         list_problems = [p for p in paths if p[0] == "list"]
         assert not any(p[-1] for p in list_problems), (label, paths)
-        assert len(list_problems) == (sum(1 for s in sizes if s) if need_b and n and k else 0), (label, paths)
+        assert len(list_problems) == (1 if need_b and n and k and sum(sizes) else 0), (label, paths)
 
 
 @pytest.mark.parametrize("plan", ["tn_coop", "tt_pp"])
 def test_grouped_backward_other_gradients(ops, paths, plan):
     """A column-major gradient (copied row-major: the grouped dA kernel walks a row-major A) takes the same paths; a
-    gradient off the 16-byte rule takes one plain call per group with rows (dA and dB), with the same results; the
-    torch.ops overload too."""
+    gradient off the 16-byte rule takes one plain call per group with rows (dA and dB: the call along K refused
+    first), with the same results; the torch.ops overload too."""
     op = ops[plan]
     label, sizes, n, k = OFFSETS_CASES[0]
     check_grouped_backward(op, sizes, n, k, True, True, "col", f"{op.name} {label} column-major dD")
-    assert [p[-1] for p in paths] == [False] * (1 + sum(1 for s in sizes if s)), paths
+    assert [p[-1] for p in paths] == [False, False], paths   # the grouped dA call, the dB call along K
     paths.clear()
     check_grouped_backward(op, sizes, n, k, True, True, "unaligned", f"{op.name} {label} unaligned dD")
     assert paths[0] == ("grouped", grad_ops(op)[0].config.layout.tag, True) and all(p[-1] for p in paths), paths
