@@ -27,6 +27,11 @@ __host__ __device__ __forceinline__ bool is_grouped(const GemmArgs& args) { retu
 // A list of problems (GemmArgs::list), each of its own sizes and matrices.
 __host__ __device__ __forceinline__ bool is_list(const GemmArgs& args) { return args.list != nullptr; }
 
+// Groups along K (GemmArgs::groups_along_k): the ends split K, each group's product a matrix of D.
+__host__ __device__ __forceinline__ bool is_k_grouped(const GemmArgs& args) {
+  return is_grouped(args) && args.groups_along_k != 0;
+}
+
 // Masked groups (GemmArgs::group_rows): each group's rows in a slab of its own, group_ends holding the counts.
 __host__ __device__ __forceinline__ bool is_masked(const GemmArgs& args) {
   return is_grouped(args) && args.group_rows > 0;
@@ -34,9 +39,14 @@ __host__ __device__ __forceinline__ bool is_masked(const GemmArgs& args) {
 
 // Arguments no launch can honour: a negative batch, a batch whose problems would all write one D, groups
 // without a count, or grouped A or D given batch strides (they are one matrix each, split by rows), masked slabs
-// that do not tile m (or a negative slab), a list without problems or also grouped, slabs without groups.
+// that do not tile m (or a negative slab), a list without problems or also grouped, slabs without groups; groups
+// along K without ends, with no K, with A or B given batch strides or with their products all written to one D.
 __host__ __device__ inline bool batch_invalid(const GemmArgs& args) {
   if (is_list(args)) return args.batch < 1 || is_grouped(args);
+  if (args.groups_along_k != 0) {
+    return !is_grouped(args) || args.batch < 1 || args.group_rows != 0 || args.k < 1 || args.batch_stride_a != 0 ||
+           args.batch_stride_b != 0 || (args.batch > 1 && args.batch_stride_d == 0);
+  }
   if (args.group_rows != 0 && (!is_grouped(args) || args.group_rows < 0 || args.group_rows * args.batch != args.m))
     return true;
   if (is_grouped(args)) return args.batch < 1 || args.batch_stride_a != 0 || args.batch_stride_d != 0;

@@ -78,6 +78,13 @@ typedef struct GemmArgs {
   const GemmListProblem* list;
   // Set by the launch, null from its caller: the list's per-problem tensor maps and sizes on the device.
   const void* list_device;
+  // Groups along K (the weight gradient of grouped rows: dW[g] = X[rows of g].t() @ dY[rows of g]): nonzero with
+  // group_ends makes the ends split K instead of M. Group g is k values [group_ends[g - 1], group_ends[g]) of A (m x k)
+  // and B (k x n), one matrix each (their batch strides 0), and D[g] (batch_stride_d apart, batch = the groups) is
+  // their product, zeros for an empty group; k is the ends' total, at least 1. Ends are clamped as for grouped rows.
+  // Only the sm90 persistent kernels that take lists (Cfg::kWalksLists) take it: the launch builds each group's
+  // tensor maps on the device, so nothing is read on the host.
+  int64_t groups_along_k;
 } GemmArgs;
 
 // Which kernel of a library a launch takes (returned by <name>_path): the config's own, the unaligned one

@@ -63,9 +63,22 @@ inline GemmPath choose_list_path(const GemmArgs& args) {
   return GEMM_PATH_GROUPED;
 }
 
+// Groups along K: the kernels that walk lists (each group is a listed problem whose maps the launch builds on the
+// device) with K the outer dimension of A and B (a group starts at any k, which a TMA load cannot start at along an
+// operand's contiguous dimension), A and B on the 16-byte rule (one matrix each); D takes direct stores where it
+// breaks it.
+template <class Cfg>
+inline GemmPath choose_k_grouped_path(const GemmArgs& args) {
+  const bool aligned = fast_aligned(args.a, args.lda, sizeof(typename Cfg::Elem)) &&
+                       fast_aligned(args.b, args.ldb, sizeof(typename Cfg::ElemB));
+  const bool k_outer = !Cfg::kAKMajor && !Cfg::kBKMajor;
+  return Cfg::kWalksLists && k_outer && !batch_invalid(args) && aligned ? GEMM_PATH_GROUPED : GEMM_PATH_NONE;
+}
+
 template <class Cfg>
 inline GemmPath choose_path(const GemmArgs& args) {
   if (is_list(args)) return choose_list_path<Cfg>(args);
+  if (is_k_grouped(args)) return choose_k_grouped_path<Cfg>(args);
   if (is_grouped(args)) return choose_grouped_path<Cfg>(args);
   return choose_folded_path<Cfg>(fold_batch<Cfg>(args));
 }

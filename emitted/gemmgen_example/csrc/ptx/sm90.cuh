@@ -101,6 +101,36 @@ __device__ __forceinline__ void fence_proxy_tensormap_acquire(const void* tmap) 
                : "memory");
 }
 
+// In the tensor map at `tmap` (shared memory, 128-byte aligned): the extent of dimension ORD (0: innermost), in
+// elements. Only sm_90a has it.
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: tensormap.replace" (.global_dim).
+template <int ORD>
+__device__ __forceinline__ void tensormap_replace_global_dim(uint32_t tmap, int extent) {
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], %1, %2;\n" ::"r"(tmap), "n"(ORD),
+               "r"(extent)
+               : "memory");
+}
+
+// In the tensor map at `tmap` (shared memory, 128-byte aligned): the global base address (16-byte aligned).
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: tensormap.replace" (.global_address).
+__device__ __forceinline__ void tensormap_replace_global_address(uint32_t tmap, const void* address) {
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(tmap),
+               "l"(reinterpret_cast<uint64_t>(address))
+               : "memory");
+}
+
+// The 128-byte tensor map at `from` (shared memory) copied to `to` (global memory) and released to the tensormap
+// proxy at GPU scope, so that a later kernel's TMA operations through `to` (after their acquire) read it. The whole
+// warp executes it (.sync.aligned).
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: tensormap.cp_fenceproxy".
+__device__ __forceinline__ void tensormap_copy_release(void* to, uint32_t from) {
+  asm volatile(
+      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n" ::"l"(
+          reinterpret_cast<uint64_t>(to)),
+      "r"(from)
+      : "memory");
+}
+
 // A tile of a 3-D tensor (a batch of matrices: c2 the matrix) global -> shared of this CTA, completing `bytes` on
 // barrier `bar`. Coordinates are in elements, innermost first; parts of the box outside the tensor are filled
 // with zeros.

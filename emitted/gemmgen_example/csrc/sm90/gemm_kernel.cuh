@@ -224,14 +224,17 @@ struct LoadMaps {
 };
 
 // A list of problems (GemmArgs::list) as the kernel reads it: per problem, its tensor maps and sizes, which the host
-// launch encodes and copies to the device before the kernel starts (GemmArgs::list_device). The work units are
-// (problem, cluster-sized block of tiles) pairs, problem-major; first_unit is the units of the problems before.
-struct alignas(64) ListProblem {
-  CUtensorMap a, b;  // (CUtensorMap is 64-byte aligned: 128 bytes each)
+// launch encodes and copies to the device before the kernel starts (GemmArgs::list_device), or, for groups along K,
+// builds on the device (build_k_groups). The work units are (problem, cluster-sized block of tiles) pairs,
+// problem-major; first_unit is the units of the problems before. 128-byte aligned: tensormap.replace and
+// tensormap.cp_fenceproxy take maps at 128-byte boundaries.
+struct alignas(128) ListProblem {
+  CUtensorMap a, b;  // (128 bytes each)
   CUtensorMap d;     // zeros where D goes out by direct stores (d_tma == 0)
   void* d_ptr;       // D's base and leading dimension, for the direct stores
   int64_t ldd;
   int m, n, k_tiles;
+  int k_begin;       // the problem's first k value in its A and B maps (groups along K: the group's start; else 0)
   int first_unit, units_m, units_n;
   int d_tma;
 };
@@ -252,7 +255,7 @@ struct ProblemList {
   struct Walk {
     int problem = -1;
     int first_unit = 0, units = 0, units_m = 0, units_n = 0;
-    int m = 0, n = 0, k_tiles = 0;
+    int m = 0, n = 0, k_tiles = 0, k_begin = 0;
 
     __host__ __device__ __forceinline__ void seek(const ProblemList& list, int unit) {
       while (unit >= first_unit + units && problem + 1 < list.count) {
@@ -264,6 +267,7 @@ struct ProblemList {
         m = load_readonly(&next.m);
         n = load_readonly(&next.n);
         k_tiles = load_readonly(&next.k_tiles);
+        k_begin = load_readonly(&next.k_begin);
       }
     }
   };
@@ -608,9 +612,10 @@ struct Kernel {
 
   // A CTA's tile: its problem (of a batch, group or list), its origin in that problem's D (elements; grouped rows:
   // in the one D of all groups), where the problem's rows and columns end (M and N, a group's end, a listed
-  // problem's M and N) and its k tiles.
+  // problem's M and N), its k tiles and where they start in A's and B's maps (a group along K's first k value).
   struct TileAt {
     int problem, m0, n0, row_end, col_end, k_tiles;
+    int k_begin = 0;
     // The problem as the tile's epilogue bounds it: a group's rows end at its end, a listed problem's at its M, N.
     __device__ __forceinline__ Problem bounded(const Problem& p) const {
       Problem tile = p;
@@ -625,6 +630,7 @@ struct Kernel {
   template <Walking W>
   __device__ __forceinline__ static TileAt tile_origin(const Problem& p, int unit, uint32_t rank, WalkOf<W>& walk) {
     int problem, local, units_m, units_n = p.units_n, row0 = 0, row_end = p.m, col_end = p.n, k_tiles = p.k_tiles;
+    int k_begin = 0;
     if constexpr (W == Walking::kRows) {
       walk.seek(grouped_rows(p), unit);
       problem = walk.group;
@@ -641,6 +647,7 @@ struct Kernel {
       row_end = walk.m;
       col_end = walk.n;
       k_tiles = walk.k_tiles;
+      k_begin = walk.k_begin;
     } else {
       problem = unit / p.units_per_problem;
       local = unit - problem * p.units_per_problem;
@@ -649,7 +656,8 @@ struct Kernel {
     int um, un;
     Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(local, units_m, units_n, um, un);
     const ClusterPlace at = place(rank);
-    return TileAt{problem, row0 + (um * CM + at.rm) * BM, (un * CN + at.rn) * BN, row_end, col_end, k_tiles};
+    return TileAt{problem, row0 + (um * CM + at.rm) * BM, (un * CN + at.rn) * BN, row_end, col_end, k_tiles,
+                  k_begin};
   }
 
   struct Smem {
@@ -841,10 +849,9 @@ struct Kernel {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
       const uint32_t full = smem.full_bar(pos.stage);
       ptx::mbarrier_arrive_expect_tx(full, stage_bytes);
-      LoadedA::load(tmap_a, smem.a(pos.stage), full, at.m0, kt * kBlockK, matrix_a, share.part_a, share.sharers_a,
-                    at.row_end);
-      TileB::load(tmap_b, smem.b(pos.stage), full, at.n0, kt * kBlockK, matrix_b, share.part_b, share.sharers_b,
-                  at.col_end);
+      const int k0 = at.k_begin + kt * kBlockK;
+      LoadedA::load(tmap_a, smem.a(pos.stage), full, at.m0, k0, matrix_a, share.part_a, share.sharers_a, at.row_end);
+      TileB::load(tmap_b, smem.b(pos.stage), full, at.n0, k0, matrix_b, share.part_b, share.sharers_b, at.col_end);
       pos.next();
     }
   }

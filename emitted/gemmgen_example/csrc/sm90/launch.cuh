@@ -18,6 +18,7 @@
 #include "../common/gemm_args.h"
 #include "../common/launch.cuh"
 #include "gemm_kernel.cuh"
+#include "k_groups.cuh"
 
 namespace gemmgen {
 namespace sm90 {
@@ -250,6 +251,39 @@ inline int list_entry(const GemmListProblem& q, int64_t first_unit, ListProblem*
   return 0;
 }
 
+// The list kernel over `count` problems of `units` work units in all, whose table `fill(table)` writes into
+// stream-ordered device memory (freed after the launch) before the kernel runs.
+template <class Cfg, class Fill>
+inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_t stream, Fill&& fill) {
+  using K = Kernel<Cfg>;
+  static DeviceFlags smem_raised = {};
+  int device = 0;
+  cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), K::SMEM_BYTES, smem_raised, &device);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  int resident = 0;
+  err = resident_clusters<K>(fast, device, &resident);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const int64_t clusters = units < resident ? units : resident;
+
+  void* on_device = nullptr;
+  err = workspace_alloc(device, count * sizeof(ListProblem), stream, &on_device);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  err = fill(on_device);
+  if (err == cudaSuccess) {
+    GemmArgs args{};
+    args.batch = static_cast<int64_t>(count);
+    args.list_device = on_device;
+    const CUtensorMap unused{};  // every map is the listed problems' own
+    const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
+    err = cudaLaunchKernelEx(&cluster_launch.config, fast, unused, unused, unused, unused, unused, args,
+                             static_cast<float*>(nullptr));
+  }
+  const cudaError_t freed = cudaFreeAsync(on_device, stream);
+  if (err == cudaSuccess) err = freed;
+  if (err != cudaSuccess) return static_cast<int>(err);
+  return static_cast<int>(cudaGetLastError());
+}
+
 // A list of problems (GemmArgs::list) in one persistent launch: the host encodes every problem's maps into a table,
 // copies it to stream-ordered device memory (from pageable memory: the copy has taken the table when it returns, so
 // the table and the caller's list may go at once; a CUDA graph cannot capture it) and launches over all problems'
@@ -267,35 +301,55 @@ inline int launch_list(KernelFn fast, const GemmArgs* call, cudaStream_t stream)
     if (units > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
   }
   if (units == 0) return 0;
+  return launch_listed<Cfg>(fast, table.size(), units, stream, [&](void* on_device) {
+    return cudaMemcpyAsync(on_device, table.data(), table.size() * sizeof(ListProblem), cudaMemcpyHostToDevice,
+                           stream);
+  });
+}
 
-  static DeviceFlags smem_raised = {};
-  int device = 0;
-  cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), K::SMEM_BYTES, smem_raised, &device);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  int resident = 0;
-  err = resident_clusters<K>(fast, device, &resident);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  const int64_t clusters = units < resident ? units : resident;
-
-  const size_t bytes = table.size() * sizeof(ListProblem);
-  void* on_device = nullptr;
-  err = workspace_alloc(device, bytes, stream, &on_device);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  err = cudaMemcpyAsync(on_device, table.data(), bytes, cudaMemcpyHostToDevice, stream);
-  if (err == cudaSuccess) {
-    GemmArgs args{};
-    args.batch = call->batch;
-    args.list = call->list;
-    args.list_device = on_device;
-    const CUtensorMap unused{};  // every map is the listed problems' own
-    const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
-    err = cudaLaunchKernelEx(&cluster_launch.config, fast, unused, unused, unused, unused, unused, args,
-                             static_cast<float*>(nullptr));
+// Groups along K (GemmArgs::groups_along_k) in two launches and no read on the host: build_k_groups makes the table
+// of a list of problems, one per group, from three maps over the whole A, B and D[0]; the list kernel walks it.
+// Every group has the units of one m x n problem (an empty group's store zeros).
+template <class Cfg>
+inline int launch_k_groups(KernelFn fast, const GemmArgs* call, cudaStream_t stream) {
+  using K = Kernel<Cfg>;
+  using Out = typename Cfg::Out;
+  if (choose_k_grouped_path<Cfg>(*call) == GEMM_PATH_NONE) return static_cast<int>(cudaErrorNotSupported);
+  if (call->m <= 0 || call->n <= 0) return 0;
+  const auto sizes = K::problem(*call);
+  const int64_t units = static_cast<int64_t>(sizes.units_m) * sizes.units_n * call->batch;
+  if (units > kMaxWorkUnits || call->k > INT32_MAX) return static_cast<int>(cudaErrorInvalidValue);
+  KGroups groups{};
+  groups.ends = call->group_ends;
+  groups.groups = static_cast<int>(call->batch);
+  groups.k = static_cast<int>(call->k);
+  groups.m = sizes.m;
+  groups.n = sizes.n;
+  groups.units_m = sizes.units_m;
+  groups.units_n = sizes.units_n;
+  groups.d = static_cast<char*>(call->d);
+  groups.d_stride_bytes = call->batch_stride_d * static_cast<int64_t>(sizeof(Out));
+  groups.ldd = call->ldd;
+  CachedMap a, b, d;
+  int code = operand_map<typename Cfg::Elem, typename K::TileA, Cfg::kAKMajor>(a, call->a, call->m, call->k,
+                                                                              call->lda, 1, 0);
+  if (code == 0) {
+    code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(b, call->b, call->n, call->k,
+                                                                             call->ldb, 1, 0);
   }
-  const cudaError_t freed = cudaFreeAsync(on_device, stream);
-  if (err == cudaSuccess) err = freed;
-  if (err != cudaSuccess) return static_cast<int>(err);
-  return static_cast<int>(cudaGetLastError());
+  if (code != 0) return code;
+  const bool d_aligned = fast_aligned(call->d, call->ldd, sizeof(Out)) && groups.d_stride_bytes % kFastAlignBytes == 0;
+  if (Cfg::kDRowMajor && d_aligned) {
+    code = tensor_map<Out, K::kEpiCols, K::kEpiRows>(d, call->d, call->n, call->m, call->ldd);
+    if (code != 0) return code;
+    groups.d_tma = 1;
+  }
+  return launch_listed<Cfg>(fast, static_cast<size_t>(call->batch), units, stream, [&](void* on_device) {
+    groups.table = static_cast<ListProblem*>(on_device);
+    const unsigned blocks = static_cast<unsigned>((call->batch + kKGroupWarps - 1) / kKGroupWarps);
+    build_k_groups<Cfg><<<blocks, kKGroupWarps * 32, 0, stream>>>(a.map, b.map, d.map, groups);
+    return cudaGetLastError();
+  });
 }
 
 template <class Cfg>
@@ -305,6 +359,7 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   using Elem = typename Cfg::Elem;
   if (batch_invalid(*call)) return static_cast<int>(cudaErrorInvalidValue);
   if (is_list(*call)) return launch_list<Cfg>(fast, call, stream);
+  if (is_k_grouped(*call)) return launch_k_groups<Cfg>(fast, call, stream);
   if (call->m <= 0 || call->n <= 0) return 0;
   const bool grouped = is_grouped(*call);
   if (grouped && choose_grouped_path<Cfg>(*call) == GEMM_PATH_NONE) return static_cast<int>(cudaErrorNotSupported);

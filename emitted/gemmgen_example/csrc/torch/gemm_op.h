@@ -248,8 +248,9 @@ inline at::Tensor empty_d(const OpSpec& op, const at::Tensor& A, const at::Tenso
 // -- checks ------------------------------------------------------------------------------------------
 
 // The form of a call, for the rank its A and B must have: a plain call (2-D, or 3-D for a batch), a grouped call
-// of rows (A 2-D, B 3-D: gemm_grouped), or a list call (each A[i] and B[i] 2-D: gemm_grouped_list).
-enum class CallForm { plain, grouped, list };
+// of rows (A 2-D, B 3-D: gemm_grouped), a list call (each A[i] and B[i] 2-D: gemm_grouped_list), or a grouped
+// call along K (A and B 2-D: gemm_grouped_k).
+enum class CallForm { plain, grouped, list, k_grouped };
 
 // Rank and dtype of A or B (what: "A", "B", or a list call's "A[i]", "B[i]"): the checks that need no data (the
 // Meta impl runs them too).
@@ -266,6 +267,10 @@ inline void check_rank_and_dtype(const OpSpec& op, const at::Tensor& t, const ch
   if (form == CallForm::list) {
     TORCH_CHECK_VALUE(t.dim() == 2, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)",
                       " for a list call: one matrix per problem; got shape ", tuple_str(t.sym_sizes()));
+  }
+  if (form == CallForm::k_grouped) {
+    TORCH_CHECK_VALUE(t.dim() == 2, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)",
+                      " for a grouped call along K (B 2-D): offsets split K; got shape ", tuple_str(t.sym_sizes()));
   }
   TORCH_CHECK_VALUE(t.dim() == 2 || t.dim() == 3, what, " must be 2-D ", is_a ? "(M, K)" : "(K, N)", " or 3-D ",
                     is_a ? "(batch, M, K)" : "(batch, K, N)", "; got shape ", tuple_str(t.sym_sizes()));
@@ -723,6 +728,11 @@ inline void refuse_grouped_plan(const OpSpec& op) {
   TORCH_CHECK_VALUE(op.grouped_refusal == nullptr, op.op, ": ", op.grouped_refusal);
 }
 
+// A list call's (and a grouped call along K's), likewise.
+inline void refuse_grouped_list_plan(const OpSpec& op) {
+  TORCH_CHECK_VALUE(op.grouped_list_refusal == nullptr, op.op, ": ", op.grouped_list_refusal);
+}
+
 inline void check_grouped_k(const at::Tensor& A, const at::Tensor& B) {
   TORCH_CHECK_VALUE(A.sym_size(1).sym_eq(B.sym_size(1)).expect_true(__FILE__, __LINE__), "A is ",
                     tuple_str(A.sym_sizes()), " and B is ", tuple_str(B.sym_sizes()),
@@ -829,8 +839,9 @@ inline void check_grouped_alignment(const char* what, const at::Tensor& t, bool 
                     "and the stride between B's matrices to be multiples of 16 bytes: ", fix);
 }
 
-// The offsets' values, with one copy to the host: nondecreasing group ends from 0, the last at A's last row.
-inline void check_group_ends(const at::Tensor& offsets, int64_t rows) {
+// The offsets' values, with one copy to the host: nondecreasing group ends from 0, the last at A's last row (along_k:
+// at K, A's last column).
+inline void check_group_ends(const at::Tensor& offsets, int64_t rows, bool along_k = false) {
   const at::Tensor ends = offsets.to(at::kCPU);  // (itself for CPU tensors: gemmgen's stand-in tests)
   const int32_t* values = ends.data_ptr<int32_t>();  // contiguous: checked, or at most one end
   int64_t previous = 0;
@@ -844,6 +855,11 @@ inline void check_group_ends(const at::Tensor& offsets, int64_t rows) {
                         end, " < offsets[", g - 1, "] = ", previous);
     }
     previous = end;
+  }
+  if (along_k) {
+    TORCH_CHECK_VALUE(ends.numel() == 0 || previous == rows, "offsets[-1] = ", previous, " but K is ", rows,
+                      " (A's columns, B's rows): the last group must end at K");
+    return;
   }
   TORCH_CHECK_VALUE(ends.numel() == 0 || previous == rows, "offsets[-1] = ", previous, " but A has ", rows,
                     " rows: the last group must end at A's last row");
@@ -863,6 +879,91 @@ inline at::Tensor empty_matrix(const OpSpec& op, const c10::SymInt& m, const c10
   return at::empty_symint({n, m}, options.dtype(op.out_dtype)).t();
 }
 
+// -- grouped calls along K (generator/runtime/op.py: GemmOp.run_grouped_k) ----------------------------------------
+//
+// A (M, K) and B (K, N), one matrix each, and offsets (E,) int32 splitting K: group g is the K values [offsets[g - 1],
+// offsets[g]) (group 0 from 0), and D (E, M, N) holds D[g] = A[:, group g] @ B[group g, :], zeros for an empty group:
+// torch._grouped_mm's 2-D x 2-D form, the weight gradient of grouped rows. The plans that take list calls take it:
+// the library makes each group a listed problem, its tensor maps built on the device (GemmArgs::groups_along_k).
+
+// A and B of a grouped call along K: K agrees.
+inline void check_k_grouped_k(const at::Tensor& A, const at::Tensor& B) {
+  TORCH_CHECK_VALUE(A.sym_size(1).sym_eq(B.sym_size(0)).expect_true(__FILE__, __LINE__), "A is ",
+                    tuple_str(A.sym_sizes()), " and B is ", tuple_str(B.sym_sizes()),
+                    ": K must agree (A's columns = B's rows), the dimension offsets splits");
+}
+
+// The checks that need no data (the Meta impl runs them too).
+inline void check_grouped_k_static(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) {
+  check_k_grouped_k(A, B);
+  check_offsets_static(offsets, A);
+}
+
+// A, B and offsets of a grouped call along K, but for the offsets' values; returns its problem: M x N x K, the groups
+// as the batch (E), A's and B's strides between matrices 0 (one matrix each).
+inline Problem check_grouped_k_operands(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                        const at::Tensor& offsets) {
+  const int64_t lda = check_operand(op, A, "A", op.a_row, CallForm::k_grouped);
+  const int64_t ldb = check_operand(op, B, "B", op.b_row, CallForm::k_grouped);
+  check_same_device(A, B);
+  check_grouped_k_static(A, B, offsets);
+  TORCH_CHECK_VALUE(offsets.size(0) <= 1 || offsets.stride(0) == 1, "offsets has stride ", offsets.stride(0),
+                    "; the kernel reads group ends contiguous: pass offsets.contiguous()");
+  const int64_t m = A.size(0), n = B.size(1), k = A.size(1), groups = offsets.size(0);
+  TORCH_CHECK_VALUE(groups > 0 || k == 0, "offsets has no group ends (E = 0) but K is ", k,
+                    ": with no groups, K must be 0");
+  check_index("M", m);
+  check_index("N", n);
+  check_index("K", k);
+  return Problem{m, n, k, lda, ldb, /*batched=*/true, groups, 0, 0};
+}
+
+// D of a grouped call along K: (E, M, N), each matrix in the plan's order.
+inline at::Tensor empty_grouped_k_d(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                    const at::Tensor& offsets) {
+  const at::TensorOptions options = A.options().dtype(op.out_dtype);
+  if (op.d_row) return at::empty_symint({offsets.sym_size(0), A.sym_size(0), B.sym_size(1)}, options);
+  return at::empty_symint({offsets.sym_size(0), B.sym_size(1), A.sym_size(0)}, options).transpose(1, 2);
+}
+
+// A plan that takes list calls takes a grouped call along K with A column-major and B row-major (K the outer
+// dimension of both: a group starts at any k, which a TMA load cannot start at along an operand's contiguous
+// dimension); generator/spec/config.py's grouped_k_refusal, in its words.
+inline void refuse_grouped_k_plan(const OpSpec& op) {
+  refuse_grouped_list_plan(op);
+  if (!op.a_row && op.b_row) return;
+  const std::string which = op.a_row && !op.b_row ? "A is row-major and B is column-major"
+                            : op.a_row            ? "A is row-major"
+                                                  : "B is column-major";
+  TORCH_CHECK_VALUE(false, op.op,
+                    ": grouped calls along K take A column-major and B row-major (M and N contiguous): a group may "
+                    "start at any k, which a TMA load cannot start at along an operand's contiguous dimension; this "
+                    "plan's ",
+                    which, ": plan with layout='nt' (for a weight gradient dW = X.t() @ dY: A = X.t(), B = dY)");
+}
+
+// The checks in GemmOp.run_grouped_k's order: the plan, A, B and offsets, the 16-byte rule where the call launches,
+// the offsets' values (not while a CUDA graph is captured); then the launch.
+inline at::Tensor gemm_grouped_k(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
+                                 const at::Tensor& offsets) {
+  refuse_grouped_k_plan(op);
+  const Problem p = check_grouped_k_operands(op, A, B, offsets);
+  if (p.m > 0 && p.n > 0 && p.k > 0) {
+    check_grouped_alignment("A", A, op.a_row, p.lda, 0);
+    check_grouped_alignment("B", B, op.b_row, p.ldb, 0);
+  }
+  const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
+  if (!stream_capturing(op)) check_group_ends(offsets, p.k, /*along_k=*/true);
+  at::Tensor D = empty_grouped_k_d(op, A, B, offsets);
+  if (D.numel() == 0) return D;
+  if (p.k == 0) return D.zero_();  // every group is a sum of nothing
+  GemmArgs args{};
+  args.group_ends = offsets.data_ptr<int32_t>();
+  args.groups_along_k = 1;
+  launch(op, A, B, D, p, leading_dim(D, op.d_row), D.stride(0), args);
+  return D;
+}
+
 // D of a grouped call: (total_M, N) in the plan's order.
 inline at::Tensor empty_grouped_d(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
   return empty_matrix(op, A.sym_size(0), B.sym_size(-1), A.options());
@@ -871,6 +972,7 @@ inline at::Tensor empty_grouped_d(const OpSpec& op, const at::Tensor& A, const a
 // The checks in GemmOp.run_grouped's order: the plan, A, B and offsets, the 16-byte rule where the call launches,
 // the offsets' values; then the launch.
 inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) {
+  if (B.defined() && B.dim() == 2) return gemm_grouped_k(op, A, B, offsets);
   refuse_grouped_plan(op);
   const Problem p = check_grouped_operands(op, A, B, offsets);
   if (p.m > 0 && p.n > 0 && p.k > 0) {
@@ -892,6 +994,13 @@ inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::
 // values).
 inline at::Tensor gemm_grouped_meta(const OpSpec& op, const at::Tensor& A, const at::Tensor& B,
                                     const at::Tensor& offsets) {
+  if (B.defined() && B.dim() == 2) {
+    refuse_grouped_k_plan(op);
+    check_rank_and_dtype(op, A, "A", CallForm::k_grouped);
+    check_rank_and_dtype(op, B, "B", CallForm::k_grouped);
+    check_grouped_k_static(A, B, offsets);
+    return empty_grouped_k_d(op, A, B, offsets);
+  }
   refuse_grouped_plan(op);
   check_rank_and_dtype(op, A, "A", CallForm::grouped);
   check_rank_and_dtype(op, B, "B", CallForm::grouped);
@@ -1031,11 +1140,6 @@ inline constexpr const char kListCaptureRefusal[] =
     "a list call builds its problems' tensor maps on the host and copies them to the device at each call, which a "
     "CUDA graph capture cannot hold: call it outside the capture, or use the offsets form op.grouped(A, B, offsets), "
     "whose launch is capturable";
-
-// The plan first, before any other check (the Meta impl too): no operand makes such a plan take the call.
-inline void refuse_grouped_list_plan(const OpSpec& op) {
-  TORCH_CHECK_VALUE(op.grouped_list_refusal == nullptr, op.op, ": ", op.grouped_list_refusal);
-}
 
 // "A[3]": a list call's matrix, in messages.
 inline std::string list_item(const char* what, size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
