@@ -500,6 +500,8 @@ def grad_op(a_row, b_row, takes):
             if form == "grouped":
                 ends = [0, *rest[0].tolist()]
                 pairs = enumerate(zip(ends, ends[1:]))
+                if y.dim() == 2:   # groups along K
+                    return torch.stack([x[:, s:e].float() @ y[s:e].float() for _, (s, e) in pairs]).bfloat16()
                 return torch.cat([x[s:e].float() @ y[g].float() for g, (s, e) in pairs]).bfloat16()
             return (x.float() @ y.float()).bfloat16()
         return run
@@ -517,7 +519,7 @@ offsets, g = torch.tensor([5, 5, 22, 40], dtype=torch.int32), torch.randn(40, 24
 ends = [0, 5, 5, 22, 40]
 ref_a = torch.cat([g[s:e].double() @ b[i].double().t() for i, (s, e) in enumerate(zip(ends, ends[1:]))])
 ref_b = torch.stack([a[s:e].double().t() @ g[s:e].double() for s, e in zip(ends, ends[1:])])
-for takes, paths in ((True, ["grouped", "list"]), (False, ["plain"] * 6)):
+for takes, paths in ((True, ["grouped", "grouped"]), (False, ["plain"] * 6)):
     formula = gf.Formula("op", torch.bfloat16, lambda row: (grad_op(True, True, takes), grad_op(False, True, takes)))
     calls.clear()
     da, db = gf.grouped_backward(formula, a, b, offsets, g, True, True)
@@ -722,6 +724,8 @@ def _out(op, acc):
 
 
 def _grouped(op, A, B, offsets):
+    if B.dim() == 2:   # groups along K: the list kernel's plans, K the outer dimension of A and B
+        return _grouped_k(op, A, B, offsets)
     CALLS.append((op, "grouped"))
     if not TAKES[op][0]:
         raise ValueError(op + ": its plan takes no grouped call")
@@ -733,6 +737,18 @@ def _grouped(op, A, B, offsets):
     for g, (start, end) in enumerate(zip(ends, ends[1:])):
         acc[start:end] = A[start:end].float() @ B[g].float()
     return _out(op, acc)
+
+
+def _grouped_k(op, A, B, offsets):
+    CALLS.append((op, "grouped_k"))
+    if not TAKES[op][1] or SPECS[op][2] != "col" or SPECS[op][3] != "row":
+        raise ValueError(op + ": its plan takes no grouped call along K")
+    work = A.shape[0] > 0 and A.shape[1] > 0 and B.shape[1] > 0
+    _check(op, A, SPECS[op][2], "A", work)
+    _check(op, B, SPECS[op][3], "B", work)
+    ends = [0, *offsets.tolist()]
+    return torch.stack([_out(op, A[:, start:end].float() @ B[start:end].float())
+                        for start, end in zip(ends, ends[1:])])
 
 
 def _listed(op, As, Bs):
@@ -788,9 +804,9 @@ for op, plan in pkg.PLANS.items():
             g = upstream(kind, *d.shape, d.dtype) if kind != "expanded" else torch.ones(()).to(d.dtype).expand(d.shape)
             CALLS.clear()
             d.backward(g)
-            # an unaligned gradient: one plain call per group with rows; else the grouped dA and the list dB call
+            # an unaligned gradient: one plain call per group with rows; else the grouped dA and the dB call along K
             want = ([(grad_a_op, "plain")] * 3 + [(grad_b_op, "plain")] * 3 if kind == "sliced" else
-                    [(grad_a_op, "grouped"), (grad_b_op, "list", 3)])
+                    [(grad_a_op, "grouped"), (grad_b_op, "grouped_k")])
             assert CALLS == want, (op, kind, CALLS)
             ref_a, ref_b = grouped_reference(a, b, offsets, g)
             check_grad(op, a.grad, ref_a, a, plan["layout_a"], "dA")

@@ -57,9 +57,8 @@ __device__ __forceinline__ void k_group_range(const KGroups& groups, int g, int 
 // changed there (tensormap.replace) and copied out with a release to the tensormap proxy, which the list kernel's
 // producer and epilogue acquire before their first TMA operation through it.
 template <class Cfg>
-__global__ void __launch_bounds__(kKGroupWarps * 32)
-    build_k_groups(const __grid_constant__ CUtensorMap a, const __grid_constant__ CUtensorMap b,
-                   const __grid_constant__ CUtensorMap d, const KGroups groups) {
+__device__ __forceinline__ void build_k_group(const CUtensorMap& a, const CUtensorMap& b, const CUtensorMap& d,
+                                              const KGroups& groups) {
   constexpr int kBlockK = Kernel<Cfg>::kBlockK;
   __shared__ alignas(128) CUtensorMap staged[kKGroupWarps][3];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -101,6 +100,19 @@ __global__ void __launch_bounds__(kKGroupWarps * 32)
     entry.units_n = groups.units_n;
     entry.d_tma = groups.d_tma;
   }
+}
+
+template <class Cfg>
+__global__ void __launch_bounds__(kKGroupWarps * 32)
+    build_k_groups(const __grid_constant__ CUtensorMap a, const __grid_constant__ CUtensorMap b,
+                   const __grid_constant__ CUtensorMap d, const KGroups groups) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  build_k_group<Cfg>(a, b, d, groups);
+#elif defined(__CUDA_ARCH__)
+  // tensormap.replace and tensormap.cp_fenceproxy exist only in sm_90a; a package that also carries older targets
+  // compiles this for them too, and never launches it there (as the GEMM kernel's stub, sm90/gemm.cu.j2).
+  __trap();
+#endif
 }
 
 }  // namespace sm90
