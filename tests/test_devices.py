@@ -133,7 +133,7 @@ def test_the_cpp_checks_word_the_fix_alike() -> None:
     """gemm_op.h's twins of the refusals above, as text (the sentences are compared on two GPUs)."""
     source = (TEMPLATES / "torch" / "gemm_op.h").read_text()
     assert '": put both on one GPU, e.g. pass B.to(\'", A.device().str(), "\')"' in source
-    assert source.count("check_same_device(A, B);") == 2    # plain (and batched) calls, grouped calls
+    assert source.count("check_same_device(A, B);") == 3    # plain (and batched) calls, grouped calls, along K
     assert '": put every matrix of A and B on one GPU, e.g. pass ", what, ".to(\'",' in source
     assert '"out is on ", out.device().str(), " but A and B on ",' in source
     assert '"offsets is on ", offsets.device().str(), " but A and B on ",' in source
@@ -157,8 +157,8 @@ def test_every_launch_runs_on_the_operands_device() -> None:
     functions = _functions((TEMPLATES / "torch" / "gemm_op.h").read_text())
     launching = {name: body for name, body in functions.items()
                  if name != "launch" and re.search(r"\b(call_)?launch\(op,", body)}
-    assert set(launching) == {"gemm", "gemm_out", "gemm_grouped", "gemm_grouped_list", "gemm_masked", "gemm_epilogue",
-                              "gemm_epilogue_out"}
+    assert set(launching) == {"gemm", "gemm_out", "gemm_grouped", "gemm_grouped_k", "gemm_grouped_list", "gemm_masked",
+                              "gemm_epilogue", "gemm_epilogue_out"}
     for name, body in launching.items():
         guard = re.search(r"OptionalCUDAGuard guard\(launch_device\(op, A(\[0\])?\)\);", body)
         assert guard is not None, f"{name} launches without making A's device current"

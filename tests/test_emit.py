@@ -21,7 +21,7 @@ from generator.planner.backward import accumulator_config, autograd_form, backwa
 from generator.emit import GENCODE, backward_ops, resolve_ops
 from generator.plans import load_plans_file
 from generator.render import included_headers, render, templates_dir
-from generator.spec.config import grouped_list_refusal, grouped_refusal
+from generator.spec.grouped import grouped_list_refusal, grouped_refusal
 from generator.spec.types import Order
 from toolchain import find_cuda_home
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from example_scripts import imported_script
-from generator.spec.config import grouped_list_refusal
+from generator.spec.grouped import grouped_list_refusal
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "examples" / "grouped_gemm_package.py"

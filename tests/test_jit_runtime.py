@@ -823,8 +823,8 @@ def test_fake_batched_outputs_have_the_real_shapes_and_strides(python_launches_o
 
 from generator.runtime import op as op_module  # noqa: E402
 from generator.runtime.checks import batch_stride  # noqa: E402
-from generator.spec.config import (GROUPED_EPILOGUE_REFUSAL, grouped_k_refusal, grouped_list_refusal,  # noqa: E402
-                                   grouped_refusal)
+from generator.spec.grouped import (GROUPED_EPILOGUE_REFUSAL, grouped_k_refusal, grouped_list_refusal,  # noqa: E402
+                                    grouped_refusal)
 
 #: total_M, N, K of the grouped calls: every bf16 (and int8) leading dimension and B's stride keep the 16-byte rule.
 GM, GN, GK = 40, 48, 32
@@ -1326,7 +1326,7 @@ def test_fake_grouped_outputs_have_the_real_shapes_and_strides(python_launches_o
 
 # -- list calls (.grouped_list: problems of their own sizes, CUTLASS's GroupedGemm): the same checks and GemmArgs ------
 
-from generator.spec.config import grouped_list_refusal  # noqa: E402
+from generator.spec.grouped import grouped_list_refusal  # noqa: E402
 
 #: (M, K, N) of a list call's problems: empty ones among them (no rows, no columns, K = 0), which are not launched.
 LIST_SIZES = [(40, 32, 48), (1, 16, 8), (0, 32, 48), (17, 8, 0), (24, 0, 40), (33, 40, 24)]

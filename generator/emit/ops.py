@@ -10,7 +10,8 @@ from typing import Any, Sequence
 from ..planner.backward import accumulator_config, autograd_form, backward_closure, backward_configs
 from ..planner.common import Problem
 from ..render.epilogue_python import python_function
-from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
+from ..spec.config import KernelConfig
+from ..spec.grouped import grouped_list_refusal, grouped_refusal
 from ..spec.epilogue import KINDS, KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from ..spec.types import DType, Order
 from .names import check_op_name, check_operand_names, default_op_name, grad_op_name
@@ -212,7 +213,7 @@ def _epilogue_context(ep: Epilogue, boxed: bool = False) -> dict[str, Any]:
 def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
     """An op without a fused epilogue has the .grouped and .grouped_list overloads (grouped GEMM: a mixture of
     experts' rows; a list of problems), as the JIT ops (generator.runtime.registration: has_grouped); its OpSpec says
-    why the plan takes no such call, if it does not (generator.spec.config.grouped_refusal, grouped_list_refusal: the
+    why the plan takes no such call, if it does not (generator.spec.grouped.grouped_refusal, grouped_list_refusal: the
     op refuses such a call with these words)."""
     grouped = cfg.epilogue.is_identity
     refusal = grouped_refusal(cfg) if grouped else None

@@ -57,7 +57,8 @@ import torch
 from ..planner import plan
 from ..planner.backward import (PlanGradient, accumulator_config, backward_configs, backward_layouts,
                                 computes_transpose, saving_config)
-from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
+from ..spec.config import KernelConfig
+from ..spec.grouped import grouped_list_refusal, grouped_refusal
 from ..spec.types import DType, Order
 from . import grouped_formula, jit_runtime
 from .evaluate import evaluate, operand_values

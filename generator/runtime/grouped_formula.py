@@ -300,15 +300,16 @@ def grouped_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: tor
     refuse_traced_grouped_backward(op.name, "grouped", (A, B, offsets, grad))
     grad, row = gradient(op.dtype, grad, True)   # the grouped dA kernel walks the groups over a row-major A
     grad_a_op, grad_b_op = op.grad_ops(row)
-    ends: list[list[tuple[int, int]]] = []
+    bounds: list[tuple[int, int]] | None = None
 
     def groups() -> list[tuple[int, int]]:
         """The groups' rows, read on the host (one copy, a sync) by the fallbacks that need them, once."""
-        if not ends:
-            values = offsets.tolist()
-            check_group_ends(values, A.shape[0])   # (the forward checked them, unless it was captured in a CUDA graph)
-            ends.append(list(zip([0, *values[:-1]], values)))
-        return ends[0]
+        nonlocal bounds
+        if bounds is None:
+            ends = offsets.tolist()
+            check_group_ends(ends, A.shape[0])   # (the forward checked them, unless it was captured in a CUDA graph)
+            bounds = list(zip([0, *ends[:-1]], ends))
+        return bounds
 
     grad_a = _grouped_grad_a(grad_a_op, A, B, offsets, grad, groups) if need_a else None
     grad_b = _grouped_grad_b(grad_b_op, A, B, offsets, grad, groups) if need_b else None

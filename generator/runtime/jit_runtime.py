@@ -26,7 +26,8 @@ import torch
 from ..toolchain import BuildError, BuildRequest, build
 from ..planner.backward import autograd_form
 from ..render import templates_dir
-from ..spec.config import KernelConfig, grouped_list_refusal, grouped_refusal
+from ..spec.config import KernelConfig
+from ..spec.grouped import grouped_list_refusal, grouped_refusal
 from ..spec.epilogue import KINDS, Epilogue
 from ..spec.types import Order
 from .checks import other_layout

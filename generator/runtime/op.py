@@ -26,7 +26,8 @@ import torch
 from ..planner import plan
 from ..planner.backward import PlanGradient, backward_hint, hinted_op_name
 from ..planner.common import Problem as PlannedProblem
-from ..spec.config import GROUPED_EPILOGUE_REFUSAL, KernelConfig, grouped_list_refusal
+from ..spec.config import KernelConfig
+from ..spec.grouped import GROUPED_EPILOGUE_REFUSAL, grouped_list_refusal
 from . import jit_runtime
 from .checks import (TORCH_DTYPES, batch_stride, check_group_counts, check_group_ends, grouped_alignment_refusal,
                      leading_dim)

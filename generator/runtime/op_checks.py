@@ -13,7 +13,8 @@ try:   # torch's broadcasting's test for a size of 1 (older torch: guard_size_ob
 except ImportError:   # pragma: no cover
     from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
 
-from ..spec.config import KernelConfig, grouped_k_refusal, grouped_list_refusal, grouped_refusal
+from ..spec.config import KernelConfig
+from ..spec.grouped import grouped_k_refusal, grouped_list_refusal, grouped_refusal
 from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from .checks import (INT32_MAX, TORCH_DTYPES, batch_stride, grouped_alignment_refusal, leading_dim, order_of,
                      other_layout)
@@ -90,6 +91,19 @@ def batch_size(A: torch.Tensor, B: torch.Tensor) -> Any:
     torch._check_with(ValueError, a == b, lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: their batch "
                                                   "sizes must agree, or one be 1 (broadcast, as torch.matmul)")
     return a
+
+
+def _check_index(**sizes: int) -> None:
+    """Each size (by name: M=, N=, K=, batch=) within the kernels' int32 index."""
+    for what, size in sizes.items():
+        if size > INT32_MAX:
+            raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+
+
+def _check_offsets_contiguous(offsets: torch.Tensor) -> None:
+    if offsets.shape[0] > 1 and offsets.stride(0) != 1:
+        raise ValueError(f"offsets has stride {offsets.stride(0)}; the kernel reads group ends contiguous: pass "
+                         "offsets.contiguous()")
 
 
 def _check_group_vector(t: object, A: torch.Tensor, name: str, values: str, entries: str) -> None:
@@ -185,10 +199,7 @@ class OpChecks:
                              f"= B's rows); for x @ W.t() pass B = W.t()")
         batch = batch_size(A, B)
         m, n, k = A.shape[-2], B.shape[-1], A.shape[-1]
-        sizes = [(m, "M"), (n, "N"), (k, "K")] + ([(batch, "batch")] if batch is not None else [])
-        for size, what in sizes:
-            if size > INT32_MAX:
-                raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+        _check_index(M=m, N=n, K=k, **({"batch": batch} if batch is not None else {}))
         return Problem(m, n, k, lda, ldb, batch, batch_stride(A), batch_stride(B))
 
     def _refuse_grouped_plan(self) -> None:
@@ -216,9 +227,7 @@ class OpChecks:
         self._check_offsets_static(offsets, A)
         if offsets.shape[0] != B.shape[0]:
             raise ValueError(self._offsets_count_message(offsets, B))
-        if offsets.shape[0] > 1 and offsets.stride(0) != 1:
-            raise ValueError(f"offsets has stride {offsets.stride(0)}; the kernel reads group ends contiguous: pass "
-                             "offsets.contiguous()")
+        _check_offsets_contiguous(offsets)
         return self._grouped_problem(A, B, lda, ldb)
 
     def _grouped_leading_dims(self, A: object, B: object) -> tuple[int, int]:
@@ -234,9 +243,7 @@ class OpChecks:
         m, n, k, groups = A.shape[0], B.shape[2], A.shape[1], B.shape[0]
         if groups == 0 and m > 0:
             raise ValueError(f"B has no matrices (E = 0) but A has {m} rows: with no groups, A must have no rows")
-        for size, what in ((m, "M"), (n, "N"), (k, "K")):
-            if size > INT32_MAX:
-                raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+        _check_index(M=m, N=n, K=k)
         return Problem(m, n, k, lda, ldb, groups, 0, batch_stride(B))
 
     # -- grouped calls along K (B 2-D: gemm_op.h's gemm_grouped_k checks the same, in this order) ---------------------
@@ -263,15 +270,11 @@ class OpChecks:
         if A.shape[1] != B.shape[0]:
             raise ValueError(self._k_grouped_k_message(A, B))
         self._check_offsets_static(offsets, A)
-        if offsets.shape[0] > 1 and offsets.stride(0) != 1:
-            raise ValueError(f"offsets has stride {offsets.stride(0)}; the kernel reads group ends contiguous: pass "
-                             "offsets.contiguous()")
+        _check_offsets_contiguous(offsets)
         m, n, k, groups = A.shape[0], B.shape[1], A.shape[1], offsets.shape[0]
         if groups == 0 and k > 0:
             raise ValueError(f"offsets has no group ends (E = 0) but K is {k}: with no groups, K must be 0")
-        for size, what in ((m, "M"), (n, "N"), (k, "K")):
-            if size > INT32_MAX:
-                raise ValueError(f"{what}={size} is larger than the kernels index (2**31 - 1): split the problem")
+        _check_index(M=m, N=n, K=k)
         return Problem(m, n, k, lda, ldb, groups, 0, 0)
 
     def _check_grouped_k_meta(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> None:

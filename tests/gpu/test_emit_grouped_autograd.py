@@ -25,7 +25,7 @@ from gpu_cases import IS_SM90, nan_padded, rel_error64 as rel_error  # noqa: E40
 from generator import Gemm, emit  # noqa: E402
 from generator.planner.backward import backward_closure, backward_configs  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
-from generator.spec.config import grouped_list_refusal, grouped_refusal  # noqa: E402
+from generator.spec.grouped import grouped_list_refusal, grouped_refusal  # noqa: E402
 from generator.spec.types import Order  # noqa: E402
 from toolchain import find_cuda_home, pip_install_and_import  # noqa: E402
 

@@ -32,7 +32,7 @@ from generator import Gemm  # noqa: E402
 from generator.planner.backward import backward_configs  # noqa: E402
 from generator.runtime import autograd, compile_many  # noqa: E402
 from generator.runtime.autograd import grad_ops  # noqa: E402
-from generator.spec.config import grouped_list_refusal, grouped_refusal  # noqa: E402
+from generator.spec.grouped import grouped_list_refusal, grouped_refusal  # noqa: E402
 from generator.spec.types import Order  # noqa: E402
 
 pytestmark = pytest.mark.gpu

@@ -65,7 +65,7 @@ struct Config {
   // (one cluster per tile) and stream-K's split need the tile count on the host, which the groups' sizes (device
   // data) do not give; per-block scales are one problem's (and leave the consumers no registers for the walk). A
   // group starts at any row, which a TMA load of a column-major A cannot start at (along its contiguous
-  // dimension: measured, an illegal instruction), so A is K-major (spec/config.py grouped_refusal says the same).
+  // dimension: measured, an illegal instruction), so A is K-major (spec/grouped.py grouped_refusal says the same).
   static constexpr bool kWalksGroups = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
                                        !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0 && kAKMajor;
   // A list of problems (GemmArgs::list): the same schedules; each problem has its own maps, starting at its own

@@ -131,6 +131,9 @@ def _gemm_bf16_tn_grouped(A, B, offsets):
     except while a CUDA graph is being captured.
     No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
     require grad are refused.
+    With B 2-D (K, N) and A (M, K): groups along K (torch._grouped_mm's 2-D x 2-D form), offsets the groups' ends
+    along K, D (E, M, N) with D[g] = A[:, group g] @ B[group g, :], on plans with A column-major and B row-major
+    (gemmgen's grouped_k_refusal); not differentiable yet.
     Also torch.ops.gemmgen_example.gemm_bf16_tn.grouped(A, B, offsets).
     """
     _check_grouped_tensors(A, B, offsets)
@@ -223,6 +226,9 @@ def _gemm_fp16_nn_grouped(A, B, offsets):
     No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
     require grad are refused.
     This op's plan takes no grouped call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
+    With B 2-D (K, N) and A (M, K): groups along K (torch._grouped_mm's 2-D x 2-D form), offsets the groups' ends
+    along K, D (E, M, N) with D[g] = A[:, group g] @ B[group g, :], on plans with A column-major and B row-major
+    (gemmgen's grouped_k_refusal); not differentiable yet.
     Also torch.ops.gemmgen_example.gemm_fp16_nn.grouped(A, B, offsets).
     """
     _check_grouped_tensors(A, B, offsets)

@@ -100,7 +100,7 @@ struct OpSpec {
   // B's element type where it differs from A's (fp8: e4m3 x e5m2); Undefined: B is dtype too.
   c10::ScalarType dtype_b = c10::ScalarType::Undefined;
   const char* dtype_b_name = nullptr;
-  // Why the kernel library takes no grouped call (.grouped), with the fix (generator/spec/config.py's
+  // Why the kernel library takes no grouped call (.grouped), with the fix (generator/spec/grouped.py's
   // grouped_refusal, decided from the config: the sm80 family, the ws schedule, stream-K); null: it takes them.
   const char* grouped_refusal = nullptr;
   // Why it takes no list call (.grouped_list), with the fix (grouped_list_refusal: grouped_refusal's rules but A's
@@ -757,6 +757,11 @@ inline void check_offsets_static(const at::Tensor& offsets, const at::Tensor& A)
                     A.device().str(), ": pass offsets.to('", A.device().str(), "')");
 }
 
+inline void check_offsets_contiguous(const at::Tensor& offsets) {
+  TORCH_CHECK_VALUE(offsets.size(0) <= 1 || offsets.stride(0) == 1, "offsets has stride ", offsets.stride(0),
+                    "; the kernel reads group ends contiguous: pass offsets.contiguous()");
+}
+
 // A grouped call's problem from its checked A (2-D, every group's rows) and B (3-D).
 inline Problem grouped_problem(const at::Tensor& A, const at::Tensor& B, int64_t lda, int64_t ldb) {
   const int64_t m = A.size(0), n = B.size(2), k = A.size(1), groups = B.size(0);
@@ -778,8 +783,7 @@ inline Problem check_grouped_operands(const OpSpec& op, const at::Tensor& A, con
   check_grouped_k(A, B);
   check_offsets_static(offsets, A);
   TORCH_CHECK_VALUE(offsets.size(0) == B.size(0), offsets_count_message(offsets, B));
-  TORCH_CHECK_VALUE(offsets.size(0) <= 1 || offsets.stride(0) == 1, "offsets has stride ", offsets.stride(0),
-                    "; the kernel reads group ends contiguous: pass offsets.contiguous()");
+  check_offsets_contiguous(offsets);
   return grouped_problem(A, B, lda, ldb);
 }
 
@@ -907,8 +911,7 @@ inline Problem check_grouped_k_operands(const OpSpec& op, const at::Tensor& A, c
   const int64_t ldb = check_operand(op, B, "B", op.b_row, CallForm::k_grouped);
   check_same_device(A, B);
   check_grouped_k_static(A, B, offsets);
-  TORCH_CHECK_VALUE(offsets.size(0) <= 1 || offsets.stride(0) == 1, "offsets has stride ", offsets.stride(0),
-                    "; the kernel reads group ends contiguous: pass offsets.contiguous()");
+  check_offsets_contiguous(offsets);
   const int64_t m = A.size(0), n = B.size(1), k = A.size(1), groups = offsets.size(0);
   TORCH_CHECK_VALUE(groups > 0 || k == 0, "offsets has no group ends (E = 0) but K is ", k,
                     ": with no groups, K must be 0");
@@ -928,7 +931,7 @@ inline at::Tensor empty_grouped_k_d(const OpSpec& op, const at::Tensor& A, const
 
 // A plan that takes list calls takes a grouped call along K with A column-major and B row-major (K the outer
 // dimension of both: a group starts at any k, which a TMA load cannot start at along an operand's contiguous
-// dimension); generator/spec/config.py's grouped_k_refusal, in its words.
+// dimension); generator/spec/grouped.py's grouped_k_refusal, in its words.
 inline void refuse_grouped_k_plan(const OpSpec& op) {
   refuse_grouped_list_plan(op);
   if (!op.a_row && op.b_row) return;

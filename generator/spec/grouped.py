@@ -1,0 +1,74 @@
+"""Which plans take which form of grouped call, and why not, with the fix: the refusals the op checks
+(generator/runtime/op_checks.py), its C++ twin (templates/torch/gemm_op.h), the backward formulas and emitted packages
+say in the same words. A form a plan refuses has no kernel for it: the rules follow the sm90 templates' walks
+(templates/sm90/gemm_kernel.cuh: grouped rows, a list of problems, groups along K)."""
+from __future__ import annotations
+
+from .config import KernelConfig
+from .types import Order
+
+
+#: Why an op with a fused epilogue takes no grouped call (GemmOp.grouped; such an op has no .grouped overload).
+GROUPED_EPILOGUE_REFUSAL = ("grouped calls take plans without a fused epilogue: plan without epilogue=, activation=, "
+                            "bias=, alpha=, beta= and scale= (and apply the epilogue to D with torch)")
+
+
+def _grouped_plan_refusal(cfg: KernelConfig, stream_k_why: str) -> str | None:
+    """Why ``cfg``'s kernel library takes no grouped call of either form, with the fix; None where it may. Only the
+    sm90 family's persistent schedules (cooperative, pingpong) walk groups, not with stream-K (``stream_k_why``:
+    the form's reason), and only with the identity epilogue."""
+    if not cfg.epilogue.is_identity:
+        return GROUPED_EPILOGUE_REFUSAL
+    if cfg.family != "sm90":
+        fix = "plan with arch=90" if cfg.arch != 90 else "plan with family='sm90' (or family=None)"
+        return f"grouped calls run on the sm90 family's persistent kernels; this plan is {cfg.family}: {fix}"
+    if cfg.schedule not in ("cooperative", "pingpong"):
+        return (f"grouped calls run on the persistent schedules; this plan's schedule is {cfg.schedule!r} (one tile "
+                "per block, its grid sized on the host): plan with schedule='cooperative' or 'pingpong'")
+    if cfg.stream_k:
+        return (f"grouped calls do not split tiles by stream-K ({stream_k_why}); this config has stream_k=True: use "
+                "one without it, schedule='cooperative' or 'pingpong'")
+    return None
+
+
+def grouped_refusal(cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel library takes no grouped call (a mixture of experts' rows, GemmArgs' group_ends), with
+    the fix; None where it does. Only the sm90 family's persistent schedules (cooperative, pingpong) walk groups,
+    and not with stream-K: the ws schedule's grid (one cluster per tile) and stream-K's shares are sized on the host
+    from the tile count, which the groups' sizes (device data) do not give (templates/sm90/gemm.cu.j2,
+    kWalksGroups). The op refuses such a call before any launch, in these words (generator/runtime/op_checks.py and
+    templates/torch/gemm_op.h)."""
+    reason = _grouped_plan_refusal(cfg, "its shares are cut on the host from the tile count, which the groups' sizes "
+                                        "on the device do not give")
+    if reason is None and not cfg.layout.a_k_major:
+        other = "t" + cfg.layout.blas[1]
+        return ("grouped calls take A row-major (K contiguous): a group may start at any row, and TMA cannot start a "
+                f"load at such a row along A's contiguous dimension; this plan's A is column-major: plan with "
+                f"layout={other!r} and pass A row-major (A.contiguous())")
+    return reason
+
+
+def grouped_list_refusal(cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel library takes no list call (CUTLASS's GroupedGemm: op([A0, A1, ...], [B0, B1, ...]),
+    GemmArgs' list), with the fix; None where it does. ``grouped_refusal``'s rules but A's order: each problem's
+    tensor maps start at its own matrices, so a column-major A is taken too. The op refuses such a call before any
+    launch, in these words (generator/runtime/op_checks.py and templates/torch/gemm_op.h)."""
+    return _grouped_plan_refusal(cfg, "the list's walk takes each problem's tiles whole")
+
+
+def grouped_k_refusal(cfg: KernelConfig) -> str | None:
+    """Why ``cfg``'s kernel library takes no grouped call along K (``op.grouped(A, B, offsets)`` with B 2-D), with the
+    fix; None where it does: the list kernel (``grouped_list_refusal``) with A column-major and B row-major, K the
+    outer dimension of both. A group starts at any k, and a TMA load whose start along an operand's contiguous
+    dimension is no multiple of 16 bytes faults (an illegal instruction on the H200). The op refuses such a call
+    before any launch, in these words (generator/runtime/op_checks.py and templates/torch/gemm_op.h)."""
+    reason = grouped_list_refusal(cfg)
+    if reason is not None:
+        return reason
+    a_row, b_row = cfg.layout.a is Order.row, cfg.layout.b is Order.row
+    if not a_row and b_row:
+        return None
+    which = " and ".join(part for part, wrong in (("A is row-major", a_row), ("B is column-major", not b_row)) if wrong)
+    return ("grouped calls along K take A column-major and B row-major (M and N contiguous): a group may start at any "
+            f"k, which a TMA load cannot start at along an operand's contiguous dimension; this plan's {which}: plan "
+            "with layout='nt' (for a weight gradient dW = X.t() @ dY: A = X.t(), B = dY)")
