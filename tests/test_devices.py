@@ -183,6 +183,8 @@ HOST_STATE = {
     "thread_local CachedMap map_": "a TMA map, per thread, keyed by the operand's address (unique across devices)",
     "static const at::Tensor undefined;": "an empty tensor (no device)",
     "static const std::vector<at::Tag> tags =": "the ops' tags (no device)",
+    "thread_local CheckedOffsets last;": "the offsets a grouped call checked last, per thread, held weakly (no device: "
+                                         "a tensor of any device matches only itself)",
 }
 
 

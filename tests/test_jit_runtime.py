@@ -1101,6 +1101,26 @@ GROUPED_BAD = {
 }
 
 
+def test_cpp_grouped_calls_check_changed_offsets_again(python_launches_on_cpu):
+    """gemm_op.h reads a tensor's offsets on the host once while it stays unchanged (the backward's calls on the
+    forward's offsets skip the sync); an in-place change, another total or another tensor is checked again."""
+    op = stand_in("grouped_tt")
+    a, b, offsets = grouped_inputs(op)
+    for _ in range(2):
+        launched(lambda: cpp_grouped(op, a, b, offsets))
+    offsets[2] = 4   # in place: the version counter moves
+    assert _raise(lambda: cpp_grouped(op, a, b, offsets)) == (
+        ValueError, "offsets must be nondecreasing group ends (cumulative row counts): offsets[2] = 4 < offsets[1] = 5")
+    offsets[2] = 22
+    launched(lambda: cpp_grouped(op, a, b, offsets))
+    shorter = a[:GM - 2]   # the same offsets against another total
+    assert _raise(lambda: cpp_grouped(op, shorter, b, offsets)) == (
+        ValueError, f"offsets[-1] = {GM} but A has {GM - 2} rows: the last group must end at A's last row")
+    del offsets   # a fresh tensor, wherever it lands, is checked
+    assert _raise(lambda: cpp_grouped(op, a, b, ends_of([5, 0, 17, 16]))) == (
+        ValueError, f"offsets[-1] = 38 but A has {GM} rows: the last group must end at A's last row")
+
+
 @pytest.mark.parametrize("case", list(GROUPED_BAD))
 def test_cpp_grouped_checks_say_what_the_python_checks_say(python_launches_on_cpu, case):
     key, make, expected = GROUPED_BAD[case]

@@ -869,6 +869,33 @@ inline void check_group_ends(const at::Tensor& offsets, int64_t rows, bool along
                     " rows: the last group must end at A's last row");
 }
 
+// The offsets whose values this thread checked last, held weakly: a grouped call on the same live tensor, unchanged
+// since (its version counter, autograd's own guard against in-place writes) and of the same total, skips the copy to
+// the host, a sync. The backward's grouped calls take the offsets autograd saved from the forward, so a training step
+// reads them on the host once per forward call rather than once per call. A tensor freed since cannot match: the weak
+// reference has expired. (Inference tensors keep no version counter: always checked.)
+struct CheckedOffsets {
+  std::optional<c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>> tensor;
+  int64_t version = 0, total = 0;
+};
+
+inline bool offsets_checked_before(const CheckedOffsets& last, const at::Tensor& offsets, int64_t total) {
+  if (!last.tensor || offsets.is_inference() || last.total != total) return false;
+  const auto held = last.tensor->lock();
+  return held.get() == offsets.unsafeGetTensorImpl() && last.version == offsets._version();
+}
+
+// check_group_ends, skipped for the offsets this thread checked last (unchanged since, the same total).
+inline void check_group_ends_once(const at::Tensor& offsets, int64_t total, bool along_k = false) {
+  thread_local CheckedOffsets last;
+  if (offsets_checked_before(last, offsets, total)) return;
+  check_group_ends(offsets, total, along_k);
+  if (!offsets.is_inference()) {
+    last = CheckedOffsets{c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>(offsets.getIntrusivePtr()),
+                          offsets._version(), total};
+  }
+}
+
 // Whether the current stream (of the device made current) is being captured into a CUDA graph: the offsets' values
 // are not checked then (a copy to the host, which a capture cannot hold); the kernel clamps ends out of order or past
 // A's rows, so its memory accesses stay in bounds.
@@ -956,7 +983,7 @@ inline at::Tensor gemm_grouped_k(const OpSpec& op, const at::Tensor& A, const at
     check_grouped_alignment("B", B, op.b_row, p.ldb, 0);
   }
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
-  if (!stream_capturing(op)) check_group_ends(offsets, p.k, /*along_k=*/true);
+  if (!stream_capturing(op)) check_group_ends_once(offsets, p.k, /*along_k=*/true);
   at::Tensor D = empty_grouped_k_d(op, A, B, offsets);
   if (D.numel() == 0) return D;
   if (p.k == 0) return D.zero_();  // every group is a sum of nothing
@@ -983,7 +1010,7 @@ inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::
     check_grouped_alignment("B", B, op.b_row, p.ldb, p.batch_stride_b);
   }
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
-  if (!stream_capturing(op)) check_group_ends(offsets, p.m);
+  if (!stream_capturing(op)) check_group_ends_once(offsets, p.m);
   at::Tensor D = empty_grouped_d(op, A, B);
   if (D.numel() == 0) return D;
   if (p.k == 0) return D.zero_();  // every row of every group is a sum of nothing (the kernels need a k tile)
