@@ -126,8 +126,8 @@ class GemmOp(OpChecks):
         layout 'tn', B = W.transpose(1, 2)). Returns D (total_M, N) in the plan's order of D, with
         D[rows of group g] = A[rows of group g] @ B[g]. One launch for all groups, on the sm90 family's persistent
         kernels (schedule 'cooperative' or 'pingpong'), with A and B on the 16-byte rule; other plans and operands
-        are refused with the fix. The offsets' values are checked with one copy to the host, except while a CUDA
-        graph is being captured. Also ``torch.ops.<namespace>.<name>.grouped(A, B, offsets)``. Differentiable in A and
+        are refused with the fix. The offsets' values are checked with one copy to the host (by the C++ kernel once
+        while the tensor stays unchanged), except while a CUDA graph is being captured. Also ``torch.ops.<namespace>.<name>.grouped(A, B, offsets)``. Differentiable in A and
         B (docs/grouped.md, "Backward"; not through a torch.compile'd backward yet).
 
         With B 2-D, groups along K (``torch._grouped_mm``'s 2-D x 2-D form, the weight gradient of grouped rows):

@@ -127,8 +127,8 @@ def _gemm_bf16_tn_grouped(A, B, offsets):
     D:       (total_M, N) torch.bfloat16, row-major: torch.empty(total_M, N)
 
     One launch for all groups, on the sm90 family's persistent kernels (A and B 16-byte aligned: base address,
-    leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host,
-    except while a CUDA graph is being captured.
+    leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host (once
+    while the tensor stays unchanged), except while a CUDA graph is being captured.
     No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
     require grad are refused.
     With B 2-D (K, N) and A (M, K): groups along K (torch._grouped_mm's 2-D x 2-D form), offsets the groups' ends
@@ -221,8 +221,8 @@ def _gemm_fp16_nn_grouped(A, B, offsets):
     D:       (total_M, N) torch.float16, row-major: torch.empty(total_M, N)
 
     One launch for all groups, on the sm90 family's persistent kernels (A and B 16-byte aligned: base address,
-    leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host,
-    except while a CUDA graph is being captured.
+    leading dimension, B's stride between matrices); the offsets' values are checked with one copy to the host (once
+    while the tensor stays unchanged), except while a CUDA graph is being captured.
     No backward pass in this package (emitted without autograd; gemmgen's JIT op is differentiable): arguments that
     require grad are refused.
     This op's plan takes no grouped call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
