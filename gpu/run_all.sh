@@ -32,6 +32,9 @@
 #                                                       the same again from the cache; TUNE_SHAPES, TUNE_ARGS="--dtype fp16")
 #   STEPS=tunecorpus TUNE_CORPUS_ARGS="--tokens 256,512 --max-candidates 8"   (tune the corpus' forward layers and
 #                                                       write the winners as a dispatch table: benchmarks/tune_corpus.py)
+#   STEPS=ncu NCU_SHAPES="384x29568x8192 1024x1024x3072" NCU_ARGS="--layout tn" gpu/run_all.sh   (ncu, clocks left
+#                                                       alone, on the planner's kernel and cuBLAS's for each shape:
+#                                                       gpu/ncu_compare.sh; NCU_DTYPE=bf16)
 #   STEPS=calibrate CALIBRATE_ARGS="--families sm90" CALIBRATE_TAG=_sm90 gpu/run_all.sh   (the estimate's pick against
 #                                                       the measured best on the LLM set and squares, then --fit)
 set -uo pipefail
@@ -103,6 +106,7 @@ for step in $STEPS; do
         tail -40 "$OUT/fuzz_sanitize_$tool.log"
       done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    ncu)    OUT="$OUT" bash gpu/ncu_compare.sh "${NCU_SHAPES:-4096x4096x4096}" "${NCU_DTYPE:-bf16}" "${NCU_ARGS:-}" 2>&1 | tee "$OUT/ncu_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     probe)  python3 gpu/sm90_probe.py --json "$OUT/sm90_probe.json" ${PROBE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/probe.log" || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
