@@ -851,7 +851,7 @@ def test_grouped_backward_falls_back_where_operands_break_the_16_byte_rule(calls
 
 def test_grouped_double_backward():
     """The dA and dB ops' .grouped and .grouped_list have the same formulas: a gradient of the gradient (dB's call
-    along K, which has no backward, gives way to the list call when its operands require grad)."""
+    along K included)."""
     op = reference_op("tn")
     a, b, offsets = grouped_operands("tn", [5, 0, 17, 18], 16, 24, requires_grad=True)
     (grad_a,) = torch.autograd.grad(op.grouped(a, b, offsets).float().pow(2).sum(), a, create_graph=True)
@@ -860,6 +860,64 @@ def test_grouped_double_backward():
     (g64,) = torch.autograd.grad(grouped_reference(a64, b64, offsets).pow(2).sum(), a64, create_graph=True)
     g64.sum().backward()
     assert rel(b.grad, b64.grad) <= 2e-2 and rel(a.grad, a64.grad) <= 2e-2
+
+
+def k_grouped_operands(sizes, m, n, requires_grad=False):
+    """A (M, K) column-major, B (K, N) row-major (layout nt, the plans that take groups along K), offsets along K."""
+    k = sum(sizes)
+    a = torch.randn(k, m).bfloat16().t().requires_grad_(requires_grad)
+    b = torch.randn(k, n).bfloat16().requires_grad_(requires_grad)
+    return a, b, torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32)
+
+
+def k_grouped_reference(a, b, sizes, g):
+    """dA and dB of D[e] = A[:, group e] @ B[group e] for dD = g, in float64."""
+    a64, b64, g64 = a.detach().double(), b.detach().double(), g.double()
+    ends = [0, *itertools.accumulate(sizes)]
+    ref_a, ref_b = torch.zeros_like(a64), torch.zeros_like(b64)
+    for e, (s, t) in enumerate(zip(ends, ends[1:])):
+        ref_a[:, s:t] = g64[e] @ b64[s:t].t()
+        ref_b[s:t] = a64[:, s:t].t() @ g64[e]
+    return ref_a, ref_b
+
+
+@pytest.mark.parametrize("kind", ["row", "col"])
+def test_grouped_k_backward_is_two_grouped_calls_of_rows(calls, kind):
+    """Along K: dB = dB-op.grouped(A.t(), dD, offsets) and dA = dA-op.grouped(B, dD.transpose(1, 2), offsets).t() (the
+    nt forward's dA op, tn, computes its gradient's transpose), no value read on the host; a column-major dD is made
+    row-major first. Against float64, empty groups included."""
+    op = reference_op("nt")
+    sizes = [5, 0, 17, 18, 0]
+    a, b, offsets = k_grouped_operands(sizes, 24, 32, requires_grad=True)
+    d = op.grouped(a, b, offsets)
+    assert d.shape == (5, 24, 32)
+    g = torch.randn(5, 24, 32).bfloat16() if kind == "row" else torch.randn(5, 32, 24).bfloat16().transpose(1, 2)
+    calls.clear()
+    d.backward(g)
+    assert [(c.layout, c.form) for c in calls] == [("tn", "grouped"), ("tt", "grouped")], calls
+    grad_a_call, grad_b_call = calls
+    assert grad_a_call.A.data_ptr() == b.data_ptr() and grad_b_call.A.data_ptr() == a.data_ptr()
+    ref_a, ref_b = k_grouped_reference(a, b, sizes, g)
+    assert_grad(a.grad, ref_a, a, "dA")
+    assert_grad(b.grad, ref_b, b, "dB")
+
+
+def test_grouped_k_backward_falls_back_to_plain_calls_per_group(calls, monkeypatch):
+    """Where the dA and dB ops refuse grouped calls: one plain call per group with values of K, the same gradients."""
+    from generator.runtime import autograd
+
+    monkeypatch.setattr(autograd, "grouped_refusal", lambda cfg: "this plan takes no grouped call")
+    op = reference_op("nt")
+    sizes = [5, 0, 17, 18]
+    a, b, offsets = k_grouped_operands(sizes, 24, 32, requires_grad=True)
+    d = op.grouped(a, b, offsets)
+    g = torch.randn(4, 24, 32).bfloat16()
+    calls.clear()
+    d.backward(g)
+    assert [(c.layout, c.form) for c in calls] == [("tn", "plain")] * 3 + [("tt", "plain")] * 3, calls
+    ref_a, ref_b = k_grouped_reference(a, b, sizes, g)
+    assert_grad(a.grad, ref_a, a, "dA")
+    assert_grad(b.grad, ref_b, b, "dB")
 
 
 #: opcheck's tests that run a backward eagerly: its AOT ones trace the backward with fake tensors, which the grouped

@@ -17,7 +17,10 @@ D's dtype, and its two refusal tests (its plan's, decided where the plan is know
   offsets)``, B 2-D: the library builds each group's tensor maps on the device, so nothing is read on the host; an
   empty group's dB[g] is zeros). Where the dB op would refuse that call, one list call (a problem per group with rows;
   the group ends read with one copy to the host, ``offsets.tolist()``, and checked) stacked into (E, K, N) in B's
-  order (``torch.stack``: one copy). offsets has no gradient. A grouped call along K has no backward yet.
+  order (``torch.stack``: one copy). offsets has no gradient.
+* ``.grouped(A, B, offsets)`` with B 2-D (groups along K), dD (E, M, N) made row-major: dB (K, N) = dB-op.grouped(
+  A.t(), dD, offsets) and dA (M, K) = dA-op.grouped(B, dD.transpose(1, 2), offsets).t() (the dA op computes its
+  gradient's transpose), groups of rows both (``grouped_k_backward``); one plain call per group where refused.
 * ``.grouped_list(As, Bs)``: dA_i = dD_i @ B_i.t() and dB_i = A_i.t() @ dD_i, one list call each per storage order of
   the gradients (normally one), for the problems whose input requires grad and whose output has a gradient (else
   None, torch's zero).
@@ -316,15 +319,69 @@ def grouped_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: tor
     return grad_a, grad_b
 
 
+def grouped_k_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
+                       need_a: bool, need_b: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """dA (M, K) and dB (K, N) of a grouped call along K, ``op.grouped(A, B, offsets)`` with B 2-D, for its gradient
+    ``grad`` (E, M, N): dA[:, group g] = dD[g] @ B[group g].t() and dB[group g] = A[:, group g].t() @ dD[g], both
+    groups of rows of the results' transposes or of dB, so grouped calls of rows on the dA and dB ops of a row-major
+    gradient: dB = dB-op.grouped(A.t(), dD, offsets) and, where the dA op computes its gradient's transpose (as it
+    does for the layout these calls take, nt), dA = dA-op.grouped(B, dD.transpose(1, 2), offsets).t(). Where either
+    is refused, one plain call per group with values of K (the group ends read on the host, once)."""
+    refuse_traced_grouped_backward(op.name, "grouped", (A, B, offsets, grad))
+    grad, row = gradient(op.dtype, grad, True)   # each matrix row-major: the grouped calls' B for dB, dA's transposed
+    grad_a_op, grad_b_op = op.grad_ops(row)
+    bounds: list[tuple[int, int]] | None = None
+
+    def groups() -> list[tuple[int, int]]:
+        """The groups' values of K, read on the host (one copy, a sync) by the fallbacks that need them, once."""
+        nonlocal bounds
+        if bounds is None:
+            ends = offsets.tolist()
+            check_group_ends(ends, A.shape[1], along_k=True)
+            bounds = list(zip([0, *ends[:-1]], ends))
+        return bounds
+
+    grad_a = grad_b = None
+    if need_a:
+        grad_a = _rows_of_groups(grad_a_op, A.shape, offsets, groups, B, grad.transpose(1, 2), transposed=True,
+                                 plain=lambda g, s, e: _plain_product(grad_a_op, grad[g], B[s:e].t()), columns=True)
+    if need_b:
+        grad_b = _rows_of_groups(grad_b_op, B.shape, offsets, groups, A.t(), grad, transposed=False,
+                                 plain=lambda g, s, e: _plain_product(grad_b_op, A[:, s:e].t(), grad[g]), columns=False)
+    return grad_a, grad_b
+
+
+def _rows_of_groups(grad_op: GradOp, shape: torch.Size, offsets: torch.Tensor,
+                    groups: Callable[[], list[tuple[int, int]]], rows: torch.Tensor, matrices: torch.Tensor,
+                    transposed: bool, plain: Callable[[int, int, int], torch.Tensor],
+                    columns: bool) -> torch.Tensor:
+    """A gradient of ``shape`` whose groups of K are groups of rows (``columns``: of its transpose): rows[group g] @
+    matrices[g] in one grouped call of ``grad_op`` where it takes it and its ``transposed`` flag is this (True: the
+    op computes its gradient's transpose, which that product is), else ``plain(g, start, end)`` per group with values
+    of K into the gradient's rows (columns)."""
+    if grad_op.transposed == transposed:
+        x, y = in_order(rows, grad_op.a_row), in_order(matrices, grad_op.b_row)
+        if grad_op.grouped_call_refusal(x, y) is None:
+            d = grad_op.grouped(x, y, offsets)
+            return d.t() if columns else d
+    out = empty_in_order(tuple(shape), grad_op.result_row, grad_op.out_dtype, rows.device)
+    for g, (start, end) in enumerate(groups()):
+        if end > start:
+            if columns:
+                out[:, start:end] = plain(g, start, end)
+            else:
+                out[start:end] = plain(g, start, end)
+    return out
+
+
 def _grouped_grad_b(grad_b_op: GradOp, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
                     groups: Callable[[], list[tuple[int, int]]]) -> torch.Tensor:
     """dB (E, K, N), dB[g] = A[rows of g].t() @ grad[rows of g]: one grouped call along K (the groups split the
     reduction; nothing read on the host), or where it would be refused one list call (a problem per group with rows)
-    stacked into B's shape (also where the backward is differentiated: a call along K has no backward)."""
+    stacked into B's shape."""
     x, y = kernel_operands(A.t(), grad, grad_b_op.a_row, grad_b_op.b_row, grad_b_op.transposed)
-    differentiated = torch.is_grad_enabled() and (x.requires_grad or y.requires_grad)
     along_k = not grad_b_op.a_row and grad_b_op.b_row   # (K the outer dimension of both: grouped_k_refusal)
-    if has_work(x, y) and along_k and not differentiated and grad_b_op.list_problem_refusal(0, x, y) is None:
+    if has_work(x, y) and along_k and grad_b_op.list_problem_refusal(0, x, y) is None:
         d = grad_b_op.grouped(x, y, offsets)   # (E, M, N) of the kernel's product, one matrix per group
         return d.transpose(1, 2) if grad_b_op.transposed else d
     products = gradient_products(grad_b_op, [A[start:end].t() for start, end in groups()],
@@ -416,15 +473,12 @@ def register_formulas(qualname: str, op: Formula, lib: torch.library.Library | N
     autograd (torch.library's layer, in Python)."""
     def grouped_setup(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
         A, B, offsets = inputs
-        if B.dim() == 2:
-            wanting = ", ".join(what for what, t in (("A", A), ("B", B)) if t.requires_grad)
-            raise RuntimeError(f"{op.name}.grouped: a grouped call along K (B 2-D) has no backward pass yet, but "
-                               f"{wanting} require(s) grad: call it under torch.no_grad() or on detached tensors")
         ctx.save_for_backward(A, B, offsets)
 
     def grouped_formula(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         A, B, offsets = ctx.saved_tensors
-        return (*grouped_backward(op, A, B, offsets, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1]), None)
+        backward = grouped_k_backward if B.dim() == 2 else grouped_backward   # B 2-D: groups along K
+        return (*backward(op, A, B, offsets, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1]), None)
 
     def list_setup(ctx: Any, inputs: tuple, output: list[torch.Tensor]) -> None:
         A, B = inputs

@@ -136,7 +136,7 @@ class GemmOp(OpChecks):
         row-major (layout 'nt': a group starts at any k, which TMA cannot start a load at along an operand's
         contiguous dimension; others are refused with the fix). The library builds each group's
         tensor maps on the device: one launch more, no value read on the host but the checks (skipped while a CUDA
-        graph is captured). Not differentiable yet."""
+        graph is captured). Differentiable in A and B: two grouped calls of rows (docs/grouped.md, "Backward")."""
         self._refuse_grouped_arguments(A=A, B=B, offsets=offsets)
         return self.op.grouped(A, B, offsets)
 

@@ -9,10 +9,11 @@ and runs the list kernel over them.
 Every check draws fresh random inputs (NaN in every padding) and compares each group's matrix with float64; D is
 allocated right after a NaN block of its size was freed, so a matrix left unwritten reads NaN. Groups start at
 k values that are no multiple of the k tile (1, 127, 129, ...), so a group's last k tile reads into the next group's
-values unless the map's cut stops it; empty groups first, last and between; one group of all of K. Layouts: the
-layout nt (A column-major, B row-major: K the outer dimension of both, where a TMA load may start at any k; the
-other layouts are refused), D row- and column-major, cooperative and pingpong, clusters 2x1 and 1x2; the MoE block's dB through autograd; a CUDA
-graph replayed with new group sizes (nothing is read on the host)."""
+values unless the map's cut stops it; empty groups first, last and between; one group of all of K. Layouts: layout
+nt (A column-major, B row-major: K the outer dimension of both, where a TMA load may start at any k; the other
+layouts are refused), D row- and column-major, cooperative and pingpong, clusters 2x1 and 1x2. Also: the MoE
+block's dB through autograd; the backward of a call along K; a CUDA graph replayed with new group sizes (nothing
+is read on the host)."""
 from __future__ import annotations
 
 import itertools
@@ -127,6 +128,28 @@ def test_moe_weight_gradient_takes_one_call_along_k(ops):
         else:
             err = ((got - want).norm() / want.norm()).item()
             assert err <= BOUND[torch.bfloat16], (e, err)
+
+
+def test_backward_matches_float64(ops):
+    """dA and dB of a call along K through autograd (two grouped calls of rows: grouped_formula.grouped_k_backward)
+    against float64, empty groups and groups starting at any k included."""
+    op = op_of(ops, "nt_bf16_coop_c2x1")
+    sizes, m, n = [1, 127, 0, 129, 300, 5], 200, 72
+    k = sum(sizes)
+    a = stored(m, k, "col", op.dtype).requires_grad_()
+    b = stored(k, n, "row", op.dtype).requires_grad_()
+    d = op.grouped(a, b, offsets_of(sizes))
+    g = torch.randn_like(d)
+    poison(op.dtype, (k, m), (k, n))
+    d.backward(g)
+    starts = [0, *itertools.accumulate(sizes)]
+    a64, b64, g64 = a.detach().double(), b.detach().double(), g.double()
+    ref_a = torch.cat([g64[e] @ b64[s:t].t() for e, (s, t) in enumerate(zip(starts, starts[1:]))], dim=1)
+    ref_b = torch.cat([a64[:, s:t].t() @ g64[e] for e, (s, t) in enumerate(zip(starts, starts[1:]))])
+    for got, ref, what in ((a.grad, ref_a, "dA"), (b.grad, ref_b, "dB")):
+        assert torch.isfinite(got).all(), f"{what}: unwritten or NaN"
+        err = ((got.double() - ref).norm() / ref.norm()).item()
+        assert err <= BOUND[op.dtype], (what, err)
 
 
 def test_cuda_graph_replays_new_group_sizes(ops):

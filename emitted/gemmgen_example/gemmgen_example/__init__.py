@@ -133,7 +133,7 @@ def _gemm_bf16_tn_grouped(A, B, offsets):
     require grad are refused.
     With B 2-D (K, N) and A (M, K): groups along K (torch._grouped_mm's 2-D x 2-D form), offsets the groups' ends
     along K, D (E, M, N) with D[g] = A[:, group g] @ B[group g, :], on plans with A column-major and B row-major
-    (gemmgen's grouped_k_refusal); it has no backward pass yet, so arguments that require grad are refused.
+    (gemmgen's grouped_k_refusal); with autograd its backward is two grouped calls of rows.
     Also torch.ops.gemmgen_example.gemm_bf16_tn.grouped(A, B, offsets).
     """
     _check_grouped_tensors(A, B, offsets)
@@ -228,7 +228,7 @@ def _gemm_fp16_nn_grouped(A, B, offsets):
     This op's plan takes no grouped call: grouped calls run on the sm90 family's persistent kernels; this plan is sm80: plan with arch=90.
     With B 2-D (K, N) and A (M, K): groups along K (torch._grouped_mm's 2-D x 2-D form), offsets the groups' ends
     along K, D (E, M, N) with D[g] = A[:, group g] @ B[group g, :], on plans with A column-major and B row-major
-    (gemmgen's grouped_k_refusal); it has no backward pass yet, so arguments that require grad are refused.
+    (gemmgen's grouped_k_refusal); with autograd its backward is two grouped calls of rows.
     Also torch.ops.gemmgen_example.gemm_fp16_nn.grouped(A, B, offsets).
     """
     _check_grouped_tensors(A, B, offsets)
