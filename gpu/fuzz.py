@@ -63,7 +63,12 @@ from gpu_cases import BOUND, LAYOUTS  # noqa: E402
 FAMILIES = ("sm80", "sm90")
 DTYPES = ("bf16", "fp16", "tf32", "e4m3", "e5m2", "int8")
 DEFAULT_DTYPES = ("bf16", "fp16")
-FORMS = ("plain", "batched", "grouped", "list", "masked")
+FORMS = ("plain", "batched", "grouped", "list", "masked", "grouped_k")
+#: Grouped calls along K (B 2-D) are cases of their own seeds, at and above this one (case_seed gives 48 bits), so
+#: that the draws of every other case, and the replay keys written down for them, stay as they were.
+K_SEED_BASE = 1 << 48
+#: How many cases along K a run adds per case of the other forms, per family (sm80: to check the refusal).
+K_CASES = {"sm90": 1 / 8, "sm80": 1 / 50}
 
 MAX_SIZE = 10_000
 MAX_VOLUME = 1 << 32       # M*N*K of a call (times its batch, summed over a list): the biggest take ~1 ms each
@@ -185,10 +190,10 @@ class OpSpec:
         if form == "batched":
             kinds = {o.kind for o in desc.operands}
             return "matrix" not in kinds and not kinds & set(MAINLOOP_KINDS) and desc.aux is None
-        if form in ("grouped", "list", "masked"):
+        if form in ("grouped", "list", "masked", "grouped_k"):
             persistent = dict(self.knobs).get("schedule") != "ws" and not self.stream_k
-            return (family == "sm90" and desc.is_identity and persistent
-                    and (form == "list" or self.a_row))
+            orders = {"list": True, "grouped_k": not self.a_row and self.b_row}.get(form, self.a_row)
+            return family == "sm90" and desc.is_identity and persistent and orders
         return True
 
     def config(self, family: str, dtype: str, arch: int) -> KernelConfig:
@@ -357,12 +362,15 @@ class Case:
 
     @property
     def volume(self) -> int:
-        if self.form in ("grouped", "masked"):
+        if self.form in ("grouped", "masked", "grouped_k"):
             return sum(m * n * k for m, n, k in self.problems)
         return sum(m * n * k for m, n, k in self.problems) * max(self.batch, 1)
 
     def text(self) -> str:
-        if self.form in ("grouped", "masked"):
+        if self.form == "grouped_k":
+            m, n = self.problems[0][:2] if self.problems else (0, 0)
+            sizes = f"groups along K={[p[2] for p in self.problems]} M={m} N={n}"
+        elif self.form in ("grouped", "masked"):
             n, k = self.problems[0][1:]
             sizes = f"groups={[p[0] for p in self.problems]} N={n} K={k}"
             if self.form == "masked":
@@ -546,6 +554,28 @@ def _draw_grouped(rng: random.Random, spec: OpSpec, elem: int, slab_extra: int |
     return dict(problems=tuple((s, n, k) for s in sizes), a=(a,), b=(b,))
 
 
+def _draw_grouped_k(rng: random.Random, spec: OpSpec, elem: int) -> dict:
+    """A grouped call along K: the groups' values of K (a group may be empty, start anywhere), M, N, A (M, K) and
+    B (K, N), one matrix each."""
+    sizes = [_group_size(rng) for _ in range(_pick(rng, GROUP_COUNTS))]
+    m, n = draw_size(rng), draw_size(rng)
+    while True:
+        k = sum(sizes)
+        if m * n * k <= MAX_VOLUME and max(m * k, k * n, len(sizes) * m * n) <= MAX_ELEMENTS:
+            break
+        biggest = max(m, n, *sizes)
+        if m == biggest:
+            m = log_uniform(rng, 1, max(1, m // 2))
+        elif n == biggest:
+            n = log_uniform(rng, 1, max(1, n // 2))
+        else:
+            sizes[sizes.index(biggest)] = log_uniform(rng, 1, max(1, biggest // 2))
+    aligned = rng.random() < 0.9   # off the 16-byte rule the call is refused
+    k = sum(sizes)
+    return dict(problems=tuple((m, n, size) for size in sizes), a=(draw_matrix(rng, m, k, spec.a_row, elem, aligned),),
+                b=(draw_matrix(rng, k, n, spec.b_row, elem, aligned),))
+
+
 def _draw_masked(rng: random.Random, spec: OpSpec, elem: int) -> dict:
     """A grouped draw's groups, N and K, the rows held in slabs of max_m (the largest group and some padding rows),
     A (E, max_m, K) the slabs back to back: a masked call's operands."""
@@ -616,10 +646,10 @@ def draw_case(family: str, dtype: str, seed: int) -> Case:
     specs = ops_for(family, dtype)
     if not specs:
         raise ValueError(f"the {family} family takes no {dtype} plans")
-    form = _pick(rng, FORM_WEIGHTS[family])
+    form = "grouped_k" if seed >= K_SEED_BASE else _pick(rng, FORM_WEIGHTS[family])
     spec = _pick_op(rng, specs, family, form)
     drawer = {"plain": _draw_plain, "batched": _draw_batched, "grouped": _draw_grouped, "list": _draw_list,
-              "masked": _draw_masked}[form]
+              "masked": _draw_masked, "grouped_k": _draw_grouped_k}[form]
     fields = drawer(rng, spec, ELEM_BYTES[dtype])
     if form in ("plain", "batched"):
         fields.update(_draw_epilogue(rng, spec, dtype, fields))
@@ -630,7 +660,10 @@ def draw_case(family: str, dtype: str, seed: int) -> Case:
 
 
 def draw_cases(master: int, family: str, dtype: str, count: int) -> list[Case]:
-    return [draw_case(family, dtype, case_seed(master, family, dtype, i)) for i in range(count)]
+    """``count`` cases of the drawn forms, then K_CASES[family] as many grouped calls along K (their own seeds)."""
+    seeds = [case_seed(master, family, dtype, i) for i in range(count)]
+    seeds += [K_SEED_BASE + seed for seed in seeds[:math.ceil(count * K_CASES[family])]]
+    return [draw_case(family, dtype, seed) for seed in seeds]
 
 
 def sample_indices(cases: Sequence[Case], count: int, master: int) -> list[int]:
@@ -674,7 +707,11 @@ def expected_refusal(case: Case, cfg: KernelConfig) -> str | None:
     a_row, b_row = cfg.layout.a.value == "row", cfg.layout.b.value == "row"
     if case.form in ("grouped", "masked") and not a_row:
         return "grouped calls (offsets) take A row-major"
-    if case.form == "grouped":
+    if case.form == "grouped_k" and (a_row or not b_row):
+        return "grouped calls along K take A column-major and B row-major"
+    if case.form == "grouped_k":
+        works = [(case.problems[0][0], case.problems[0][1], sum(p[2] for p in case.problems))] if case.problems else []
+    elif case.form == "grouped":
         works = [(sum(p[0] for p in case.problems), *case.problems[0][1:])]
     elif case.form == "masked":   # A's slabs as one matrix
         works = [(len(case.problems) * case.batch, *case.problems[0][1:])]
@@ -916,6 +953,34 @@ class Run:
 
         return (lambda: self.op.grouped(A, B, offsets)), (lambda: self.op.path(A, B, offsets=offsets)), check
 
+    def grouped_k(self) -> tuple[Callable[[], Any], Callable[[], str], Callable[[Any], float]]:
+        """op.grouped with B 2-D: D (E, M, N), D[g] = A[:, group g] @ B[group g]; an empty group's matrix is zeros."""
+        case = self.case
+        A = self.matrix("A", case.a[0], self.dtype, case.input_scale)
+        B = self.matrix("B", case.b[0], self.dtype)
+        sizes = [p[2] for p in case.problems]
+        ends = [sum(sizes[:g + 1]) for g in range(len(sizes))]
+        offsets = torch.tensor(ends, dtype=torch.int32, device=self.device)
+        a64, b64 = to64(A), to64(B)
+        refs = [(a64[:, end - size:end] @ b64[end - size:end], magnitude(a64[:, end - size:end], b64[end - size:end]))
+                for size, end in zip(sizes, ends)]
+        shape = (len(sizes), A.shape[0], B.shape[1])
+        self.poison_allocator([shape])
+
+        def check(D: Any) -> float:
+            if not self.check_output("D", D, shape):
+                return math.inf
+            worst = 0.0
+            for g, (size, (ref, mag)) in enumerate(zip(sizes, refs)):
+                if size == 0 and D[g].numel() and bool(D[g].ne(0).any()):
+                    self.problems.append(f"group {g} has no values of K but its matrix of D is not zeros")
+                    return math.inf
+                if size:
+                    worst = max(worst, relative_error(D[g], ref, [(ACC_FLOOR, mag)], self.norms_on_cpu))
+            return worst
+
+        return (lambda: self.op.grouped(A, B, offsets)), (lambda: self.op.path(A, B, offsets=offsets)), check
+
     def masked(self) -> tuple[Callable[[], Any], Callable[[], str], Callable[[Any], float]]:
         """op.masked: the rows of each slab past its count hold the padding value (NaN for floats), which no valid row
         may read; D's rows past the counts are not checked (the op leaves them unwritten)."""
@@ -978,7 +1043,7 @@ def run_case(case: Case, op: Any, device: str = "cuda", norms_on_cpu: bool = Fal
     run = Run(case, op, device, norms_on_cpu)
     try:
         form = {"plain": run.plain, "batched": run.plain, "grouped": run.grouped, "list": run.listed,
-                "masked": run.masked}[case.form]
+                "masked": run.masked, "grouped_k": run.grouped_k}[case.form]
         call, path_of, check = form()
     except Exception as exc:   # the harness's own error: say so, do not blame the op
         return Outcome("failed", bound=bound, message=f"could not prepare the case: {type(exc).__name__}: {exc}",
@@ -1080,8 +1145,8 @@ def distribution(cases: Sequence[Case]) -> dict[str, dict]:
                 features["3-D batch of one"] += view.shape[0] == 1
         features["2-D operand of a batched call"] += case.form == "batched" and min(len(v.shape) for v in
                                                                                        case.a + case.b) == 2
-        features["empty group or problem"] += case.form in ("grouped", "list", "masked") and any(
-            0 in p if case.form == "list" else p[0] == 0 for p in case.problems)
+        features["empty group or problem"] += case.form in ("grouped", "list", "masked", "grouped_k") and any(
+            0 in p if case.form == "list" else p[2 if case.form == "grouped_k" else 0] == 0 for p in case.problems)
         features["K = 0"] += any(p[2] == 0 for p in case.problems)
         features["out= poisoned"] += case.out is not None and not case.in_place
         features["out=C in place"] += case.in_place
@@ -1146,7 +1211,8 @@ def parse_list(text: str, allowed: Sequence[str], what: str) -> tuple[str, ...]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Random GEMM calls of every form against float64 (issue 22).")
-    p.add_argument("--cases", type=int, default=500, help="cases per family x dtype (default 500)")
+    p.add_argument("--cases", type=int, default=500,
+                   help="cases per family x dtype (default 500), and K_CASES as many grouped calls along K")
     p.add_argument("--seed", type=int, default=0, help="master seed; case i's own seed derives from it")
     p.add_argument("--families", type=lambda s: parse_list(s, FAMILIES, "families"), default=FAMILIES,
                    help="comma-separated (default sm80,sm90)")

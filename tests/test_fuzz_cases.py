@@ -42,7 +42,7 @@ def drawn() -> dict[tuple[str, str], list]:
 
 def test_cases_are_a_function_of_their_seed(drawn):
     for (family, dtype), cases in drawn.items():
-        assert cases[:50] == fuzz.draw_cases(7, family, dtype, 50)
+        assert cases[:50] == fuzz.draw_cases(7, family, dtype, 50)[:50]   # (then each count's cases along K)
         assert len({c.seed for c in cases}) == len(cases)
         assert fuzz.draw_cases(8, family, dtype, 50) != cases[:50]
 
@@ -78,6 +78,12 @@ def test_sizes_and_storage_stay_in_bounds(drawn):
                 assert case.batch >= 1 and any(len(v.shape) == 3 for v in case.a + case.b)
             if case.form in ("plain", "batched"):
                 assert len(case.a) == len(case.b) == len(case.problems) == 1
+            elif case.form == "grouped_k":   # A (M, K) and B (K, N), K the groups' total; D (E, M, N)
+                m, n = case.problems[0][:2]
+                k = sum(p[2] for p in case.problems)
+                assert all(p[:2] == (m, n) for p in case.problems) and case.seed >= fuzz.K_SEED_BASE
+                assert case.a[0].shape == (m, k) and case.b[0].shape == (k, n) and not case.operands
+                assert max(m * k, k * n, len(case.problems) * m * n) <= fuzz.MAX_ELEMENTS, case.text()
             elif case.form in ("grouped", "masked"):
                 n, k = case.problems[0][1:]
                 assert all(p[1:] == (n, k) for p in case.problems)
@@ -117,7 +123,7 @@ def test_500_draws_cover_ops_layouts_forms_and_features(drawn):
                    for f in fuzz.FORMS}
         assert len(by_form["plain"]) > 150 and len(by_form["batched"]) > 80
         if family == "sm90":
-            assert len(by_form["grouped"]) > 40 and len(by_form["list"]) > 40
+            assert len(by_form["grouped"]) > 40 and len(by_form["list"]) > 40 and len(by_form["grouped_k"]) > 20
         features = fuzz.distribution(cases)["features"]
         for feature in ("operand off the 16-byte rule", "operand with a padded leading dimension", "batch stride 0",
                         "3-D batch of one", "2-D operand of a batched call", "K = 0", "out= poisoned",
@@ -174,7 +180,7 @@ def test_sample_is_small_nested_and_runs_kernels(drawn):
         chosen = [cases[i] for i in big]
         assert all(c.volume <= fuzz.SAMPLE_MAX_VOLUME for c in chosen)
         assert all(fuzz.op_spec(family, dtype, c.op).fits(family, c.form) for c in chosen)
-        wanted = {"plain", "batched"} | ({"grouped", "list", "masked"} if family == "sm90" else set())
+        wanted = {"plain", "batched"} | ({"grouped", "list", "masked", "grouped_k"} if family == "sm90" else set())
         assert {c.form for c in chosen} == wanted
 
 
@@ -256,6 +262,10 @@ class ReferenceOp:
 
     def grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         self._check()
+        if B.dim() == 2:   # groups along K: D (E, M, N)
+            ends = [0, *offsets.tolist()]
+            return self._store(torch.stack([fuzz.to64(A[:, s:e]) @ fuzz.to64(B[s:e]) for s, e in zip(ends, ends[1:])])
+                               if len(ends) > 1 else torch.empty(0, A.shape[0], B.shape[1], dtype=torch.float64))
         D, start = torch.empty(A.shape[0], B.shape[-1], dtype=torch.float64), 0
         for g, end in enumerate(offsets.tolist()):
             D[start:end] = fuzz.to64(A[start:end]) @ fuzz.to64(B[g])
@@ -421,7 +431,8 @@ def test_cli_dry_run_and_help(capsys):
     assert exit_info.value.code == 0 and "--replay" in capsys.readouterr().out
     assert fuzz.main(["--dry-run", "--cases", "30", "--show", "2", "--dtypes", "bf16", "--arch", "90"]) == 0
     out = capsys.readouterr().out
-    assert "sm80 x bf16: 30 cases" in out and "sm90 x bf16: 30 cases" in out and "coverage:" in out
+    # 30 cases each and their cases along K (one in 50 for sm80, one in 8 for sm90)
+    assert "sm80 x bf16: 31 cases" in out and "sm90 x bf16: 34 cases" in out and "coverage:" in out
     key = fuzz.draw_cases(0, "sm90", "fp16", 1)[0].key
     assert fuzz.main(["--dry-run", "--replay", key]) == 0
     assert key in capsys.readouterr().out
