@@ -290,7 +290,6 @@ inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_
 // units; the kernel walks them in order (ProblemList).
 template <class Cfg>
 inline int launch_list(KernelFn fast, const GemmArgs* call, cudaStream_t stream) {
-  using K = Kernel<Cfg>;
   if (choose_list_path<Cfg>(*call) == GEMM_PATH_NONE) return static_cast<int>(cudaErrorNotSupported);
   std::vector<ListProblem> table(static_cast<size_t>(call->batch));
   int64_t units = 0;
