@@ -531,23 +531,31 @@ def _group_size(rng: random.Random) -> int:
     return log_uniform(rng, 1, 4096)
 
 
+def _shrink_until(rng: random.Random, dims: list[int], sizes: list[int], fits: Callable[[], bool]) -> None:
+    """Redraw the largest of ``dims`` and the group ``sizes`` (in place; ``dims`` first on a tie) below half of itself
+    until ``fits()``."""
+    while not fits():
+        biggest = max(*dims, *sizes)
+        if biggest in dims:
+            i = dims.index(biggest)
+            dims[i] = log_uniform(rng, 1, max(1, dims[i] // 2))
+        else:
+            sizes[sizes.index(biggest)] = log_uniform(rng, 1, max(1, biggest // 2))
+
+
 def _draw_grouped(rng: random.Random, spec: OpSpec, elem: int, slab_extra: int | None = None) -> dict:
     """A grouped call's groups, N, K, A and B; with ``slab_extra`` (a masked call) the rows A and D hold are every
     group's slab of max(sizes) + slab_extra rows, which the element bound applies to."""
     sizes = [_group_size(rng) for _ in range(_pick(rng, GROUP_COUNTS))]
-    n, k = draw_size(rng), draw_size(rng)
-    while True:
-        total = sum(sizes)
+    nk = [draw_size(rng), draw_size(rng)]
+
+    def fits() -> bool:
+        (n, k), total = nk, sum(sizes)
         rows = total if slab_extra is None else len(sizes) * (max(sizes) + slab_extra)
-        if total * n * k <= MAX_VOLUME and max(rows * k, rows * n, len(sizes) * k * n) <= MAX_ELEMENTS:
-            break
-        biggest = max(n, k, *sizes)
-        if n == biggest:
-            n = log_uniform(rng, 1, max(1, n // 2))
-        elif k == biggest:
-            k = log_uniform(rng, 1, max(1, k // 2))
-        else:
-            sizes[sizes.index(biggest)] = log_uniform(rng, 1, max(1, biggest // 2))
+        return total * n * k <= MAX_VOLUME and max(rows * k, rows * n, len(sizes) * k * n) <= MAX_ELEMENTS
+
+    _shrink_until(rng, nk, sizes, fits)
+    n, k = nk
     aligned = rng.random() < 0.9   # off the 16-byte rule a grouped call is refused
     a = draw_matrix(rng, sum(sizes), k, spec.a_row, elem, aligned)
     b = draw_matrix(rng, k, n, spec.b_row, elem, aligned, batch=len(sizes))
@@ -558,18 +566,14 @@ def _draw_grouped_k(rng: random.Random, spec: OpSpec, elem: int) -> dict:
     """A grouped call along K: the groups' values of K (a group may be empty, start anywhere), M, N, A (M, K) and
     B (K, N), one matrix each."""
     sizes = [_group_size(rng) for _ in range(_pick(rng, GROUP_COUNTS))]
-    m, n = draw_size(rng), draw_size(rng)
-    while True:
-        k = sum(sizes)
-        if m * n * k <= MAX_VOLUME and max(m * k, k * n, len(sizes) * m * n) <= MAX_ELEMENTS:
-            break
-        biggest = max(m, n, *sizes)
-        if m == biggest:
-            m = log_uniform(rng, 1, max(1, m // 2))
-        elif n == biggest:
-            n = log_uniform(rng, 1, max(1, n // 2))
-        else:
-            sizes[sizes.index(biggest)] = log_uniform(rng, 1, max(1, biggest // 2))
+    mn = [draw_size(rng), draw_size(rng)]
+
+    def fits() -> bool:
+        (m, n), k = mn, sum(sizes)
+        return m * n * k <= MAX_VOLUME and max(m * k, k * n, len(sizes) * m * n) <= MAX_ELEMENTS
+
+    _shrink_until(rng, mn, sizes, fits)
+    m, n = mn
     aligned = rng.random() < 0.9   # off the 16-byte rule the call is refused
     k = sum(sizes)
     return dict(problems=tuple((m, n, size) for size in sizes), a=(draw_matrix(rng, m, k, spec.a_row, elem, aligned),),

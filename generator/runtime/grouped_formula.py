@@ -295,6 +295,23 @@ def stack_in_order(matrices: list[torch.Tensor], shape: tuple[int, ...], row: bo
     return torch.stack([m.t() for m in matrices]).transpose(1, 2)
 
 
+def host_groups(offsets: torch.Tensor, total: int, along_k: bool = False) -> Callable[[], list[tuple[int, int]]]:
+    """The groups' bounds [start, end) (rows, or ``along_k`` values of K), read on the host (one copy, a sync) and
+    checked the first time the returned function is called: only the fallbacks that need them pay the sync. (The
+    forward checked them, unless it was captured in a CUDA graph.)"""
+    bounds: list[tuple[int, int]] | None = None
+
+    def groups() -> list[tuple[int, int]]:
+        nonlocal bounds
+        if bounds is None:
+            ends = offsets.tolist()
+            check_group_ends(ends, total, along_k)
+            bounds = list(zip([0, *ends[:-1]], ends))
+        return bounds
+
+    return groups
+
+
 def grouped_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, grad: torch.Tensor,
                      need_a: bool, need_b: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """dA (T, K) and dB (E, K, N) of ``op.grouped(A, B, offsets)`` for its gradient ``grad`` (T, N), on the dA and dB
@@ -303,17 +320,7 @@ def grouped_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: tor
     refuse_traced_grouped_backward(op.name, "grouped", (A, B, offsets, grad))
     grad, row = gradient(op.dtype, grad, True)   # the grouped dA kernel walks the groups over a row-major A
     grad_a_op, grad_b_op = op.grad_ops(row)
-    bounds: list[tuple[int, int]] | None = None
-
-    def groups() -> list[tuple[int, int]]:
-        """The groups' rows, read on the host (one copy, a sync) by the fallbacks that need them, once."""
-        nonlocal bounds
-        if bounds is None:
-            ends = offsets.tolist()
-            check_group_ends(ends, A.shape[0])   # (the forward checked them, unless it was captured in a CUDA graph)
-            bounds = list(zip([0, *ends[:-1]], ends))
-        return bounds
-
+    groups = host_groups(offsets, A.shape[0])
     grad_a = _grouped_grad_a(grad_a_op, A, B, offsets, grad, groups) if need_a else None
     grad_b = _grouped_grad_b(grad_b_op, A, B, offsets, grad, groups) if need_b else None
     return grad_a, grad_b
@@ -330,17 +337,7 @@ def grouped_k_backward(op: Formula, A: torch.Tensor, B: torch.Tensor, offsets: t
     refuse_traced_grouped_backward(op.name, "grouped", (A, B, offsets, grad))
     grad, row = gradient(op.dtype, grad, True)   # each matrix row-major: the grouped calls' B for dB, dA's transposed
     grad_a_op, grad_b_op = op.grad_ops(row)
-    bounds: list[tuple[int, int]] | None = None
-
-    def groups() -> list[tuple[int, int]]:
-        """The groups' values of K, read on the host (one copy, a sync) by the fallbacks that need them, once."""
-        nonlocal bounds
-        if bounds is None:
-            ends = offsets.tolist()
-            check_group_ends(ends, A.shape[1], along_k=True)
-            bounds = list(zip([0, *ends[:-1]], ends))
-        return bounds
-
+    groups = host_groups(offsets, A.shape[1], along_k=True)
     grad_a = grad_b = None
     if need_a:
         grad_a = _rows_of_groups(grad_a_op, A.shape, offsets, groups, B, grad.transpose(1, 2), transposed=True,

@@ -327,6 +327,13 @@ inline void check_index(const char* what, int64_t size) {
   TORCH_CHECK_VALUE(size <= kInt32Max, what, "=", size, " is larger than the kernels index (2**31 - 1): split the problem");
 }
 
+// M, N and K of a problem within the kernels' int32 index (op_checks.py's _check_index).
+inline void check_sizes(int64_t m, int64_t n, int64_t k) {
+  check_index("M", m);
+  check_index("N", n);
+  check_index("K", k);
+}
+
 // A call's GEMM as its checked A and B describe it (op_checks.py's Problem): GemmArgs' sizes and leading dimensions,
 // and for a batched call (3-D A or B) the number of problems and A's and B's batch strides (elements; 0: one matrix for
 // every problem).
@@ -343,9 +350,7 @@ inline Problem check_operands(const OpSpec& op, const at::Tensor& A, const at::T
   check_k(A, B);
   const bool batched = is_batched(A, B);
   const int64_t batch = batched ? batch_size(A, B).expect_int() : 0;
-  check_index("M", A.size(-2));
-  check_index("N", B.size(-1));
-  check_index("K", A.size(-1));
+  check_sizes(A.size(-2), B.size(-1), A.size(-1));
   if (batched) check_index("batch", batch);
   return Problem{A.size(-2), B.size(-1), A.size(-1), lda, ldb, batched, batch, batch_stride(A), batch_stride(B)};
 }
@@ -767,9 +772,7 @@ inline Problem grouped_problem(const at::Tensor& A, const at::Tensor& B, int64_t
   const int64_t m = A.size(0), n = B.size(2), k = A.size(1), groups = B.size(0);
   TORCH_CHECK_VALUE(groups > 0 || m == 0, "B has no matrices (E = 0) but A has ", m,
                     " rows: with no groups, A must have no rows");
-  check_index("M", m);
-  check_index("N", n);
-  check_index("K", k);
+  check_sizes(m, n, k);
   return Problem{m, n, k, lda, ldb, /*batched=*/true, groups, 0, batch_stride(B)};
 }
 
@@ -942,9 +945,7 @@ inline Problem check_grouped_k_operands(const OpSpec& op, const at::Tensor& A, c
   const int64_t m = A.size(0), n = B.size(1), k = A.size(1), groups = offsets.size(0);
   TORCH_CHECK_VALUE(groups > 0 || k == 0, "offsets has no group ends (E = 0) but K is ", k,
                     ": with no groups, K must be 0");
-  check_index("M", m);
-  check_index("N", n);
-  check_index("K", k);
+  check_sizes(m, n, k);
   return Problem{m, n, k, lda, ldb, /*batched=*/true, groups, 0, 0};
 }
 
