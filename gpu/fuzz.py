@@ -936,13 +936,18 @@ class Run:
 
         return call, lambda: self.op.path(A, B, *values), check
 
-    def grouped(self) -> tuple[Callable[[], Any], Callable[[], str], Callable[[Any], float]]:
+    def grouped_inputs(self, sizes: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor]:
+        """A and B of a grouped call (rows or along K), its groups' ends and the offsets tensor of them."""
         case = self.case
         A = self.matrix("A", case.a[0], self.dtype, case.input_scale)
         B = self.matrix("B", case.b[0], self.dtype)
-        sizes = [p[0] for p in case.problems]
         ends = [sum(sizes[:g + 1]) for g in range(len(sizes))]
-        offsets = torch.tensor(ends, dtype=torch.int32, device=self.device)
+        return A, B, ends, torch.tensor(ends, dtype=torch.int32, device=self.device)
+
+    def grouped(self) -> tuple[Callable[[], Any], Callable[[], str], Callable[[Any], float]]:
+        case = self.case
+        sizes = [p[0] for p in case.problems]
+        A, B, ends, offsets = self.grouped_inputs(sizes)
         a64, b64 = to64(A), to64(B)
         refs = [(a64[end - size:end] @ b64[g], magnitude(a64[end - size:end], b64[g]))
                 for g, (size, end) in enumerate(zip(sizes, ends))]
@@ -959,12 +964,8 @@ class Run:
 
     def grouped_k(self) -> tuple[Callable[[], Any], Callable[[], str], Callable[[Any], float]]:
         """op.grouped with B 2-D: D (E, M, N), D[g] = A[:, group g] @ B[group g]; an empty group's matrix is zeros."""
-        case = self.case
-        A = self.matrix("A", case.a[0], self.dtype, case.input_scale)
-        B = self.matrix("B", case.b[0], self.dtype)
-        sizes = [p[2] for p in case.problems]
-        ends = [sum(sizes[:g + 1]) for g in range(len(sizes))]
-        offsets = torch.tensor(ends, dtype=torch.int32, device=self.device)
+        sizes = [p[2] for p in self.case.problems]
+        A, B, ends, offsets = self.grouped_inputs(sizes)
         a64, b64 = to64(A), to64(B)
         refs = [(a64[:, end - size:end] @ b64[end - size:end], magnitude(a64[:, end - size:end], b64[end - size:end]))
                 for size, end in zip(sizes, ends)]
