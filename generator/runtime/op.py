@@ -38,10 +38,10 @@ from .operands import bind, check_batchable, check_operands, check_out_aliasing,
 from .registration import _LIBRARIES, _register, has_grouped
 
 #: What a list call hears while its stream is being captured into a CUDA graph (after "<op name>: "; gemm_op.h's
-#: kListCaptureRefusal): the library builds each problem's tensor maps on the host and copies them at each call.
-LIST_CAPTURE_REFUSAL = ("a list call builds its problems' tensor maps on the host and copies them to the device at "
-                        "each call, which a CUDA graph capture cannot hold: call it outside the capture, or use the "
-                        "offsets form op.grouped(A, B, offsets), whose launch is capturable")
+#: kListCaptureRefusal): the library copies the problems' addresses and sizes from the host at each call.
+LIST_CAPTURE_REFUSAL = ("a list call copies its problems' addresses and sizes from the host to the device at each "
+                        "call, which a CUDA graph capture cannot hold: call it outside the capture, or use the offsets "
+                        "form op.grouped(A, B, offsets), whose launch is capturable")
 
 
 def stream_capturing(device: torch.device) -> bool:
@@ -166,9 +166,9 @@ class GemmOp(OpChecks):
         A[i] @ B[i] a new (M_i, N_i) tensor in the plan's order of D. One launch for all problems, on the sm90
         family's persistent kernels (schedule 'cooperative' or 'pingpong'; A in either order), with every A[i] and
         B[i] that has work on the 16-byte rule; other plans and operands are refused with the fix. An empty list
-        gives []; problems with M_i, N_i or K_i of 0 are not launched (K_i = 0 gives zeros). The library builds each
-        problem's tensor maps on the host at each call, so a CUDA graph cannot capture it (refused while capturing:
-        op.grouped(A, B, offsets) can be). Also ``op(A, B)`` with lists, and
+        gives []; problems with M_i, N_i or K_i of 0 are not launched (K_i = 0 gives zeros). The library copies each
+        problem's addresses and sizes to the device at each call (its tensor maps are built there), so a CUDA graph
+        cannot capture it (refused while capturing: op.grouped(A, B, offsets) can be). Also ``op(A, B)`` with lists, and
         ``torch.ops.<namespace>.<name>.grouped_list(A, B)``. Differentiable in every A[i] and B[i] (docs/grouped.md,
         "Backward"; not through a torch.compile'd backward yet)."""
         self._check_list_types(A, B)

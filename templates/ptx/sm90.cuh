@@ -111,6 +111,16 @@ __device__ __forceinline__ void tensormap_replace_global_dim(uint32_t tmap, int 
                : "memory");
 }
 
+// In the tensor map at `tmap` (shared memory, 128-byte aligned): the stride of dimension ORD + 1 (ORD 0: between the
+// rows of dimension 1), in bytes, a multiple of 16. Only sm_90a has it.
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: tensormap.replace" (.global_stride).
+template <int ORD>
+__device__ __forceinline__ void tensormap_replace_global_stride(uint32_t tmap, int64_t bytes) {
+  asm volatile("tensormap.replace.tile.global_stride.shared::cta.b1024.b64 [%0], %1, %2;\n" ::"r"(tmap), "n"(ORD),
+               "l"(bytes)
+               : "memory");
+}
+
 // In the tensor map at `tmap` (shared memory, 128-byte aligned): the global base address (16-byte aligned).
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: tensormap.replace" (.global_address).
 __device__ __forceinline__ void tensormap_replace_global_address(uint32_t tmap, const void* address) {

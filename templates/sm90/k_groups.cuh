@@ -9,6 +9,7 @@
 
 #include "../ptx/sm90.cuh"
 #include "gemm_kernel.cuh"
+#include "list_table.cuh"
 
 namespace gemmgen {
 namespace sm90 {
@@ -67,13 +68,9 @@ __device__ __forceinline__ void build_k_group(const CUtensorMap& a, const CUtens
   int start = 0, end = 0;
   k_group_range(groups, g, lane, start, end);
 
-  const CUtensorMap* from[3] = {&a, &b, &d};
-  const int maps = groups.d_tma ? 3 : 2;
-  for (int i = 0; i < maps; ++i) {  // 128 bytes: 8 bytes a lane
-    if (lane < 16) {
-      reinterpret_cast<uint64_t*>(&staged[warp][i])[lane] = reinterpret_cast<const uint64_t*>(from[i])[lane];
-    }
-  }
+  stage_tensormap(staged[warp][0], a, lane);
+  stage_tensormap(staged[warp][1], b, lane);
+  if (groups.d_tma) stage_tensormap(staged[warp][2], d, lane);
   __syncwarp();
   const auto at = [&](int i) { return static_cast<uint32_t>(__cvta_generic_to_shared(&staged[warp][i])); };
   if (lane == 0) {

@@ -19,6 +19,7 @@
 #include "../common/launch.cuh"
 #include "gemm_kernel.cuh"
 #include "k_groups.cuh"
+#include "list_table.cuh"
 
 namespace gemmgen {
 namespace sm90 {
@@ -211,50 +212,12 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
 // The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
 constexpr int64_t kMaxWorkUnits = 2147483647;
 
-// A listed problem's entry of the device table: its work units from `first_unit` on, its A and B maps, and D's map
-// where D keeps the 16-byte rule (else direct stores at its base). A problem with no rows or columns has no units
-// and no maps; one with K = 0 has units (its D is zeros) but loads nothing.
-template <class Cfg>
-inline int list_entry(const GemmListProblem& q, int64_t first_unit, ListProblem* entry) {
-  using K = Kernel<Cfg>;
-  GemmArgs one{};  // the problem as a single call: its tiles and units as the kernel counts them
-  one.m = q.m;
-  one.n = q.n;
-  one.k = q.k;
-  const auto sizes = K::problem(one);
-  *entry = ListProblem{};
-  entry->m = sizes.m;
-  entry->n = sizes.n;
-  entry->k_tiles = sizes.k_tiles;
-  entry->first_unit = static_cast<int>(first_unit);
-  entry->d_ptr = q.d;
-  entry->ldd = q.ldd;
-  if (q.m <= 0 || q.n <= 0) return 0;
-  entry->units_m = sizes.units_m;
-  entry->units_n = sizes.units_n;
-  CachedMap map;
-  int code = 0;
-  if (q.k > 0) {
-    code = operand_map<typename Cfg::Elem, typename K::TileA, Cfg::kAKMajor>(map, q.a, q.m, q.k, q.lda, 1, 0);
-    if (code != 0) return code;
-    entry->a = map.map;
-    code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(map, q.b, q.n, q.k, q.ldb, 1, 0);
-    if (code != 0) return code;
-    entry->b = map.map;
-  }
-  if (Cfg::kDRowMajor && fast_aligned(q.d, q.ldd, sizeof(typename Cfg::Out))) {
-    code = tensor_map<typename Cfg::Out, K::kEpiCols, K::kEpiRows>(map, q.d, q.n, q.m, q.ldd);
-    if (code != 0) return code;
-    entry->d = map.map;
-    entry->d_tma = 1;
-  }
-  return 0;
-}
-
 // The list kernel over `count` problems of `units` work units in all, whose table `fill(table)` writes into
-// stream-ordered device memory (freed after the launch) before the kernel runs.
+// stream-ordered device memory (freed after the launch) before the kernel runs; `extra_bytes` more follow the table
+// there, for what fill builds it from.
 template <class Cfg, class Fill>
-inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_t stream, Fill&& fill) {
+inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_t stream, Fill&& fill,
+                         size_t extra_bytes = 0) {
   using K = Kernel<Cfg>;
   static DeviceFlags smem_raised = {};
   int device = 0;
@@ -266,7 +229,7 @@ inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_
   const int64_t clusters = units < resident ? units : resident;
 
   void* on_device = nullptr;
-  err = workspace_alloc(device, count * sizeof(ListProblem), stream, &on_device);
+  err = workspace_alloc(device, count * sizeof(ListProblem) + extra_bytes, stream, &on_device);
   if (err != cudaSuccess) return static_cast<int>(err);
   err = fill(on_device);
   if (err == cudaSuccess) {
@@ -284,26 +247,63 @@ inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_
   return static_cast<int>(cudaGetLastError());
 }
 
-// A list of problems (GemmArgs::list) in one persistent launch: the host encodes every problem's maps into a table,
-// copies it to stream-ordered device memory (from pageable memory: the copy has taken the table when it returns, so
-// the table and the caller's list may go at once; a CUDA graph cannot capture it) and launches over all problems'
-// units; the kernel walks them in order (ProblemList).
+// A list of problems (GemmArgs::list) in one persistent launch, its table built on the device (build_list,
+// list_table.cuh): the host counts each problem's work units, encodes a template map per operand (from the first
+// problem that uses it) and copies the problems' seeds after the table (from pageable memory: the copy has taken them
+// when it returns, so the caller's list may go at once; a CUDA graph cannot capture it); build_list writes the table,
+// and the kernel walks all problems' units in order (ProblemList).
 template <class Cfg>
 inline int launch_list(KernelFn fast, const GemmArgs* call, cudaStream_t stream) {
+  using K = Kernel<Cfg>;
+  using Out = typename Cfg::Out;
   if (choose_list_path<Cfg>(*call) == GEMM_PATH_NONE) return static_cast<int>(cudaErrorNotSupported);
-  std::vector<ListProblem> table(static_cast<size_t>(call->batch));
+  const size_t count = static_cast<size_t>(call->batch);
+  std::vector<ListSeed> seeds(count);
   int64_t units = 0;
-  for (int64_t i = 0; i < call->batch; ++i) {
-    const int code = list_entry<Cfg>(call->list[i], units, &table[i]);
-    if (code != 0) return code;
-    units += static_cast<int64_t>(table[i].units_m) * table[i].units_n;
+  const GemmListProblem* loads = nullptr;  // the first problem with loads, and with D stored by TMA
+  const GemmListProblem* d_tma = nullptr;
+  for (size_t i = 0; i < count; ++i) {
+    const GemmListProblem& q = call->list[i];
+    seeds[i] = ListSeed{q, units};
+    if (q.m <= 0 || q.n <= 0) continue;
+    GemmArgs one{};
+    one.m = q.m;
+    one.n = q.n;
+    one.k = q.k;
+    const auto sizes = K::problem(one);
+    units += static_cast<int64_t>(sizes.units_m) * sizes.units_n;
     if (units > kMaxWorkUnits) return static_cast<int>(cudaErrorInvalidValue);
+    if (loads == nullptr && q.k > 0) loads = &q;
+    if (d_tma == nullptr && Cfg::kDRowMajor && fast_aligned(q.d, q.ldd, sizeof(Out))) d_tma = &q;
   }
   if (units == 0) return 0;
-  return launch_listed<Cfg>(fast, table.size(), units, stream, [&](void* on_device) {
-    return cudaMemcpyAsync(on_device, table.data(), table.size() * sizeof(ListProblem), cudaMemcpyHostToDevice,
-                           stream);
-  });
+  CachedMap a{}, b{}, d{};  // (zeros where no problem uses them)
+  int code = 0;
+  if (loads != nullptr) {
+    code = operand_map<typename Cfg::Elem, typename K::TileA, Cfg::kAKMajor>(a, loads->a, loads->m, loads->k,
+                                                                            loads->lda, 1, 0);
+    if (code == 0) {
+      code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(b, loads->b, loads->n, loads->k,
+                                                                               loads->ldb, 1, 0);
+    }
+  }
+  if (code == 0 && d_tma != nullptr) {
+    code = tensor_map<Out, K::kEpiCols, K::kEpiRows>(d, d_tma->d, d_tma->n, d_tma->m, d_tma->ldd);
+  }
+  if (code != 0) return code;
+  const size_t seed_bytes = count * sizeof(ListSeed);
+  return launch_listed<Cfg>(fast, count, units, stream, [&](void* on_device) {
+    ListBuild build{};
+    build.table = static_cast<ListProblem*>(on_device);
+    build.seeds = reinterpret_cast<const ListSeed*>(static_cast<char*>(on_device) + count * sizeof(ListProblem));
+    build.count = static_cast<int>(count);
+    cudaError_t err = cudaMemcpyAsync(const_cast<ListSeed*>(build.seeds), seeds.data(), seed_bytes,
+                                      cudaMemcpyHostToDevice, stream);
+    if (err != cudaSuccess) return err;
+    const unsigned blocks = static_cast<unsigned>((count + kListBuildWarps - 1) / kListBuildWarps);
+    build_list<Cfg><<<blocks, kListBuildWarps * 32, 0, stream>>>(a.map, b.map, d.map, build);
+    return cudaGetLastError();
+  }, seed_bytes);
 }
 
 // Groups along K (GemmArgs::groups_along_k) in two launches and no read on the host: build_k_groups makes the table

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -1163,17 +1164,25 @@ inline at::Tensor gemm_masked_meta(const OpSpec& op, const at::Tensor& A, const 
 // (M_i, N_i) in the plan's order of D. One launch (GemmArgs' list) on the sm90 family's persistent kernels: other
 // plans (OpSpec::grouped_list_refusal) and operands off the 16-byte rule are refused here, before any launch. The
 // list holds the problems with work only: D[i] of M_i or N_i = 0 is empty, and of K_i = 0 zeroed here (a sum of
-// nothing), so those problems' operands need not keep the rule. The library's launch encodes each problem's tensor
-// maps on the host and copies them to the device, so a list call cannot be captured into a CUDA graph.
+// nothing), so those problems' operands need not keep the rule. The library's launch copies each problem's addresses
+// and sizes to the device (its tensor maps are built there), so a list call cannot be captured into a CUDA graph.
 
 // What a list call hears while its stream is being captured (after "<op>: ").
 inline constexpr const char kListCaptureRefusal[] =
-    "a list call builds its problems' tensor maps on the host and copies them to the device at each call, which a "
-    "CUDA graph capture cannot hold: call it outside the capture, or use the offsets form op.grouped(A, B, offsets), "
+    "a list call copies its problems' addresses and sizes from the host to the device at each call, which a CUDA "
+    "graph capture cannot hold: call it outside the capture, or use the offsets form op.grouped(A, B, offsets), "
     "whose launch is capturable";
 
 // "A[3]": a list call's matrix, in messages.
 inline std::string list_item(const char* what, size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
+
+// The same name on the stack, for the checks every problem passes (a call of 128 problems names 640 matrices and
+// sizes; heap strings for them were a measurable share of its host time).
+struct ListName {
+  char text[32];
+  ListName(const char* what, size_t i) { std::snprintf(text, sizeof text, "%s[%zu]", what, i); }
+  const char* c_str() const { return text; }
+};
 
 inline void check_list_lengths(at::TensorList A, at::TensorList B) {
   TORCH_CHECK_VALUE(A.size() == B.size(), "A has ", A.size(), " matrices but B has ", B.size(), ": pass one B per A");
@@ -1186,7 +1195,7 @@ inline std::string list_k_message(size_t i, const at::Tensor& a, const at::Tenso
 }
 
 // Every matrix of a list call on A[0]'s device.
-inline void check_list_device(const std::string& what, const at::Tensor& t, const at::Tensor& first) {
+inline void check_list_device(const char* what, const at::Tensor& t, const at::Tensor& first) {
   TORCH_CHECK_VALUE(t.device() == first.device(), what, " is on ", t.device().str(), " but A[0] on ",
                     first.device().str(), ": put every matrix of A and B on one GPU, e.g. pass ", what, ".to('",
                     first.device().str(), "')");
@@ -1200,15 +1209,15 @@ struct ListProblem {
 
 inline ListProblem check_list_pair(const OpSpec& op, size_t i, const at::Tensor& a, const at::Tensor& b,
                                    const at::Tensor& first) {
-  const std::string x = list_item("A", i), y = list_item("B", i);
+  const ListName x("A", i), y("B", i);
   const int64_t lda = check_operand(op, a, x.c_str(), op.a_row, CallForm::list);
   const int64_t ldb = check_operand(op, b, y.c_str(), op.b_row, CallForm::list);
-  check_list_device(x, a, first);
-  check_list_device(y, b, first);
+  check_list_device(x.c_str(), a, first);
+  check_list_device(y.c_str(), b, first);
   TORCH_CHECK_VALUE(a.size(1) == b.size(0), list_k_message(i, a, b));
-  check_index(list_item("M", i).c_str(), a.size(0));
-  check_index(list_item("N", i).c_str(), b.size(1));
-  check_index(list_item("K", i).c_str(), a.size(1));
+  for (const auto& [what, size] : {std::pair<const char*, int64_t>{"M", a.size(0)}, {"N", b.size(1)}, {"K", a.size(1)}}) {
+    if (size > kInt32Max) check_index(ListName(what, i).c_str(), size);
+  }
   return ListProblem{a.size(0), b.size(1), a.size(1), lda, ldb};
 }
 
@@ -1251,8 +1260,8 @@ inline void check_list_alignment(const OpSpec& op, at::TensorList A, at::TensorL
                                  const std::vector<ListProblem>& problems) {
   for (size_t i = 0; i < problems.size(); ++i) {
     if (!problems[i].has_work()) continue;
-    check_grouped_alignment(list_item("A", i).c_str(), A[i], op.a_row, problems[i].lda, 0);
-    check_grouped_alignment(list_item("B", i).c_str(), B[i], op.b_row, problems[i].ldb, 0);
+    check_grouped_alignment(ListName("A", i).c_str(), A[i], op.a_row, problems[i].lda, 0);
+    check_grouped_alignment(ListName("B", i).c_str(), B[i], op.b_row, problems[i].ldb, 0);
   }
 }
 
@@ -1285,11 +1294,11 @@ inline std::vector<at::Tensor> gemm_grouped_list_meta(const OpSpec& op, at::Tens
   refuse_grouped_list_plan(op);
   check_list_lengths(A, B);
   for (size_t i = 0; i < A.size(); ++i) {
-    const std::string x = list_item("A", i), y = list_item("B", i);
+    const ListName x("A", i), y("B", i);
     check_rank_and_dtype(op, A[i], x.c_str(), CallForm::list);
     check_rank_and_dtype(op, B[i], y.c_str(), CallForm::list);
-    check_list_device(x, A[i], A[0]);
-    check_list_device(y, B[i], A[0]);
+    check_list_device(x.c_str(), A[i], A[0]);
+    check_list_device(y.c_str(), B[i], A[0]);
     TORCH_CHECK_VALUE(A[i].sym_size(1).sym_eq(B[i].sym_size(0)).expect_true(__FILE__, __LINE__),
                       list_k_message(i, A[i], B[i]));
   }
