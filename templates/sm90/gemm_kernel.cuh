@@ -66,6 +66,14 @@
 #ifndef GEMMGEN_SM90_A_EDGE_BOX_ROWS
 #define GEMMGEN_SM90_A_EDGE_BOX_ROWS 32
 #endif
+// Experiment (A/B runs only; 0 or 1: off): a problem's work units taken by the clusters in an interleaved order, unit c
+// going to position (c % G) * (U / G) + c / G of the raster (interleave_units), so that clusters launched G apart
+// take neighbouring tiles. Whether the clusters the hardware places side by side then share more of their operands
+// in L2 is what an A/B of G against 0 shows (docs/corpus.md, "ncu beside cuBLAS on the worst mid-size rows": cuBLAS's
+// kernel delivers 2.33 bytes per byte read from L2 where ours delivers 1.44-1.79 on the same tile).
+#ifndef GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE
+#define GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -439,6 +447,13 @@ struct Raster {
   }
 };
 
+// GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE's order: of `units` units read as G rows of units / G (the units past the
+// last whole row stay in place), the one at `unit` in the column-major walk.
+__host__ __device__ __forceinline__ constexpr int interleave_units(int unit, int units, int g) {
+  const int per_row = g > 1 ? units / g : 0;
+  return per_row == 0 || unit >= per_row * g ? unit : (unit % g) * per_row + unit / g;
+}
+
 template <class Cfg>
 struct Kernel {
   using Elem = typename Cfg::Elem;
@@ -652,6 +667,9 @@ struct Kernel {
       problem = unit / p.units_per_problem;
       local = unit - problem * p.units_per_problem;
       units_m = p.units_m;
+      if constexpr (GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE > 1) {
+        local = interleave_units(local, p.units_per_problem, GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE);
+      }
     }
     int um, un;
     Raster<Cfg::kRasterAlongM, Cfg::kRasterGroup>::coords(local, units_m, units_n, um, un);
