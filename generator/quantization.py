@@ -4,6 +4,7 @@
     q, s = generator.quantize(x, "e4m3", scale="row")      # s: (rows,) fp32, one per row of x
     q, s = generator.quantize(x, "e4m3", scale="block")    # s: (rows, ceil(cols / 128)), one per 1x128 block
     q, s = generator.quantize(W, "e4m3", scale="block", block=(128, 128))   # weights: one per 128x128 block
+    q, s = generator.quantize(Ws, "e4m3", scale="block", block=(128, 128))  # experts' (E, N, K): s (E, N/128, K/128)
 
 A scale is the dequantizing factor (``torch._scaled_mm``'s convention): each block's largest magnitude maps to
 the format's largest finite value (448 for e4m3, 57344 for e5m2), so ``q.float() * s`` (each scale spread over
@@ -64,6 +65,16 @@ def _check_input(x: object) -> torch.Tensor:
     return x
 
 
+def _each_matrix(quantize_one, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s) of a batch of matrices, each quantized by ``quantize_one``, stacked (an empty batch: empty q and s of
+    the shapes one matrix would give)."""
+    parts = [quantize_one(matrix) for matrix in x]
+    if not parts:
+        q, s = quantize_one(x.new_zeros(x.shape[1:]))
+        return q.new_empty((0, *q.shape)), s.new_empty((0, *s.shape))
+    return torch.stack([q for q, _ in parts]), torch.stack([s for _, s in parts])
+
+
 def _spread(s: torch.Tensor, block: tuple[int, int], shape: torch.Size) -> torch.Tensor:
     """Each block's scale repeated over the block's elements, cropped to ``shape``."""
     rows, cols = block
@@ -85,8 +96,12 @@ def quantize(x: torch.Tensor, dtype: object = "e4m3", scale: str = "tensor",
 
     ``scale``: 'tensor' (s has shape ()), 'row' (s: (rows,)), or 'block' (s: (ceil(rows / br), ceil(cols / bc))
     for ``block=(br, bc)``, default (1, 128); (1, 128) gives (rows, ceil(cols / 128))). See the module
-    docstring."""
+    docstring. A 3-D ``x`` with scale 'row' or 'block' is a batch of matrices (a mixture of experts' weights,
+    (E, N, K)), each quantized on its own: s gets the batch dimension first, (E, ...), as the grouped fp8 calls
+    take it."""
     x = _check_input(x)
+    if x.dim() == 3 and scale in ("row", "block"):
+        return _each_matrix(lambda matrix: quantize(matrix, dtype, scale, block), x)
     fp8 = _fp8_dtype(dtype)
     covered = _block_shape(scale, block, x)
     fmax = torch.finfo(fp8).max
@@ -105,7 +120,11 @@ def quantize(x: torch.Tensor, dtype: object = "e4m3", scale: str = "tensor",
 
 def dequantize(q: torch.Tensor, s: torch.Tensor, scale: str = "tensor",
                block: tuple[int, int] | None = None) -> torch.Tensor:
-    """``q * s`` in fp32, each scale spread over its block: the inverse of ``quantize`` up to fp8 rounding."""
+    """``q * s`` in fp32, each scale spread over its block: the inverse of ``quantize`` up to fp8 rounding (a 3-D
+    ``q`` with scale 'row' or 'block': each matrix with its own scales, ``s`` (E, ...))."""
+    if isinstance(q, torch.Tensor) and q.dim() == 3 and scale in ("row", "block"):
+        return torch.stack([dequantize(matrix, scales, scale, block) for matrix, scales in zip(q, s)]) if len(q) \
+            else q.float()
     covered = _block_shape(scale, block, q)
     qf = q.float()
     if covered is None:

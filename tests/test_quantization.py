@@ -94,3 +94,19 @@ def test_refusals_name_the_fix(call, error, fragment):
 def test_generator_has_no_other_lazy_attribute():
     with pytest.raises(AttributeError, match="no attribute 'quantise'"):
         generator.quantise  # noqa: B018
+
+
+def test_a_batch_of_matrices_is_quantized_each_on_its_own():
+    """An experts' (E, N, K) weight with block or row scales: each matrix as quantize gives it alone, the scales
+    stacked (E, ...), as the grouped fp8 calls take them; dequantize inverts it; an empty batch keeps the shapes."""
+    w = torch.randn(3, 300, 640)
+    for scale, block, one_shape in (("block", (128, 128), (3, 5)), ("row", None, (300,))):
+        q, s = generator.quantize(w, "e4m3", scale=scale, block=block)
+        assert (q.shape, s.shape) == (w.shape, (3, *one_shape))
+        for e in range(3):
+            qe, se = generator.quantize(w[e], "e4m3", scale=scale, block=block)
+            assert torch.equal(q[e].float(), qe.float()) and torch.equal(s[e], se)
+        back = generator.dequantize(q, s, scale=scale, block=block)
+        assert back.shape == w.shape and ((back - w).norm() / w.norm()).item() < 0.05
+        q0, s0 = generator.quantize(w[:0], "e4m3", scale=scale, block=block)
+        assert (q0.shape, s0.shape) == ((0, 300, 640), (0, *one_shape))
