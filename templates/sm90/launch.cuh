@@ -329,7 +329,7 @@ inline int launch_k_groups(KernelFn fast, const GemmArgs* call, cudaStream_t str
   groups.d = static_cast<char*>(call->d);
   groups.d_stride_bytes = call->batch_stride_d * static_cast<int64_t>(sizeof(Out));
   groups.ldd = call->ldd;
-  CachedMap a, b, d;
+  CachedMap a, b, d{};  // (d zeros where D goes out by direct stores)
   int code = operand_map<typename Cfg::Elem, typename K::TileA, Cfg::kAKMajor>(a, call->a, call->m, call->k,
                                                                               call->lda, 1, 0);
   if (code == 0) {

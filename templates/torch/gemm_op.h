@@ -1173,16 +1173,16 @@ inline constexpr const char kListCaptureRefusal[] =
     "graph capture cannot hold: call it outside the capture, or use the offsets form op.grouped(A, B, offsets), "
     "whose launch is capturable";
 
-// "A[3]": a list call's matrix, in messages.
-inline std::string list_item(const char* what, size_t i) { return std::string(what) + "[" + std::to_string(i) + "]"; }
-
-// The same name on the stack, for the checks every problem passes (a call of 128 problems names 640 matrices and
-// sizes; heap strings for them were a measurable share of its host time).
+// "A[3]": a list call's matrix (or size), in messages; on the stack, for the checks every problem passes (a call of
+// 128 problems names 640 matrices and sizes, a heap string each before).
 struct ListName {
   char text[32];
   ListName(const char* what, size_t i) { std::snprintf(text, sizeof text, "%s[%zu]", what, i); }
   const char* c_str() const { return text; }
 };
+
+// The same name as a string, for the messages built only on failure.
+inline std::string list_item(const char* what, size_t i) { return ListName(what, i).c_str(); }
 
 inline void check_list_lengths(at::TensorList A, at::TensorList B) {
   TORCH_CHECK_VALUE(A.size() == B.size(), "A has ", A.size(), " matrices but B has ", B.size(), ": pass one B per A");
