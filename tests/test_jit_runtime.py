@@ -237,6 +237,8 @@ STAND_IN_PLANS = {
     "ws": dict(layout="tn", schedule="ws"),
     # list calls take a column-major A too (a config no other plan here derives: its own op)
     "list_nt": dict(layout="nt", schedule="pingpong"),
+    # fp8 with DeepSeek's per-block scales alone: grouped calls of rows with their scales (.grouped_scaled)
+    "fp8_block": dict(dtype="e4m3", layout="tn", scale="block"),
 }
 _STAND_INS: dict = {}
 
@@ -1646,3 +1648,94 @@ def test_fake_list_outputs_have_the_real_shapes_and_strides(python_launches_on_c
     # meta tensors reach the C++ Meta kernel of an emitted package (tests/test_emit.py) and the fake here
     d = op.op.grouped_list([t.to("meta") for t in a], [t.to("meta") for t in b])
     assert [(tuple(t.shape), t.device.type) for t in d] == [((m, n), "meta") for m, _, n in LIST_SIZES]
+
+
+# -- fp8 grouped calls with per-block scales (.grouped_scaled, .masked_scaled): both paths alike ---------------------
+
+#: N and K of the scaled grouped calls: several 128-wide blocks of each, and a partial last one.
+SN, SK = 300, 640
+
+
+def scales_of(op, rows, groups, n=SN, k=SK):
+    """scale_a (rows, ceil(K/128)) and scale_b (E, ceil(N/128), ceil(K/128)), fp32."""
+    return (torch.rand(rows, scale_blocks(k)) + 0.5, torch.rand(groups, scale_blocks(n), scale_blocks(k)) + 0.5)
+
+
+def test_scaled_grouped_calls_fill_the_scale_slots_alike_on_both_paths(python_launches_on_cpu):
+    """op.grouped(A, B, offsets, scale_a, scale_b) of an fp8 plan with scale='block': the grouped call's GemmArgs
+    plus the scales' slots (scale_a's address and leading dimension ceil(K/128); scale_b's address and ceil(K/128),
+    its matrices back to back), on the C++ kernel, the Python path and the method; the fake gives D's shape."""
+    op = stand_in("fp8_block")
+    sizes = (5, 0, 17, 18)
+    a, b, offsets = grouped_inputs(op, sizes, n=SN, k=SK)
+    scale_a, scale_b = scales_of(op, sum(sizes), len(sizes))
+    cpp, cpp_args = launched(lambda: op.op.grouped_scaled.redispatch(CUDA_KEY, a, b, offsets, scale_a, scale_b))
+    python, python_args = launched(lambda: op.run_grouped_scaled(a, b, offsets, scale_a, scale_b))
+    method, method_args = launched(lambda: op.grouped(a, b, offsets, scale_a, scale_b))
+    assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python]) == args_dict(method_args, [method])
+    assert (tuple(cpp.shape), cpp.dtype) == ((sum(sizes), SN), op.out_dtype)
+    assert list(cpp_args.ep_ptr[:2]) == [scale_a.data_ptr(), scale_b.data_ptr()]
+    assert list(cpp_args.ep_ld[:2]) == [scale_blocks(SK), scale_blocks(SK)]
+    assert (cpp_args.group_ends, cpp_args.batch) == (offsets.data_ptr(), len(sizes))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+        fake = op.op.grouped_scaled(*(mode.from_tensor(t) for t in (a, b, offsets, scale_a, scale_b)))
+    assert (tuple(fake.shape), fake.stride(), fake.dtype) == (tuple(cpp.shape), cpp.stride(), cpp.dtype)
+
+
+def test_scaled_masked_calls_read_scale_a_in_the_slabs(python_launches_on_cpu):
+    """op.masked(A, B, counts, scale_a, scale_b): scale_a (E, max_m, ceil(K/128)) read as its slabs' rows, the
+    masked call's GemmArgs otherwise; both paths alike."""
+    op = stand_in("fp8_block")
+    a, b, counts = masked_inputs(op, n=SN, k=SK)
+    groups = a.shape[0]
+    scale_a, scale_b = scales_of(op, groups * SLAB, groups)
+    scale_a = scale_a.view(groups, SLAB, -1)
+    cpp, cpp_args = launched(lambda: op.op.masked_scaled.redispatch(CUDA_KEY, a, b, counts, scale_a, scale_b))
+    python, python_args = launched(lambda: op.run_masked_scaled(a, b, counts, scale_a, scale_b))
+    method, method_args = launched(lambda: op.masked(a, b, counts, scale_a, scale_b))
+    assert args_dict(cpp_args, [cpp]) == args_dict(python_args, [python]) == args_dict(method_args, [method])
+    assert list(cpp_args.ep_ptr[:2]) == [scale_a.data_ptr(), scale_b.data_ptr()]
+    assert (cpp_args.group_rows, cpp_args.m) == (SLAB, groups * SLAB)
+
+
+#: Bad scales of a scaled grouped call -> the refusal's start, the same on both paths.
+BAD_SCALES = {
+    "scale_b 2-D": (lambda sa, sb: (sa, sb[0]),
+                    (ValueError, "scale_b has shape (3, 5); a grouped call's per-block scales of B are one")),
+    "scale_b of another expert count": (lambda sa, sb: (sa, sb[:2]), (ValueError, "scale_b has shape (2, 3, 5)")),
+    "scale_b bfloat16": (lambda sa, sb: (sa, sb.bfloat16()), (TypeError, "scale_b is torch.bfloat16; this plan's")),
+    "scale_b transposed": (lambda sa, sb: (sa, sb.transpose(1, 2).contiguous().transpose(1, 2)),
+                           (ValueError, "scale_b has strides (15, 1, 3); the kernel reads each group's scales of B")),
+    "scale_b None": (lambda sa, sb: (sa, None), (TypeError, "scale_b must be a torch.Tensor of shape (E, ceil(N/128)")),
+    "scale_a of too few rows": (lambda sa, sb: (sa[:-1], sb), (ValueError, "scale_a has shape (39, 5)")),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SCALES)
+def test_scaled_grouped_refusals_say_the_same_on_both_paths(python_launches_on_cpu, case):
+    op = stand_in("fp8_block")
+    sizes = (5, 0, 17, 18)
+    a, b, offsets = grouped_inputs(op, sizes, n=SN, k=SK)
+    make, (kind, start) = BAD_SCALES[case]
+    scale_a, scale_b = make(*scales_of(op, sum(sizes), len(sizes)))
+    cpp = _raise(lambda: op.op.grouped_scaled.redispatch(CUDA_KEY, a, b, offsets, scale_a, scale_b))
+    python = _raise(lambda: op.run_grouped_scaled(a, b, offsets, scale_a, scale_b))
+    assert cpp == python, case
+    assert cpp[0] is kind and cpp[1].startswith(start), cpp
+
+
+def test_which_plans_take_scales_in_grouped_calls(python_launches_on_cpu):
+    """Only fp8 plans with scale='block' and nothing else have the scaled overloads; they take no list call and no
+    unscaled grouped call, and a plan without scales refuses scales given to it."""
+    scaled, plain, fused_fp8 = stand_in("fp8_block"), stand_in("grouped_tt"), stand_in("scaled_block")
+    assert {"grouped_scaled", "masked_scaled"} <= set(scaled.op.overloads())
+    assert not {"grouped", "grouped_list", "masked"} & set(scaled.op.overloads())
+    assert not {"grouped_scaled", "masked_scaled"} & (set(plain.op.overloads()) | set(fused_fp8.op.overloads()))
+    a, b, offsets = grouped_inputs(plain)
+    assert _raise(lambda: plain.grouped(a, b, offsets, torch.ones(1), torch.ones(1)))[1].startswith(
+        f"{plain.name}: this plan has no per-block scales")
+    assert _raise(lambda: scaled.grouped_list([a], [b])) == (ValueError, f"{scaled.name}: {GROUPED_EPILOGUE_REFUSAL}")
+    assert _raise(lambda: fused_fp8.grouped(a, b, offsets)) == (ValueError,
+                                                                f"{fused_fp8.name}: {GROUPED_EPILOGUE_REFUSAL}")
+

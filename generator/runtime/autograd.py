@@ -58,7 +58,7 @@ from ..planner import plan
 from ..planner.backward import (PlanGradient, accumulator_config, backward_configs, backward_layouts,
                                 computes_transpose, saving_config)
 from ..spec.config import KernelConfig
-from ..spec.grouped import grouped_list_refusal, grouped_refusal
+from ..spec.grouped import grouped_list_refusal, grouped_refusal, takes_scaled_groups
 from ..spec.types import DType, Order
 from . import grouped_formula, jit_runtime
 from .evaluate import evaluate, operand_values
@@ -127,6 +127,8 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
         if grouped:
             _register_quantized_grouped_refusal(op, lib)
             _register_masked_refusal(op, lib)
+        if takes_scaled_groups(op.config):
+            _register_scaled_grouped_refusal(op, lib)
         return
     # Planned once here for both the formula and the backward ops' registration (planning is most of the
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
@@ -360,6 +362,35 @@ def _register_quantized_grouped_refusal(op: OpHandle, lib: torch.library.Library
 
     lib.impl(f"{op.name}.grouped", grouped_autograd, "Autograd")
     lib.impl(f"{op.name}.grouped_list", grouped_list_autograd, "Autograd")
+
+
+def _register_scaled_grouped_refusal(op: OpHandle, lib: torch.library.Library) -> None:
+    """The Autograd kernels of an fp8 op's .grouped_scaled and .masked_scaled (registration.has_grouped_scaled): fp8
+    ops have no backward pass, so inputs that require grad are refused at the call, in the words of
+    ``_register_quantized_grouped_refusal``; without grad mode on to the kernel."""
+    ops = getattr(torch.ops, op.namespace)
+
+    def refuse(A: Any, B: Any, overload: str) -> None:
+        wanting = _grouped_wanting(A, B, "grouped") if torch.is_grad_enabled() else []
+        if wanting:
+            raise RuntimeError(f"{op.name}.{overload} multiplies {op.config.dtype.value} operands and has no "
+                               f"backward pass, but {', '.join(wanting)} require(s) grad: call it under "
+                               f"torch.no_grad(), or pass {wanting[0]}.detach(); train through a bf16 or tf32 plan")
+
+    def grouped_scaled_autograd(A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, scale_a: torch.Tensor,
+                                scale_b: torch.Tensor) -> torch.Tensor:
+        refuse(A, B, "grouped_scaled")
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(ops, op.name).grouped_scaled(A, B, offsets, scale_a, scale_b)
+
+    def masked_scaled_autograd(A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor, scale_a: torch.Tensor,
+                               scale_b: torch.Tensor) -> torch.Tensor:
+        refuse(A, B, "masked_scaled")
+        with torch._C._AutoDispatchBelowAutograd():
+            return getattr(ops, op.name).masked_scaled(A, B, counts, scale_a, scale_b)
+
+    lib.impl(f"{op.name}.grouped_scaled", grouped_scaled_autograd, "Autograd")
+    lib.impl(f"{op.name}.masked_scaled", masked_scaled_autograd, "Autograd")
 
 
 def _register_masked_refusal(op: OpHandle, lib: torch.library.Library) -> None:

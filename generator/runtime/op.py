@@ -27,14 +27,15 @@ from ..planner import plan
 from ..planner.backward import PlanGradient, backward_hint, hinted_op_name
 from ..planner.common import Problem as PlannedProblem
 from ..spec.config import KernelConfig
-from ..spec.grouped import GROUPED_EPILOGUE_REFUSAL, grouped_list_refusal
+from ..spec.grouped import GROUPED_EPILOGUE_REFUSAL, grouped_list_refusal, takes_scaled_groups
 from . import jit_runtime
 from .checks import (TORCH_DTYPES, batch_stride, check_group_counts, check_group_ends, grouped_alignment_refusal,
                      leading_dim)
 from .library import PATHS, GemmArgsStruct, GemmListProblemStruct, KernelLibrary
 from .loader import build_libraries, load_library
 from .op_checks import OpChecks, Problem, _has_work
-from .operands import bind, check_batchable, check_operands, check_out_aliasing, check_type
+from .operands import (bind, check_batchable, check_grouped_scale_b, check_operand, check_operands, check_out_aliasing,
+                       check_type)
 from .registration import _LIBRARIES, _register, has_grouped
 
 #: What a list call hears while its stream is being captured into a CUDA graph (after "<op name>: "; gemm_op.h's
@@ -118,7 +119,8 @@ class GemmOp(OpChecks):
                              "out= (it returns (D, aux))")
         return self.op.out(A, B, *values, out=out)
 
-    def grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    def grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, scale_a: torch.Tensor | None = None,
+                scale_b: torch.Tensor | None = None) -> torch.Tensor:
         """Grouped GEMM, the mixture-of-experts form (as ``torch._grouped_mm``): A (total_M, K) holds every group's
         rows, sorted by group; ``offsets`` (E,) int32 on A's device the groups' ends (cumulative row counts: group g
         is rows offsets[g - 1] to offsets[g] of A and D, group 0 from row 0, offsets[-1] = total_M; a group may be
@@ -136,28 +138,52 @@ class GemmOp(OpChecks):
         row-major (layout 'nt': a group starts at any k, which TMA cannot start a load at along an operand's
         contiguous dimension; others are refused with the fix). The library builds each group's
         tensor maps on the device: one launch more, no value read on the host but the checks (skipped while a CUDA
-        graph is captured). Differentiable in A and B: two grouped calls of rows (docs/grouped.md, "Backward")."""
+        graph is captured). Differentiable in A and B: two grouped calls of rows (docs/grouped.md, "Backward").
+
+        An fp8 plan with scale='block' (and no other epilogue) takes grouped calls of rows with its scales:
+        ``op.grouped(A, B, offsets, scale_a, scale_b)``, scale_a (total_M, ceil(K/128)) the 1x128 block scales of A's
+        rows (``quantize(x, "e4m3", scale="block")`` of the sorted rows), scale_b (E, ceil(N/128), ceil(K/128)) each
+        expert's 128x128 block scales of its weight; D = (A @ B[g]) scaled per block, bf16 by default. Also
+        ``torch.ops.<namespace>.<name>.grouped_scaled(A, B, offsets, scale_a, scale_b)``; forward only."""
+        if takes_scaled_groups(self.config):
+            self._refuse_grouped_arguments(A=A, B=B, offsets=offsets, scale_a=scale_a, scale_b=scale_b)
+            return self.op.grouped_scaled(A, B, offsets, scale_a, scale_b)
         self._refuse_grouped_arguments(A=A, B=B, offsets=offsets)
+        self._refuse_scales(scale_a, scale_b)
         return self.op.grouped(A, B, offsets)
 
     def _refuse_grouped_arguments(self, **tensors: Any) -> None:
-        """Before the dispatcher's own words: arguments that are not tensors, and an op with a fused epilogue (which
-        has no grouped overloads)."""
+        """Before the dispatcher's own words: an op with a fused epilogue (which has no grouped overloads, but for
+        fp8's block scales), and arguments that are not tensors."""
+        if not self.config.epilogue.is_identity and not takes_scaled_groups(self.config):
+            raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
         for what, value in tensors.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
-        if not self.config.epilogue.is_identity:
-            raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
 
-    def masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def _refuse_scales(self, scale_a: object, scale_b: object) -> None:
+        """Scales given to a grouped call of a plan without per-block scales."""
+        if scale_a is not None or scale_b is not None:
+            raise ValueError(f"{self.name}: this plan has no per-block scales; grouped calls take scale_a and "
+                             "scale_b on fp8 plans with scale='block': call it with A, B and the offsets (counts) "
+                             "alone, or plan Gemm('e4m3', 'tn', scale='block')")
+
+    def masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor, scale_a: torch.Tensor | None = None,
+               scale_b: torch.Tensor | None = None) -> torch.Tensor:
         """Grouped GEMM, the masked form (DeepGEMM's, for decode steps and CUDA graphs): A (E, max_m, K) holds each
         group's rows in a slab of its own, the first ``counts[g]`` of slab g valid; B (E, K, N) as for ``grouped``;
         counts int32 (E,) on the GPU. Returns D (E, max_m, N) with D[g, :counts[g]] = A[g, :counts[g]] @ B[g]; the
         rows of a slab past its count are not written (D is allocated, not zeroed). No value is read on the host while
         a CUDA graph is being captured (else the counts are checked to lie in [0, max_m]), so a captured call replays
         with new counts written in place. Also ``torch.ops.<namespace>.<name>.masked(A, B, counts)``. Not
-        differentiable yet: inputs that require grad are refused (use ``grouped`` for training)."""
+        differentiable yet: inputs that require grad are refused (use ``grouped`` for training). An fp8 plan with
+        scale='block' takes the scales after the counts, scale_a (E, max_m, ceil(K/128)) in A's slabs and scale_b as
+        for ``grouped`` (``.masked_scaled``)."""
+        if takes_scaled_groups(self.config):
+            self._refuse_grouped_arguments(A=A, B=B, counts=counts, scale_a=scale_a, scale_b=scale_b)
+            return self.op.masked_scaled(A, B, counts, scale_a, scale_b)
         self._refuse_grouped_arguments(A=A, B=B, counts=counts)
+        self._refuse_scales(scale_a, scale_b)
         return self.op.masked(A, B, counts)
 
     def grouped_list(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -267,7 +293,7 @@ class GemmOp(OpChecks):
         if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
             return self._list_path(A, B)
         if offsets is not None:
-            if not self.config.epilogue.is_identity:
+            if not self.config.epilogue.is_identity and not takes_scaled_groups(self.config):
                 raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
             if isinstance(B, torch.Tensor) and B.dim() == 2:
                 problem = self._check_grouped_k(A, B, offsets)
@@ -361,15 +387,17 @@ class GemmOp(OpChecks):
         args.groups_along_k = 1
         return args
 
-    def run_grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        """The .grouped overload (``grouped``): the plan, then A, B and offsets, A's and B's 16-byte rule where the
-        call launches, the offsets' values (one copy to the host; skipped while a CUDA graph is captured), then
-        the launch. templates/torch/gemm_op.h's gemm_grouped checks the same, in this order, with these words.
-        B 2-D: groups along K (``run_grouped_k``)."""
-        if isinstance(B, torch.Tensor) and B.dim() == 2:
+    def run_grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor,
+                    scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The .grouped overload (``grouped``): the plan, then A, B and offsets (and ``scales``, .grouped_scaled's),
+        A's and B's 16-byte rule where the call launches, the offsets' values (one copy to the host; skipped while a
+        CUDA graph is captured), then the launch. templates/torch/gemm_op.h's gemm_grouped checks the same, in this
+        order, with these words. B 2-D: groups along K (``run_grouped_k``)."""
+        if isinstance(B, torch.Tensor) and B.dim() == 2 and scales is None:
             return self.run_grouped_k(A, B, offsets)
         self._refuse_grouped_plan()
         problem = self._check_grouped(A, B, offsets)
+        slots = self._check_grouped_scales(scales, A, problem.m, B.shape[0], problem) if scales is not None else ()
         if problem.m > 0 and problem.n > 0 and problem.k > 0:
             self._check_grouped_alignment(A, B, problem)
         if not stream_capturing(A.device):
@@ -379,16 +407,49 @@ class GemmOp(OpChecks):
             return D
         if problem.k == 0:   # every row of every group is a sum of nothing (the kernels need a k tile)
             return D.zero_()
-        self._launch(self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), 0,
+        self._launch(self._args(A, B, D, problem, leading_dim(D, self.config.layout.c), 0, slots,
                                 group_ends=offsets.data_ptr()), A.device)
         return D
 
-    def run_masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """The .masked overload (``masked``): the plan, then A, B and counts, the 16-byte rule, the counts' values
-        (one copy to the host; skipped while a CUDA graph is captured), then one launch of the grouped kernel over A's
-        slabs as one matrix, group g starting at row g * max_m."""
+    def run_grouped_scaled(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, scale_a: torch.Tensor,
+                           scale_b: torch.Tensor) -> torch.Tensor:
+        """The .grouped_scaled overload (fp8 with per-block scales): ``run_grouped`` with the scales."""
+        return self.run_grouped(A, B, offsets, (scale_a, scale_b))
+
+    def run_masked_scaled(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor, scale_a: torch.Tensor,
+                          scale_b: torch.Tensor) -> torch.Tensor:
+        """The .masked_scaled overload (fp8 with per-block scales): ``run_masked`` with the scales."""
+        return self.run_masked(A, B, counts, (scale_a, scale_b))
+
+    def _check_grouped_scales(self, scales: tuple[object, object], A: torch.Tensor, rows: int, groups: int,
+                              problem: Problem) -> list[tuple[int, int, float]]:
+        """A scaled grouped call's slots: scale_a as a (rows, ceil(K/128)) operand of A's rows, scale_b
+        (E, ceil(N/128), ceil(K/128)) (gemm_op.h's check_grouped_scales)."""
+        op_a, op_b = self.config.epilogue.operands[:2]
+        return [check_operand(op_a, scales[0], A, rows, problem.n, problem.k),
+                check_grouped_scale_b(op_b, scales[1], A, groups, problem.n, problem.k)]
+
+    def _check_grouped_scales_meta(self, scale_a: object, scale_b: object, A: torch.Tensor) -> None:
+        """The fakes' checks of the scales: types, dtypes and devices (no size is read)."""
+        op_a, op_b = self.config.epilogue.operands[:2]
+        for op, value in ((op_a, scale_a), (op_b, scale_b)):
+            check_type(op, value)
+            if value.dtype != torch.float32 or value.device != A.device:
+                raise TypeError(f"{op.name} is {value.dtype} on {value.device}; per-block scales are torch.float32 "
+                                f"on A's device ({A.device})")
+
+    def run_masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor,
+                   scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """The .masked overload (``masked``): the plan, then A, B and counts (and ``scales``, .masked_scaled's, scale_a
+        in A's slabs), the 16-byte rule, the counts' values (one copy to the host; skipped while a CUDA graph is
+        captured), then one launch of the grouped kernel over A's slabs as one matrix, group g starting at row
+        g * max_m."""
         self._refuse_grouped_plan()
         problem, rows = self._check_masked(A, B, counts)
+        slots: Sequence[tuple[int, int, float]] = ()
+        if scales is not None:
+            slots = self._check_grouped_scales((self._masked_scale_rows(scales[0], A, problem.m), scales[1]), rows,
+                                               problem.m, A.shape[0], problem)
         if problem.m > 0 and problem.n > 0 and problem.k > 0:
             self._check_grouped_alignment(rows, B, problem)
         slab = A.shape[1]
@@ -400,8 +461,21 @@ class GemmOp(OpChecks):
         if problem.k == 0:   # every valid row is a sum of nothing (the kernels need a k tile)
             return D.zero_()
         self._launch(self._args(rows, B, D, problem, leading_dim(D.view(problem.m, problem.n), self.config.layout.c),
-                                0, group_ends=counts.data_ptr(), group_rows=slab), A.device)
+                                0, slots, group_ends=counts.data_ptr(), group_rows=slab), A.device)
         return D
+
+    @staticmethod
+    def _masked_scale_rows(scale_a: object, A: torch.Tensor, rows: int) -> object:
+        """A masked call's scale_a, (E, max_m, ceil(K/128)), as its slabs' rows (gemm_op.h's gemm_masked)."""
+        if not isinstance(scale_a, torch.Tensor):
+            return scale_a   # (check_operand names the type)
+        if scale_a.dim() != 3 or tuple(scale_a.shape[:2]) != tuple(A.shape[:2]):
+            raise ValueError(f"scale_a has shape {tuple(scale_a.shape)}; a masked call's per-block scales of A are "
+                             "(E, max_m, ceil(K/128)), one slab per group as A's")
+        if not scale_a.is_contiguous():
+            raise ValueError(f"scale_a has strides {tuple(scale_a.stride())}; the kernel reads its slabs as one "
+                             "matrix: pass scale_a.contiguous()")
+        return scale_a.reshape(rows, scale_a.shape[2])
 
     def _check_grouped_alignment(self, A: torch.Tensor, B: torch.Tensor, problem: Problem) -> None:
         """A grouped call's A (2-D) and B on the 16-byte rule of the kernel's TMA loads."""

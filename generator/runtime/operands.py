@@ -191,6 +191,31 @@ def check_operands(ep: Epilogue, values: Sequence[Any], A: torch.Tensor, m: int,
     return [check_operand(op, v, A, m, n, k) for op, v in zip(ep.operands, values)]
 
 
+def check_grouped_scale_b(op: Operand, value: object, A: torch.Tensor, groups: int, n: int, k: int) -> tuple[int, int, float]:
+    """A scaled grouped call's scale_b (``op``, the plan's col_blocks operand): one (ceil(N/128), ceil(K/128)) matrix of
+    128 x 128 block scales per group, (E, ceil(N/128), ceil(K/128)), fp32, contiguous, on A's device; returns its slot
+    (the kernel reads group g's at the address + g * ceil(N/128) * ceil(K/128)). templates/torch/gemm_op.h's
+    check_grouped_scales says the same, in this order."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{op.name} must be a torch.Tensor of shape (E, ceil(N/128), ceil(K/128)), got "
+                        f"{type(value).__name__}")
+    wanted = (groups, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
+    if tuple(value.shape) != wanted:
+        raise ValueError(f"{op.name} has shape {tuple(value.shape)}; a grouped call's per-block scales of B are one "
+                         f"(ceil(N/128), ceil(K/128)) matrix per group: (E, ceil(N/128), ceil(K/128)) = {wanted} "
+                         "(torch.stack of each expert's quantize(W[e], scale='block', block=(128, 128)) scales)")
+    want = TORCH_DTYPES[op.dtype]
+    if value.dtype != want:
+        raise TypeError(f"{op.name} is {value.dtype}; this plan's epilogue reads it as {op.dtype.value}: pass "
+                        f"{op.name}.to({want})")
+    if value.device != A.device:
+        raise ValueError(f"{op.name} is on {value.device} but A and B on {A.device}: pass {op.name}.to('{A.device}')")
+    if not value.is_contiguous():
+        raise ValueError(f"{op.name} has strides {tuple(value.stride())}; the kernel reads each group's scales of B "
+                         f"back to back: pass {op.name}.contiguous()")
+    return value.data_ptr(), wanted[2], 0.0
+
+
 #: The fix every refusal of ``check_batchable`` starts with.
 _PER_PROBLEM = "call the op once per problem with 2-D tensors"
 

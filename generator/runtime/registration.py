@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from ..spec.config import KernelConfig
+from ..spec.grouped import takes_scaled_groups
 from .autograd import register_autograd
 from .library import KernelLibrary
 from .operands import schema_arguments, schema_returns
@@ -47,10 +48,41 @@ def _define(lib: torch.library.Library, schema: str) -> None:
     lib.define(schema, tags=(torch.Tag.needs_fixed_stride_order, torch.Tag.pt2_compliant_tag))
 
 
+def _register_grouped_scaled(op: Any, lib: torch.library.Library, qualname: str) -> None:
+    """.grouped_scaled(A, B, offsets, scale_a, scale_b) and .masked_scaled(A, B, counts, scale_a, scale_b): the kernel
+    under CompositeExplicitAutograd (the JIT runtime's C++ one replaces it for CUDA where built) and fakes."""
+    _define(lib, f"{op.name}.grouped_scaled(Tensor A, Tensor B, Tensor offsets, Tensor scale_a, Tensor scale_b) -> Tensor")
+    lib.impl(f"{op.name}.grouped_scaled", op.run_grouped_scaled, "CompositeExplicitAutograd")
+
+    def fake_grouped_scaled(A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, scale_a: torch.Tensor,
+                            scale_b: torch.Tensor) -> torch.Tensor:
+        op._check_grouped_meta(A, B, offsets)
+        op._check_grouped_scales_meta(scale_a, scale_b, A)
+        return op._empty_grouped_out(A, B)
+
+    torch.library.register_fake(f"{qualname}.grouped_scaled", fake_grouped_scaled, lib=lib)
+    _define(lib, f"{op.name}.masked_scaled(Tensor A, Tensor B, Tensor counts, Tensor scale_a, Tensor scale_b) -> Tensor")
+    lib.impl(f"{op.name}.masked_scaled", op.run_masked_scaled, "CompositeExplicitAutograd")
+
+    def fake_masked_scaled(A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor, scale_a: torch.Tensor,
+                           scale_b: torch.Tensor) -> torch.Tensor:
+        op._check_masked_meta(A, B, counts)
+        op._check_grouped_scales_meta(scale_a, scale_b, A)
+        return op._empty_masked_out(A, B)
+
+    torch.library.register_fake(f"{qualname}.masked_scaled", fake_masked_scaled, lib=lib)
+
+
 def has_grouped(config: KernelConfig) -> bool:
     """Whether the op of ``config`` has the .grouped and .grouped_list overloads: every op without a fused epilogue
     (whether its kernel takes such calls or not: a plan that does not is refused with the fix, by the overload)."""
     return config.epilogue.is_identity
+
+
+def has_grouped_scaled(config: KernelConfig) -> bool:
+    """Whether the op of ``config`` has the .grouped_scaled and .masked_scaled overloads (grouped calls of rows with
+    their per-block scales): an fp8 plan with scale='block' and no other epilogue (spec.grouped.takes_scaled_groups)."""
+    return takes_scaled_groups(config)
 
 
 def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp)
@@ -136,6 +168,9 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
                 return op._empty_masked_out(A, B)   # (E, max_m, N): no size depends on the counts' values
 
             torch.library.register_fake(f"{qualname}.masked", fake_masked, lib=lib)
+
+        if has_grouped_scaled(op.config):
+            _register_grouped_scaled(op, lib, qualname)
 
         # DTensor operands: each rank's local GEMM, placements by the rules of generator.runtime.sharding
         register_rules(op, has_grouped(op.config))

@@ -5,19 +5,37 @@ say in the same words. A form a plan refuses has no kernel for it: the rules fol
 from __future__ import annotations
 
 from .config import KernelConfig
+from .epilogue import IDENTITY, with_scales
 from .types import Order
 
 
 #: Why an op with a fused epilogue takes no grouped call (GemmOp.grouped; such an op has no .grouped overload).
 GROUPED_EPILOGUE_REFUSAL = ("grouped calls take plans without a fused epilogue: plan without epilogue=, activation=, "
-                            "bias=, alpha=, beta= and scale= (and apply the epilogue to D with torch)")
+                            "bias=, alpha=, beta= and scale= (and apply the epilogue to D with torch); fp8 plans "
+                            "with scale='block' alone take grouped calls of rows with their scales, "
+                            "op.grouped(A, B, offsets, scale_a, scale_b)")
+
+#: The epilogue of an fp8 plan with DeepSeek's per-block scales and nothing else: the scales are applied in the main
+#: loop, per group (templates/sm90/gemm_kernel.cuh Kernel::block_scales).
+BLOCK_SCALED = with_scales(IDENTITY, "block")
+
+
+#: The tallest tile whose kernel walks grouped rows with per-block scales (templates/sm90/gemm.cu.j2 kWalksGroups).
+SCALED_GROUPS_MAX_BLOCK_M = 128
+
+
+def takes_scaled_groups(cfg: KernelConfig) -> bool:
+    """Whether ``cfg``'s op has the scaled grouped overloads (``.grouped_scaled``, ``.masked_scaled``: grouped calls
+    of rows with per-block scales, ``op.grouped(A, B, offsets, scale_a, scale_b)``): an fp8 plan with scale='block'
+    and no other epilogue. Whether its kernel takes them is ``grouped_refusal``'s to say."""
+    return cfg.epilogue == BLOCK_SCALED
 
 
 def _grouped_plan_refusal(cfg: KernelConfig, stream_k_why: str) -> str | None:
     """Why ``cfg``'s kernel library takes no grouped call of either form, with the fix; None where it may. Only the
     sm90 family's persistent schedules (cooperative, pingpong) walk groups, not with stream-K (``stream_k_why``:
     the form's reason), and only with the identity epilogue."""
-    if not cfg.epilogue.is_identity:
+    if not cfg.epilogue.is_identity and not takes_scaled_groups(cfg):
         return GROUPED_EPILOGUE_REFUSAL
     if cfg.family != "sm90":
         fix = "plan with arch=90" if cfg.arch != 90 else "plan with family='sm90' (or family=None)"
@@ -40,6 +58,11 @@ def grouped_refusal(cfg: KernelConfig) -> str | None:
     templates/torch/gemm_op.h)."""
     reason = _grouped_plan_refusal(cfg, "its shares are cut on the host from the tile count, which the groups' sizes "
                                         "on the device do not give")
+    if reason is None and takes_scaled_groups(cfg) and cfg.tile[0] > SCALED_GROUPS_MAX_BLOCK_M:
+        bm, bn, bk = cfg.tile
+        return (f"grouped calls with per-block scales take tiles of at most {SCALED_GROUPS_MAX_BLOCK_M} rows (a "
+                f"{bm}-row tile's consumers have no registers left for the groups' walk); this plan's tile is "
+                f"{bm}x{bn}x{bk}: plan with tile_shape=({SCALED_GROUPS_MAX_BLOCK_M}, {bn}, {bk})")
     if reason is None and not cfg.layout.a_k_major:
         other = "t" + cfg.layout.blas[1]
         return ("grouped calls take A row-major (K contiguous): a group may start at any row, and TMA cannot start a "
@@ -52,7 +75,10 @@ def grouped_list_refusal(cfg: KernelConfig) -> str | None:
     """Why ``cfg``'s kernel library takes no list call (CUTLASS's GroupedGemm: op([A0, A1, ...], [B0, B1, ...]),
     GemmArgs' list), with the fix; None where it does. ``grouped_refusal``'s rules but A's order: each problem's
     tensor maps start at its own matrices, so a column-major A is taken too. The op refuses such a call before any
-    launch, in these words (generator/runtime/op_checks.py and templates/torch/gemm_op.h)."""
+    launch, in these words (generator/runtime/op_checks.py and templates/torch/gemm_op.h). Per-block scales are one
+    problem's: an fp8 plan with scale='block' takes no list call."""
+    if not cfg.epilogue.is_identity:
+        return GROUPED_EPILOGUE_REFUSAL
     return _grouped_plan_refusal(cfg, "the list's walk takes each problem's tiles whole")
 
 

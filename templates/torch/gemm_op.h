@@ -1001,12 +1001,59 @@ inline at::Tensor empty_grouped_d(const OpSpec& op, const at::Tensor& A, const a
   return empty_matrix(op, A.sym_size(0), B.sym_size(-1), A.options());
 }
 
-// The checks in GemmOp.run_grouped's order: the plan, A, B and offsets, the 16-byte rule where the call launches,
-// the offsets' values; then the launch.
-inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) {
-  if (B.defined() && B.dim() == 2) return gemm_grouped_k(op, A, B, offsets);
+// -- fp8 grouped calls with per-block scales (.grouped_scaled, .masked_scaled; GemmOp.run_grouped_scaled) -----------
+//
+// A plan with scale='block' (DeepSeek's scales) takes grouped calls of rows with its two scales: scale_a, one per row
+// of A and 128-wide K block, (rows of A, ceil(K/128)) over every group's rows (what quantize(x, scale='block') gives
+// for the concatenated rows), and scale_b, one matrix of 128 x 128 block scales per group's B, (E, ceil(N/128),
+// ceil(K/128)), contiguous: the kernel reads group g's at scale_b + g * ceil(N/128) * ceil(K/128) (sm90
+// Kernel::block_scales). The masked form's scale_a is (E, max_m, ceil(K/128)), its slabs one matrix as A's.
+
+// A scaled grouped call's scales: the op's two operand slots (scale_a's rows, scale_b's matrices of blocks).
+struct GroupedScales {
+  const at::Tensor& a;
+  const at::Tensor& b;
+};
+
+// scale_a and scale_b of a grouped call of `rows` rows, `groups` groups, N and K: type, dtype, device and shape;
+// fills their slots of args.
+inline void check_grouped_scales(const OpSpec& op, const GroupedScales& scales, const at::Tensor& A, int64_t rows,
+                                 int64_t groups, int64_t n, int64_t k, GemmArgs& args) {
+  TORCH_CHECK(op.num_operands == 2 && op.operands[0].kind == OperandKind::RowBlocks &&
+                  op.operands[1].kind == OperandKind::ColBlocks,
+              op.op, ": a scaled grouped call needs a plan whose only operands are per-block scales");
+  const OperandSpec& oa = op.operands[0];
+  const OperandSpec& ob = op.operands[1];
+  check_operand_static(oa, scales.a, A);
+  args.ep_ld[0] = check_block_scales(oa, scales.a, rows, n, k);
+  args.ep_ptr[0] = scales.a.data_ptr();
+  TORCH_CHECK_TYPE(scales.b.defined(), ob.name, " must be a torch.Tensor of shape (E, ceil(N/128), ceil(K/128)), got "
+                   "NoneType");
+  const std::vector<int64_t> wanted = {groups, scale_blocks(n), scale_blocks(k)};
+  TORCH_CHECK_VALUE(scales.b.dim() == 3 && scales.b.sizes() == at::IntArrayRef(wanted), ob.name, " has shape ",
+                    tuple_str(scales.b.sym_sizes()), "; a grouped call's per-block scales of B are one (ceil(N/128), "
+                    "ceil(K/128)) matrix per group: (E, ceil(N/128), ceil(K/128)) = ", tuple_str(wanted),
+                    " (torch.stack of each expert's quantize(W[e], scale='block', block=(128, 128)) scales)");
+  TORCH_CHECK_TYPE(scales.b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(scales.b.scalar_type()),
+                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
+                   torch_dtype(ob.dtype), ")");
+  TORCH_CHECK_VALUE(scales.b.device() == A.device(), ob.name, " is on ", scales.b.device().str(), " but A and B on ",
+                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
+  TORCH_CHECK_VALUE(scales.b.is_contiguous(), ob.name, " has strides ", tuple_str(scales.b.strides()),
+                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+  args.ep_ld[1] = wanted[2];
+  args.ep_ptr[1] = scales.b.data_ptr();
+}
+
+// The checks in GemmOp.run_grouped's order: the plan, A, B and offsets (and a scaled call's scales), the 16-byte rule
+// where the call launches, the offsets' values; then the launch.
+inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets,
+                               const GroupedScales* scales = nullptr) {
+  if (B.defined() && B.dim() == 2 && scales == nullptr) return gemm_grouped_k(op, A, B, offsets);
   refuse_grouped_plan(op);
   const Problem p = check_grouped_operands(op, A, B, offsets);
+  GemmArgs args{};
+  if (scales != nullptr) check_grouped_scales(op, *scales, A, p.m, B.size(0), p.n, p.k, args);
   if (p.m > 0 && p.n > 0 && p.k > 0) {
     check_grouped_alignment("A", A, op.a_row, p.lda, 0);
     check_grouped_alignment("B", B, op.b_row, p.ldb, p.batch_stride_b);
@@ -1016,7 +1063,6 @@ inline at::Tensor gemm_grouped(const OpSpec& op, const at::Tensor& A, const at::
   at::Tensor D = empty_grouped_d(op, A, B);
   if (D.numel() == 0) return D;
   if (p.k == 0) return D.zero_();  // every row of every group is a sum of nothing (the kernels need a k tile)
-  GemmArgs args{};
   args.group_ends = offsets.data_ptr<int32_t>();
   launch(op, A, B, D, p, leading_dim(D, op.d_row), /*batch_stride_d=*/0, args);
   return D;
@@ -1121,9 +1167,22 @@ inline at::Tensor empty_masked_d(const OpSpec& op, const at::Tensor& A, const at
 
 // The checks in GemmOp.run_masked's order: the plan, A, B and counts, the 16-byte rule where the call launches, the
 // counts' values; then the launch.
-inline at::Tensor gemm_masked(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) {
+inline at::Tensor gemm_masked(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts,
+                              const GroupedScales* scales = nullptr) {
   refuse_grouped_plan(op);
   const auto [p, rows] = check_masked_operands(op, A, B, counts);
+  GemmArgs args{};
+  if (scales != nullptr) {
+    // scale_a's slabs as one matrix, as A's: (E, max_m, ceil(K/128)) -> (E * max_m, ceil(K/128))
+    const at::Tensor& sa = scales->a;
+    TORCH_CHECK_VALUE(!sa.defined() || (sa.dim() == 3 && sa.size(0) == A.size(0) && sa.size(1) == A.size(1)),
+                      "scale_a has shape ", sa.defined() ? tuple_str(sa.sym_sizes()) : std::string("None"),
+                      "; a masked call's per-block scales of A are (E, max_m, ceil(K/128)), one slab per group as A's");
+    TORCH_CHECK_VALUE(!sa.defined() || sa.is_contiguous(), "scale_a has strides ", tuple_str(sa.strides()),
+                      "; the kernel reads its slabs as one matrix: pass scale_a.contiguous()");
+    const at::Tensor sa_rows = sa.defined() ? sa.reshape({p.m, sa.size(2)}) : sa;
+    check_grouped_scales(op, GroupedScales{sa_rows, scales->b}, rows, p.m, A.size(0), p.n, p.k, args);
+  }
   if (p.m > 0 && p.n > 0 && p.k > 0) {
     check_grouped_alignment("A", rows, op.a_row, p.lda, 0);
     check_grouped_alignment("B", B, op.b_row, p.ldb, p.batch_stride_b);
@@ -1133,7 +1192,6 @@ inline at::Tensor gemm_masked(const OpSpec& op, const at::Tensor& A, const at::T
   at::Tensor D = empty_masked_d(op, A, B);
   if (D.numel() == 0) return D;
   if (p.k == 0) return D.zero_();  // every valid row is a sum of nothing (the kernels need a k tile)
-  GemmArgs args{};
   args.group_ends = counts.data_ptr<int32_t>();
   args.group_rows = A.size(1);
   at::Tensor rows_of_d = D.view({p.m, p.n});
@@ -1346,6 +1404,22 @@ struct GemmGroupedMetaKernel {
   const OpSpec* op;
   at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets) const {
     return gemm_grouped_meta(*op, A, B, offsets);
+  }
+};
+struct GemmGroupedScaledKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets, const at::Tensor& scale_a,
+                        const at::Tensor& scale_b) const {
+    const GroupedScales scales{scale_a, scale_b};
+    return gemm_grouped(*op, A, B, offsets, &scales);
+  }
+};
+struct GemmMaskedScaledKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts, const at::Tensor& scale_a,
+                        const at::Tensor& scale_b) const {
+    const GroupedScales scales{scale_a, scale_b};
+    return gemm_masked(*op, A, B, counts, &scales);
   }
 };
 struct GemmMaskedKernel {

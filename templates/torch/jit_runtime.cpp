@@ -212,6 +212,13 @@ void register_op(const JitOpSpec& in) {
     // The operands vary per op: boxed kernels, which read them off the stack as spec.operands says.
     entry->library->impl(entry->op.c_str(), gemmgen::epilogue_kernel(&spec));
     entry->library->impl((entry->op + ".out").c_str(), gemmgen::epilogue_out_kernel(&spec));
+    // fp8 with per-block scales: grouped calls of rows with their scales (registration.py has_grouped_scaled)
+    if (has_overload(entry->ns, entry->op, "grouped_scaled")) {
+      entry->library->impl((entry->op + ".grouped_scaled").c_str(), gemmgen::GemmGroupedScaledKernel{&spec});
+    }
+    if (has_overload(entry->ns, entry->op, "masked_scaled")) {
+      entry->library->impl((entry->op + ".masked_scaled").c_str(), gemmgen::GemmMaskedScaledKernel{&spec});
+    }
   } else {
     entry->library->impl(entry->op.c_str(), gemmgen::GemmKernel{&spec});
     entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutKernel{&spec});

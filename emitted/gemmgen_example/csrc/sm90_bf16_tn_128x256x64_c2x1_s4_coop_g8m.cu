@@ -63,11 +63,14 @@ struct Config {
 
   // Grouped rows (GemmArgs::group_ends): the persistent schedules walk the groups' tiles; the ws schedule's grid
   // (one cluster per tile) and stream-K's split need the tile count on the host, which the groups' sizes (device
-  // data) do not give; per-block scales are one problem's (and leave the consumers no registers for the walk). A
-  // group starts at any row, which a TMA load of a column-major A cannot start at (along its contiguous
-  // dimension: measured, an illegal instruction), so A is K-major (spec/grouped.py grouped_refusal says the same).
+  // data) do not give. Per-block scales of fp8 take them too (A's rows are all groups', and group g reads B's
+  // matrix g of scales: Kernel::block_scales), on tiles of at most 128 rows: a 256-row tile's consumers hold two
+  // m64 blocks' scale pointers and had no registers left for the walk (ptxas spilled). A group starts at any row,
+  // which a TMA load of a column-major A cannot start at (along its contiguous dimension: measured, an illegal
+  // instruction), so A is K-major (spec/grouped.py grouped_refusal says the same).
   static constexpr bool kWalksGroups = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
-                                       !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0 && kAKMajor;
+                                       !GEMMGEN_SM90_STREAM_K && kAKMajor &&
+                                       (Epilogue::kRowBlocksSlot < 0 || kBlockM <= 128);
   // A list of problems (GemmArgs::list): the same schedules; each problem has its own maps, starting at its own
   // base, so A may be column-major; the identity epilogue only (an epilogue's operands are one problem's).
   static constexpr bool kWalksLists = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&

@@ -920,7 +920,7 @@ struct Kernel {
       Accum acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles,
-                          block_scales(args, p, m0 + row_in_tile, n0));
+                          block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles);
       }
@@ -983,7 +983,7 @@ struct Kernel {
       float acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
-                          block_scales(args, p, m0 + row_in_tile, n0));
+                          block_scales(args, p, m0 + row_in_tile, n0, 0));
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
@@ -1213,6 +1213,8 @@ struct Kernel {
   // scale_b (ceil(N/128) x ceil(K/128), row-major) at the tile's first 128-column block and the next (a tile of
   // BN <= 256 columns starting at a multiple of 64 spans at most two). Rows and blocks beyond the matrix are
   // clamped to its last ones: their products are zeros (TMA fills them so) and their D elements are not stored.
+  // Grouped rows: A's rows are every group's (scale_a's rows too), and group g multiplies B's matrix g, whose
+  // scales are the g-th of scale_b's matrices, (ceil(N/128), ceil(K/128)) each, back to back.
   // The tile's columns 8j + (0..7) take the first block's scale for j < split, the next block's from there on.
   struct BlockScales {
     const float* a[MMA_BLOCKS_M][2];  // fragment rows (i, h): k block kb at a[i][h][kb]
@@ -1239,14 +1241,17 @@ struct Kernel {
   static constexpr int kSplitStep = (BN % kScaleColumns == 0 ? kScaleColumns
                                      : BN % 64 == 0 ? 64 : BN % 32 == 0 ? 32 : BN % 16 == 0 ? 16 : 8) / 8;
 
-  __device__ __forceinline__ static Scales block_scales(const GemmArgs& args, const Problem& p, int m0, int n0) {
+  __device__ __forceinline__ static Scales block_scales(const GemmArgs& args, const Problem& p, int m0, int n0,
+                                                       int matrix_b) {
     if constexpr (!kBlockScaled) {
       return {};
     } else {
       constexpr int kRowsSlot = Cfg::Epilogue::kRowBlocksSlot, kColsSlot = Cfg::Epilogue::kColBlocksSlot;
       static_assert(Cfg::Epilogue::kScaleBlockK == kScaleColumns, "B's scale blocks are square");
       const float* scale_a = static_cast<const float*>(args.ep_ptr[kRowsSlot]);
-      const float* scale_b = static_cast<const float*>(args.ep_ptr[kColsSlot]);
+      const int last_block = (p.n - 1) / kScaleColumns;
+      const float* scale_b = static_cast<const float*>(args.ep_ptr[kColsSlot]) +
+                             static_cast<int64_t>(matrix_b) * (last_block + 1) * args.ep_ld[kColsSlot];
       const int t = threadIdx.x % kWarpgroupThreads, warp = t / 32, lane = t % 32;
       BlockScales s;
 #pragma unroll
@@ -1256,7 +1261,7 @@ struct Kernel {
           const int row = min(m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h, p.m - 1);
           s.a[i][h] = scale_a + static_cast<int64_t>(row) * args.ep_ld[kRowsSlot];
         }
-      const int first_block = n0 / kScaleColumns, last_block = (p.n - 1) / kScaleColumns;
+      const int first_block = n0 / kScaleColumns;
       s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot];
       s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot];
       s.split = min((first_block + 1) * kScaleColumns - n0, BN) / 8;
