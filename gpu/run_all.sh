@@ -65,7 +65,7 @@ for step in $STEPS; do
     dtypes) python3 -m pytest tests/gpu/test_fp8.py tests/gpu/test_int8.py tests/gpu/test_tf32.py -q -m gpu -s ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/dtypes_tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
             python3 benchmarks/bench_dtypes.py --json "$OUT/bench_dtypes.json" ${DTYPES_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_dtypes.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     grouped) python3 benchmarks/bench_grouped.py --json "$OUT/bench_grouped${GROUPED_TAG:-}.json" ${GROUPED_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped${GROUPED_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    groupedfp8) python3 gpu/bench_grouped_fp8.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped_fp8.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    groupedfp8) python3 gpu/bench_grouped_fp8.py ${GROUPED_FP8_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped_fp8.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     moe)    python3 benchmarks/bench_moe.py --json "$OUT/bench_moe${MOE_TAG:-}.json" ${MOE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_moe${MOE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     moeblock) for routing in uniform dirichlet zipf; do
               python3 examples/moe_block.py --routing $routing --json "$OUT/moe_block_$routing${MOEBLOCK_TAG:-}.json" \
