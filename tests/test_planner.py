@@ -842,8 +842,8 @@ SM90_SMEM_SENTENCE = ("stages=5 with tile 128x256x64 bf16 needs 279552 bytes of 
                       "tile 128x128x64")
 SM90_BAD_TILE = ("tile {} is not one the sm90 template builds: BM in (64, 128, 256) (64 with schedule 'pingpong' "
                  "or a cooperative split along N, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256, 320) "
-                 "or, for 16-bit inputs with a K-major B, (80, 96, 112, 144, 160, 176, 208, 224, 240), BK = 64 (e.g. "
-                 "128x256x64 or 128x128x64)")
+                 "or, for 16-bit and fp8 inputs with a K-major B, (80, 96, 112, 144, 160, 176, 208, 224, 240), BK = 64 "
+                 "(e.g. 128x256x64 or 128x128x64)")
 SM90_ONLY = "{}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"
 
 # (plan keyword arguments, knob, value, exact message)
@@ -863,9 +863,19 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "tile 128x96x64 with layout 'tt': B is N-major here and loads in 64-column chunks, so BN must be a "
                  "multiple of 64 (one of (64, 128, 192, 256, 320)); BN=96 needs a K-major B (layout 'tn')",
                  id="bn-odd-n-major-b"),
-    pytest.param(dict(dtype="e4m3", arch=90), "tile_shape", (128, 96, 128),
-                 "tile 128x96x128: N tiles that are no multiple of 64 are built for bf16 and fp16 inputs; e4m3 takes "
-                 "BN in (64, 128, 192, 256, 320)", id="bn-odd-fp8"),
+    pytest.param(dict(dtype="int8", arch=90), "tile_shape", (128, 96, 128),
+                 "tile 128x96x128: N tiles that are no multiple of 64 are built for bf16, fp16 and fp8 inputs; int8 "
+                 "takes BN in (64, 128, 192, 256, 320)", id="bn-odd-int8"),
+    pytest.param(dict(dtype="e4m3", arch=90, cluster_shape=(1, 1), schedule="cooperative"), "tile_shape",
+                 (128, 208, 128),
+                 "tile 128x208x128: promoted fp8 sums each k tile in 2 column slices of 104, a width no wgmma wrapper "
+                 "is built for: use BN in (80, 96, 112, 144, 160, 176, 224) or a multiple of 64",
+                 id="bn-odd-fp8-promote-slice"),
+    pytest.param(dict(dtype="e4m3", arch=90, scale="block", cluster_shape=(1, 1), schedule="cooperative"),
+                 "tile_shape", (128, 176, 128),
+                 "tile 128x176x128 with scale='block': a tile starting at a multiple of 176 can reach into three "
+                 "128-column scale blocks of B, and the kernel reads two per tile: use BN in (80, 96, 112, 144, 160) "
+                 "or a multiple of 64", id="bn-odd-fp8-three-scale-blocks"),
     pytest.param(dict(arch=90), "tile_shape", (256, 256, 64),
                  "tile 256x256x64 needs more accumulator registers than two consumer warpgroups have (256 per "
                  "thread, at most 160): the largest sm90 tiles are 128x320, 128x256 and 256x128", id="tile-too-large"),
@@ -1227,7 +1237,8 @@ def test_a_64_row_cooperative_tile_splits_along_n() -> None:
 def test_odd_n_tiles_where_they_fill_the_waves_by_a_margin() -> None:
     """A 128x144 tile where its count fills the waves that 128x192 leaves half empty (the same waves on a quarter
     narrower tile); never for the percent a better-rounded wave count gives a large problem, never for an N-major B
-    (layout tt) or fp8 (their B tiles load whole 64-column chunks; fp8 has no odd-N wgmma wrappers)."""
+    (layout tt: its B tiles load whole 64-column chunks) or fp8 (built and legal, not weighed by the planner: only a
+    user's tile_shape or tune() takes them)."""
     for m, n, k in ((1024, 4544, 4544), (8192, 576, 2048)):
         assert Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config.tile == (128, 144, 64), (m, n, k)
     assert Gemm("bf16", "tn", arch=90, m=8192, n=8192, k=8192).config.tile[1] == 256

@@ -125,17 +125,21 @@ def test_candidates_of_a_problem_other_than_the_plans() -> None:
 
 def test_sm90_neighbours_include_the_n_tile_that_fills_the_waves() -> None:
     """512 x 4544 x 4544: 96 tiles of 128x192 leave a quarter of the SMs idle; 128x144 makes 128 tiles. Only 16-bit
-    inputs with a K-major B take such a tile, and only where it fills the waves better than the pick's own BN."""
+    or fp8 inputs with a K-major B take such a tile, and only where it fills the waves better than the pick's own BN."""
     plan = Gemm("bf16", "tn", arch=90, m=512, n=4544, k=4544)
     pick = replace(plan.estimate.config, tile=(128, 192, 64), stages=4)   # (the planner's own pick is 128x144 now)
     near = neighbours(pick, space_of(plan), plan._request.problem)
     assert any(c.tile == (128, 144, 64) for c in near)
     assert wave_fill(pick, 144, plan._request.problem, 132) > wave_fill(pick, 192, plan._request.problem, 132)
-    # An N-major B (layout tt) and fp8 never get one.
+    # An N-major B (layout tt) never gets one; fp8 gets the ones its promotion and block scales can take.
     tt = Gemm("bf16", "tt", arch=90, m=512, n=4544, k=4544)
     assert not any(c.tile[1] % 64 for c in neighbours(tt.estimate.config, space_of(tt), tt._request.problem))
-    fp8 = Gemm("e4m3", "tn", arch=90, m=512, n=4544, k=4544)
-    assert not any(c.tile[1] % 64 for c in candidates_of(fp8))
+    for scale in ("tensor", "block"):
+        odd = [c for c in candidates_of(Gemm("e4m3", "tn", arch=90, m=512, n=4544, k=4544, scale=scale))
+               if c.tile[1] % 64]
+        assert odd, scale
+        for c in odd:
+            check_config(c)
 
 
 def test_sm90_neighbours_of_an_odd_n_pick_include_the_even_tiles_around_it() -> None:

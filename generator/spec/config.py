@@ -9,10 +9,12 @@ user's override all hear the same sentence when a combination cannot run. Two ke
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 from .arch import ArchSpec, arch_spec
 from .epilogue import IDENTITY, Epilogue
+from .epilogue.operands import SCALE_BLOCK
 from .types import PLAN_OUTPUT_DTYPES, DType, Layout, Order
 
 FAMILIES = ("sm80", "sm90")
@@ -48,8 +50,8 @@ SM90_BLOCK_N = (64, 128, 192, 256, 320)     # wgmma m64nNk16 takes N up to 256 i
 # only, and never the planner's choice: measured no faster than 128x256, docs/sm90.md "The 128x320 tile")
 SM90_WIDE_BN = 320
 # N tiles between those, in steps of 16 (cuBLAS runs 80-, 112-, 144-wide tiles where their count fills the SMs:
-# gpu/cublas_kernels.py): 16-bit inputs and a K-major B only (an M/N-major B tile loads whole 64-column chunks); D goes
-# out by TMA in whole 64-column subtiles and the columns past them directly.
+# gpu/cublas_kernels.py): 16-bit and fp8 inputs and a K-major B only (an M/N-major B tile loads whole 64-column chunks);
+# D goes out by TMA in whole subtiles and the columns past them directly.
 SM90_ODD_BLOCK_N = (80, 96, 112, 144, 160, 176, 208, 224, 240)
 # ws / cooperative: two consumer warpgroups split the tile along M (each owns BM/2 rows, whole m64
 # blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).
@@ -487,6 +489,17 @@ def promoted_accumulators(cfg: KernelConfig) -> int:
     return cfg.accumulators_per_thread + cfg.accumulators_per_thread // promote_slices(cfg)
 
 
+def _promote_slice_built(cfg: KernelConfig) -> bool:
+    """Whether promotion's column slice (BN / promote_slices) is a width the wgmma wrappers are built for."""
+    return cfg.tile[1] // promote_slices(cfg) in SM90_BLOCK_N + SM90_ODD_BLOCK_N
+
+
+def spans_two_scale_blocks(bn: int) -> bool:
+    """Whether every tile of BN columns (starting at a multiple of BN) lies within two 128-column scale blocks: the
+    latest a tile starts inside a block is 128 - gcd(BN, 128) columns in."""
+    return SCALE_BLOCK - math.gcd(bn, SCALE_BLOCK) + bn <= 2 * SCALE_BLOCK
+
+
 def check_block_scales(cfg: KernelConfig) -> None:
     """scale='block' (1x128 scales of A, 128x128 of B): fp8 on sm90, where the main loop applies them per k tile."""
     if not cfg.dtype.is_fp8:
@@ -659,7 +672,7 @@ def check_sm90(cfg: KernelConfig) -> None:
     if bm not in all_bm or bn not in SM90_BLOCK_N + SM90_ODD_BLOCK_N:
         raise ValueError(f"tile {bm}x{bn}x{bk} is not one the sm90 template builds: BM in {all_bm} (64 with "
                          f"schedule 'pingpong' or a cooperative split along N, 256 with 'cooperative' or 'ws' only), "
-                         f"BN in {SM90_BLOCK_N} or, for 16-bit inputs with a K-major B, {SM90_ODD_BLOCK_N}, "
+                         f"BN in {SM90_BLOCK_N} or, for 16-bit and fp8 inputs with a K-major B, {SM90_ODD_BLOCK_N}, "
                          f"BK = {block_k} (e.g. 128x256x{block_k} or 128x128x{block_k})")
     _check_sm90_odd_block_n(cfg)
     if bm * bn > 2 * SM90_MAX_ACCUMULATORS * SM90_WARPGROUP_THREADS:
@@ -680,14 +693,25 @@ def check_sm90(cfg: KernelConfig) -> None:
 
 
 def _check_sm90_odd_block_n(cfg: KernelConfig) -> None:
-    """A BN that is no multiple of 64 (SM90_ODD_BLOCK_N): wgmma wrappers for the 16-bit types only, and a B tile
-    loaded as whole rows along K (an M/N-major B tile comes in 64-column chunks)."""
+    """A BN that is no multiple of 64 (SM90_ODD_BLOCK_N): wgmma wrappers for the 16-bit and fp8 types, and a B tile
+    loaded as whole rows along K (an M/N-major B tile comes in 64-column chunks). Promoted fp8 sums a k tile in slices
+    of a width that has a wrapper too, and per-block scales need every tile to span at most two 128-column blocks."""
     bm, bn, bk = cfg.tile
     if bn not in SM90_ODD_BLOCK_N:
         return
-    if cfg.dtype.bytes != 2:
-        raise ValueError(f"tile {bm}x{bn}x{bk}: N tiles that are no multiple of 64 are built for bf16 and fp16 inputs; "
-                         f"{cfg.dtype.value} takes BN in {SM90_BLOCK_N}")
+    if cfg.dtype.bytes != 2 and not cfg.dtype.is_fp8:
+        raise ValueError(f"tile {bm}x{bn}x{bk}: N tiles that are no multiple of 64 are built for bf16, fp16 and fp8 "
+                         f"inputs; {cfg.dtype.value} takes BN in {SM90_BLOCK_N}")
+    if cfg.promoted and not _promote_slice_built(cfg):
+        fitting = tuple(n for n in SM90_ODD_BLOCK_N if _promote_slice_built(replace(cfg, tile=(bm, n, bk))))
+        raise ValueError(f"tile {bm}x{bn}x{bk}: promoted fp8 sums each k tile in {promote_slices(cfg)} column slices "
+                         f"of {bn // promote_slices(cfg)}, a width no wgmma wrapper is built for: use BN in {fitting} "
+                         "or a multiple of 64")
+    if cfg.epilogue.scale_mode == "block" and not spans_two_scale_blocks(bn):
+        fitting = tuple(n for n in SM90_ODD_BLOCK_N if spans_two_scale_blocks(n))
+        raise ValueError(f"tile {bm}x{bn}x{bk} with scale='block': a tile starting at a multiple of {bn} can reach into "
+                         f"three 128-column scale blocks of B, and the kernel reads two per tile: use BN in {fitting} "
+                         "or a multiple of 64")
     if not cfg.layout.b_k_major:
         raise ValueError(f"tile {bm}x{bn}x{bk} with layout '{cfg.layout.tag}': B is N-major here and loads in "
                          f"64-column chunks, so BN must be a multiple of 64 (one of {SM90_BLOCK_N}); BN={bn} needs a "

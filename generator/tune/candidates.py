@@ -117,12 +117,15 @@ def wave_fill(cfg: KernelConfig, bn: int, problem: Problem, sm_count: int) -> fl
 def _sm90_filling_block_n(cfg: KernelConfig, space: Space, problem: Problem) -> int | None:
     """The N tile that is no multiple of 64 (SM90_ODD_BLOCK_N) whose tile count fills the SMs' waves best, where it
     fills them better than ``cfg``'s own BN: cuBLAS's 144-wide tiles at 512 x 4544 x 4544 (128 tiles instead of 96 of
-    128x192; ours measured 0.834x cuBLAS against 0.795x, h100_midm_odd_n.json). None where no such tile does better
-    or the config cannot take one (check_config judges the rest)."""
-    if cfg.dtype.bytes != 2 or not cfg.layout.b_k_major or cfg.tile[1] not in SM90_BLOCK_N:
+    128x192; ours measured 0.834x cuBLAS against 0.795x, h100_midm_odd_n.json). Only widths ``cfg`` can take (fp8's
+    promotion slices and block scales rule some out); None where no such tile does better."""
+    if (cfg.dtype.bytes != 2 and not cfg.dtype.is_fp8) or not cfg.layout.b_k_major or cfg.tile[1] not in SM90_BLOCK_N:
         return None
     own = wave_fill(cfg, cfg.tile[1], problem, space.sm_count)
-    best = max(SM90_ODD_BLOCK_N, key=lambda bn: (wave_fill(cfg, bn, problem, space.sm_count), bn))
+    legal = [bn for bn in SM90_ODD_BLOCK_N if is_legal(replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2])))]
+    if not legal:
+        return None
+    best = max(legal, key=lambda bn: (wave_fill(cfg, bn, problem, space.sm_count), bn))
     return best if wave_fill(cfg, best, problem, space.sm_count) > own else None
 
 

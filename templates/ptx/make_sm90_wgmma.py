@@ -3,11 +3,12 @@
 import os
 
 NS = (64, 128, 192, 256)  # every N a shipped tile uses (BN of one consumer warpgroup)
-# The N tiles between them, in steps of 16, for the 16-bit types only (tiles whose N is no multiple of 64: a tile
-# count that fills the SMs, as cuBLAS's 80-, 112- and 144-wide tiles do; spec/config.py SM90_ODD_BLOCK_N).
+# The N tiles between them, in steps of 16, for the 16-bit and fp8 types (tiles whose N is no multiple of 64: a tile
+# count that fills the SMs, as cuBLAS's 80-, 112- and 144-wide tiles and DeepGEMM's 112-160-wide fp8 tiles do;
+# spec/config.py SM90_ODD_BLOCK_N).
 ODD_NS = (80, 96, 112, 144, 160, 176, 208, 224, 240)
-SIXTEEN_BIT = ("__half", "__nv_bfloat16")
 E4M3, E5M2 = "__nv_fp8_e4m3", "__nv_fp8_e5m2"
+ODD_N_TYPES = ("__half", "__nv_bfloat16", E4M3, E5M2)
 # (A's C++ type, B's (None: A's), PTX types, k per instruction, whether it takes transpose immediates).
 TYPES = (("__half", None, "f32.f16.f16", 16, True), ("__nv_bfloat16", None, "f32.bf16.bf16", 16, True),
          ("float", None, "f32.tf32.tf32", 8, False),
@@ -45,7 +46,7 @@ for n in sorted(NS + ODD_NS):
     # tf32, fp8 and int8 read both operands K-major only (PTX ISA: the transpose immediates are for .f16/.bf16),
     # so they are specialized for 0, 0. Integer wgmma has no scale-a/scale-b immediates and int32 accumulators.
     for tname, tbname, ptx, k, trans in TYPES:
-        if n in ODD_NS and tname not in SIXTEEN_BIT:
+        if n in ODD_NS and tname not in ODD_N_TYPES:
             continue
         integer = ptx.startswith("s32")
         dl = ", ".join(f"%{i}" for i in range(regs))

@@ -43,6 +43,14 @@ PLANS = {
     "e4m3_block_256x128": dict(dtype="e4m3", scale="block", tile_shape=(256, 128, 128), cluster_shape=(1, 2)),
     "e4m3_tensor_pingpong_64x256": dict(dtype="e4m3", scale="tensor", tile_shape=(64, 256, 128),
                                         schedule="pingpong"),
+    # N tiles that are no multiple of 64: block scales split at every point a 160-, 144- or 112-wide tile can start
+    # inside a 128-column scale block (N = 4100 walks them all), promotion sliced at 224 (two slices of 112)
+    "e4m3_block_128x160": dict(dtype="e4m3", scale="block", tile_shape=(128, 160, 128), cluster_shape=(2, 1)),
+    "e4m3_block_128x144": dict(dtype="e4m3", scale="block", tile_shape=(128, 144, 128), cluster_shape=(1, 1)),
+    "e5m2_block_128x112_c1x2": dict(dtype="e5m2", scale="block", tile_shape=(128, 112, 128), cluster_shape=(1, 2)),
+    "e4m3_tensor_128x224": dict(dtype="e4m3", scale="tensor", tile_shape=(128, 224, 128), cluster_shape=(2, 1)),
+    "e4m3_row_pingpong_64x80": dict(dtype="e4m3", scale="row", tile_shape=(64, 80, 128), schedule="pingpong"),
+    "e4m3_tensor_fast_accum_128x176": dict(dtype="e4m3", scale="tensor", fast_accum=True, tile_shape=(128, 176, 128)),
     "e5m2_row_bf16": dict(dtype="e5m2", scale="row"),
     "e5m2_block_bf16": dict(dtype="e5m2", scale="block"),
     "e4m3_row_gelu_bias": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col"),
