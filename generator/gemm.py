@@ -23,7 +23,7 @@ from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
 from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, activation_name, from_knobs, trace, with_scales
 from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype,
-                         parse_input_dtype, parse_layout)
+                         parse_input_dtype, parse_layout, unquantized)
 
 if TYPE_CHECKING:
     from .runtime.buckets import BucketedOp
@@ -146,7 +146,7 @@ class _Request:
             raise ValueError(f"this plan has both an epilogue function and the knobs {set_knobs}: put everything in "
                              "the function, or set epilogue=None and use the knobs")
         chosen = self.epilogue_fn if self.epilogue_fn is not None else self.epilogue_knobs.epilogue()
-        return with_scales(chosen, self.scale).resolved(self.out_dtype)
+        return with_scales(chosen, self.scale).resolved(unquantized(self.out_dtype))
 
 
 def _dtype_b_arg(value: object, dtype: DType) -> DType | None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from .arch import ArchSpec, arch_spec
 from .epilogue import IDENTITY, Epilogue
 from .epilogue.operands import SCALE_BLOCK
-from .types import PLAN_OUTPUT_DTYPES, DType, Layout, Order
+from .types import PLAN_OUTPUT_DTYPES, QUANTIZED_OUTPUT_DTYPES, DType, Layout, Order, unquantized
 
 FAMILIES = ("sm80", "sm90")
 
@@ -136,7 +136,7 @@ class KernelConfig:
     @property
     def name(self) -> str:
         bm, bn, bk = self.tile
-        out = "" if self.out_dtype == self.dtype else f"_o{self.out_dtype.value}"
+        out = "" if self.out_dtype == self.dtype and not quantizes_out(self) else f"_o{self.out_dtype.value}"
         if self.family == "sm90":
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
@@ -215,6 +215,7 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
     return [
         f"arch:         sm_{cfg.arch}",
         f"dtype:        {cfg.dtype_tag.replace('x', ' x ')} -> {cfg.out_dtype.value}",
+        *_quantized_out_lines(cfg),
         f"layout:       {cfg.layout.blas} (A {cfg.layout.a.value}-major, B {cfg.layout.b.value}-major,"
         f" D {cfg.layout.c.value}-major)",
         f"tile:         {bm}x{bn}x{bk}",
@@ -224,15 +225,25 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
     ]
 
 
+def _quantized_out_lines(cfg: KernelConfig) -> list[str]:
+    if not quantizes_out(cfg):
+        return []
+    return [f"quantized:    D's values rounded to bf16, then per row and {QUANT_BLOCK}-column block scaled by s = amax / "
+            f"{448 if cfg.out_dtype is DType.e4m3 else 57344} into {cfg.out_dtype.value};",
+            f"              returns (D, scales), scales (M, ceil(N/{QUANT_BLOCK})) fp32: quantize(D_bf16, "
+            f"'{cfg.out_dtype.value}', scale='block') bit for bit"]
+
+
 #: The most rows of A a call may have to take the small-M kernel (small_m::kMaxRows, common/gemm_small_m.cuh).
 SMALL_M_MAX_ROWS = 16
 
 
 def has_small_m_kernel(cfg: KernelConfig) -> bool:
     """Whether calls with at most SMALL_M_MAX_ROWS rows take the small-M kernel (small_m::kAvailable of
-    templates/common/gemm_small_m.cuh): 16-bit A and B, both K-major, no per-block scales, a floating-point D."""
+    templates/common/gemm_small_m.cuh): 16-bit A and B, both K-major, no per-block scales, a 16- or 32-bit float D."""
     return (cfg.dtype in (DType.fp16, DType.bf16) and cfg.b_dtype is cfg.dtype and cfg.layout.a_k_major
-            and cfg.layout.b_k_major and cfg.epilogue.scale_mode != "block" and cfg.out_dtype is not DType.int32)
+            and cfg.layout.b_k_major and cfg.epilogue.scale_mode != "block"
+            and cfg.out_dtype in (DType.fp16, DType.bf16, DType.fp32))
 
 
 #: M x N x K from which an operand off the 16-byte rule is copied into an aligned workspace rather than run on the
@@ -242,6 +253,9 @@ REPACK_MIN_VOLUME = 1 << 26
 
 def _path_lines(cfg: KernelConfig) -> list[str]:
     """The kernels other than the config's own that a call may take (the launch chooses per call)."""
+    if quantizes_out(cfg):   # (templates/common/launch.cuh choose_folded_path)
+        return ["other paths:  A or B not 16-byte aligned (base or leading dimension): copied into an aligned "
+                "workspace", "              whatever the size (only the config's own kernel quantizes D)"]
     unaligned = ["A or B not 16-byte aligned (base or leading dimension): copied into an aligned workspace (its",
                  f"rows padded to 16 bytes) when M*N*K >= 2^{REPACK_MIN_VOLUME.bit_length() - 1}, else the unaligned "
                  "kernel"]
@@ -254,6 +268,8 @@ def _path_lines(cfg: KernelConfig) -> list[str]:
 def _batch_lines(cfg: KernelConfig) -> list[str]:
     """How a batched call (3-D A or B) runs: every problem in one launch (common/batch.cuh), and when a batch is
     one larger problem (fold_batch there), as that problem."""
+    if quantizes_out(cfg):
+        return ["batched:      refused (the scales are one matrix's): reshape a batch of row-major A to (batch*M, K)"]
     first = "batched:      3-D A or B (batch, ., .): every problem in one launch"
     if cfg.layout.a_k_major and cfg.layout.c.value == "row":
         return [first, "              a 2-D B with A's matrices back to back (no per-row operand): one batch*M-row "
@@ -440,9 +456,9 @@ def check_fp8(cfg: KernelConfig) -> None:
         raise ValueError(f"dtype={name!r} (fp8) runs on the sm90 family only (wgmma, Hopper): plan with arch=90 and "
                          "family='sm90'")
     _check_k_major(cfg, "torch._scaled_mm")
-    if cfg.out_dtype not in (DType.bf16, DType.fp16, DType.fp32):
+    if cfg.out_dtype not in (DType.bf16, DType.fp16, DType.fp32, *QUANTIZED_OUTPUT_DTYPES):
         raise ValueError(f"out_dtype={cfg.out_dtype.value!r} is not an output of an fp8 GEMM: use 'bf16' (the "
-                         "default), 'fp16' or 'fp32'")
+                         "default), 'fp16', 'fp32', or 'e4m3' / 'e5m2' (quantized with per-block scales)")
     bm, bn, bk = cfg.tile
     if cfg.promoted and promoted_accumulators(cfg) > 2 * SM90_PROMOTED_MAX_ACCUMULATORS:
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}' needs {promoted_accumulators(cfg)} "
@@ -512,6 +528,45 @@ def check_block_scales(cfg: KernelConfig) -> None:
                          "fast_accum=True leaves out: drop fast_accum (or use scale='row' with fast_accum=True)")
 
 
+#: The columns of one scale of a quantized D (kQuantBlock, templates/sm90/gemm_kernel.cuh): DeepSeek's 1x128
+#: activation blocks, what ``generator.quantize(x, "e4m3", scale="block")`` gives.
+QUANT_BLOCK = 128
+
+
+def quantizes_out(cfg: KernelConfig) -> bool:
+    """Whether D is quantized on the way out: fp8 values with one fp32 scale per row and QUANT_BLOCK columns."""
+    return cfg.out_dtype in QUANTIZED_OUTPUT_DTYPES
+
+
+def check_quantized_out(cfg: KernelConfig) -> None:
+    """An fp8 D (out_dtype 'e4m3' or 'e5m2'): the sm90 family's epilogue quantizes each consumer warpgroup's rows in
+    whole 128-column blocks (a block's amax is one quad of lanes' registers), stores D row-major and its scales as
+    a second output. Not with stream-K (a tile's parts are added after the epilogue would have scaled them), a
+    second output of the epilogue's own (aux) or int8's int32 sums."""
+    bm, bn, bk = cfg.tile
+    out = cfg.out_dtype.value
+    if cfg.family != "sm90":
+        raise ValueError(f"out_dtype={out!r} (D quantized with per-block scales) is built for the sm90 family only: "
+                         "plan with arch=90, or out_dtype='bf16' and generator.quantize(D, scale='block')")
+    if cfg.layout.c is not Order.row:
+        raise ValueError(f"out_dtype={out!r}: a quantized D is row-major (its scales run along the rows, as "
+                         "quantize(x, scale='block') lays them out): plan with layout_c='row'")
+    wg_n = bn // 2 if cfg.schedule == "cooperative" and bm == 64 else bn
+    if wg_n % QUANT_BLOCK:
+        raise ValueError(f"out_dtype={out!r} with tile {bm}x{bn}x{bk}: each consumer warpgroup quantizes whole "
+                         f"{QUANT_BLOCK}-column blocks, and this tile gives one {wg_n} columns: use BN = 128 or 256 "
+                         "(BN = 256 for a 64-row cooperative tile)")
+    if cfg.stream_k:
+        raise ValueError(f"out_dtype={out!r} cannot take stream-K: a tile's partial sums would be added after its "
+                         "epilogue had quantized them; plan without stream_k")
+    if cfg.epilogue.aux is not None:
+        raise ValueError(f"out_dtype={out!r}: the quantized D's scales are the plan's second output, so the epilogue "
+                         "cannot have one of its own (aux): drop aux, or plan out_dtype='bf16'")
+    if source_operand(cfg) is not None:
+        raise ValueError(f"out_dtype={out!r}: the epilogue's M x N operand of D's width would come into D's staging "
+                         "buffers; give it another dtype (e.g. bf16) or plan out_dtype='bf16'")
+
+
 def check_mixed_inputs(cfg: KernelConfig) -> None:
     """A and B of different types: fp8's e4m3 x e5m2 (wgmma takes each combination), nothing else."""
     if cfg.dtype_b is None:
@@ -546,6 +601,8 @@ def check_config(cfg: KernelConfig) -> None:
                          f"(TMA + wgmma, arch 90)")
     if cfg.epilogue.scale_mode == "block":
         check_block_scales(cfg)
+    if quantizes_out(cfg):
+        check_quantized_out(cfg)
     if cfg.stream_k:
         check_stream_k(cfg)
 
@@ -639,14 +696,15 @@ def _check_raster_group_and_out(cfg: KernelConfig) -> None:
     if cfg.raster_group not in RASTER_GROUPS:
         raise ValueError(f"raster_group={cfg.raster_group}: use one of {RASTER_GROUPS}")
     if cfg.out_dtype not in PLAN_OUTPUT_DTYPES:
-        raise ValueError(f"out_dtype={cfg.out_dtype.value}: use fp16, bf16 or fp32 (int32: int8 inputs)")
+        raise ValueError(f"out_dtype={cfg.out_dtype.value}: use fp16, bf16 or fp32 (int32: int8 inputs; e4m3, e5m2: "
+                         "quantized with per-block scales)")
     _check_epilogue(cfg)
 
 
 def _check_epilogue(cfg: KernelConfig) -> None:
-    if cfg.epilogue != cfg.epilogue.resolved(cfg.out_dtype):
+    if cfg.epilogue != cfg.epilogue.resolved(unquantized(cfg.out_dtype)):
         raise ValueError("the epilogue has operands whose dtype is still 'the output dtype': pass "
-                         f"epilogue.resolved({cfg.out_dtype.value!r}) (Gemm does this for you)")
+                         f"epilogue.resolved({unquantized(cfg.out_dtype).value!r}) (Gemm does this for you)")
     if len(cfg.epilogue.operands) > MAX_EPILOGUE_OPERANDS:
         raise ValueError(f"the epilogue takes {len(cfg.epilogue.operands)} operands; a kernel takes at most "
                          f"{MAX_EPILOGUE_OPERANDS}: combine operands (e.g. fold scalars into one constant)")

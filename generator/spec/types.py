@@ -69,8 +69,16 @@ INPUT_DTYPES = (DType.fp16, DType.bf16)
 PLANNABLE_INPUT_DTYPES = (DType.fp16, DType.bf16, DType.tf32, DType.e4m3, DType.e5m2, DType.int8)
 #: Element types of D and of an epilogue's tensor operands.
 OUTPUT_DTYPES = (DType.fp16, DType.bf16, DType.fp32)
-#: Every D a plan may write: also int32, the exact sums of an int8 GEMM (see spec/config.py check_int8).
-PLAN_OUTPUT_DTYPES = (*OUTPUT_DTYPES, DType.int32)
+#: A D quantized on the way out: fp8 with per-block scales, a second output (spec/config.py check_quantized_out).
+QUANTIZED_OUTPUT_DTYPES = (DType.e4m3, DType.e5m2)
+#: Every D a plan may write: also int32, the exact sums of an int8 GEMM (see spec/config.py check_int8), and fp8.
+PLAN_OUTPUT_DTYPES = (*OUTPUT_DTYPES, DType.int32, *QUANTIZED_OUTPUT_DTYPES)
+
+
+def unquantized(out_dtype: DType) -> DType:
+    """The dtype D's values have before they are quantized (the epilogue's operands "like the output" take it): bf16
+    for an fp8 D, D's own otherwise."""
+    return DType.bf16 if out_dtype in QUANTIZED_OUTPUT_DTYPES else out_dtype
 
 
 def default_out_dtype(dtype: DType) -> DType:

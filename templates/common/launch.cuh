@@ -33,7 +33,10 @@ template <class Cfg>
 inline GemmPath choose_folded_path(const GemmArgs& args) {
   if (!batch_aligned(args, args.a, args.lda, args.batch_stride_a, sizeof(typename Cfg::Elem)) ||
       !batch_aligned(args, args.b, args.ldb, args.batch_stride_b, sizeof(typename Cfg::ElemB))) {
-    const bool repays = batch_count(args) == 1 && args.m * args.n * args.k >= kRepackMinVolume;
+    const bool single = batch_count(args) == 1;
+    // A quantized (fp8) D only from the fast kernels, whose epilogue scales it: repacked whatever the size.
+    if constexpr (kIsFp8<typename Cfg::Out>) return single ? GEMM_PATH_REPACKED : GEMM_PATH_NONE;
+    const bool repays = single && args.m * args.n * args.k >= kRepackMinVolume;
     return repays ? GEMM_PATH_REPACKED : GEMM_PATH_UNALIGNED;
   }
   return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
