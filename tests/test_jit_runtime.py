@@ -26,6 +26,7 @@ from generator.runtime import compile_op, registered_op  # noqa: E402
 from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
 from generator.runtime.library import GemmArgsStruct, GemmListProblemStruct  # noqa: E402
 from generator.runtime.operands import scale_blocks  # noqa: E402
+from generator.spec.config import second_output  # noqa: E402
 from generator.spec.epilogue import with_scales  # noqa: E402
 
 CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
@@ -239,6 +240,9 @@ STAND_IN_PLANS = {
     "list_nt": dict(layout="nt", schedule="pingpong"),
     # fp8 with DeepSeek's per-block scales alone: grouped calls of rows with their scales (.grouped_scaled)
     "fp8_block": dict(dtype="e4m3", layout="tn", scale="block"),
+    # a quantized D (fp8, its per-block scales the second output): after a fused epilogue, and of fp8 inputs
+    "quantized_silu_bias": dict(layout="tn", out_dtype="e4m3", activation="silu", bias="col"),
+    "quantized_fp8_block": dict(dtype="e4m3", layout="tn", scale="block", out_dtype="e5m2"),
 }
 _STAND_INS: dict = {}
 
@@ -355,7 +359,8 @@ def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launche
         python, python_args = launched(lambda: python_call(op, a, b, values))
         cpp, python = outputs_of(cpp), outputs_of(python)
         assert [(t.shape, t.stride(), t.dtype) for t in cpp] == [(t.shape, t.stride(), t.dtype) for t in python]
-        assert len(cpp) == (2 if ep_.aux is not None else 1)
+        second = second_output(op.config)
+        assert len(cpp) == (2 if second is not None else 1)
         if m * n == 0:
             assert cpp_args is None and python_args is None
             continue
@@ -363,8 +368,12 @@ def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launche
         assert batch_fields(cpp_args) == (0, 0, 0, 0)   # a 2-D call: one problem, as before batching
         # (ctypes reads a null pointer as None: K = 0 gives empty A and B)
         assert (cpp_args.d, cpp_args.a or 0, cpp_args.b or 0) == (cpp[0].data_ptr(), a.data_ptr(), b.data_ptr())
-        if ep_.aux is not None:
+        if second == "aux":
             assert (cpp_args.aux, cpp_args.ldaux) == (cpp[1].data_ptr(), cpp_args.ldd)
+        elif second == "scales":   # (M, ceil(N / 128)) fp32, row-major
+            assert cpp[0].dtype == TORCH_DTYPES[op.config.out_dtype] and cpp[1].dtype == torch.float32
+            assert cpp[1].shape == (m, -(-n // 128)) and cpp_args.ldaux == -(-n // 128)
+            assert cpp_args.aux == cpp[1].data_ptr()
         else:
             assert not cpp_args.aux and cpp_args.ldaux == 0
         for i, (o, v) in enumerate(zip(ep_.operands, values)):
@@ -372,7 +381,7 @@ def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launche
                 assert cpp_args.ep_scalar[i] == v and not cpp_args.ep_ptr[i]
             else:   # (None: the null address of K = 0's empty per-block scales)
                 assert (cpp_args.ep_ptr[i] or 0) == v.data_ptr()
-        if ep_.aux is None:   # .out writes into the given out
+        if second is None:   # .out writes into the given out
             out = op._empty_out(a, b)
             got, cpp_args = launched(lambda: cpp_call(op, a, b, values, out))
             assert got is out or got.data_ptr() == out.data_ptr()

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from ..planner.backward import accumulator_config, autograd_form, backward_closure, backward_configs
 from ..planner.common import Problem
 from ..render.epilogue_python import python_function
-from ..spec.config import KernelConfig
+from ..spec.config import KernelConfig, quantizes_out
 from ..spec.grouped import grouped_list_refusal, grouped_refusal
 from ..spec.epilogue import KINDS, KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
 from ..spec.types import DType, Order
@@ -291,6 +291,10 @@ def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], .
             # sm80's tf32 kernels take every layout.
             raise ValueError(f"plans[{i}] is an sm90 tf32 plan: emitted packages carry tf32 ops of the sm80 family "
                              "only; plan it with family='sm80', or use Gemm(...).compile() for it")
+        if quantizes_out(config):
+            raise ValueError(f"plans[{i}] quantizes D (out_dtype={config.out_dtype.value!r}): emitted packages do not "
+                             "carry quantized outputs yet; use Gemm(...).compile() for it, or emit the plan with "
+                             "out_dtype='bf16' and quantize its result")
         if isinstance(item, KernelConfig):
             configs.append((config, (), ()))
         else:

@@ -57,7 +57,7 @@ import torch
 from ..planner import plan
 from ..planner.backward import (PlanGradient, accumulator_config, backward_configs, backward_layouts,
                                 computes_transpose, saving_config)
-from ..spec.config import KernelConfig
+from ..spec.config import KernelConfig, quantizes_out
 from ..spec.grouped import grouped_list_refusal, grouped_refusal, takes_scaled_groups
 from ..spec.types import DType, Order
 from . import grouped_formula, jit_runtime
@@ -121,7 +121,7 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     built, so that calls needing no gradient skip Python; else this module's, in Python. An op with a fused
     epilogue always takes the Python formula (``_register_epilogue_formula``)."""
     grouped = op.config.epilogue.is_identity   # the ops with .grouped overloads (registration.has_grouped)
-    if op.config.dtype.is_quantized:
+    if op.config.dtype.is_quantized or quantizes_out(op.config):
         _register_quantized_refusal(op, lib)
         _register_out_refusal(op, lib)
         if grouped:
@@ -188,13 +188,16 @@ def _wanting(op: OpHandle, inputs: tuple[Any, ...]) -> list[str]:
 
 
 def _register_quantized_refusal(op: OpHandle, lib: torch.library.Library) -> None:
-    """fp8 and int8 ops are forward only: a call that would need a gradient is refused when it runs (torch calls
+    """fp8 and int8 ops, and ops writing a quantized D, are forward only: a call that would need a gradient is refused when it runs (torch calls
     setup_context only when grad mode is on and an input requires grad), not answered with a wrong one later."""
+    what = (f"multiplies {op.config.dtype.value} operands" if op.config.dtype.is_quantized else
+            f"writes a quantized ({op.config.out_dtype.value}) D")
+
     def setup_context(ctx, inputs, output) -> None:
         wanting = _wanting(op, inputs)
-        raise RuntimeError(f"{op.name} multiplies {op.config.dtype.value} operands and has no backward pass, but "
-                           f"{', '.join(wanting)} require(s) grad: call it under torch.no_grad(), or pass "
-                           f"{wanting[0]}.detach(); train through a bf16 or tf32 plan")
+        raise RuntimeError(f"{op.name} {what} and has no backward pass, but {', '.join(wanting)} require(s) grad: "
+                           f"call it under torch.no_grad(), or pass {wanting[0]}.detach(); train through a bf16 or "
+                           "tf32 plan")
 
     def backward(ctx, grad: torch.Tensor):  # never reached: setup_context refuses first
         raise RuntimeError(f"{op.name} has no backward pass")

@@ -26,7 +26,7 @@ import torch
 from ..toolchain import BuildError, BuildRequest, build
 from ..planner.backward import autograd_form
 from ..render import templates_dir
-from ..spec.config import KernelConfig
+from ..spec.config import QUANT_BLOCK, KernelConfig, quantizes_out, second_output
 from ..spec.grouped import grouped_list_refusal, grouped_refusal
 from ..spec.epilogue import KINDS, Epilogue
 from ..spec.types import Order
@@ -60,7 +60,7 @@ class JitOpSpec(ctypes.Structure):
                 ("num_buckets", ctypes.c_int), ("bucket_rows", ctypes.POINTER(ctypes.c_longlong)),
                 ("bucket_launch", ctypes.POINTER(ctypes.c_void_p)),
                 ("bucket_error_string", ctypes.POINTER(ctypes.c_void_p)),
-                ("bucket_kernel", ctypes.POINTER(ctypes.c_char_p))]
+                ("bucket_kernel", ctypes.POINTER(ctypes.c_char_p)), ("quant_block", ctypes.c_int)]
 
 
 #: gemmgen::OperandKind in templates/torch/gemm_op.h: the index of each kind in generator.spec.epilogue.KINDS.
@@ -185,14 +185,14 @@ class _Runtime:
             layout_b_flipped=other_layout(cfg.layout.blas, "B").encode(),
             launch=ctypes.cast(library.launch, ctypes.c_void_p).value,
             error_string=ctypes.cast(library.error_string, ctypes.c_void_p).value,
-            num_operands=len(cfg.epilogue.operands), operands=operands, aux=int(cfg.epilogue.aux is not None),
+            num_operands=len(cfg.epilogue.operands), operands=operands, aux=int(second_output(cfg) is not None),
             device_type=DEVICE_TYPES[op.device_type],
             dtype_b=cfg.dtype_b.value.encode() if cfg.dtype_b is not None else None,
             # why the plan takes no grouped call (an op with an epilogue has no .grouped overload: none)
             grouped_refusal=(grouped_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None,
             grouped_list_refusal=(grouped_list_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None,
             num_buckets=len(buckets), bucket_rows=rows, bucket_launch=launches, bucket_error_string=errors,
-            bucket_kernel=kernels)
+            bucket_kernel=kernels, quant_block=QUANT_BLOCK if quantizes_out(cfg) else 0)
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 

@@ -26,7 +26,7 @@ import torch
 from ..planner import plan
 from ..planner.backward import PlanGradient, backward_hint, hinted_op_name
 from ..planner.common import Problem as PlannedProblem
-from ..spec.config import KernelConfig
+from ..spec.config import KernelConfig, second_output
 from ..spec.grouped import GROUPED_EPILOGUE_REFUSAL, grouped_list_refusal, takes_scaled_groups
 from . import jit_runtime
 from .checks import (TORCH_DTYPES, batch_stride, check_group_counts, check_group_ends, grouped_alignment_refusal,
@@ -99,7 +99,8 @@ class GemmOp(OpChecks):
                  *operands: Any, out: torch.Tensor | None = None,
                  **named: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | list[torch.Tensor]:
         """``op(A, B, *epilogue operands, out=None)``; the operands also by name (``bias=b``). A plan whose
-        epilogue has a second output returns ``(D, aux)``. Two lists (or tuples) of matrices, ``op(As, Bs)``, are a
+        epilogue has a second output returns ``(D, aux)``; one whose D is quantized (out_dtype 'e4m3' or 'e5m2')
+        returns ``(D, scales)``, scales (M, ceil(N/128)) fp32 as ``generator.quantize(x, scale='block')`` gives them. Two lists (or tuples) of matrices, ``op(As, Bs)``, are a
         list call (``grouped_list``)."""
         if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
             return self._call_list(A, B, bool(operands or named) or out is not None)
@@ -114,9 +115,10 @@ class GemmOp(OpChecks):
             check_type(op, value)
         if out is None:
             return self.op.default(A, B, *values)
-        if ep.aux is not None:
-            raise ValueError(f"{self.name} has a second output (aux), which out= cannot receive: call it without "
-                             "out= (it returns (D, aux))")
+        second = second_output(self.config)
+        if second is not None:
+            raise ValueError(f"{self.name} has a second output ({second}), which out= cannot receive: call it "
+                             f"without out= (it returns (D, {second}))")
         return self.op.out(A, B, *values, out=out)
 
     def grouped(self, A: torch.Tensor, B: torch.Tensor, offsets: torch.Tensor, scale_a: torch.Tensor | None = None,
@@ -277,8 +279,8 @@ class GemmOp(OpChecks):
         args.group_ends, args.group_rows = group_ends or None, group_rows
         for i, (ptr, ld, scalar) in enumerate(slots):
             args.ep_ptr[i], args.ep_ld[i], args.ep_scalar[i] = ptr, ld, scalar
-        if aux is not None:
-            args.aux, args.ldaux = aux.data_ptr(), ldd
+        if aux is not None:   # the second output: the epilogue's aux (like D) or a quantized D's scales
+            args.aux, args.ldaux = aux.data_ptr(), leading_dim(aux, self.config.layout.c)
         return args
 
     def path(self, A: torch.Tensor | Sequence[torch.Tensor], B: torch.Tensor | Sequence[torch.Tensor], *operands: Any,
@@ -333,10 +335,10 @@ class GemmOp(OpChecks):
             # its Meta kernel, but .out's CompositeImplicitAutograd decomposition rules out a Meta kernel).
             self._check_meta(A, B, out, operands)
             D = self._empty_out(A, B) if out is None else out
-            return self._outputs(D, self._empty_out(A, B) if ep.aux is not None else None)
+            return self._outputs(D, self._second_out(A, B))
         problem = self._check(A, B)
         if problem.batch is not None:
-            check_batchable(ep)
+            check_batchable(self.config)
         slots = check_operands(ep, operands, A, problem.m, problem.n, problem.k)
         D = self._empty_out(A, B) if out is None else out
         if out is not None:
@@ -344,7 +346,7 @@ class GemmOp(OpChecks):
             check_out_aliasing(ep, operands, out, self.config.layout.c, A, B)
         else:
             ldd, stride_d = leading_dim(D, self.config.layout.c), batch_stride(D)
-        aux = self._empty_out(A, B) if ep.aux is not None else None   # (a batched call has none: refused)
+        aux = self._second_out(A, B)   # (a batched call has none: refused)
         if D.numel() == 0:
             return self._outputs(D, aux)
         self._launch(self._args(A, B, D, problem, ldd, stride_d, slots, aux), A.device)

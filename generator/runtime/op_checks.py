@@ -13,7 +13,7 @@ try:   # torch's broadcasting's test for a size of 1 (older torch: guard_size_ob
 except ImportError:   # pragma: no cover
     from torch.fx.experimental.symbolic_shapes import guard_size_oblivious as guard_or_false
 
-from ..spec.config import KernelConfig
+from ..spec.config import QUANT_BLOCK, KernelConfig, second_output
 from ..spec.grouped import grouped_k_refusal, grouped_list_refusal, grouped_refusal
 from ..spec.types import PLANNABLE_INPUT_DTYPES, Order
 from .checks import (INT32_MAX, TORCH_DTYPES, batch_stride, grouped_alignment_refusal, leading_dim, order_of,
@@ -411,7 +411,7 @@ class OpChecks:
                           lambda: f"A is {tuple(A.shape)} and B is {tuple(B.shape)}: K must agree")
         batch = batch_size(A, B)
         if batch is not None:
-            check_batchable(self.config.epilogue)
+            check_batchable(self.config)
         m, n, k = A.shape[-2], B.shape[-1], A.shape[-1]
         for op, value in zip(self.config.epilogue.operands, operands):
             check_static(op, value, A)
@@ -535,6 +535,14 @@ class OpChecks:
     def _empty_list_out(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """D[i] (M_i, N_i) of a list call, each in the plan's order of D."""
         return [self._empty_matrix(a.shape[0], b.shape[1], a.device) for a, b in zip(A, B)]
+
+    def _second_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor | None:
+        """The op's second output for A and B (of a 2-D call: a batched one with a second output is refused): a
+        quantized D's scales (M, ceil(N / QUANT_BLOCK)) fp32, the epilogue's aux (like D), or None."""
+        second = second_output(self.config)
+        if second == "scales":
+            return torch.empty((A.shape[-2], -(-B.shape[-1] // QUANT_BLOCK)), dtype=torch.float32, device=A.device)
+        return self._empty_out(A, B) if second == "aux" else None
 
     def _empty_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         """D for A and B (of checked ranks), in the plan's order of D: (M, N), or for a batched call

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..spec.config import KernelConfig, second_output
 from ..spec.epilogue import MAINLOOP_KINDS, SCALE_BLOCK, SCALE_NAMES, Epilogue, Operand
 from ..spec.types import Order
 from .checks import TORCH_DTYPES, leading_dim, order_of
@@ -44,8 +45,8 @@ def schema_arguments(ep: Epilogue) -> str:
     return "".join(f", {'float' if op.kind == 'scalar' else 'Tensor'} {op.name}" for op in ep.operands)
 
 
-def schema_returns(ep: Epilogue) -> str:
-    return "(Tensor, Tensor)" if ep.aux is not None else "Tensor"
+def schema_returns(cfg: KernelConfig) -> str:
+    return "(Tensor, Tensor)" if second_output(cfg) is not None else "Tensor"
 
 
 def signature(ep: Epilogue) -> str:
@@ -220,11 +221,13 @@ def check_grouped_scale_b(op: Operand, value: object, A: torch.Tensor, groups: i
 _PER_PROBLEM = "call the op once per problem with 2-D tensors"
 
 
-def check_batchable(ep: Epilogue) -> None:
+def check_batchable(cfg: KernelConfig) -> None:
     """A batched call (3-D A or B) gives every problem the same epilogue operands (templates/common/gemm_args.h):
     scalars, one-element scales and vectors of length M or N serve them all, but a matrix operand or per-block
-    scales are one problem's, and the second output has no batch stride. Refused before any operand's own check,
-    in the operands' order, then aux (templates/torch/gemm_op.h's check_batched_epilogue says the same)."""
+    scales are one problem's, and the second output (aux, or a quantized D's scales) has no batch stride. Refused
+    before any operand's own check, in the operands' order, then the second output (templates/torch/gemm_op.h's
+    check_batched_epilogue says the same)."""
+    ep = cfg.epilogue
     for op in ep.operands:
         if op.kind == "matrix":
             raise ValueError(f"a batched call (3-D A or B) takes no matrix operand {op.name!r}: {_PER_PROBLEM}, "
@@ -232,9 +235,10 @@ def check_batchable(ep: Epilogue) -> None:
         if op.kind in MAINLOOP_KINDS:
             raise ValueError(f"a batched call (3-D A or B) takes no per-block scales {op.name!r}: {_PER_PROBLEM}, "
                              "or plan with scale='tensor' or scale='row'")
-    if ep.aux is not None:
-        raise ValueError(f"a batched call (3-D A or B) cannot store the plan's second output (aux): {_PER_PROBLEM}, "
-                         "or plan without it")
+    second = second_output(cfg)
+    if second is not None:
+        raise ValueError(f"a batched call (3-D A or B) cannot store the plan's second output ({second}): "
+                         f"{_PER_PROBLEM}, or plan without it")
 
 
 def check_out_aliasing(ep: Epilogue, values: Sequence[Any], out: torch.Tensor, d_order: Order,

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from ..spec.config import KernelConfig
+from ..spec.config import KernelConfig, second_output
 from ..spec.grouped import takes_scaled_groups
 from .autograd import register_autograd
 from .library import KernelLibrary
@@ -99,16 +99,17 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
     try:
         ep = op.config.epilogue
         operands = schema_arguments(ep)
-        _define(lib, f"{op.name}(Tensor A, Tensor B{operands}) -> {schema_returns(ep)}")
+        _define(lib, f"{op.name}(Tensor A, Tensor B{operands}) -> {schema_returns(op.config)}")
         _define(lib, f"{op.name}.out(Tensor A, Tensor B{operands}, *, Tensor(a!) out) -> Tensor(a!)")
         # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
         # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
         lib.impl(op.name, lambda A, B, *values: op.run(A, B, values, None), "CompositeExplicitAutograd")
 
         def refuse_aux() -> None:
-            if ep.aux is not None:
-                raise ValueError(f"{op.name}.out: the plan has a second output (aux), which out= cannot receive: "
-                                 "call the op without out=")
+            second = second_output(op.config)
+            if second is not None:
+                raise ValueError(f"{op.name}.out: the plan has a second output ({second}), which out= cannot "
+                                 "receive: call the op without out=")
 
         def run_out(A: torch.Tensor, B: torch.Tensor, *values: Any, out: torch.Tensor) -> torch.Tensor:
             refuse_aux()
@@ -121,7 +122,7 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
         def fake(A: torch.Tensor, B: torch.Tensor, *values: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
             op._check_meta(A, B, None, values)
             # the real output's strides: row-major D, or (1, M) for layout_c='col'
-            return op._outputs(op._empty_out(A, B), op._empty_out(A, B) if ep.aux is not None else None)
+            return op._outputs(op._empty_out(A, B), op._second_out(A, B))
 
         torch.library.register_fake(qualname, fake, lib=lib)
 

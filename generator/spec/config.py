@@ -538,6 +538,14 @@ def quantizes_out(cfg: KernelConfig) -> bool:
     return cfg.out_dtype in QUANTIZED_OUTPUT_DTYPES
 
 
+def second_output(cfg: KernelConfig) -> str | None:
+    """What the op returns beside D: 'scales' (a quantized D's, (M, ceil(N / QUANT_BLOCK)) fp32), 'aux' (the
+    epilogue's second M x N output, like D), or None."""
+    if quantizes_out(cfg):
+        return "scales"
+    return "aux" if cfg.epilogue.aux is not None else None
+
+
 def check_quantized_out(cfg: KernelConfig) -> None:
     """An fp8 D (out_dtype 'e4m3' or 'e5m2'): the sm90 family's epilogue quantizes each consumer warpgroup's rows in
     whole 128-column blocks (a block's amax is one quad of lanes' registers), stores D row-major and its scales as

@@ -4,7 +4,7 @@ say in the same words. A form a plan refuses has no kernel for it: the rules fol
 (templates/sm90/gemm_kernel.cuh: grouped rows, a list of problems, groups along K)."""
 from __future__ import annotations
 
-from .config import KernelConfig
+from .config import KernelConfig, quantizes_out
 from .epilogue import IDENTITY, with_scales
 from .types import Order
 
@@ -37,6 +37,9 @@ def _grouped_plan_refusal(cfg: KernelConfig, stream_k_why: str) -> str | None:
     the form's reason), and only with the identity epilogue."""
     if not cfg.epilogue.is_identity and not takes_scaled_groups(cfg):
         return GROUPED_EPILOGUE_REFUSAL
+    if quantizes_out(cfg):
+        return (f"grouped calls do not quantize D (out_dtype={cfg.out_dtype.value!r}: its scales are one matrix's): "
+                "plan out_dtype='bf16' and quantize the result, generator.quantize(D, scale='block')")
     if cfg.family != "sm90":
         fix = "plan with arch=90" if cfg.arch != 90 else "plan with family='sm90' (or family=None)"
         return f"grouped calls run on the sm90 family's persistent kernels; this plan is {cfg.family}: {fix}"

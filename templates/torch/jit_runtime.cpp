@@ -49,7 +49,7 @@ struct JitOpSpec {
   void* error_string;            // and <kernel>_error_string
   int num_operands;              // the fused epilogue's operands, in schema order (0 for a plain op)
   const JitOperandSpec* operands;
-  int aux;                       // 1: the epilogue stores a second output
+  int aux;                       // 1: a second output (the epilogue's aux, or a quantized D's scales)
   int device_type;               // c10::DeviceType of the tensors the kernels take: 1 CUDA (0 CPU: tests)
   const char* dtype_b;           // of B where it differs from A's (fp8 e4m3 x e5m2), else null
   const char* grouped_refusal;   // why the plan takes no grouped call, with the fix; null or "": it takes them
@@ -59,6 +59,7 @@ struct JitOpSpec {
   void* const* bucket_launch;    // each bucket's library's <kernel>_launch
   void* const* bucket_error_string;
   const char* const* bucket_kernel;
+  int quant_block;               // a quantized (fp8) D: the columns of each of its scales (its second output); 0: none
 };
 
 // An OpSpec and the strings and operands it points to, and the registration that uses them.
@@ -190,6 +191,7 @@ void register_op(const JitOpSpec& in) {
   spec.num_operands = in.num_operands;
   spec.operands = entry->operands.data();
   spec.aux = in.aux != 0;
+  spec.quant_block = in.quant_block;
   spec.device_type = static_cast<c10::DeviceType>(in.device_type);
   if (in.dtype_b != nullptr) {
     entry->dtype_b_name = in.dtype_b;

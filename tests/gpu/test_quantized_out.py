@@ -1,0 +1,123 @@
+"""Quantize-on-store on the GPU (sm90): a plan with out_dtype 'e4m3' or 'e5m2' returns (D, scales), which must equal
+``generator.quantize(D_bf16, dtype, scale="block")`` bit for bit, D_bf16 being the same kernel's result with a bf16
+D (same tile, cluster, schedule and epilogue); and, dequantized, D must be within fp8's precision of a float64
+reference. Ragged M and N (partial 128-column blocks, N off the 16-byte rule: the direct stores), small M, K = 0,
+each schedule's warpgroup shares, fused epilogues and fp8 inputs with block scales; the refusals."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("quantized outputs are built for the sm90 family (an H100-class GPU)", allow_module_level=True)
+
+from generator import Gemm, dequantize, quantize  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+#: key -> Gemm keywords (layout tn, arch 90); each is also built with out_dtype='bf16' and the same kernel shape.
+PLANS = {
+    "bf16_e4m3": dict(dtype="bf16", out_dtype="e4m3"),
+    "bf16_e5m2": dict(dtype="bf16", out_dtype="e5m2"),
+    "bf16_e4m3_silu_bias": dict(dtype="bf16", out_dtype="e4m3", activation="silu", bias="col"),
+    "fp16_e4m3_gelu_tanh": dict(dtype="fp16", out_dtype="e4m3", activation="gelu_tanh"),
+    "bf16_e4m3_pingpong_64x128": dict(dtype="bf16", out_dtype="e4m3", schedule="pingpong", tile_shape=(64, 128, 64)),
+    "bf16_e4m3_split_n_64x256": dict(dtype="bf16", out_dtype="e4m3", schedule="cooperative",
+                                     tile_shape=(64, 256, 64)),
+    "bf16_e4m3_256x128": dict(dtype="bf16", out_dtype="e4m3", tile_shape=(256, 128, 64), cluster_shape=(1, 2)),
+    "e4m3_block_e4m3": dict(dtype="e4m3", scale="block", out_dtype="e4m3"),
+}
+#: (M, N, K): whole blocks, a partial last block with N off the 16-byte rule, a few rows, K = 0.
+SHAPES = [(1024, 1024, 1024), (1000, 4100, 264), (129, 520, 1104), (5, 384, 256), (300, 200, 0)]
+FP8_EPS = {"e4m3": 2.0 ** -4, "e5m2": 2.0 ** -3}   # half an ulp at 1, relative
+
+
+def kernel_knobs(cfg) -> dict:
+    return dict(tile_shape=cfg.tile, cluster_shape=cfg.cluster, schedule=cfg.schedule, stages=cfg.stages,
+                raster=cfg.raster, raster_group=cfg.raster_group)
+
+
+@pytest.fixture(scope="module")
+def ops():
+    quantized = {key: Gemm(layout="tn", arch=90, **kw) for key, kw in PLANS.items()}
+    unquantized = {key: Gemm(layout="tn", arch=90, **{**PLANS[key], "out_dtype": "bf16", **kernel_knobs(p.config)})
+                   for key, p in quantized.items()}
+    built = compile_many([p.config for p in (*quantized.values(), *unquantized.values())],
+                         namespace="gemmgen_quantized_out_test")
+    return {key: (built[i], built[len(PLANS) + i]) for i, key in enumerate(PLANS)}
+
+
+def operands(key: str, m: int, n: int, k: int):
+    """(the op's arguments, the float64 reference of D)."""
+    kw = PLANS[key]
+    x, w = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda")
+    if kw["dtype"] == "e4m3":
+        a, sa = quantize(x, "e4m3", scale="block")
+        q, sw = quantize(w, "e4m3", scale="block", block=(128, 128))
+        args = [a, q.t(), sa, sw]
+        ref = dequantize(a, sa, scale="block").double() @ dequantize(q, sw, scale="block", block=(128, 128)).double().t()
+    else:
+        dtype = torch.bfloat16 if kw["dtype"] == "bf16" else torch.float16
+        a, b = x.to(dtype), w.to(dtype).t()
+        args = [a, b]
+        ref = a.double() @ b.double()
+    if "bias" in kw:
+        bias = torch.randn(n, device="cuda").bfloat16()
+        args.append(bias)
+        ref = ref + bias.double()
+    activation = kw.get("activation")
+    if activation == "silu":
+        ref = torch.nn.functional.silu(ref)
+    elif activation == "gelu_tanh":
+        ref = torch.nn.functional.gelu(ref, approximate="tanh")
+    return args, ref
+
+
+def poison_allocator(nbytes: int) -> None:
+    """Leaves a freed block of NaN bytes in the caching allocator, which the op's outputs are then likely carved
+    from: an element the kernel does not write stays NaN (0xff: NaN in fp32 and in both fp8 formats)."""
+    torch.empty(nbytes, dtype=torch.uint8, device="cuda").fill_(0xFF)
+
+
+@pytest.mark.parametrize("key", list(PLANS))
+def test_equals_quantize_of_the_bf16_result_bit_for_bit(ops, key):
+    op, op_bf16 = ops[key]
+    fp8 = op.out_dtype
+    for m, n, k in SHAPES:
+        args, ref = operands(key, m, n, k)
+        poison_allocator(4 * m * n + 4 * m * (n // 128 + 1))
+        q, s = op(*args)
+        assert q.dtype == fp8 and q.shape == (m, n) and s.dtype == torch.float32 and s.shape == (m, -(-n // 128))
+        want_q, want_s = quantize(op_bf16(*args), PLANS[key]["out_dtype"], scale="block")
+        where = f"{op.name} {m}x{n}x{k}"
+        assert torch.equal(s, want_s), f"{where}: scales differ at {(s != want_s).nonzero()[:4].tolist()}"
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), (
+            f"{where}: values differ at {(q.view(torch.uint8) != want_q.view(torch.uint8)).nonzero()[:4].tolist()}")
+        got = dequantize(q, s, scale="block").double()
+        if ref.norm() == 0:   # K = 0 without a bias: zeros
+            assert (got == 0).all(), where
+        else:
+            error = ((got - ref).norm() / ref.norm()).item()
+            assert error < FP8_EPS[PLANS[key]["out_dtype"]], f"{where}: error {error:.2e} against float64"
+
+
+def test_refusals_leave_the_process_working(ops):
+    op, op_bf16 = ops["bf16_e4m3"]
+    a, b = torch.randn(64, 128, device="cuda").bfloat16(), torch.randn(128, 256, device="cuda").bfloat16()
+    with pytest.raises(ValueError, match=r"second output \(scales\)"):
+        op(a.expand(2, 64, 128), b)
+    with pytest.raises(ValueError, match=r"out= cannot receive"):
+        op(a, b, out=torch.empty(64, 256, device="cuda", dtype=torch.float8_e4m3fn))
+    with pytest.raises(RuntimeError, match=r"writes a quantized \(e4m3\) D and has no backward pass"):
+        op(a.requires_grad_(), b)
+    with pytest.raises(ValueError, match=r"grouped calls do not quantize D"):
+        op.grouped(a, b.t().contiguous().expand(2, 256, 128).transpose(1, 2), torch.tensor([32, 64], device="cuda",
+                                                                                            dtype=torch.int32))
+    a = a.detach()
+    for x, w in ((a, b), (torch.randn(64, 127, device="cuda").bfloat16(),   # K = 127: off the 16-byte rule,
+                          torch.randn(256, 127, device="cuda").bfloat16().t())):   # repacked and still quantized
+        q, s = op(x, w)
+        want_q, want_s = quantize(op_bf16(x, w), "e4m3", scale="block")
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+    assert op.path(x, w) == "repacked"
