@@ -106,11 +106,15 @@ def quantize(x: torch.Tensor, dtype: object = "e4m3", scale: str = "tensor",
     covered = _block_shape(scale, block, x)
     fmax = torch.finfo(fp8).max
     xf = x.float()
+    # Divided by a tensor on x's device: torch divides by a Python number as a multiplication by its reciprocal on
+    # CUDA (not on the CPU), which differs in the last bit; a tensor's division is IEEE's on both, as the GEMM's
+    # quantized output computes it (templates/sm90/gemm_kernel.cuh quantize_out).
+    fmax_t = torch.full((), fmax, dtype=torch.float32, device=xf.device)
     if covered is None:
-        s = xf.abs().amax().clamp_min(_TINY_AMAX) / fmax
+        s = xf.abs().amax().clamp_min(_TINY_AMAX) / fmax_t
         spread = s
     else:
-        s = _block_amax(xf, covered).clamp_min(_TINY_AMAX) / fmax
+        s = _block_amax(xf, covered).clamp_min(_TINY_AMAX) / fmax_t
         spread = _spread(s, covered, x.shape)
         if scale == "row":
             s = s[:, 0]

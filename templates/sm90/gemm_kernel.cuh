@@ -1559,51 +1559,61 @@ struct Kernel {
   // blocks scaled into fp8 in place (acc holds the fp8 values as floats, which the stores convert exactly) and the
   // blocks' scales written. Elements outside M x N hold zeros (TMA fills the operands' tiles past their ends, and
   // the epilogue skips them), so they do not move a block's amax; the scales of rows past M and of blocks past N
-  // are not written.
+  // are not written. The TMA stores take one block at a time (quantize_block: a staging subtile of fp8 is one block
+  // wide), so that each block's arithmetic overlaps the previous block's store; the direct stores take the tile.
   template <typename ACC>
   __device__ __forceinline__ static void quantize_out(const GemmArgs& args, const Problem& p,
                                                       ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
     if constexpr (kQuantizesOut) {
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int c = 0; c < WG_N / kQuantBlock; ++c) quantize_block(args, p, acc, m0, n0, i, c);
+    }
+  }
+
+  // Block c (columns c * kQuantBlock on) of m64 block i: the epilogue, bf16 rounding, the rows' amax (a quad of
+  // lanes holds each row's values: two shuffles), the scales, the values divided by them (IEEE division, as
+  // quantize() divides), their scales stored.
+  template <typename ACC>
+  __device__ __forceinline__ static void quantize_block(const GemmArgs& args, const Problem& p,
+                                                        ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
+                                                        int c) {
+    if constexpr (kQuantizesOut) {
       constexpr int kBlocksPerScale = kQuantBlock / 8;  // n8 blocks of the accumulator layout
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
-      float* scales = static_cast<float*>(args.aux);
+      run_epilogue<kBlocksPerScale>(args, p, acc, m0, n0, i, c * kBlocksPerScale);
+      float amax[2] = {0.0f, 0.0f};  // rows l/4 and l/4 + 8 (h)
 #pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+      for (int jj = 0; jj < kBlocksPerScale; ++jj)
 #pragma unroll
-        for (int c = 0; c < WG_N / kQuantBlock; ++c) {
-          run_epilogue<kBlocksPerScale>(args, p, acc, m0, n0, i, c * kBlocksPerScale);
-          float amax[2] = {0.0f, 0.0f};  // rows l/4 and l/4 + 8 (h)
+        for (int r = 0; r < 4; ++r) {
+          float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
+          v = __bfloat162float(__float2bfloat16_rn(v));
+          amax[r / 2] = fmaxf(amax[r / 2], fabsf(v));
+        }
+      float scale[2];
 #pragma unroll
-          for (int jj = 0; jj < kBlocksPerScale; ++jj)
+      for (int h = 0; h < 2; ++h) {
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+        scale[h] = fmaxf(amax[h], FLT_MIN) / kFp8Max<Out>;
+      }
 #pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
-              v = __bfloat162float(__float2bfloat16_rn(v));
-              amax[r / 2] = fmaxf(amax[r / 2], fabsf(v));
-            }
-          float scale[2];
+      for (int jj = 0; jj < kBlocksPerScale; ++jj)
 #pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
-            amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
-            scale[h] = fmaxf(amax[h], FLT_MIN) / kFp8Max<Out>;  // IEEE division, as quantize() computes it
-          }
+        for (int r = 0; r < 4; ++r) {
+          float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
+          v = to_float<Out>(from_float<Out>(v / scale[r / 2]));
+        }
+      const int col = n0 + c * kQuantBlock;
+      if (lane % 4 == 0 && col < p.n) {
+        float* scales = static_cast<float*>(args.aux);
 #pragma unroll
-          for (int jj = 0; jj < kBlocksPerScale; ++jj)
-#pragma unroll
-            for (int r = 0; r < 4; ++r) {
-              float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
-              v = to_float<Out>(from_float<Out>(v / scale[r / 2]));
-            }
-          const int col = n0 + c * kQuantBlock;
-          if (lane % 4 == 0 && col < p.n) {
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
-              if (row < p.m) scales[static_cast<int64_t>(row) * args.ldaux + col / kQuantBlock] = scale[h];
-            }
-          }
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
+          if (row < p.m) scales[static_cast<int64_t>(row) * args.ldaux + col / kQuantBlock] = scale[h];
         }
       }
     }
@@ -1821,7 +1831,7 @@ struct Kernel {
         store_direct(args, p, acc, m0, n0, problem, listed);
         return;
       }
-      quantize_out(args, p, acc, m0, n0);
+      static_assert(!kQuantizesOut || kEpiCols == kQuantBlock, "a quantized D's subtile is one block wide");
       const int t = threadIdx.x % kWarpgroupThreads;
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
@@ -1829,6 +1839,7 @@ struct Kernel {
         for (int sub = 0; sub < kSubtilesPerBlock; ++sub) {
           const uint32_t buf = smem.epi_buffer(consumer, buffer);
           if (!apply_sourced(args, p, acc, m0, n0, i, sub, sourced)) {
+            quantize_block(args, p, acc, m0, n0, i, sub);  // (a quantized D: instead of the epilogue)
             apply_epilogue<kEpiCols / 8>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8));
             // The store that last read this buffer (two subtiles ago) must be done reading it (sourced: it
             // was, before the source came in).
