@@ -31,6 +31,10 @@ inline const char* cuda_error_text(int code) {
 // 16-byte loads follow the same rule). `args` as the launch sees them: after fold_batch.
 template <class Cfg>
 inline GemmPath choose_folded_path(const GemmArgs& args) {
+  // A quantized (fp8) D with K = 0: the fast kernel's epilogue of zero, whatever A and B (nothing is loaded).
+  if constexpr (kIsFp8<typename Cfg::Out>) {
+    if (args.k == 0) return batch_count(args) == 1 ? GEMM_PATH_FAST : GEMM_PATH_NONE;
+  }
   if (!batch_aligned(args, args.a, args.lda, args.batch_stride_a, sizeof(typename Cfg::Elem)) ||
       !batch_aligned(args, args.b, args.ldb, args.batch_stride_b, sizeof(typename Cfg::ElemB))) {
     const bool single = batch_count(args) == 1;
