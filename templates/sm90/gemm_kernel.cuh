@@ -1557,9 +1557,8 @@ struct Kernel {
 
   // Quantize-on-store (kQuantizesOut): the epilogue on this warpgroup's accumulators, then each row's 128-column
   // blocks scaled into fp8 in place (acc holds the fp8 values as floats, which the stores convert exactly) and the
-  // blocks' scales written. Elements outside M x N hold zeros (TMA fills the operands' tiles past their ends, and
-  // the epilogue skips them), so they do not move a block's amax; the scales of rows past M and of blocks past N
-  // are not written. The TMA stores take one block at a time (quantize_block: a staging subtile of fp8 is one block
+  // blocks' scales written. Columns past N are left out of a block's amax; the scales of rows past M and of blocks
+  // past N are not written. The TMA stores take one block at a time (quantize_block: a staging subtile of fp8 is one block
   // wide), so that each block's arithmetic overlaps the previous block's store; the direct stores take the tile.
   template <typename ACC>
   __device__ __forceinline__ static void quantize_out(const GemmArgs& args, const Problem& p,
@@ -1584,6 +1583,10 @@ struct Kernel {
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
       run_epilogue<kBlocksPerScale>(args, p, acc, m0, n0, i, c * kBlocksPerScale);
+      // A block crossing N: its columns past N are left out of the amax (whatever acc holds there, nothing stores
+      // them); a warp-uniform branch, taken by the last tile column only.
+      const int col0 = n0 + c * kQuantBlock + 2 * (lane % 4);  // this thread's first column of the block
+      const bool crosses_n = n0 + (c + 1) * kQuantBlock > p.n;
       float amax[2] = {0.0f, 0.0f};  // rows l/4 and l/4 + 8 (h)
 #pragma unroll
       for (int jj = 0; jj < kBlocksPerScale; ++jj)
@@ -1591,7 +1594,7 @@ struct Kernel {
         for (int r = 0; r < 4; ++r) {
           float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
           v = __bfloat162float(__float2bfloat16_rn(v));
-          amax[r / 2] = fmaxf(amax[r / 2], fabsf(v));
+          if (!crosses_n || col0 + 8 * jj + r % 2 < p.n) amax[r / 2] = fmaxf(amax[r / 2], fabsf(v));
         }
       float scale[2];
 #pragma unroll
