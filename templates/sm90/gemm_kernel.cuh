@@ -1596,19 +1596,24 @@ struct Kernel {
           v = __bfloat162float(__float2bfloat16_rn(v));
           if (!crosses_n || col0 + 8 * jj + r % 2 < p.n) amax[r / 2] = fmaxf(amax[r / 2], fabsf(v));
         }
-      float scale[2];
+      // The quotients v / scale, as v' / scale' of both scaled by 2^kTinyScaleShift where the scale is tiny
+      // (exact: a power of two), so that divide_rn's steps stay within fp32's normal range.
+      float scale[2], scaled[2], inverse[2], pre[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
         amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
         scale[h] = fmaxf(amax[h], FLT_MIN) / kFp8Max<Out>;
+        pre[h] = scale[h] < kMinReciprocalScale ? kTinyScaleFactor : 1.0f;
+        scaled[h] = scale[h] * pre[h];
+        inverse[h] = __frcp_rn(scaled[h]);
       }
 #pragma unroll
       for (int jj = 0; jj < kBlocksPerScale; ++jj)
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
           float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
-          v = to_float<Out>(from_float<Out>(v / scale[r / 2]));
+          v = to_float<Out>(from_float<Out>(divide_rn(v * pre[r / 2], scaled[r / 2], inverse[r / 2])));
         }
       const int col = n0 + c * kQuantBlock;
       if (lane % 4 == 0 && col < p.n) {
@@ -1621,6 +1626,21 @@ struct Kernel {
       }
     }
   }
+
+  // x / s rounded to nearest as IEEE division rounds it, given r = RN(1 / s): q = RN(x r), then one correction,
+  // q + RN(x - q s) r (the residual exact by the FMA). Markstein's theorem (Handbook of Floating-Point Arithmetic,
+  // "Newton-Raphson-based division with an FMA") makes that the correctly rounded quotient when r is the correctly
+  // rounded reciprocal and nothing under- or overflows: three instructions where the division's own sequence
+  // recomputes the reciprocal per element (measured: benchmarks/bench_quantized_out.py, docs/epilogue.md).
+  __device__ __forceinline__ static float divide_rn(float x, float s, float r) {
+    const float q = __fmul_rn(x, r);
+    return __fmaf_rn(__fmaf_rn(-q, s, x), r, q);
+  }
+  // The smallest scale divided through its reciprocal as it is: below it the residual of a quotient that fp8 keeps
+  // could fall under fp32's normal range (a block whose amax is under 2^-55), so the value and the scale are both
+  // multiplied by kTinyScaleFactor first (scales start at FLT_MIN / 57344, about 2^-142: then about 2^-42).
+  static constexpr float kMinReciprocalScale = 0x1p-64f;
+  static constexpr float kTinyScaleFactor = 0x1p100f;
 
   // K = 0 with a quantized D: each row's 128-column block of this warpgroup's share by one thread, its values (the
   // epilogue of zero) computed once for the amax and again to store, written directly (no second set of

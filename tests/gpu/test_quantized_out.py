@@ -102,9 +102,25 @@ def test_equals_quantize_of_the_bf16_result_bit_for_bit(ops, key):
             assert error < FP8_EPS[PLANS[key]["out_dtype"]], f"{where}: error {error:.2e} against float64"
 
 
+@pytest.mark.parametrize("magnitude", [1e-10, 1e-3, 1e3])
+def test_tiny_huge_and_all_zero_blocks(ops, magnitude):
+    """Blocks whose scale is tiny (D about 1e-19: the division's reciprocal path rescales them), large, or zero (a
+    block of zero columns: the smallest scale), still quantize() of the bf16 result bit for bit."""
+    op, op_bf16 = ops["bf16_e4m3"]
+    a = (torch.randn(300, 512, device="cuda") * magnitude).bfloat16()
+    w = torch.randn(700, 512, device="cuda") * magnitude
+    w[:128] = 0          # block 0 of every row: zeros
+    w[300:301] = 0       # one zero column inside a block
+    b = w.bfloat16().t()
+    q, s = op(a, b)
+    want_q, want_s = quantize(op_bf16(a, b), "e4m3", scale="block")
+    assert torch.equal(s, want_s) and torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)), magnitude
+    assert (q[:, :128].float() == 0).all()
+
+
 def test_refusals_leave_the_process_working(ops):
     op, op_bf16 = ops["bf16_e4m3"]
-    a, b = torch.randn(64, 128, device="cuda").bfloat16(), torch.randn(128, 256, device="cuda").bfloat16()
+    a, b = torch.randn(64, 128, device="cuda").bfloat16(), torch.randn(256, 128, device="cuda").bfloat16().t()
     with pytest.raises(ValueError, match=r"batched call .* second output \(scales\)"):
         op(torch.randn(2, 64, 128, device="cuda").bfloat16(), b)
     with pytest.raises(ValueError, match=r"out= cannot receive"):
