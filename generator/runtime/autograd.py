@@ -187,11 +187,17 @@ def _wanting(op: OpHandle, inputs: tuple[Any, ...]) -> list[str]:
     return [name for name, t in zip(names, inputs) if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
+def _forward_only_reason(op: OpHandle) -> str:
+    """Why an op has no backward pass, as its refusals say it: its fp8 or int8 operands, or its quantized D."""
+    if op.config.dtype.is_quantized:
+        return f"multiplies {op.config.dtype.value} operands"
+    return f"writes a quantized ({op.config.out_dtype.value}) D"
+
+
 def _register_quantized_refusal(op: OpHandle, lib: torch.library.Library) -> None:
     """fp8 and int8 ops, and ops writing a quantized D, are forward only: a call that would need a gradient is refused when it runs (torch calls
     setup_context only when grad mode is on and an input requires grad), not answered with a wrong one later."""
-    what = (f"multiplies {op.config.dtype.value} operands" if op.config.dtype.is_quantized else
-            f"writes a quantized ({op.config.out_dtype.value}) D")
+    what = _forward_only_reason(op)
 
     def setup_context(ctx, inputs, output) -> None:
         wanting = _wanting(op, inputs)
@@ -349,7 +355,7 @@ def _register_quantized_grouped_refusal(op: OpHandle, lib: torch.library.Library
         if torch.is_grad_enabled():
             wanting = _grouped_wanting(A, B, overload)
             if wanting:
-                raise RuntimeError(f"{op.name}.{overload} multiplies {op.config.dtype.value} operands and has no "
+                raise RuntimeError(f"{op.name}.{overload} {_forward_only_reason(op)} and has no "
                                    f"backward pass, but {', '.join(wanting)} require(s) grad: call it under "
                                    f"torch.no_grad(), or pass {wanting[0]}.detach(); train through a bf16 or tf32 plan")
 

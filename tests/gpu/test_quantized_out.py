@@ -126,11 +126,10 @@ def test_refusals_leave_the_process_working(ops):
     with pytest.raises(ValueError, match=r"out= cannot receive"):
         op(a, b, out=torch.empty(64, 256, device="cuda", dtype=torch.float8_e4m3fn))
     with pytest.raises(RuntimeError, match=r"writes a quantized \(e4m3\) D and has no backward pass"):
-        op(a.requires_grad_(), b)
+        op(a.clone().requires_grad_(), b)
     with pytest.raises(ValueError, match=r"grouped calls do not quantize D"):
         op.grouped(a, b.t().contiguous().expand(2, 256, 128).transpose(1, 2), torch.tensor([32, 64], device="cuda",
                                                                                             dtype=torch.int32))
-    a = a.detach()
     for x, w in ((a, b), (torch.randn(64, 127, device="cuda").bfloat16(),   # K = 127: off the 16-byte rule,
                           torch.randn(256, 127, device="cuda").bfloat16().t())):   # repacked and still quantized
         q, s = op(x, w)
