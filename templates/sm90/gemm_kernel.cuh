@@ -1632,10 +1632,11 @@ struct Kernel {
   // "Newton-Raphson-based division with an FMA") makes that the correctly rounded quotient when r is the correctly
   // rounded reciprocal and nothing under- or overflows: three instructions where the division's own sequence
   // recomputes the reciprocal per element (measured: benchmarks/bench_quantized_out.py, docs/epilogue.md).
-  // (The sign is x's: a quotient of -0 would come out of the correction as +0.)
+  // The residual is taken negated, q s - x, and subtracted: the same bits, and a zero x keeps its sign (-0 + +0
+  // would round to +0 in the other order), with no instruction more (the negations are FFMA operand modifiers).
   __device__ __forceinline__ static float divide_rn(float x, float s, float r) {
     const float q = __fmul_rn(x, r);
-    return copysignf(__fmaf_rn(__fmaf_rn(-q, s, x), r, q), x);
+    return __fmaf_rn(-__fmaf_rn(q, s, -x), r, q);
   }
   // The smallest scale divided through its reciprocal as it is: below it the residual of a quotient that fp8 keeps
   // could fall under fp32's normal range (a block whose amax is under 2^-55), so the value and the scale are both
