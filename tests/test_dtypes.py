@@ -2,11 +2,15 @@
 and their fixes, fp8's scale modes and promotion, and what the rendered kernels say of them."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from generator import Gemm
+from generator import epilogue as ep
 from generator.render import render
-from generator.spec.config import SM90_PROMOTED_MAX_ACCUMULATORS, promote_slices, promoted_accumulators
+from generator.spec.config import (QUANT_BLOCK, SM90_PROMOTED_MAX_ACCUMULATORS, check_config, has_small_m_kernel,
+                                   promote_slices, promoted_accumulators, quantizes_out, second_output)
 from generator.spec.types import LAYOUTS, DType, default_out_dtype, parse_input_dtype
 
 FP8 = ("e4m3", "e5m2")
@@ -49,10 +53,57 @@ def test_fp8_is_sm90_only(arch):
 
 
 def test_fp8_outputs():
-    for out in ("bf16", "fp16", "fp32"):
+    for out in ("bf16", "fp16", "fp32", "e4m3", "e5m2"):   # (fp8: quantized with its block scales)
         assert Gemm("e4m3", "tn", arch=90, out_dtype=out).out_dtype.value == out
     with pytest.raises(ValueError, match="out_dtype"):
-        Gemm("e4m3", "tn", arch=90, out_dtype="e4m3")
+        Gemm("e4m3", "tn", arch=90, out_dtype="int32")
+
+
+# -- a quantized D (out_dtype e4m3 / e5m2): fp8 values and 1x128 block scales, the op's second output -------------
+
+def test_a_quantized_output_is_an_sm90_row_major_kernel_of_whole_128_column_blocks():
+    plan = Gemm("bf16", "tn", arch=90, out_dtype="e4m3", activation="silu", bias="col")
+    cfg = plan.config
+    assert quantizes_out(cfg) and second_output(cfg) == "scales" and cfg.tile[1] % QUANT_BLOCK == 0
+    assert "_oe4m3" in cfg.name and "_oe4m3" in Gemm("e4m3", "tn", arch=90, out_dtype="e4m3").config.name
+    assert cfg.epilogue.operands[0].dtype is DType.bf16      # "like the output": the bf16 value before quantizing
+    assert not has_small_m_kernel(Gemm("bf16", "tn", arch=90, out_dtype="e4m3", m=8).config)
+    text = str(plan)
+    assert "returns (D, scales), scales (M, ceil(N/128)) fp32" in text and "s = amax / 448" in text
+    assert "copied into an aligned workspace" in text and "batched:      refused" in text
+    assert "s = amax / 57344" in str(Gemm("bf16", "tn", arch=90, out_dtype="e5m2"))
+    assert "using Out = __nv_fp8_e4m3;" in render(cfg)[cfg.name + ".cu"]
+
+
+def _with_aux(acc, bias: ep.Col):
+    return acc + bias, acc
+
+
+@pytest.mark.parametrize("knobs, message", [
+    (dict(arch=80), "built for the sm90 family only"),
+    (dict(arch=90, family="sm80"), "built for the sm90 family only"),
+    (dict(arch=90, layout_c="col"), "a quantized D is row-major"),
+    (dict(arch=90, tile_shape=(128, 192, 64)), "whole 128-column blocks"),
+    (dict(arch=90, tile_shape=(64, 128, 64), schedule="cooperative"), "whole 128-column blocks"),
+    (dict(arch=90, epilogue=_with_aux), "cannot have one of its own"),
+])
+def test_quantized_output_refusals(knobs, message):
+    with pytest.raises(ValueError, match=message):
+        Gemm("bf16", "tn", out_dtype="e4m3", **knobs).config
+
+
+def test_a_quantized_output_takes_no_stream_k_and_no_int8_inputs():
+    cfg = Gemm("bf16", "tn", arch=90, out_dtype="e4m3").config
+    with pytest.raises(ValueError, match="cannot take stream-K"):
+        check_config(dataclasses.replace(cfg, stream_k=True))
+    with pytest.raises(ValueError, match="not an output of an int8 GEMM"):
+        Gemm("int8", "tn", arch=90, out_dtype="e4m3")
+
+
+def test_emitted_packages_refuse_a_quantized_output():
+    from generator.emit import resolve_ops
+    with pytest.raises(ValueError, match=r"quantizes D \(out_dtype='e4m3'\): emitted packages do not carry"):
+        resolve_ops([Gemm("bf16", "tn", arch=90, out_dtype="e4m3")])
 
 
 def test_promotion_limits_the_tile_and_fast_accum_lifts_it():
