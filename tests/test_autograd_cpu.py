@@ -73,7 +73,7 @@ class ReferenceOp(GemmOp):
         problem = self._check(A, B)             # dtype, device, K, batch, and the planned storage orders
         ep = self.config.epilogue
         if problem.batch is not None:
-            check_batchable(ep)
+            check_batchable(self.config)
         check_operands(ep, operands, A, problem.m, problem.n, problem.k)
         if out is not None:
             self._check_out(out, A, B)

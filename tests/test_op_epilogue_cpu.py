@@ -63,7 +63,7 @@ class EpilogueOp(ReferenceOp):
         if out is not None:   # GemmOp.run's order: A and B, the operands, out, then out's aliasing
             problem = self._check(A, B)
             if problem.batch is not None:
-                check_batchable(self.config.epilogue)
+                check_batchable(self.config)
             check_operands(self.config.epilogue, operands, A, problem.m, problem.n, problem.k)
             self._check_out(out, A, B)
             check_out_aliasing(self.config.epilogue, operands, out, self.config.layout.c, A, B)
