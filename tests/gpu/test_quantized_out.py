@@ -118,6 +118,14 @@ def test_tiny_huge_and_all_zero_blocks(ops, magnitude):
     assert (q[:, :128].float() == 0).all()
 
 
+def padded(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s values with its rows padded to 16 bytes (a view of a wider buffer): what the repacking copies make."""
+    wide = torch.zeros(t.shape[0], -(-t.shape[1] // 8) * 8, dtype=t.dtype, device=t.device)
+    view = wide[:, : t.shape[1]]
+    view.copy_(t)
+    return view
+
+
 def test_refusals_leave_the_process_working(ops):
     op, op_bf16 = ops["bf16_e4m3"]
     a, b = torch.randn(64, 128, device="cuda").bfloat16(), torch.randn(256, 128, device="cuda").bfloat16().t()
@@ -130,9 +138,11 @@ def test_refusals_leave_the_process_working(ops):
     with pytest.raises(ValueError, match=r"grouped calls do not quantize D"):
         op.grouped(a, b.t().contiguous().expand(2, 256, 128).transpose(1, 2), torch.tensor([32, 64], device="cuda",
                                                                                             dtype=torch.int32))
-    for x, w in ((a, b), (torch.randn(64, 127, device="cuda").bfloat16(),   # K = 127: off the 16-byte rule,
-                          torch.randn(256, 127, device="cuda").bfloat16().t())):   # repacked and still quantized
-        q, s = op(x, w)
-        want_q, want_s = quantize(op_bf16(x, w), "e4m3", scale="block")
+    # K = 127: A and B off the 16-byte rule, repacked (rows padded to 16 bytes) into the kernel that quantizes; the
+    # bf16 reference is the same kernel on such padded copies (the bf16 op itself would take the unaligned kernel)
+    x, w = torch.randn(64, 127, device="cuda").bfloat16(), torch.randn(256, 127, device="cuda").bfloat16()
+    assert op.path(x, w.t()) == "repacked"
+    for x_in, w_in, x_ref, w_ref in ((a, b.t(), a, b.t()), (x, w, padded(x), padded(w))):
+        q, s = op(x_in, w_in.t())
+        want_q, want_s = quantize(op_bf16(x_ref, w_ref.t()), "e4m3", scale="block")
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
-    assert op.path(x, w) == "repacked"
