@@ -646,7 +646,8 @@ REFUSED_ASSIGNMENTS = [
     pytest.param({}, "warps", (0, 4), "warps=(0, 4): give 2 positive integers, e.g. warps=(2, 2)",
                  id="warps-zero"),
     pytest.param({}, "out_dtype", "int8",
-                 "out_dtype='int8' is not supported here; supported: 'fp16', 'bf16', 'fp32', 'int32'", id="out-dtype"),
+                 "out_dtype='int8' is not supported here; supported: 'fp16', 'bf16', 'fp32', 'int32', 'e4m3', 'e5m2'",
+                 id="out-dtype"),
 ]
 
 
@@ -751,7 +752,8 @@ def test_out_dtype_refusal_in_check_config() -> None:
                        tile=(128, 128, 32), warps=(2, 2), stages=3, raster_group=8)
     with pytest.raises(ValueError) as err:
         check_config(cfg)
-    assert str(err.value) == "out_dtype=int8: use fp16, bf16 or fp32 (int32: int8 inputs)"
+    assert str(err.value) == ("out_dtype=int8: use fp16, bf16 or fp32 (int32: int8 inputs; e4m3, e5m2: quantized with "
+                              "per-block scales)")
 
 
 def test_out_dtype_refused_assignment_keeps_plan() -> None:
@@ -784,8 +786,8 @@ def test_out_dtype_refused_assignment_keeps_plan() -> None:
     pytest.param(dict(dtype="tf32", layout="nt", arch=80, tile_shape=(128, 256, 64)),
                  "tile 128x256x64 is not one the sm80 template builds: BM in (64, 128, 256), BN in (64, 128, 256), "
                  "BK in (16, 32) for tf32 (e.g. 128x128x16 or 128x256x32)", id="tf32-sm80-bk"),
-    pytest.param(dict(out_dtype="e4m3"), "out_dtype='e4m3' is not supported here; supported: 'fp16', 'bf16', "
-                 "'fp32', 'int32'", id="out-dtype"),
+    pytest.param(dict(out_dtype="int8"), "out_dtype='int8' is not supported here; supported: 'fp16', 'bf16', "
+                 "'fp32', 'int32', 'e4m3', 'e5m2'", id="out-dtype"),
     pytest.param(dict(arch=70), "arch=70 is not an architecture this generator targets; use one of 80, 86, 89, 90",
                  id="arch"),
     pytest.param(dict(arch="sm_100a"), "arch='sm_100a' is not an architecture this generator targets; use one of "

@@ -68,13 +68,15 @@ struct Config {
   // m64 blocks' scale pointers and had no registers left for the walk (ptxas spilled). A group starts at any row,
   // which a TMA load of a column-major A cannot start at (along its contiguous dimension: measured, an illegal
   // instruction), so A is K-major (spec/grouped.py grouped_refusal says the same).
+  // A quantized (fp8) D takes neither form (its scales are one matrix's: spec/grouped.py grouped_refusal).
   static constexpr bool kWalksGroups = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
-                                       !GEMMGEN_SM90_STREAM_K && kAKMajor &&
+                                       !GEMMGEN_SM90_STREAM_K && kAKMajor && !gemmgen::kIsFp8<Out> &&
                                        (Epilogue::kRowBlocksSlot < 0 || kBlockM <= 128);
   // A list of problems (GemmArgs::list): the same schedules; each problem has its own maps, starting at its own
   // base, so A may be column-major; the identity epilogue only (an epilogue's operands are one problem's).
   static constexpr bool kWalksLists = kSchedule != gemmgen::sm90::Schedule::kWarpSpecialized && !kStreamK &&
-                                      !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0 && Epilogue::kIdentity;
+                                      !GEMMGEN_SM90_STREAM_K && Epilogue::kRowBlocksSlot < 0 && Epilogue::kIdentity &&
+                                      !gemmgen::kIsFp8<Out>;
 };
 
 using Kernel = gemmgen::sm90::Kernel<Config>;

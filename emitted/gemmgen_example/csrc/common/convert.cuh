@@ -38,6 +38,19 @@ template <>
 __device__ __forceinline__ __half from_float<__half>(float x) { return __float2half_rn(x); }
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+// fp8 D (a quantized output, whose values the epilogue has already scaled into range): round to nearest even,
+// saturated to the largest finite value (cvt.rn.satfinite, PTX ISA §9.7.9.21), as torch's casts of clamped values.
+template <>
+__device__ __forceinline__ __nv_fp8_e4m3 from_float<__nv_fp8_e4m3>(float x) { return __nv_fp8_e4m3(x); }
+template <>
+__device__ __forceinline__ __nv_fp8_e5m2 from_float<__nv_fp8_e5m2>(float x) { return __nv_fp8_e5m2(x); }
+
+// The fp8 types (a quantized D: the epilogue scales it per block, sm90/gemm_kernel.cuh quantize_out).
+template <typename T>
+constexpr bool kIsFp8 = std::is_same_v<T, __nv_fp8_e4m3> || std::is_same_v<T, __nv_fp8_e5m2>;
+// The largest finite value of an fp8 type: a block's largest magnitude is scaled to it.
+template <typename T>
+constexpr float kFp8Max = std::is_same_v<T, __nv_fp8_e4m3> ? 448.0f : 57344.0f;
 
 // D's element from an accumulator register after the epilogue. An int32 D comes only from an int8 GEMM without
 // an epilogue (generator/spec/config.py check_int8), whose registers hold the tensor cores' exact int32 sums as
@@ -81,6 +94,17 @@ template <>
 struct Pair<__nv_bfloat16> {
   using type = __nv_bfloat162;
   __device__ __forceinline__ static __nv_bfloat162 make(float x, float y) { return __floats2bfloat162_rn(x, y); }
+};
+
+template <>
+struct Pair<__nv_fp8_e4m3> {
+  using type = __nv_fp8x2_e4m3;
+  __device__ __forceinline__ static __nv_fp8x2_e4m3 make(float x, float y) { return __nv_fp8x2_e4m3(make_float2(x, y)); }
+};
+template <>
+struct Pair<__nv_fp8_e5m2> {
+  using type = __nv_fp8x2_e5m2;
+  __device__ __forceinline__ static __nv_fp8x2_e5m2 make(float x, float y) { return __nv_fp8x2_e5m2(make_float2(x, y)); }
 };
 
 // int32 D: two accumulator registers holding int8's int32 sums as bits (see from_accumulator).

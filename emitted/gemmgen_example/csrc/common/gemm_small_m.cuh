@@ -50,13 +50,14 @@ constexpr int kChunksPerStep = 4;                  // chunks per lane and row in
 constexpr int kStepK = kChunksPerStep * kLanesK * kChunk;  // 128 k per warp and step: 256 bytes of each W row
 
 // Which configs have this kernel: 16-bit A and B, both K-major, no per-block scales (their K blocks would need the
-// promotion of the fast kernels) and a floating-point D. spec/config.py has_small_m_kernel says the same in Python.
+// promotion of the fast kernels) and a 16- or 32-bit floating-point D (a quantized fp8 D is scaled by the fast
+// kernel's epilogue). spec/config.py has_small_m_kernel says the same in Python.
 template <class Cfg>
 constexpr bool kAvailable = (std::is_same_v<typename Cfg::Elem, __half> ||
                              std::is_same_v<typename Cfg::Elem, __nv_bfloat16>) &&
                             std::is_same_v<typename Cfg::Elem, typename Cfg::ElemB> && Cfg::kAKMajor &&
                             Cfg::kBKMajor && Cfg::Epilogue::kRowBlocksSlot < 0 &&
-                            !std::is_same_v<typename Cfg::Out, int32_t>;
+                            !std::is_same_v<typename Cfg::Out, int32_t> && !kIsFp8<typename Cfg::Out>;
 
 // Chunk k .. k + 7 of a row. Guarded (the last, partial k step): a chunk that crosses K is read element by element
 // and the rest is zero, since the row may end there and the elements past K must not reach the sums; a chunk past

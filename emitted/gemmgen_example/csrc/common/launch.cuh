@@ -31,9 +31,16 @@ inline const char* cuda_error_text(int code) {
 // 16-byte loads follow the same rule). `args` as the launch sees them: after fold_batch.
 template <class Cfg>
 inline GemmPath choose_folded_path(const GemmArgs& args) {
+  // A quantized (fp8) D with K = 0: the fast kernel's epilogue of zero, whatever A and B (nothing is loaded).
+  if constexpr (kIsFp8<typename Cfg::Out>) {
+    if (args.k == 0) return batch_count(args) == 1 ? GEMM_PATH_FAST : GEMM_PATH_NONE;
+  }
   if (!batch_aligned(args, args.a, args.lda, args.batch_stride_a, sizeof(typename Cfg::Elem)) ||
       !batch_aligned(args, args.b, args.ldb, args.batch_stride_b, sizeof(typename Cfg::ElemB))) {
-    const bool repays = batch_count(args) == 1 && args.m * args.n * args.k >= kRepackMinVolume;
+    const bool single = batch_count(args) == 1;
+    // A quantized (fp8) D only from the fast kernels, whose epilogue scales it: repacked whatever the size.
+    if constexpr (kIsFp8<typename Cfg::Out>) return single ? GEMM_PATH_REPACKED : GEMM_PATH_NONE;
+    const bool repays = single && args.m * args.n * args.k >= kRepackMinVolume;
     return repays ? GEMM_PATH_REPACKED : GEMM_PATH_UNALIGNED;
   }
   return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;

@@ -16,7 +16,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* ptr) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
 }
 
-// Store two fp32 values (8 bytes) or one 32-bit word to shared memory.
+// Store two fp32 values (8 bytes), one 32-bit word or one 16-bit half-word to shared memory.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(x), "f"(y) : "memory");
@@ -24,6 +24,11 @@ __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float x, float y
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
 __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
+__device__ __forceinline__ void st_shared_b16(uint32_t addr, uint16_t v) {
+  asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
 
 // Load two fp32 values (8 bytes) from shared memory.
@@ -61,12 +66,15 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t add
                : "r"(addr));
 }
 
-// Two neighbouring outputs, converted to Out, as one shared-memory store (4 bytes for 16-bit types,
+// Two neighbouring outputs, converted to Out, as one shared-memory store (2 bytes for fp8, 4 for 16-bit types,
 // 8 for fp32).
 template <typename Out>
 __device__ __forceinline__ void st_shared_pair(uint32_t addr, float x, float y) {
   if constexpr (sizeof(Out) == 4) {
     st_shared_v2_f32(addr, x, y);
+  } else if constexpr (sizeof(Out) == 1) {
+    const typename Pair<Out>::type v = Pair<Out>::make(x, y);
+    st_shared_b16(addr, *reinterpret_cast<const uint16_t*>(&v));
   } else {
     st_shared_b32(addr, pack<Out>(x, y));
   }

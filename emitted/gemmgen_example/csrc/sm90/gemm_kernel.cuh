@@ -22,6 +22,7 @@
 // its row peers) have released it.
 #pragma once
 
+#include <cfloat>  // FLT_MIN
 #include <cstdint>
 #include <type_traits>
 #include <cuda.h>  // CUtensorMap (a type only: nothing links against the driver)
@@ -543,6 +544,16 @@ struct Kernel {
   static constexpr bool kIntAccum = std::is_same_v<Accum, int32_t>;
   static constexpr bool kAccumBits = kIntAccum && std::is_same_v<Out, int32_t>;
   static_assert(!(STREAM_K && kIntAccum), "stream-K adds partial tiles as fp32");
+  // Quantize-on-store (an fp8 D): each row's values in blocks of kQuantBlock columns, rounded to bf16 first (the
+  // value a bf16 D holds), scaled by the block's s = max(amax, FLT_MIN) / the fp8 maximum into fp8, s written to
+  // args.aux ((M, ceil(N / kQuantBlock)) fp32, row stride args.ldaux): generator.quantize(D_bf16, scale="block")
+  // bit for bit (quantize_out). A block is 16 n8 blocks of the accumulator layout, whose rows each quad of lanes
+  // holds: the block's amax is the quad's, two shuffles. One staging subtile of fp8 is exactly one block wide.
+  static constexpr bool kQuantizesOut = kIsFp8<Out>;
+  static constexpr int kQuantBlock = 128;  // spec/config.py QUANT_BLOCK
+  static_assert(!kQuantizesOut || (WG_N % kQuantBlock == 0 && Cfg::kDRowMajor && !STREAM_K && !kSourced),
+                "a quantized D: whole 128-column blocks per warpgroup, row-major, no stream-K, no source operand "
+                "(spec/config.py check_quantized_out)");
   // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
   // order: register r of thread t at r * 128 + t, so each access is coalesced), then a flag each.
   static constexpr int kPartialFloats = WG_M * WG_N;
@@ -906,7 +917,9 @@ struct Kernel {
         // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two
         // register assignments of them (ptxas then spills).
         if (PINGPONG && next_exists) pass_turn(consumer);
-        if constexpr (Cfg::Epilogue::kIdentity) {
+        if constexpr (kQuantizesOut) {
+          store_quantized_of_zero(args, tile, m0 + row_in_tile, n0, epi.problem);
+        } else if constexpr (Cfg::Epilogue::kIdentity) {
           const float zeros[MMA_BLOCKS_M][ACCUM] = {};
           epi.store(args, tile, zeros, m0 + row_in_tile, n0);
         } else {
@@ -1427,6 +1440,7 @@ struct Kernel {
   __device__ __forceinline__ static void store_direct(const GemmArgs& args, const Problem& p,
                                                       ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int problem,
                                                       const ListProblem* listed = nullptr) {
+    quantize_out(args, p, acc, m0, n0);
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i) {
       apply_epilogue<WG_N / 8>(args, p, acc, m0, n0, i, 0);
@@ -1477,10 +1491,18 @@ struct Kernel {
   // stores apply it one part at a time, just before they write the part, so that the operand loads of one
   // part (not of the whole tile) are in flight beside the accumulators. SOURCED: the source operand's values
   // of the part are in `source`, in the accumulators' order (source[4 * (j - j0) + r] for acc[i][4 * j + r]).
+  // A quantized D has had it applied already (quantize_out).
   template <int BLOCKS, bool SOURCED = false, typename ACC>
   __device__ __forceinline__ static void apply_epilogue(const GemmArgs& args, const Problem& p,
                                                         ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
                                                         int j0, const float* source = nullptr) {
+    if constexpr (!kQuantizesOut) run_epilogue<BLOCKS, SOURCED>(args, p, acc, m0, n0, i, j0, source);
+  }
+
+  template <int BLOCKS, bool SOURCED = false, typename ACC>
+  __device__ __forceinline__ static void run_epilogue(const GemmArgs& args, const Problem& p,
+                                                      ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i, int j0,
+                                                      const float* source = nullptr) {
     if constexpr (!Cfg::Epilogue::kIdentity) {
       // A part wholly inside M x N takes the loop without bounds checks: straight-line code whose elements
       // interleave (a branch per column would leave each element's chain of dependent operations exposed).
@@ -1531,6 +1553,126 @@ struct Kernel {
         }
       }
     }
+  }
+
+  // Quantize-on-store (kQuantizesOut): the epilogue on this warpgroup's accumulators, then each row's 128-column
+  // blocks scaled into fp8 in place (acc holds the fp8 values as floats, which the stores convert exactly) and the
+  // blocks' scales written. Columns past N are left out of a block's amax; the scales of rows past M and of blocks
+  // past N are not written. The TMA stores take one block at a time (quantize_block: a staging subtile of fp8 is one block
+  // wide), so that each block's arithmetic overlaps the previous block's store; the direct stores take the tile.
+  template <typename ACC>
+  __device__ __forceinline__ static void quantize_out(const GemmArgs& args, const Problem& p,
+                                                      ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0) {
+    if constexpr (kQuantizesOut) {
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+        for (int c = 0; c < WG_N / kQuantBlock; ++c) quantize_block(args, p, acc, m0, n0, i, c);
+    }
+  }
+
+  // Block c (columns c * kQuantBlock on) of m64 block i: the epilogue, bf16 rounding, the rows' amax (a quad of
+  // lanes holds each row's values: two shuffles), the scales, the values divided by them (IEEE division, as
+  // quantize() divides), their scales stored.
+  template <typename ACC>
+  __device__ __forceinline__ static void quantize_block(const GemmArgs& args, const Problem& p,
+                                                        ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
+                                                        int c) {
+    if constexpr (kQuantizesOut) {
+      constexpr int kBlocksPerScale = kQuantBlock / 8;  // n8 blocks of the accumulator layout
+      const int t = threadIdx.x % kWarpgroupThreads;
+      const int warp = t / 32, lane = t % 32;
+      run_epilogue<kBlocksPerScale>(args, p, acc, m0, n0, i, c * kBlocksPerScale);
+      // A block crossing N: its columns past N are left out of the amax (whatever acc holds there, nothing stores
+      // them); a warp-uniform branch, taken by the last tile column only.
+      const int col0 = n0 + c * kQuantBlock + 2 * (lane % 4);  // this thread's first column of the block
+      const bool crosses_n = n0 + (c + 1) * kQuantBlock > p.n;
+      float amax[2] = {0.0f, 0.0f};  // rows l/4 and l/4 + 8 (h)
+#pragma unroll
+      for (int jj = 0; jj < kBlocksPerScale; ++jj)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
+          v = __bfloat162float(__float2bfloat16_rn(v));
+          if (!crosses_n || col0 + 8 * jj + r % 2 < p.n) amax[r / 2] = fmaxf(amax[r / 2], fabsf(v));
+        }
+      // The quotients v / scale, as v' / scale' of both scaled by 2^kTinyScaleShift where the scale is tiny
+      // (exact: a power of two), so that divide_rn's steps stay within fp32's normal range.
+      float scale[2], scaled[2], inverse[2], pre[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 1));
+        amax[h] = fmaxf(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], 2));
+        scale[h] = fmaxf(amax[h], FLT_MIN) / kFp8Max<Out>;
+        pre[h] = scale[h] < kMinReciprocalScale ? kTinyScaleFactor : 1.0f;
+        scaled[h] = scale[h] * pre[h];
+        inverse[h] = __frcp_rn(scaled[h]);
+      }
+#pragma unroll
+      for (int jj = 0; jj < kBlocksPerScale; ++jj)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float& v = acc[i][4 * (c * kBlocksPerScale + jj) + r];
+          v = to_float<Out>(from_float<Out>(divide_rn(v * pre[r / 2], scaled[r / 2], inverse[r / 2])));
+        }
+      const int col = n0 + c * kQuantBlock;
+      if (lane % 4 == 0 && col < p.n) {
+        float* scales = static_cast<float*>(args.aux);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
+          if (row < p.m) scales[static_cast<int64_t>(row) * args.ldaux + col / kQuantBlock] = scale[h];
+        }
+      }
+    }
+  }
+
+  // x / s rounded to nearest as IEEE division rounds it, given r = RN(1 / s): q = RN(x r), then one correction,
+  // q + RN(x - q s) r (the residual exact by the FMA). Markstein's theorem (Handbook of Floating-Point Arithmetic,
+  // "Newton-Raphson-based division with an FMA") makes that the correctly rounded quotient when r is the correctly
+  // rounded reciprocal and nothing under- or overflows: three instructions where the division's own sequence
+  // recomputes the reciprocal per element (measured: benchmarks/bench_quantized_out.py, docs/epilogue.md).
+  // The residual is taken negated, q s - x, and subtracted: the same bits, and a zero x keeps its sign (-0 + +0
+  // would round to +0 in the other order), with no instruction more (the negations are FFMA operand modifiers).
+  __device__ __forceinline__ static float divide_rn(float x, float s, float r) {
+    const float q = __fmul_rn(x, r);
+    return __fmaf_rn(-__fmaf_rn(q, s, -x), r, q);
+  }
+  // The smallest scale divided through its reciprocal as it is: below it the residual of a quotient that fp8 keeps
+  // could fall under fp32's normal range (a block whose amax is under 2^-55), so the value and the scale are both
+  // multiplied by kTinyScaleFactor first (scales start at FLT_MIN / 57344, about 2^-142: then about 2^-42).
+  static constexpr float kMinReciprocalScale = 0x1p-64f;
+  static constexpr float kTinyScaleFactor = 0x1p100f;
+
+  // K = 0 with a quantized D: each row's 128-column block of this warpgroup's share by one thread, its values (the
+  // epilogue of zero) computed once for the amax and again to store, written directly (no second set of
+  // accumulators beside the first: ptxas would spill).
+  __device__ static void store_quantized_of_zero(const GemmArgs& args, const Problem& p, int m0, int n0,
+                                                 int problem) {
+    if constexpr (kQuantizesOut) {
+      Out* d = static_cast<Out*>(args.d) + problem * args.batch_stride_d;
+      float* scales = static_cast<float*>(args.aux);
+      constexpr int kBlocks = WG_N / kQuantBlock;
+      for (int w = threadIdx.x % kWarpgroupThreads; w < WG_M * kBlocks; w += kWarpgroupThreads) {
+        const int row = m0 + w / kBlocks, col0 = n0 + (w % kBlocks) * kQuantBlock;
+        if (row >= p.m || col0 >= p.n) continue;
+        const int cols = min(kQuantBlock, p.n - col0);
+        float amax = 0.0f;
+        for (int c = 0; c < cols; ++c) amax = fmaxf(amax, fabsf(value_of_zero(args, row, col0 + c)));
+        const float scale = fmaxf(amax, FLT_MIN) / kFp8Max<Out>;
+        for (int c = 0; c < cols; ++c) {
+          d[static_cast<int64_t>(row) * args.ldd + col0 + c] = from_float<Out>(value_of_zero(args, row, col0 + c) / scale);
+        }
+        scales[static_cast<int64_t>(row) * args.ldaux + col0 / kQuantBlock] = scale;
+      }
+    }
+  }
+
+  // D's value at (row, col) for K = 0 before it is quantized: the epilogue of zero, rounded to bf16.
+  __device__ __forceinline__ static float value_of_zero(const GemmArgs& args, int row, int col) {
+    float value = 0.0f;
+    if constexpr (!Cfg::Epilogue::kIdentity) value = Cfg::Epilogue::apply(args, 0.0f, row, col);
+    return __bfloat162float(__float2bfloat16_rn(value));
   }
 
   // K = 0 under a fused epilogue: D = epilogue(0), element by element, written directly.
@@ -1714,6 +1856,7 @@ struct Kernel {
         store_direct(args, p, acc, m0, n0, problem, listed);
         return;
       }
+      static_assert(!kQuantizesOut || kEpiCols == kQuantBlock, "a quantized D's subtile is one block wide");
       const int t = threadIdx.x % kWarpgroupThreads;
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
@@ -1721,6 +1864,7 @@ struct Kernel {
         for (int sub = 0; sub < kSubtilesPerBlock; ++sub) {
           const uint32_t buf = smem.epi_buffer(consumer, buffer);
           if (!apply_sourced(args, p, acc, m0, n0, i, sub, sourced)) {
+            quantize_block(args, p, acc, m0, n0, i, sub);  // (a quantized D: instead of the epilogue)
             apply_epilogue<kEpiCols / 8>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8));
             // The store that last read this buffer (two subtiles ago) must be done reading it (sourced: it
             // was, before the source came in).

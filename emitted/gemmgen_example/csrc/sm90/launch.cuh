@@ -384,22 +384,28 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   cudaError_t err = raise_smem_limit(reinterpret_cast<const void*>(fast), K::SMEM_BYTES, smem_raised, &device);
   if (err != cudaSuccess) return static_cast<int>(err);
 
-  // A (M x K): K-major = row-major (inner K); M-major = column-major (inner M). B (K x N) likewise.
+  // A (M x K): K-major = row-major (inner K); M-major = column-major (inner M). B (K x N) likewise. K = 0 loads
+  // nothing (the kernel stores the epilogue of zero), so A's and B's maps are left as they were: an empty operand
+  // may have no address to encode (a quantized D takes this kernel then: choose_folded_path).
   thread_local CachedMap map_a, map_b;
-  int code = operand_map<Elem, typename K::TileA, Cfg::kAKMajor>(map_a, args->a, args->m, args->k, args->lda, batch,
-                                                                 args->batch_stride_a);
+  const bool loads = args->k > 0;
+  int code = loads ? operand_map<Elem, typename K::TileA, Cfg::kAKMajor>(map_a, args->a, args->m, args->k, args->lda,
+                                                                         batch, args->batch_stride_a)
+                   : 0;
   if (code != 0) return code;
   // A again in the edge tiles' smaller boxes, where some tile crosses A's last row (a ragged M, or any group's end):
   // the kernel takes it for exactly those tiles (Kernel::load_k_tiles) and never reads it otherwise.
   thread_local CachedMap map_a_edge;
-  if (K::uses_a_edge_map(problem)) {
+  if (loads && K::uses_a_edge_map(problem)) {
     code = operand_map<Elem, typename K::TileAEdge, Cfg::kAKMajor>(map_a_edge, args->a, args->m, args->k, args->lda,
                                                                    batch, args->batch_stride_a);
     if (code != 0) return code;
   }
-  code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(map_b, args->b, args->n, args->k,
-                                                                          args->ldb, batch, args->batch_stride_b);
-  if (code != 0) return code;
+  if (loads) {
+    code = operand_map<typename Cfg::ElemB, typename K::TileB, Cfg::kBKMajor>(map_b, args->b, args->n, args->k,
+                                                                            args->ldb, batch, args->batch_stride_b);
+    if (code != 0) return code;
+  }
   // D through TMA stores when its base and row pitch allow (the kernel makes the same test); an
   // unused map stays zero.
   thread_local CachedMap map_d;

@@ -90,8 +90,9 @@ struct OpSpec {
   const char* layout_b_flipped;
   LaunchFn launch;
   ErrorStringFn error_string;
-  // The fused epilogue: its operands (num_operands of them at operands; none for a plain op) and whether it
-  // stores a second output, aux (same dtype and order as D). Either makes the op's kernels the boxed ones.
+  // The fused epilogue: its operands (num_operands of them at operands; none for a plain op) and whether the op
+  // returns a second output: the epilogue's aux (same dtype and order as D), or with quant_block a quantized D's
+  // scales. Either makes the op's kernels the boxed ones.
   int num_operands;
   const OperandSpec* operands;
   bool aux;
@@ -115,7 +116,13 @@ struct OpSpec {
   const LaunchFn* bucket_launch = nullptr;
   const ErrorStringFn* bucket_error_string = nullptr;
   const char* const* bucket_kernel = nullptr;
+  // A quantized (fp8) D: each row's blocks of quant_block columns scaled by one fp32 scale each, the scales the
+  // second output ((M, ceil(N / quant_block)), row-major); 0: D is not quantized.
+  int quant_block = 0;
 };
+
+// What the second output is called in messages.
+inline const char* second_output_name(const OpSpec& op) { return op.quant_block > 0 ? "scales" : "aux"; }
 
 inline c10::ScalarType b_dtype(const OpSpec& op) {
   return op.dtype_b == c10::ScalarType::Undefined ? op.dtype : op.dtype_b;
@@ -244,6 +251,15 @@ inline at::Tensor empty_d(const OpSpec& op, const at::Tensor& A, const at::Tenso
   const c10::SymInt batch = batch_size(A, B);
   if (op.d_row) return at::empty_symint({batch, m, n}, options);
   return at::empty_symint({batch, n, m}, options).transpose(1, 2);
+}
+
+// The op's second output for A and B of a 2-D call (a batched one with a second output is refused first): a
+// quantized D's scales (M, ceil(N / quant_block)) fp32, or the epilogue's aux (like D), or none.
+inline at::Tensor empty_second_output(const OpSpec& op, const at::Tensor& A, const at::Tensor& B) {
+  if (!op.aux) return at::Tensor();
+  if (op.quant_block == 0) return empty_d(op, A, B);
+  const c10::SymInt blocks = (B.sym_size(-1) + (op.quant_block - 1)) / op.quant_block;
+  return at::empty_symint({A.sym_size(-2), blocks}, A.options().dtype(at::kFloat));
 }
 
 // -- checks ------------------------------------------------------------------------------------------
@@ -481,8 +497,8 @@ inline void check_operands_static(const OpSpec& op, const c10::IValue* values, c
 
 // A batched call (3-D A or B) gives every problem the same epilogue operands (common/gemm_args.h): scalars,
 // one-element scales and vectors serve them all, but a matrix operand or per-block scales are one problem's, and
-// the second output has no batch stride. Refused before any operand's own check, in the operands' order, then aux
-// (generator/runtime/operands.py: check_batchable).
+// the second output (aux, or a quantized D's scales) has no batch stride. Refused before any operand's own check, in
+// the operands' order, then the second output (generator/runtime/operands.py: check_batchable).
 inline void check_batched_epilogue(const OpSpec& op) {
   static constexpr const char kPerProblem[] = "call the op once per problem with 2-D tensors";
   for (int i = 0; i < op.num_operands; ++i) {
@@ -492,8 +508,8 @@ inline void check_batched_epilogue(const OpSpec& op) {
     TORCH_CHECK_VALUE(!is_block_scales(o), "a batched call (3-D A or B) takes no per-block scales '", o.name, "': ",
                       kPerProblem, ", or plan with scale='tensor' or scale='row'");
   }
-  TORCH_CHECK_VALUE(!op.aux, "a batched call (3-D A or B) cannot store the plan's second output (aux): ", kPerProblem,
-                    ", or plan without it");
+  TORCH_CHECK_VALUE(!op.aux, "a batched call (3-D A or B) cannot store the plan's second output (",
+                    second_output_name(op), "): ", kPerProblem, ", or plan without it");
 }
 
 // Per-block scales' shape for an m x n x k call and row-major storage; returns their leading dimension.
@@ -1466,8 +1482,8 @@ inline const c10::IValue* arguments(const torch::jit::Stack& stack, size_t count
 
 // out= cannot take the second output: refused before any check (as GemmOp's run_out).
 inline void refuse_aux_out(const OpSpec& op) {
-  TORCH_CHECK_VALUE(!op.aux, op.op, ".out: the plan has a second output (aux), which out= cannot receive: call the "
-                    "op without out=");
+  TORCH_CHECK_VALUE(!op.aux, op.op, ".out: the plan has a second output (", second_output_name(op),
+                    "), which out= cannot receive: call the op without out=");
 }
 
 inline void replace_arguments(torch::jit::Stack& stack, size_t count, at::Tensor D, at::Tensor aux = at::Tensor()) {
@@ -1487,7 +1503,7 @@ inline void gemm_epilogue(const OpSpec& op, torch::jit::Stack& stack) {
   check_epilogue_operands(op, args + 2, A, p.m, p.n, p.k, launch_args);
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
   at::Tensor D = empty_d(op, A, B);
-  at::Tensor aux = op.aux ? empty_d(op, A, B) : at::Tensor();  // (a batched call has none: refused)
+  at::Tensor aux = empty_second_output(op, A, B);  // (a batched call has none: refused)
   launch(op, A, B, D, p, leading_dim(D, op.d_row), batch_stride(D), launch_args, op.aux ? &aux : nullptr);
   replace_arguments(stack, count, std::move(D), std::move(aux));  // A and B are gone from here on
 }
@@ -1510,7 +1526,7 @@ inline void gemm_epilogue_out(const OpSpec& op, torch::jit::Stack& stack) {
   replace_arguments(stack, count, std::move(out));
 }
 
-// Meta tensors: D's (and aux's) shape, dtype and strides after the checks that need no data.
+// Meta tensors: D's (and the second output's) shape, dtype and strides after the checks that need no data.
 inline void gemm_epilogue_meta(const OpSpec& op, torch::jit::Stack& stack) {
   const size_t count = argument_count(op, false);
   const c10::IValue* args = arguments(stack, count);
@@ -1519,7 +1535,7 @@ inline void gemm_epilogue_meta(const OpSpec& op, torch::jit::Stack& stack) {
   at::Tensor D = gemm_meta(op, A, B);
   if (is_batched(A, B)) check_batched_epilogue(op);
   check_operands_static(op, args + 2, A);
-  at::Tensor aux = op.aux ? empty_d(op, A, B) : at::Tensor();
+  at::Tensor aux = empty_second_output(op, A, B);
   replace_arguments(stack, count, std::move(D), std::move(aux));
 }
 
