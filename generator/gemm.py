@@ -21,6 +21,7 @@ from .planner.backward import PlanGradient, same_backward
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
 from .spec.config import RASTERS, SM90_SCHEDULES, SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
+from .spec.describe import describe
 from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, activation_name, from_knobs, trace, with_scales
 from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype,
                          parse_input_dtype, parse_layout, unquantized)
@@ -509,7 +510,7 @@ class Gemm:
         # The config is the same on every part of its arch; the gpu line says whose SMs and HBM the why counts.
         gpu = self._request.spec.gpu.describe()
         tuned = self._tuned.line() if self._tuned is not None else UNTUNED_LINE
-        return f"{self.config.describe()}\ngpu:          {gpu}\nwhy:          {self.why}\ntuned:        {tuned}"
+        return f"{describe(self.config)}\ngpu:          {gpu}\nwhy:          {self.why}\ntuned:        {tuned}"
 
     def __repr__(self) -> str:
         return f"Gemm({self.name})"

@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from generator.spec.describe import describe
 from generator import Gemm, KernelConfig, check_config
 from generator.spec import config as config_module
 from generator.spec.arch import ARCHS, arch_spec
@@ -532,7 +533,7 @@ def test_print_plan_sm90(capsys: pytest.CaptureFixture[str]) -> None:
     ]),
 ])
 def test_describe_sm90_knobs(knobs: dict[str, object], lines: list[str]) -> None:
-    text = plan(arch=90, **knobs).config.describe()
+    text = describe(plan(arch=90, **knobs).config)
     for line in lines:
         assert line in text.splitlines()
 
@@ -1230,9 +1231,9 @@ def test_a_64_row_cooperative_tile_splits_along_n() -> None:
     stream, as a 64-row pingpong warpgroup: measured no faster)."""
     cfg = plan(arch=90, tile_shape=(64, 256, 64), schedule="cooperative").config
     assert cfg.splits_n and (cfg.consumer_rows, cfg.consumer_cols, cfg.accumulators_per_thread) == (64, 128, 64)
-    assert "split each tile along N, 64x128 each" in cfg.describe()
+    assert "split each tile along N, 64x128 each" in describe(cfg)
     wide = plan(arch=90, tile_shape=(128, 256, 64), schedule="cooperative").config
-    assert not wide.splits_n and "split each tile along M, 64x256 each" in wide.describe()
+    assert not wide.splits_n and "split each tile along M, 64x256 each" in describe(wide)
     assert not plan(arch=90, tile_shape=(64, 256, 64), schedule="pingpong").config.splits_n
 
 

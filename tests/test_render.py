@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from generator.spec.describe import describe
 from generator import Gemm, KernelConfig
 from generator import epilogue as ep
 from generator.spec.config import source_operand
@@ -121,7 +122,7 @@ def test_header_comment_states_the_config(cfg: KernelConfig) -> None:
             break
         header.append(line)
     comment = "\n".join(header)
-    for line in cfg.describe().splitlines():
+    for line in describe(cfg).splitlines():
         assert f"//   {line}" in header, line
     assert f"name:         {cfg.name}" in comment
     bm, bn, bk = cfg.tile
@@ -172,7 +173,7 @@ def test_fp32_output_and_column_major_d() -> None:
 def test_template_context_is_the_contract(cfg: KernelConfig) -> None:
     context = template_context(cfg)
     assert set(context) == CONTEXT_KEYS[cfg.family]
-    assert context["description"] == cfg.describe().splitlines()
+    assert context["description"] == describe(cfg).splitlines()
     assert context["max_smem_bytes"] == arch_spec(cfg.arch).smem_per_block  # the kernel's static_assert bound
     if cfg.family == "sm90":
         assert (context["cluster_m"], context["cluster_n"]) == cfg.cluster

@@ -13,6 +13,7 @@ import jinja2
 
 from ..spec.arch import arch_spec
 from ..spec.config import KernelConfig, check_config, source_operand
+from ..spec.describe import describe
 from .epilogue import functor_context
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
@@ -46,7 +47,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
     bm, bn, bk = cfg.tile
     common = {
         "name": cfg.name,
-        "description": cfg.describe().splitlines(),
+        "description": describe(cfg).splitlines(),
         "elem_cuda": cfg.dtype.cuda_type,
         "elem_b_cuda": cfg.b_dtype.cuda_type,
         "out_cuda": cfg.out_dtype.cuda_type,
