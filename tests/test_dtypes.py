@@ -100,10 +100,19 @@ def test_a_quantized_output_takes_no_stream_k_and_no_int8_inputs():
         Gemm("int8", "tn", arch=90, out_dtype="e4m3")
 
 
-def test_emitted_packages_refuse_a_quantized_output():
-    from generator.emit import resolve_ops
-    with pytest.raises(ValueError, match=r"quantizes D \(out_dtype='e4m3'\): emitted packages do not carry"):
-        resolve_ops([Gemm("bf16", "tn", arch=90, out_dtype="e4m3")])
+def test_emitted_packages_carry_a_quantized_output():
+    """A quantized D's op takes the epilogue ops' form in a package: boxed kernels, (D, scales), forward only, no
+    grouped overloads; its OpSpec says the block width."""
+    from generator.emit import package_files, resolve_ops
+    ops = resolve_ops([Gemm("bf16", "tn", arch=90, out_dtype="e4m3"),
+                       Gemm("bf16", "tn", arch=90, out_dtype="e5m2", activation="silu", bias="col")])
+    files = package_files(ops, "qpkg", autograd=True)
+    binding, init = files["csrc/binding.cpp"].decode(), files["qpkg/__init__.py"].decode()
+    assert binding.count("/*quant_block=*/128,") == 2 and binding.count("-> (Tensor, Tensor)") == 2
+    assert ".grouped(" not in binding and "epilogue_autograd_kernel" in binding
+    assert not any(op.differentiable for op in ops)
+    assert "returns (D, scales)" in init and "a quantized (e4m3) D has no gradient" in init
+    assert ops[1].plan_record()["out_dtype"] == "e5m2"
 
 
 def test_promotion_limits_the_tile_and_fast_accum_lifts_it():

@@ -10,10 +10,10 @@ from typing import Any, Sequence
 from ..planner.backward import accumulator_config, autograd_form, backward_closure, backward_configs
 from ..planner.common import Problem
 from ..render.epilogue_python import python_function
-from ..spec.config import KernelConfig, quantizes_out
+from ..spec.config import QUANT_BLOCK, KernelConfig, quantizes_out, second_output
 from ..spec.grouped import grouped_list_refusal, grouped_refusal
-from ..spec.epilogue import KINDS, KNOB_NAMES, Epilogue, epilogue_to_json, from_knobs
-from ..spec.types import DType, Order
+from ..spec.epilogue import KINDS, KNOB_NAMES, epilogue_to_json, from_knobs
+from ..spec.types import DType, Order, unquantized
 from .names import check_op_name, check_operand_names, default_op_name, grad_op_name
 
 # C++ spellings of the element types (c10::ScalarType) and their torch names.
@@ -77,8 +77,8 @@ class EmittedOp:
     def differentiable(self) -> bool:
         """Whether a package emitted with autograd differentiates it: every op of a float type does (A @ B by
         gemm_autograd.h's C++ formula, a fused epilogue by the Python formula of the package's __init__.py);
-        fp8 and int8 ops are forward only, and refuse arguments that require grad."""
-        return not self.config.dtype.is_quantized
+        fp8 and int8 ops, and ops writing a quantized D, are forward only, and refuse arguments that require grad."""
+        return not (self.config.dtype.is_quantized or quantizes_out(self.config))
 
     def context(self, package: str, autograd: bool) -> dict[str, Any]:
         cfg = self.config
@@ -88,7 +88,9 @@ class EmittedOp:
         return {
             "name": self.name,
             "autograd": autograd,
-            "quantized": cfg.dtype.is_quantized,
+            "quantized": not self.differentiable,
+            "forward_only_reason": (f"{cfg.dtype.value} GEMMs are forward only" if cfg.dtype.is_quantized else
+                                    f"a quantized ({cfg.out_dtype.value}) D has no gradient"),
             # per storage order of dD: the ops computing dA and dB, for binding.cpp's autograd specs (A @ B) and
             # __init__.py's formula (a fused epilogue: dacc in place of dD)
             "grads": _grads(cfg, self.problem) if autograd else None,
@@ -132,7 +134,7 @@ class EmittedOp:
             # what its function calls: the op itself, or the measured winner of the call's sizes (see tuned.routes)
             "call": f"_OPS.{self.name}",
             "routes": [],
-            **_epilogue_context(cfg.epilogue, boxed=cfg.dtype.is_quantized),
+            **_epilogue_context(cfg),
             **self._epilogue_formula(autograd),
             **_grouped_context(cfg),
         }
@@ -182,8 +184,12 @@ class EmittedOp:
         return record
 
 
-def _epilogue_context(ep: Epilogue, boxed: bool = False) -> dict[str, Any]:
-    """What the templates say and register of an op's fused epilogue (nothing of it for a plain op)."""
+def _epilogue_context(cfg: KernelConfig) -> dict[str, Any]:
+    """What the templates say and register of an op's fused epilogue or second output (nothing of it for a plain
+    op). An op writing a quantized D takes the epilogue ops' form (boxed kernels, its scales a second output)."""
+    ep = cfg.epilogue
+    second = second_output(cfg)
+    quantized_out = quantizes_out(cfg)
     operands = [{
         "name": o.name,
         "kind": o.kind,
@@ -196,17 +202,23 @@ def _epilogue_context(ep: Epilogue, boxed: bool = False) -> dict[str, Any]:
         "shape": o.shape,
         "doc": o.describe(),
     } for o in ep.operands]
+    expression = ep.describe()[: 2 if ep.aux is not None else 1]
+    if quantized_out:
+        expression.append(f"D quantized to {cfg.out_dtype.value} per row and {QUANT_BLOCK} columns, scales "
+                          f"(M, ceil(N/{QUANT_BLOCK})) fp32 (generator.quantize(D_bf16, scale='block'))")
     return {
-        "epilogue": not ep.is_identity,
+        "epilogue": not ep.is_identity or quantized_out,
         # operands or a second output: a schema of its own, so gemm_op.h's boxed kernels
         # (and every fp8 or int8 op, ``boxed``: the boxed Autograd kernel refuses grad where no formula exists)
-        "boxed": boxed or bool(ep.operands) or ep.aux is not None,
+        "boxed": cfg.dtype.is_quantized or bool(ep.operands) or second is not None,
         "operands": operands,
-        "aux": ep.aux is not None,
+        "aux": second is not None,
+        "second_output": second,                              # "aux" | "scales" | None
+        "quant_block": QUANT_BLOCK if quantized_out else 0,   # OpSpec::quant_block
         "epilogue_text": ep.text,
-        "expression": ep.describe()[: 2 if ep.aux is not None else 1],
+        "expression": expression,
         "schema_arguments": "".join(f", {o['schema_type']} {o['name']}" for o in operands),
-        "schema_returns": "(Tensor, Tensor)" if ep.aux is not None else "Tensor",
+        "schema_returns": "(Tensor, Tensor)" if second is not None else "Tensor",
     }
 
 
@@ -215,7 +227,7 @@ def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
     experts' rows; a list of problems), as the JIT ops (generator.runtime.registration: has_grouped); its OpSpec says
     why the plan takes no such call, if it does not (generator.spec.grouped.grouped_refusal, grouped_list_refusal: the
     op refuses such a call with these words)."""
-    grouped = cfg.epilogue.is_identity
+    grouped = cfg.epilogue.is_identity and not quantizes_out(cfg)   # (a quantized D's op: the epilogue ops' form)
     refusal = grouped_refusal(cfg) if grouped else None
     list_refusal = grouped_list_refusal(cfg) if grouped else None
     docs = {f"grouped_{what.lower()}_doc": _GROUPED_DOC[what, order]
@@ -231,7 +243,7 @@ def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
 def _plan_knobs(item: object, config: KernelConfig) -> tuple[tuple[str, Any], ...]:
     """The epilogue knobs of a Gemm plan, when they are what made its epilogue; () otherwise."""
     knobs = tuple((k, getattr(item, k, None)) for k in KNOB_NAMES if getattr(item, k, None) is not None)
-    if not knobs or config.epilogue != from_knobs(**dict(knobs)).resolved(config.out_dtype):
+    if not knobs or config.epilogue != from_knobs(**dict(knobs)).resolved(unquantized(config.out_dtype)):
         return ()
     return knobs
 
@@ -291,10 +303,6 @@ def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], .
             # sm80's tf32 kernels take every layout.
             raise ValueError(f"plans[{i}] is an sm90 tf32 plan: emitted packages carry tf32 ops of the sm80 family "
                              "only; plan it with family='sm80', or use Gemm(...).compile() for it")
-        if quantizes_out(config):
-            raise ValueError(f"plans[{i}] quantizes D (out_dtype={config.out_dtype.value!r}): emitted packages do not "
-                             "carry quantized outputs yet; use Gemm(...).compile() for it, or emit the plan with "
-                             "out_dtype='bf16' and quantize its result")
         if isinstance(item, KernelConfig):
             configs.append((config, (), ()))
         else:

@@ -146,3 +146,29 @@ def test_refusals_leave_the_process_working(ops):
         q, s = op(x_in, w_in.t())
         want_q, want_s = quantize(op_bf16(x_ref, w_ref.t()), "e4m3", scale="block")
         assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s)
+
+
+def test_an_emitted_package_carries_the_quantized_ops(ops, tmp_path):
+    """Two of PLANS emitted as a package (pip-installed, --no-build-isolation --no-deps): each op returns what the
+    JIT op of the same plan returns, bit for bit, and refuses out= and grad as it does."""
+    from generator import emit
+    from toolchain import find_cuda_home, pip_install_and_import
+
+    cuda_home = find_cuda_home()
+    if cuda_home is None:
+        pytest.skip("nvcc not found (set CUDA_HOME): cannot build the emitted package")
+    keys = ["bf16_e4m3_silu_bias", "e4m3_block_e4m3"]
+    package = "gemmgen_gpu_emitted_quantized"
+    plans = [Gemm(layout="tn", arch=90, **PLANS[key]) for key in keys]
+    pkg = emit(plans, name=package, out=tmp_path / package, op_names=keys)
+    module, _ = pip_install_and_import(pkg, package, tmp_path, find_cuda_home())
+    for key in keys:
+        args, _ = operands(key, 1000, 4100, 264)
+        q, s = getattr(module, key)(*args)
+        want_q, want_s = ops[key][0](*args)
+        assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(s, want_s), key
+        with pytest.raises(ValueError, match=r"second output \(scales\)"):
+            getattr(module, key)(*args, out=torch.empty_like(q))
+    a, b = operands("bf16_e4m3_silu_bias", 64, 256, 128)[0][:2]
+    with pytest.raises(RuntimeError, match="require"):
+        module.bf16_e4m3_silu_bias(a.clone().requires_grad_(), b, torch.zeros(256, device="cuda").bfloat16())
