@@ -278,7 +278,8 @@ def test_emit_says_which_ops_are_forward_only(tmp_path):
                                 "--name", "q", "--out", str(tmp_path / "q"))
     assert status == 0, err
     assert "autograd: differentiable, with" in out and "autograd: none" not in out
-    assert "autograd: forward only (fp8 and int8 refuse inputs that require grad): gemm_e4m3_tn_" in out
+    assert ("autograd: forward only (fp8 and int8 inputs, and quantized outputs, refuse inputs that require grad): "
+            "gemm_e4m3_tn_") in out
 
 
 def test_emit_several_plans_and_op_names(tmp_path):

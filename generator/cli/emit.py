@@ -62,7 +62,8 @@ def cmd_emit(args: argparse.Namespace) -> int:
             print(f"autograd: differentiable, with {len(backward_ops(ops))} backward kernel(s) in the package "
                   "(--no-autograd leaves them out)")
         if forward_only:
-            print(f"autograd: forward only (fp8 and int8 refuse inputs that require grad): {', '.join(forward_only)}")
+            print("autograd: forward only (fp8 and int8 inputs, and quantized outputs, refuse inputs that require "
+                  f"grad): {', '.join(forward_only)}")
     print(f"install: pip install --no-build-isolation {out}")
     return 0
 
