@@ -1596,7 +1596,7 @@ struct Kernel {
           v = __bfloat162float(__float2bfloat16_rn(v));
           if (!crosses_n || col0 + 8 * jj + r % 2 < p.n) amax[r / 2] = fmaxf(amax[r / 2], fabsf(v));
         }
-      // The quotients v / scale, as v' / scale' of both scaled by 2^kTinyScaleShift where the scale is tiny
+      // The quotients v / scale, as v' / scale' of both multiplied by kTinyScaleFactor where the scale is tiny
       // (exact: a power of two), so that divide_rn's steps stay within fp32's normal range.
       float scale[2], scaled[2], inverse[2], pre[2];
 #pragma unroll
