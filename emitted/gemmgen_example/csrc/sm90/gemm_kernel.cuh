@@ -1583,8 +1583,9 @@ struct Kernel {
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
       run_epilogue<kBlocksPerScale>(args, p, acc, m0, n0, i, c * kBlocksPerScale);
-      // A block crossing N: its columns past N are left out of the amax (whatever acc holds there, nothing stores
-      // them); a warp-uniform branch, taken by the last tile column only.
+      // A block crossing N: its columns past N are left out of the amax. acc holds stale values there (the loads that
+      // start past N are skipped, GEMMGEN_SM90_SKIP_OOB_LOADS; nothing stores those columns); a warp-uniform branch,
+      // taken by the last tile column only.
       const int col0 = n0 + c * kQuantBlock + 2 * (lane % 4);  // this thread's first column of the block
       const bool crosses_n = n0 + (c + 1) * kQuantBlock > p.n;
       float amax[2] = {0.0f, 0.0f};  // rows l/4 and l/4 + 8 (h)
