@@ -9,6 +9,7 @@ result equals quantize() of the bf16 one bit for bit. do_bench medians over --ro
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -23,15 +24,11 @@ sys.path.insert(0, str(HERE))
 from bench import parse_shapes  # noqa: E402
 from generator import Gemm, quantize  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
+from generator.spec.types import DType  # noqa: E402
 
 #: A Llama MLP's up (and gate) projection at 4096 and 512 tokens, its down projection, a square one, a DeepSeek-V3
 #: shaped one (the fp8 MLP's layers): the activation the next fp8 GEMM reads.
 SHAPES = "4096x14336x4096,512x14336x4096,4096x4096x14336,8192x8192x8192,4096x7168x2048,2048x4096x4096"
-
-
-def kernel_knobs(cfg) -> dict:
-    return dict(tile_shape=cfg.tile, cluster_shape=cfg.cluster, schedule=cfg.schedule, stages=cfg.stages,
-                raster=cfg.raster, raster_group=cfg.raster_group)
 
 
 def main() -> int:
@@ -41,9 +38,9 @@ def main() -> int:
     parser.add_argument("--json")
     args = parser.parse_args()
     shapes = parse_shapes(args.shapes)
-    fused = [Gemm("bf16", "tn", out_dtype="e4m3", m=m, n=n, k=k) for m, n, k in shapes]
-    plain = [Gemm("bf16", "tn", m=m, n=n, k=k, **kernel_knobs(p.config)) for p, (m, n, k) in zip(fused, shapes)]
-    ops = compile_many([p.config for p in fused + plain], namespace="gemmgen_bench_quantized_out")
+    fused = [Gemm("bf16", "tn", out_dtype="e4m3", m=m, n=n, k=k).config for m, n, k in shapes]
+    plain = [dataclasses.replace(cfg, out_dtype=DType.bf16) for cfg in fused]   # the same kernel writing bf16
+    ops = compile_many(fused + plain, namespace="gemmgen_bench_quantized_out")
     rows, ok = [], True
     for i, (m, n, k) in enumerate(shapes):
         op, op_bf16 = ops[i], ops[len(shapes) + i]

@@ -9,6 +9,8 @@ import pytest
 from generator import Gemm
 from generator import epilogue as ep
 from generator.render import render
+from generator.runtime.operands import check_batchable
+from generator.spec.grouped import grouped_list_refusal, grouped_refusal
 from generator.spec.config import (QUANT_BLOCK, SM90_PROMOTED_MAX_ACCUMULATORS, check_config, has_small_m_kernel,
                                    promote_slices, promoted_accumulators, quantizes_out, second_output)
 from generator.spec.types import LAYOUTS, DType, default_out_dtype, parse_input_dtype
@@ -90,6 +92,16 @@ def _with_aux(acc, bias: ep.Col):
 def test_quantized_output_refusals(knobs, message):
     with pytest.raises(ValueError, match=message):
         Gemm("bf16", "tn", out_dtype="e4m3", **knobs).config
+
+
+def test_a_quantized_output_refuses_batched_and_grouped_calls():
+    cfg = Gemm("bf16", "tn", arch=90, out_dtype="e4m3").config
+    with pytest.raises(ValueError, match=r"a batched call \(3-D A or B\) cannot store the plan's second output "
+                                         r"\(scales\): call the op once per problem"):
+        check_batchable(cfg)
+    for refusal in (grouped_refusal(cfg), grouped_list_refusal(cfg)):
+        assert refusal.startswith("grouped calls do not quantize D (out_dtype='e4m3': its scales are one matrix's): "
+                                  "plan out_dtype='bf16'")
 
 
 def test_a_quantized_output_takes_no_stream_k_and_no_int8_inputs():

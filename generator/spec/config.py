@@ -424,9 +424,8 @@ def check_quantized_out(cfg: KernelConfig) -> None:
     if cfg.epilogue.aux is not None:
         raise ValueError(f"out_dtype={out!r}: the quantized D's scales are the plan's second output, so the epilogue "
                          "cannot have one of its own (aux): drop aux, or plan out_dtype='bf16'")
-    if source_operand(cfg) is not None:
-        raise ValueError(f"out_dtype={out!r}: the epilogue's M x N operand of D's width would come into D's staging "
-                         "buffers; give it another dtype (e.g. bf16) or plan out_dtype='bf16'")
+    # (An M x N operand is never the kernel's TMA source here: source_operand takes only one of D's width, and
+    # operands are 16- or 32-bit; the kernel asserts it, kQuantizesOut with !kSourced.)
 
 
 def check_mixed_inputs(cfg: KernelConfig) -> None:

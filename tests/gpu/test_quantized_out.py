@@ -5,6 +5,8 @@ reference. Ragged M and N (partial 128-column blocks, N off the 16-byte rule: th
 each schedule's warpgroup shares, fused epilogues and fp8 inputs with block scales; the refusals."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,6 +15,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
 
 from generator import Gemm, dequantize, quantize  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
+from generator.spec.types import DType  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -33,18 +36,11 @@ SHAPES = [(1024, 1024, 1024), (1000, 4100, 264), (129, 520, 1104), (5, 384, 256)
 FP8_EPS = {"e4m3": 2.0 ** -4, "e5m2": 2.0 ** -3}   # half an ulp at 1, relative
 
 
-def kernel_knobs(cfg) -> dict:
-    return dict(tile_shape=cfg.tile, cluster_shape=cfg.cluster, schedule=cfg.schedule, stages=cfg.stages,
-                raster=cfg.raster, raster_group=cfg.raster_group)
-
-
 @pytest.fixture(scope="module")
 def ops():
-    quantized = {key: Gemm(layout="tn", arch=90, **kw) for key, kw in PLANS.items()}
-    unquantized = {key: Gemm(layout="tn", arch=90, **{**PLANS[key], "out_dtype": "bf16", **kernel_knobs(p.config)})
-                   for key, p in quantized.items()}
-    built = compile_many([p.config for p in (*quantized.values(), *unquantized.values())],
-                         namespace="gemmgen_quantized_out_test")
+    quantized = [Gemm(layout="tn", arch=90, **kw).config for kw in PLANS.values()]
+    unquantized = [dataclasses.replace(cfg, out_dtype=DType.bf16) for cfg in quantized]   # the same kernel, bf16 D
+    built = compile_many(quantized + unquantized, namespace="gemmgen_quantized_out_test")
     return {key: (built[i], built[len(PLANS) + i]) for i, key in enumerate(PLANS)}
 
 
