@@ -1,6 +1,6 @@
 """Benchmark the data types beyond 16-bit: our kernels next to torch's own kernel of the same type, in one run.
 
-    python benchmarks/bench_dtypes.py [--modes fp8_tensor,fp8_tensor_fast,fp8_row,fp8_block,tf32] [--shapes ...]
+    python benchmarks/bench_dtypes.py [--modes fp8_tensor,fp8_tensor_fast,fp8_row,fp8_block,tf32,tf32_nt] [--shapes ...]
         [--rounds 3] [--json out.json] [--variant t192=tile_shape:128x192x128,cluster_shape:1x2 ...]
 
 --variant adds rows with the planner's choice overridden by Gemm knobs (name=knob:value,...; a tuple as AxBxC;
@@ -19,6 +19,8 @@ torch._int_mm take them):
   fp8_block   e4m3 -> bf16, 1x128 scales of A, 128x128 of B  vs our own fp8_tensor kernel (torch has none)
   int8        int8 -> int32                              vs torch._int_mm
   tf32        fp32 in, tf32 tensor cores, fp32 out       vs torch.matmul with TF32 allowed
+  tf32_nn, tf32_nt, tf32_tt   the same in the other layouts (A column-major for nn and nt, B row-major for nt and tt:
+              the sm90 kernel transposes those tiles in shared memory)  vs torch.matmul on the same strided tensors
 Times are triton.testing.do_bench medians (ms), measured --rounds times in interleaved order, the median of the
 rounds kept; TFLOP/s (TOPS for int8) = 2*M*N*K / time. Every row is also checked against a float64 reference of
 the same quantized inputs and scales, so a fast wrong kernel cannot hide here.
@@ -45,11 +47,13 @@ from generator.runtime import GemmOp, KernelLibrary, build_request, compile_many
 from generator.spec.config import KernelConfig, sm90_block_k  # noqa: E402
 from generator.spec.types import DType  # noqa: E402
 
-MODES = ("fp8_tensor", "fp8_tensor_fast", "fp8_row", "fp8_block", "int8", "tf32")
+TF32_MODES = {"tf32": "tn", "tf32_nn": "nn", "tf32_nt": "nt", "tf32_tt": "tt"}   # mode -> layout
+MODES = ("fp8_tensor", "fp8_tensor_fast", "fp8_row", "fp8_block", "int8", *TF32_MODES)
 DEFAULT_MODES = MODES
 SHAPES = "8192x8192x8192,4096x14336x4096,4096x4096x4096,128x4096x4096"
 #: ||D - ref|| / ||ref|| a row must meet (the tests' bounds; bf16 output rounding dominates fp8's).
-BOUNDS = {"fp8_tensor": 1e-2, "fp8_tensor_fast": 1e-2, "fp8_row": 1e-2, "fp8_block": 1e-2, "int8": 0.0, "tf32": 2e-3}
+BOUNDS = {"fp8_tensor": 1e-2, "fp8_tensor_fast": 1e-2, "fp8_row": 1e-2, "fp8_block": 1e-2, "int8": 0.0,
+          **{mode: 2e-3 for mode in TF32_MODES}}
 
 
 @dataclass
@@ -96,7 +100,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, object]]:
 def plan_for(mode: str, m: int, n: int, k: int, knobs: dict[str, object] | None = None) -> Gemm:
     knobs = {key: value for key, value in (knobs or {}).items() if key not in CONFIG_ONLY_KNOBS}
     if "tile" in knobs:
-        dtype = DType("e4m3" if mode.startswith("fp8") else mode)
+        dtype = DType("e4m3" if mode.startswith("fp8") else "tf32" if mode in TF32_MODES else mode)
         knobs["tile_shape"] = (*knobs.pop("tile"), sm90_block_k(dtype))
     hints = dict(arch=90, m=m, n=n, k=k, **knobs)
     if mode.startswith("fp8"):
@@ -104,7 +108,7 @@ def plan_for(mode: str, m: int, n: int, k: int, knobs: dict[str, object] | None 
         return Gemm("e4m3", "tn", out_dtype="bf16", scale=scale, fast_accum=mode.endswith("_fast"), **hints)
     if mode == "int8":
         return Gemm("int8", "tn", out_dtype="int32", **hints)
-    return Gemm("tf32", "tn", **hints)
+    return Gemm("tf32", TF32_MODES[mode], **hints)
 
 
 def fp8_case(mode: str, plan: Gemm, m: int, n: int, k: int) -> Case:
@@ -137,7 +141,10 @@ def int8_case(plan: Gemm, m: int, n: int, k: int) -> Case:
 
 
 def tf32_case(plan: Gemm, m: int, n: int, k: int) -> Case:
-    a, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda").t()
+    """fp32 A (M x K) and B (K x N) stored as the plan's layout says: 't' row-major, 'n' column-major."""
+    layout = plan.config.layout
+    a = torch.randn(m, k, device="cuda") if layout.a_k_major else torch.randn(k, m, device="cuda").t()
+    b = torch.randn(n, k, device="cuda").t() if layout.b_k_major else torch.randn(k, n, device="cuda")
 
     def cublas_tf32() -> torch.Tensor:
         torch.backends.cuda.matmul.allow_tf32 = True

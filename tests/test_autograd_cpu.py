@@ -1284,19 +1284,11 @@ def test_wrong_input_dtype_names_only_fixes_that_exist(real_ops):
         assert str(err.value).endswith("pass B.to(torch.bfloat16) or plan with dtype='float16'")
 
 
-# -- tf32: fp32 tensors, kernels that read A and B K-major only -----------------------------------------
-
-def test_tf32_backward_kernels_are_k_major_and_write_fp32():
-    cfg = Gemm("fp32", "tn", arch=90).config
-    for order in ("row", "col"):
-        for grad in backward_configs(cfg, order):
-            assert grad.dtype is DType.tf32 and grad.out_dtype is DType.fp32
-            assert grad.layout.a_k_major and grad.layout.b_k_major
-
+# -- tf32: fp32 tensors, read in every layout by both families --------------------------------------------
 
 @pytest.mark.parametrize("layout_c", ["row", "col"])
 def test_tf32_autograd_matches_float64_for_every_gradient_order(layout_c):
-    # The formula copies whatever operand is not stored K-major (the C++ one is not registered for tf32).
+    # The Python formula (the C++ one is not registered for tf32 JIT ops), for every order of the gradient.
     op = ReferenceOp(Gemm("fp32", "tn", arch=90, layout_c=layout_c).config, NAMESPACE + "_tf32")
     assert not op.cpp_autograd
     for (m, n, k), kind in itertools.product(((64, 48, 32), (37, 19, 23)), GRADS):
@@ -1311,19 +1303,21 @@ def test_tf32_autograd_matches_float64_for_every_gradient_order(layout_c):
             assert rel(got, ref) <= 1e-5, (layout_c, m, n, k, kind)   # the reference op multiplies in fp32
 
 
-def test_tf32_sm80_backward_kernels_keep_the_gradient_layouts():
-    # The sm80 family reads tf32 in every layout: dA and dB take the layouts of 16-bit types, and write fp32.
-    for arch in (80, 90):
+def test_tf32_backward_kernels_keep_the_gradient_layouts():
+    # Both families read tf32 in every layout (sm90 transposes M/N-major tiles in shared memory): dA and dB take the
+    # layouts of 16-bit types, and write fp32.
+    for arch, family in ((80, "sm80"), (90, "sm80"), (90, "sm90")):
         for layout in LAYOUTS:
-            cfg = Gemm("fp32", layout, arch=arch, family="sm80").config
+            cfg = Gemm("fp32", layout, arch=arch, family=family).config
             for order in ("row", "col"):
                 grads = backward_configs(cfg, order)
                 assert tuple(g.layout for g in grads) == backward_layouts(layout, order)
-                assert all((g.family, g.dtype, g.out_dtype) == ("sm80", DType.tf32, DType.fp32) for g in grads)
+                assert all((g.family, g.dtype, g.out_dtype) == (family, DType.tf32, DType.fp32) for g in grads)
 
 
+@pytest.mark.parametrize("arch", [80, 90])
 @pytest.mark.parametrize("layout", ["nt", "tn"])
-def test_tf32_sm80_autograd_copies_no_operand(layout, monkeypatch):
+def test_tf32_autograd_copies_no_operand(layout, arch, monkeypatch):
     # The Python formula (tf32) hands each operand to its kernel as it is stored: no copy into K-major order.
     from generator.runtime import autograd
 
@@ -1335,7 +1329,7 @@ def test_tf32_sm80_autograd_copies_no_operand(layout, monkeypatch):
         return out
 
     monkeypatch.setattr(autograd, "_in_order", in_order)
-    op = ReferenceOp(Gemm("fp32", layout, arch=80).config, NAMESPACE + "_tf32_sm80")
+    op = ReferenceOp(Gemm("fp32", layout, arch=arch).config, NAMESPACE + f"_tf32_sm{arch}")
     assert not op.cpp_autograd
     for (m, n, k), kind in itertools.product(((64, 48, 32), (37, 19, 23)), ("contiguous", "column-major")):
         a, b = operands(layout, m, n, k, torch.float32, requires_grad=True)

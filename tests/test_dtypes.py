@@ -260,11 +260,9 @@ def test_emitted_mix_names_b_type():
     assert ops[0].plan_record()["dtype_b"] == "e4m3"
 
 
-def test_emitted_tf32_ops_are_sm80_ones():
+def test_emitted_tf32_ops_take_every_layout_on_sm90():
     from generator.emit import backward_ops, package_files, resolve_ops
-    ops = resolve_ops([Gemm("fp32", "tt", arch=90)])            # sm80: every layout
-    assert ops[0].config.family == "sm80" and ops[0].differentiable
-    assert all(op.config.family == "sm80" for op in backward_ops(ops))
+    ops = resolve_ops([Gemm("fp32", "tt", arch=90)])            # B row-major: transposed in shared memory
+    assert ops[0].config.family == "sm90" and ops[0].differentiable
+    assert all(op.config.family == "sm90" and op.config.dtype is DType.tf32 for op in backward_ops(ops))
     assert "c10::ScalarType::Float" in package_files(ops, "tf32pkg")["csrc/binding.cpp"].decode()
-    with pytest.raises(ValueError, match="sm90 tf32 plan: .* family='sm80'"):
-        resolve_ops([Gemm("fp32", "tn", arch=90)])

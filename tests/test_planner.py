@@ -16,7 +16,8 @@ from generator.spec.describe import describe
 from generator import Gemm, KernelConfig, check_config
 from generator.spec import config as config_module
 from generator.spec.arch import ARCHS, arch_spec
-from generator.spec.config import SM90_MAX_STAGES, max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes
+from generator.spec.config import (SM90_MAX_STAGES, max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes,
+                                   transposes_in_smem)
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
 from generator.planner.shipped import benchmark_shapes
 from generator.spec.types import DType, Order, parse_layout
@@ -92,6 +93,16 @@ def test_tf32_sm80_plan_reads_as_tf32() -> None:
         assert plan(dtype="tf32", layout="nn", out_dtype=out).name == f"sm80_tf32_nn_128x256x16_w2x4_s4_g8_o{out}"
     assert plan(dtype="tf32", layout="nn", activation="gelu_tanh", bias="col", out_dtype="bf16").config.family == "sm80"
     assert plan(dtype="tf32", layout="tt", tile_shape=(128, 128, 32)).name == "sm80_tf32_tt_128x128x32_w2x4_s4_g8_ofp32"
+
+
+def test_tf32_sm90_plans_every_layout_and_says_what_it_transposes() -> None:
+    # wgmma reads tf32 K-major only: the sm90 kernel transposes an M-major A and an N-major B in shared memory, so the
+    # planner keeps the sm90 family and the bf16 plan's tile in every layout.
+    for layout, transposed in (("tn", ""), ("nn", "A tiles"), ("tt", "B tiles"), ("nt", "A and B tiles")):
+        p = Gemm("fp32", layout, arch=90)
+        assert p.family == "sm90" and p.config.tile[:2] == Gemm("bf16", layout, arch=90).config.tile[:2]
+        assert transposes_in_smem(p.config) == (layout[0] == "n", layout[1] == "t")
+        assert (f"transposed:   {transposed} in shared memory" in str(p)) == bool(transposed), str(p)
 
 
 @pytest.mark.parametrize("arch", [80, 86, 89])
@@ -776,11 +787,6 @@ def test_out_dtype_refused_assignment_keeps_plan() -> None:
                  "row-major, B column-major, i.e. x @ W.t() of row-major x and W), as torch._int_mm does; this plan is "
                  "layout 'nt': pass A.contiguous() and B.t().contiguous().t() and plan with layout='tn'",
                  id="int8-not-k-major"),
-    pytest.param(dict(dtype="torch.float32", layout="nn", arch=90, family="sm90"),
-                 "dtype='tf32' on the sm90 family needs A and B K-major (layout 'tn': A row-major, B column-major, "
-                 "i.e. x @ W.t() of row-major x and W); this plan is layout 'nn': plan with family='sm80' (cp.async + "
-                 "mma.sync, which runs on Hopper too and takes every layout), or pass A.contiguous() and "
-                 "B.t().contiguous().t() and plan with layout='tn'", id="dtype-fp32-input-not-k-major-sm90"),
     pytest.param(dict(dtype="tf32", layout="tn", arch=80, tile_shape=(128, 256, 32), stages=5),
                  "stages=5 with tile 128x256x32 tf32 needs 245760 bytes of shared memory; sm80 allows 166912: use "
                  "stages<=3 or tile 128x128x32", id="tf32-sm80-smem"),

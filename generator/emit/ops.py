@@ -297,12 +297,6 @@ def _configs(plans: object) -> list[tuple[KernelConfig, tuple[tuple[str, Any], .
         if not isinstance(config, KernelConfig):
             raise TypeError(f"plans[{i}] is a {type(item).__name__}; pass Gemm plans (or KernelConfigs)")
         check_operand_names(config)
-        if config.dtype is DType.tf32 and config.family == "sm90":
-            # The package's C++ autograd formula takes the gradient as it is stored, which sm90's tf32 kernels
-            # (K-major only) cannot always read; the JIT op (Gemm(...).compile()) has the formula that copies it.
-            # sm80's tf32 kernels take every layout.
-            raise ValueError(f"plans[{i}] is an sm90 tf32 plan: emitted packages carry tf32 ops of the sm80 family "
-                             "only; plan it with family='sm80', or use Gemm(...).compile() for it")
         if isinstance(item, KernelConfig):
             configs.append((config, (), ()))
         else:

@@ -34,7 +34,7 @@ def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
     A's (fp8 e4m3 x e5m2).
     """
     sm_count = sm_count or spec.sm_count
-    family_choose = choose_sm90 if resolve_family(knobs, spec, dtype, layout) == "sm90" else choose_sm80
+    family_choose = choose_sm90 if resolve_family(knobs, spec) == "sm90" else choose_sm80
     return family_choose(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                          epilogue=epilogue, dtype_b=dtype_b)
 
@@ -61,7 +61,7 @@ def ranked(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
     """Every candidate that ``choose`` weighs for this request and check_config accepts, with its estimate, cheapest
     first (equal costs in the planner's order of preference). Measured tuning starts from the first few of them."""
     sm_count = sm_count or spec.sm_count
-    if resolve_family(knobs, spec, dtype, layout) == "sm90":
+    if resolve_family(knobs, spec) == "sm90":
         configs = sm90.candidates(dtype, out_dtype, layout, spec, knobs, problem, sm_count)
     else:
         configs = sm80.candidates(dtype, out_dtype, layout, spec, knobs, problem)

@@ -110,10 +110,6 @@ def gradient_requests(config: KernelConfig, grad_order: object = Order.row,
     out_dtype = None
     if config.dtype is DType.tf32:
         out_dtype = DType.fp32   # tf32 inputs are fp32 tensors: so are their gradients
-        if config.family == "sm90":
-            # sm90 reads tf32 A and B K-major only (spec/config.py check_tf32): its gradients' kernels take layout
-            # tn, and the autograd formula copies an operand stored otherwise. The sm80 family takes every layout.
-            layouts = tuple(replace(lay, a=Order.row, b=Order.col) for lay in layouts)
     problems = backward_problems(problem) if problem is not None else (None, None)
     requests = []
     for index, (lay, p) in enumerate(zip(layouts, problems)):

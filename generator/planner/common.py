@@ -9,7 +9,6 @@ from typing import Callable, Sequence
 
 from ..spec.arch import ArchSpec
 from ..spec.config import FAMILIES, KernelConfig, check_config, sm80_knob_sentence, sm90_knob_sentence
-from ..spec.types import DType, Layout
 
 # Without m/n/k hints, plan for a large square problem: the case the big tiles are made for.
 DEFAULT_PROBLEM = (4096, 4096, 4096)
@@ -64,15 +63,10 @@ def epilogue_overhead_k(cfg: KernelConfig) -> int:
     return MATRIX_OPERAND_OVERHEAD_K_PER_BYTE * sum(matrices)
 
 
-def default_family(spec: ArchSpec, dtype: DType | None = None, layout: Layout | None = None) -> str:
-    """sm90 (TMA, wgmma) where it exists, i.e. on sm_90a; sm80 (cp.async, mma.sync) everywhere else, and on sm_90a
-    for tf32 operands that are not both K-major: wgmma reads tf32 from shared memory K-major only, mma.sync takes
-    every layout (spec/config.py check_tf32)."""
-    if spec.cc != 90:
-        return "sm80"
-    if dtype is DType.tf32 and layout is not None and not (layout.a_k_major and layout.b_k_major):
-        return "sm80"
-    return "sm90"
+def default_family(spec: ArchSpec) -> str:
+    """sm90 (TMA, wgmma) where it exists, i.e. on sm_90a, for every dtype and layout; sm80 (cp.async, mma.sync)
+    everywhere else."""
+    return "sm90" if spec.cc == 90 else "sm80"
 
 
 def check_family(value: object) -> str | None:
@@ -83,12 +77,10 @@ def check_family(value: object) -> str | None:
     return value  # type: ignore[return-value]
 
 
-def resolve_family(knobs: Knobs, spec: ArchSpec, dtype: DType | None = None, layout: Layout | None = None) -> str:
+def resolve_family(knobs: Knobs, spec: ArchSpec) -> str:
     """The family to plan, refusing a fixed knob that belongs to the other family."""
     sm90_knobs = (("schedule", knobs.schedule), ("cluster_shape", knobs.cluster), ("raster", knobs.raster))
-    family = check_family(knobs.family) or default_family(spec, dtype, layout)
-    if knobs.family is None and spec.cc == 90 and any(v is not None for _, v in sm90_knobs):
-        family = "sm90"   # sm90 knobs given: the sm90 rules judge the plan (and name the fix for tf32's layout)
+    family = check_family(knobs.family) or default_family(spec)
     if family == "sm80":
         for knob, value in sm90_knobs:
             if value is not None:

@@ -162,8 +162,8 @@ def _product_grads(op: OpHandle, A: torch.Tensor, B: torch.Tensor, grad: torch.T
 
 
 def _product(grad_op: OpHandle, left: torch.Tensor, right: torch.Tensor, stored: Order) -> torch.Tensor:
-    """left @ right on ``grad_op``, a gradient stored in ``stored``: each operand in the order its kernel reads (the
-    gradient already is, but for tf32, whose kernels read both operands K-major only); a kernel that computes the
+    """left @ right on ``grad_op``, a gradient stored in ``stored``: each operand in the order its kernel reads (as they
+    are stored: the gradient kernels are planned for their layouts); a kernel that computes the
     transpose (planner.backward.computes_transpose: a row-major write of a column-major gradient) takes right.t() and
     left.t(), and its result's transpose is the gradient (grouped_formula.kernel_product)."""
     lay = grad_op.config.layout

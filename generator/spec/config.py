@@ -279,15 +279,18 @@ def sm90_block_k(dtype: DType) -> int:
     return 128 // dtype.bytes
 
 
+def transposes_in_smem(cfg: KernelConfig) -> tuple[bool, bool]:
+    """Whether the sm90 kernel transposes A's (B's) tiles in shared memory: tf32 operands that are M/N-major in global
+    memory, which wgmma reads K-major only; the producer warpgroup transposes them in place (gemm_kernel.cuh
+    transpose_slot)."""
+    if cfg.family != "sm90" or cfg.dtype is not DType.tf32:
+        return False, False
+    return not cfg.layout.a_k_major, not cfg.layout.b_k_major
+
+
 def check_tf32(cfg: KernelConfig) -> None:
-    """tf32 inputs (fp32 tensors): the sm80 family takes every layout (mma.sync's fragments come from registers);
-    the sm90 family needs A and B K-major (wgmma reads tf32 from shared memory K-major only)."""
-    if cfg.family == "sm90" and not (cfg.layout.a_k_major and cfg.layout.b_k_major):
-        raise ValueError(f"dtype='tf32' on the sm90 family needs A and B K-major (layout 'tn': A row-major, B "
-                         f"column-major, i.e. x @ W.t() of row-major x and W); this plan is layout "
-                         f"{cfg.layout.blas!r}: plan with family='sm80' (cp.async + mma.sync, which runs on Hopper "
-                         "too and takes every layout), or pass A.contiguous() and B.t().contiguous().t() and plan "
-                         "with layout='tn'")
+    """tf32 inputs (fp32 tensors) take every layout in both families: mma.sync's fragments come from registers, and
+    the sm90 kernel transposes M/N-major tiles in shared memory (transposes_in_smem)."""
     if cfg.out_dtype is DType.tf32:
         raise ValueError("out_dtype='tf32' is not an output type: use out_dtype='fp32' (the default for tf32)")
 

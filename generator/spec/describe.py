@@ -4,7 +4,7 @@ its rules (``config``); nothing imports this but the stages that show a plan (``
 from __future__ import annotations
 
 from .config import (QUANT_BLOCK, REPACK_MIN_VOLUME, SM90_THREADS, SMALL_M_MAX_ROWS, KernelConfig,
-                     has_small_m_kernel, quantizes_out, sm80_mma_shape, sm90_smem_parts)
+                     has_small_m_kernel, quantizes_out, sm80_mma_shape, sm90_smem_parts, transposes_in_smem)
 from .epilogue import Epilogue
 from .types import DType
 
@@ -35,11 +35,20 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
         *_quantized_out_lines(cfg),
         f"layout:       {cfg.layout.blas} (A {cfg.layout.a.value}-major, B {cfg.layout.b.value}-major,"
         f" D {cfg.layout.c.value}-major)",
+        *_transpose_lines(cfg),
         f"tile:         {bm}x{bn}x{bk}",
         *_epilogue_lines(cfg.epilogue),
         *_path_lines(cfg),
         *_batch_lines(cfg),
     ]
+
+
+def _transpose_lines(cfg: KernelConfig) -> list[str]:
+    names = [name for name, transposed in zip("AB", transposes_in_smem(cfg)) if transposed]
+    if not names:
+        return []
+    return [f"transposed:   {' and '.join(names)} tiles in shared memory, 32x32 chunks in place by the producer "
+            "warpgroup (wgmma reads tf32 K-major only)"]
 
 
 def _quantized_out_lines(cfg: KernelConfig) -> list[str]:

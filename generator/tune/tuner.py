@@ -108,7 +108,7 @@ def tuned_plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = 
     if problem is None:
         return pick
     spec = arch_spec(arch)
-    knobs = Knobs() if family in (None, default_family(spec, dtype, layout)) else Knobs(family=family)
+    knobs = Knobs() if family in (None, default_family(spec)) else Knobs(family=family)
     space = Space(dtype=dtype, out_dtype=out_dtype or dtype, layout=layout, spec=spec, sm_count=spec.sm_count,
                   knobs=knobs)
     choice = lookup_choice(space, problem, pick)

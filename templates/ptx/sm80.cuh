@@ -132,15 +132,6 @@ __device__ __forceinline__ uint32_t cvt_tf32(uint32_t bits) {
   return r;
 }
 
-// One 32-bit word from shared memory: the sm80 kernel's tf32 fragments of M- or N-major operands, which
-// ldmatrix cannot transpose (.trans moves 16-bit elements).
-// PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld".
-__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
-
 // 16 bytes of global memory read once and never again by this SM (a weight streamed by the small-M kernel):
 // through the non-coherent path, not kept in L1, the L2 asked to fetch the whole 256-byte sector group. Not
 // volatile (nor the next): a read of inputs no kernel writes, which the compiler may hoist and batch.

@@ -31,6 +31,15 @@ __device__ __forceinline__ void st_shared_b16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
 }
 
+// One 32-bit word from shared memory: the sm80 kernel's tf32 fragments of M- or N-major operands, which
+// ldmatrix cannot transpose (.trans moves 16-bit elements), and the sm90 kernel's in-place transposes of them.
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld".
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+
 // Load two fp32 values (8 bytes) from shared memory.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld".
 __device__ __forceinline__ float2 ld_shared_v2_f32(uint32_t addr) {

@@ -1,8 +1,9 @@
-"""An emitted package with the 8-bit types on the GPU (sm90): fp8 with per-block scales (promoted, two column
-slices), a mixed e5m2 x e4m3 rowwise op, int8 -> int32; pip-installed (--no-build-isolation --no-deps) and
-imported, each op checked against the float64 product of the same quantized operands and scales, bit-equal to the
-JIT op of the same plan, NaN-poisoned out= written, the same refusal of a bad scale as the JIT op, and gradients
-refused (fp8 and int8 ops are forward only).
+"""An emitted package with the types beyond 16-bit on the GPU (sm90): fp8 with per-block scales (promoted, two column
+slices), a mixed e5m2 x e4m3 rowwise op, int8 -> int32, and tf32 in layout nt (both tiles transposed in shared
+memory); pip-installed (--no-build-isolation --no-deps) and imported, each op checked against the float64 product
+of the same quantized operands and scales, bit-equal to the JIT op of the same plan, NaN-poisoned out= written, the
+same refusal of a bad scale as the JIT op, gradients refused (fp8 and int8 ops are forward only) or, for tf32,
+computed by the package's own formula.
 """
 from __future__ import annotations
 
@@ -23,10 +24,11 @@ PLANS = {
     "fp8_block": dict(dtype="e4m3", scale="block", tile_shape=(128, 256, 128)),
     "fp8_mixed_row": dict(dtype="e5m2", dtype_b="e4m3", scale="row"),
     "int8": dict(dtype="int8", out_dtype="int32"),
+    "tf32_nt": dict(dtype="fp32", layout="nt"),
 }
 SHAPES = [(256, 384, 512), (130, 200, 272), (1000, 1500, 1104)]
 #: ||D - ref|| / ||ref||: bf16 output rounding (fp8 ops); int8 -> int32 is exact.
-BOUND = {"fp8_block": 1e-2, "fp8_mixed_row": 1e-2, "int8": 0.0}
+BOUND = {"fp8_block": 1e-2, "fp8_mixed_row": 1e-2, "int8": 0.0, "tf32_nt": 2e-3}
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def installed(tmp_path_factory):
     if cuda_home is None:
         pytest.skip("nvcc not found (set CUDA_HOME): cannot build the emitted package")
     root = tmp_path_factory.mktemp("emitted_dtypes")
-    plans = {op: Gemm(layout="tn", arch=90, **kw) for op, kw in PLANS.items()}
+    plans = {op: Gemm(arch=90, **{"layout": "tn", **kw}) for op, kw in PLANS.items()}
     pkg = emit(list(plans.values()), name=PACKAGE, out=root / PACKAGE, op_names=list(plans))
     module, _ = pip_install_and_import(pkg, PACKAGE, root, cuda_home)
     jit = dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen_emitted_dtypes_jit")))
@@ -44,6 +46,9 @@ def installed(tmp_path_factory):
 
 def operands(op: str, m: int, n: int, k: int):
     """The op's arguments and the float64 product they stand for."""
+    if op == "tf32_nt":   # A column-major, B row-major
+        a, b = torch.randn(k, m, device="cuda").t(), torch.randn(k, n, device="cuda")
+        return (a, b), a.double() @ b.double()
     if op == "int8":
         a = torch.randint(-128, 128, (m, k), device="cuda", dtype=torch.int8)
         w = torch.randint(-128, 128, (n, k), device="cuda", dtype=torch.int8)
@@ -84,3 +89,16 @@ def test_bad_scale_and_gradients_are_refused_as_by_the_jit_op(installed):
     with pytest.raises(RuntimeError, match="no backward"):
         fn(a, b, sa.requires_grad_(), sb)
     assert torch.isfinite(fn(a, b, sa.detach(), sb)).all()
+
+
+def test_tf32_gradients_of_the_package_formula(installed):
+    fn = installed["module"].tf32_nt
+    (a, b), _ = operands("tf32_nt", 300, 200, 100)
+    a.requires_grad_()
+    b.requires_grad_()
+    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+    g = torch.randn(300, 200, device="cuda")
+    fn(a, b).backward(g)
+    (a64 @ b64).backward(g.double())
+    for got, want in ((a.grad, a64.grad), (b.grad, b64.grad)):
+        assert ((got.double() - want).norm() / want.norm()).item() <= BOUND["tf32_nt"]

@@ -1,8 +1,9 @@
 """tf32 on the GPU: fp32 tensors in, the tensor cores multiplying in tf32, fp32 (or 16-bit) out, against a float64
 reference computed from the fp32 inputs; ragged sizes, NaN-poisoned outputs, a fused epilogue, autograd.
 
-* sm90 (an H100-class GPU): layout tn only, every schedule and a cluster; its autograd kernels read both operands
-  K-major, so the formula copies the others; the refusals.
+* sm90 (an H100-class GPU): layout tn, every schedule and a cluster, autograd and the refusals; the other layouts,
+  whose M/N-major tiles the kernel transposes in shared memory, on every schedule, clusters that multicast the
+  transposed operand, split-K, a column-major D and a fused epilogue, each with ragged edges, repeated bit for bit.
 * sm80 family (Ampere and newer, Hopper included): every layout and order of D, the fast path (leading dimensions
   padded to the 16-byte rule) and the unaligned one, the inputs rounded to nearest tf32 (not truncated), NaN inputs
   kept, and autograd, whose kernels take every layout (no copies).
@@ -90,6 +91,68 @@ def test_refusals_keep_the_process_working(ops):
     with pytest.raises(TypeError, match="this plan computes tf32"):
         op(a.bfloat16(), b)
     assert rel(op(a, b), a.double() @ b.double()) <= BOUND
+
+
+# -- sm90 in the layouts whose tiles it transposes -----------------------------------------------------------------
+
+#: A column-major A (nn, nt) and a row-major B (nt, tt) come M/N-major: 32 x 32 chunks transposed in place by the
+#: producer warpgroup (gemm_kernel.cuh transpose_chunk). Each plan runs every layout; the clusters share the
+#: transposed operand (1x2: A, 2x1: B, 2x2: both), the 64-row tile splits along N, split-K adds partial tiles.
+SM90_PLANS = {
+    "cooperative": dict(),
+    "pingpong": dict(schedule="pingpong", tile_shape=(128, 128, 32)),
+    "c1x2": dict(schedule="cooperative", tile_shape=(128, 128, 32), cluster_shape=(1, 2)),
+    "c2x2_256x128": dict(schedule="cooperative", tile_shape=(256, 128, 32), cluster_shape=(2, 2)),
+    "split_n_64x256": dict(schedule="cooperative", tile_shape=(64, 256, 32), cluster_shape=(1, 1)),
+    "split_k": dict(m=256, n=256, k=8192, schedule="pingpong", tile_shape=(128, 128, 32), cluster_shape=(1, 1)),
+    "dcol": dict(layout_c="col"),
+    "gelu_tanh_bias_bf16": dict(activation="gelu_tanh", bias="col", out_dtype="bf16"),
+}
+TRANSPOSED_LAYOUTS = ("nn", "nt", "tt")
+#: (M, N, K) with leading dimensions padded to the fast kernel's rule: ragged edges in every dimension (K ends inside
+#: a 32 x 32 chunk, M and N inside a tile and a chunk), a long K for split-K, K = 0.
+SM90_SHAPES = ((1000, 1000, 1000), (197, 263, 141), (333, 4100, 36), (256, 256, 8192), (129, 65, 0))
+
+
+@pytest.fixture(scope="module")
+def sm90_ops():
+    plans = {(layout, key): Gemm("fp32", layout, arch=90, **kw)
+             for layout in TRANSPOSED_LAYOUTS for key, kw in SM90_PLANS.items()}
+    assert all(p.config.family == "sm90" for p in plans.values())
+    built = compile_many([p.config for p in plans.values()], namespace="gemmgen_tf32_sm90_layouts_test")
+    return dict(zip(plans, built))
+
+
+@pytest.mark.parametrize("layout", TRANSPOSED_LAYOUTS)
+@pytest.mark.parametrize("key", list(SM90_PLANS))
+@needs_sm90
+def test_sm90_transposed_layouts_against_float64(sm90_ops, layout, key):
+    op = sm90_ops[(layout, key)]
+    if key == "split_k":
+        assert op.config.stream_k, f"{op.name}: the plan for 256x256x8192 splits K"
+    for m, n, k in SM90_SHAPES:
+        a, b = sm80_inputs(layout, m, n, k, padded=True)
+        operands = [torch.randn(n, device="cuda").bfloat16()] if op.config.epilogue.operands else []
+        if min(m, n, k) > 1:
+            assert op.path(a, b, *operands) == "fast", f"{op.name} {m}x{n}x{k}"
+        check_sm80(op, a, b, operands, m, n, k)
+        first = op(a, b, *operands)
+        assert torch.equal(first, op(a, b, *operands)), f"{op.name} {m}x{n}x{k}: not the same bits twice"
+
+
+@pytest.mark.parametrize("layout", TRANSPOSED_LAYOUTS)
+@needs_sm90
+def test_sm90_transposed_layouts_autograd(layout):
+    """dA and dB of an sm90 op in a layout it transposes: its gradient kernels read the operands as stored."""
+    op = Gemm("fp32", layout, arch=90).compile()
+    a, b = sm80_inputs(layout, 300, 200, 100, padded=True)
+    a.requires_grad_()
+    b.requires_grad_()
+    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+    g = torch.randn(300, 200, device="cuda")
+    op(a, b).backward(g)
+    (a64 @ b64).backward(g.double())
+    assert rel(a.grad, a64.grad) <= BOUND and rel(b.grad, b64.grad) <= BOUND
 
 
 # -- the sm80 family: every layout ---------------------------------------------------------------------------------
