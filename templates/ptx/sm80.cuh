@@ -37,13 +37,6 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// 16 bytes to shared memory from registers: the sm80 loader's chunks that end inside the operand, read element by
-// element. PTX ISA §9.7.9.9 "Data Movement and Conversion Instructions: st" (.shared, .v4).
-__device__ __forceinline__ void st_shared_16(uint32_t dst, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
 // Close the group of cp.async issued so far by this thread.
 // PTX ISA §9.7.9.25.3.2 "Data Movement and Conversion Instructions: cp.async.commit_group".
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

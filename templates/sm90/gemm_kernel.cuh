@@ -458,6 +458,31 @@ __host__ __device__ __forceinline__ constexpr int interleave_units(int unit, int
   return per_row == 0 || unit >= per_row * g ? unit : (unit % g) * per_row + unit / g;
 }
 
+// A 32 x 32 fp32 chunk of an M/N-major tile in shared memory (32 k rows of 32 M or N values, TMA's 128-byte swizzle:
+// 16-byte piece j of row r at r * 128 + (j ^ r % 8) * 16, a function of the address in a 1024-byte-aligned chunk),
+// transposed in place by one warp, becomes the K-major tile's 32 rows of the same M (N) values under the same
+// swizzle (Kernel::transpose_slots: tf32, which wgmma reads K-major only). Seen as 8 x 8 blocks of 4 x 4, block
+// (R, C) goes to (C, R), transposed. Each lane moves one block per round: in round p, lane 8q + R (quarter-warp q)
+// takes C = R + 2q + p (mod 8), so round 0 moves the 32 blocks with C - R even and round 1 the others, each round a
+// set closed under (R, C) -> (C, R): the warp loads all of a round's blocks, syncs, and stores them, and no store
+// reaches a block of the other round. The eight lanes of a quarter-warp (one shared-memory wavefront of 16-byte
+// accesses) reach eight different 16-byte bank groups at every load and store. Host-callable for
+// tests/test_sm90_transpose.py.
+struct ChunkTranspose {
+  static constexpr int kRows = 32;
+  static constexpr int kRounds = 2;
+  struct Block {
+    int r, c;  // rows 4r .. 4r + 3, piece c: moved to rows 4c .. 4c + 3, piece r
+  };
+  __host__ __device__ __forceinline__ static constexpr Block block(int lane, int round) {
+    return {lane % 8, (lane % 8 + 2 * (lane / 8) + round) % 8};
+  }
+  // Byte offset of 16-byte piece `piece` (elements 4 * piece .. 4 * piece + 3) of row `row` of the chunk.
+  __host__ __device__ __forceinline__ static constexpr uint32_t piece_offset(int row, int piece) {
+    return static_cast<uint32_t>(row * kSwizzleRowBytes + ((piece ^ (row & 7)) << 4));
+  }
+};
+
 template <class Cfg>
 struct Kernel {
   using Elem = typename Cfg::Elem;
@@ -927,7 +952,8 @@ struct Kernel {
   static constexpr int kChunksB = kTransposeB ? TileB::kChunks : 0;
   static constexpr uint32_t kEndOfWork = 1u << 31;
   static_assert(kChunksA + kChunksB < 31, "a slot's chunks are bits of one word");
-  static_assert(!kTransposes || (TileA::kRowElems == 32 && TileA::kChunkBytes == 4096),
+  static_assert(!kTransposes || (TileA::kRowElems == ChunkTranspose::kRows &&
+                                  TileA::kChunkBytes == ChunkTranspose::kRows * kSwizzleRowBytes),
                 "transpose_chunk takes 32 x 32 fp32 chunks");
   __device__ __forceinline__ static uint32_t loaded_chunks(int first, int extent, int chunks) {
     int loaded = chunks;
@@ -971,42 +997,26 @@ struct Kernel {
     }
   }
 
-  // Byte offset of element (r, c) of a chunk: 32 rows of 32 fp32, row r's 16-byte piece j at r * 128 + (j ^ r % 8) * 16
-  // (TMA's 128-byte swizzle, a function of the address within a 1024-byte-aligned chunk).
-  __device__ __forceinline__ static uint32_t chunk_offset(int r, int c) {
-    return r * kSwizzleRowBytes + ((((c >> 2) ^ (r & 7)) << 4) | ((c & 3) << 2));
+  // Column j of the 4 x 4 block whose rows are `rows` (j known at compile time: a choice of registers).
+  __device__ __forceinline__ static uint4 column(const uint4 (&rows)[4], int j) {
+    const auto at = [j](const uint4& v) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; };
+    return make_uint4(at(rows[0]), at(rows[1]), at(rows[2]), at(rows[3]));
   }
-
-  // One 32 x 32 fp32 chunk of an M/N-major tile (k rows of 32 M or N values) transposed in place by one warp: it
-  // becomes the K-major tile's 32 rows of the same M (N) values, laid out by the same swizzle. Element (r, c) trades
-  // places with (c, r); lane l takes the pair (l, l + d) on diagonal d = 1 .. 16 (d = 16: lanes 0-15, whose pairs
-  // lanes 16-31 would take again), so that each of a round's four accesses touches 32 different banks
-  // (tests/test_sm90_transpose.py). Four rounds' loads go out before their stores, for the latency; the pairs are
-  // disjoint, so no other lane's access is ordered against them.
+  // One chunk transposed in place by one warp, one 4 x 4 block per lane and round (ChunkTranspose::block): its four
+  // rows loaded, the warp synced (every block of the round read before any is overwritten), its four columns stored
+  // as the rows of its mirror.
   __device__ __forceinline__ static void transpose_chunk(uint32_t chunk, int lane) {
-    constexpr int kRoundsInFlight = 4;  // 8 words in registers (addresses recomputed): the producer keeps 40 registers
-#pragma unroll 1
-    for (int d0 = 1; d0 <= 16; d0 += kRoundsInFlight) {
-      uint32_t vx[kRoundsInFlight], vy[kRoundsInFlight];
 #pragma unroll
-      for (int j = 0; j < kRoundsInFlight; ++j) {
-        const int c = (lane + d0 + j) & 31;
-        if (d0 + j < 16 || lane < 16) {
-          vx[j] = ptx::ld_shared_b32(chunk + chunk_offset(lane, c));
-          vy[j] = ptx::ld_shared_b32(chunk + chunk_offset(c, lane));
-        }
-      }
+    for (int round = 0; round < ChunkTranspose::kRounds; ++round) {
+      const ChunkTranspose::Block b = ChunkTranspose::block(lane, round);
+      uint4 x[4];
 #pragma unroll
-      for (int j = 0; j < kRoundsInFlight; ++j) {
-        const int c = (lane + d0 + j) & 31;
-        if (d0 + j < 16 || lane < 16) {
-          ptx::st_shared_b32(chunk + chunk_offset(lane, c), vy[j]);
-          ptx::st_shared_b32(chunk + chunk_offset(c, lane), vx[j]);
-        }
-      }
+      for (int i = 0; i < 4; ++i) x[i] = ptx::ld_shared_v4_b32(chunk + ChunkTranspose::piece_offset(4 * b.r + i, b.c));
+      __syncwarp();
+#pragma unroll
+      for (int j = 0; j < 4; ++j) ptx::st_shared_16(chunk + ChunkTranspose::piece_offset(4 * b.c + j, b.r), column(x, j));
     }
   }
-
 
   // W: how the units map to tiles (the launch passes grouped rows only to a config with Cfg::kWalksGroups, a list
   // only to one with Cfg::kWalksLists).
