@@ -75,6 +75,11 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE
 #define GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE 0
 #endif
+// Timing experiment only (wrong results): tf32 tiles that are M/N-major are not transposed (the transposer warps only
+// pass the slots on), to separate the transposes' cost from the rest of the M/N-major path's.
+#ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
+#define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -465,7 +470,7 @@ __host__ __device__ __forceinline__ constexpr int interleave_units(int unit, int
 // (R, C) goes to (C, R), transposed. Each lane moves one block per round: in round p, lane 8q + R (quarter-warp q)
 // takes C = R + 2q + p (mod 8), so round 0 moves the 32 blocks with C - R even and round 1 the others, each round a
 // set closed under (R, C) -> (C, R): the warp loads all of a round's blocks, syncs, and stores them, and no store
-// reaches a block of the other round. The eight lanes of a quarter-warp (one shared-memory wavefront of 16-byte
+// reaches a block of the other round (so the rounds may run on different warps). The eight lanes of a quarter-warp (one shared-memory wavefront of 16-byte
 // accesses) reach eight different 16-byte bank groups at every load and store. Host-callable for
 // tests/test_sm90_transpose.py.
 struct ChunkTranspose {
@@ -517,10 +522,9 @@ struct Kernel {
   static constexpr bool kMmaBKMajor = Cfg::kBKMajor || kTransposeB;
   using MmaTileA = OperandTile<BM, kMmaAKMajor, CN, kElemBytes>;
   using MmaTileB = OperandTile<BN, kMmaBKMajor, CM, kElemBytes>;
-  // Warps 1-3 of the producer warpgroup (warp 0 issues the loads); every one of their threads arrives on "full".
+  // Warps 1-3 of the producer warpgroup (warp 0 issues the loads); one lane of each arrives on "full".
   static constexpr int kTransposerWarps = 3;
-  static constexpr int kTransposerThreads = kTransposerWarps * 32;
-  static constexpr int kFullArrivals = kTransposes ? kTransposerThreads : 1;
+  static constexpr int kFullArrivals = kTransposes ? kTransposerWarps : 1;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
@@ -985,15 +989,18 @@ struct Kernel {
       ptx::mbarrier_wait(smem.loaded_bar(pos.stage), pos.phase);
       const uint32_t chunks = ptx::ld_shared_b32(smem.chunks(pos.stage));
       if (chunks & kEndOfWork) return;
+      // (a chunk's two rounds move disjoint blocks: they are work of their own, spread over the warps)
 #pragma unroll 1
-      for (int c = warp; c < kChunksA + kChunksB; c += kTransposerWarps) {
-        if (!((chunks >> c) & 1)) continue;
+      for (int u = warp; u < (kChunksA + kChunksB) * ChunkTranspose::kRounds; u += kTransposerWarps) {
+        const int c = u / ChunkTranspose::kRounds;
+        if (GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE || !((chunks >> c) & 1)) continue;
         const uint32_t chunk = c < kChunksA ? smem.a(pos.stage) + c * TileA::kChunkBytes
                                             : smem.b(pos.stage) + (c - kChunksA) * TileB::kChunkBytes;
-        transpose_chunk(chunk, lane);
+        transpose_round(chunk, lane, u % ChunkTranspose::kRounds);
       }
-      ptx::fence_proxy_async_smem();
-      ptx::mbarrier_arrive(smem.full_bar(pos.stage));
+      ptx::fence_proxy_async_smem();  // each lane's writes, then the warp's (__syncwarp orders them) with one arrival
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(smem.full_bar(pos.stage));
     }
   }
 
@@ -1002,20 +1009,17 @@ struct Kernel {
     const auto at = [j](const uint4& v) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; };
     return make_uint4(at(rows[0]), at(rows[1]), at(rows[2]), at(rows[3]));
   }
-  // One chunk transposed in place by one warp, one 4 x 4 block per lane and round (ChunkTranspose::block): its four
-  // rows loaded, the warp synced (every block of the round read before any is overwritten), its four columns stored
-  // as the rows of its mirror.
-  __device__ __forceinline__ static void transpose_chunk(uint32_t chunk, int lane) {
+  // One round of a chunk's transpose by one warp, one 4 x 4 block per lane (ChunkTranspose::block): its four rows
+  // loaded, the warp synced (every block of the round read before any is overwritten), its four columns stored as the
+  // rows of its mirror.
+  __device__ __forceinline__ static void transpose_round(uint32_t chunk, int lane, int round) {
+    const ChunkTranspose::Block b = ChunkTranspose::block(lane, round);
+    uint4 x[4];
 #pragma unroll
-    for (int round = 0; round < ChunkTranspose::kRounds; ++round) {
-      const ChunkTranspose::Block b = ChunkTranspose::block(lane, round);
-      uint4 x[4];
+    for (int i = 0; i < 4; ++i) x[i] = ptx::ld_shared_v4_b32(chunk + ChunkTranspose::piece_offset(4 * b.r + i, b.c));
+    __syncwarp();
 #pragma unroll
-      for (int i = 0; i < 4; ++i) x[i] = ptx::ld_shared_v4_b32(chunk + ChunkTranspose::piece_offset(4 * b.r + i, b.c));
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < 4; ++j) ptx::st_shared_16(chunk + ChunkTranspose::piece_offset(4 * b.c + j, b.r), column(x, j));
-    }
+    for (int j = 0; j < 4; ++j) ptx::st_shared_16(chunk + ChunkTranspose::piece_offset(4 * b.c + j, b.r), column(x, j));
   }
 
   // W: how the units map to tiles (the launch passes grouped rows only to a config with Cfg::kWalksGroups, a list
