@@ -3,6 +3,7 @@
     ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/ncu_kernel.py --family sm80 --tile 128x256x32
     ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/ncu_kernel.py --cublas   (torch.matmul, same data)
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --dtype e4m3 --scale block
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --dtype fp32 --layout nt   (tf32)
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ def main() -> None:
         run_fp8(args, m, n, k)
         return
     # bench.py's operands: strided as --layout says (the plan refuses others), so --cublas sees the same.
-    a, b = operands(args.layout, m, n, k, DTYPES[args.dtype])
+    a, b = operands(args.layout, m, n, k, {"fp32": torch.float32, **DTYPES}[args.dtype])
+    torch.backends.cuda.matmul.allow_tf32 = True   # fp32: cuBLAS in tf32, as the plan (dtype fp32 plans tf32)
     if args.cublas:
         for _ in range(5):
             torch.matmul(a, b)
