@@ -4,9 +4,8 @@ the host: the struct compiled by nvcc into a small host program (CPU only, no GP
 What the kernel relies on (Kernel::transpose_chunk): a warp's two rounds move every 4 x 4 block of a 32 x 32 chunk
 exactly once, each into its mirror's place, so that the chunk ends up transposed under the same swizzle; a round's
 stores reach only blocks that the same round loaded (the warp syncs between a round's loads and stores, not
-between rounds); and the eight lanes of each quarter-warp, and of each pair of quads g and g + 4 (how the H200 was
-measured to serve 16-byte stores), reach eight different 16-byte bank groups at every load and store, so each access
-is one shared-memory wavefront either way.
+between rounds); and the eight lanes of each quarter-warp reach eight different 16-byte bank groups at every load
+and store, so each access is one shared-memory wavefront.
 """
 from __future__ import annotations
 
@@ -51,17 +50,16 @@ int main() {
       for (int j = 0; j < 4; ++j)      // row j of the mirror = column j of the block
         for (int e = 0; e < 4; ++e) smem[word_of(4 * b.c + j, 4 * b.r + e)] = loaded[lane][e * 4 + j];
     }
-    for (int group = 0; group < 8; ++group) {  // quarter-warps, then the pairs of quads g and g + 4
+    for (int q = 0; q < 4; ++q) {      // one wavefront per quarter-warp and access
       for (int i = 0; i < 4; ++i) {
         std::set<int> loads, stores;
-        for (int k = 0; k < 8; ++k) {
-          const int lane = group < 4 ? 8 * group + k : 4 * (group - 4) + k % 4 + 16 * (k / 4);
+        for (int lane = 8 * q; lane < 8 * q + 8; ++lane) {
           const ChunkTranspose::Block b = ChunkTranspose::block(lane, round);
           loads.insert((ChunkTranspose::piece_offset(4 * b.r + i, b.c) >> 4) & 7);
           stores.insert((ChunkTranspose::piece_offset(4 * b.c + i, b.r) >> 4) & 7);
         }
-        CHECK(loads.size() == 8 && stores.size() == 8, "round %d lanes group %d row %d: %zu / %zu bank groups", round,
-              group, i, loads.size(), stores.size());
+        CHECK(loads.size() == 8 && stores.size() == 8, "round %d quarter %d row %d: %zu / %zu bank groups", round, q,
+              i, loads.size(), stores.size());
       }
     }
   }

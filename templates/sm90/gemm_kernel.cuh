@@ -467,17 +467,12 @@ __host__ __device__ __forceinline__ constexpr int interleave_units(int unit, int
 // 16-byte piece j of row r at r * 128 + (j ^ r % 8) * 16, a function of the address in a 1024-byte-aligned chunk),
 // transposed in place by one warp, becomes the K-major tile's 32 rows of the same M (N) values under the same
 // swizzle (Kernel::transpose_slots: tf32, which wgmma reads K-major only). Seen as 8 x 8 blocks of 4 x 4, block
-// (R, C) goes to (C, R), transposed. Each lane moves one block per round: round p the 32 blocks with C - R = p
-// (mod 2), a set closed under (R, C) -> (C, R), so the warp loads all of a round's blocks, syncs and stores them, and
-// no store reaches a block of the other round (the rounds may run on different warps).
-// Bank conflicts: a 16-byte access reaches bank group (piece ^ row % 8); over a round's blocks that is a function of
-// C alone for the loads and of R alone for the stores, so the lanes that the hardware serves in one wavefront must
-// hold 8 different R and 8 different C. ncu (H200) found the stores of a mapping that gave each quarter-warp 8 different R
-// (lane % 8) twice as slow as the loads: 16-byte accesses were not served by quarter-warps alone, but as if lanes
-// 4g .. 4g + 3 went with 4g + 16 .. 4g + 19. So the lanes' quads Q = lane / 4 take R in {4a .. 4a + 3} and C in
-// {2b, 2b + 1, 2b + 4, 2b + 5} with a = parity of Q's bits and b = Q % 2 ^ Q / 4: quads 2q and 2q + 1 (a
-// quarter-warp) and quads g and g + 4 differ in both, so either way of pairing them holds 8 different R and 8 C;
-// the two quads of each (a, b) take complementary halves of its blocks. Host-callable for tests/test_sm90_transpose.py.
+// (R, C) goes to (C, R), transposed. Each lane moves one block per round: in round p, lane 8q + R (quarter-warp q)
+// takes C = R + 2q + p (mod 8), so round 0 moves the 32 blocks with C - R even and round 1 the others, each round a
+// set closed under (R, C) -> (C, R): the warp loads all of a round's blocks, syncs, and stores them, and no store
+// reaches a block of the other round (so the rounds may run on different warps). The eight lanes of a quarter-warp (one shared-memory wavefront of 16-byte
+// accesses) reach eight different 16-byte bank groups at every load and store. Host-callable for
+// tests/test_sm90_transpose.py.
 struct ChunkTranspose {
   static constexpr int kRows = 32;
   static constexpr int kRounds = 2;
@@ -485,9 +480,7 @@ struct ChunkTranspose {
     int r, c;  // rows 4r .. 4r + 3, piece c: moved to rows 4c .. 4c + 3, piece r
   };
   __host__ __device__ __forceinline__ static constexpr Block block(int lane, int round) {
-    const int quad = lane / 4, i = lane % 4;
-    const int a = (quad ^ (quad >> 1) ^ (quad >> 2)) & 1, b = (quad & 1) ^ (quad >> 2);
-    return {4 * a + i, 2 * b + ((i + round) & 1) + 4 * ((i >> 1) ^ (quad >> 2))};
+    return {lane % 8, (lane % 8 + 2 * (lane / 8) + round) % 8};
   }
   // Byte offset of 16-byte piece `piece` (elements 4 * piece .. 4 * piece + 3) of row `row` of the chunk.
   __host__ __device__ __forceinline__ static constexpr uint32_t piece_offset(int row, int piece) {
