@@ -97,10 +97,12 @@ def test_tf32_sm80_plan_reads_as_tf32() -> None:
 
 def test_tf32_sm90_plans_every_layout_and_says_what_it_transposes() -> None:
     # wgmma reads tf32 K-major only: the sm90 kernel transposes an M-major A and an N-major B in shared memory, so the
-    # planner keeps the sm90 family and the bf16 plan's tile in every layout.
-    for layout, transposed in (("tn", ""), ("nn", "A tiles"), ("tt", "B tiles"), ("nt", "A and B tiles")):
+    # planner keeps the sm90 family in every layout, and weighs the bytes transposed per product: a row-major B alone
+    # takes 256x128 tiles (its 128 columns transposed per k tile), the other layouts 128x256.
+    for layout, transposed, tile in (("tn", "", (128, 256)), ("nn", "A tiles", (128, 256)), ("tt", "B tiles", (256, 128)),
+                                     ("nt", "A and B tiles", (128, 256))):
         p = Gemm("fp32", layout, arch=90)
-        assert p.family == "sm90" and p.config.tile[:2] == Gemm("bf16", layout, arch=90).config.tile[:2]
+        assert p.family == "sm90" and p.config.tile[:2] == tile
         assert transposes_in_smem(p.config) == (layout[0] == "n", layout[1] == "t")
         assert (f"transposed:   {transposed} in shared memory" in str(p)) == bool(transposed), str(p)
 

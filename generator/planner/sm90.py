@@ -54,7 +54,7 @@ from dataclasses import replace
 
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, check_config,
-                           promote_slices, sm90_block_k, sm90_max_stages_that_fit)
+                           promote_slices, sm90_block_k, sm90_max_stages_that_fit, transposes_in_smem)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -94,6 +94,12 @@ ODD_TILES: tuple[tuple[str, tuple[int, int]], ...] = tuple(("cooperative", (128,
 # the measured wins (the same waves on a quarter narrower tile), never for the 1-2 % that a wave count rounded a
 # little better gives on a large problem (8192^3: 128x224 would model 1.5 % under 128x256).
 ODD_N_EFFICIENCY = 0.85
+# tf32 tiles transposed in shared memory (a column-major A, a row-major B: transposes_in_smem) cost shared-memory
+# bandwidth beside TMA's writes and wgmma's reads: the kernel slows as 1 / (1 + TRANSPOSE_COST * x), x the bytes
+# transposed per k tile per element of the tile (128x256: A 0.5, B 1.0). Fitted to H200 runs at 4096^3 and 8192^3
+# (h200_bench_tf32_layouts.json): x = 0.5 0.76-0.83 of tn, 1.0 0.60-0.64, 1.5 0.55-0.57. So a row-major B takes
+# 256x128 tiles rather than 128x256 (half the bytes transposed per product: 0.76 against 0.64 of tn).
+TRANSPOSE_COST = 0.5
 PROMOTION_SLICED_EFFICIENCY = 0.97
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
@@ -501,6 +507,10 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
         eff *= PROMOTION_SLICED_EFFICIENCY
     if bn in SM90_ODD_BLOCK_N:
         eff *= ODD_N_EFFICIENCY
+    transposed_a, transposed_b = transposes_in_smem(cfg)
+    if transposed_a or transposed_b:
+        row_bytes = cfg.tile[2] * cfg.dtype.bytes   # a k tile's bytes per row of A (column of B)
+        eff /= 1 + TRANSPOSE_COST * row_bytes * (transposed_a / bn + transposed_b / bm)
     return eff, loaded / (rows_a + cols_b)
 
 
