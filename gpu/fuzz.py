@@ -237,11 +237,10 @@ def ops_for(family: str, dtype: str) -> tuple[OpSpec, ...]:
             OpSpec("tn", variant="64x64", knobs=(("tile_shape", (64, 64, 32)), ("warps", (2, 2)))),
             OpSpec("nt", variant="128x128x64", knobs=(("tile_shape", (128, 128, 64)), ("warps", (2, 2)))),
             OpSpec("tt", variant="256x128", knobs=(("tile_shape", (256, 128, 32)), ("warps", (4, 2))))])
-    if dtype == "tf32":   # sm90: layout tn only (docs/dtypes.md)
-        layouts = LAYOUTS if family == "sm80" else ("tn",)
-        specs = [OpSpec(layout) for layout in layouts]
-        specs += [OpSpec("tn", out="bf16"), OpSpec("tn", dcol=True), OpSpec("tn", epilogue="linear"),
-                  OpSpec(layouts[-1], epilogue="residual")]
+    if dtype == "tf32":   # every layout (sm90 transposes M/N-major tiles in shared memory: docs/dtypes.md)
+        specs = [OpSpec(layout) for layout in LAYOUTS]
+        specs += [OpSpec("tn", out="bf16"), OpSpec("nt", dcol=True), OpSpec("nn", epilogue="linear"),
+                  OpSpec("tt", epilogue="residual")]
         return tuple(specs + (_sm90_variants(dtype) if family == "sm90" else []))
     if dtype in ("e4m3", "e5m2"):   # sm90 only, layout tn
         if family != "sm90":

@@ -80,6 +80,11 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
 #define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
 #endif
+// Experiment (A/B runs): the transposer warps take whole chunks (both rounds back to back) and every one of their
+// threads arrives on "full", instead of rounds as work units and one arrival per warp.
+#ifndef GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK
+#define GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -524,7 +529,8 @@ struct Kernel {
   using MmaTileB = OperandTile<BN, kMmaBKMajor, CM, kElemBytes>;
   // Warps 1-3 of the producer warpgroup (warp 0 issues the loads); one lane of each arrives on "full".
   static constexpr int kTransposerWarps = 3;
-  static constexpr int kFullArrivals = kTransposes ? kTransposerWarps : 1;
+  static constexpr int kFullArrivals =
+      kTransposes ? kTransposerWarps * (GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK ? 32 : 1) : 1;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
@@ -989,6 +995,19 @@ struct Kernel {
       ptx::mbarrier_wait(smem.loaded_bar(pos.stage), pos.phase);
       const uint32_t chunks = ptx::ld_shared_b32(smem.chunks(pos.stage));
       if (chunks & kEndOfWork) return;
+      if constexpr (GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK) {
+#pragma unroll 1
+        for (int c = warp; c < kChunksA + kChunksB; c += kTransposerWarps) {
+          if (!((chunks >> c) & 1)) continue;
+          const uint32_t chunk = c < kChunksA ? smem.a(pos.stage) + c * TileA::kChunkBytes
+                                              : smem.b(pos.stage) + (c - kChunksA) * TileB::kChunkBytes;
+          transpose_round(chunk, lane, 0);
+          transpose_round(chunk, lane, 1);
+        }
+        ptx::fence_proxy_async_smem();
+        ptx::mbarrier_arrive(smem.full_bar(pos.stage));
+        continue;
+      }
       // (a chunk's two rounds move disjoint blocks: they are work of their own, spread over the warps)
 #pragma unroll 1
       for (int u = warp; u < (kChunksA + kChunksB) * ChunkTranspose::kRounds; u += kTransposerWarps) {
