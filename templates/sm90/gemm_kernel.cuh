@@ -80,11 +80,6 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
 #define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
 #endif
-// Experiment (A/B runs): the transposer warps take whole chunks (both rounds back to back) and every one of their
-// threads arrives on "full", instead of rounds as work units and one arrival per warp.
-#ifndef GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK
-#define GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK 0
-#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -527,10 +522,9 @@ struct Kernel {
   static constexpr bool kMmaBKMajor = Cfg::kBKMajor || kTransposeB;
   using MmaTileA = OperandTile<BM, kMmaAKMajor, CN, kElemBytes>;
   using MmaTileB = OperandTile<BN, kMmaBKMajor, CM, kElemBytes>;
-  // Warps 1-3 of the producer warpgroup (warp 0 issues the loads); one lane of each arrives on "full".
+  // Warps 1-3 of the producer warpgroup (warp 0 issues the loads); each of their threads arrives on "full".
   static constexpr int kTransposerWarps = 3;
-  static constexpr int kFullArrivals =
-      kTransposes ? kTransposerWarps * (GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK ? 32 : 1) : 1;
+  static constexpr int kFullArrivals = kTransposes ? kTransposerWarps * 32 : 1;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
@@ -995,31 +989,18 @@ struct Kernel {
       ptx::mbarrier_wait(smem.loaded_bar(pos.stage), pos.phase);
       const uint32_t chunks = ptx::ld_shared_b32(smem.chunks(pos.stage));
       if (chunks & kEndOfWork) return;
-      if constexpr (GEMMGEN_SM90_EXPERIMENT_TRANSPOSE_BY_CHUNK) {
+      // Whole chunks per warp, both rounds back to back (measured 3-19 % faster than the rounds as work units of their
+      // own with one arrival per warp: h200_bench_tf32_by_chunk.json).
 #pragma unroll 1
-        for (int c = warp; c < kChunksA + kChunksB; c += kTransposerWarps) {
-          if (!((chunks >> c) & 1)) continue;
-          const uint32_t chunk = c < kChunksA ? smem.a(pos.stage) + c * TileA::kChunkBytes
-                                              : smem.b(pos.stage) + (c - kChunksA) * TileB::kChunkBytes;
-          transpose_round(chunk, lane, 0);
-          transpose_round(chunk, lane, 1);
-        }
-        ptx::fence_proxy_async_smem();
-        ptx::mbarrier_arrive(smem.full_bar(pos.stage));
-        continue;
-      }
-      // (a chunk's two rounds move disjoint blocks: they are work of their own, spread over the warps)
-#pragma unroll 1
-      for (int u = warp; u < (kChunksA + kChunksB) * ChunkTranspose::kRounds; u += kTransposerWarps) {
-        const int c = u / ChunkTranspose::kRounds;
+      for (int c = warp; c < kChunksA + kChunksB; c += kTransposerWarps) {
         if (GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE || !((chunks >> c) & 1)) continue;
         const uint32_t chunk = c < kChunksA ? smem.a(pos.stage) + c * TileA::kChunkBytes
                                             : smem.b(pos.stage) + (c - kChunksA) * TileB::kChunkBytes;
-        transpose_round(chunk, lane, u % ChunkTranspose::kRounds);
+#pragma unroll
+        for (int round = 0; round < ChunkTranspose::kRounds; ++round) transpose_round(chunk, lane, round);
       }
-      ptx::fence_proxy_async_smem();  // each lane's writes, then the warp's (__syncwarp orders them) with one arrival
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(smem.full_bar(pos.stage));
+      ptx::fence_proxy_async_smem();  // (this thread's writes, before its arrival's release)
+      ptx::mbarrier_arrive(smem.full_bar(pos.stage));
     }
   }
 
