@@ -99,8 +99,8 @@ def test_tf32_sm90_plans_every_layout_and_says_what_it_transposes() -> None:
     # wgmma reads tf32 K-major only: the sm90 kernel transposes an M-major A and an N-major B in shared memory, so the
     # planner keeps the sm90 family in every layout, and weighs the bytes transposed per product: a row-major B alone
     # takes 256x128 tiles (its 128 columns transposed per k tile), the other layouts 128x256.
-    for layout, transposed, tile in (("tn", "", (128, 256)), ("nn", "A tiles", (128, 256)), ("tt", "B tiles", (256, 128)),
-                                     ("nt", "A and B tiles", (128, 256))):
+    for layout, transposed, tile in (("tn", "", (128, 256)), ("nn", "A tiles", (128, 256)),
+                                     ("tt", "B tiles", (256, 128)), ("nt", "A and B tiles", (128, 256))):
         p = Gemm("fp32", layout, arch=90)
         assert p.family == "sm90" and p.config.tile[:2] == tile
         assert transposes_in_smem(p.config) == (layout[0] == "n", layout[1] == "t")

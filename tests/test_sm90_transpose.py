@@ -63,7 +63,8 @@ int main() {
       }
     }
   }
-  for (int blk = 0; blk < 64; ++blk) CHECK(moved[blk] == 1, "block (%d, %d) moved %d times", blk / 8, blk % 8, moved[blk]);
+  for (int blk = 0; blk < 64; ++blk)
+    CHECK(moved[blk] == 1, "block (%d, %d) moved %d times", blk / 8, blk % 8, moved[blk]);
   for (int r = 0; r < N; ++r)
     for (int c = 0; c < N; ++c)
       CHECK(smem[word_of(r, c)] == c * N + r, "(%d, %d) holds %d, not (%d, %d)", r, c, smem[word_of(r, c)], c, r);

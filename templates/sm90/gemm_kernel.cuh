@@ -470,7 +470,7 @@ __host__ __device__ __forceinline__ constexpr int interleave_units(int unit, int
 // (R, C) goes to (C, R), transposed. Each lane moves one block per round: in round p, lane 8q + R (quarter-warp q)
 // takes C = R + 2q + p (mod 8), so round 0 moves the 32 blocks with C - R even and round 1 the others, each round a
 // set closed under (R, C) -> (C, R): the warp loads all of a round's blocks, syncs, and stores them, and no store
-// reaches a block of the other round (so the rounds may run on different warps). The eight lanes of a quarter-warp (one shared-memory wavefront of 16-byte
+// reaches a block of the other round. The eight lanes of a quarter-warp (one shared-memory wavefront of 16-byte
 // accesses) reach eight different 16-byte bank groups at every load and store. Host-callable for
 // tests/test_sm90_transpose.py.
 struct ChunkTranspose {
@@ -790,7 +790,8 @@ struct Kernel {
                              const GemmArgs& args, float* workspace, char* smem_raw) {
     const uint32_t raw = ptx::smem_addr(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
-    if (aligned - raw + BARRIER_BYTES + CHUNK_WORD_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
+    // (never: dynamic shared memory starts aligned)
+    if (aligned - raw + BARRIER_BYTES + CHUNK_WORD_BYTES > kSmemAlignSlack) __trap();
     const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
     Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES, barriers + 2 * STAGES * 8,
               barriers + (2 * STAGES + SOURCE_BARRIERS) * 8, barriers + BARRIER_BYTES};
@@ -1462,7 +1463,8 @@ struct Kernel {
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                            RingPos& pos, uint32_t rank, int kt_begin, int kt_end,
                                                            const Scales& scales) {
-    const uint64_t stage0_a = ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
+    const uint64_t stage0_a =
+        ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
     const uint64_t stage0_b = MmaTileB::descriptor(smem.b(0));
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)

@@ -37,13 +37,6 @@ __device__ __forceinline__ void cp_async_16_zfill(uint32_t dst, const void* src,
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
 }
 
-// 16 bytes to shared memory from registers: the sm80 loader's chunks that end inside the operand, read element by
-// element. PTX ISA §9.7.9.9 "Data Movement and Conversion Instructions: st" (.shared, .v4).
-__device__ __forceinline__ void st_shared_16(uint32_t dst, uint4 v) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-               : "memory");
-}
-
 // Close the group of cp.async issued so far by this thread.
 // PTX ISA §9.7.9.25.3.2 "Data Movement and Conversion Instructions: cp.async.commit_group".
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
@@ -130,15 +123,6 @@ __device__ __forceinline__ uint32_t cvt_tf32(uint32_t bits) {
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(bits)));
 #endif
   return r;
-}
-
-// One 32-bit word from shared memory: the sm80 kernel's tf32 fragments of M- or N-major operands, which
-// ldmatrix cannot transpose (.trans moves 16-bit elements).
-// PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld".
-__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
 }
 
 // 16 bytes of global memory read once and never again by this SM (a weight streamed by the small-M kernel):

@@ -26,9 +26,26 @@ __device__ __forceinline__ void st_shared_b32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
 
+// 16 bytes to shared memory from registers: the sm80 loader's chunks that end inside the operand, read element by
+// element, and the sm90 kernel's in-place transposes. PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st"
+// (.shared, .v4).
+__device__ __forceinline__ void st_shared_16(uint32_t dst, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};\n" ::"r"(dst), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: st".
 __device__ __forceinline__ void st_shared_b16(uint32_t addr, uint16_t v) {
   asm volatile("st.shared.b16 [%0], %1;\n" ::"r"(addr), "h"(v) : "memory");
+}
+
+// One 32-bit word from shared memory: the sm80 kernel's tf32 fragments of M- or N-major operands, which
+// ldmatrix cannot transpose (.trans moves 16-bit elements), and the sm90 kernel's in-place transposes of them.
+// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld".
+__device__ __forceinline__ uint32_t ld_shared_b32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
 }
 
 // Load two fp32 values (8 bytes) from shared memory.

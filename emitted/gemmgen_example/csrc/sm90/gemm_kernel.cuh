@@ -75,6 +75,11 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE
 #define GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE 0
 #endif
+// Timing experiment only (wrong results): tf32 tiles that are M/N-major are not transposed (the transposer warps only
+// pass the slots on), to separate the transposes' cost from the rest of the M/N-major path's.
+#ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
+#define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -295,9 +300,12 @@ constexpr int kBlockKOf = kSwizzleRowBytes / ELEM_BYTES;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
-// setmaxnreg budgets: 40 + 2 x 232 registers x 128 threads = 64512 of the SM's 65536.
+// setmaxnreg budgets: 40 + 2 x 232 registers x 128 threads = 64512 of the SM's 65536. A kernel whose producer
+// warpgroup also transposes tiles (Kernel::kTransposes) moves 16 of each consumer's registers to it: 72 + 2 x 216.
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
+constexpr int kTransposingProducerRegisters = 72;
+constexpr int kTransposingConsumerRegisters = 216;
 constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up to a swizzle atom
 
 // One operand's tile of one pipeline stage in shared memory: ROWS (M or N) x kBlockK elements of ELEM_BYTES, as
@@ -322,7 +330,7 @@ struct OperandTile {
   static constexpr int kRowElems = kSwizzleRowBytes / ELEM_BYTES;  // elements of one 128-byte row
   static constexpr int kBytes = ROWS * kBlockK * ELEM_BYTES;
   static constexpr int kChunkBytes = kBlockK * kSwizzleRowBytes;  // M/N-major: kBlockK k rows of kRowElems
-  static constexpr int kChunks = K_MAJOR ? 1 : ROWS / 64;
+  static constexpr int kChunks = K_MAJOR ? 1 : ROWS / kRowElems;
   static constexpr bool kShared = PARTS > 1;
   static constexpr bool kSkipOobLoads = GEMMGEN_SM90_SKIP_OOB_LOADS;
   // The rows (K-major) or k rows (M/N-major) of one CTA's slice.
@@ -455,6 +463,31 @@ __host__ __device__ __forceinline__ constexpr int interleave_units(int unit, int
   return per_row == 0 || unit >= per_row * g ? unit : (unit % g) * per_row + unit / g;
 }
 
+// A 32 x 32 fp32 chunk of an M/N-major tile in shared memory (32 k rows of 32 M or N values, TMA's 128-byte swizzle:
+// 16-byte piece j of row r at r * 128 + (j ^ r % 8) * 16, a function of the address in a 1024-byte-aligned chunk),
+// transposed in place by one warp, becomes the K-major tile's 32 rows of the same M (N) values under the same
+// swizzle (Kernel::transpose_slots: tf32, which wgmma reads K-major only). Seen as 8 x 8 blocks of 4 x 4, block
+// (R, C) goes to (C, R), transposed. Each lane moves one block per round: in round p, lane 8q + R (quarter-warp q)
+// takes C = R + 2q + p (mod 8), so round 0 moves the 32 blocks with C - R even and round 1 the others, each round a
+// set closed under (R, C) -> (C, R): the warp loads all of a round's blocks, syncs, and stores them, and no store
+// reaches a block of the other round. The eight lanes of a quarter-warp (one shared-memory wavefront of 16-byte
+// accesses) reach eight different 16-byte bank groups at every load and store. Host-callable for
+// tests/test_sm90_transpose.py.
+struct ChunkTranspose {
+  static constexpr int kRows = 32;
+  static constexpr int kRounds = 2;
+  struct Block {
+    int r, c;  // rows 4r .. 4r + 3, piece c: moved to rows 4c .. 4c + 3, piece r
+  };
+  __host__ __device__ __forceinline__ static constexpr Block block(int lane, int round) {
+    return {lane % 8, (lane % 8 + 2 * (lane / 8) + round) % 8};
+  }
+  // Byte offset of 16-byte piece `piece` (elements 4 * piece .. 4 * piece + 3) of row `row` of the chunk.
+  __host__ __device__ __forceinline__ static constexpr uint32_t piece_offset(int row, int piece) {
+    return static_cast<uint32_t>(row * kSwizzleRowBytes + ((piece ^ (row & 7)) << 4));
+  }
+};
+
 template <class Cfg>
 struct Kernel {
   using Elem = typename Cfg::Elem;
@@ -478,6 +511,20 @@ struct Kernel {
   static constexpr bool kAEdgeBoxes =
       Cfg::kAKMajor && GEMMGEN_SM90_A_EDGE_BOX_ROWS > 0 && TileAEdge::kBoxRows < TileA::kBoxRows;
   static constexpr int kBlockK = TileA::kBlockK, kMmaK = TileA::kMmaK;
+  // tf32 operands that are M/N-major in global memory (every layout but tn): wgmma reads tf32 from shared memory
+  // K-major only (PTX ISA §9.7.15.5.1), so TMA loads them M/N-major, as for 16-bit types, and the producer
+  // warpgroup's other warps transpose each stage's chunks in place (Transposer) before the consumers read the stage
+  // as a K-major tile (MmaTileA, MmaTileB).
+  static constexpr bool kTransposeA = std::is_same_v<Elem, float> && !Cfg::kAKMajor;
+  static constexpr bool kTransposeB = std::is_same_v<typename Cfg::ElemB, float> && !Cfg::kBKMajor;
+  static constexpr bool kTransposes = kTransposeA || kTransposeB;
+  static constexpr bool kMmaAKMajor = Cfg::kAKMajor || kTransposeA;
+  static constexpr bool kMmaBKMajor = Cfg::kBKMajor || kTransposeB;
+  using MmaTileA = OperandTile<BM, kMmaAKMajor, CN, kElemBytes>;
+  using MmaTileB = OperandTile<BN, kMmaBKMajor, CM, kElemBytes>;
+  // Warps 1-3 of the producer warpgroup (warp 0 issues the loads); each of their threads arrives on "full".
+  static constexpr int kTransposerWarps = 3;
+  static constexpr int kFullArrivals = kTransposes ? kTransposerWarps * 32 : 1;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
@@ -506,12 +553,16 @@ struct Kernel {
   // the ring keeps its stages. Each buffer has a barrier that the source's bytes complete.
   static constexpr bool kSourced = Cfg::Epilogue::kSourceSlot >= 0;
   static constexpr int SOURCE_BARRIERS = kSourced ? kConsumerWarpgroups * kEpiBuffers : 0;
-  static constexpr int BARRIER_BYTES = (2 * STAGES + SOURCE_BARRIERS) * 8;
+  // A transposing kernel's TMA loads complete on a "loaded" barrier per slot, and the transposer warps' arrivals make
+  // the slot full.
+  static constexpr int LOADED_BARRIERS = kTransposes ? STAGES : 0;
+  static constexpr int BARRIER_BYTES = (2 * STAGES + SOURCE_BARRIERS + LOADED_BARRIERS) * 8;
+  static constexpr int CHUNK_WORD_BYTES = kTransposes ? STAGES * 4 : 0;  // after the barriers (Smem::chunks)
   static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
-  static_assert(BARRIER_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
+  static_assert(BARRIER_BYTES + CHUNK_WORD_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
-  using Mma = TileMma<WG_N, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
+  using Mma = TileMma<WG_N, Elem, typename Cfg::ElemB, kMmaAKMajor ? 0 : 1, kMmaBKMajor ? 0 : 1, MmaTileB>;
   static_assert(sizeof(typename Cfg::ElemB) == sizeof(Elem), "A and B differ only as fp8 formats (one byte each)");
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
@@ -695,10 +746,16 @@ struct Kernel {
     uint32_t empty;
     uint32_t epilogue;  // kConsumerWarpgroups x kEpiBuffers staging buffers
     uint32_t source;    // SOURCE_BARRIERS barriers: the source's subtile in staging buffer (consumer, b) arrived
+    uint32_t loaded;    // LOADED_BARRIERS barriers: slot s's loads arrived (a transposing kernel)
+    uint32_t chunk_words;  // a transposing kernel: per slot, the chunks to transpose (chunks_to_transpose)
     __device__ __forceinline__ uint32_t a(int s) const { return ring + s * STAGE_BYTES; }
     __device__ __forceinline__ uint32_t b(int s) const { return ring + s * STAGE_BYTES + TileA::kBytes; }
     __device__ __forceinline__ uint32_t full_bar(int s) const { return full + s * 8; }
     __device__ __forceinline__ uint32_t empty_bar(int s) const { return empty + s * 8; }
+    __device__ __forceinline__ uint32_t loaded_bar(int s) const { return loaded + s * 8; }
+    __device__ __forceinline__ uint32_t chunks(int s) const { return chunk_words + s * 4; }
+    // The barrier the slot's TMA loads complete on.
+    __device__ __forceinline__ uint32_t load_bar(int s) const { return kTransposes ? loaded_bar(s) : full_bar(s); }
     __device__ __forceinline__ uint32_t epi_buffer(int consumer, int b) const {
       return epilogue + (consumer * kEpiBuffers + b) * kEpiBufferBytes;
     }
@@ -733,9 +790,11 @@ struct Kernel {
                              const GemmArgs& args, float* workspace, char* smem_raw) {
     const uint32_t raw = ptx::smem_addr(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
-    if (aligned - raw + BARRIER_BYTES > kSmemAlignSlack) __trap();  // never: dynamic smem starts aligned
+    // (never: dynamic shared memory starts aligned)
+    if (aligned - raw + BARRIER_BYTES + CHUNK_WORD_BYTES > kSmemAlignSlack) __trap();
     const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
-    Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES, barriers + 2 * STAGES * 8};
+    Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES, barriers + 2 * STAGES * 8,
+              barriers + (2 * STAGES + SOURCE_BARRIERS) * 8, barriers + BARRIER_BYTES};
     // Broadcast from lane 0 so that the compiler knows the warpgroup (and all derived from it: the
     // consumer's rows, its descriptors) to be warp-uniform and keeps it in uniform registers.
     const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarpgroupThreads, 0);
@@ -743,9 +802,10 @@ struct Kernel {
 
     if (threadIdx.x == 0) {
       for (int s = 0; s < STAGES; ++s) {
-        ptx::mbarrier_init(smem.full_bar(s), 1);
+        ptx::mbarrier_init(smem.full_bar(s), kFullArrivals);
         ptx::mbarrier_init(smem.empty_bar(s), CONSUMERS_PER_STAGE * WRITERS_PER_SLOT);
       }
+      for (int s = 0; s < LOADED_BARRIERS; ++s) ptx::mbarrier_init(smem.loaded_bar(s), 1);
       for (int b = 0; b < SOURCE_BARRIERS; ++b) ptx::mbarrier_init(smem.source + b * 8, 1);
       ptx::fence_mbarrier_init_cluster();
     }
@@ -758,11 +818,15 @@ struct Kernel {
 
     const Problem p = with_group_units(problem(args));
     if (warpgroup == 0) {
-      ptx::setmaxnreg_dec<kProducerRegisters>();
-      if (threadIdx.x == 0) produce(p, smem, maps, rank);
+      ptx::setmaxnreg_dec<kTransposes ? kTransposingProducerRegisters : kProducerRegisters>();
+      if (threadIdx.x == 0) {
+        produce(p, smem, maps, rank);
+      } else if (kTransposes && threadIdx.x >= 32) {
+        transpose_slots(smem);
+      }
       __syncwarp();
     } else {
-      ptx::setmaxnreg_inc<kConsumerRegisters>();
+      ptx::setmaxnreg_inc<kTransposes ? kTransposingConsumerRegisters : kConsumerRegisters>();
       if constexpr (STREAM_K) {  // (not instantiated otherwise: its partial tiles are fp32 only)
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
@@ -818,15 +882,14 @@ struct Kernel {
         const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
         load_k_tiles(p, smem, maps, pos, at, s.kt_begin, s.kt_end, share);
       });
-      return;
-    }
-    if (Cfg::kWalksLists && p.list != nullptr) {
+    } else if (Cfg::kWalksLists && p.list != nullptr) {
       produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, maps, rank, pos, share);
     } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
       produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, maps, rank, pos, share);
     } else {
       produce_units<Walking::kFlat>(p, smem, maps, rank, pos, share);
     }
+    if constexpr (kTransposes) end_transposes(smem, pos);
   }
 
   // The producer's loads of this cluster's whole work units. A listed problem's operands come through its own
@@ -874,15 +937,90 @@ struct Kernel {
     const int matrix_a = p.a_batched ? at.problem : 0, matrix_b = p.b_batched ? at.problem : 0;
     const int stage_bytes =
         STAGE_BYTES - LoadedA::skipped_bytes(at.m0, at.row_end) - TileB::skipped_bytes(at.n0, at.col_end);
+    const uint32_t chunks = kTransposes ? chunks_to_transpose(at) : 0;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
-      const uint32_t full = smem.full_bar(pos.stage);
+      if constexpr (kTransposes) ptx::st_shared_b32(smem.chunks(pos.stage), chunks);  // (before the arrival's release)
+      const uint32_t full = smem.load_bar(pos.stage);
       ptx::mbarrier_arrive_expect_tx(full, stage_bytes);
       const int k0 = at.k_begin + kt * kBlockK;
       LoadedA::load(tmap_a, smem.a(pos.stage), full, at.m0, k0, matrix_a, share.part_a, share.sharers_a, at.row_end);
       TileB::load(tmap_b, smem.b(pos.stage), full, at.n0, k0, matrix_b, share.part_b, share.sharers_b, at.col_end);
       pos.next();
     }
+  }
+
+  // Which chunks of a slot the transposer warps transpose, one bit each (A's first, then B's): the M/N-major chunks
+  // that the producer loads (OperandTile::load skips those past the tile's kept rows or columns: their stale bytes
+  // reach only products that nothing stores, as in a K-major tile). kEndOfWork: no more slots.
+  static constexpr int kChunksA = kTransposeA ? TileA::kChunks : 0;
+  static constexpr int kChunksB = kTransposeB ? TileB::kChunks : 0;
+  static constexpr uint32_t kEndOfWork = 1u << 31;
+  static_assert(kChunksA + kChunksB < 31, "a slot's chunks are bits of one word");
+  static_assert(!kTransposes || (TileA::kRowElems == ChunkTranspose::kRows &&
+                                  TileA::kChunkBytes == ChunkTranspose::kRows * kSwizzleRowBytes),
+                "transpose_chunk takes 32 x 32 fp32 chunks");
+  __device__ __forceinline__ static uint32_t loaded_chunks(int first, int extent, int chunks) {
+    int loaded = chunks;
+    if (TileA::kSkipOobLoads) {
+      const int kept = (extent - first + TileA::kRowElems - 1) / TileA::kRowElems;
+      loaded = kept < 0 ? 0 : kept < chunks ? kept : chunks;
+    }
+    return (1u << loaded) - 1;
+  }
+  __device__ __forceinline__ static uint32_t chunks_to_transpose(const TileAt& at) {
+    return loaded_chunks(at.m0, at.row_end, kChunksA) | (loaded_chunks(at.n0, at.col_end, kChunksB) << kChunksA);
+  }
+
+  // The producer's last word to the transposer warps, after its last slot: the next slot says kEndOfWork (once the
+  // consumers have freed it, since the transposers may still read that slot's word of the lap before).
+  __device__ __forceinline__ static void end_transposes(const Smem& smem, const RingPos& pos) {
+    ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
+    ptx::st_shared_b32(smem.chunks(pos.stage), kEndOfWork);
+    ptx::mbarrier_arrive_expect_tx(smem.loaded_bar(pos.stage), 0);
+  }
+
+  // The transposer warps (a transposing kernel's producer warpgroup but its first warp), slot after slot until the
+  // producer's kEndOfWork: wait for the slot's loads, transpose the chunks its word names in place (each warp every
+  // kTransposerWarps-th), make the writes visible to wgmma (the async proxy) and arrive on the slot's "full" barrier.
+  __device__ static void transpose_slots(const Smem& smem) {
+    const int thread = static_cast<int>(threadIdx.x) - 32;
+    const int warp = thread / 32, lane = thread % 32;
+    for (RingPos pos;; pos.next()) {
+      ptx::mbarrier_wait(smem.loaded_bar(pos.stage), pos.phase);
+      const uint32_t chunks = ptx::ld_shared_b32(smem.chunks(pos.stage));
+      if (chunks & kEndOfWork) return;
+      // Whole chunks per warp, both rounds back to back (measured 3-19 % faster than the rounds as work units of their
+      // own with one arrival per warp: h200_bench_tf32_by_chunk.json).
+#pragma unroll 1
+      for (int c = warp; c < kChunksA + kChunksB; c += kTransposerWarps) {
+        if (GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE || !((chunks >> c) & 1)) continue;
+        const uint32_t chunk = c < kChunksA ? smem.a(pos.stage) + c * TileA::kChunkBytes
+                                            : smem.b(pos.stage) + (c - kChunksA) * TileB::kChunkBytes;
+#pragma unroll
+        for (int round = 0; round < ChunkTranspose::kRounds; ++round) transpose_round(chunk, lane, round);
+      }
+      ptx::fence_proxy_async_smem();  // (this thread's writes, before its arrival's release)
+      ptx::mbarrier_arrive(smem.full_bar(pos.stage));
+    }
+  }
+
+  // Column j of the 4 x 4 block whose rows are `rows` (j known at compile time: a choice of registers).
+  __device__ __forceinline__ static uint4 column(const uint4 (&rows)[4], int j) {
+    const auto at = [j](const uint4& v) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; };
+    return make_uint4(at(rows[0]), at(rows[1]), at(rows[2]), at(rows[3]));
+  }
+  // One round of a chunk's transpose by one warp, one 4 x 4 block per lane (ChunkTranspose::block): its four rows
+  // loaded, the warp synced (every block of the round read before any is overwritten), its four columns stored as the
+  // rows of its mirror.
+  __device__ __forceinline__ static void transpose_round(uint32_t chunk, int lane, int round) {
+    const ChunkTranspose::Block b = ChunkTranspose::block(lane, round);
+    uint4 x[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[i] = ptx::ld_shared_v4_b32(chunk + ChunkTranspose::piece_offset(4 * b.r + i, b.c));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) ptx::st_shared_16(chunk + ChunkTranspose::piece_offset(4 * b.c + j, b.r), column(x, j));
   }
 
   // W: how the units map to tiles (the launch passes grouped rows only to a config with Cfg::kWalksGroups, a list
@@ -1168,7 +1306,7 @@ struct Kernel {
   template <int COLUMNS = WG_N, typename A, int N>
   __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][N], uint64_t stage0_a,
                                                       uint64_t stage0_b, int slot, bool accumulate, int column0 = 0) {
-    using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, Cfg::kAKMajor ? 0 : 1, Cfg::kBKMajor ? 0 : 1, TileB>;
+    using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, kMmaAKMajor ? 0 : 1, kMmaBKMajor ? 0 : 1, MmaTileB>;
     static_assert(N == SliceMma::kAccum, "acc holds the slice's accumulators");
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
@@ -1178,10 +1316,10 @@ struct Kernel {
     const uint32_t stage = slot * (STAGE_BYTES / 16);
 #pragma unroll
     for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
-      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + TileB::offset_units(column0, kk));
+      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + MmaTileB::offset_units(column0, kk));
 #pragma unroll
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-        const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + TileA::offset_units(i * kMmaM, kk));
+        const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + MmaTileA::offset_units(i * kMmaM, kk));
         SliceMma::run(acc[i], desc_a, desc_b, (accumulate || kk > 0) ? 1 : 0);
       }
     }
@@ -1193,8 +1331,8 @@ struct Kernel {
                                                   int row_in_tile, int col_in_tile, RingPos& pos, uint32_t rank,
                                                   int kt_begin, int kt_end) {
     // Stage 0's descriptors, this warpgroup's rows of A and columns of B; a stage is STAGE_BYTES further on.
-    uint64_t stage0_a = ptx::desc_advance(TileA::descriptor(smem.a(0)), TileA::offset_units(row_in_tile, 0));
-    uint64_t stage0_b = ptx::desc_advance(TileB::descriptor(smem.b(0)), TileB::offset_units(col_in_tile, 0));
+    uint64_t stage0_a = ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
+    uint64_t stage0_b = ptx::desc_advance(MmaTileB::descriptor(smem.b(0)), MmaTileB::offset_units(col_in_tile, 0));
     // Kept in (uniform) registers, not derived again from the shared-memory window's base in every k tile
     // (8 instructions per k tile in the SASS otherwise).
     ptx::keep_in_register(stage0_a);
@@ -1325,8 +1463,9 @@ struct Kernel {
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                            RingPos& pos, uint32_t rank, int kt_begin, int kt_end,
                                                            const Scales& scales) {
-    const uint64_t stage0_a = ptx::desc_advance(TileA::descriptor(smem.a(0)), TileA::offset_units(row_in_tile, 0));
-    const uint64_t stage0_b = TileB::descriptor(smem.b(0));
+    const uint64_t stage0_a =
+        ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
+    const uint64_t stage0_b = MmaTileB::descriptor(smem.b(0));
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
