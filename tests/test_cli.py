@@ -28,9 +28,11 @@ def test_plan_tf32_and_its_refusal():
     r = cli("plan", "--dtype", "tf32", "--layout", "tn", "--arch", "90")
     assert r.returncode == 0, r.stderr
     assert "name:         sm90_tf32_tn_128x256x32_" in r.stdout and "dtype:        tf32 -> fp32" in r.stdout
-    r = cli("plan", "--dtype", "tf32", "--layout", "nn", "--arch", "90", "--family", "sm90")
-    assert r.returncode == 2 and "needs A and B K-major (layout 'tn'" in r.stderr and "Traceback" not in r.stderr
-    assert "plan with family='sm80'" in r.stderr
+    r = cli("plan", "--dtype", "tf32", "--layout", "nn", "--arch", "90")   # sm90 transposes A's tiles
+    assert r.returncode == 0, r.stderr
+    assert "name:         sm90_tf32_nn_" in r.stdout and "transposed:   A tiles in shared memory" in r.stdout
+    r = cli("plan", "--dtype", "tf32", "--out-dtype", "tf32", "--arch", "90")
+    assert r.returncode == 2 and "--out-dtype: invalid choice: 'tf32'" in r.stderr and "Traceback" not in r.stderr
     r = cli("plan", "--dtype", "tf32", "--layout", "nt", "--arch", "80")   # the sm80 family: every layout
     assert r.returncode == 0, r.stderr
     assert "name:         sm80_tf32_nt_128x256x16_w2x4_s4_g8_ofp32\n" in r.stdout
