@@ -8,7 +8,9 @@
 // Roles (384 threads = 3 warpgroups):
 //   warpgroup 0, the producer: one thread walks the CTA's tiles and k tiles, waits for a free slot of
 //     the shared-memory ring ("empty" barrier), arms the slot's "full" barrier with the bytes to come
-//     and issues the TMA loads of A and B; the other 127 threads only give their registers away.
+//     and issues the TMA loads of A and B; the other 127 threads only give their registers away, but in
+//     a kernel with tf32 tiles that are M/N-major (Kernel::kTransposes), where warps 1-3 transpose each
+//     slot's tiles in place before the slot is "full" (transpose_slots).
 //   warpgroups 1 and 2, the consumers: wait on "full", issue wgmma on the slot, keep one wgmma group
 //     in flight, free the previous slot on "empty" (in every CTA that wrote into it), and store the
 //     accumulators. cooperative / ws: both consumers share each tile (each owns half its rows);
