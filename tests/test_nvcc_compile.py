@@ -191,6 +191,11 @@ CASES += [(arch, Gemm("bf16", "tn", arch=arch, **knobs).config) for arch in SHIP
 CASES += [(90, Gemm("fp32", "tn", arch=90, **knobs).config) for knobs in
           ({}, {"schedule": "pingpong", "tile_shape": (128, 128, 32)},
            {"activation": "gelu", "bias": "col", "out_dtype": "bf16"})]
+# tf32 tiles that are M/N-major, transposed in shared memory by the producer warpgroup (72 registers there, 216 for
+# the consumers): a column-major A, a row-major B with a fused epilogue writing bf16, both on the few-row kernel.
+CASES += [(90, Gemm("fp32", layout, arch=90, **knobs).config) for layout, knobs in
+          (("nn", {}), ("tt", {"activation": "gelu", "bias": "col", "out_dtype": "bf16"}),
+           ("nt", {"m": 64, "n": 4096, "k": 4096}))]
 # fp8 (A and B K-major): promoted per tensor, fast accumulation, per-block scales at the tiles promotion allows
 # (128x256 in two column slices: 128 + 64 accumulators; 128x192 whole: 96 + 96; 256x128: two m64 blocks in slices),
 # rowwise on pingpong.
