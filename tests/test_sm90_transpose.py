@@ -1,11 +1,11 @@
 """The in-place transpose of tf32 tiles in shared memory (templates/sm90/gemm_kernel.cuh, ChunkTranspose), checked on
 the host: the struct compiled by nvcc into a small host program (CPU only, no GPU).
 
-What the kernel relies on (Kernel::transpose_chunk): a warp's two rounds move every 4 x 4 block of a 32 x 32 chunk
-exactly once, each into its mirror's place, so that the chunk ends up transposed under the same swizzle; a round's
-stores reach only blocks that the same round loaded (the warp syncs between a round's loads and stores, not
-between rounds); and the eight lanes of each quarter-warp reach eight different 16-byte bank groups at every load
-and store, so each access is one shared-memory wavefront.
+What the kernel relies on (Kernel::transpose_slots, transpose_round): a warp's two rounds move every 4 x 4 block of
+a 32 x 32 chunk exactly once, each into its mirror's place, so that the chunk ends up transposed under the same
+swizzle; a round's stores reach only blocks that the same round loaded (the warp syncs between a round's loads and
+stores, not between rounds); and the eight lanes of each quarter-warp reach eight different 16-byte bank groups at
+every load and store, so each access is one shared-memory wavefront.
 """
 from __future__ import annotations
 

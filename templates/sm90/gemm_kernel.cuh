@@ -515,8 +515,8 @@ struct Kernel {
   static constexpr int kBlockK = TileA::kBlockK, kMmaK = TileA::kMmaK;
   // tf32 operands that are M/N-major in global memory (every layout but tn): wgmma reads tf32 from shared memory
   // K-major only (PTX ISA §9.7.15.5.1), so TMA loads them M/N-major, as for 16-bit types, and the producer
-  // warpgroup's other warps transpose each stage's chunks in place (Transposer) before the consumers read the stage
-  // as a K-major tile (MmaTileA, MmaTileB).
+  // warpgroup's other warps transpose each stage's chunks in place (transpose_slots) before the consumers read the
+  // stage as a K-major tile (MmaTileA, MmaTileB).
   static constexpr bool kTransposeA = std::is_same_v<Elem, float> && !Cfg::kAKMajor;
   static constexpr bool kTransposeB = std::is_same_v<typename Cfg::ElemB, float> && !Cfg::kBKMajor;
   static constexpr bool kTransposes = kTransposeA || kTransposeB;
@@ -961,7 +961,7 @@ struct Kernel {
   static_assert(kChunksA + kChunksB < 31, "a slot's chunks are bits of one word");
   static_assert(!kTransposes || (TileA::kRowElems == ChunkTranspose::kRows &&
                                   TileA::kChunkBytes == ChunkTranspose::kRows * kSwizzleRowBytes),
-                "transpose_chunk takes 32 x 32 fp32 chunks");
+                "transpose_round takes 32 x 32 fp32 chunks");
   __device__ __forceinline__ static uint32_t loaded_chunks(int first, int extent, int chunks) {
     int loaded = chunks;
     if (TileA::kSkipOobLoads) {
