@@ -266,3 +266,16 @@ def test_emitted_tf32_ops_take_every_layout_on_sm90():
     assert ops[0].config.family == "sm90" and ops[0].differentiable
     assert all(op.config.family == "sm90" and op.config.dtype is DType.tf32 for op in backward_ops(ops))
     assert "c10::ScalarType::Float" in package_files(ops, "tf32pkg")["csrc/binding.cpp"].decode()
+
+
+def test_grouped_calls_refuse_tf32_tiles_transposed_in_shared_memory():
+    # The sm90 kernel transposes tf32's M/N-major tiles in shared memory; grouped, list and grouped-along-K calls
+    # (their own walks) take layout tn only, with the fix; tn keeps them.
+    from generator.spec.grouped import grouped_k_refusal
+    for layout in ("nn", "nt", "tt"):
+        cfg = Gemm("fp32", layout, arch=90).config
+        for refusal in (grouped_refusal, grouped_list_refusal, grouped_k_refusal):
+            reason = refusal(cfg)
+            assert reason is not None and "take layout 'tn' only" in reason and "plan with layout='tn'" in reason
+    tn = Gemm("fp32", "tn", arch=90).config
+    assert grouped_refusal(tn) is None and grouped_list_refusal(tn) is None
