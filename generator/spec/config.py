@@ -282,7 +282,7 @@ def sm90_block_k(dtype: DType) -> int:
 def transposes_in_smem(cfg: KernelConfig) -> tuple[bool, bool]:
     """Whether the sm90 kernel transposes A's (B's) tiles in shared memory: tf32 operands that are M/N-major in global
     memory, which wgmma reads K-major only; the producer warpgroup transposes them in place (gemm_kernel.cuh
-    transpose_slot)."""
+    transpose_slots)."""
     if cfg.family != "sm90" or cfg.dtype is not DType.tf32:
         return False, False
     return not cfg.layout.a_k_major, not cfg.layout.b_k_major

@@ -70,16 +70,19 @@ def test_against_float64(ops, key):
         assert rel(out, ref) <= bound, f"{op.name} {m}x{n}x{k}: {rel(out, ref):.2e}"
 
 
+def check_grads(op, a: torch.Tensor, b: torch.Tensor, g: torch.Tensor) -> None:
+    """dA and dB of op(a, b) for the upstream gradient g (a and b require grad) against float64."""
+    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
+    op(a, b).backward(g)
+    (a64 @ b64).backward(g.double())
+    assert rel(a.grad, a64.grad) <= BOUND and rel(b.grad, b64.grad) <= BOUND
+
+
 @needs_sm90
 def test_autograd_against_float64(ops):
-    op = ops["cooperative"]
     for m, n, k in ((300, 200, 100), (64, 48, 32)):
         a, b = inputs(m, n, k, requires_grad=True)
-        a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
-        g = torch.randn(n, m, device="cuda").t()          # a column-major gradient: copied for the K-major kernels
-        op(a, b).backward(g)
-        (a64 @ b64).backward(g.double())
-        assert rel(a.grad, a64.grad) <= BOUND and rel(b.grad, b64.grad) <= BOUND
+        check_grads(ops["cooperative"], a, b, torch.randn(n, m, device="cuda").t())   # a column-major gradient
 
 
 @needs_sm90
@@ -145,15 +148,9 @@ def test_sm90_transposed_layouts_against_float64(sm90_ops, layout, key):
 @needs_sm90
 def test_sm90_transposed_layouts_autograd(layout):
     """dA and dB of an sm90 op in a layout it transposes: its gradient kernels read the operands as stored."""
-    op = Gemm("fp32", layout, arch=90).compile()
     a, b = sm80_inputs(layout, 300, 200, 100, padded=True)
-    a.requires_grad_()
-    b.requires_grad_()
-    a64, b64 = (t.detach().double().requires_grad_() for t in (a, b))
-    g = torch.randn(300, 200, device="cuda")
-    op(a, b).backward(g)
-    (a64 @ b64).backward(g.double())
-    assert rel(a.grad, a64.grad) <= BOUND and rel(b.grad, b64.grad) <= BOUND
+    check_grads(Gemm("fp32", layout, arch=90).compile(), a.requires_grad_(), b.requires_grad_(),
+                torch.randn(300, 200, device="cuda"))
 
 
 # -- the sm80 family: every layout ---------------------------------------------------------------------------------

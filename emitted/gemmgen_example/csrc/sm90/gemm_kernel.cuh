@@ -385,18 +385,23 @@ struct OperandTile {
   }
 
   // The bytes of a stage that no sharer of the tile loads when GEMMGEN_SM90_SKIP_OOB_LOADS is on: the loads (K-major:
-  // boxes of kBoxRows rows; M/N-major: 64-column chunks) that start at or past `extent`. TMA would only zero-fill
+  // boxes of kBoxRows rows; M/N-major: chunks of one 128-byte row) that start at or past `extent`. TMA would only zero-fill
   // them, and a row of A (column of B) reaches only the same row (column) of the product, which the epilogue does
   // not store past `extent`; so the stale bytes left in those slots are never seen. Every sharer computes the same
   // sum from the same tile origin, so each one's barrier expects exactly the bytes that arrive.
   __device__ __forceinline__ static int skipped_bytes(int mn0, int extent) {
-    if constexpr (!kSkipOobLoads) return 0;
-    int bytes = 0;
+    return (kUnits - __popc(loaded_units(mn0, extent))) * kUnitBytes;
+  }
+  // The loads (units) load() issues, one bit each: those that start before `extent` (all of them without
+  // GEMMGEN_SM90_SKIP_OOB_LOADS). The transposer warps transpose exactly these chunks of an M/N-major tf32 tile.
+  __device__ __forceinline__ static uint32_t loaded_units(int mn0, int extent) {
+    static_assert(kUnits <= 32, "one bit per unit");
+    uint32_t units = 0;
 #pragma unroll
     for (int u = 0; u < kUnits; ++u) {
-      if (mn0 + u * kUnitRows >= extent) bytes += kUnitBytes;
+      if (!kSkipOobLoads || mn0 + u * kUnitRows < extent) units |= 1u << u;
     }
-    return bytes;
+    return units;
   }
 
   // wgmma descriptor of the tile at `base` (its first rows, k step 0). Other rows and k steps of the same
@@ -953,8 +958,8 @@ struct Kernel {
   }
 
   // Which chunks of a slot the transposer warps transpose, one bit each (A's first, then B's): the M/N-major chunks
-  // that the producer loads (OperandTile::load skips those past the tile's kept rows or columns: their stale bytes
-  // reach only products that nothing stores, as in a K-major tile). kEndOfWork: no more slots.
+  // that the producer loads (OperandTile::loaded_units: those past the tile's kept rows or columns are skipped, and
+  // their stale bytes reach only products that nothing stores, as in a K-major tile). kEndOfWork: no more slots.
   static constexpr int kChunksA = kTransposeA ? TileA::kChunks : 0;
   static constexpr int kChunksB = kTransposeB ? TileB::kChunks : 0;
   static constexpr uint32_t kEndOfWork = 1u << 31;
@@ -962,16 +967,10 @@ struct Kernel {
   static_assert(!kTransposes || (TileA::kRowElems == ChunkTranspose::kRows &&
                                   TileA::kChunkBytes == ChunkTranspose::kRows * kSwizzleRowBytes),
                 "transpose_round takes 32 x 32 fp32 chunks");
-  __device__ __forceinline__ static uint32_t loaded_chunks(int first, int extent, int chunks) {
-    int loaded = chunks;
-    if (TileA::kSkipOobLoads) {
-      const int kept = (extent - first + TileA::kRowElems - 1) / TileA::kRowElems;
-      loaded = kept < 0 ? 0 : kept < chunks ? kept : chunks;
-    }
-    return (1u << loaded) - 1;
-  }
   __device__ __forceinline__ static uint32_t chunks_to_transpose(const TileAt& at) {
-    return loaded_chunks(at.m0, at.row_end, kChunksA) | (loaded_chunks(at.n0, at.col_end, kChunksB) << kChunksA);
+    const uint32_t a = kTransposeA ? TileA::loaded_units(at.m0, at.row_end) : 0;
+    const uint32_t b = kTransposeB ? TileB::loaded_units(at.n0, at.col_end) : 0;
+    return a | (b << kChunksA);
   }
 
   // The producer's last word to the transposer warps, after its last slot: the next slot says kEndOfWork (once the
