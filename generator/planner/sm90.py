@@ -101,6 +101,12 @@ ODD_N_EFFICIENCY = 0.85
 # 256x128 tiles rather than 128x256 (half the bytes transposed per product: 0.76 against 0.64 of tn).
 TRANSPOSE_COST = 0.5
 PROMOTION_SLICED_EFFICIENCY = 0.97
+# A promoted (fp8) pingpong warpgroup waits for each k tile's wgmmas and promotes them alone (its partner is in its
+# epilogue or waiting for its turn), so the tensor cores idle through every promotion; the two warpgroups of a
+# cooperative tile each promote while the other's wgmmas run. Measured (H200, e4m3 tn, bench_dtypes.py,
+# h200_fp8_schedules.json): 2048x7168x2048 128x128 c2x1 pingpong 852 TFLOP/s per tensor and 789 per block against
+# cooperative 1018 and 938: 0.84.
+PROMOTED_PINGPONG_EFFICIENCY = 0.84
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
 # 128x64 cooperative is weighed beyond one 128-row tile for problems of at most these many rows and columns (narrow
@@ -505,6 +511,8 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
         eff *= CLUSTER_COUPLING
     if cfg.promoted and promote_slices(cfg) > 1:
         eff *= PROMOTION_SLICED_EFFICIENCY
+    if cfg.promoted and cfg.schedule == "pingpong":
+        eff *= PROMOTED_PINGPONG_EFFICIENCY
     if bn in SM90_ODD_BLOCK_N:
         eff *= ODD_N_EFFICIENCY
     transposed_a, transposed_b = transposes_in_smem(cfg)

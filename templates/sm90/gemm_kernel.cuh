@@ -82,10 +82,19 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
 #define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
 #endif
-// Promoted (fp8) cooperative kernels: the consumer warpgroups take turns at issuing their wgmmas (Kernel::MathTurns);
-// 0 lets both issue at will, as before (for A/B runs).
-#ifndef GEMMGEN_SM90_PROMOTED_MATH_TURNS
-#define GEMMGEN_SM90_PROMOTED_MATH_TURNS 1
+// Experiment (A/B runs only; 1: on): the consumer warpgroups of a promoted (fp8) cooperative kernel take turns at
+// issuing their wgmmas (Kernel::MathTurns). Measured slower (docs/dtypes.md, "Promotion's overlap").
+#ifndef GEMMGEN_SM90_EXPERIMENT_MATH_TURNS
+#define GEMMGEN_SM90_EXPERIMENT_MATH_TURNS 0
+#endif
+// Timing experiments only (wrong results), to find what per-block scaling costs beside the per-tensor kernel's main
+// loop: SCALES_CONST promotes with scales of 1 (no loads, no products); ONE_SPLIT takes every tile's columns as the
+// first scale block's (no branch on the split point).
+#ifndef GEMMGEN_SM90_EXPERIMENT_SCALES_CONST
+#define GEMMGEN_SM90_EXPERIMENT_SCALES_CONST 0
+#endif
+#ifndef GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT
+#define GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT 0
 #endif
 
 namespace gemmgen {
@@ -1310,14 +1319,15 @@ struct Kernel {
     ptx::named_barrier_arrive(kTurnBarrier + (consumer ^ 1), kTurnThreads);
   }
 
-  // Promotion's turns (fp8, cooperative and ws schedules): both consumer warpgroups sum their rows of the same k
-  // tile, and each waits for its own wgmmas before promoting them (mainloop_promoted), the tensor cores idle unless
-  // the other warpgroup's wgmmas are queued meanwhile. Left to themselves the two issue together, wait together and
-  // promote together; taking turns, one k tile (promotion slice) each, consumer 0 first, puts one's wait and promotion
-  // under the other's wgmmas. The pingpong turns' barriers serve (a cooperative kernel has no other use for them).
+  // Promotion's turns (an experiment, GEMMGEN_SM90_EXPERIMENT_MATH_TURNS; fp8, cooperative and ws schedules): both
+  // consumer warpgroups sum their rows of the same k tile, and each waits for its own wgmmas before promoting them
+  // (mainloop_promoted), the tensor cores idle unless the other warpgroup's wgmmas are queued meanwhile. If the two
+  // issued together, waited together and promoted together, taking turns, one k tile (promotion slice) each,
+  // consumer 0 first, would put one's wait and promotion under the other's wgmmas; measured, it cost 0-5 %
+  // (docs/dtypes.md). The pingpong turns' barriers serve (a cooperative kernel has no other use for them).
   // Consumer 0 takes the turn that consumer 1 passes after its last issue before it leaves (finish), so that no
   // arrival is left pending on the barrier. Both consumers issue the same k tiles (each has rows of every tile).
-  static constexpr bool kMathTurns = GEMMGEN_SM90_PROMOTED_MATH_TURNS && Cfg::kPromote && !PINGPONG;
+  static constexpr bool kMathTurns = GEMMGEN_SM90_EXPERIMENT_MATH_TURNS && Cfg::kPromote && !PINGPONG;
   struct MathTurns {
     int consumer;
     bool issued = false;
@@ -1460,7 +1470,11 @@ struct Kernel {
   // k block kb's scales, from L2 (the loads are issued two k tiles ahead of their use: see mainloop_promoted).
   __device__ __forceinline__ static RawKBlockScales load_k_block_scales(const Scales& scales, int kb) {
     RawKBlockScales raw{};
-    if constexpr (kBlockScaled) {
+    if constexpr (kBlockScaled && GEMMGEN_SM90_EXPERIMENT_SCALES_CONST) {
+      raw.b_first = raw.b_next = 1.f;
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i) raw.a[i][0] = raw.a[i][1] = 1.f;
+    } else if constexpr (kBlockScaled) {
       raw.b_first = __ldg(scales.b_first + kb);
       raw.b_next = __ldg(scales.b_next + kb);
 #pragma unroll
@@ -1570,7 +1584,7 @@ struct Kernel {
   __device__ __forceinline__ static void promote_block_scaled(float (&acc)[MMA_BLOCKS_M][ACCUM],
                                                               const float (&part)[MMA_BLOCKS_M][SLICE_ACCUM],
                                                               int slice, const KBlockScales& k_scales, int split) {
-    if constexpr (SPLIT >= BN / 8) {
+    if constexpr (SPLIT >= BN / 8 || GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT) {
       promote_block<BN / 8>(acc, part, slice, &k_scales);
     } else {
       if (split == SPLIT) {
