@@ -96,6 +96,14 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT
 #define GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT 0
 #endif
+// The promoted main loop's unroll factor (for A/B runs).
+#ifndef GEMMGEN_SM90_PROMOTED_UNROLL
+#define GEMMGEN_SM90_PROMOTED_UNROLL 1
+#endif
+// 1: per-block scaling's B scales loaded as warp-uniform values (BlockScales; for A/B runs).
+#ifndef GEMMGEN_SM90_UNIFORM_B_SCALES
+#define GEMMGEN_SM90_UNIFORM_B_SCALES 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -1436,6 +1444,7 @@ struct Kernel {
   // gcd(BN, 128): a few split points, each with a promote of its own (a select per element would cost more
   // instructions than the additions it guards).
   static constexpr int kScaleColumns = 128;
+  static constexpr int kPromotedUnroll = GEMMGEN_SM90_PROMOTED_UNROLL;
   static constexpr int kSplitStep = (BN % kScaleColumns == 0 ? kScaleColumns
                                      : BN % 64 == 0 ? 64 : BN % 32 == 0 ? 32 : BN % 16 == 0 ? 16 : 8) / 8;
 
@@ -1460,8 +1469,13 @@ struct Kernel {
           s.a[i][h] = scale_a + static_cast<int64_t>(row) * args.ep_ld[kRowsSlot];
         }
       const int first_block = n0 / kScaleColumns;
-      s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot];
-      s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot];
+      // Every lane reads the same B scales, so ptxas would load them into uniform registers, and the move there
+      // (R2UR) waits for the L2 round trip right after the load, in every k tile, instead of two k tiles later where
+      // the value is used (SASS; measured 8-9 % of the kernel: docs/dtypes.md). A per-lane offset that is zero
+      // (p.m is never negative) but that ptxas cannot prove so keeps them per lane, in ordinary registers.
+      const int64_t lane_zero = GEMMGEN_SM90_UNIFORM_B_SCALES ? 0 : static_cast<int64_t>(lane) * (p.m >> 31);
+      s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot] + lane_zero;
+      s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot] + lane_zero;
       s.split = min((first_block + 1) * kScaleColumns - n0, BN) / 8;
       return s;
     }
@@ -1526,6 +1540,7 @@ struct Kernel {
     // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
     KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_begin));
     RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
+#pragma unroll kPromotedUnroll
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
       RawKBlockScales later;
