@@ -100,7 +100,8 @@
 #ifndef GEMMGEN_SM90_BLOCK_SCALED_UNROLL
 #define GEMMGEN_SM90_BLOCK_SCALED_UNROLL 3
 #endif
-// 1: per-block scaling's B scales loaded as warp-uniform values (BlockScales; for A/B runs).
+// 1: per-block scaling's B scales loaded as warp-uniform values also where the main loop is unrolled (BlockScales;
+// for A/B runs).
 #ifndef GEMMGEN_SM90_UNIFORM_B_SCALES
 #define GEMMGEN_SM90_UNIFORM_B_SCALES 0
 #endif
@@ -1473,11 +1474,13 @@ struct Kernel {
           s.a[i][h] = scale_a + static_cast<int64_t>(row) * args.ep_ld[kRowsSlot];
         }
       const int first_block = n0 / kScaleColumns;
-      // Every lane reads the same B scales, so ptxas would load them into uniform registers, and the move there
-      // (R2UR) waits for the L2 round trip right after the load, in every k tile, instead of two k tiles later where
-      // the value is used (SASS; measured 8-9 % of the kernel: docs/dtypes.md). A per-lane offset that is zero
-      // (p.m is never negative) but that ptxas cannot prove so keeps them per lane, in ordinary registers.
-      const int64_t lane_zero = GEMMGEN_SM90_UNIFORM_B_SCALES ? 0 : static_cast<int64_t>(lane) * (p.m >> 31);
+      // Every lane reads the same B scales, so ptxas loads them into uniform registers, and the move there (R2UR)
+      // waits for the L2 round trip right after the load, in every k tile, instead of two k tiles later where the
+      // value is used (SASS). A per-lane offset that is zero (p.m is never negative) but that ptxas cannot prove so
+      // keeps them per lane, in ordinary registers: measured with the unrolled loop (kPromotedUnroll) +3.6-3.8 %;
+      // alone, on the sliced tiles, -6 % (docs/dtypes.md), which keep the uniform loads.
+      constexpr bool kPerLane = kPromotedUnroll > 1 && !GEMMGEN_SM90_UNIFORM_B_SCALES;
+      const int64_t lane_zero = kPerLane ? static_cast<int64_t>(lane) * (p.m >> 31) : 0;
       s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot] + lane_zero;
       s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot] + lane_zero;
       s.split = min((first_block + 1) * kScaleColumns - n0, BN) / 8;
