@@ -127,6 +127,16 @@ def test_emitted_packages_carry_a_quantized_output():
     assert ops[1].plan_record()["out_dtype"] == "e5m2"
 
 
+def test_promoted_plans_weigh_pingpong_below_cooperative():
+    """A promoted pingpong warpgroup promotes with its partner idle (planner/sm90.py PROMOTED_PINGPONG_EFFICIENCY): the
+    same tile cooperative, where fast accumulation (nothing to promote) keeps pingpong."""
+    shape = dict(m=2048, n=7168, k=2048)
+    promoted = Gemm("e4m3", "tn", arch=90, scale="tensor", **shape).config
+    fast = Gemm("e4m3", "tn", arch=90, scale="tensor", fast_accum=True, **shape).config
+    assert (promoted.tile, promoted.schedule) == ((128, 128, 128), "cooperative")
+    assert (fast.tile, fast.schedule) == ((128, 128, 128), "pingpong")
+
+
 def test_promotion_limits_the_tile_and_fast_accum_lifts_it():
     promoted = Gemm("e4m3", "tn", arch=90, m=8192, n=8192, k=8192)
     assert promoted.config.promoted and not promoted.fast_accum

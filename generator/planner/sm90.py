@@ -104,8 +104,10 @@ PROMOTION_SLICED_EFFICIENCY = 0.97
 # A promoted (fp8) pingpong warpgroup waits for each k tile's wgmmas and promotes them alone (its partner is in its
 # epilogue or waiting for its turn), so the tensor cores idle through every promotion; the two warpgroups of a
 # cooperative tile each promote while the other's wgmmas run. Measured (H200, e4m3 tn, bench_dtypes.py,
-# h200_fp8_schedules.json): 2048x7168x2048 128x128 c2x1 pingpong 852 TFLOP/s per tensor and 789 per block against
-# cooperative 1018 and 938: 0.84.
+# h200_fp8_schedules.json), the same 128x128 tile pingpong against cooperative: 2048x7168x2048 854 against 1044
+# TFLOP/s per tensor and 793 against 947 per block (0.82, 0.84), 512x4096x7168 789 against 1013 and 708 against 883
+# (0.78, 0.80). The mildest ratio: promoted pingpong then loses wherever a cooperative tile of the same shape exists
+# (not at 256 rows, where the 64-row pingpong tile stays: 478 against 430 for 128x128 cooperative).
 PROMOTED_PINGPONG_EFFICIENCY = 0.84
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64

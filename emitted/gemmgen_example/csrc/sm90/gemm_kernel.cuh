@@ -82,6 +82,29 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
 #define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
 #endif
+// Experiment (A/B runs only; 1: on): the consumer warpgroups of a promoted (fp8) cooperative kernel take turns at
+// issuing their wgmmas (Kernel::MathTurns). Measured slower (docs/dtypes.md, "Promotion's overlap").
+#ifndef GEMMGEN_SM90_EXPERIMENT_MATH_TURNS
+#define GEMMGEN_SM90_EXPERIMENT_MATH_TURNS 0
+#endif
+// Timing experiments only (wrong results), to find what per-block scaling costs beside the per-tensor kernel's main
+// loop: SCALES_CONST promotes with scales of 1 (no loads, no products); ONE_SPLIT takes every tile's columns as the
+// first scale block's (no branch on the split point).
+#ifndef GEMMGEN_SM90_EXPERIMENT_SCALES_CONST
+#define GEMMGEN_SM90_EXPERIMENT_SCALES_CONST 0
+#endif
+#ifndef GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT
+#define GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT 0
+#endif
+// The block-scaled main loop's unroll factor (Kernel::kPromotedUnroll; for A/B runs).
+#ifndef GEMMGEN_SM90_BLOCK_SCALED_UNROLL
+#define GEMMGEN_SM90_BLOCK_SCALED_UNROLL 3
+#endif
+// 1: per-block scaling's B scales loaded as warp-uniform values also where the main loop is unrolled (BlockScales;
+// for A/B runs).
+#ifndef GEMMGEN_SM90_UNIFORM_B_SCALES
+#define GEMMGEN_SM90_UNIFORM_B_SCALES 0
+#endif
 
 namespace gemmgen {
 namespace sm90 {
@@ -1034,6 +1057,7 @@ struct Kernel {
     const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     RingPos pos;
+    MathTurns turns{consumer};
     int local = 0;  // this CTA's work units so far
     WalkOf<W> walk;
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
@@ -1072,7 +1096,7 @@ struct Kernel {
       Accum acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles,
-                          block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
+                          block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0), turns);
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles);
       }
@@ -1086,6 +1110,7 @@ struct Kernel {
         store_tile(epi, args, tile, acc, m0 + row_in_tile, n0, sourced);
       }
     }
+    turns.finish();
     epi.finish();
   }
 
@@ -1121,6 +1146,7 @@ struct Kernel {
     if constexpr (PINGPONG) sk.for_each_segment(cluster, [&](const StreamK::Segment&) { ++segments; });
     int local = 0;     // this cluster's segments so far
     RingPos pos;
+    MathTurns turns{consumer};
     WalkOf<Walking::kFlat> walk;  // (unused: flat units)
     auto compute = [&](const StreamK::Segment& s) {
       const int index = local++;
@@ -1135,7 +1161,7 @@ struct Kernel {
       float acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
-                          block_scales(args, p, m0 + row_in_tile, n0, 0));
+                          block_scales(args, p, m0 + row_in_tile, n0, 0), turns);
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
@@ -1170,6 +1196,7 @@ struct Kernel {
       epi.store(args, p, acc, m0 + row_in_tile, n0);
     };
     sk.for_each_segment(cluster, compute);
+    turns.finish();
     epi.finish();
   }
 
@@ -1301,6 +1328,34 @@ struct Kernel {
     ptx::named_barrier_arrive(kTurnBarrier + (consumer ^ 1), kTurnThreads);
   }
 
+  // Promotion's turns (an experiment, GEMMGEN_SM90_EXPERIMENT_MATH_TURNS; fp8, cooperative and ws schedules): both
+  // consumer warpgroups sum their rows of the same k tile, and each waits for its own wgmmas before promoting them
+  // (mainloop_promoted), the tensor cores idle unless the other warpgroup's wgmmas are queued meanwhile. If the two
+  // issued together, waited together and promoted together, taking turns, one k tile (promotion slice) each,
+  // consumer 0 first, would put one's wait and promotion under the other's wgmmas; measured, it cost 0-5 %
+  // (docs/dtypes.md). The pingpong turns' barriers serve (a cooperative kernel has no other use for them).
+  // Consumer 0 takes the turn that consumer 1 passes after its last issue before it leaves (finish), so that no
+  // arrival is left pending on the barrier. Both consumers issue the same k tiles (each has rows of every tile).
+  static constexpr bool kMathTurns = GEMMGEN_SM90_EXPERIMENT_MATH_TURNS && Cfg::kPromote && !PINGPONG;
+  struct MathTurns {
+    int consumer;
+    bool issued = false;
+    __device__ __forceinline__ void before_issue() {
+      if constexpr (kMathTurns) {
+        if (consumer == 1 || issued) wait_turn(consumer);
+        issued = true;
+      }
+    }
+    __device__ __forceinline__ void after_issue() const {
+      if constexpr (kMathTurns) pass_turn(consumer);
+    }
+    __device__ __forceinline__ void finish() const {
+      if constexpr (kMathTurns) {
+        if (consumer == 0 && issued) wait_turn(0);
+      }
+    }
+  };
+
   // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
   // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A and columns of B).
   // COLUMNS < WG_N: the slice of the columns [column0, column0 + COLUMNS) only (B's rows there; promotion's slices).
@@ -1390,6 +1445,11 @@ struct Kernel {
   // gcd(BN, 128): a few split points, each with a promote of its own (a select per element would cost more
   // instructions than the additions it guards).
   static constexpr int kScaleColumns = 128;
+  // The block-scaled main loop is unrolled by the depth of its scales' pipeline (in use, loaded, being loaded), so that
+  // each k tile's loads have registers of their own: rolled, ptxas passes them on by moves each k tile, and a move
+  // waits for its load, one k tile after it was issued instead of two (SASS; measured +1-4.5 %: docs/dtypes.md).
+  // Only where the k tile is summed whole (PROMOTE_SLICES 1): the sliced tiles spilled unrolled.
+  static constexpr int kPromotedUnroll = kBlockScaled && PROMOTE_SLICES == 1 ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
   static constexpr int kSplitStep = (BN % kScaleColumns == 0 ? kScaleColumns
                                      : BN % 64 == 0 ? 64 : BN % 32 == 0 ? 32 : BN % 16 == 0 ? 16 : 8) / 8;
 
@@ -1414,8 +1474,15 @@ struct Kernel {
           s.a[i][h] = scale_a + static_cast<int64_t>(row) * args.ep_ld[kRowsSlot];
         }
       const int first_block = n0 / kScaleColumns;
-      s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot];
-      s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot];
+      // Every lane reads the same B scales, so ptxas loads them into uniform registers, and the move there (R2UR)
+      // waits for the L2 round trip right after the load, in every k tile, instead of two k tiles later where the
+      // value is used (SASS). A per-lane offset that is zero (p.m is never negative) but that ptxas cannot prove so
+      // keeps them per lane, in ordinary registers: measured with the unrolled loop (kPromotedUnroll) +3.6-3.8 %;
+      // alone, on the sliced tiles, -6 % (docs/dtypes.md), which keep the uniform loads.
+      constexpr bool kPerLane = kPromotedUnroll > 1 && !GEMMGEN_SM90_UNIFORM_B_SCALES;
+      const int64_t lane_zero = kPerLane ? static_cast<int64_t>(lane) * (p.m >> 31) : 0;
+      s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot] + lane_zero;
+      s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot] + lane_zero;
       s.split = min((first_block + 1) * kScaleColumns - n0, BN) / 8;
       return s;
     }
@@ -1424,7 +1491,11 @@ struct Kernel {
   // k block kb's scales, from L2 (the loads are issued two k tiles ahead of their use: see mainloop_promoted).
   __device__ __forceinline__ static RawKBlockScales load_k_block_scales(const Scales& scales, int kb) {
     RawKBlockScales raw{};
-    if constexpr (kBlockScaled) {
+    if constexpr (kBlockScaled && GEMMGEN_SM90_EXPERIMENT_SCALES_CONST) {
+      raw.b_first = raw.b_next = 1.f;
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i) raw.a[i][0] = raw.a[i][1] = 1.f;
+    } else if constexpr (kBlockScaled) {
       raw.b_first = __ldg(scales.b_first + kb);
       raw.b_next = __ldg(scales.b_next + kb);
 #pragma unroll
@@ -1463,7 +1534,7 @@ struct Kernel {
   __device__ __forceinline__ static void mainloop_promoted(const Problem& p, const Smem& smem,
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                            RingPos& pos, uint32_t rank, int kt_begin, int kt_end,
-                                                           const Scales& scales) {
+                                                           const Scales& scales, MathTurns& turns) {
     const uint64_t stage0_a =
         ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
     const uint64_t stage0_b = MmaTileB::descriptor(smem.b(0));
@@ -1476,13 +1547,16 @@ struct Kernel {
     // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
     KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_begin));
     RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
+#pragma unroll kPromotedUnroll
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
+        turns.before_issue();
         issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
         ptx::wgmma_commit();
+        turns.after_issue();
         if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
         ptx::wgmma_wait<0>();
 #pragma unroll
@@ -1532,7 +1606,7 @@ struct Kernel {
   __device__ __forceinline__ static void promote_block_scaled(float (&acc)[MMA_BLOCKS_M][ACCUM],
                                                               const float (&part)[MMA_BLOCKS_M][SLICE_ACCUM],
                                                               int slice, const KBlockScales& k_scales, int split) {
-    if constexpr (SPLIT >= BN / 8) {
+    if constexpr (SPLIT >= BN / 8 || GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT) {
       promote_block<BN / 8>(acc, part, slice, &k_scales);
     } else {
       if (split == SPLIT) {
