@@ -135,8 +135,8 @@ _plan_option.__name__ = "plan"  # argparse says "invalid plan value"
 def _add_plan_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("what to compute")
     g.add_argument("--dtype", default="bf16", choices=[d.value for d in PLANNABLE_INPUT_DTYPES],
-                   help="element type of A and B; tf32: fp32 tensors on the tensor cores (sm90: layout tn; sm80: "
-                        "every layout); e4m3, e5m2, int8: sm90, layout tn (default: %(default)s)")
+                   help="element type of A and B; tf32: fp32 tensors on the tensor cores, every layout (sm90: M/N-major "
+                        "tiles transposed in shared memory); e4m3, e5m2, int8: sm90, layout tn (default: %(default)s)")
     g.add_argument("--out-dtype", default=None, choices=[d.value for d in PLAN_OUTPUT_DTYPES],
                    help="element type of D (default: the input dtype; fp32 for tf32, bf16 for fp8, int32 for int8)")
     g.add_argument("--dtype-b", default=None, choices=["e4m3", "e5m2"],
