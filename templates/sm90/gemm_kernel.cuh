@@ -1447,7 +1447,8 @@ struct Kernel {
   static constexpr int kScaleColumns = 128;
   // The block-scaled main loop is unrolled by the depth of its scales' pipeline (in use, loaded, being loaded), so that
   // each k tile's loads have registers of their own: rolled, ptxas passes them on by moves each k tile, and a move
-  // waits for its load, one k tile after it was issued instead of two (SASS; measured +1-4.5 %: docs/dtypes.md).
+  // waits for its load, one k tile after it was issued instead of two (SASS; with the per-lane B scales of block_scales
+  // measured +3.6-3.8 %: docs/dtypes.md).
   // Only where the k tile is summed whole (PROMOTE_SLICES 1): the sliced tiles spilled unrolled.
   static constexpr int kPromotedUnroll = kBlockScaled && PROMOTE_SLICES == 1 ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
   static constexpr int kSplitStep = (BN % kScaleColumns == 0 ? kScaleColumns
