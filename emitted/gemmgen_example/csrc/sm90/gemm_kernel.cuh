@@ -82,11 +82,6 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
 #define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
 #endif
-// Experiment (A/B runs only; 1: on): the consumer warpgroups of a promoted (fp8) cooperative kernel take turns at
-// issuing their wgmmas (Kernel::MathTurns). Measured slower (docs/dtypes.md, "Promotion's overlap").
-#ifndef GEMMGEN_SM90_EXPERIMENT_MATH_TURNS
-#define GEMMGEN_SM90_EXPERIMENT_MATH_TURNS 0
-#endif
 // Timing experiments only (wrong results), to find what per-block scaling costs beside the per-tensor kernel's main
 // loop: SCALES_CONST promotes with scales of 1 (no loads, no products); ONE_SPLIT takes every tile's columns as the
 // first scale block's (no branch on the split point).
@@ -1057,7 +1052,6 @@ struct Kernel {
     const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     RingPos pos;
-    MathTurns turns{consumer};
     int local = 0;  // this CTA's work units so far
     WalkOf<W> walk;
     for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
@@ -1096,7 +1090,7 @@ struct Kernel {
       Accum acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles,
-                          block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0), turns);
+                          block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles);
       }
@@ -1110,7 +1104,6 @@ struct Kernel {
         store_tile(epi, args, tile, acc, m0 + row_in_tile, n0, sourced);
       }
     }
-    turns.finish();
     epi.finish();
   }
 
@@ -1146,7 +1139,6 @@ struct Kernel {
     if constexpr (PINGPONG) sk.for_each_segment(cluster, [&](const StreamK::Segment&) { ++segments; });
     int local = 0;     // this cluster's segments so far
     RingPos pos;
-    MathTurns turns{consumer};
     WalkOf<Walking::kFlat> walk;  // (unused: flat units)
     auto compute = [&](const StreamK::Segment& s) {
       const int index = local++;
@@ -1161,7 +1153,7 @@ struct Kernel {
       float acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
-                          block_scales(args, p, m0 + row_in_tile, n0, 0), turns);
+                          block_scales(args, p, m0 + row_in_tile, n0, 0));
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
@@ -1196,7 +1188,6 @@ struct Kernel {
       epi.store(args, p, acc, m0 + row_in_tile, n0);
     };
     sk.for_each_segment(cluster, compute);
-    turns.finish();
     epi.finish();
   }
 
@@ -1327,34 +1318,6 @@ struct Kernel {
   __device__ __forceinline__ static void pass_turn(int consumer) {
     ptx::named_barrier_arrive(kTurnBarrier + (consumer ^ 1), kTurnThreads);
   }
-
-  // Promotion's turns (an experiment, GEMMGEN_SM90_EXPERIMENT_MATH_TURNS; fp8, cooperative and ws schedules): both
-  // consumer warpgroups sum their rows of the same k tile, and each waits for its own wgmmas before promoting them
-  // (mainloop_promoted), the tensor cores idle unless the other warpgroup's wgmmas are queued meanwhile. If the two
-  // issued together, waited together and promoted together, taking turns, one k tile (promotion slice) each,
-  // consumer 0 first, would put one's wait and promotion under the other's wgmmas; measured, it cost 0-5 %
-  // (docs/dtypes.md). The pingpong turns' barriers serve (a cooperative kernel has no other use for them).
-  // Consumer 0 takes the turn that consumer 1 passes after its last issue before it leaves (finish), so that no
-  // arrival is left pending on the barrier. Both consumers issue the same k tiles (each has rows of every tile).
-  static constexpr bool kMathTurns = GEMMGEN_SM90_EXPERIMENT_MATH_TURNS && Cfg::kPromote && !PINGPONG;
-  struct MathTurns {
-    int consumer;
-    bool issued = false;
-    __device__ __forceinline__ void before_issue() {
-      if constexpr (kMathTurns) {
-        if (consumer == 1 || issued) wait_turn(consumer);
-        issued = true;
-      }
-    }
-    __device__ __forceinline__ void after_issue() const {
-      if constexpr (kMathTurns) pass_turn(consumer);
-    }
-    __device__ __forceinline__ void finish() const {
-      if constexpr (kMathTurns) {
-        if (consumer == 0 && issued) wait_turn(0);
-      }
-    }
-  };
 
   // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
   // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A and columns of B).
@@ -1535,7 +1498,7 @@ struct Kernel {
   __device__ __forceinline__ static void mainloop_promoted(const Problem& p, const Smem& smem,
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                            RingPos& pos, uint32_t rank, int kt_begin, int kt_end,
-                                                           const Scales& scales, MathTurns& turns) {
+                                                           const Scales& scales) {
     const uint64_t stage0_a =
         ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
     const uint64_t stage0_b = MmaTileB::descriptor(smem.b(0));
@@ -1554,10 +1517,8 @@ struct Kernel {
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
-        turns.before_issue();
         issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
         ptx::wgmma_commit();
-        turns.after_issue();
         if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
         ptx::wgmma_wait<0>();
 #pragma unroll
