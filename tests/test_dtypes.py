@@ -137,6 +137,13 @@ def test_promoted_plans_weigh_pingpong_below_cooperative():
     assert (fast.tile, fast.schedule) == ((128, 128, 128), "pingpong")
 
 
+def test_a_promoted_64_row_cooperative_tile_splits_along_n():
+    """Each consumer warpgroup promotes its own half of the columns (its B columns, its scale blocks)."""
+    for bn in (128, 256):
+        cfg = Gemm("e4m3", "tn", arch=90, scale="block", tile_shape=(64, bn, 128), schedule="cooperative").config
+        assert cfg.splits_n and cfg.consumer_cols == bn // 2 and promote_slices(cfg) == 1
+
+
 def test_promotion_limits_the_tile_and_fast_accum_lifts_it():
     promoted = Gemm("e4m3", "tn", arch=90, m=8192, n=8192, k=8192)
     assert promoted.config.promoted and not promoted.fast_accum

@@ -198,11 +198,12 @@ CASES += [(90, Gemm("fp32", layout, arch=90, **knobs).config) for layout, knobs 
            ("nt", {"m": 64, "n": 4096, "k": 4096}))]
 # fp8 (A and B K-major): promoted per tensor, fast accumulation, per-block scales at the tiles promotion allows
 # (128x256 in two column slices: 128 + 64 accumulators; 128x192 whole: 96 + 96; 256x128: two m64 blocks in slices),
-# rowwise on pingpong.
+# rowwise on pingpong; a 64-row cooperative tile split along N, each warpgroup promoting its half of the columns.
 CASES += [(90, Gemm("e4m3", "tn", arch=90, **knobs).config) for knobs in
           ({"scale": "tensor"}, {"scale": "tensor", "fast_accum": True}, {"scale": "block"},
            {"scale": "block", "tile_shape": (128, 192, 128), "cluster_shape": (1, 2)},
            {"scale": "block", "tile_shape": (256, 128, 128)},
+           {"scale": "block", "tile_shape": (64, 256, 128), "schedule": "cooperative"},
            {"scale": "row", "schedule": "pingpong", "tile_shape": (64, 128, 128), "out_dtype": "fp16"})]
 CASES += [(90, Gemm("e5m2", "tn", arch=90, scale="row", out_dtype="fp32").config),
           (90, Gemm("e5m2", "tn", arch=90, dtype_b="e4m3", scale="row").config)]

@@ -911,10 +911,6 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "tile 64x64x64 with schedule 'cooperative': a 64-row cooperative tile splits along N between its "
                  "two consumer warpgroups, which rules out BN=64 (each warpgroup's half must be whole 64-column "
                  "epilogue subtiles): use BN in (128, 256), or schedule='pingpong'", id="cooperative-split-n-bn"),
-    pytest.param(dict(arch=90, dtype="e4m3", schedule="cooperative"), "tile_shape", (64, 128, 128),
-                 "tile 64x128x128 with schedule 'cooperative': a 64-row cooperative tile splits along N between its "
-                 "two consumer warpgroups, which rules out fp8's promotion (its k tile sums are sliced by the whole "
-                 "tile's columns): use fast_accum=True, or schedule='pingpong'", id="cooperative-split-n-promoted"),
     pytest.param(dict(arch=90, schedule="ws"), "tile_shape", (64, 256, 64),
                  "tile 64x256x64 with schedule 'ws': BM must be one of (128, 256) (its two consumer warpgroups split "
                  "the tile along M into whole 64-row wgmma blocks): use schedule='pingpong' for BM=64, or tile "

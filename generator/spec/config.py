@@ -251,8 +251,8 @@ def sm90_scale_slot_bytes(cfg: KernelConfig) -> int:
     """Per-block scales copied beside each ring slot (Kernel::kScalesInSmem in templates/sm90/gemm_kernel.cuh): the
     slot's k block of A's scales at the tile's rows and B's at two column blocks, fp32, 16-byte aligned; 0 where the
     plan has no per-block scales or the slots do not fit beside the ring and the epilogue (the scales then come from
-    L2)."""
-    if not any(op.kind == "row_blocks" for op in cfg.epilogue.operands):
+    L2), and 0 for a 64-row tile split along N (its warpgroups' column blocks differ)."""
+    if cfg.splits_n or not any(op.kind == "row_blocks" for op in cfg.epilogue.operands):
         return 0
     slots = cfg.stages * (((cfg.tile[0] + 2) * 4 + 15) // 16 * 16)
     rest = cfg.stages * cfg.stage_bytes + sm90_epilogue_bytes(cfg) + SM90_RESERVED_SMEM_BYTES
@@ -379,8 +379,9 @@ def promoted_accumulators(cfg: KernelConfig) -> int:
 
 
 def _promote_slice_built(cfg: KernelConfig) -> bool:
-    """Whether promotion's column slice (BN / promote_slices) is a width the wgmma wrappers are built for."""
-    return cfg.tile[1] // promote_slices(cfg) in SM90_BLOCK_N + SM90_ODD_BLOCK_N
+    """Whether promotion's column slice (a consumer warpgroup's columns / promote_slices) is a width the wgmma
+    wrappers are built for."""
+    return cfg.consumer_cols // promote_slices(cfg) in SM90_BLOCK_N + SM90_ODD_BLOCK_N
 
 
 def spans_two_scale_blocks(bn: int) -> bool:
@@ -703,15 +704,10 @@ def _check_sm90_schedule(cfg: KernelConfig) -> None:
             fix = f"use schedule='pingpong' for BM={bm}, or tile 128x{bn}x{bk}"
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BM must be one of {allowed} "
                          f"({why}): {fix}")
-    if cfg.splits_n and (bn not in SM90_SPLIT_N_BLOCK_N or cfg.promoted):
-        if cfg.promoted:
-            what, fix = ("fp8's promotion (its k tile sums are sliced by the whole tile's columns)",
-                         "fast_accum=True")
-        else:
-            what, fix = (f"BN={bn} (each warpgroup's half must be whole 64-column epilogue subtiles)",
-                         f"BN in {SM90_SPLIT_N_BLOCK_N}")
+    if cfg.splits_n and bn not in SM90_SPLIT_N_BLOCK_N:
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': a 64-row cooperative tile splits "
-                         f"along N between its two consumer warpgroups, which rules out {what}: use {fix}, or "
+                         f"along N between its two consumer warpgroups, which rules out BN={bn} (each warpgroup's "
+                         f"half must be whole 64-column epilogue subtiles): use BN in {SM90_SPLIT_N_BLOCK_N}, or "
                          f"schedule='pingpong'")
     if cfg.accumulators_per_thread > SM90_MAX_ACCUMULATORS:
         rows = cfg.consumer_rows

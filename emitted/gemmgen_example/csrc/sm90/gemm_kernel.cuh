@@ -595,10 +595,11 @@ struct Kernel {
   // of scale_a at the tile's BM rows and of scale_b at its first and next 128-column block, copied there by warp 1 of
   // the producer warpgroup (load_scales), each of its lanes arriving on the slot's full barrier once its copies are in
   // (so the consumers read them after the wait they make anyway, from shared memory). Where the slots fit beside the
-  // ring (spec/config.py sm90_scale_slot_bytes, the same rule).
+  // ring (spec/config.py sm90_scale_slot_bytes, the same rule); not for a 64-row tile split along N (its warpgroups'
+  // column blocks differ: each keeps its own loads).
   static constexpr int kScaleSlotBytes = ((BM + 2) * 4 + 15) / 16 * 16;
   static constexpr bool kScalesInSmem =
-      GEMMGEN_SM90_SCALES_IN_SMEM && Cfg::Epilogue::kRowBlocksSlot >= 0 && !kTransposes &&
+      GEMMGEN_SM90_SCALES_IN_SMEM && Cfg::Epilogue::kRowBlocksSlot >= 0 && !kTransposes && !SPLIT_N &&
       RING_BYTES + EPILOGUE_BYTES + STAGES * kScaleSlotBytes + kSmemAlignSlack <= Cfg::kMaxSmemBytes;
   static constexpr int SCALE_BYTES = kScalesInSmem ? STAGES * kScaleSlotBytes : 0;
   static constexpr int kScaleLoaderWarp = 1;
@@ -614,8 +615,8 @@ struct Kernel {
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
   static_assert(MMA_BLOCKS_M * ACCUM <= 160, "accumulators beyond 160 of the 232 registers per thread would spill");
-  static_assert(!SPLIT_N || (!Cfg::kPromote && BN % (kConsumerWarpgroups * 64) == 0),
-                "a tile split along N: whole 64-column epilogue subtiles and B chunks per warpgroup, no promotion");
+  static_assert(!SPLIT_N || BN % (kConsumerWarpgroups * 64) == 0,
+                "a tile split along N: whole 64-column epilogue subtiles and B chunks per warpgroup");
 
   // Promotion (fp8, see mainloop_promoted) holds a second set of accumulators, the current k tile's; per-block
   // scales (fp8 with scale="block") are applied there.
@@ -628,8 +629,9 @@ struct Kernel {
   // tile's sums and one slice's fit the registers together: the whole tile up to 96 accumulators, halves beyond
   // (128x256: 128 + 64; the halves re-read A from shared memory, which has the bandwidth to spare).
   static constexpr int kPromotedMaxAccumulators = 96;  // spec/config.py SM90_PROMOTED_MAX_ACCUMULATORS
-  static constexpr int PROMOTE_N = MMA_BLOCKS_M * ACCUM <= kPromotedMaxAccumulators ? BN : BN / 2;
-  static constexpr int PROMOTE_SLICES = BN / PROMOTE_N;
+  // (Of this warpgroup's WG_N columns: the tile's, or its half of a 64-row tile split along N.)
+  static constexpr int PROMOTE_N = MMA_BLOCKS_M * ACCUM <= kPromotedMaxAccumulators ? WG_N : WG_N / 2;
+  static constexpr int PROMOTE_SLICES = WG_N / PROMOTE_N;
   static constexpr int SLICE_ACCUM = PROMOTE_N / 2;
   static_assert(!Cfg::kPromote || MMA_BLOCKS_M * (ACCUM + SLICE_ACCUM) <= 2 * kPromotedMaxAccumulators,
                 "promotion keeps the tile's sums and a slice's: the planner limits the tile (spec/config.py)");
@@ -1181,7 +1183,7 @@ struct Kernel {
       const bool sourced = epi.load_source(tile, m0 + row_in_tile, n0);
       Accum acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
-        mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, 0, at.k_tiles,
+        mainloop_promoted(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles,
                           block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles);
@@ -1244,7 +1246,7 @@ struct Kernel {
       if (PINGPONG && index > 0) wait_turn(consumer);
       float acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
-        mainloop_promoted(p, smem, acc, row_in_tile, pos, rank, s.kt_begin, s.kt_end,
+        mainloop_promoted(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end,
                           block_scales(args, p, m0 + row_in_tile, n0, 0));
       } else {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
@@ -1482,7 +1484,7 @@ struct Kernel {
     const float* a[MMA_BLOCKS_M][2];  // fragment rows (i, h): k block kb at a[i][h][kb]
     const float* b_first;             // k block kb at b_first[kb]
     const float* b_next;
-    int split;                        // in 8-column groups, a multiple of kSplitStep, 1 .. BN / 8
+    int split;                        // in 8-column groups, a multiple of kSplitStep, 1 .. WG_N / 8
   };
   struct NoScales {};
   using Scales = std::conditional_t<kBlockScaled, BlockScales, NoScales>;
@@ -1496,8 +1498,8 @@ struct Kernel {
     float first[MMA_BLOCKS_M][2];
     float next[MMA_BLOCKS_M][2];
   };
-  // n0 is a multiple of BN, so the column where the next 128-wide scale block begins is a multiple of
-  // gcd(BN, 128): a few split points, each with a promote of its own (a select per element would cost more
+  // A warpgroup's n0 is a multiple of WG_N (BN, or half of it split along N), so the column where the next 128-wide
+  // scale block begins is a multiple of gcd(WG_N, 128): a few split points, each with a promote of its own (a select per element would cost more
   // instructions than the additions it guards).
   static constexpr int kScaleColumns = 128;
   // The block-scaled main loop is unrolled by the depth of its scales' pipeline (in use, loaded, being loaded), so that
@@ -1507,8 +1509,8 @@ struct Kernel {
   // Only where the k tile is summed whole (PROMOTE_SLICES 1): the sliced tiles spilled unrolled.
   static constexpr int kPromotedUnroll =
       kBlockScaled && PROMOTE_SLICES == 1 && !kScalesInSmem ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
-  static constexpr int kSplitStep = (BN % kScaleColumns == 0 ? kScaleColumns
-                                     : BN % 64 == 0 ? 64 : BN % 32 == 0 ? 32 : BN % 16 == 0 ? 16 : 8) / 8;
+  static constexpr int kSplitStep = (WG_N % kScaleColumns == 0 ? kScaleColumns
+                                     : WG_N % 64 == 0 ? 64 : WG_N % 32 == 0 ? 32 : WG_N % 16 == 0 ? 16 : 8) / 8;
 
   __device__ __forceinline__ static Scales block_scales(const GemmArgs& args, const Problem& p, int m0, int n0,
                                                        int matrix_b) {
@@ -1540,7 +1542,7 @@ struct Kernel {
       const int64_t lane_zero = kPerLane ? static_cast<int64_t>(lane) * (p.m >> 31) : 0;
       s.b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot] + lane_zero;
       s.b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot] + lane_zero;
-      s.split = min((first_block + 1) * kScaleColumns - n0, BN) / 8;
+      s.split = min((first_block + 1) * kScaleColumns - n0, WG_N) / 8;
       return s;
     }
   }
@@ -1607,11 +1609,13 @@ struct Kernel {
   // other consumer warpgroup's wgmmas keep the tensor cores busy meanwhile. The ring protocol is mainloop's.
   __device__ __forceinline__ static void mainloop_promoted(const Problem& p, const Smem& smem,
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
-                                                           RingPos& pos, uint32_t rank, int kt_begin, int kt_end,
-                                                           const Scales& scales) {
+                                                           int col_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
+                                                           int kt_end, const Scales& scales) {
     const uint64_t stage0_a =
         ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
-    const uint64_t stage0_b = MmaTileB::descriptor(smem.b(0));
+    const uint64_t stage0_b =
+        SPLIT_N ? ptx::desc_advance(MmaTileB::descriptor(smem.b(0)), MmaTileB::offset_units(col_in_tile, 0))
+                : MmaTileB::descriptor(smem.b(0));
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
@@ -1650,7 +1654,7 @@ struct Kernel {
         if constexpr (kBlockScaled) {
           promote_block_scaled<kSplitStep>(acc, part, slice, k_scales, scales.split);
         } else {
-          promote_block<BN / 8>(acc, part, slice, nullptr);
+          promote_block<WG_N / 8>(acc, part, slice, nullptr);
         }
       }
       pos.next();
@@ -1691,8 +1695,8 @@ struct Kernel {
   __device__ __forceinline__ static void promote_block_scaled(float (&acc)[MMA_BLOCKS_M][ACCUM],
                                                               const float (&part)[MMA_BLOCKS_M][SLICE_ACCUM],
                                                               int slice, const KBlockScales& k_scales, int split) {
-    if constexpr (SPLIT >= BN / 8 || GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT) {
-      promote_block<BN / 8>(acc, part, slice, &k_scales);
+    if constexpr (SPLIT >= WG_N / 8 || GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT) {
+      promote_block<WG_N / 8>(acc, part, slice, &k_scales);
     } else {
       if (split == SPLIT) {
         promote_block<SPLIT>(acc, part, slice, &k_scales);
