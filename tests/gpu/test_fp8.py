@@ -51,6 +51,11 @@ PLANS = {
     "e4m3_tensor_128x224": dict(dtype="e4m3", scale="tensor", tile_shape=(128, 224, 128), cluster_shape=(2, 1)),
     "e4m3_row_pingpong_64x80": dict(dtype="e4m3", scale="row", tile_shape=(64, 80, 128), schedule="pingpong"),
     "e4m3_tensor_fast_accum_128x176": dict(dtype="e4m3", scale="tensor", fast_accum=True, tile_shape=(128, 176, 128)),
+    # a 64-row cooperative tile split along N: each warpgroup promotes its half of the columns (at 64x256 under block
+    # scales, the halves take different 128-column scale blocks)
+    "e4m3_block_64x256_split_n": dict(dtype="e4m3", scale="block", tile_shape=(64, 256, 128), schedule="cooperative"),
+    "e4m3_tensor_64x128_split_n": dict(dtype="e4m3", scale="tensor", tile_shape=(64, 128, 128),
+                                       schedule="cooperative", cluster_shape=(2, 1)),
     "e5m2_row_bf16": dict(dtype="e5m2", scale="row"),
     "e5m2_block_bf16": dict(dtype="e5m2", scale="block"),
     "e4m3_row_gelu_bias": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col"),
