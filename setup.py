@@ -16,7 +16,7 @@ README = HERE / "README.md"
 TEMPLATE_PATTERNS = [
     f"{folder}{ext}"
     for folder in ("", "*/", "*/*/", "common/", "ptx/", "sm80/")
-    for ext in ("*.j2", "*.h", "*.cuh", "*.cpp")
+    for ext in ("*.j2", "*.h", "*.cuh", "*.cu", "*.cpp")
 ]
 
 setup(
