@@ -591,7 +591,7 @@ struct Kernel {
   static constexpr int LOADED_BARRIERS = kTransposes ? STAGES : 0;
   static constexpr int BARRIER_BYTES = (2 * STAGES + SOURCE_BARRIERS + LOADED_BARRIERS) * 8;
   static constexpr int CHUNK_WORD_BYTES = kTransposes ? STAGES * 4 : 0;  // after the barriers (Smem::chunks)
-  // Per-block scales in shared memory (GEMMGEN_SM90_SCALES_IN_SMEM): per ring slot, the slot's k block
+  // Per-block scales in shared memory (GEMMGEN_SM90_SCALES_IN_SMEM, an experiment): per ring slot, the slot's k block
   // of scale_a at the tile's BM rows and of scale_b at its first and next 128-column block, copied there by warp 1 of
   // the producer warpgroup (load_scales), each of its lanes arriving on the slot's full barrier once its copies are in
   // (so the consumers read them after the wait they make anyway, from shared memory). Where the slots fit beside the
@@ -1499,8 +1499,8 @@ struct Kernel {
     float next[MMA_BLOCKS_M][2];
   };
   // A warpgroup's n0 is a multiple of WG_N (BN, or half of it split along N), so the column where the next 128-wide
-  // scale block begins is a multiple of gcd(WG_N, 128): a few split points, each with a promote of its own (a select
-  // per element would cost more instructions than the additions it guards).
+  // scale block begins is a multiple of gcd(WG_N, 128): a few split points, each with a promote of its own (a select per element would cost more
+  // instructions than the additions it guards).
   static constexpr int kScaleColumns = 128;
   // The block-scaled main loop is unrolled by the depth of its scales' pipeline (in use, loaded, being loaded), so that
   // each k tile's loads have registers of their own: rolled, ptxas passes them on by moves each k tile, and a move
