@@ -247,23 +247,9 @@ def source_operand(cfg: KernelConfig) -> int | None:
 SM90_EPILOGUE_BYTES = sm90_epilogue_bytes
 
 
-def sm90_scale_slot_bytes(cfg: KernelConfig) -> int:
-    """Per-block scales copied beside each ring slot (Kernel::kScalesInSmem in templates/sm90/gemm_kernel.cuh): the
-    slot's k block of A's scales at the tile's rows and B's at two column blocks, fp32, 16-byte aligned; 0 where the
-    plan has no per-block scales or the slots do not fit beside the ring and the epilogue (the scales then come from
-    L2), and 0 for a 64-row tile split along N (its warpgroups' column blocks differ)."""
-    if cfg.splits_n or not any(op.kind == "row_blocks" for op in cfg.epilogue.operands):
-        return 0
-    slots = cfg.stages * (((cfg.tile[0] + 2) * 4 + 15) // 16 * 16)
-    rest = cfg.stages * cfg.stage_bytes + sm90_epilogue_bytes(cfg) + SM90_RESERVED_SMEM_BYTES
-    return slots if rest + slots <= arch_spec(cfg.arch).smem_per_block else 0
-
-
 def sm90_smem_bytes(cfg: KernelConfig) -> int:
-    """Dynamic shared memory of an sm90 kernel: the ring of stages, the epilogue, per-block scales, barriers and
-    alignment."""
-    return (cfg.stages * cfg.stage_bytes + sm90_epilogue_bytes(cfg) + sm90_scale_slot_bytes(cfg)
-            + SM90_RESERVED_SMEM_BYTES)
+    """Dynamic shared memory of an sm90 kernel: the ring of stages, the epilogue, barriers and alignment."""
+    return cfg.stages * cfg.stage_bytes + sm90_epilogue_bytes(cfg) + SM90_RESERVED_SMEM_BYTES
 
 
 def sm90_smem_parts(cfg: KernelConfig) -> str:
@@ -271,8 +257,6 @@ def sm90_smem_parts(cfg: KernelConfig) -> str:
     parts = [f"{cfg.stages} x {cfg.stage_bytes} operand tiles"]
     if sm90_epilogue_bytes(cfg):
         parts.append(f"{sm90_epilogue_bytes(cfg)} epilogue")
-    if sm90_scale_slot_bytes(cfg):
-        parts.append(f"{sm90_scale_slot_bytes(cfg)} per-block scales")
     parts.append(f"{SM90_RESERVED_SMEM_BYTES} barriers and alignment")
     return " + ".join(parts)
 

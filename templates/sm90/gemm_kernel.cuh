@@ -95,12 +95,6 @@
 #ifndef GEMMGEN_SM90_BLOCK_SCALED_UNROLL
 #define GEMMGEN_SM90_BLOCK_SCALED_UNROLL 3
 #endif
-// Per-block scales copied into shared memory beside each ring slot by the producer warpgroup's warp 1
-// (Kernel::load_scales) instead of loaded from L2 by the consumers; 0: the loads from L2 (for A/B runs; spec/config.py
-// sm90_scale_slot_bytes counts the slots, so a kernel built with 0 asks for a little more shared memory than it uses).
-#ifndef GEMMGEN_SM90_SCALES_IN_SMEM
-#define GEMMGEN_SM90_SCALES_IN_SMEM 1
-#endif
 // 1: per-block scaling's B scales loaded as warp-uniform values also where the main loop is unrolled (BlockScales;
 // for A/B runs).
 #ifndef GEMMGEN_SM90_UNIFORM_B_SCALES
@@ -332,9 +326,6 @@ constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kTransposingProducerRegisters = 72;
 constexpr int kTransposingConsumerRegisters = 216;
-// A kernel whose producer warpgroup also copies the per-block scales (Kernel::kScalesInSmem): 56 + 2 x 224.
-constexpr int kScaleLoadingProducerRegisters = 56;
-constexpr int kScaleLoadingConsumerRegisters = 224;
 constexpr int kSmemAlignSlack = 1024;    // dynamic shared memory is rounded up to a swizzle atom
 
 // One operand's tile of one pipeline stage in shared memory: ROWS (M or N) x kBlockK elements of ELEM_BYTES, as
@@ -558,6 +549,7 @@ struct Kernel {
   using MmaTileB = OperandTile<BN, kMmaBKMajor, CM, kElemBytes>;
   // Warps 1-3 of the producer warpgroup (warp 0 issues the loads); each of their threads arrives on "full".
   static constexpr int kTransposerWarps = 3;
+  static constexpr int kFullArrivals = kTransposes ? kTransposerWarps * 32 : 1;
   // The CTAs that write into a CTA's ring slots: itself, its CM - 1 column peers, its CN - 1 row peers.
   static constexpr int WRITERS_PER_SLOT = CM + CN - 1;
   static constexpr int STAGE_BYTES = TileA::kBytes + TileB::kBytes;
@@ -591,22 +583,7 @@ struct Kernel {
   static constexpr int LOADED_BARRIERS = kTransposes ? STAGES : 0;
   static constexpr int BARRIER_BYTES = (2 * STAGES + SOURCE_BARRIERS + LOADED_BARRIERS) * 8;
   static constexpr int CHUNK_WORD_BYTES = kTransposes ? STAGES * 4 : 0;  // after the barriers (Smem::chunks)
-  // Per-block scales in shared memory (GEMMGEN_SM90_SCALES_IN_SMEM, an experiment): per ring slot, the slot's k block
-  // of scale_a at the tile's BM rows and of scale_b at its first and next 128-column block, copied there by warp 1 of
-  // the producer warpgroup (load_scales), each of its lanes arriving on the slot's full barrier once its copies are in
-  // (so the consumers read them after the wait they make anyway, from shared memory). Where the slots fit beside the
-  // ring (spec/config.py sm90_scale_slot_bytes, the same rule); not for a 64-row tile split along N (its warpgroups'
-  // column blocks differ: each keeps its own loads).
-  static constexpr int kScaleSlotBytes = ((BM + 2) * 4 + 15) / 16 * 16;
-  static constexpr bool kScalesInSmem =
-      GEMMGEN_SM90_SCALES_IN_SMEM && Cfg::Epilogue::kRowBlocksSlot >= 0 && !kTransposes && !SPLIT_N &&
-      RING_BYTES + EPILOGUE_BYTES + STAGES * kScaleSlotBytes + kSmemAlignSlack <= Cfg::kMaxSmemBytes;
-  static constexpr int SCALE_BYTES = kScalesInSmem ? STAGES * kScaleSlotBytes : 0;
-  static constexpr int kScaleLoaderWarp = 1;
-  // The arrivals that make a slot full: the producer's (with the TMA bytes), or the transposer warps' threads; plus the
-  // scale loader warp's lanes.
-  static constexpr int kFullArrivals = (kTransposes ? kTransposerWarps * 32 : 1) + (kScalesInSmem ? 32 : 0);
-  static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + SCALE_BYTES + kSmemAlignSlack;
+  static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
   static_assert(BARRIER_BYTES + CHUNK_WORD_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
@@ -797,14 +774,12 @@ struct Kernel {
     uint32_t source;    // SOURCE_BARRIERS barriers: the source's subtile in staging buffer (consumer, b) arrived
     uint32_t loaded;    // LOADED_BARRIERS barriers: slot s's loads arrived (a transposing kernel)
     uint32_t chunk_words;  // a transposing kernel: per slot, the chunks to transpose (chunks_to_transpose)
-    uint32_t scales;       // kScalesInSmem: per slot, kScaleSlotBytes of its k block's scales (load_scales)
     __device__ __forceinline__ uint32_t a(int s) const { return ring + s * STAGE_BYTES; }
     __device__ __forceinline__ uint32_t b(int s) const { return ring + s * STAGE_BYTES + TileA::kBytes; }
     __device__ __forceinline__ uint32_t full_bar(int s) const { return full + s * 8; }
     __device__ __forceinline__ uint32_t empty_bar(int s) const { return empty + s * 8; }
     __device__ __forceinline__ uint32_t loaded_bar(int s) const { return loaded + s * 8; }
     __device__ __forceinline__ uint32_t chunks(int s) const { return chunk_words + s * 4; }
-    __device__ __forceinline__ uint32_t scale_slot(int s) const { return scales + s * kScaleSlotBytes; }
     // The barrier the slot's TMA loads complete on.
     __device__ __forceinline__ uint32_t load_bar(int s) const { return kTransposes ? loaded_bar(s) : full_bar(s); }
     __device__ __forceinline__ uint32_t epi_buffer(int consumer, int b) const {
@@ -843,10 +818,9 @@ struct Kernel {
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     // (never: dynamic shared memory starts aligned)
     if (aligned - raw + BARRIER_BYTES + CHUNK_WORD_BYTES > kSmemAlignSlack) __trap();
-    const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES + SCALE_BYTES;
+    const uint32_t barriers = aligned + RING_BYTES + EPILOGUE_BYTES;
     Smem smem{aligned, barriers, barriers + STAGES * 8, aligned + RING_BYTES, barriers + 2 * STAGES * 8,
-              barriers + (2 * STAGES + SOURCE_BARRIERS) * 8, barriers + BARRIER_BYTES,
-              aligned + RING_BYTES + EPILOGUE_BYTES};
+              barriers + (2 * STAGES + SOURCE_BARRIERS) * 8, barriers + BARRIER_BYTES};
     // Broadcast from lane 0 so that the compiler knows the warpgroup (and all derived from it: the
     // consumer's rows, its descriptors) to be warp-uniform and keeps it in uniform registers.
     const int warpgroup = __shfl_sync(0xffffffffu, static_cast<int>(threadIdx.x) / kWarpgroupThreads, 0);
@@ -870,21 +844,15 @@ struct Kernel {
 
     const Problem p = with_group_units(problem(args));
     if (warpgroup == 0) {
-      ptx::setmaxnreg_dec<kTransposes      ? kTransposingProducerRegisters
-                          : kScalesInSmem ? kScaleLoadingProducerRegisters
-                                          : kProducerRegisters>();
+      ptx::setmaxnreg_dec<kTransposes ? kTransposingProducerRegisters : kProducerRegisters>();
       if (threadIdx.x == 0) {
         produce(p, smem, maps, rank);
       } else if (kTransposes && threadIdx.x >= 32) {
         transpose_slots(smem);
-      } else if (kScalesInSmem && threadIdx.x / 32 == kScaleLoaderWarp) {
-        load_scales(p, smem, args, rank);
       }
       __syncwarp();
     } else {
-      ptx::setmaxnreg_inc<kTransposes      ? kTransposingConsumerRegisters
-                          : kScalesInSmem ? kScaleLoadingConsumerRegisters
-                                          : kConsumerRegisters>();
+      ptx::setmaxnreg_inc<kTransposes ? kTransposingConsumerRegisters : kConsumerRegisters>();
       if constexpr (STREAM_K) {  // (not instantiated otherwise: its partial tiles are fp32 only)
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
@@ -948,67 +916,6 @@ struct Kernel {
       produce_units<Walking::kFlat>(p, smem, maps, rank, pos, share);
     }
     if constexpr (kTransposes) end_transposes(smem, pos);
-  }
-
-  // The scale loader warp under kScalesInSmem: produce's walk (the same units and k ranges, so the same slots), putting
-  // each slot's k block of scales beside it.
-  __device__ static void load_scales(const Problem& p, const Smem& smem, const GemmArgs& args, uint32_t rank) {
-    if constexpr (kScalesInSmem) {
-      RingPos pos;
-      if (STREAM_K && p.k_tiles > 0) {
-        const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
-        WalkOf<Walking::kFlat> walk;  // (unused: flat units)
-        sk.for_each_segment(first_unit(), [&](const StreamK::Segment& s) {
-          const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
-          load_scale_range(p, smem, args, pos, at, 0, s.kt_begin, s.kt_end);
-        });
-      } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
-        load_scale_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, args, rank, pos);
-      } else {
-        load_scale_units<Walking::kFlat>(p, smem, args, rank, pos);
-      }
-    }
-  }
-
-  template <Walking W>
-  __device__ __forceinline__ static void load_scale_units(const Problem& p, const Smem& smem, const GemmArgs& args,
-                                                          uint32_t rank, RingPos& pos) {
-    WalkOf<W> walk;
-    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p)) {
-      const TileAt at = tile_origin<W>(p, unit, rank, walk);
-      load_scale_range(p, smem, args, pos, at, W == Walking::kRows ? at.problem : 0, 0, at.k_tiles);
-    }
-  }
-
-  // The scales of k blocks [kt_begin, kt_end) of tile `at`, one slot each, as block_scales finds them: row r of the
-  // tile at word r of the slot (rows past the matrix clamped to its last), then B's first and next column block.
-  __device__ __forceinline__ static void load_scale_range(const Problem& p, const Smem& smem, const GemmArgs& args,
-                                                          RingPos& pos, const TileAt& at, int matrix_b, int kt_begin,
-                                                          int kt_end) {
-    constexpr int kRowsSlot = Cfg::Epilogue::kRowBlocksSlot, kColsSlot = Cfg::Epilogue::kColBlocksSlot;
-    const int lane = threadIdx.x % 32;
-    const float* scale_a = static_cast<const float*>(args.ep_ptr[kRowsSlot]);
-    const int64_t ld_a = args.ep_ld[kRowsSlot];
-    const int last_block = (p.n - 1) / kScaleColumns, first_block = at.n0 / kScaleColumns;
-    const float* scale_b = static_cast<const float*>(args.ep_ptr[kColsSlot]) +
-                           static_cast<int64_t>(matrix_b) * (last_block + 1) * args.ep_ld[kColsSlot];
-    const float* b_first = scale_b + static_cast<int64_t>(first_block) * args.ep_ld[kColsSlot];
-    const float* b_next = scale_b + static_cast<int64_t>(min(first_block + 1, last_block)) * args.ep_ld[kColsSlot];
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
-      ptx::mbarrier_wait(smem.empty_bar(pos.stage), pos.phase ^ 1);
-      const uint32_t slot = smem.scale_slot(pos.stage);
-#pragma unroll
-      for (int r = lane; r < BM; r += 32) {
-        const int row = min(at.m0 + r, p.m - 1);
-        ptx::cp_async_4(slot + 4 * r, scale_a + row * ld_a + kt);
-      }
-      if (lane == 0) {
-        ptx::cp_async_4(slot + 4 * BM, b_first + kt);
-        ptx::cp_async_4(slot + 4 * (BM + 1), b_next + kt);
-      }
-      ptx::cp_async_mbarrier_arrive_noinc(smem.full_bar(pos.stage));
-      pos.next();
-    }
   }
 
   // The producer's loads of this cluster's whole work units. A listed problem's operands come through its own
@@ -1507,8 +1414,7 @@ struct Kernel {
   // waits for its load, one k tile after it was issued instead of two (SASS; with the per-lane B scales of block_scales
   // measured +3.6-3.8 %: docs/dtypes.md).
   // Only where the k tile is summed whole (PROMOTE_SLICES 1): the sliced tiles spilled unrolled.
-  static constexpr int kPromotedUnroll =
-      kBlockScaled && PROMOTE_SLICES == 1 && !kScalesInSmem ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
+  static constexpr int kPromotedUnroll = kBlockScaled && PROMOTE_SLICES == 1 ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
   static constexpr int kSplitStep = (WG_N % kScaleColumns == 0 ? kScaleColumns
                                      : WG_N % 64 == 0 ? 64 : WG_N % 32 == 0 ? 32 : WG_N % 16 == 0 ? 16 : 8) / 8;
 
@@ -1565,23 +1471,6 @@ struct Kernel {
     return raw;
   }
 
-  // k block scales from the slot's scale words (kScalesInSmem), at this thread's fragment rows.
-  __device__ __forceinline__ static RawKBlockScales slot_k_block_scales(const Smem& smem, int stage, int row_in_tile) {
-    RawKBlockScales raw{};
-    if constexpr (kScalesInSmem) {
-      const uint32_t slot = smem.scale_slot(stage);
-      const int t = threadIdx.x % kWarpgroupThreads, warp = t / 32, lane = t % 32;
-#pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          raw.a[i][h] = ptx::ld_shared_f32_ordered(slot + 4 * (row_in_tile + i * kMmaM + warp * 16 + lane / 4 + 8 * h));
-      raw.b_first = ptx::ld_shared_f32_ordered(slot + 4 * BM);
-      raw.b_next = ptx::ld_shared_f32_ordered(slot + 4 * (BM + 1));
-    }
-    return raw;
-  }
-
   // The products promote takes. The empty asm pins the first use of the loaded values here: the compiler would
   // otherwise multiply right after the loads and so wait for L2 there, inside the k tile they were meant to hide in.
   __device__ __forceinline__ static KBlockScales scale_products(RawKBlockScales raw) {
@@ -1623,13 +1512,8 @@ struct Kernel {
     float part[MMA_BLOCKS_M][SLICE_ACCUM];
     // Block scales: k block kt's products in k_scales, kt + 1's loaded values in `ahead`, and kt + 2's loads issued
     // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
-    // (kScalesInSmem: each k tile's scales come from its slot, read beside its wgmmas.)
-    KBlockScales k_scales{};
-    RawKBlockScales ahead{};
-    if constexpr (!kScalesInSmem) {
-      k_scales = scale_products(load_k_block_scales(scales, kt_begin));
-      ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
-    }
+    KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_begin));
+    RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
 #pragma unroll kPromotedUnroll
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
@@ -1638,13 +1522,7 @@ struct Kernel {
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
         issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
         ptx::wgmma_commit();
-        if (slice == 0) {
-          if constexpr (kScalesInSmem) {
-            k_scales = scale_products(slot_k_block_scales(smem, pos.stage, row_in_tile));
-          } else {
-            later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
-          }
-        }
+        if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
         ptx::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < MMA_BLOCKS_M; ++i)
@@ -1658,10 +1536,8 @@ struct Kernel {
         }
       }
       pos.next();
-      if constexpr (!kScalesInSmem) {
-        k_scales = scale_products(ahead);
-        ahead = later;
-      }
+      k_scales = scale_products(ahead);
+      ahead = later;
     }
   }
 

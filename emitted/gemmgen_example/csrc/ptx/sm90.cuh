@@ -229,31 +229,6 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threa
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// ---- small copies into shared memory that an mbarrier tracks (per-block scales beside a ring slot) ------------
-
-// Copy 4 bytes from global to shared memory asynchronously, through L1 (.ca: a row's scales of neighbouring k blocks
-// share a sector).
-// PTX ISA §9.7.9.25.3.1 "Data Movement and Conversion Instructions: cp.async".
-__device__ __forceinline__ void cp_async_4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
-}
-
-// Arrive on the mbarrier at `bar` once every cp.async this thread issued before has completed; .noinc: the arrival
-// counts against the barrier's expected count (which must include this thread) instead of adding to it.
-// PTX ISA §9.7.13.15 "Parallel Synchronization and Communication Instructions: mbarrier" (cp.async.mbarrier.arrive).
-__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-// Read a float from shared memory written by another thread's cp.async: ordered after the mbarrier wait that makes
-// it visible (asm volatile with a memory clobber, where smem.cuh's ld_shared_b32 may be moved by the compiler).
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld" (ld.shared).
-__device__ __forceinline__ float ld_shared_f32_ordered(uint32_t addr) {
-  float value;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(value) : "r"(addr) : "memory");
-  return value;
-}
-
 // ---- hand-over between CTAs through global memory (stream-K partial sums) -------------------------
 
 // Publish `value` at `flag` after every write this thread made, or observed, before it (release at
