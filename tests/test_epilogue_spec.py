@@ -1244,3 +1244,16 @@ def test_block_scales_are_the_main_loops_not_the_expressions() -> None:
         Epilogue((a,), ACC)
     with pytest.raises(EpilogueError, match="this epilogue has 1 and 2"):
         Epilogue((a, b, Operand("other", "col_blocks")), ACC)
+
+
+def test_a_linear_layers_epilogue_is_recognised_and_nothing_else():
+    from generator.spec.epilogue import BiasActivation
+    assert ep.from_knobs(bias="col", activation="gelu").bias_activation == BiasActivation("gelu", "bias")
+    assert ep.from_knobs(bias="col").bias_activation == BiasActivation(None, "bias")
+    assert ep.from_knobs(activation="silu").bias_activation == BiasActivation("silu", None)
+    def swapped(acc, b: ep.Col):
+        return ep.relu(b + acc)
+    assert ep.trace(swapped).bias_activation == BiasActivation("relu", "b")
+    for other in (ep.from_knobs(), ep.from_knobs(bias="row", activation="gelu"),
+                  ep.from_knobs(bias="col", activation="sigmoid"), ep.from_knobs(bias="col", alpha="scalar")):
+        assert other.bias_activation is None, other.text

@@ -31,7 +31,7 @@ from generator.runtime import GemmOp, jit_runtime  # noqa: E402
 from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
 from generator.runtime.operands import check_batchable, check_operands, check_out_aliasing, scale_blocks  # noqa: E402
-from generator.spec.epilogue import with_scales  # noqa: E402
+from generator.spec.epilogue import BIAS_ACTIVATIONS, Epilogue, with_scales  # noqa: E402
 from test_autograd_cpu import BOUND, ReferenceOp, operand, rel  # noqa: E402
 
 NAMESPACE = "gemmgen_epilogue_cpu"
@@ -771,6 +771,26 @@ def test_autograd_against_float64(case):
     op = make(**plan)
     for m, n, k in ((M, N, K), (5, 3, 7)):
         grads_against_float64(op, torch_fn, m, n, k)
+
+
+@pytest.mark.parametrize("activation", [None, *BIAS_ACTIVATIONS])
+@pytest.mark.parametrize("bias", [None, "col"])
+def test_a_linear_layers_epilogue_takes_the_closed_form_with_the_general_paths_values(activation, bias,
+                                                                                      monkeypatch):
+    """activation(acc + bias) (Epilogue.bias_activation) skips tracing the epilogue in the backward; its gradients
+    equal those of the general path (the epilogue differentiated by torch's autograd) to fp32 rounding."""
+    if activation is None and bias is None:
+        pytest.skip("the identity epilogue has the plain formula")
+    op = make(activation=activation, bias=bias)
+    assert op.config.epilogue.bias_activation is not None
+    a, b, values = inputs(op, requires_grad=True)
+    leaves = (a, b, *values)
+    upstream = torch.randn(M, N).bfloat16()
+    closed = torch.autograd.grad(op(a, b, *values), leaves, upstream)
+    monkeypatch.setattr(Epilogue, "bias_activation", property(lambda self: None))
+    general = torch.autograd.grad(op(a, b, *values), leaves, upstream)
+    for name, got, want in zip(("A", "B", "bias"), closed, general):
+        assert got.dtype == want.dtype and rel(got, want) < 1e-6, name
 
 
 def test_aux_gradients_flow_from_either_output():

@@ -10,6 +10,7 @@ or, with one warning, if the kernel cannot be built.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 import warnings
 
@@ -94,31 +95,50 @@ def request(arch: str) -> BuildRequest:
                         gencode=f"-gencode=arch=compute_{arch},code=sm_{arch}", include_dirs=(str(templates_dir()),))
 
 
-def _arch(device: torch.device) -> str:
-    major, minor = torch.cuda.get_device_capability(device)
+@functools.lru_cache(maxsize=None)
+def _arch(device_index: int) -> str:
+    major, minor = torch.cuda.get_device_capability(device_index)
     return f"{major}{minor}"
 
 
-@torch.library.custom_op("gemmgen_quantize::row_blocks", mutates_args=(), device_types="cuda")
-def row_blocks(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, s) of ``x`` in 1x128 blocks (``kernel_refusal(x, (1, 128), fp8)`` is None): q (rows, cols) in ``fp8``,
-    s (rows, cols / 128) fp32."""
+#: The largest finite value of each fp8 type (the kernel's fmax).
+FP8_MAX = {dtype: torch.finfo(dtype).max for dtype in FP8_TYPES}
+
+
+def _launch(launch: ctypes._CFuncPtr, x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s) of ``x`` by the built kernel's ``launch``, on the current stream of x's device."""
     rows, cols = x.shape
     if x.data_ptr() % ROW_ALIGNMENT:
         x = x.clone(memory_format=torch.contiguous_format)  # (a view into a tensor: its copy starts aligned)
     q = torch.empty((rows, cols), dtype=fp8, device=x.device)
     s = torch.empty((rows, cols // BLOCK_COLUMNS), dtype=torch.float32, device=x.device)
-    launch = _KERNEL.launch(_arch(x.device))
-    if launch is None:  # (only under torch.compile, which traces the op without asking: quantize_row_blocks)
-        raise RuntimeError(f"gemmgen: the quantize kernel did not build, so a compiled quantize() cannot run it: "
-                           f"{_KERNEL.failure}")
-    with torch.cuda.device(x.device):
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        code = launch(x.data_ptr(), INPUT_TYPES[x.dtype], x.stride(0), q.data_ptr(), s.data_ptr(), FP8_TYPES[fp8],
-                      torch.finfo(fp8).max, rows, cols // BLOCK_COLUMNS, stream)
+    index = x.device.index
+    if index == torch.cuda.current_device():  # (the common case: no device switch around the launch)
+        code = _call(launch, x, q, s, fp8, torch.cuda.current_stream().cuda_stream)
+    else:
+        with torch.cuda.device(index):
+            code = _call(launch, x, q, s, fp8, torch.cuda.current_stream().cuda_stream)
     if code:
         raise RuntimeError(f"gemmgen: the quantize kernel failed to launch: {_KERNEL.error(code)}")
     return q, s
+
+
+def _call(launch: ctypes._CFuncPtr, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fp8: torch.dtype,
+          stream: int) -> int:
+    rows, cols = x.shape
+    return launch(x.data_ptr(), INPUT_TYPES[x.dtype], x.stride(0), q.data_ptr(), s.data_ptr(), FP8_TYPES[fp8],
+                  FP8_MAX[fp8], rows, cols // BLOCK_COLUMNS, stream)
+
+
+@torch.library.custom_op("gemmgen_quantize::row_blocks", mutates_args=(), device_types="cuda")
+def row_blocks(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s) of ``x`` in 1x128 blocks (``kernel_refusal(x, (1, 128), fp8)`` is None): q (rows, cols) in ``fp8``,
+    s (rows, cols / 128) fp32. What ``torch.compile`` traces; eager calls launch directly (quantize_row_blocks)."""
+    launch = _KERNEL.launch(_arch(x.device.index))
+    if launch is None:  # (only under torch.compile, which traces the op without asking: quantize_row_blocks)
+        raise RuntimeError(f"gemmgen: the quantize kernel did not build, so a compiled quantize() cannot run it: "
+                           f"{_KERNEL.failure}")
+    return _launch(launch, x, fp8)
 
 
 @row_blocks.register_fake
@@ -128,9 +148,12 @@ def _row_blocks_fake(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, t
 
 
 def quantize_row_blocks(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The kernel's (q, s) where it applies and is built, else None (the caller's torch path then runs)."""
+    """The kernel's (q, s) where it applies and is built, else None (the caller's torch path then runs). Eager calls
+    launch the kernel directly: the custom op's dispatch cost 60-100 µs of host time per call on the H200 machines
+    (gpu/quantize_timing.py), more than the kernel takes below about 16k x 7k elements."""
     if kernel_refusal(x, (1, BLOCK_COLUMNS), fp8) is not None:
         return None
-    if not torch.compiler.is_compiling() and _KERNEL.launch(_arch(x.device)) is None:
-        return None
-    return row_blocks(x, fp8)
+    if torch.compiler.is_compiling():
+        return row_blocks(x, fp8)
+    launch = _KERNEL.launch(_arch(x.device.index))
+    return None if launch is None else _launch(launch, x, fp8)

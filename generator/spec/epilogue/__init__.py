@@ -21,7 +21,7 @@ This module re-exports their public names; ``from generator.spec.epilogue import
 """
 from __future__ import annotations
 
-from .description import IDENTITY, SCALE_MODES, SCALE_NAMES, Epilogue, with_scales
+from .description import BIAS_ACTIVATIONS, IDENTITY, SCALE_MODES, SCALE_NAMES, BiasActivation, Epilogue, with_scales
 from .errors import EpilogueError
 from .expr import ACC, OPS, Expr
 from .json_form import epilogue_from_json, epilogue_to_json
@@ -32,8 +32,8 @@ from .trace import trace
 from .values import Value, abs, clamp, gelu, gelu_tanh, leaky_relu, max, min, relu, sigmoid, silu, tanh
 
 __all__ = [
-    "ACC", "ACTIVATIONS", "IDENTITY", "KINDS", "KNOB_NAMES", "MAINLOOP_KINDS", "OPS", "RESERVED_NAMES", "SCALE_BLOCK",
-    "SCALE_MODES", "SCALE_NAMES", "SHAPES", "Col", "Epilogue", "EpilogueError", "Expr", "Matrix", "Operand",
+    "ACC", "ACTIVATIONS", "BIAS_ACTIVATIONS", "IDENTITY", "KINDS", "KNOB_NAMES", "MAINLOOP_KINDS", "OPS", "RESERVED_NAMES", "SCALE_BLOCK",
+    "SCALE_MODES", "SCALE_NAMES", "SHAPES", "BiasActivation", "Col", "Epilogue", "EpilogueError", "Expr", "Matrix", "Operand",
     "OperandKind", "Row", "Scalar", "ScalarTensor", "Value", "abs", "activation_name", "clamp", "epilogue_from_json",
     "epilogue_to_json", "from_knobs", "gelu", "gelu_tanh", "leaky_relu", "max", "min", "relu", "sigmoid", "silu",
     "tanh", "trace", "with_scales",

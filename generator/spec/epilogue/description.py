@@ -22,6 +22,19 @@ _TAG_TOKENS = {"relu": "relu", "leaky_relu": "lrelu", "gelu": "gelu", "gelu_tanh
 _TAG_MAX = 40
 
 
+#: The activations of ``Epilogue.bias_activation``: those whose derivative torch computes as one kernel.
+BIAS_ACTIVATIONS = ("relu", "gelu", "gelu_tanh", "silu")
+
+
+@dataclass(frozen=True)
+class BiasActivation:
+    """A Linear layer's epilogue, D = activation(acc + bias): the activation (one of BIAS_ACTIVATIONS) or None, the
+    per-column operand's name or None."""
+
+    activation: str | None
+    bias: str | None
+
+
 @dataclass(frozen=True)
 class Epilogue:
     """D = result(acc, operands), and optionally a second M x N output ``aux`` (same dtype and order as D).
@@ -79,6 +92,28 @@ class Epilogue:
         that rounding's size); at a kink the rounding would flip the derivative of the elements next to it."""
         return not any(n.op in _KINKED and any(a.op == "acc" for a in _walk(n))
                        for n in _walk(self.result, self.aux))
+
+    @property
+    def bias_activation(self) -> BiasActivation | None:
+        """This epilogue as a Linear layer's, ``activation(acc + bias)`` with either part optional (one per-column
+        operand, nothing else, no aux), else None: its backward has a closed form (runtime/autograd.py)."""
+        if self.aux is not None:
+            return None
+        node, activation, bias = self.result, None, None
+        if node.op in BIAS_ACTIVATIONS:
+            activation, node = node.op, node.args[0]
+        if node.op == "add":
+            left, right = node.args
+            summand = right if left.op == "acc" else left if right.op == "acc" else None
+            if summand is None or summand.op != "operand":
+                return None
+            bias, node = summand.name, ACC
+        if node.op != "acc" or (activation is None and bias is None):
+            return None
+        expected = () if bias is None else (bias,)
+        if tuple(op.name for op in self.operands) != expected or any(op.kind != "col" for op in self.operands):
+            return None
+        return BiasActivation(activation, bias)
 
     def resolved(self, out_dtype: DType | str) -> Epilogue:
         """Operands whose dtype is None ("like the output") get ``out_dtype``."""

@@ -1,0 +1,53 @@
+"""Where the host time of an eager generate() step goes, stock against replace_linear's model: torch.profiler's
+CPU table (self time per op, top rows) for one eager greedy generate() of each model, after a warm-up call, plus
+the wall time of --rounds interleaved calls. examples/generate.py's batch-1 eager row is host-bound; this says
+which ops our layers add or remove there. Writes $OUT/generate_profile_{stock,ours}.txt.
+
+    python3 gpu/generate_profile.py --batches 1 --new-tokens 32
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT))
+import generate as gen  # noqa: E402
+
+OUT = Path(os.environ.get("OUT", "."))
+
+
+def main() -> None:
+    args = gen.parse_args(sys.argv[1:])
+    stock = gen.load_stock(args)
+    ours, swapped, _ = gen.with_generated_linears(stock)
+    models = {"stock": stock, "ours": ours}
+    torch.manual_seed(args.seed)
+    for batch in args.batches:
+        prompt = torch.randint(0, stock.config.vocab_size, (batch, args.prompt_len), device="cuda")
+        calls = {w: gen.generate_fn(m, prompt, args.new_tokens, None) for w, m in models.items()}
+        for fn in calls.values():
+            fn()
+            fn()
+        times: dict[str, list[float]] = {w: [] for w in calls}
+        for _ in range(args.rounds):
+            for w, fn in calls.items():
+                times[w].append(gen.wall_seconds(fn))
+        med = {w: statistics.median(t) for w, t in times.items()}
+        print(f"batch {batch}: median s stock {med['stock']:.4f} ours {med['ours']:.4f} "
+              f"ratio {med['stock'] / med['ours']:.3f}x; all: {times}", flush=True)
+        for w, fn in calls.items():
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                fn()
+            table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40)
+            (OUT / f"generate_profile_{w}_b{batch}.txt").write_text(table)
+            print(f"--- {w} batch {batch}\n{table}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
