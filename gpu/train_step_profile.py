@@ -19,19 +19,12 @@ import torch
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from generator.nn import replace_linear  # noqa: E402
+from test_fsdp_cpu import Block  # noqa: E402  (the FSDP2 tests' MLP stack block)
 
 OUT = Path(os.environ.get("OUT", "."))
 D, BLOCKS, TOKENS, STEPS = 512, 4, 1024, 30
-
-
-class Block(nn.Module):
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(x)
 
 
 def step_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor):

@@ -47,6 +47,7 @@ from torch import nn  # noqa: E402
 
 from fsdp_checkpoint import check_checkpoint, full  # noqa: E402
 from gpu_cases import BOUND  # noqa: E402
+from test_fsdp_cpu import Block  # noqa: E402  (the MLP stack's block, as the CPU test trains it)
 
 TWO_GPUS = torch.cuda.is_available() and torch.cuda.device_count() >= 2 and torch.distributed.is_available()
 BOTH_SM90 = TWO_GPUS and all(torch.cuda.get_device_capability(d) == (9, 0) for d in (0, 1))
@@ -67,16 +68,6 @@ D, BLOCKS = 512, 4               # the MLP stack
 GRAD_BOUND = 2 * BOUND[BF16]
 MODELS, VARIANTS = ("llama", "mlp"), ("bf16", "mixed")
 
-
-class Block(nn.Module):
-    """x + Linear(4d, d)(GELU(Linear(d, 4d)(x))): the GELU is fused into the first layer by replace_linear."""
-
-    def __init__(self, d: int) -> None:
-        super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(x)
 
 
 def build(kind: str, variant: str, seed: int, device: str) -> nn.Module:
