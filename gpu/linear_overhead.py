@@ -22,16 +22,22 @@ from generator.nn import Linear  # noqa: E402
 from overhead import host_us  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "."))
-#: (out_features, in_features, bias) of a small Llama's layers, and the token counts of a decoding step.
-LAYERS = [(2048, 2048, False), (5632, 2048, False), (2048, 2048, True)]
+#: (out_features, in_features, bias, fused activation) of a small Llama's layers (the gate projection with its SiLU
+#: fused, as replace_linear makes it), and the token counts of a decoding step.
+LAYERS = [(2048, 2048, False, None), (5632, 2048, False, None), (5632, 2048, False, "silu"), (2048, 2048, True, None)]
+ACTIVATIONS = {None: lambda y: y, "silu": torch.nn.functional.silu}
 TOKENS = (1, 8)
 
 
 def main() -> None:
     rows = []
-    for n, k, has_bias in LAYERS:
-        stock = nn.Linear(k, n, bias=has_bias, device="cuda", dtype=torch.bfloat16)
-        ours = Linear(stock)
+    for n, k, has_bias, activation in LAYERS:
+        linear = nn.Linear(k, n, bias=has_bias, device="cuda", dtype=torch.bfloat16)
+        act = ACTIVATIONS[activation]
+        ours = Linear(linear, activation=activation)
+
+        def stock(x, linear=linear, act=act):
+            return act(linear(x))
         for tokens in TOKENS:
             x = torch.randn(tokens, 1, k, device="cuda", dtype=torch.bfloat16)
             with torch.no_grad():
@@ -41,9 +47,9 @@ def main() -> None:
                     assert err < 2e-2, f"{label} path: {err:.2e} against nn.Linear"
                 calls = {"nn.Linear": lambda: stock(x), "gemmgen direct": lambda: ours(x),
                          "gemmgen general": lambda: ours._forward_general(x)}
-                operands = () if stock.bias is None else (stock.bias,)
+                operands = () if linear.bias is None else (linear.bias,)
                 path = ours.op.path(x.view(-1, k), ours.weight.t(), *operands)
-                row = {"n": n, "k": k, "bias": has_bias, "tokens": tokens, "path": path}
+                row = {"n": n, "k": k, "bias": has_bias, "activation": activation, "tokens": tokens, "path": path}
                 for label, fn in calls.items():
                     row[f"{label} host us"] = host_us(fn)
                     row[f"{label} ms"] = do_bench(fn, warmup=25, rep=100, return_mode="median")
