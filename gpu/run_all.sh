@@ -14,6 +14,8 @@
 #                                                       --probes ceiling,regs_w8,ldsm_w8,... for the ladder between them)
 #   STEPS=tests GPU_TESTS=tests/gpu/test_sm90.py gpu/run_all.sh   (some GPU test files only; default: all of tests)
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
+#   STEPS=host gpu/run_all.sh                          (host-bound work: gpu/linear_overhead.py, train_step_profile.py,
+#                                                       generate_profile.py, quantize_timing.py; logs per probe)
 #   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
 #   STEPS=epilogue EPILOGUE_ARGS="--no-inductor" gpu/run_all.sh   (fused epilogues vs cuBLASLt, addmm, Inductor)
@@ -109,6 +111,12 @@ for step in $STEPS; do
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
         tail -40 "$OUT/fuzz_sanitize_$tool.log"
       done ;;
+    host)   # host-bound work: a Linear call at decode sizes, an MLP stack's training step, an eager generate() row, quantize()
+            for probe in "gpu/linear_overhead.py" "gpu/train_step_profile.py" "gpu/generate_profile.py ${GENPROFILE_ARGS:---batches 1 --new-tokens 32 --rounds 9}" "gpu/quantize_timing.py"; do
+              name=$(basename "${probe%% *}" .py)
+              OUT="$OUT" python3 $probe 2>&1 | grep -v '^\[gemmgen\]' > "$OUT/$name.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+              head -8 "$OUT/$name.log"
+            done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)    OUT="$OUT" bash gpu/ncu_compare.sh "${NCU_SHAPES:-4096x4096x4096}" "${NCU_DTYPE:-bf16}" "${NCU_ARGS:-}" 2>&1 | tee "$OUT/ncu_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
