@@ -2,8 +2,8 @@
 scale="block": one pass over x (``templates/common/quantize_rows.cu``) where the torch path is about eight.
 
 The kernel is built once per GPU architecture through the build cache (one small nvcc run, no torch headers) and
-called through ctypes, wrapped in a torch custom op (``gemmgen_quantize::row_blocks``) so that ``torch.compile``
-traces it. It computes what the torch path computes, bit for bit (IEEE divisions, NaN kept as torch.amax and
+launched through ctypes: directly in eager mode, and inside a torch custom op (``gemmgen_quantize::row_blocks``)
+under ``torch.compile``, which traces that. It computes what the torch path computes, bit for bit (IEEE divisions, NaN kept as torch.amax and
 torch.clamp keep it). ``quantize`` uses it where it applies (``kernel_refusal``) and falls back to torch otherwise,
 or, with one warning, if the kernel cannot be built.
 """
