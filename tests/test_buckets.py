@@ -1,6 +1,6 @@
 """M-bucketed ops on the CPU: the plans Gemm.bucket_plans makes (pinned for the H100's decode-to-prefill range),
 merging of equal neighbours, refusals, and BucketedOp's choice per call with stand-in ops (the GPU side:
-tests/gpu/test_buckets.py)."""
+tests/gpu/test_buckets_gpu.py)."""
 from __future__ import annotations
 
 import pytest
@@ -83,7 +83,7 @@ def test_each_call_takes_its_buckets_kernel(monkeypatch):
     assert op.path(torch.randn(300, 8), torch.randn(8, 4)) == "mid: fast"
     assert op.config == "large" and "M <= 128: small" in repr(op)
     # Under torch.compile the graph calls one op for every M (no guard on M); reference ops have no op over all
-    # buckets (BucketSetOp, tests/gpu/test_buckets.py), so the large-M one serves.
+    # buckets (BucketSetOp, tests/gpu/test_buckets_gpu.py), so the large-M one serves.
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     op(torch.randn(4, 8), torch.randn(8, 4))
     assert large.calls[-1] == 4

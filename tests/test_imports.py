@@ -88,3 +88,11 @@ def test_no_import_circles():
 
     for module in sorted(edges):
         visit(module)
+
+
+def test_test_modules_have_unique_names():
+    """pytest imports tests/ and tests/gpu/ by basename (no packages): two modules of one name would stop a run that
+    collects both (a full GPU run) with "import file mismatch". GPU twins of a CPU test end in _gpu."""
+    tests = Path(__file__).resolve().parent
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

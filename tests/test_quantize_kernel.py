@@ -1,6 +1,6 @@
 """generator.quantize's CUDA kernel for 1x128 blocks, without a GPU: which tensors it takes (the others take the torch
 path), its custom op's shapes under tracing, and its source compiling for sm_80 and sm_90 without spills. Its values
-(bit for bit the torch path's) are checked on the GPU: tests/gpu/test_quantize_kernel.py."""
+(bit for bit the torch path's) are checked on the GPU: tests/gpu/test_quantize_kernel_gpu.py."""
 from __future__ import annotations
 
 import subprocess
