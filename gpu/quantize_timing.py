@@ -42,9 +42,10 @@ def main() -> None:
         launch = quantize_kernel._KERNEL.launch(quantize_kernel._arch(x.device.index))
         q, s = torch.empty_like(q1), torch.empty_like(s1)
         stream = torch.cuda.current_stream().cuda_stream
-        raw = lambda: launch(x.data_ptr(), 2, x.stride(0), q.data_ptr(), s.data_ptr(), 0, 448.0, m, k // 128,  # noqa: E731
-                             stream)
-        host = {"host_us quantize": host_us(fused), "host_us custom op": host_us(lambda: quantize_kernel.row_blocks(x, fp8)),
+        raw = lambda: launch(x.data_ptr(), 2, x.stride(0), q.data_ptr(), s.data_ptr(), 0, 448.0,  # noqa: E731
+                             m, k // 128, stream)
+        host = {"host_us quantize": host_us(fused),
+                "host_us custom op": host_us(lambda: quantize_kernel.row_blocks(x, fp8)),
                 "host_us ctypes launch": host_us(raw),
                 "launch_us (do_bench)": do_bench(raw, warmup=25, rep=100, return_mode="median") * 1e3}
         moved = m * k * 2 + m * k + s1.numel() * 4

@@ -3,9 +3,9 @@ scale="block": one pass over x (``templates/common/quantize_rows.cu``) where the
 
 The kernel is built once per GPU architecture through the build cache (one small nvcc run, no torch headers) and
 launched through ctypes: directly in eager mode, and inside a torch custom op (``gemmgen_quantize::row_blocks``)
-under ``torch.compile``, which traces that. It computes what the torch path computes, bit for bit (IEEE divisions, NaN kept as torch.amax and
-torch.clamp keep it). ``quantize`` uses it where it applies (``kernel_refusal``) and falls back to torch otherwise,
-or, with one warning, if the kernel cannot be built.
+under ``torch.compile``, which traces that. It computes what the torch path computes, bit for bit (IEEE divisions,
+NaN kept as torch.amax and torch.clamp keep it). ``quantize`` uses it where it applies (``kernel_refusal``) and falls
+back to torch otherwise, or, with one warning, if the kernel cannot be built.
 """
 from __future__ import annotations
 
