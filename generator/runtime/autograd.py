@@ -238,6 +238,7 @@ def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None
     below = getattr(ops, op.name).default
     # Registered now (its kernel builds on its first launch), so that a traced graph finds it.
     saving_op = getattr(ops, op.derived([saving])[0].name).default if saving is not None else None
+    form = op.config.epilogue.bias_activation   # a Linear layer's epilogue: the closed-form backward where it applies
 
     class Formula(torch.autograd.Function):
         @staticmethod
@@ -260,6 +261,8 @@ def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None
             saved_acc = tensors.pop(0) if saving_op is not None else None
             found = iter(tensors)
             values = [next(found) if v is None else v for v in ctx.scalars]
+            if form is not None and not torch.is_grad_enabled() and (form.activation is None or saved_acc is not None):
+                return _bias_activation_backward(op, form, A, B, values, saved_acc, grads[0], ctx.needs_input_grad)
             return _epilogue_backward(op, A, B, values, saved_acc, grads, ctx.needs_input_grad)
 
     def autograd_kernel(A: torch.Tensor, B: torch.Tensor, *values: Any) -> Any:
@@ -279,9 +282,6 @@ def _epilogue_backward(op: OpHandle, A: torch.Tensor, B: torch.Tensor, values: l
     """The gradients of A, B and each operand: the epilogue differentiated with torch at acc (the saved one,
     zeros where the gradients do not read it, else recomputed), then dA and dB from d(acc)."""
     ep = op.config.epilogue
-    form = ep.bias_activation
-    if form is not None and not torch.is_grad_enabled() and (form.activation is None or saved_acc is not None):
-        return _bias_activation_backward(op, form, A, B, values, saved_acc, grads[0], needs)
     # Grad mode is on here only for backward(create_graph=True): then acc (recomputed) and the operands stay
     # connected to A, B and the operands (acc's op has its own formula), and the gradients are taken with
     # create_graph, so that the returned gradients are differentiable in turn.
@@ -330,10 +330,11 @@ _ACTIVATION_BACKWARD = {
 def _bias_activation_backward(op: OpHandle, form: BiasActivation, A: torch.Tensor, B: torch.Tensor,
                               values: list[Any], saved_acc: torch.Tensor | None, grad: torch.Tensor | None,
                               needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
-    """``_epilogue_backward`` of D = activation(acc + bias) in closed form: the general path's values (the
-    activation's derivative at acc + bias in fp32, as torch's autograd takes it there; the bias's gradient the fp32
-    sum of the columns), without tracing and differentiating the epilogue per call, which cost a Linear layer about
-    0.5 ms of host time per backward on the H200 machines (gpu/train_step_profile.py)."""
+    """``_epilogue_backward``'s gradients of D = activation(acc + bias) in closed form (not under create_graph, and
+    with acc saved where the activation reads it): the general path's values (the activation's derivative at
+    acc + bias in fp32, as torch's autograd takes it there; the bias's gradient the fp32 sum of the columns), without
+    tracing and differentiating the epilogue per call, which cost a Linear layer about 0.5 ms of host time per
+    backward on the H200 machines (gpu/train_step_profile.py)."""
     bias = values[0] if form.bias is not None else None
     if grad is None:
         return (None, None, *(None for _ in values))
