@@ -1,7 +1,8 @@
 """Where the host time of an eager generate() step goes, stock against replace_linear's model: torch.profiler's
 CPU table (self time per op, top rows) for one eager greedy generate() of each model, after a warm-up call, plus
-the wall time of --rounds interleaved calls. examples/generate.py's batch-1 eager row is host-bound; this says
-which ops our layers add or remove there. Writes $OUT/generate_profile_{stock,ours}.txt.
+the wall time of --rounds interleaved calls (benchmarks/bench.py interleaved_rounds). examples/generate.py's batch-1
+eager row is host-bound; this says which ops our layers add or remove there. Writes
+$OUT/generate_profile_{stock,ours}_b<batch>.txt.
 
     python3 gpu/generate_profile.py --batches 1 --new-tokens 32
 """
@@ -17,7 +18,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 import generate as gen  # noqa: E402
+from bench import interleaved_rounds  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "."))
 
@@ -34,10 +37,7 @@ def main() -> None:
         for fn in calls.values():
             fn()
             fn()
-        times: dict[str, list[float]] = {w: [] for w in calls}
-        for _ in range(args.rounds):
-            for w, fn in calls.items():
-                times[w].append(gen.wall_seconds(fn))
+        times = interleaved_rounds(calls, args.rounds, gen.wall_seconds)
         med = {w: statistics.median(t) for w, t in times.items()}
         print(f"batch {batch}: median s stock {med['stock']:.4f} ours {med['ours']:.4f} "
               f"ratio {med['stock'] / med['ours']:.3f}x; all: {times}", flush=True)

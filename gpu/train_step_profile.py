@@ -1,8 +1,8 @@
 """One GPU's training step of tests/gpu/test_fsdp.py's MLP stack (4 residual blocks of Linear(d, 4d) -> GELU ->
 Linear(4d, d), then Linear(d, d); bf16, AdamW, 4 x 256 tokens), stock against replace_linear's layers (GELU fused,
-and not), without FSDP: the step time (median of interleaved steps), then torch.profiler's tables for one step of
-each, CPU self time and the CUDA kernels. Says whether the FSDP2 MLP stack's gap (docs/torch.md) is our layers' own.
-Writes $OUT/train_step_profile_<variant>.txt.
+and not), without FSDP: the step time (median of interleaved steps, benchmarks/bench.py interleaved_rounds), then
+torch.profiler's tables for one step of each, CPU self time and the CUDA kernels. Says whether the FSDP2 MLP stack's
+gap (docs/torch.md) is our layers' own. Writes $OUT/train_step_profile_<variant>.txt.
 
     python3 gpu/train_step_profile.py
 """
@@ -20,11 +20,21 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench import interleaved_rounds  # noqa: E402
 from generator.nn import replace_linear  # noqa: E402
 from test_fsdp_cpu import Block  # noqa: E402  (the FSDP2 tests' MLP stack block)
 
 OUT = Path(os.environ.get("OUT", "."))
-D, BLOCKS, TOKENS, STEPS = 512, 4, 1024, 30
+D, BLOCKS, TOKENS, STEPS, WARMUP = 512, 4, 1024, 30, 5
+
+
+def wall_ms(step) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
 
 
 def step_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor):
@@ -50,15 +60,10 @@ def main() -> None:
     x = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
     y = torch.randn(TOKENS, D, device="cuda", dtype=torch.bfloat16)
     steps = {name: step_fn(m, x, y) for name, m in models.items()}
-    times: dict[str, list[float]] = {name: [] for name in steps}
-    for i in range(STEPS + 5):
-        for name, step in steps.items():
-            torch.cuda.synchronize()
-            start = time.perf_counter()
+    for step in steps.values():
+        for _ in range(WARMUP):
             step()
-            torch.cuda.synchronize()
-            if i >= 5:
-                times[name].append((time.perf_counter() - start) * 1e3)
+    times = interleaved_rounds(steps, STEPS, wall_ms)
     base = statistics.median(times["stock"])
     for name, t in times.items():
         print(f"{name:16s} step {statistics.median(t):7.3f} ms (stock / this {base / statistics.median(t):.3f}x)")

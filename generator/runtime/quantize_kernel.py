@@ -9,6 +9,7 @@ back to torch otherwise, or, with one warning, if the kernel cannot be built.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import threading
@@ -113,11 +114,9 @@ def _launch(launch: ctypes._CFuncPtr, x: torch.Tensor, fp8: torch.dtype) -> tupl
     q = torch.empty((rows, cols), dtype=fp8, device=x.device)
     s = torch.empty((rows, cols // BLOCK_COLUMNS), dtype=torch.float32, device=x.device)
     index = x.device.index
-    if index == torch.cuda.current_device():  # (the common case: no device switch around the launch)
+    # (the common case, x on the current device, makes no device switch around the launch)
+    with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
         code = _call(launch, x, q, s, fp8, torch.cuda.current_stream().cuda_stream)
-    else:
-        with torch.cuda.device(index):
-            code = _call(launch, x, q, s, fp8, torch.cuda.current_stream().cuda_stream)
     if code:
         raise RuntimeError(f"gemmgen: the quantize kernel failed to launch: {_KERNEL.error(code)}")
     return q, s

@@ -1406,8 +1406,8 @@ struct Kernel {
     float next[MMA_BLOCKS_M][2];
   };
   // A warpgroup's n0 is a multiple of WG_N (BN, or half of it split along N), so the column where the next 128-wide
-  // scale block begins is a multiple of gcd(WG_N, 128): a few split points, each with a promote of its own (a select per element would cost more
-  // instructions than the additions it guards).
+  // scale block begins is a multiple of gcd(WG_N, 128): a few split points, each with a promote of its own (a select
+  // per element would cost more instructions than the additions it guards).
   static constexpr int kScaleColumns = 128;
   // The block-scaled main loop is unrolled by the depth of its scales' pipeline (in use, loaded, being loaded), so that
   // each k tile's loads have registers of their own: rolled, ptxas passes them on by moves each k tile, and a move
