@@ -26,6 +26,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from torch import nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
 from generator import Gemm, KernelConfig  # noqa: E402
 from generator.runtime import jit_runtime  # noqa: E402
@@ -147,7 +148,7 @@ def reference_op(layout="tn", dtype="bf16", namespace=NAMESPACE, **kw) -> Refere
 def formula(request, monkeypatch):
     """The namespace of reference ops whose autograd formula is the C++ one or the Python fallback."""
     if request.param == "python":
-        monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs: False)
+        monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs, epilogue=None: False)
         return NAMESPACE + "_py"
     if not jit_runtime.RUNTIME.ensure():
         pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
@@ -1340,3 +1341,96 @@ def test_tf32_autograd_copies_no_operand(layout, arch, monkeypatch):
         for got, ref, t in ((a.grad, a64.grad, a), (b.grad, b64.grad, b)):
             assert got.dtype == torch.float32 and got.shape == t.shape and got.stride() == t.stride()
             assert rel(got, ref) <= 1e-5, (layout, m, n, k, kind)
+
+
+# -- a Linear layer's epilogue, activation(acc + bias): the C++ closed form -------------------------------------------
+
+#: (activation, bias) of every epilogue Epilogue.bias_activation recognises (the identity takes the plain formula).
+LINEAR_EPILOGUES = [(act, bias) for act in (None, "relu", "gelu", "gelu_tanh", "silu") for bias in (None, "col")
+                    if act or bias]
+
+
+def linear_call(op, m=37, n=24, k=40, requires_grad=True):
+    """x (m, k), W (n, k) and the bias if the op takes one, bf16; the call's output, the leaves and an upstream."""
+    x = torch.randn(m, k).bfloat16().requires_grad_(requires_grad)
+    w = torch.randn(n, k).bfloat16().requires_grad_(requires_grad)
+    values = [torch.randn(n).bfloat16().requires_grad_(requires_grad) for _ in op.config.epilogue.operands]
+    return op(x, w.t(), *values), (x, w, *values), torch.randn(m, n).bfloat16()
+
+
+@pytest.mark.parametrize("activation, bias", LINEAR_EPILOGUES)
+def test_linear_epilogue_cpp_formula_gives_the_python_formulas_gradients(activation, bias, monkeypatch):
+    """gemm_autograd.h's LinearEpilogueFunction runs the torch ops of autograd.py's closed form on the same values
+    (relu: on acc recomputed in fp32, the general path's): the same gradients, bit for bit."""
+    if not jit_runtime.RUNTIME.ensure():
+        pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
+    cpp = formula_op(NAMESPACE, activation=activation, bias=bias)
+    node = linear_call(cpp)[0].grad_fn
+    assert "LinearEpilogueFunction" in node.name()
+    monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs, epilogue=None: False)
+    python = formula_op(NAMESPACE + "_py", activation=activation, bias=bias)
+    torch.manual_seed(1)
+    out, leaves, upstream = linear_call(cpp)
+    got = torch.autograd.grad(out, leaves, upstream)
+    torch.manual_seed(1)
+    out, leaves, upstream = linear_call(python)
+    want = torch.autograd.grad(out, leaves, upstream)
+    for name, g, w, t in zip(("x", "W", "bias"), got, want, leaves):
+        assert g.dtype == t.dtype and g.shape == t.shape and torch.equal(g, w), name
+
+
+@pytest.mark.parametrize("activation", ["gelu_tanh", "relu", None])
+def test_linear_epilogue_double_backward_against_float64(activation, formula):
+    """Under create_graph the C++ formula recomputes acc with a graph (the accumulator op), so second derivatives
+    reach x, W and the bias."""
+    op = formula_op(formula, activation=activation, bias="col")
+    out, leaves, _ = linear_call(op, 16, 8, 12)
+    (grad_x,) = torch.autograd.grad(out.float().pow(2).sum(), leaves[0], create_graph=True)
+    got = torch.autograd.grad(grad_x.float().pow(2).sum(), leaves)
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    pre = leaves64[0] @ leaves64[1].t() + leaves64[2]
+    act = {"gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "relu": F.relu, None: lambda t: t}[activation]
+    (g64,) = torch.autograd.grad(act(pre).pow(2).sum(), leaves64[0], create_graph=True)
+    want = torch.autograd.grad(g64.pow(2).sum(), leaves64)
+    for name, g, w in zip(("x", "W", "bias"), got, want):
+        assert rel(g, w) <= 3e-2, name
+
+
+def test_linear_epilogue_formula_builds_a_node_only_where_a_gradient_is_wanted(formula):
+    op = formula_op(formula, activation="silu", bias="col")
+    x, w, bias = linear_call(op)[1]
+    with torch.no_grad():
+        assert op(x, w.t(), bias).grad_fn is None
+    assert op(x.detach(), w.detach().t(), bias.detach()).grad_fn is None
+    (grad_bias,) = torch.autograd.grad(op(x.detach(), w.detach().t(), bias).float().sum(), bias)
+    pre = x.double() @ w.double().t() + bias.double()
+    assert rel(grad_bias, (torch.sigmoid(pre) * (1 + pre * (1 - torch.sigmoid(pre)))).sum(0)) <= BOUND[torch.bfloat16]
+
+
+def test_linear_epilogue_batched_calls_refuse_grad_naming_the_bias(formula):
+    op = formula_op(formula, activation="gelu", bias="col")
+    x, w, bias = (torch.randn(3, 16, 12).bfloat16(), torch.randn(8, 12).bfloat16(),
+                  torch.randn(8).bfloat16().requires_grad_())
+    with pytest.raises(RuntimeError) as caught:
+        op(x, w.t(), bias)
+    assert batched_refusal(op, op.config.epilogue.operands[0].name) in str(caught.value)
+    with torch.no_grad():
+        assert op(x, w.t(), bias).shape == (3, 16, 8)
+
+
+def test_compile_fullgraph_trains_through_the_linear_epilogue_formula(formula):
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    op = formula_op(formula, activation="gelu_tanh", bias="col")
+    x, w, bias = linear_call(op, 32, 24, 40)[1]
+
+    def step(x, w, bias):
+        return op(x, w.t(), bias).float().pow(2).sum()
+
+    counter = CompileCounterWithBackend("aot_eager")
+    got = torch.autograd.grad(torch.compile(step, backend=counter, fullgraph=True)(x, w, bias), (x, w, bias))
+    want = torch.autograd.grad(step(x, w, bias), (x, w, bias))
+    assert counter.frame_count == 1
+    for g, wt in zip(got, want):
+        assert torch.equal(g, wt)

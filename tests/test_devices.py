@@ -30,7 +30,7 @@ M, N, K, E = 64, 48, 32, 3
 def python_autograd():
     """Ops registered unbuilt, with the Python autograd formula: no nvcc build of the JIT runtime."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs: False)
+    mp.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs, epilogue=None: False)
     yield
     mp.undo()
 

@@ -67,7 +67,7 @@ def python_formula(request, monkeypatch):
     """The ops registered here take generator.runtime.autograd's Python formula (no JIT runtime build); the op-level
     backward test runs both formulas through test_autograd_cpu's ``formula`` fixture instead."""
     if "formula" not in request.fixturenames:
-        monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs: False)
+        monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs, epilogue=None: False)
 
 
 @pytest.fixture

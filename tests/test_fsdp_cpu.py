@@ -18,8 +18,8 @@ every simulated rank (so every rank would hold rank 0's shard; loading the shard
 reset_sharded_param, which reads the storage's data pointer: refused too). Seen with torch 2.14. gloo runs the real
 collectives instead (about 15 s for both variants, mostly the two processes' start and imports).
 
-The ops are test_autograd_cpu's ReferenceOp (the real registration, checks and Python autograd formula; torch.matmul on
-CPU in place of the kernel). tests/gpu/test_fsdp.py runs the kernels, on a Llama, on two GPUs over NCCL.
+The ops are test_autograd_cpu's ReferenceOp (the real registration, checks and autograd formulas, C++ or Python;
+torch.matmul on CPU in place of the kernel). tests/gpu/test_fsdp.py runs the kernels, on a Llama, on two GPUs over NCCL.
 """
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ def check_against_unsharded(sharded: nn.Module, reference: nn.Module, rank: int,
         assert err <= GRAD_BOUND, f"rank {rank} {what} {name}: gradient rel error {err:.3g}"
 
 
-def _rank(rank: int, port: int, path: str) -> None:
+def _rank(rank: int, port: int, path: str, formula: str) -> None:
     """One rank: both variants in one process group (a process's start and imports are most of a variant's time)."""
     import torch.distributed as dist
 
@@ -131,18 +131,20 @@ def _rank(rank: int, port: int, path: str) -> None:
     from generator import nn as gnn
     from generator.runtime import jit_runtime
 
-    # This process's ops: reference ops (no GPU, no nvcc), differentiated by the Python formula (no JIT runtime build).
+    # This process's ops: reference ops (no GPU, no nvcc), differentiated by the JIT runtime's C++ formulas (built by
+    # the test, loaded here from the build cache) or by the Python ones.
     gnn.compile_many = lambda configs, **kw: [test_autograd_cpu.ReferenceOp(c, NAMESPACE) for c in configs]
-    jit_runtime.RUNTIME.register_autograd = lambda op, configs: False
+    if formula == "python":
+        jit_runtime.RUNTIME.register_autograd = lambda op, configs, epilogue=None: False
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
     try:
         for variant in VARIANTS:
-            _train_and_check(rank, variant, f"{path}_{variant}")
+            _train_and_check(rank, variant, f"{path}_{variant}", formula)
     finally:
         dist.destroy_process_group()
 
 
-def _train_and_check(rank: int, variant: str, path: str) -> None:
+def _train_and_check(rank: int, variant: str, path: str, formula: str) -> None:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
     import test_autograd_cpu
@@ -151,6 +153,8 @@ def _train_and_check(rank: int, variant: str, path: str) -> None:
     reference = copy.deepcopy(stock).to(BF16)                # unsharded, computing in bf16 as the sharded one
     model_keys = tuple(stock.state_dict())
     mine = ours(copy.deepcopy(stock))
+    layers = [m for m in mine.modules() if hasattr(m, "op")]
+    assert layers and all(m.op.cpp_autograd == (formula == "cpp") for m in layers), formula
     opts = {"stock": shard(stock, variant), "ours": shard(mine, variant)}
     with warnings.catch_warnings():   # our ops, not the torch fallback, on the gathered weights
         warnings.filterwarnings("error", message=".*using torch.nn.functional.linear")
@@ -180,6 +184,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_fsdp2_mlp_with_our_layers(tmp_path):
-    """bf16 parameters, then fp32 ones under the mixed-precision policy (VARIANTS), on two gloo ranks."""
-    torch.multiprocessing.spawn(_rank, args=(_free_port(), str(tmp_path / "ckpt")), nprocs=WORLD, join=True)
+@pytest.mark.parametrize("formula", ["cpp", "python"])
+def test_fsdp2_mlp_with_our_layers(tmp_path, formula):
+    """bf16 parameters, then fp32 ones under the mixed-precision policy (VARIANTS), on two gloo ranks; the layers
+    differentiated by the C++ formulas (the GELU layer's closed form, gemm_autograd.h) or by the Python ones."""
+    from generator.runtime import jit_runtime
+
+    if formula == "cpp" and not jit_runtime.RUNTIME.ensure():
+        pytest.skip(f"the JIT runtime did not build here: {jit_runtime.RUNTIME.failure}")
+    torch.multiprocessing.spawn(_rank, args=(_free_port(), str(tmp_path / "ckpt"), formula), nprocs=WORLD, join=True)

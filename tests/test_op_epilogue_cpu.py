@@ -43,7 +43,7 @@ def python_autograd_for_plain_ops():
     """The backward's plain ops (acc, dA, dB) take the Python formula: no nvcc build of the JIT runtime
     (test_autograd_cpu.py covers the C++ one). An epilogue op's own formula is Python either way."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs: False)
+    mp.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs, epilogue=None: False)
     yield
     mp.undo()
 

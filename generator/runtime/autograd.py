@@ -120,7 +120,8 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     """Register dA/dB for the default overload of ``op``, and for ``.out`` a refusal of grad (not
     differentiable, as in aten). The JIT runtime's C++ formula (templates/torch/gemm_autograd.h) where it is
     built, so that calls needing no gradient skip Python; else this module's, in Python. An op with a fused
-    epilogue always takes the Python formula (``_register_epilogue_formula``)."""
+    epilogue takes the C++ closed form where it is a Linear layer's, activation(acc + bias)
+    (``_register_cpp_epilogue_formula``), else the Python formula (``_register_epilogue_formula``)."""
     grouped = op.config.epilogue.is_identity   # the ops with .grouped overloads (registration.has_grouped)
     if op.config.dtype.is_quantized or quantizes_out(op.config):
         _register_quantized_refusal(op, lib)
@@ -135,15 +136,18 @@ def register_autograd(op: OpHandle, lib: torch.library.Library) -> None:
     # time it takes to load a cached op: an op and its backward closure plan 32 configs).
     configs = {order: backward_configs(op.config, order, op_problem(op), op_plan_gradient(op)) for order in Order}
     if not op.config.epilogue.is_identity:
-        _register_epilogue_formula(op, lib)
+        op.cpp_autograd = _register_cpp_epilogue_formula(op, configs)
+        if not op.cpp_autograd:
+            _register_epilogue_formula(op, lib)
+        _register_out_refusal(op, lib)   # (an epilogue's .out schema varies: its refusal stays Python's)
     elif op.config.dtype is DType.tf32:
         _register_python_formula(op, lib)   # the C++ formula passes the gradient as it is stored
+        _register_out_refusal(op, lib)
     else:
         op.cpp_autograd = jit_runtime.RUNTIME.register_autograd(op, configs)
-        if not op.cpp_autograd:
+        if not op.cpp_autograd:   # (the C++ formula registers its own refusal of .out)
             _register_python_formula(op, lib)
-    if not op.cpp_autograd:  # the C++ formula registers its own refusal of .out
-        _register_out_refusal(op, lib)
+            _register_out_refusal(op, lib)
     if grouped:   # Python's, with either formula: the JIT runtime registers no Autograd kernel for them
         _register_grouped_formulas(op, lib)
         _register_masked_refusal(op, lib)
@@ -223,6 +227,22 @@ def _register_python_formula(op: OpHandle, lib: torch.library.Library) -> None:
         return _product_grads(op, A, B, grad, ctx.needs_input_grad[0], ctx.needs_input_grad[1])
 
     torch.library.register_autograd(f"{op.namespace}::{op.name}", backward, setup_context=setup_context, lib=lib)
+
+
+def _register_cpp_epilogue_formula(op: OpHandle, configs: dict[Order, tuple[KernelConfig, KernelConfig]]) -> bool:
+    """gemm_autograd.h's closed form for an op computing activation(acc + bias) (``Epilogue.bias_activation``), where
+    the JIT runtime is built: ``_register_epilogue_formula``'s forward and ``_bias_activation_backward``'s values, a
+    Linear layer's host time halved (gpu/epilogue_host_time.py). False (the caller registers the Python formula)
+    for any other epilogue, and for tf32, whose C++ formula would pass the gradient as it is stored."""
+    form = op.config.epilogue.bias_activation
+    if form is None or op.config.dtype is DType.tf32:
+        return False
+    saving = saving_config(op.config)
+    accumulator = accumulator_config(op.config) if form.activation is not None else None
+    # Registered now (their kernels build on their first launch), so that the C++ formula and a traced graph find them.
+    saving_op, accumulator_op = (op.derived([c])[0].name if c is not None else None for c in (saving, accumulator))
+    return jit_runtime.RUNTIME.register_autograd(
+        op, configs, epilogue=jit_runtime.LinearEpilogueOps(form, saving_op, accumulator_op))
 
 
 def _register_epilogue_formula(op: OpHandle, lib: torch.library.Library) -> None:

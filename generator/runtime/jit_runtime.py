@@ -19,6 +19,7 @@ import ctypes
 import threading
 import warnings
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -28,7 +29,7 @@ from ..planner.backward import autograd_form
 from ..render import templates_dir
 from ..spec.config import QUANT_BLOCK, KernelConfig, quantizes_out, second_output
 from ..spec.grouped import grouped_list_refusal, grouped_refusal
-from ..spec.epilogue import KINDS, Epilogue
+from ..spec.epilogue import KINDS, BiasActivation, Epilogue
 from ..spec.types import Order
 from .checks import other_layout
 from .handle import OpHandle
@@ -85,7 +86,23 @@ class JitAutogradSpec(ctypes.Structure):
     _fields_ = [("ns", ctypes.c_char_p), ("op", ctypes.c_char_p), ("dtype", ctypes.c_char_p),
                 ("grad_a", ctypes.c_char_p * 2), ("grad_b", ctypes.c_char_p * 2),
                 ("grad_a_b_row", ctypes.c_int * 2), ("grad_b_a_row", ctypes.c_int * 2),
-                ("grad_a_transposed", ctypes.c_int * 2), ("grad_b_transposed", ctypes.c_int * 2)]
+                ("grad_a_transposed", ctypes.c_int * 2), ("grad_b_transposed", ctypes.c_int * 2),
+                ("activation", ctypes.c_int), ("bias", ctypes.c_char_p), ("saving", ctypes.c_char_p),
+                ("accumulator", ctypes.c_char_p)]
+
+
+#: gemmgen::Activation in templates/torch/gemm_autograd.h: the activations of Epilogue.bias_activation.
+ACTIVATION_CODES = {None: 0, "relu": 1, "gelu": 2, "gelu_tanh": 3, "silu": 4}
+
+
+@dataclass(frozen=True)
+class LinearEpilogueOps:
+    """What the C++ formula of an op computing activation(acc + bias) needs beyond a plain op's (gemm_autograd.h
+    LinearEpilogueSpec): the form, and the names of the ops it calls in the op's namespace."""
+
+    form: BiasActivation
+    saving: str | None        # the same kernel also writing acc (planner.backward.saving_config), or None
+    accumulator: str | None   # the plain fp32 op recomputing acc (accumulator_config); None without an activation
 
 
 def torch_flags() -> tuple[str, ...]:
@@ -196,13 +213,16 @@ class _Runtime:
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 
-    def register_autograd(self, op: OpHandle, configs: dict[Order, tuple[KernelConfig, KernelConfig]]) -> bool:
+    def register_autograd(self, op: OpHandle, configs: dict[Order, tuple[KernelConfig, KernelConfig]],
+                          epilogue: LinearEpilogueOps | None = None) -> bool:
         """Register gemm_autograd.h's formula as ``op``'s Autograd kernel (and .out's refusal of grad),
         with ``configs``, the (dA, dB) kernels of ``generator.planner.backward`` per storage order of dD; False
-        if there is no runtime."""
+        if there is no runtime. ``epilogue``: an op computing activation(acc + bias) takes that closed form (its
+        default overload only: .out's refusal stays the caller's)."""
         if not self.ensure():
             return False
         forms = [autograd_form(op.config, *configs[order]) for order in (Order.row, Order.col)]
+        form = epilogue.form if epilogue is not None else BiasActivation(None, None)
         spec = JitAutogradSpec(
             ns=op.namespace.encode(), op=op.name.encode(), dtype=op.config.dtype.value.encode(),
             grad_a=(ctypes.c_char_p * 2)(*(configs[order][0].name.encode() for order in (Order.row, Order.col))),
@@ -210,9 +230,15 @@ class _Runtime:
             grad_a_b_row=(ctypes.c_int * 2)(*(int(f.a_b_row) for f in forms)),
             grad_b_a_row=(ctypes.c_int * 2)(*(int(f.b_a_row) for f in forms)),
             grad_a_transposed=(ctypes.c_int * 2)(*(int(f.a_transposed) for f in forms)),
-            grad_b_transposed=(ctypes.c_int * 2)(*(int(f.b_transposed) for f in forms)))
+            grad_b_transposed=(ctypes.c_int * 2)(*(int(f.b_transposed) for f in forms)),
+            activation=ACTIVATION_CODES[form.activation], bias=_encoded(form.bias),
+            saving=_encoded(epilogue and epilogue.saving), accumulator=_encoded(epilogue and epilogue.accumulator))
         _call(self._register_autograd, spec, f"registering the autograd formula of {op.namespace}::{op.name}")
         return True
+
+
+def _encoded(name: str | None) -> bytes | None:
+    return name.encode() if name is not None else None
 
 
 def _call(register: ctypes._CFuncPtr, spec: ctypes.Structure, what: str) -> None:

@@ -11,9 +11,10 @@
 // A plain op gets gemm_op.h's unboxed kernels (its .grouped, .grouped_list and .masked overloads' too); an op with a
 // fused epilogue (operands after A and B, maybe a second output) its boxed ones, with the epilogue's operands described
 // in the spec.
-// gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every op when it is
+// gemmgen_register_autograd likewise registers gemm_autograd.h's formula for every plain op when it is
 // defined, so a call that needs no gradient does not go through Python either (the default overload and .out;
-// a plain op's .grouped and .grouped_list keep Python's formulas, generator/runtime/autograd.py).
+// a plain op's .grouped and .grouped_list keep Python's formulas, generator/runtime/autograd.py), and for an op
+// whose epilogue is a Linear layer's, activation(acc + bias), its closed form (the default overload only).
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -247,13 +248,41 @@ struct JitAutogradSpec {
   int grad_b_a_row[2];    // and grad_b A.t() (A where transposed)
   int grad_a_transposed[2];  // 1: grad_a computes dA.t() (gemm_autograd.h AutogradSpec)
   int grad_b_transposed[2];  // and grad_b dB.t()
+  // An op whose epilogue is a Linear layer's, activation(acc + bias) (gemm_autograd.h LinearEpilogueSpec); all
+  // zero or null for a plain op.
+  int activation;            // gemmgen::Activation
+  const char* bias;          // the per-column operand's name, or null
+  const char* saving;        // the op also writing acc, or null
+  const char* accumulator;   // the plain fp32 op recomputing acc, or null
 };
 
 struct RegisteredAutograd {
-  std::string ns, op, grad_a[2], grad_b[2];
+  std::string ns, op, grad_a[2], grad_b[2], bias, saving, accumulator;
   gemmgen::AutogradSpec spec{};
+  gemmgen::LinearEpilogueSpec epilogue{};
   torch::Library* library = nullptr;
 };
+
+// A Linear layer's epilogue formula for the default overload (.out keeps Python's refusal of grad: its schema
+// differs per epilogue).
+void register_linear_epilogue(const JitAutogradSpec& in, RegisteredAutograd& entry) {
+  TORCH_CHECK_VALUE(in.activation >= 0 && in.activation <= static_cast<int>(gemmgen::Activation::Silu),
+                    "gemmgen JIT runtime: activation ", in.activation, " (0-4)");
+  const auto activation = static_cast<gemmgen::Activation>(in.activation);
+  TORCH_CHECK_VALUE((activation == gemmgen::Activation::None) == (in.accumulator == nullptr),
+                    "gemmgen JIT runtime: an activation needs its accumulator op, and only an activation has one");
+  gemmgen::LinearEpilogueSpec& spec = entry.epilogue;
+  spec.product = &entry.spec;
+  spec.activation = activation;
+  if (in.bias) spec.bias = (entry.bias = in.bias).c_str();
+  if (in.saving) spec.saving = (entry.saving = in.saving).c_str();
+  if (in.accumulator) spec.accumulator = (entry.accumulator = in.accumulator).c_str();
+  if (spec.bias) {
+    entry.library->impl(entry.op.c_str(), gemmgen::BiasEpilogueAutogradKernel{&spec});
+  } else {
+    entry.library->impl(entry.op.c_str(), gemmgen::ActivationEpilogueAutogradKernel{&spec});
+  }
+}
 
 void register_autograd(const JitAutogradSpec& in) {
   TORCH_CHECK_VALUE(in.ns && in.op && in.dtype && in.grad_a[0] && in.grad_a[1] && in.grad_b[0] && in.grad_b[1],
@@ -273,6 +302,10 @@ void register_autograd(const JitAutogradSpec& in) {
     spec.grad_b_transposed[order] = in.grad_b_transposed[order] != 0;
   }
   entry->library = new torch::Library(torch::Library::IMPL, entry->ns, c10::DispatchKey::Autograd, __FILE__, __LINE__);
+  if (in.activation != 0 || in.bias != nullptr) {
+    register_linear_epilogue(in, *entry);
+    return;
+  }
   entry->library->impl(entry->op.c_str(), gemmgen::GemmAutogradKernel{&spec});
   entry->library->impl((entry->op + ".out").c_str(), gemmgen::GemmOutAutogradKernel{&spec});
   // Not .grouped and .grouped_list: their formulas are Python's (generator/runtime/autograd.py,

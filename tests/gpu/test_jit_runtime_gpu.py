@@ -82,7 +82,7 @@ def test_cpp_autograd_matches_the_python_formula(ops, layout, monkeypatch):
 
     op = ops[layout]
     assert op.cpp_autograd
-    monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs: False)
+    monkeypatch.setattr(jit_runtime.RUNTIME, "register_autograd", lambda op, configs, epilogue=None: False)
     python = compile_op(op.config, namespace="gemmgen_python_formula")
     assert not python.cpp_autograd
     a_row, b_row = op.config.layout.a.value == "row", op.config.layout.b.value == "row"
