@@ -778,7 +778,9 @@ def test_autograd_against_float64(case):
 def test_a_linear_layers_epilogue_takes_the_closed_form_with_the_general_paths_values(activation, bias,
                                                                                       monkeypatch):
     """activation(acc + bias) (Epilogue.bias_activation) skips tracing the epilogue in the backward; its gradients
-    equal those of the general path (the epilogue differentiated by torch's autograd) to fp32 rounding."""
+    equal those of the general path (the epilogue differentiated by torch's autograd): to fp32 rounding where they
+    take the same values (no activation; relu, whose acc is recomputed in fp32), else to the rounding of acc + bias
+    to bf16, where the closed form takes the activation's derivative as torch's Linear + GELU does."""
     if activation is None and bias is None:
         pytest.skip("the identity epilogue has the plain formula")
     op = make(activation=activation, bias=bias)
@@ -790,8 +792,9 @@ def test_a_linear_layers_epilogue_takes_the_closed_form_with_the_general_paths_v
     upstream = torch.randn(M, N).bfloat16()
     closed = torch.autograd.grad(op(a, b, *values), leaves, upstream)
     general = torch.autograd.grad(general_op(a, b, *values), leaves, upstream)
+    bound = 1e-6 if activation in (None, "relu") else 2 ** -8
     for name, got, want in zip(("A", "B", "bias"), closed, general):
-        assert got.dtype == want.dtype and rel(got, want) < 1e-6, name
+        assert got.dtype == want.dtype and rel(got, want) < bound, name
 
 
 def test_aux_gradients_flow_from_either_output():

@@ -351,18 +351,20 @@ def _bias_activation_backward(op: OpHandle, form: BiasActivation, A: torch.Tenso
                               values: list[Any], saved_acc: torch.Tensor | None, grad: torch.Tensor | None,
                               needs: tuple[bool, ...]) -> tuple[torch.Tensor | None, ...]:
     """``_epilogue_backward``'s gradients of D = activation(acc + bias) in closed form (not under create_graph, and
-    with acc saved where the activation reads it): the general path's values (the activation's derivative at
-    acc + bias in fp32, as torch's autograd takes it there; the bias's gradient the fp32 sum of the columns), without
-    tracing and differentiating the epilogue per call, which cost a Linear layer about 0.5 ms of host time per
-    backward on the H200 machines (gpu/train_step_profile.py)."""
+    with acc saved where the activation reads it), without tracing and differentiating the epilogue per call, which
+    cost a Linear layer about 0.5 ms of host time per backward on the H200 machines (gpu/train_step_profile.py). The
+    activation's derivative is taken at acc + bias in the saved acc's dtype, D's, as torch's autograd of Linear + GELU
+    takes it at the Linear's output (the general path takes it in fp32: three passes over M x N fp32 more, 0.2 ms of
+    an MLP stack's step); the bias's gradient is the fp32 sum of the columns. gemm_autograd.h's
+    LinearEpilogueFunction computes the same, in C++."""
     bias = values[0] if form.bias is not None else None
     if grad is None:
         return (None, None, *(None for _ in values))
     if form.activation is None:
         grad_acc = grad
     else:
-        pre = saved_acc.float() if bias is None else saved_acc.float() + bias.float()
-        grad_acc = _ACTIVATION_BACKWARD[form.activation](grad.float(), pre)
+        pre = saved_acc if bias is None else saved_acc + bias.to(saved_acc.dtype)
+        grad_acc = _ACTIVATION_BACKWARD[form.activation](grad.to(pre.dtype), pre)
     grad_bias = None
     if bias is not None and needs[2]:
         grad_bias = grad_acc.sum(0, dtype=torch.float32).to(bias.dtype)
