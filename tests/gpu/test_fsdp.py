@@ -60,7 +60,8 @@ pytestmark = [pytest.mark.gpu,
 BF16 = torch.bfloat16
 BATCH, SEQ = 4, 256              # per rank
 TOKENS = BATCH * SEQ
-STEPS, WARMUP, LR = 8, 3, 1e-4
+#: Steps per model (GEMMGEN_FSDP_STEPS: more for a steadier median of the step times; the checks are the same).
+STEPS, WARMUP, LR = int(os.environ.get("GEMMGEN_FSDP_STEPS", 8)), 3, 1e-4
 #: A small Llama: 4 layers, hidden 512, untied lm_head (its own Linear), sdpa attention (as examples/llama_linear.py).
 LLAMA = dict(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=4, max_position_embeddings=SEQ, tie_word_embeddings=False, attn_implementation="sdpa")
