@@ -1,0 +1,76 @@
+"""Host time of torch.compile's guards on a stack of Linear layers, stock nn.Linear against replace_linear's layers.
+
+A compiled call (every decode step of examples/generate.py's compiled rows) first checks the guards dynamo installed
+on everything the traced code read: for a Linear layer, its parameters, and for ours also the attributes and methods
+its forward reads (the op, the compute dtype, the bucket's op). This times the guard check of one compiled forward
+(``guard_manager.check`` of its cache entry, best of 5 x 2000 calls) and counts the guard tree's lines. It runs on the
+CPU with the tests' reference ops (test_autograd_cpu.ReferenceOp; their calls take the layer's general path, not the
+CUDA fast path), so it measures the guards' cost, not a GPU step.
+
+    python benchmarks/guard_time.py [--layers 56] [--width 64]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
+import test_autograd_cpu  # noqa: E402
+from generator import nn as gnn  # noqa: E402
+
+MODEL: nn.Module | None = None
+
+
+def forward(x: torch.Tensor) -> torch.Tensor:
+    return MODEL(x)
+
+
+def best_us(fn, reps: int = 2000) -> float:
+    for _ in range(50):
+        fn()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - start) / reps * 1e6)
+    return min(times)
+
+
+def main() -> None:
+    global MODEL
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--layers", type=int, default=56)
+    p.add_argument("--width", type=int, default=64)
+    args = p.parse_args()
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    gnn.compile_many = lambda configs, **kw: [test_autograd_cpu.ReferenceOp(c, "gemmgen_guards") for c in configs]
+    torch.manual_seed(0)
+    stock = nn.Sequential(*[nn.Linear(args.width, args.width, bias=False) for _ in range(args.layers)])
+    stock = stock.to(torch.bfloat16)
+    ours = copy.deepcopy(stock)
+    gnn.replace_linear(ours, arch=90, dtype=torch.bfloat16)
+    x = torch.randn(1, args.width, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for name, model in (("stock", stock), ("ours", ours)):
+            torch._dynamo.reset()
+            MODEL = model
+            torch.compile(forward, backend="eager", fullgraph=True)(x)
+            guards = _debug_get_cache_entry_list(forward.__code__)[-1].guard_manager
+            frame = {"x": x}
+            assert guards.check(frame)
+            print(f"{name:6s} {args.layers} layers: guard check {best_us(lambda: guards.check(frame)):.2f} us, "
+                  f"guard tree {len(str(guards).splitlines())} lines", flush=True)
+
+
+if __name__ == "__main__":
+    main()
