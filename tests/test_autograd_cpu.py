@@ -35,6 +35,7 @@ from generator.runtime import GemmOp  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
 from generator.runtime.checks import check_group_ends, grouped_alignment_refusal, order_of  # noqa: E402
 from generator.runtime.operands import check_batchable, check_operands  # noqa: E402
+from generator.spec.epilogue import BIAS_ACTIVATIONS  # noqa: E402
 from generator.spec.types import DType, Order  # noqa: E402
 
 NAMESPACE = "gemmgen_reference"
@@ -1346,8 +1347,7 @@ def test_tf32_autograd_copies_no_operand(layout, arch, monkeypatch):
 # -- a Linear layer's epilogue, activation(acc + bias): the C++ closed form -------------------------------------------
 
 #: (activation, bias) of every epilogue Epilogue.bias_activation recognises (the identity takes the plain formula).
-LINEAR_EPILOGUES = [(act, bias) for act in (None, "relu", "gelu", "gelu_tanh", "silu") for bias in (None, "col")
-                    if act or bias]
+LINEAR_EPILOGUES = [(act, bias) for act in (None, *BIAS_ACTIVATIONS) for bias in (None, "col") if act or bias]
 
 
 def linear_call(op, m=37, n=24, k=40, requires_grad=True):
