@@ -2,12 +2,13 @@
 
 A compiled call (every decode step of examples/generate.py's compiled rows) first checks the guards dynamo installed
 on everything the traced code read: for a Linear layer, its parameters, and for ours also the attributes and methods
-its forward reads (the op, the compute dtype, the bucket's op). This times the guard check of one compiled forward
+its forward reads (the op, the compute dtype, its helper methods). This times the guard check of one compiled forward
 (``guard_manager.check`` of its cache entry, best of 5 x 2000 calls) and counts the guard tree's lines. It runs on the
-CPU with the tests' reference ops (test_autograd_cpu.ReferenceOp; their calls take the layer's general path, not the
-CUDA fast path), so it measures the guards' cost, not a GPU step.
+CPU with the tests' reference ops (test_autograd_cpu.ReferenceOp), so it measures the guards' cost, not a GPU step.
+CPU tensors take the layer's general path; ``--path fast`` drops the CUDA test from ``Linear._takes_as_is`` so that
+they take the code a CUDA call takes (the guards a GPU model gets).
 
-    python benchmarks/guard_time.py [--layers 56] [--width 64]
+    python benchmarks/guard_time.py [--layers 56] [--width 64] [--path fast]
 """
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def forward(x: torch.Tensor) -> torch.Tensor:
     return MODEL(x)
 
 
+def takes_as_is_on_any_device(self: gnn.Linear, x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Linear._takes_as_is without its CUDA test."""
+    return (x.dtype == self.compute_dtype and w.dtype == self.compute_dtype and x.device == w.device and x.dim() > 0
+            and x.shape[-1] == w.shape[1] and x.is_contiguous() and w.is_contiguous())
+
+
 def best_us(fn, reps: int = 2000) -> float:
     for _ in range(50):
         fn()
@@ -50,7 +57,10 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--layers", type=int, default=56)
     p.add_argument("--width", type=int, default=64)
+    p.add_argument("--path", choices=("general", "fast"), default="general")
     args = p.parse_args()
+    if args.path == "fast":
+        gnn.Linear._takes_as_is = takes_as_is_on_any_device
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
     gnn.compile_many = lambda configs, **kw: [test_autograd_cpu.ReferenceOp(c, "gemmgen_guards") for c in configs]
@@ -68,7 +78,7 @@ def main() -> None:
             guards = _debug_get_cache_entry_list(forward.__code__)[-1].guard_manager
             frame = {"x": x}
             assert guards.check(frame)
-            print(f"{name:6s} {args.layers} layers: guard check {best_us(lambda: guards.check(frame)):.2f} us, "
+            print(f"{name:6s} {args.layers} layers, {args.path} path: guard check {best_us(lambda: guards.check(frame)):.2f} us, "
                   f"guard tree {len(str(guards).splitlines())} lines", flush=True)
 
 

@@ -2,8 +2,8 @@
 greedy generate() of each model, after warm-up calls, plus the wall time of --rounds interleaved calls
 (benchmarks/bench.py interleaved_rounds). Eager (the default): the CPU table (self time per op, top rows), since
 examples/generate.py's batch-1 eager row is host-bound; this says which ops our layers add or remove there. With
---compiled (the decode step compiled the transformers way, CUDA graphs): the CUDA table (GPU time per kernel), which
-says what the replayed graph's kernels cost against cuBLAS's. Writes $OUT/generate_profile_{stock,ours}_b<batch>.txt
+--compiled (the decode step compiled the transformers way, CUDA graphs): the CPU table and the CUDA table (GPU time
+per kernel), which says what the replayed graph's kernels cost against cuBLAS's. Writes $OUT/generate_profile_{stock,ours}_b<batch>.txt
 (_compiled_b<batch> with --compiled).
 
     python3 gpu/generate_profile.py --batches 1 --new-tokens 32
@@ -52,8 +52,8 @@ def main() -> None:
             activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if compiled else [])
             with torch.profiler.profile(activities=activities) as prof:
                 fn()
-            sort = "self_cuda_time_total" if compiled else "self_cpu_time_total"
-            table = prof.key_averages().table(sort_by=sort, row_limit=40)
+            sorts = ["self_cpu_time_total"] + (["self_cuda_time_total"] if compiled else [])
+            table = "\n".join(prof.key_averages().table(sort_by=sort, row_limit=40) for sort in sorts)
             (OUT / f"generate_profile_{w}_{tag}b{batch}.txt").write_text(table)
             print(f"--- {w} {tag}batch {batch}\n{table}", flush=True)
 

@@ -898,9 +898,14 @@ def test_compiled_training_step_matches_eager(tmp_path, monkeypatch):
     a, b, (bias,) = inputs(op, requires_grad=True)
     compiled = torch.compile(lambda a, b, bias: op(a, b, bias), fullgraph=True, dynamic=True)
     g = torch.randn(M, N).bfloat16()
-    got = torch.autograd.grad(compiled(a, b, bias), (a, b, bias), g)
+    out = compiled(a, b, bias)
+    assert torch.equal(out, op(a, b, bias))
+    got = torch.autograd.grad(out, (a, b, bias), g)
     want = torch.autograd.grad(op(a, b, bias), (a, b, bias), g)
-    assert all(torch.equal(x, y) for x, y in zip(got, want))
+    # The closed form takes gelu's derivative at acc + bias rounded to bf16, as torch's Linear + GELU does; Inductor
+    # fuses the add into the derivative's kernel and keeps it in fp32 there: the gradients differ by that rounding.
+    for name, x, y in zip(("A", "B", "bias"), got, want):
+        assert x.dtype == y.dtype and rel(x, y) < 2 ** -7, name
 
 
 # -- 7. fp8 scales: one-element scale tensors, fp32 row/column scales, per-block scales ------------------------

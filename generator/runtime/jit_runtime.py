@@ -18,8 +18,8 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
 
 import torch

@@ -167,8 +167,8 @@ struct GemmOutAutogradKernel {
 // part optional): the activation's derivative at acc + bias in the saved acc's dtype, D's (torch's one-kernel
 // *_backward ops, as torch's autograd of Linear + GELU takes it at the Linear's output; fp32 where acc is
 // recomputed), the bias's gradient the fp32 sum of the columns, dA and dB by product_grads. In C++ for
-// the plain formula's reasons, and because a Python autograd.Function costs a Linear layer about twice the host
-// time of this one per forward and backward (gpu/epilogue_host_time.py).
+// the plain formula's reasons, and because the Python autograd.Function held a host-bound MLP stack's training step
+// at 0.68x stock (0.91x with this one, docs/epilogue.md "Autograd, measured").
 
 // The activations, as generator/runtime/jit_runtime.py's ACTIVATION_CODES numbers them.
 enum class Activation : int { None = 0, Relu = 1, Gelu = 2, GeluTanh = 3, Silu = 4 };

@@ -164,10 +164,11 @@ struct GemmOutAutogradKernel {
 // -- a Linear layer's epilogue: D = activation(acc + bias) -------------------------------------------
 //
 // The closed form of generator/runtime/autograd.py's _bias_activation_backward (Epilogue.bias_activation, either
-// part optional): the activation's derivative at acc + bias in fp32 (torch's one-kernel *_backward ops, as torch's
-// autograd takes it there), the bias's gradient the fp32 sum of the columns, dA and dB by product_grads. In C++ for
-// the plain formula's reasons, and because a Python autograd.Function costs a Linear layer about twice the host
-// time of this one per forward and backward (gpu/epilogue_host_time.py).
+// part optional): the activation's derivative at acc + bias in the saved acc's dtype, D's (torch's one-kernel
+// *_backward ops, as torch's autograd of Linear + GELU takes it at the Linear's output; fp32 where acc is
+// recomputed), the bias's gradient the fp32 sum of the columns, dA and dB by product_grads. In C++ for
+// the plain formula's reasons, and because the Python autograd.Function held a host-bound MLP stack's training step
+// at 0.68x stock (0.91x with this one, docs/epilogue.md "Autograd, measured").
 
 // The activations, as generator/runtime/jit_runtime.py's ACTIVATION_CODES numbers them.
 enum class Activation : int { None = 0, Relu = 1, Gelu = 2, GeluTanh = 3, Silu = 4 };
@@ -256,9 +257,9 @@ struct LinearEpilogueFunction : public torch::autograd::Function<LinearEpilogueF
       // Grad mode is on here only for backward(create_graph=True): then acc is recomputed with a graph.
       at::Tensor pre = at::GradMode::is_enabled() || !acc.defined()
                            ? find_op<GemmSignature>(spec.product->ns, spec.accumulator, "").call(A, B)
-                           : acc.to(at::kFloat);
-      if (bias.defined()) pre = pre.add(bias.to(at::kFloat));
-      grad_acc = activation_backward(spec.activation, grads[0].to(at::kFloat), pre);
+                           : acc;
+      if (bias.defined()) pre = pre.add(bias.to(pre.scalar_type()));
+      grad_acc = activation_backward(spec.activation, grads[0].to(pre.scalar_type()), pre);
     }
     if (bias.defined() && ctx->needs_input_grad(2)) {
       result[2] = grad_acc.sum(0, false, at::kFloat).to(bias.scalar_type());
