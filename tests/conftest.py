@@ -1,6 +1,10 @@
 """Shared test setup: GPU tests carry @pytest.mark.gpu and are skipped, with the reason, without a GPU."""
 from __future__ import annotations
 
+import shutil
+import tempfile
+from pathlib import Path
+
 import pytest
 
 
@@ -13,12 +17,26 @@ def _gpu_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _compile_kernels_in_the_background(config, items)
     if _gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (run gpu/run_all.sh on the GPU machine)")
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def _compile_kernels_in_the_background(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """tests/test_nvcc_compile.py's kernels compile while the rest of the suite runs (its BackgroundCompiles): started
+    here, its tests moved to the end of the run, where they wait for what is left."""
+    nvcc_items = [item for item in items if item.fspath.basename == "test_nvcc_compile.py"]
+    if not nvcc_items:
+        return
+    root = Path(tempfile.mkdtemp(prefix="gemmgen-nvcc-"))
+    config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
+    nvcc_items[0].module.start_background_compiles(root)
+    moved = {id(item) for item in nvcc_items}
+    items[:] = [item for item in items if id(item) not in moved] + nvcc_items
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
@@ -327,28 +327,88 @@ def _compile(name: str, text: str, arch: int, folder: Path) -> Compiled:
     return Compiled(source, cmd, rc, out, time.perf_counter() - start)
 
 
+class BackgroundCompiles:
+    """Every case's kernel for its arch, compiled by nvcc processes: one unique source per target (a source rendered
+    twice for one target compiles once), the longest first (the fused epilogues: the slowest compiles), so that no
+    long compile is left running alone at the end.
+
+    The suite's Python tests run on one core, so the compiles start in the background when the session's tests are
+    collected (tests/conftest.py ``pytest_collection_modifyitems``, which also runs this module's tests last), on the
+    cores but one; ``results`` then compiles what is left on every core and waits. On the CI's 2 cores this takes
+    the fixture's 185-200 s of compiles (one worker per core) off the suite's wall time, but for what overlaps with
+    the suite's own multi-process work."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[tuple[tuple, tuple[int, str, str]]] = []
+        self._done: dict[tuple, Compiled] = {}
+        self._source_of: dict[tuple[int, str], tuple] = {}
+        self._threads: list[threading.Thread] = []
+        self._root: Path | None = None
+        self._start = 0.0
+
+    def start(self, root: Path, workers: int) -> None:
+        """Render every case and start ``workers`` background threads (idempotent)."""
+        with self._lock:
+            if self._root is not None:
+                return
+            self._root, self._start = root, time.perf_counter()
+            unique: dict[tuple, tuple[int, str, str]] = {}
+            for arch, cfg in CASES:
+                (name, text), = render(cfg).items()
+                self._source_of[(arch, cfg.name)] = key = (arch, hashlib.sha256(text.encode()).hexdigest())
+                unique.setdefault(key, (arch, name, text))
+            # popped from the end: the longest sources last in the list
+            self._queue = sorted(unique.items(), key=lambda item: len(item[1][2]))
+        self._add_threads(workers)
+
+    def _add_threads(self, count: int) -> None:
+        for _ in range(count):
+            thread = threading.Thread(target=self._work, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                if not self._queue:
+                    return
+                key, (arch, name, text) = self._queue.pop()
+            compiled = _compile(name, text, arch, self._root / f"sm{arch}")
+            with self._lock:
+                self._done[key] = compiled
+
+    def results(self, root: Path, workers: int) -> dict[tuple[int, str], Compiled]:
+        """Each case's compile: started here if collection did not start it, the rest compiled on ``workers``
+        threads in all."""
+        self.start(root, 0)
+        self._add_threads(max(0, workers - sum(t.is_alive() for t in self._threads)))
+        for thread in self._threads:
+            thread.join()
+        print(f"\n[nvcc] {len(self._done)} kernels compiled, the last {time.perf_counter() - self._start:.1f} s after "
+              "the first started")
+        return {case: self._done[key] for case, key in self._source_of.items()}
+
+
+BACKGROUND = BackgroundCompiles()
+
+
+def compile_workers() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def start_background_compiles(root: Path) -> None:
+    """Called by tests/conftest.py when this module's tests are selected: the compiles start on the cores but one."""
+    if NVCC is not None:
+        BACKGROUND.start(root, max(1, compile_workers() - 1))
+
+
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[int, str], Compiled]:
-    """Every case's kernel for its arch, compiled by a pool of nvcc processes (one per core). A source rendered
-    twice for one target compiles once; the longest sources (the fused epilogues: the slowest compiles) go first,
-    so that no long compile is left running alone at the end."""
+    """Every case's kernel for its arch (BackgroundCompiles), on every core from here on."""
     if NVCC is None:
         pytest.skip(NO_NVCC)
-    root = tmp_path_factory.mktemp("nvcc")
-    workers = max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
-    source_of, unique = {}, {}   # case -> (arch, source hash); (arch, source hash) -> (arch, file name, source)
-    for arch, cfg in CASES:
-        (name, text), = render(cfg).items()
-        source_of[(arch, cfg.name)] = key = (arch, hashlib.sha256(text.encode()).hexdigest())
-        unique.setdefault(key, (arch, name, text))
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        futures = {key: pool.submit(_compile, name, text, arch, root / f"sm{arch}")
-                   for key, (arch, name, text) in sorted(unique.items(), key=lambda item: -len(item[1][2]))}
-        done = {key: f.result() for key, f in futures.items()}
-    results = {case: done[key] for case, key in source_of.items()}
-    print(f"\n[nvcc] {len(done)} kernels compiled with {workers} workers in {time.perf_counter() - start:.1f} s")
-    return results
+    return BACKGROUND.results(tmp_path_factory.mktemp("nvcc"), compile_workers())
 
 
 def test_shipped_configs_are_few_enough_for_ci() -> None:
