@@ -219,7 +219,7 @@ inline std::pair<at::Tensor, at::Tensor> run_linear_epilogue(const LinearEpilogu
   return {found(*spec.product).self->call(A, B), at::Tensor()};
 }
 
-// d(loss)/d(pre) of activation(pre), from d(loss)/d(activation), both fp32.
+// d(loss)/d(pre) of activation(pre), from d(loss)/d(activation), both in pre's dtype.
 inline at::Tensor activation_backward(Activation activation, const at::Tensor& grad, const at::Tensor& pre) {
   switch (activation) {
     case Activation::Relu: return at::threshold_backward(grad, pre, 0);
