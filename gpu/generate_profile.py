@@ -3,8 +3,8 @@ greedy generate() of each model, after warm-up calls, plus the wall time of --ro
 (benchmarks/bench.py interleaved_rounds). Eager (the default): the CPU table (self time per op, top rows), since
 examples/generate.py's batch-1 eager row is host-bound; this says which ops our layers add or remove there. With
 --compiled (the decode step compiled the transformers way, CUDA graphs): the CPU table and the CUDA table (GPU time
-per kernel), which says what the replayed graph's kernels cost against cuBLAS's. Writes $OUT/generate_profile_{stock,ours}_b<batch>.txt
-(_compiled_b<batch> with --compiled).
+per kernel), which says what the replayed graph's kernels cost against cuBLAS's. Writes
+$OUT/generate_profile_{stock,ours}_b<batch>.txt (_compiled_b<batch> with --compiled).
 
     python3 gpu/generate_profile.py --batches 1 --new-tokens 32
     python3 gpu/generate_profile.py --compiled --batches 1 --new-tokens 32
@@ -49,7 +49,8 @@ def main() -> None:
         print(f"{tag}batch {batch}: median s stock {med['stock']:.4f} ours {med['ours']:.4f} "
               f"ratio {med['stock'] / med['ours']:.3f}x; all: {times}", flush=True)
         for w, fn in calls.items():
-            activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if compiled else [])
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            activities += [torch.profiler.ProfilerActivity.CUDA] if compiled else []
             with torch.profiler.profile(activities=activities) as prof:
                 fn()
             sorts = ["self_cpu_time_total"] + (["self_cuda_time_total"] if compiled else [])
