@@ -12,8 +12,9 @@ its block) gives x back to the format's precision: e4m3 keeps 3 mantissa bits, e
 B = W.t(), quantize A by row or by (1, 128) block, and W by row (one scale per column of B) or by (128, 128)
 block, as DeepGEMM lays them out. An all-zero block gets a tiny scale and quantizes to zeros.
 
-Torch operations, with one exception: a CUDA tensor in 1x128 blocks (the activations' layout) goes through a kernel
-of its own, one pass over x instead of about eight, with the same bits (``generator.runtime.quantize_kernel``).
+Torch operations, with two exceptions: a CUDA matrix in 1x128 blocks (the activations' layout) or by rows goes
+through a kernel of its own, one pass over x (two, the second from cache, by rows) instead of two to eight and an
+fp32 copy, with the same bits (``generator.runtime.quantize_kernel``).
 Planning does not need this module, and ``generator`` imports it when ``generator.quantize`` is first used.
 """
 from __future__ import annotations
@@ -119,10 +120,10 @@ def quantize(x: torch.Tensor, dtype: object = "e4m3", scale: str = "tensor",
     fp8 = _fp8_dtype(dtype)
     covered = _block_shape(scale, block, x)
     fmax = torch.finfo(fp8).max
-    if scale == "block" and covered == (1, 128) and x.is_cuda:
+    if scale != "tensor" and x.is_cuda:
         # (imported here: the runtime and its build cache only where a CUDA tensor is quantized)
-        from .runtime.quantize_kernel import quantize_row_blocks
-        fused = quantize_row_blocks(x, fp8)
+        from .runtime.quantize_kernel import quantize_on_gpu
+        fused = quantize_on_gpu(x, fp8, scale, covered)
         if fused is not None:
             return fused
     xf = x.float()

@@ -1,6 +1,6 @@
-"""generator.quantize's CUDA kernel for 1x128 blocks, without a GPU: which tensors it takes (the others take the torch
-path), its custom op's shapes under tracing, and its source compiling for sm_80 and sm_90 without spills. Its values
-(bit for bit the torch path's) are checked on the GPU: tests/gpu/test_quantize_kernel_gpu.py."""
+"""generator.quantize's CUDA kernels (1x128 blocks, whole rows), without a GPU: which tensors they take (the others
+take the torch path), their custom ops' shapes under tracing, and their source compiling for sm_80 and sm_90 without
+spills. Their values (bit for bit the torch path's) are checked on the GPU: tests/gpu/test_quantize_kernel_gpu.py."""
 from __future__ import annotations
 
 import subprocess
@@ -21,34 +21,46 @@ def meta(rows: int, cols: int, dtype: torch.dtype = torch.bfloat16) -> torch.Ten
 
 
 def test_the_kernel_takes_rows_of_whole_blocks_on_cuda_only():
-    assert "cpu" in kernel_refusal(torch.empty(4, 256, dtype=torch.bfloat16), (1, 128), E4M3)
-    assert "blocks of (128, 128)" in kernel_refusal(meta(4, 256), (128, 128), E4M3)
+    assert "cpu" in kernel_refusal(torch.empty(4, 256, dtype=torch.bfloat16), E4M3)
+    assert "blocks of (128, 128)" in kernel_refusal(meta(4, 256), E4M3, "block", (128, 128))
     # (a meta tensor stands for a CUDA one in the remaining rules: they read shapes and strides only)
-    assert kernel_refusal(meta(4, 256), (1, 128), E4M3) == "x is on meta"
+    assert kernel_refusal(meta(4, 256), E4M3) == "x is on meta"
 
 
-@pytest.mark.parametrize("x, why", [
-    (torch.empty(4, 200, dtype=torch.bfloat16, device="meta"), "200 columns"),
-    (torch.empty(0, 256, dtype=torch.bfloat16, device="meta"), "no rows"),
-    (torch.empty(256, 4, dtype=torch.bfloat16, device="meta").t(), "columns that are not contiguous"),
-    (torch.empty(4, 256, dtype=torch.float64, device="meta"), "float64"),
+@pytest.mark.parametrize("scale, x, why", [
+    ("block", torch.empty(4, 200, dtype=torch.bfloat16, device="meta"), "200 columns"),
+    ("row", torch.empty(4, 202, dtype=torch.bfloat16, device="meta"), "202 columns (the kernel takes a positive "
+                                                                      "multiple of 4)"),
+    ("row", torch.empty(4, 0, dtype=torch.bfloat16, device="meta"), "0 columns"),
+    ("block", torch.empty(0, 256, dtype=torch.bfloat16, device="meta"), "no rows"),
+    ("row", torch.empty(256, 4, dtype=torch.bfloat16, device="meta").t(), "columns that are not contiguous"),
+    ("block", torch.empty(4, 256, dtype=torch.float64, device="meta"), "float64"),
+    ("tensor", torch.empty(4, 256, dtype=torch.bfloat16, device="meta"), "scale='tensor'"),
 ])
-def test_what_it_refuses(monkeypatch, x, why):
+def test_what_it_refuses(monkeypatch, scale, x, why):
     monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda")), raising=True)
-    assert why in kernel_refusal(x, (1, 128), E4M3)
+    assert why in kernel_refusal(x, E4M3, scale)
 
 
-def test_rows_with_a_stride_of_whole_16_byte_units_are_taken(monkeypatch):
+def test_rows_with_a_stride_of_whole_vectors_are_taken(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda")), raising=True)
-    wide = torch.empty(4, 264, dtype=torch.bfloat16, device="meta")   # stride 264 x 2 bytes: 33 units of 16
-    assert kernel_refusal(wide[:, :256], (1, 128), E4M3) is None
-    odd = torch.empty(4, 260, dtype=torch.bfloat16, device="meta")    # 520 bytes: not whole units
-    assert "row stride" in kernel_refusal(odd[:, :256], (1, 128), E4M3)
+    wide = torch.empty(4, 260, dtype=torch.bfloat16, device="meta")   # stride 260 elements: 65 vectors of 4
+    assert kernel_refusal(wide[:, :256], E4M3) is None
+    odd = torch.empty(4, 258, dtype=torch.bfloat16, device="meta")    # 258 elements: not whole vectors
+    assert "row stride" in kernel_refusal(odd[:, :256], E4M3)
+    assert "row stride" in kernel_refusal(odd[:, :256], E4M3, "row")
 
 
-def test_the_op_traces_with_the_shapes_quantize_returns():
-    q, s = torch.ops.gemmgen_quantize.row_blocks(meta(5, 384), torch.float8_e5m2)
-    assert (q.shape, q.dtype, s.shape, s.dtype) == ((5, 384), torch.float8_e5m2, (5, 3), torch.float32)
+def test_rows_of_any_multiple_of_four_columns_are_taken(monkeypatch):
+    monkeypatch.setattr(torch.Tensor, "device", property(lambda self: torch.device("cuda")), raising=True)
+    assert kernel_refusal(meta(3, 204), E4M3, "row") is None
+    assert "204 columns" in kernel_refusal(meta(3, 204), E4M3, "block")
+
+
+@pytest.mark.parametrize("op, scale_shape", [("row_blocks", (5, 3)), ("rows", (5,))])
+def test_the_ops_trace_with_the_shapes_quantize_returns(op, scale_shape):
+    q, s = getattr(torch.ops.gemmgen_quantize, op)(meta(5, 384), torch.float8_e5m2)
+    assert (q.shape, q.dtype, s.shape, s.dtype) == ((5, 384), torch.float8_e5m2, scale_shape, torch.float32)
 
 
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
@@ -59,5 +71,6 @@ def test_the_kernel_compiles_without_spills(tmp_path, arch):
                            f"-I{templates_dir()}", "-cubin", "-o", str(out), str(templates_dir() / SOURCE)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    (report,) = parse_ptxas(proc.stdout + proc.stderr).values()
-    assert report["spill_stores"] == 0 and report["spill_loads"] == 0
+    reports = parse_ptxas(proc.stdout + proc.stderr)
+    assert len(reports) == 2, reports   # the block kernel and the row kernel
+    assert all(r["spill_stores"] == 0 and r["spill_loads"] == 0 for r in reports.values()), reports

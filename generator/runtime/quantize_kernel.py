@@ -1,11 +1,13 @@
-"""``generator.quantize``'s CUDA kernel for 1x128 blocks of rows, the activations' layout of the fp8 GEMMs with
-scale="block": one pass over x (``templates/common/quantize_rows.cu``) where the torch path is about eight.
+"""``generator.quantize``'s CUDA kernels for rows of a matrix (``templates/common/quantize_rows.cu``): in 1x128 blocks,
+the activations' layout of the fp8 GEMMs with scale="block" (one pass over x), and by whole rows, the rowwise scales
+of ``torch._scaled_mm`` and scale="row" (x read twice, the second time from cache), where the torch path is two to
+eight passes over x and an fp32 copy of it.
 
-The kernel is built once per GPU architecture through the build cache (one small nvcc run, no torch headers) and
-launched through ctypes: directly in eager mode, and inside a torch custom op (``gemmgen_quantize::row_blocks``)
-under ``torch.compile``, which traces that. It computes what the torch path computes, bit for bit (IEEE divisions,
-NaN kept as torch.amax and torch.clamp keep it). ``quantize`` uses it where it applies (``kernel_refusal``) and falls
-back to torch otherwise, or, with one warning, if the kernel cannot be built.
+The kernels are built once per GPU architecture through the build cache (one small nvcc run, no torch headers) and
+launched through ctypes: directly in eager mode, and inside torch custom ops (``gemmgen_quantize::row_blocks`` and
+``gemmgen_quantize::rows``) under ``torch.compile``, which traces those. They compute what the torch path computes,
+bit for bit (IEEE divisions, NaN kept as torch.amax and torch.clamp keep it). ``quantize`` uses them where they apply
+(``kernel_refusal``) and falls back to torch otherwise, or, with one warning, if the kernels cannot be built.
 """
 from __future__ import annotations
 
@@ -21,20 +23,29 @@ from ..render import templates_dir
 from ..toolchain import BuildError, BuildRequest, build
 
 SOURCE = "common/quantize_rows.cu"
-#: The columns of one scale (the kernel's kBlockColumns).
+#: The columns of one scale in the block kernel (the kernel's kBlockColumns).
 BLOCK_COLUMNS = 128
 #: The kernel's InputType and Fp8Type codes.
 INPUT_TYPES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 FP8_TYPES = {torch.float8_e4m3fn: 0, torch.float8_e5m2: 1}
-#: Rows start on this many bytes: the kernel loads each lane's four elements in one vector load.
-ROW_ALIGNMENT = 16
+#: Each lane loads this many neighbouring elements in one vector load (8 bytes of 16-bit input, 16 of fp32), so rows
+#: start on a multiple of it; the row kernel's columns come in multiples of it too (its fp8 stores are whole words).
+VECTOR_ELEMENTS = 4
+#: The row kernel runs one CTA per row, in a grid of at most this many.
+MAX_ROWS = 2**31 - 1
+#: The scale modes the kernels take: "block" (1x128 blocks) and "row" (whole rows).
+SCALES = ("block", "row")
 
 
-def kernel_refusal(x: torch.Tensor, block: tuple[int, int], fp8: torch.dtype) -> str | None:
-    """Why the kernel does not take ``x`` in blocks of ``block`` (None: it does). Shapes, strides and device only, never
-    values or addresses (``torch.compile`` traces with tensors that have neither): the torch path gives the same bits
-    wherever the kernel would run, and the op copies a tensor whose first row is not aligned."""
-    if block != (1, BLOCK_COLUMNS):
+def kernel_refusal(x: torch.Tensor, fp8: torch.dtype, scale: str = "block",
+                   block: tuple[int, int] | None = None) -> str | None:
+    """Why no kernel takes ``x`` quantized by ``scale`` ('block' with ``block`` (1, 128), the default, or 'row'; None:
+    one does). Shapes, strides and device only, never values or addresses (``torch.compile`` traces with tensors that
+    have neither): the torch path gives the same bits wherever a kernel would run, and the op copies a tensor whose
+    first row is not aligned."""
+    if scale not in SCALES:
+        return f"scale={scale!r} (the kernels take 'block' and 'row')"
+    if scale == "block" and block not in (None, (1, BLOCK_COLUMNS)):
         return f"blocks of {block} (the kernel takes 1x{BLOCK_COLUMNS})"
     if x.device.type != "cuda":
         return f"x is on {x.device.type}"
@@ -43,10 +54,13 @@ def kernel_refusal(x: torch.Tensor, block: tuple[int, int], fp8: torch.dtype) ->
     rows, cols = x.shape
     if rows == 0:
         return "x has no rows"
-    if cols == 0 or cols % BLOCK_COLUMNS:
-        return f"{cols} columns (the kernel takes a positive multiple of {BLOCK_COLUMNS})"
-    if x.stride(1) != 1 or (x.stride(0) * x.element_size()) % ROW_ALIGNMENT:
-        return f"a row stride that is no multiple of {ROW_ALIGNMENT} bytes, or columns that are not contiguous"
+    multiple = BLOCK_COLUMNS if scale == "block" else VECTOR_ELEMENTS
+    if cols == 0 or cols % multiple:
+        return f"{cols} columns (the kernel takes a positive multiple of {multiple})"
+    if scale == "row" and rows > MAX_ROWS:
+        return f"{rows} rows (the row kernel takes at most {MAX_ROWS})"
+    if x.stride(1) != 1 or x.stride(0) % VECTOR_ELEMENTS:
+        return f"a row stride that is no multiple of {VECTOR_ELEMENTS} elements, or columns that are not contiguous"
     return None
 
 
@@ -55,13 +69,13 @@ class _Kernel:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._launch: dict[str, ctypes._CFuncPtr] = {}
+        self._launch: dict[str, dict[str, ctypes._CFuncPtr]] = {}
         self._error_string: ctypes._CFuncPtr | None = None
         self.failure: str | None = None
 
-    def launch(self, arch: str) -> ctypes._CFuncPtr | None:
-        """The launch function for ``arch`` (e.g. "90"), built or found in the cache; None, with one warning, if
-        it cannot be built."""
+    def launch(self, arch: str) -> dict[str, ctypes._CFuncPtr] | None:
+        """The launch functions for ``arch`` (e.g. "90") by scale mode, built or found in the cache; None, with one
+        warning, if they cannot be built."""
         with self._lock:
             if arch in self._launch or self.failure is not None:
                 return self._launch.get(arch)
@@ -74,19 +88,23 @@ class _Kernel:
                               f"as torch operations (the same values, about eight passes over x). Why:\n{exc}",
                               RuntimeWarning, stacklevel=4)
                 return None
-            launch, error_string = dll["gemmgen_quantize_row_blocks"], dll["gemmgen_quantize_error_string"]
-            launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                               ctypes.c_int, ctypes.c_float, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
-            launch.restype = ctypes.c_int
+            launches = {scale: dll[symbol] for scale, symbol in LAUNCH_SYMBOLS.items()}
+            for launch in launches.values():  # (both: x, type, ld_x, q, s, fp8, fmax, rows, blocks or cols, stream)
+                launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_int, ctypes.c_float, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+                launch.restype = ctypes.c_int
+            error_string = dll["gemmgen_quantize_error_string"]
             error_string.argtypes, error_string.restype = [ctypes.c_int], ctypes.c_char_p
-            self._launch[arch], self._error_string = launch, error_string
-            return launch
+            self._launch[arch], self._error_string = launches, error_string
+            return launches
 
     def error(self, code: int) -> str:
         return self._error_string(code).decode() if self._error_string is not None else f"CUDA error {code}"
 
 
 _KERNEL = _Kernel()
+#: The library's launch function per scale mode.
+LAUNCH_SYMBOLS = {"block": "gemmgen_quantize_row_blocks", "row": "gemmgen_quantize_rows"}
 
 
 def request(arch: str) -> BuildRequest:
@@ -106,53 +124,81 @@ def _arch(device_index: int) -> str:
 FP8_MAX = {dtype: torch.finfo(dtype).max for dtype in FP8_TYPES}
 
 
-def _launch(launch: ctypes._CFuncPtr, x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, s) of ``x`` by the built kernel's ``launch``, on the current stream of x's device."""
+def _scale_shape(rows: int, cols: int, scale: str) -> tuple[int, ...]:
+    return (rows, cols // BLOCK_COLUMNS) if scale == "block" else (rows,)
+
+
+def _launch(launches: dict[str, ctypes._CFuncPtr], x: torch.Tensor, fp8: torch.dtype,
+            scale: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s) of ``x`` by the built kernel of ``scale``, on the current stream of x's device."""
     rows, cols = x.shape
-    if x.data_ptr() % ROW_ALIGNMENT:
+    if x.data_ptr() % (VECTOR_ELEMENTS * x.element_size()):
         x = x.clone(memory_format=torch.contiguous_format)  # (a view into a tensor: its copy starts aligned)
     q = torch.empty((rows, cols), dtype=fp8, device=x.device)
-    s = torch.empty((rows, cols // BLOCK_COLUMNS), dtype=torch.float32, device=x.device)
+    s = torch.empty(_scale_shape(rows, cols, scale), dtype=torch.float32, device=x.device)
     index = x.device.index
     # (the common case, x on the current device, makes no device switch around the launch)
     with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
-        code = _call(launch, x, q, s, fp8, torch.cuda.current_stream().cuda_stream)
+        code = _call(launches[scale], x, q, s, fp8, scale, torch.cuda.current_stream().cuda_stream)
     if code:
         raise RuntimeError(f"gemmgen: the quantize kernel failed to launch: {_KERNEL.error(code)}")
     return q, s
 
 
-def _call(launch: ctypes._CFuncPtr, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fp8: torch.dtype,
+def _call(launch: ctypes._CFuncPtr, x: torch.Tensor, q: torch.Tensor, s: torch.Tensor, fp8: torch.dtype, scale: str,
           stream: int) -> int:
     rows, cols = x.shape
     return launch(x.data_ptr(), INPUT_TYPES[x.dtype], x.stride(0), q.data_ptr(), s.data_ptr(), FP8_TYPES[fp8],
-                  FP8_MAX[fp8], rows, cols // BLOCK_COLUMNS, stream)
+                  FP8_MAX[fp8], rows, cols // BLOCK_COLUMNS if scale == "block" else cols, stream)
+
+
+def _traced(x: torch.Tensor, fp8: torch.dtype, scale: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the custom ops run (torch.compile's path); eager calls launch directly (quantize_on_gpu)."""
+    launches = _KERNEL.launch(_arch(x.device.index))
+    if launches is None:  # (only under torch.compile, which traces the op without asking: quantize_on_gpu)
+        raise RuntimeError(f"gemmgen: the quantize kernel did not build, so a compiled quantize() cannot run it: "
+                           f"{_KERNEL.failure}")
+    return _launch(launches, x, fp8, scale)
 
 
 @torch.library.custom_op("gemmgen_quantize::row_blocks", mutates_args=(), device_types="cuda")
 def row_blocks(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(q, s) of ``x`` in 1x128 blocks (``kernel_refusal(x, (1, 128), fp8)`` is None): q (rows, cols) in ``fp8``,
-    s (rows, cols / 128) fp32. What ``torch.compile`` traces; eager calls launch directly (quantize_row_blocks)."""
-    launch = _KERNEL.launch(_arch(x.device.index))
-    if launch is None:  # (only under torch.compile, which traces the op without asking: quantize_row_blocks)
-        raise RuntimeError(f"gemmgen: the quantize kernel did not build, so a compiled quantize() cannot run it: "
-                           f"{_KERNEL.failure}")
-    return _launch(launch, x, fp8)
+    """(q, s) of ``x`` in 1x128 blocks (``kernel_refusal(x, fp8, "block")`` is None): q (rows, cols) in ``fp8``,
+    s (rows, cols / 128) fp32."""
+    return _traced(x, fp8, "block")
 
 
 @row_blocks.register_fake
 def _row_blocks_fake(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     rows, cols = x.shape
-    return x.new_empty((rows, cols), dtype=fp8), x.new_empty((rows, cols // BLOCK_COLUMNS), dtype=torch.float32)
+    return x.new_empty((rows, cols), dtype=fp8), x.new_empty(_scale_shape(rows, cols, "block"), dtype=torch.float32)
 
 
-def quantize_row_blocks(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The kernel's (q, s) where it applies and is built, else None (the caller's torch path then runs). Eager calls
-    launch the kernel directly: the custom op's dispatch cost 60-100 µs of host time per call on the H200 machines
-    (gpu/quantize_timing.py), more than the kernel takes below about 16k x 7k elements."""
-    if kernel_refusal(x, (1, BLOCK_COLUMNS), fp8) is not None:
+@torch.library.custom_op("gemmgen_quantize::rows", mutates_args=(), device_types="cuda")
+def rows(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, s) of ``x`` by whole rows (``kernel_refusal(x, fp8, "row")`` is None): q (rows, cols) in ``fp8``, s (rows,)
+    fp32."""
+    return _traced(x, fp8, "row")
+
+
+@rows.register_fake
+def _rows_fake(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    n_rows, cols = x.shape
+    return x.new_empty((n_rows, cols), dtype=fp8), x.new_empty((n_rows,), dtype=torch.float32)
+
+
+_CUSTOM_OPS = {"block": row_blocks, "row": rows}
+
+
+def quantize_on_gpu(x: torch.Tensor, fp8: torch.dtype, scale: str,
+                    block: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A kernel's (q, s) of ``x`` by ``scale`` ('block' in 1x128 blocks, or 'row') where one applies and is built,
+    else None (the caller's torch path then runs). Eager calls launch the kernel directly: a custom op's dispatch
+    cost 60-100 µs of host time per call on the H200 machines (gpu/quantize_timing.py), more than the kernel takes
+    below about 16k x 7k elements."""
+    if kernel_refusal(x, fp8, scale, block) is not None:
         return None
     if torch.compiler.is_compiling():
-        return row_blocks(x, fp8)
-    launch = _KERNEL.launch(_arch(x.device.index))
-    return None if launch is None else _launch(launch, x, fp8)
+        return _CUSTOM_OPS[scale](x, fp8)
+    launches = _KERNEL.launch(_arch(x.device.index))
+    return None if launches is None else _launch(launches, x, fp8, scale)
