@@ -1,6 +1,6 @@
 // gemmgen's fp8 quantization of a matrix's rows on the GPU, for generator.quantize on a CUDA tensor:
 // - in 1x128 blocks (DeepSeek's activation layout, what the fp8 GEMMs with scale="block" read as A), one pass over
-//   x: quantize(x, fp8, scale="block") where the rows are whole blocks; a warp takes four blocks;
+//   x: quantize(x, fp8, scale="block") where the rows are whole blocks; a warp takes one block;
 // - by whole rows (the rowwise scales torch._scaled_mm and the fp8 GEMMs with scale="row" read), x read twice, the
 //   second time from cache: quantize(x, fp8, scale="row"); a CTA takes one row.
 // The torch path (generator/quantization.py) is two to eight passes over x and an fp32 copy of it.
@@ -24,7 +24,6 @@ constexpr int kWarpThreads = 32;
 constexpr int kColumnsPerLane = kBlockColumns / kWarpThreads;  // 4
 constexpr int kThreadsPerCta = 256;
 constexpr int kWarpsPerCta = kThreadsPerCta / kWarpThreads;
-constexpr int kBlocksPerWarp = 4;  // the block kernel's blocks per warp (its loads in flight per lane)
 
 enum InputType : int { kFloat32 = 0, kFloat16 = 1, kBFloat16 = 2 };
 enum Fp8Type : int { kE4M3 = 0, kE5M2 = 1 };
@@ -90,33 +89,20 @@ __device__ __forceinline__ uint32_t pack_fp8(const float (&v)[kColumnsPerLane], 
 }
 
 // x: rows x (blocks * 128), row stride ld_x elements; q: rows x (blocks * 128) fp8, dense; s: rows x blocks fp32, dense.
-// A warp takes kBlocksPerWarp consecutive blocks (in row-major block order, across rows) and loads all of them before
-// reducing any: one 8- or 16-byte load per lane and block would leave too few bytes in flight to stream from HBM.
 __global__ void __launch_bounds__(kThreadsPerCta) quantize_row_blocks(const void* x, int type, int64_t ld_x,
                                                                       uint8_t* q, float* s, int fp8, float fmax,
                                                                       int64_t rows, int64_t blocks) {
   const int64_t warp = (static_cast<int64_t>(blockIdx.x) * kThreadsPerCta + threadIdx.x) / kWarpThreads;
   const int lane = threadIdx.x % kWarpThreads;
-  const int64_t total = rows * blocks, first = warp * kBlocksPerWarp;
-  if (first >= total) return;  // (the last CTA's warps past the last block)
+  if (warp >= rows * blocks) return;  // (the last CTA's warps past the last block)
+  const int64_t row = warp / blocks, column = (warp % blocks) * kBlockColumns + lane * kColumnsPerLane;
   const int element_bytes = type == kFloat32 ? 4 : 2;
-  float v[kBlocksPerWarp][kColumnsPerLane];
-#pragma unroll
-  for (int b = 0; b < kBlocksPerWarp; ++b) {
-    const int64_t block = first + b;
-    if (block >= total) break;
-    const void* x_row = static_cast<const char*>(x) + (block / blocks) * ld_x * element_bytes;
-    load4(x_row, (block % blocks) * kBlockColumns + lane * kColumnsPerLane, type, v[b]);
-  }
-#pragma unroll
-  for (int b = 0; b < kBlocksPerWarp; ++b) {
-    const int64_t block = first + b;
-    if (block >= total) break;
-    const float scale = block_scale(warp_amax(amax4(v[b])), fmax);
-    // (q is dense, so block b's columns start at block * 128 in it, whichever row the block is in)
-    *reinterpret_cast<uint32_t*>(q + block * kBlockColumns + lane * kColumnsPerLane) = pack_fp8(v[b], scale, fmax, fp8);
-    if (lane == 0) s[block] = scale;
-  }
+  const void* x_row = static_cast<const char*>(x) + row * ld_x * element_bytes;
+  float v[kColumnsPerLane];
+  load4(x_row, column, type, v);
+  const float scale = block_scale(warp_amax(amax4(v)), fmax);
+  *reinterpret_cast<uint32_t*>(q + row * blocks * kBlockColumns + column) = pack_fp8(v, scale, fmax, fp8);
+  if (lane == 0) s[warp] = scale;
 }
 
 // x: rows x cols (cols a multiple of 4), row stride ld_x elements; q: rows x cols fp8, dense; s: rows fp32. One CTA
@@ -159,7 +145,7 @@ extern "C" {
 // start 16-byte aligned (ld_x a multiple of 4 fp32 or 8 16-bit elements), q and s are dense.
 int gemmgen_quantize_row_blocks(const void* x, int type, int64_t ld_x, void* q, float* s, int fp8, float fmax,
                                 int64_t rows, int64_t blocks, cudaStream_t stream) {
-  const int64_t warps = (rows * blocks + kBlocksPerWarp - 1) / kBlocksPerWarp;
+  const int64_t warps = rows * blocks;
   if (warps == 0) return 0;
   const int64_t ctas = (warps * kWarpThreads + kThreadsPerCta - 1) / kThreadsPerCta;
   quantize_row_blocks<<<static_cast<unsigned>(ctas), kThreadsPerCta, 0, stream>>>(
