@@ -24,6 +24,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -40,6 +41,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -1314,6 +1316,43 @@ inline std::vector<at::Tensor> empty_list_d(const OpSpec& op, at::TensorList A, 
   return D;
 }
 
+// D[i] (M_i, N_i) in the plan's order, on the GPU: one allocation cut into each problem's own matrix, each D[i] a
+// tensor of its own storage over its own bytes (they alias nothing, as torch.library.opcheck asks of outputs), the
+// allocation freed with the last of them. 128 allocations cost about 2.4 us each on the host (the caching
+// allocator's lock and bookkeeping), more than the launch's GPU time at 128 small problems (docs/grouped.md); a
+// tensor over given memory costs a fraction of that. Matrices start kListDAlignment bytes apart at least.
+inline constexpr int64_t kListDAlignment = 256;
+
+inline std::vector<at::Tensor> list_d_in_one_allocation(const OpSpec& op, at::TensorList A, at::TensorList B) {
+  const at::TensorOptions options = A[0].options().dtype(op.out_dtype);
+  const int64_t element = static_cast<int64_t>(c10::elementSize(op.out_dtype));
+  std::vector<int64_t> offsets(A.size());
+  int64_t bytes = 0;
+  for (size_t i = 0; i < A.size(); ++i) {
+    offsets[i] = bytes;
+    bytes += (A[i].size(0) * B[i].size(1) * element + kListDAlignment - 1) / kListDAlignment * kListDAlignment;
+  }
+  const at::Tensor block = at::empty({bytes}, options.dtype(at::kByte));
+  auto* base = static_cast<char*>(block.data_ptr());
+  std::vector<at::Tensor> D;
+  D.reserve(A.size());
+  for (size_t i = 0; i < A.size(); ++i) {
+    const int64_t m = A[i].size(0), n = B[i].size(1);
+    if (m * n == 0) {
+      D.push_back(empty_matrix(op, m, n, options));
+      continue;
+    }
+    const std::array<int64_t, 2> sizes = {m, n}, strides = {op.d_row ? n : 1, op.d_row ? 1 : m};
+    D.push_back(at::for_blob(base + offsets[i], sizes)
+                    .strides(strides)
+                    .deleter([block](void*) {})  // (holds the allocation until this D is freed)
+                    .options(options)
+                    .target_device(block.device())
+                    .make_tensor());
+  }
+  return D;
+}
+
 // The GemmListProblems of the problems with work, in order (M_i, N_i or K_i of 0: nothing to launch).
 inline std::vector<GemmListProblem> list_problems(const OpSpec& op, at::TensorList A, at::TensorList B,
                                                   const std::vector<at::Tensor>& D,
@@ -1349,7 +1388,7 @@ inline std::vector<at::Tensor> gemm_grouped_list(const OpSpec& op, at::TensorLis
   const c10::Device device = A[0].device();
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A[0]));
   TORCH_CHECK_VALUE(!stream_capturing(op), op.op, ": ", kListCaptureRefusal);
-  std::vector<at::Tensor> D = empty_list_d(op, A, B);
+  std::vector<at::Tensor> D = on_cuda(op) ? list_d_in_one_allocation(op, A, B) : empty_list_d(op, A, B);
   for (size_t i = 0; i < D.size(); ++i) {
     if (problems[i].k == 0) D[i].zero_();  // a sum of nothing; the kernel does not see this problem
   }

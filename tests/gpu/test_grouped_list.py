@@ -419,6 +419,31 @@ def test_many_problems(ops, key):
                for _ in range(128)], label="128 problems: ")
 
 
+@pytest.mark.parametrize("key", [DEFAULT, NN])
+def test_outputs_are_independent_matrices(ops, key):
+    """The D[i] of one call (cut from one allocation) are tensors of their own storage over disjoint bytes, in the
+    plan's order of D: writing one changes no other, and each outlives the others being freed."""
+    op = op_of(ops, key)
+    problems = tidy(op, RAGGED_17)
+    As, Bs = operands(op, problems)
+    D = op.grouped_list(As, Bs)
+    spans = sorted((d.data_ptr(), d.data_ptr() + d.numel() * d.element_size()) for d in D if d.numel())
+    assert all(end <= nxt for (_, end), (nxt, _) in zip(spans, spans[1:])), "outputs overlap"
+    assert len({d.untyped_storage().data_ptr() for d in D if d.numel()}) == len(spans), "outputs share a storage"
+    row = op.config.layout.c.value == "row"
+    for d, (m, n, _) in zip(D, problems):
+        assert d.shape == (m, n) and (d.numel() == 0 or d.is_contiguous() == row or min(m, n) == 1)
+    kept = D[len(D) // 2].clone()
+    for d in D[: len(D) // 2]:
+        d.fill_(float("nan"))
+    assert torch.equal(D[len(D) // 2], kept), "writing one output changed another"
+    last = D[-1]
+    want = last.clone()
+    del D
+    torch.cuda.synchronize()
+    assert torch.equal(last, want), "an output changed after the others were freed"
+
+
 def cuda_kernels(fn) -> list[str]:
     """The names of the CUDA kernels `fn` launched (empty where the profiler cannot see kernels)."""
     from torch.profiler import ProfilerActivity, profile
