@@ -90,7 +90,8 @@ def diff_table(stock: dict[str, Any], ours: dict[str, Any], tokens: int, unit: s
     lines = [f"{'ours - stock ' + unit + ' per token':>26s} {'stock':>10s} {'ours':>10s} {'calls s/o':>11s}  name"]
     for k in sorted(keys, key=lambda k: -abs(delta[k]))[:DIFF_ROWS]:
         s, o = stock.get(k, 0.0), ours.get(k, 0.0)
-        lines.append(f"{delta[k] / tokens:26.2f} {us(s):10.0f} {us(o):10.0f} {calls(s) + '/' + calls(o):>11s}  {k[:90]}")
+        calls_both = calls(s) + "/" + calls(o)
+        lines.append(f"{delta[k] / tokens:26.2f} {us(s):10.0f} {us(o):10.0f} {calls_both:>11s}  {k[:90]}")
     total = sum(delta.values())
     lines.append(f"total ours - stock: {total:.0f} {unit} ({total / tokens:+.2f} {unit} per token) over "
                  f"{sum(us(v) for v in stock.values()):.0f} {unit} of stock's")

@@ -142,7 +142,8 @@ __global__ void __launch_bounds__(kThreadsPerCta) quantize_whole_rows(const void
 extern "C" {
 
 // Launch on `stream`; returns a cudaError_t (0: launched). The caller checks shapes, strides and alignment: x's rows
-// start on a whole vector of 4 elements (8 bytes of 16-bit input, 16 of fp32; ld_x a multiple of 4), q and s are dense.
+// start on a whole vector of 4 elements (8 bytes of 16-bit input, 16 of fp32; ld_x a multiple of 4); q and s are
+// dense.
 int gemmgen_quantize_row_blocks(const void* x, int type, int64_t ld_x, void* q, float* s, int fp8, float fmax,
                                 int64_t rows, int64_t blocks, cudaStream_t stream) {
   const int64_t warps = rows * blocks;

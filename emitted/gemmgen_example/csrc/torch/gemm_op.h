@@ -1391,8 +1391,12 @@ inline void check_list_alignment(const OpSpec& op, at::TensorList A, at::TensorL
                                  const std::vector<ListProblem>& problems) {
   for (size_t i = 0; i < problems.size(); ++i) {
     if (!problems[i].has_work()) continue;
-    checked_as_list_item("A", i, [&](const char* x) { check_grouped_alignment(x, A[i], op.a_row, problems[i].lda, 0); });
-    checked_as_list_item("B", i, [&](const char* y) { check_grouped_alignment(y, B[i], op.b_row, problems[i].ldb, 0); });
+    checked_as_list_item("A", i, [&](const char* x) {
+      check_grouped_alignment(x, A[i], op.a_row, problems[i].lda, 0);
+    });
+    checked_as_list_item("B", i, [&](const char* y) {
+      check_grouped_alignment(y, B[i], op.b_row, problems[i].ldb, 0);
+    });
   }
 }
 
