@@ -336,6 +336,17 @@ def run_row(case: Case, mode: str, models: dict[str, Any], rounds: int) -> Row:
     return row
 
 
+def train_step(model: Any, ids: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """One eager training step of ``model`` on the token ids ``ids`` (also its labels): zeroed gradients, forward with
+    transformers' shifted cross-entropy, backward; returns the loss."""
+    def step() -> torch.Tensor:
+        model.zero_grad(set_to_none=True)
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        return loss.detach()
+    return step
+
+
 def train_row(args: argparse.Namespace, models: dict[str, Any], gen: torch.Generator, rounds: int) -> Row:
     """One eager training step per model: zeroed gradients, forward with the tokens as labels (transformers' shifted
     cross-entropy), backward. Checked on the weight gradients of every Linear (ours: dX and dW on generated kernels):
@@ -346,12 +357,7 @@ def train_row(args: argparse.Namespace, models: dict[str, Any], gen: torch.Gener
     ids = torch.randint(0, args.vocab, (args.train_batch, args.train_len), device=DEVICE, generator=gen)
 
     def make_step(model: Any) -> Callable[[], torch.Tensor]:
-        def step() -> torch.Tensor:
-            model.zero_grad(set_to_none=True)
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            return loss.detach()
-        return step
+        return train_step(model, ids)
 
     def linear_grads(model: Any) -> torch.Tensor:
         return torch.cat([p.grad.float().flatten() for name, p in model.named_parameters()

@@ -54,15 +54,7 @@ def main() -> None:
     gen = torch.Generator(device="cuda").manual_seed(args.seed)
     ids = torch.randint(0, args.vocab, (args.train_batch, args.train_len), device="cuda", generator=gen)
 
-    def make_step(model: Any) -> Callable[[], torch.Tensor]:
-        def step() -> torch.Tensor:
-            model.zero_grad(set_to_none=True)
-            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
-            loss.backward()
-            return loss.detach()
-        return step
-
-    steps = {"stock": make_step(stock), "ours": make_step(ours)}
+    steps = {"stock": ll.train_step(stock, ids), "ours": ll.train_step(ours, ids)}
     for step in steps.values():
         step()
     warm_up_gpu(1.0)
