@@ -55,6 +55,14 @@ def stream_capturing(device: torch.device) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
 
+def _needs_autograd(A: list[torch.Tensor], B: list[torch.Tensor]) -> bool:
+    """Whether a list call must go through its Autograd kernel: grad mode on and some matrix requiring grad, or a
+    trace (torch.compile records the overload as the user called it)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and torch._C._any_requires_grad(A, B)
+
+
 class GemmOp(OpChecks):
     """Callable op: ``op(A, B)`` or ``op(A, B, out=D)``; the same as ``torch.ops.<namespace>.<name>``."""
 
@@ -202,7 +210,14 @@ class GemmOp(OpChecks):
         self._check_list_types(A, B)
         if not self.config.epilogue.is_identity:   # (such an op has no .grouped_list overload)
             raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
-        return self.op.grouped_list(list(A), list(B))
+        A, B = list(A), list(B)
+        if not _needs_autograd(A, B):
+            # What the Autograd kernel (grouped_formula's, a Python function) would do here, without the dispatcher
+            # handing 2 x 128 tensors to Python and back: about a fifth of a 128-problem call's host time
+            # (docs/grouped.md, "The list form's kernel").
+            with torch._C._AutoDispatchBelowAutograd():
+                return self.op.grouped_list(A, B)
+        return self.op.grouped_list(A, B)
 
     def _call_list(self, A: object, B: object, extra: bool) -> list[torch.Tensor]:
         """``op(As, Bs)``: the list call; ``extra``: operands or out= were given too, which it does not take."""
