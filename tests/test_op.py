@@ -178,6 +178,23 @@ def test_grouped_overload_of_a_built_op(op):
     assert (tuple(b.shape), b.stride()) == ((4, 32, 48), (48 * 32, 1, 32))
 
 
+def test_a_list_call_skips_its_autograd_kernel_only_where_no_gradient_is_wanted():
+    """op.grouped_list calls below autograd (no Python formula's kernel in between) only where that kernel would do
+    nothing else: no matrix requires grad or grad mode is off, no forward-mode AD level is open (a dual tensor does
+    not require grad), and no trace is under way."""
+    import torch.autograd.forward_ad as fwAD
+
+    from generator.runtime.op import _needs_autograd
+
+    plain, wanting = [torch.randn(2, 2)], [torch.randn(2, 2, requires_grad=True)]
+    assert not _needs_autograd(plain, plain)
+    assert _needs_autograd(plain, wanting) and _needs_autograd(wanting, plain)
+    with torch.no_grad():
+        assert not _needs_autograd(plain, wanting)
+    with fwAD.dual_level():
+        assert _needs_autograd([fwAD.make_dual(plain[0], torch.ones(2, 2))], plain)
+
+
 def test_grouped_list_overload_of_a_built_op(op):
     """The real op's .grouped_list: its schema, registered with the tags of the other overloads; CPU tensors refused
     with the fix (the Python kernel), by op(As, Bs) too; fake tensors (torch.compile) give each D[i] (M_i, N_i)

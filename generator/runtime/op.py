@@ -56,9 +56,10 @@ def stream_capturing(device: torch.device) -> bool:
 
 
 def _needs_autograd(A: list[torch.Tensor], B: list[torch.Tensor]) -> bool:
-    """Whether a list call must go through its Autograd kernel: grad mode on and some matrix requiring grad, or a
-    trace (torch.compile records the overload as the user called it)."""
-    if torch.compiler.is_compiling():
+    """Whether a list call must go through its Autograd kernel: grad mode on and some matrix requiring grad, a trace
+    (torch.compile records the overload as the user called it), or forward-mode AD under way (a dual tensor does not
+    require grad, and below autograd its tangent would be dropped without a word; the kernel refuses it)."""
+    if torch.compiler.is_compiling() or torch.autograd.forward_ad._current_level >= 0:
         return True
     return torch.is_grad_enabled() and torch._C._any_requires_grad(A, B)
 
