@@ -16,6 +16,8 @@
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
 #   STEPS=host gpu/run_all.sh                          (host-bound work: gpu/linear_overhead.py, train_step_profile.py,
 #                                                       generate_profile.py, quantize_timing.py; logs per probe)
+#   STEPS=trainprofile gpu/run_all.sh                  (a Llama training step's GPU time per kernel kind, stock against
+#                                                       ours: gpu/llama_train_profile.py; TRAINPROFILE_ARGS)
 #   STEPS=ab AB_ARGS="--variant a= --variant b=-DX=1" gpu/run_all.sh   (template variants A/B: gpu/ab_variants.py)
 #   STEPS=ab90 gpu/run_all.sh                          (the same for sm90, default: stream-K on/off, fp16)
 #   STEPS=epilogue EPILOGUE_ARGS="--no-inductor" gpu/run_all.sh   (fused epilogues vs cuBLASLt, addmm, Inductor)
@@ -111,14 +113,16 @@ for step in $STEPS; do
         [ "${PIPESTATUS[0]}" = 0 ] || status=1
         tail -40 "$OUT/fuzz_sanitize_$tool.log"
       done ;;
-    host)   # host-bound work: a Linear call at decode sizes, an MLP stack's training step, an eager generate() row, quantize()
-            for probe in "gpu/linear_overhead.py" "gpu/train_step_profile.py" "gpu/generate_profile.py ${GENPROFILE_ARGS:---batches 1 --new-tokens 32 --rounds 9}" "gpu/quantize_timing.py"; do
+    host)   # host-bound work: a Linear call at decode sizes, an MLP stack's training step, an eager generate() row, quantize(),
+            # a list call of 128 small problems
+            for probe in "gpu/linear_overhead.py" "gpu/train_step_profile.py" "gpu/generate_profile.py ${GENPROFILE_ARGS:---batches 1 --new-tokens 32 --rounds 9}" "gpu/quantize_timing.py" "gpu/list_host_time.py"; do
               name=$(basename "${probe%% *}" .py)
               OUT="$OUT" python3 $probe 2>&1 | grep -v '^\[gemmgen\]' > "$OUT/$name.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
               head -8 "$OUT/$name.log"
             done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)    OUT="$OUT" bash gpu/ncu_compare.sh "${NCU_SHAPES:-4096x4096x4096}" "${NCU_DTYPE:-bf16}" "${NCU_ARGS:-}" 2>&1 | tee "$OUT/ncu_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    trainprofile) OUT="$OUT" python3 gpu/llama_train_profile.py ${TRAINPROFILE_ARGS:---layers 4 --hidden 3072 --intermediate 8192 --heads 24 --kv-heads 8 --train-batch 2 --train-len 1024 --rounds 5} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/llama_train_profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     probe)  python3 gpu/sm90_probe.py --json "$OUT/sm90_probe.json" ${PROBE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/probe.log" || status=1 ;;
     *) echo "unknown step $step"; status=2 ;;
