@@ -207,7 +207,9 @@ class GemmOp(OpChecks):
         problem's addresses and sizes to the device at each call (its tensor maps are built there), so a CUDA graph
         cannot capture it (refused while capturing: op.grouped(A, B, offsets) can be). Also ``op(A, B)`` with lists, and
         ``torch.ops.<namespace>.<name>.grouped_list(A, B)``. Differentiable in every A[i] and B[i] (docs/grouped.md,
-        "Backward"; not through a torch.compile'd backward yet)."""
+        "Backward"; not through a torch.compile'd backward yet). On the GPU the D[i] share one allocation, each over
+        its own bytes: it is freed with the last of them, and ``D[i].record_stream(s)`` has no effect on them (torch
+        skips memory its allocator did not hand out): keep them alive until another stream is done with them."""
         self._check_list_types(A, B)
         if not self.config.epilogue.is_identity:   # (such an op has no .grouped_list overload)
             raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
