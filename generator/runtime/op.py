@@ -55,13 +55,26 @@ def stream_capturing(device: torch.device) -> bool:
         return torch.cuda.is_current_stream_capturing()
 
 
-def _needs_autograd(A: list[torch.Tensor], B: list[torch.Tensor]) -> bool:
-    """Whether a list call must go through its Autograd kernel: grad mode on and some matrix requiring grad, a trace
-    (torch.compile records the overload as the user called it), or forward-mode AD under way (a dual tensor does not
-    require grad, and below autograd its tangent would be dropped without a word; the kernel refuses it)."""
+def _needs_autograd(*tensors: torch.Tensor | list[torch.Tensor]) -> bool:
+    """Whether a grouped call must go through its overload's Autograd kernel: grad mode on and some input requiring
+    grad, a trace (torch.compile records the overload as the user called it), or forward-mode AD under way (a dual
+    tensor does not require grad, and below autograd its tangent would be dropped without a word; the kernel refuses
+    it)."""
     if torch.compiler.is_compiling() or torch.autograd.forward_ad._current_level >= 0:
         return True
-    return torch.is_grad_enabled() and torch._C._any_requires_grad(A, B)
+    return torch.is_grad_enabled() and torch._C._any_requires_grad(*tensors)
+
+
+def _call_grouped(overload: Any, *args: torch.Tensor | list[torch.Tensor]) -> Any:
+    """``overload(*args)``, below autograd where no gradient is wanted (``_needs_autograd``). The grouped overloads'
+    Autograd kernels are Python functions (their formulas, or refusals of inputs that require grad): without a
+    gradient to take they only redispatch below autograd, after the dispatcher has handed every tensor to Python and
+    back, which costs host time that a decode step or a call of many small problems notices (docs/grouped.md, "The
+    list form's kernel")."""
+    if _needs_autograd(*args):
+        return overload(*args)
+    with torch._C._AutoDispatchBelowAutograd():
+        return overload(*args)
 
 
 class GemmOp(OpChecks):
@@ -158,10 +171,10 @@ class GemmOp(OpChecks):
         ``torch.ops.<namespace>.<name>.grouped_scaled(A, B, offsets, scale_a, scale_b)``; forward only."""
         if takes_scaled_groups(self.config):
             self._refuse_grouped_arguments(A=A, B=B, offsets=offsets, scale_a=scale_a, scale_b=scale_b)
-            return self.op.grouped_scaled(A, B, offsets, scale_a, scale_b)
+            return _call_grouped(self.op.grouped_scaled, A, B, offsets, scale_a, scale_b)
         self._refuse_grouped_arguments(A=A, B=B, offsets=offsets)
         self._refuse_scales(scale_a, scale_b)
-        return self.op.grouped(A, B, offsets)
+        return _call_grouped(self.op.grouped, A, B, offsets)
 
     def _refuse_grouped_arguments(self, **tensors: Any) -> None:
         """Before the dispatcher's own words: an op with a fused epilogue (which has no grouped overloads, but for
@@ -192,10 +205,10 @@ class GemmOp(OpChecks):
         for ``grouped`` (``.masked_scaled``)."""
         if takes_scaled_groups(self.config):
             self._refuse_grouped_arguments(A=A, B=B, counts=counts, scale_a=scale_a, scale_b=scale_b)
-            return self.op.masked_scaled(A, B, counts, scale_a, scale_b)
+            return _call_grouped(self.op.masked_scaled, A, B, counts, scale_a, scale_b)
         self._refuse_grouped_arguments(A=A, B=B, counts=counts)
         self._refuse_scales(scale_a, scale_b)
-        return self.op.masked(A, B, counts)
+        return _call_grouped(self.op.masked, A, B, counts)
 
     def grouped_list(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Grouped GEMM, the list form (CUTLASS's GroupedGemm): problems of their own sizes, A[i] (M_i, K_i) and B[i]
@@ -213,14 +226,7 @@ class GemmOp(OpChecks):
         self._check_list_types(A, B)
         if not self.config.epilogue.is_identity:   # (such an op has no .grouped_list overload)
             raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
-        A, B = list(A), list(B)
-        if not _needs_autograd(A, B):
-            # What the Autograd kernel (grouped_formula's, a Python function) would do here, without the dispatcher
-            # handing 2 x 128 tensors to Python and back: about a fifth of a 128-problem call's host time
-            # (docs/grouped.md, "The list form's kernel").
-            with torch._C._AutoDispatchBelowAutograd():
-                return self.op.grouped_list(A, B)
-        return self.op.grouped_list(A, B)
+        return _call_grouped(self.op.grouped_list, list(A), list(B))
 
     def _call_list(self, A: object, B: object, extra: bool) -> list[torch.Tensor]:
         """``op(As, Bs)``: the list call; ``extra``: operands or out= were given too, which it does not take."""
