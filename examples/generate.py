@@ -44,7 +44,9 @@ tokens compare with its eager ones (Inductor's own rounding).
 Timing: tokens/s = batch x --new-tokens / the wall time of one generate() call (prefill of the prompt, every decode
 step and generate's own work on the host: what a client waits for), the median of --rounds calls per model, stock
 and ours in interleaved order (benchmarks/bench.py's interleaved_rounds), after the check call and one more warm-up
-call. The ratio is ours / stock (> 1 when ours is faster).
+call. The ratio is ours / stock (> 1 when ours is faster). Each row's notes give the quartiles of the per-round ratios
+(stock's call over ours' in the same round): a host-bound row moves by a few per cent between rounds and machines,
+and where that spread includes 1.0 the run does not tell the row from parity.
 
 One-time costs: the wall time of ``replace_linear`` (plans and builds every bucket's kernel for each distinct Linear
 shape, or loads them from the build cache) is printed before the table; each row has each model's first generate()
@@ -217,6 +219,9 @@ class Row:
     stock_tps: float | None = None          # new tokens per second, all sequences of the batch together
     ours_tps: float | None = None
     speedup: float | None = None            # ours_tps / stock_tps: > 1 when ours is faster
+    # the quartiles of stock's time over ours' in each timed round (the two calls of a round run back to back):
+    # how far the ratio moves within the run, beside the median's ratio above
+    spread: tuple[float, float] | None = None
     identical: int | None = None            # sequences identical to stock's (same mode)
     shortest_prefix: int | None = None      # the fewest positions matched before a first difference
     worst_rel: float | None = None          # the largest logits difference compared
@@ -227,6 +232,16 @@ class Row:
     skipped: str | None = None
 
 
+def paired_spread(stock_s: list[float], ours_s: list[float]) -> tuple[float, float]:
+    """The lower and upper quartiles of stock_s[i] / ours_s[i] (each round's two interleaved calls paired): a ratio
+    whose spread straddles 1.0 is not told from parity by this run."""
+    ratios = sorted(s / o for s, o in zip(stock_s, ours_s))
+    if len(ratios) < 2:
+        return ratios[0], ratios[0]
+    low, _, high = statistics.quantiles(ratios, n=4, method="inclusive")
+    return low, high
+
+
 TABLE_HEAD = (f"{'batch':>5}  {'mode':<26} {'stock tok/s':>11} {'ours tok/s':>11} {'ours/stock':>10}  "
               f"{'identical':>9} {'prefix':>6} {'logits':>7}  check  notes")
 
@@ -235,7 +250,8 @@ def format_row(r: Row) -> str:
     head = f"{r.batch:>5}  {r.mode:<26}"
     if r.skipped:
         return f"{head} skipped: {r.skipped}"
-    notes = ["first calls " + ", ".join(f"{k} {v:.1f} s" for k, v in r.first_call_s.items())] + r.notes
+    spread = [f"rounds' ratios {r.spread[0]:.3f}-{r.spread[1]:.3f}"] if r.spread else []
+    notes = spread + ["first calls " + ", ".join(f"{k} {v:.1f} s" for k, v in r.first_call_s.items())] + r.notes
     return (f"{head} {r.stock_tps:11.1f} {r.ours_tps:11.1f} {r.speedup:9.3f}x  "
             f"{f'{r.identical}/{r.batch}':>9} {r.shortest_prefix:>6} {r.worst_rel:7.1e}  "
             f"{'ok    ' if r.ok else 'FAILED'} {'; '.join(notes)}")
@@ -251,7 +267,10 @@ def summarize(rows: list[Row], json_path: Path) -> int:
     failed = [r for r in timed if not r.ok]
     if timed:
         worst = min(timed, key=lambda r: r.speedup)
-        print(f"\nlowest ours/stock: {worst.speedup:.3f}x (batch {worst.batch}, {worst.mode})")
+        within = (f"; its rounds' ratios span {worst.spread[0]:.3f}-{worst.spread[1]:.3f}"
+                  + (", which includes 1.0" if worst.spread[0] <= 1.0 <= worst.spread[1] else "")
+                  if worst.spread else "")
+        print(f"\nlowest ours/stock: {worst.speedup:.3f}x (batch {worst.batch}, {worst.mode}){within}")
     print(f"tokens: {len(timed) - len(failed)} of {len(timed)} rows pass the token check" +
           ("" if not failed else " — FAILED: " + ", ".join(f"batch {r.batch} {r.mode}" for r in failed)))
     for r in failed:
@@ -375,6 +394,7 @@ def run_row(models: dict[str, Any], prompt: torch.Tensor, mode: str, args: argpa
     tps = {which: batch * args.new_tokens / statistics.median(t) for which, t in seconds.items()}
     row.stock_tps, row.ours_tps = tps["stock"], tps["ours"]
     row.speedup = row.ours_tps / row.stock_tps
+    row.spread = paired_spread(seconds["stock"], seconds["ours"])
     return row, new["stock"]
 
 

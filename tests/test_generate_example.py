@@ -190,6 +190,21 @@ def test_format_row_lines_up_with_the_head(script):
     assert skipped.endswith("skipped: BackendCompilerFailed: x")
 
 
+def test_paired_spread(script):
+    """Quartiles of each round's stock / ours; a single round is its own spread."""
+    low, high = script.paired_spread([1.0, 1.1, 0.9, 1.0, 1.2], [1.0, 1.0, 1.0, 1.0, 1.0])
+    assert (round(low, 6), round(high, 6)) == (1.0, 1.1)
+    assert script.paired_spread([2.0], [1.0]) == (2.0, 2.0)
+
+
+def test_the_spread_is_in_the_row_and_the_summary(script, tmp_path, capsys):
+    row = a_row(script)
+    row.spread = (0.97, 1.02)
+    assert "rounds' ratios 0.970-1.020" in script.format_row(row)
+    script.summarize([row], tmp_path / "rows.json")
+    assert "its rounds' ratios span 0.970-1.020, which includes 1.0" in capsys.readouterr().out
+
+
 def test_json_and_exit_status(script, tmp_path, capsys):
     out = tmp_path / "sub" / "rows.json"
     rows = [a_row(script, mode="eager"), a_row(script),
