@@ -1,7 +1,8 @@
 """Where a list call of 128 small problems (64 x 768 x 2048, bf16) spends its time on the host: the op as users call
 it, the torch.ops overload, the overload below autograd, the offsets form on the same rows, and the allocation of 128
 outputs alone (docs/grouped.md, "The list form's kernel"). Prints host time (until the calls are queued) and wall time
-per call; then a cProfile of the Python side.
+per call; then a cProfile of the Python side, and torch.profiler's CPU table of calls below autograd (the aten ops the
+C++ kernel runs inside, e.g. the outputs' allocations, beside its own time).
     python3 gpu/list_host_time.py
 """
 from __future__ import annotations
@@ -69,6 +70,10 @@ def main() -> None:
     text = io.StringIO()
     pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(14)
     print(text.getvalue())
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(20):
+            below_autograd()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 if __name__ == "__main__":
