@@ -64,6 +64,10 @@ def kernel_refusal(x: torch.Tensor, fp8: torch.dtype, scale: str = "block",
     return None
 
 
+#: The library's launch function per scale mode.
+LAUNCH_SYMBOLS = {"block": "gemmgen_quantize_row_blocks", "row": "gemmgen_quantize_rows"}
+
+
 class _Kernel:
     """The built library per architecture, loaded once per process, or why it is not there."""
 
@@ -103,8 +107,6 @@ class _Kernel:
 
 
 _KERNEL = _Kernel()
-#: The library's launch function per scale mode.
-LAUNCH_SYMBOLS = {"block": "gemmgen_quantize_row_blocks", "row": "gemmgen_quantize_rows"}
 
 
 def request(arch: str) -> BuildRequest:
@@ -124,18 +126,20 @@ def _arch(device_index: int) -> str:
 FP8_MAX = {dtype: torch.finfo(dtype).max for dtype in FP8_TYPES}
 
 
-def _scale_shape(rows: int, cols: int, scale: str) -> tuple[int, ...]:
-    return (rows, cols // BLOCK_COLUMNS) if scale == "block" else (rows,)
+def _empty_outputs(x: torch.Tensor, fp8: torch.dtype, scale: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (rows, cols) in ``fp8`` and s fp32, (rows, cols / 128) by blocks or (rows,) by rows, on x's device (fake
+    tensors for a fake x)."""
+    rows, cols = x.shape
+    s_shape = (rows, cols // BLOCK_COLUMNS) if scale == "block" else (rows,)
+    return x.new_empty((rows, cols), dtype=fp8), x.new_empty(s_shape, dtype=torch.float32)
 
 
 def _launch(launches: dict[str, ctypes._CFuncPtr], x: torch.Tensor, fp8: torch.dtype,
             scale: str) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, s) of ``x`` by the built kernel of ``scale``, on the current stream of x's device."""
-    rows, cols = x.shape
     if x.data_ptr() % (VECTOR_ELEMENTS * x.element_size()):
         x = x.clone(memory_format=torch.contiguous_format)  # (a view into a tensor: its copy starts aligned)
-    q = torch.empty((rows, cols), dtype=fp8, device=x.device)
-    s = torch.empty(_scale_shape(rows, cols, scale), dtype=torch.float32, device=x.device)
+    q, s = _empty_outputs(x, fp8, scale)
     index = x.device.index
     # (the common case, x on the current device, makes no device switch around the launch)
     with contextlib.nullcontext() if index == torch.cuda.current_device() else torch.cuda.device(index):
@@ -170,8 +174,7 @@ def row_blocks(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.T
 
 @row_blocks.register_fake
 def _row_blocks_fake(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    rows, cols = x.shape
-    return x.new_empty((rows, cols), dtype=fp8), x.new_empty(_scale_shape(rows, cols, "block"), dtype=torch.float32)
+    return _empty_outputs(x, fp8, "block")
 
 
 @torch.library.custom_op("gemmgen_quantize::rows", mutates_args=(), device_types="cuda")
@@ -183,8 +186,7 @@ def rows(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]
 
 @rows.register_fake
 def _rows_fake(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    n_rows, cols = x.shape
-    return x.new_empty((n_rows, cols), dtype=fp8), x.new_empty((n_rows,), dtype=torch.float32)
+    return _empty_outputs(x, fp8, "row")
 
 
 _CUSTOM_OPS = {"block": row_blocks, "row": rows}

@@ -74,6 +74,11 @@ __device__ __forceinline__ float block_scale(float amax, float fmax) {
   return __fdiv_rn(amax != amax ? amax : fmaxf(amax, FLT_MIN), fmax);
 }
 
+// The first element of row `row` of x (ld_x elements apart, of the input type's width).
+__device__ __forceinline__ const void* row_start(const void* x, int type, int64_t ld_x, int64_t row) {
+  return static_cast<const char*>(x) + row * ld_x * (type == kFloat32 ? 4 : 2);
+}
+
 // Round to the nearest fp8 value. The values are within +-fmax (or NaN), where saturation never applies.
 __device__ __forceinline__ uint8_t to_fp8(float v, int fp8) {
   return static_cast<uint8_t>(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, fp8 == kE4M3 ? __NV_E4M3 : __NV_E5M2));
@@ -96,8 +101,7 @@ __global__ void __launch_bounds__(kThreadsPerCta) quantize_row_blocks(const void
   const int lane = threadIdx.x % kWarpThreads;
   if (warp >= rows * blocks) return;  // (the last CTA's warps past the last block)
   const int64_t row = warp / blocks, column = (warp % blocks) * kBlockColumns + lane * kColumnsPerLane;
-  const int element_bytes = type == kFloat32 ? 4 : 2;
-  const void* x_row = static_cast<const char*>(x) + row * ld_x * element_bytes;
+  const void* x_row = row_start(x, type, ld_x, row);
   float v[kColumnsPerLane];
   load4(x_row, column, type, v);
   const float scale = block_scale(warp_amax(amax4(v)), fmax);
@@ -113,8 +117,7 @@ __global__ void __launch_bounds__(kThreadsPerCta) quantize_whole_rows(const void
                                                                       int64_t cols) {
   __shared__ float warp_amaxes[kWarpsPerCta];
   const int64_t row = blockIdx.x;
-  const int element_bytes = type == kFloat32 ? 4 : 2;
-  const void* x_row = static_cast<const char*>(x) + row * ld_x * element_bytes;
+  const void* x_row = row_start(x, type, ld_x, row);
   constexpr int kColumnsPerCtaStep = kThreadsPerCta * kColumnsPerLane;
   float amax = 0.f;
   for (int64_t column = threadIdx.x * kColumnsPerLane; column < cols; column += kColumnsPerCtaStep) {

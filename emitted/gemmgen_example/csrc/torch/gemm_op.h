@@ -1341,21 +1341,22 @@ inline std::vector<at::Tensor> empty_list_d(const OpSpec& op, at::TensorList A, 
 // tensor over given memory costs a fraction of that. Matrices start kListDAlignment bytes apart at least.
 inline constexpr int64_t kListDAlignment = 256;
 
-inline std::vector<at::Tensor> list_d_in_one_allocation(const OpSpec& op, at::TensorList A, at::TensorList B) {
-  const at::TensorOptions options = A[0].options().dtype(op.out_dtype);
+inline std::vector<at::Tensor> list_d_in_one_allocation(const OpSpec& op, const at::TensorOptions& like,
+                                                        const std::vector<ListProblem>& problems) {
+  const at::TensorOptions options = like.dtype(op.out_dtype);
   const int64_t element = static_cast<int64_t>(c10::elementSize(op.out_dtype));
-  std::vector<int64_t> offsets(A.size());
+  std::vector<int64_t> offsets(problems.size());
   int64_t bytes = 0;
-  for (size_t i = 0; i < A.size(); ++i) {
+  for (size_t i = 0; i < problems.size(); ++i) {
     offsets[i] = bytes;
-    bytes += (A[i].size(0) * B[i].size(1) * element + kListDAlignment - 1) / kListDAlignment * kListDAlignment;
+    bytes += (problems[i].m * problems[i].n * element + kListDAlignment - 1) / kListDAlignment * kListDAlignment;
   }
   const at::Tensor block = at::empty({bytes}, options.dtype(at::kByte));
   auto* base = static_cast<char*>(block.data_ptr());
   std::vector<at::Tensor> D;
-  D.reserve(A.size());
-  for (size_t i = 0; i < A.size(); ++i) {
-    const int64_t m = A[i].size(0), n = B[i].size(1);
+  D.reserve(problems.size());
+  for (size_t i = 0; i < problems.size(); ++i) {
+    const int64_t m = problems[i].m, n = problems[i].n;
     if (m * n == 0) {
       D.push_back(empty_matrix(op, m, n, options));
       continue;
@@ -1410,7 +1411,8 @@ inline std::vector<at::Tensor> gemm_grouped_list(const OpSpec& op, at::TensorLis
   const c10::Device device = A[0].device();
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A[0]));
   TORCH_CHECK_VALUE(!stream_capturing(op), op.op, ": ", kListCaptureRefusal);
-  std::vector<at::Tensor> D = on_cuda(op) ? list_d_in_one_allocation(op, A, B) : empty_list_d(op, A, B);
+  std::vector<at::Tensor> D =
+      on_cuda(op) ? list_d_in_one_allocation(op, A[0].options(), problems) : empty_list_d(op, A, B);
   for (size_t i = 0; i < D.size(); ++i) {
     if (problems[i].k == 0) D[i].zero_();  // a sum of nothing; the kernel does not see this problem
   }
