@@ -172,7 +172,9 @@ def test_every_launch_runs_on_the_operands_device() -> None:
 #: where the device matters, and safe for threads (atomic, under a mutex, a const initialised once, or thread_local).
 HOST_STATE = {
     "static PyModuleDef module": "the Python module of an emitted package (no device)",
-    "static std::mutex mutex;": "guards the pools below",
+    "static std::mutex mutex;": "guards the pools below, and stream-K's kept flags",
+    "static std::map<std::pair<int, unsigned long long>, StreamKFlags> kept;": "stream-K's flags per (device, stream "
+                                                                              "id), under the mutex",
     "static cudaMemPool_t pools[kMaxDevices] = {};": "one workspace pool per device, under the mutex",
     "thread_local char text[": "an error message, per thread",
     "static DeviceFlags smem_raised = {};": "the shared-memory opt-in, per kernel and device: atomic",

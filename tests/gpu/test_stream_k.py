@@ -83,3 +83,38 @@ def test_k_zero(ops):
     a = torch.randn(70, 0, device="cuda").bfloat16()
     b = torch.randn(0, 90, device="cuda").bfloat16()
     assert (op(a, b) == 0).all()
+
+
+def test_streams_and_graphs_keep_their_flags_apart(ops):
+    """Split-K on two streams at once, each raising the flags its stream keeps to epochs of its own, and a captured
+    graph (zeroed flags of its own) replayed between them: every result is the bits of a call run alone. A launch that
+    took another's flags or an earlier epoch for its own would add a part before it is written, and the sum moves."""
+    op = ops["bf16_pp_64x128"]
+    # 64 x 1024 x 8192: 16 tiles of 64x128 in 8+ parts each (the slices' sum); 128 x 4096 x 4096: the owner's sum
+    cases = [operands("bf16", m, n, k)[0] for m, n, k in ((64, 1024, 8192), (128, 4096, 4096))]
+    alone = [op(*args) for args in cases]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    graph_out = op._empty_out(*cases[0][:2])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        op(*cases[0], out=graph_out)
+    rounds = 12
+    outs = [[[op._empty_out(*args[:2]).fill_(float("nan")) for args in cases] for _ in range(rounds)] for _ in streams]
+    graph_outs = [torch.full_like(graph_out, float("nan")) for _ in range(rounds)]
+    torch.cuda.synchronize()
+    for r in range(rounds):
+        for s, stream in enumerate(streams):
+            with torch.cuda.stream(stream):
+                for args, out in zip(cases, outs[s][r]):
+                    op(*args, out=out)
+                if s == 0:
+                    graph.replay()
+                    graph_outs[r].copy_(graph_out)
+    torch.cuda.synchronize()
+    for s in range(len(streams)):
+        for r in range(rounds):
+            for i, want in enumerate(alone):
+                assert torch.equal(outs[s][r][i], want), f"stream {s}, round {r}, case {i}: differs from a call alone"
+    for r in range(rounds):
+        assert torch.equal(graph_outs[r], alone[0]), f"graph replay {r}: differs from a call alone"
