@@ -2,8 +2,11 @@
 // rows break the fast kernels' 16-byte rule (repacking). Host code and the copy kernel's body; no torch.
 #pragma once
 
+#include <climits>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <utility>
 #include <cuda_runtime.h>
 
 #include "alignment.cuh"
@@ -46,6 +49,60 @@ inline cudaError_t workspace_alloc(int device, size_t bytes, cudaStream_t stream
   cudaMemPool_t pool = nullptr;
   const cudaError_t err = workspace_pool(device, &pool);
   return err == cudaSuccess ? cudaMallocFromPoolAsync(workspace, bytes, pool, stream) : err;
+}
+
+// Stream-K's flags (sm90::StreamKWorkspace) kept per stream between launches, so that no launch queues a memset to
+// zero them: each launch on a stream takes the next epoch of that stream's flags, a value no flag holds yet (they
+// only hold epochs of earlier launches on the same stream, which ran before it). Zeroed once when allocated and again
+// when the epochs would wrap. Streams are told apart by cudaStreamGetId, unique for the process's life, so a new
+// stream never inherits flags that a destroyed one's last launch may still write; the flags of a destroyed stream
+// (a few KB) stay allocated. A CUDA graph may replay on any stream, so a capture does not use them
+// (sm90::stream_k_workspace zeroes flags of its own there).
+struct StreamKFlags {
+  int* flags = nullptr;
+  size_t slots = 0;
+  int epoch = 0;  // the last one taken
+};
+
+// Flags enough for the largest persistent grids (132 SMs x 2 consumer warpgroups), so that they are rarely replaced.
+constexpr size_t kStreamKMinFlags = 1024;
+
+// `slots` flags of `stream` on `device` and the epoch the launch raises them to. `hold` keeps the registry locked
+// until the caller has queued that launch: another thread that replaced the flags in between would free them
+// (stream-ordered) before the launch that reads them.
+inline cudaError_t stream_k_flags(int device, cudaStream_t stream, size_t slots, int** flags, int* epoch,
+                                  std::unique_lock<std::mutex>* hold) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, unsigned long long>, StreamKFlags> kept;
+  unsigned long long id = 0;
+  cudaError_t err = cudaStreamGetId(stream, &id);
+  if (err != cudaSuccess) return err;
+  std::unique_lock<std::mutex> lock(mutex);
+  StreamKFlags& entry = kept[{device, id}];
+  if (entry.slots < slots || entry.epoch == INT_MAX) {
+    if (entry.slots < slots) {
+      if (entry.flags != nullptr) {
+        err = cudaFreeAsync(entry.flags, stream);  // after every launch queued on the stream that reads them
+        entry.flags = nullptr;
+        entry.slots = 0;
+        if (err != cudaSuccess) return err;
+      }
+      const size_t grown = slots > kStreamKMinFlags ? slots : kStreamKMinFlags;
+      err = workspace_alloc(device, grown * sizeof(int), stream, reinterpret_cast<void**>(&entry.flags));
+      if (err != cudaSuccess) {
+        entry.flags = nullptr;
+        return err;
+      }
+      entry.slots = grown;
+    }
+    err = cudaMemsetAsync(entry.flags, 0, entry.slots * sizeof(int), stream);
+    entry.epoch = err == cudaSuccess ? 0 : INT_MAX;  // (not zeroed: zero them at the next launch)
+    if (err != cudaSuccess) return err;
+  }
+  *flags = entry.flags;
+  *epoch = ++entry.epoch;
+  *hold = std::move(lock);
+  return cudaSuccess;
 }
 
 // Below this M x N x K the unaligned kernel beats copying (a copy launch, a workspace from the pool and the fast

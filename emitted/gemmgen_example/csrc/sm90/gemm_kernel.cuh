@@ -257,6 +257,18 @@ struct LoadMaps {
   const CUtensorMap* b;
 };
 
+// Stream-K's exchange between the clusters that share a unit: one fp32 partial tile and one flag per slot (CTA and
+// consumer warpgroup, Kernel::partial_slot). A part raises its flag to `epoch` once its partial tile is written, and
+// a reader waits until the flag equals `epoch`. The host never hands a launch flags that already hold its epoch:
+// either zeroed flags and epoch 1 (a CUDA graph's capture), or its stream's own flags, which only earlier launches on
+// that stream wrote, each with an epoch of its own (stream_k_flags in common/workspace.cuh), so that no launch
+// has to zero them first.
+struct StreamKWorkspace {
+  float* partials;
+  int* flags;
+  int epoch;
+};
+
 // A list of problems (GemmArgs::list) as the kernel reads it: per problem, its tensor maps and sizes, which the host
 // launch encodes and copies to the device before the kernel starts (GemmArgs::list_device), or, for groups along K,
 // builds on the device (build_k_groups). The work units are (problem, cluster-sized block of tiles) pairs,
@@ -632,14 +644,14 @@ struct Kernel {
                 "a quantized D: whole 128-column blocks per warpgroup, row-major, no stream-K, no source operand "
                 "(spec/config.py check_quantized_out)");
   // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
-  // order: register r of thread t at r * 128 + t, so each access is coalesced), then a flag each.
+  // order: register r of thread t at r * 128 + t, so each access is coalesced) and one flag (StreamKWorkspace).
   static constexpr int kPartialFloats = WG_M * WG_N;
   static_assert(ACCUM % 4 == 0, "partial sums move as float4");
-  __host__ __device__ __forceinline__ static size_t workspace_partials_bytes(int ctas) {
-    return static_cast<size_t>(ctas) * kConsumerWarpgroups * kPartialFloats * sizeof(float);
+  __host__ __device__ __forceinline__ static size_t workspace_slots(int ctas) {
+    return static_cast<size_t>(ctas) * kConsumerWarpgroups;
   }
-  __host__ __device__ __forceinline__ static size_t workspace_bytes(int ctas) {
-    return workspace_partials_bytes(ctas) + static_cast<size_t>(ctas) * kConsumerWarpgroups * sizeof(int);
+  __host__ __device__ __forceinline__ static size_t workspace_partials_bytes(int ctas) {
+    return workspace_slots(ctas) * kPartialFloats * sizeof(float);
   }
 
   // One problem's sizes and tiles; a batch (GemmArgs::batch) repeats them per problem, and its work units
@@ -810,10 +822,10 @@ struct Kernel {
     }
   };
 
-  // workspace: the stream-K partial sums and flags (flags zeroed by the host); unused otherwise.
+  // workspace: the stream-K partial sums and flags; unused otherwise.
   // tmap_source: the epilogue source's map when source_tma_possible(args), else unused.
   __device__ static void run(const LoadMaps& maps, const CUtensorMap* tmap_d, const CUtensorMap* tmap_source,
-                             const GemmArgs& args, float* workspace, char* smem_raw) {
+                             const GemmArgs& args, const StreamKWorkspace& workspace, char* smem_raw) {
     const uint32_t raw = ptx::smem_addr(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     // (never: dynamic shared memory starts aligned)
@@ -1128,9 +1140,12 @@ struct Kernel {
   // contributes at most one part (its share's first segment), so its partial slot is consumer 0's whichever
   // consumer computed it.
   __device__ static void consume_stream_k(const Problem& p, const Smem& smem, const GemmArgs& args,
-                                          const CUtensorMap* tmap_d, uint32_t rank, int consumer, float* workspace) {
+                                          const CUtensorMap* tmap_d, uint32_t rank, int consumer,
+                                          const StreamKWorkspace& ws) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), nullptr, false};  // source read from global
-    int* flags = reinterpret_cast<int*>(reinterpret_cast<char*>(workspace) + workspace_partials_bytes(gridDim.x));
+    float* const workspace = ws.partials;
+    int* const flags = ws.flags;
+    const int epoch = ws.epoch;
     const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     const int slot_consumer = PINGPONG ? 0 : consumer;
@@ -1164,8 +1179,8 @@ struct Kernel {
       // live through a 128x256 tile's main loop, a spill there).
       if (CLUSTER == 1 && sk.units < sk.clusters && sk.clusters / sk.units >= kSliceSumParts &&
           !GEMMGEN_SM90_EXPERIMENT_SK_SERIAL_FIXUP && !GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP) {
-        finish_split_k(args, p, acc, sk, cluster, rank, consumer, slot_consumer, workspace, flags, m0 + row_in_tile,
-                       n0, at.problem);
+        finish_split_k(args, p, acc, sk, cluster, rank, consumer, slot_consumer, workspace, flags, epoch,
+                       m0 + row_in_tile, n0, at.problem);
         return;
       }
       if (s.kt_begin > 0) {  // a contributor: the owner adds this part and stores the tile
@@ -1175,14 +1190,14 @@ struct Kernel {
 #endif
         const int slot = partial_slot(cluster, rank, slot_consumer);
         store_partial(workspace, slot, acc);
-        publish_partial(flags + slot, consumer);
+        publish_partial(flags + slot, epoch, consumer);
         return;
       }
       // The owner of a cut unit: every cluster whose share begins inside it.
       if (!GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP && s.kt_end < p.k_tiles) {
         for (int c = cluster + 1; c < sk.clusters && sk.begins_inside(c, s.unit); ++c) {
           const int slot = partial_slot(c, rank, slot_consumer);
-          await_partial(flags + slot, consumer);
+          await_partial(flags + slot, epoch, consumer);
           add_partial(workspace, slot, acc);
         }
       }
@@ -1209,16 +1224,16 @@ struct Kernel {
   __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p,
                                                         ACC (&acc)[MMA_BLOCKS_M][ACCUM], const StreamK& sk, int cluster,
                                                         uint32_t rank, int consumer, int slot_consumer, float* workspace,
-                                                        int* flags, int m0, int n0, int problem) {
+                                                        int* flags, int epoch, int m0, int n0, int problem) {
     const int parts = sk.clusters / sk.units;
     const int part = cluster % parts, first = cluster - part;
     const int slot = partial_slot(cluster, rank, slot_consumer);
     store_partial(workspace, slot, acc);
-    publish_partial(flags + slot, consumer);
+    publish_partial(flags + slot, epoch, consumer);
     // Every part's flag, one thread each, then the warpgroup's barrier hands what they saw to the rest.
     for (int k = threadIdx.x % kWarpgroupThreads; k < parts; k += kWarpgroupThreads) {
       const int* flag = flags + partial_slot(first + k, rank, slot_consumer);
-      while (ptx::ld_acquire_gpu(flag) == 0) {
+      while (ptx::ld_acquire_gpu(flag) != epoch) {
       }
     }
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
@@ -1275,17 +1290,17 @@ struct Kernel {
             make_float4(acc[i][r], acc[i][r + 1], acc[i][r + 2], acc[i][r + 3]);
   }
 
-  // Every thread's partial sums written, then the flag raised (release at GPU scope).
-  __device__ __forceinline__ static void publish_partial(int* flag, int consumer) {
+  // Every thread's partial sums written, then the flag raised to the launch's epoch (release at GPU scope).
+  __device__ __forceinline__ static void publish_partial(int* flag, int epoch, int consumer) {
     __threadfence();
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-    if (threadIdx.x % kWarpgroupThreads == 0) ptx::st_release_gpu(flag, 1);
+    if (threadIdx.x % kWarpgroupThreads == 0) ptx::st_release_gpu(flag, epoch);
   }
 
   // One thread acquires the flag; the barrier hands what it saw to the rest of the warpgroup.
-  __device__ __forceinline__ static void await_partial(const int* flag, int consumer) {
+  __device__ __forceinline__ static void await_partial(const int* flag, int epoch, int consumer) {
     if (threadIdx.x % kWarpgroupThreads == 0) {
-      while (ptx::ld_acquire_gpu(flag) == 0) {
+      while (ptx::ld_acquire_gpu(flag) != epoch) {
       }
     }
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);

@@ -96,7 +96,8 @@ struct TensorMapType<int32_t> {
   static constexpr CUtensorMapDataType kValue = CU_TENSOR_MAP_DATA_TYPE_INT32;
 };
 
-using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs, float*);
+using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs,
+                          StreamKWorkspace);
 
 // What a tensor map encodes; equal keys give equal maps, so a launch with the same operand as the
 // last one (the common case: a layer's weight) skips the encoding.
@@ -239,7 +240,7 @@ inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_
     const CUtensorMap unused{};  // every map is the listed problems' own
     const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
     err = cudaLaunchKernelEx(&cluster_launch.config, fast, unused, unused, unused, unused, unused, args,
-                             static_cast<float*>(nullptr));
+                             StreamKWorkspace{});
   }
   const cudaError_t freed = cudaFreeAsync(on_device, stream);
   if (err == cudaSuccess) err = freed;
@@ -351,6 +352,33 @@ inline int launch_k_groups(KernelFn fast, const GemmArgs* call, cudaStream_t str
   });
 }
 
+// Experiment switch for A/B runs (gpu/ab_variants.py), off by default: 1 zeroes fresh stream-K flags before every
+// launch (a memset queued ahead of the kernel), as a graph's capture does, instead of using the stream's kept flags.
+#ifndef GEMMGEN_SM90_EXPERIMENT_SK_ZEROED_FLAGS
+#define GEMMGEN_SM90_EXPERIMENT_SK_ZEROED_FLAGS 0
+#endif
+
+// Stream-K's workspace for a grid of `ctas` (StreamKWorkspace): the partial sums stream-ordered, allocated in the
+// launch's stream (*allocated, for the caller to free there once the launch is queued), so that launches on other
+// streams never share them; the flags its stream keeps (stream_k_flags, locked in *flags_held until the launch is
+// queued), or, under a graph's capture, flags of its own, zeroed in the graph before the kernel.
+template <class K>
+inline cudaError_t stream_k_workspace(int device, int ctas, cudaStream_t stream, StreamKWorkspace* workspace,
+                                      void** allocated, std::unique_lock<std::mutex>* flags_held) {
+  const size_t partials = K::workspace_partials_bytes(ctas), slots = K::workspace_slots(ctas);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  cudaError_t err = cudaStreamIsCapturing(stream, &capture);
+  if (err != cudaSuccess) return err;
+  const bool zeroed_flags = capture != cudaStreamCaptureStatusNone || GEMMGEN_SM90_EXPERIMENT_SK_ZEROED_FLAGS;
+  err = workspace_alloc(device, partials + (zeroed_flags ? slots * sizeof(int) : 0), stream, allocated);
+  if (err != cudaSuccess) return err;
+  workspace->partials = static_cast<float*>(*allocated);
+  if (!zeroed_flags) return stream_k_flags(device, stream, slots, &workspace->flags, &workspace->epoch, flags_held);
+  workspace->flags = reinterpret_cast<int*>(static_cast<char*>(*allocated) + partials);
+  workspace->epoch = 1;
+  return cudaMemsetAsync(workspace->flags, 0, slots * sizeof(int), stream);
+}
+
 template <class Cfg>
 inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs), void (*repack)(RepackArgs),
                   const GemmArgs* call, cudaStream_t stream) {
@@ -458,23 +486,20 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   }
   const unsigned ctas = static_cast<unsigned>(clusters * K::CLUSTER);
 
-  // Stream-K's partial sums and flags, stream-ordered: allocated, flags zeroed, used and freed in the
-  // launch's stream, so concurrent launches on other streams never share them.
-  float* workspace = nullptr;
+  StreamKWorkspace workspace{};
+  void* allocated = nullptr;                  // (the partial sums, freed once the launch is queued)
+  std::unique_lock<std::mutex> flags_held;    // (the stream's flags, until the launch is queued)
   if (stream_k) {
-    const size_t bytes = K::workspace_bytes(static_cast<int>(ctas));
-    err = workspace_alloc(device, bytes, stream, reinterpret_cast<void**>(&workspace));
-    if (err != cudaSuccess) return static_cast<int>(err);
-    const size_t partials = K::workspace_partials_bytes(static_cast<int>(ctas));
-    err = cudaMemsetAsync(reinterpret_cast<char*>(workspace) + partials, 0, bytes - partials, stream);
+    err = stream_k_workspace<K>(device, static_cast<int>(ctas), stream, &workspace, &allocated, &flags_held);
   }
   if (err == cudaSuccess) {
     const ClusterLaunchConfig<K> cluster_launch(ctas, stream);
     err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_a_edge.map, map_b.map, map_d.map,
                              map_source.map, *args, workspace);
   }
-  if (workspace != nullptr) {
-    const cudaError_t freed = cudaFreeAsync(workspace, stream);
+  if (flags_held.owns_lock()) flags_held.unlock();
+  if (allocated != nullptr) {
+    const cudaError_t freed = cudaFreeAsync(allocated, stream);
     if (err == cudaSuccess) err = freed;
   }
   if (err != cudaSuccess) return static_cast<int>(err);
