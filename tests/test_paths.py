@@ -22,7 +22,8 @@ TEMPLATES = Path(templates_dir())
     (dict(dtype="bf16", layout="tn", layout_c="col", out_dtype="fp32", arch=90), True),
     (dict(dtype="bf16", layout="tn", activation="gelu", bias="col", arch=80), True),
     (dict(dtype="bf16", layout="nn", arch=90), False),    # A M-major
-    (dict(dtype="fp16", layout="tt", arch=80), False),    # B N-major
+    (dict(dtype="fp16", layout="tt", arch=80), True),     # B N-major: transposed in registers (movmatrix)
+    (dict(dtype="bf16", layout="nt", arch=90), False),    # A M-major
     (dict(dtype="tf32", layout="tn", arch=90), False),
     (dict(dtype="e4m3", layout="tn", scale="tensor", arch=90), False),
     (dict(dtype="e4m3", layout="tn", scale="block", arch=90), False),

@@ -200,9 +200,10 @@ SMALL_M_MAX_ROWS = 16
 
 def has_small_m_kernel(cfg: KernelConfig) -> bool:
     """Whether calls with at most SMALL_M_MAX_ROWS rows take the small-M kernel (small_m::kAvailable of
-    templates/common/gemm_small_m.cuh): 16-bit A and B, both K-major, no per-block scales, a 16- or 32-bit float D."""
+    templates/common/gemm_small_m.cuh): 16-bit A and B, A K-major (B either), no per-block scales, a 16- or 32-bit
+    float D."""
     return (cfg.dtype in (DType.fp16, DType.bf16) and cfg.b_dtype is cfg.dtype and cfg.layout.a_k_major
-            and cfg.layout.b_k_major and cfg.epilogue.scale_mode != "block"
+            and cfg.epilogue.scale_mode != "block"
             and cfg.out_dtype in (DType.fp16, DType.bf16, DType.fp32))
 
 

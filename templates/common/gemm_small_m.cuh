@@ -12,6 +12,12 @@
 //
 // A block owns 16 rows of W (16 columns of D); its warps split K in 128-wide steps and their partial sums are
 // added in shared memory in warp order, so every run gives the same bits.
+//
+// An N-major B (layout tt: D = X @ W with W stored K x N, as dX = dY @ W in a Linear's backward, or a weight kept
+// (in, out)) takes the same block and warp split, but a row of B now runs along the block's 16 columns: lane (g, t)
+// loads four columns (8 bytes) of one row of B, so that 8 rows x 16 columns are two 8 x 8 matrices in movmatrix's
+// layout (row g, column pair t; one per 32-bit half of the load), and movmatrix.trans turns each into a quarter of
+// the MMA's A fragment (8 columns of D, two k per lane). See NMajorB below.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +44,10 @@ constexpr int kRowsW = 16;                         // rows of W (columns of D) p
 #ifndef GEMMGEN_SMALL_M_WARPS
 #define GEMMGEN_SMALL_M_WARPS 8
 #endif
+// 0 leaves calls with an N-major B to the tiled kernels (the A/B baseline of NMajorB).
+#ifndef GEMMGEN_SMALL_M_N_MAJOR
+#define GEMMGEN_SMALL_M_N_MAJOR 1
+#endif
 // 1 issues a warp's next k step of W before the current step's MMAs.
 #ifndef GEMMGEN_SMALL_M_PREFETCH
 #define GEMMGEN_SMALL_M_PREFETCH 0
@@ -49,14 +59,14 @@ constexpr int kLanesK = 4;                         // lanes side by side along k
 constexpr int kChunksPerStep = 4;                  // chunks per lane and row in one step
 constexpr int kStepK = kChunksPerStep * kLanesK * kChunk;  // 128 k per warp and step: 256 bytes of each W row
 
-// Which configs have this kernel: 16-bit A and B, both K-major, no per-block scales (their K blocks would need the
-// promotion of the fast kernels) and a 16- or 32-bit floating-point D (a quantized fp8 D is scaled by the fast
-// kernel's epilogue). spec/config.py has_small_m_kernel says the same in Python.
+// Which configs have this kernel: 16-bit A and B, A K-major (B either), no per-block scales (their K blocks would
+// need the promotion of the fast kernels) and a 16- or 32-bit floating-point D (a quantized fp8 D is scaled by the
+// fast kernel's epilogue). spec/config.py has_small_m_kernel says the same in Python.
 template <class Cfg>
 constexpr bool kAvailable = (std::is_same_v<typename Cfg::Elem, __half> ||
                              std::is_same_v<typename Cfg::Elem, __nv_bfloat16>) &&
                             std::is_same_v<typename Cfg::Elem, typename Cfg::ElemB> && Cfg::kAKMajor &&
-                            Cfg::kBKMajor && Cfg::Epilogue::kRowBlocksSlot < 0 &&
+                            (Cfg::kBKMajor || GEMMGEN_SMALL_M_N_MAJOR) && Cfg::Epilogue::kRowBlocksSlot < 0 &&
                             !std::is_same_v<typename Cfg::Out, int32_t> && !kIsFp8<typename Cfg::Out>;
 
 // Chunk k .. k + 7 of a row. Guarded (the last, partial k step): a chunk that crosses K is read element by element
@@ -118,31 +128,24 @@ __device__ __forceinline__ void multiply(const WStep& w, const Elem* const (&a_r
   }
 }
 
-template <class Cfg>
-__device__ __forceinline__ void run(const GemmArgs& args) {
-  using Elem = typename Cfg::Elem;
-  using Out = typename Cfg::Out;
-  __shared__ float partial[kWarps][kRowsW][kMaxRows];
+// The rows of A (8 per n8 MMA), rows past M reading the last row instead: each element of D^T depends on one row
+// of A, and those elements are never stored, so no load needs a guard for them.
+template <typename Elem>
+__device__ __forceinline__ const Elem* row_of(const Elem* base, int64_t row, int64_t rows, int64_t ld) {
+  return base + (row < rows ? row : rows - 1) * ld;
+}
 
-  const Elem* a = static_cast<const Elem*>(args.a);
+// K-major B: this warp's share of K for the block's 16 rows of W, into acc (D^T rows g and g + 8 x columns 8r + 2t,
+// 8r + 2t + 1 of group r).
+template <typename Elem>
+__device__ __forceinline__ void accumulate_k_major(const GemmArgs& args, const Elem* const (&a_rows)[kRowGroups],
+                                                   int groups, int64_t n0, int warp, int g, int t,
+                                                   float (&acc)[kRowGroups][4]) {
   const Elem* w = static_cast<const Elem*>(args.b);   // B (K x N) K-major: row n of W is column n of B
-  const int64_t M = args.m, N = args.n, K = args.k;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / kLanesK, t = lane % kLanesK;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
-  const int groups = static_cast<int>((M + 7) / 8);   // groups of 8 rows of A: n8 MMAs per k16 step
-
-  // Rows past N (of W) or M (of A) read the last row instead: each element of D^T depends on one row of each, and
-  // those elements are never stored, so no load needs a guard for them.
-  const auto row_of = [](const Elem* base, int64_t row, int64_t rows, int64_t ld) {
-    return base + (row < rows ? row : rows - 1) * ld;
-  };
+  const int64_t N = args.n, K = args.k;
+  // Rows of W past N read the last row instead, as A's rows past M (row_of).
   const Elem* w_lo = row_of(w, n0 + g, N, args.ldb);
   const Elem* w_hi = row_of(w, n0 + g + 8, N, args.ldb);
-  const Elem* a_rows[kRowGroups];
-#pragma unroll
-  for (int r = 0; r < kRowGroups; ++r) a_rows[r] = row_of(a, 8 * r + g, M, args.lda);
-
-  float acc[kRowGroups][4] = {};   // D^T rows g, g + 8 x columns 8r + 2t, 8r + 2t + 1 of group r
   int64_t k0 = static_cast<int64_t>(warp) * kStepK;
 #if GEMMGEN_SMALL_M_PREFETCH
   if (k0 + kStepK <= K) {
@@ -166,14 +169,160 @@ __device__ __forceinline__ void run(const GemmArgs& args) {
   if (k0 < K) {   // the one partial step
     multiply<true>(load_w<true>(w_lo, w_hi, k0, K, t), a_rows, groups, k0, K, t, acc);
   }
+}
+
+// N-major B. Per 32-wide k chunk at kc, lane (g, t) loads four rows of B, row v (0..3) being
+// k = kc + 8 (g / 2) + g % 2 + 2v, each at the block's columns n0 + 4t .. n0 + 4t + 3. A load's 32-bit half i holds
+// columns 4t + 2i and 4t + 2i + 1, so over the warp it is an 8 x 8 matrix (rows g, column pairs t) of the columns
+// c(j, i) = 4 (j / 2) + 2i + j % 2, j = 0..7; transposed (movmatrix), lane (g, t) holds column c(g, i) at
+// k = kc + 8t + 2v and kc + 8t + 2v + 1. A's 16-byte chunk of lane (g, t), k = kc + 8t .. kc + 8t + 7, holds the same
+// k pairs in its words v = 0..3: so the MMA of the chunk's first (second) 16 k takes words v = 0, 1 (2, 3), with D^T
+// rows 0-7 the columns c(g, 0) and rows 8-15 the columns c(g, 1).
+struct NMajorB {
+  static constexpr int kChunkK = 32;                      // k per chunk: two k16 MMAs
+  static constexpr int kRowsPerChunk = 4;                 // rows of B each lane loads per chunk
+  static constexpr int kChunksPerStep = kStepK / kChunkK;  // (128 k per warp and step, as the K-major B)
+  static constexpr int kColsPerLane = 4;                  // 8 bytes of 16-bit columns per load
+
+  // The column of the block (0..15) that D^T row `row` (0..15) of an MMA stands for.
+  __device__ __forceinline__ static int column(int row) {
+    const int j = row % 8, half = row / 8;
+    return 4 * (j / 2) + 2 * half + j % 2;
+  }
+
+  // Row v's k of a chunk at kc for lane group g.
+  __device__ __forceinline__ static int64_t row_k(int64_t kc, int g, int v) {
+    return kc + 8 * (g / 2) + g % 2 + 2 * v;
+  }
+
+  // Four columns of row k of B from column n (the lane's). Guarded: rows past K and columns past N read as zero (the
+  // last, partial chunk; the block at N's edge).
+  template <bool kGuardK, bool kGuardN, typename Elem>
+  __device__ __forceinline__ static uint2 load(const Elem* b, int64_t ldb, int64_t k, int64_t n, int64_t K, int64_t N) {
+    if constexpr (kGuardK) {
+      if (k >= K) return make_uint2(0, 0);
+    }
+    const Elem* at = b + k * ldb + n;
+    if constexpr (kGuardN) {
+      if (n + kColsPerLane > N) {
+        union {
+          uint2 bits;
+          Elem elems[kColsPerLane];
+        } four;
+        four.bits = make_uint2(0, 0);
+#pragma unroll
+        for (int i = 0; i < kColsPerLane; ++i) {
+          if (n + i < N) four.elems[i] = at[i];
+        }
+        return four.bits;
+      }
+    }
+    return ptx::ld_global_stream_8(at);
+  }
+
+  struct Step {
+    uint2 rows[kChunksPerStep][kRowsPerChunk];
+  };
+
+  template <bool kGuardK, bool kGuardN, typename Elem>
+  __device__ __forceinline__ static Step load_step(const Elem* b, int64_t ldb, int64_t k0, int64_t n, int64_t K,
+                                                   int64_t N, int g) {
+    Step step;
+#pragma unroll
+    for (int c = 0; c < kChunksPerStep; ++c)
+#pragma unroll
+      for (int v = 0; v < kRowsPerChunk; ++v)
+        step.rows[c][v] = load<kGuardK, kGuardN>(b, ldb, row_k(k0 + c * kChunkK, g, v), n, K, N);
+    return step;
+  }
+
+  // The step's chunks of A's rows (issued first), then per chunk the transposes and its two k16 MMAs per group.
+  template <bool kGuardK, typename Elem>
+  __device__ __forceinline__ static void multiply(const Step& step, const Elem* const (&a_rows)[kRowGroups], int groups,
+                                                  int64_t k0, int64_t K, int t, float (&acc)[kRowGroups][4]) {
+    using Mma = ptx::MmaM16N8K16<Elem>;
+    uint4 a[kRowGroups][kChunksPerStep];
+#pragma unroll
+    for (int r = 0; r < kRowGroups; ++r) {
+      if (r < groups) {
+#pragma unroll
+        for (int c = 0; c < kChunksPerStep; ++c)
+          a[r][c] = load_chunk<kGuardK, false>(a_rows[r], k0 + c * kChunkK + t * kChunk, K);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < kChunksPerStep; ++c) {
+      uint32_t w[kRowsPerChunk][2];   // [v][i]: column c(g, i) at k = kc + 8t + 2v, + 1
+#pragma unroll
+      for (int v = 0; v < kRowsPerChunk; ++v) {
+        w[v][0] = ptx::movmatrix_trans(step.rows[c][v].x);
+        w[v][1] = ptx::movmatrix_trans(step.rows[c][v].y);
+      }
+      const uint32_t first[4] = {w[0][0], w[0][1], w[1][0], w[1][1]};
+      const uint32_t second[4] = {w[2][0], w[2][1], w[3][0], w[3][1]};
+#pragma unroll
+      for (int r = 0; r < kRowGroups; ++r) {
+        if (r < groups) {
+          Mma::run(acc[r], first, {a[r][c].x, a[r][c].y});
+          Mma::run(acc[r], second, {a[r][c].z, a[r][c].w});
+        }
+      }
+    }
+  }
+
+  // This warp's share of K for the block's 16 columns, into acc (D^T rows column(g) and column(g + 8)).
+  template <bool kGuardN, typename Elem>
+  __device__ __forceinline__ static void accumulate(const GemmArgs& args, const Elem* const (&a_rows)[kRowGroups],
+                                                    int groups, int64_t n0, int warp, int g, int t,
+                                                    float (&acc)[kRowGroups][4]) {
+    const Elem* b = static_cast<const Elem*>(args.b);
+    const int64_t N = args.n, K = args.k, n = n0 + kColsPerLane * t;
+    int64_t k0 = static_cast<int64_t>(warp) * kStepK;
+    for (; k0 + kStepK <= K; k0 += kWarps * kStepK) {
+      multiply<false>(load_step<false, kGuardN>(b, args.ldb, k0, n, K, N, g), a_rows, groups, k0, K, t, acc);
+    }
+    if (k0 < K) {   // the one partial step
+      multiply<true>(load_step<true, kGuardN>(b, args.ldb, k0, n, K, N, g), a_rows, groups, k0, K, t, acc);
+    }
+  }
+};
+
+template <class Cfg>
+__device__ __forceinline__ void run(const GemmArgs& args) {
+  using Elem = typename Cfg::Elem;
+  using Out = typename Cfg::Out;
+  __shared__ float partial[kWarps][kRowsW][kMaxRows];
+
+  const Elem* a = static_cast<const Elem*>(args.a);
+  const int64_t M = args.m, N = args.n;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / kLanesK, t = lane % kLanesK;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
+  const int groups = static_cast<int>((M + 7) / 8);   // groups of 8 rows of A: n8 MMAs per k16 step
+  const Elem* a_rows[kRowGroups];
+#pragma unroll
+  for (int r = 0; r < kRowGroups; ++r) a_rows[r] = row_of(a, 8 * r + g, M, args.lda);
+
+  float acc[kRowGroups][4] = {};   // D^T rows (the block's columns) lo, hi x columns 8r + 2t, 8r + 2t + 1 of group r
+  int col_lo = g, col_hi = g + 8;  // the block's columns of rows lo and hi
+  if constexpr (Cfg::kBKMajor) {
+    accumulate_k_major(args, a_rows, groups, n0, warp, g, t, acc);
+  } else {
+    col_lo = NMajorB::column(g);
+    col_hi = NMajorB::column(g + 8);
+    if (n0 + kRowsW <= N) {
+      NMajorB::accumulate<false>(args, a_rows, groups, n0, warp, g, t, acc);
+    } else {
+      NMajorB::accumulate<true>(args, a_rows, groups, n0, warp, g, t, acc);
+    }
+  }
 
   // C fragment of m16n8: c0, c1 at (row g, columns 2t, 2t + 1), c2, c3 at row g + 8 (§9.7.14.5.8).
 #pragma unroll
   for (int r = 0; r < kRowGroups; ++r) {   // groups past the call's rows hold zeros: never stored
-    partial[warp][g][8 * r + 2 * t] = acc[r][0];
-    partial[warp][g][8 * r + 2 * t + 1] = acc[r][1];
-    partial[warp][g + 8][8 * r + 2 * t] = acc[r][2];
-    partial[warp][g + 8][8 * r + 2 * t + 1] = acc[r][3];
+    partial[warp][col_lo][8 * r + 2 * t] = acc[r][0];
+    partial[warp][col_lo][8 * r + 2 * t + 1] = acc[r][1];
+    partial[warp][col_hi][8 * r + 2 * t] = acc[r][2];
+    partial[warp][col_hi][8 * r + 2 * t + 1] = acc[r][3];
   }
   __syncthreads();
 

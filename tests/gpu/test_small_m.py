@@ -1,8 +1,9 @@
-"""The small-M kernel (templates/common/gemm_small_m.cuh) on the GPU: calls with at most 16 rows of A in a K-major
-layout, both families' libraries, against a float64 reference with NaN-poisoned outputs; ragged N and K, a K that
-ends inside a 16-byte chunk with NaN in the padding past it (nothing past K may reach the sums), D column-major and
-fp32, a fused epilogue; bit-identical results across runs (warps' partial sums added in a fixed order); and the
-path each call takes (op.path), agreeing with spec.config.has_small_m_kernel."""
+"""The small-M kernel (templates/common/gemm_small_m.cuh) on the GPU: calls with at most 16 rows of a K-major A and
+a K-major (tn) or N-major (tt) B, both families' libraries, against a float64 reference with NaN-poisoned outputs;
+ragged N and K, a K that ends inside a 16-byte chunk with NaN in the padding past it (nothing past K may reach the
+sums), an N-major B with NaN past N in each row and in the rows past K, D column-major and fp32, a fused epilogue;
+bit-identical results across runs (warps' partial sums added in a fixed order); and the path each call takes
+(op.path), agreeing with spec.config.has_small_m_kernel."""
 from __future__ import annotations
 
 import pytest
@@ -26,6 +27,11 @@ PLANS = {
     "sm90_bias_gelu": dict(dtype="bf16", layout="tn", activation="gelu", bias="col", alpha=0.5, family="sm90"),
     "sm80_fp16": dict(dtype="fp16", layout="tn", family="sm80"),
     "sm80_bf16_dcol": dict(dtype="bf16", layout="tn", layout_c="col", family="sm80"),
+    # B N-major (dX = dY @ W; a weight kept (in, out))
+    "sm90_bf16_tt": dict(dtype="bf16", layout="tt", family="sm90"),
+    "sm90_fp16_tt_dcol_fp32": dict(dtype="fp16", layout="tt", layout_c="col", out_dtype="fp32", family="sm90"),
+    "sm80_bf16_tt_bias_gelu": dict(dtype="bf16", layout="tt", activation="gelu", bias="col", alpha=0.5,
+                                   family="sm80"),
     # Configs without the kernel: every call takes the fast path.
     "sm90_bf16_nn": dict(dtype="bf16", layout="nn", family="sm90"),
     "sm80_fp16_nt": dict(dtype="fp16", layout="nt", family="sm80"),
@@ -45,13 +51,19 @@ def ops():
 
 
 def operands(op, m: int, n: int, k: int, pad: int = 0):
-    """x (m, k) and B = W.t() (W: n x k) of the op's dtype, rows `pad` elements longer than k and the padding NaN."""
+    """x (m, k) of the op's dtype, its rows `pad` elements longer than k and the padding NaN; and B (k x n) in the op's
+    layout: K-major as W.t() (W: n x k, padded as x), or N-major with its rows padded with NaN to a multiple of 8
+    elements and 8 rows of NaN after its last."""
     dtype = op.dtype
     x = torch.full((m, k + pad), float("nan"), device="cuda", dtype=dtype)
-    w = torch.full((n, k + pad), float("nan"), device="cuda", dtype=dtype)
     x[:, :k] = torch.randn(m, k, device="cuda").to(dtype)
-    w[:, :k] = torch.randn(n, k, device="cuda").to(dtype)
-    return x[:, :k], w[:, :k].t()
+    if op.config.layout.b_k_major:
+        w = torch.full((n, k + pad), float("nan"), device="cuda", dtype=dtype)
+        w[:, :k] = torch.randn(n, k, device="cuda").to(dtype)
+        return x[:, :k], w[:, :k].t()
+    b = torch.full((k + 8, n + (-n) % 8), float("nan"), device="cuda", dtype=dtype)
+    b[:k, :n] = torch.randn(k, n, device="cuda").to(dtype)
+    return x[:, :k], b[:k, :n]
 
 
 def reference(op, key: str, a, b):
@@ -88,7 +100,7 @@ def test_against_float64_and_repeatable(ops, key):
         check(ops[key], key, m, n, k)
 
 
-@pytest.mark.parametrize("key", ["sm90_bf16", "sm80_fp16"])
+@pytest.mark.parametrize("key", ["sm90_bf16", "sm80_fp16", "sm90_bf16_tt"])
 def test_k_ends_inside_a_chunk(ops, key):
     """K = 8j + r with rows padded to a multiple of 8 (16-byte aligned, so not the unaligned kernel): the last chunk
     is read element by element and the NaN past K stays out."""
@@ -122,7 +134,7 @@ def test_paths(ops):
         expected = "small_m" if has_small_m_kernel(op.config) else "fast"
         assert op.path(a, b, **bias) == expected, key
         a17, b17 = operands(op, SMALL_M_MAX_ROWS + 1, 256, 512)
-        if PLANS[key]["layout"] == "tn":
+        if PLANS[key]["layout"] in ("tn", "tt"):
             assert op.path(a17, b17, **bias) == "fast", key
             odd_a, odd_b = operands(op, 4, 256, 511)   # rows of 511 elements: not 16-byte aligned
             assert op.path(odd_a, odd_b, **bias) == "unaligned", key
