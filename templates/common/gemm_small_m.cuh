@@ -14,10 +14,10 @@
 // added in shared memory in warp order, so every run gives the same bits.
 //
 // An N-major B (layout tt: D = X @ W with W stored K x N, as dX = dY @ W in a Linear's backward, or a weight kept
-// (in, out)) takes the same block and warp split, but a row of B now runs along the block's 16 columns: lane (g, t)
-// loads four columns (8 bytes) of one row of B, so that 8 rows x 16 columns are two 8 x 8 matrices in movmatrix's
-// layout (row g, column pair t; one per 32-bit half of the load), and movmatrix.trans turns each into a quarter of
-// the MMA's A fragment (8 columns of D, two k per lane). See NMajorB below.
+// (in, out)) takes the same warp split, but a row of B now runs along the block's 32 columns: lane (g, t) loads eight
+// columns (16 bytes) of one row of B, so that 8 rows x 32 columns are four 8 x 8 matrices in movmatrix's layout
+// (row g, column pair t; one per 32-bit word of the load), and movmatrix.trans turns each into a quarter of an MMA's
+// A fragment (8 columns of D, two k per lane). See NMajorB below.
 #pragma once
 
 #include <cstdint>
@@ -171,23 +171,25 @@ __device__ __forceinline__ void accumulate_k_major(const GemmArgs& args, const E
   }
 }
 
-// N-major B. Per 32-wide k chunk at kc, lane (g, t) loads four rows of B, row v (0..3) being
-// k = kc + 8 (g / 2) + g % 2 + 2v, each at the block's columns n0 + 4t .. n0 + 4t + 3. A load's 32-bit half i holds
-// columns 4t + 2i and 4t + 2i + 1, so over the warp it is an 8 x 8 matrix (rows g, column pairs t) of the columns
-// c(j, i) = 4 (j / 2) + 2i + j % 2, j = 0..7; transposed (movmatrix), lane (g, t) holds column c(g, i) at
+// N-major B: a block owns 32 columns of D. Per 32-wide k chunk at kc, lane (g, t) loads four rows of B, row v
+// (0..3) being k = kc + 8 (g / 2) + g % 2 + 2v, each at the block's columns n0 + 8t .. n0 + 8t + 7 (16 bytes; the
+// warp reads 64 contiguous bytes of each row, the block's next load the next rows). Word i of a load holds columns
+// 8t + 2i and 8t + 2i + 1, so over the warp it is an 8 x 8 matrix (rows g, column pairs t) of the columns
+// c(j, i) = 8 (j / 2) + 2i + j % 2, j = 0..7; transposed (movmatrix), lane (g, t) holds column c(g, i) at
 // k = kc + 8t + 2v and kc + 8t + 2v + 1. A's 16-byte chunk of lane (g, t), k = kc + 8t .. kc + 8t + 7, holds the same
-// k pairs in its words v = 0..3: so the MMA of the chunk's first (second) 16 k takes words v = 0, 1 (2, 3), with D^T
-// rows 0-7 the columns c(g, 0) and rows 8-15 the columns c(g, 1).
+// k pairs in its words v = 0..3: so the MMA of the chunk's first (second) 16 k takes words v = 0, 1 (2, 3). The
+// block's columns make two MMAs' 16 rows of D^T: rows 0-7 of MMA b are the columns c(g, 2b), rows 8-15 c(g, 2b + 1).
 struct NMajorB {
+  static constexpr int kBlockColumns = 32;                // columns of D per block
+  static constexpr int kMmas = kBlockColumns / 16;        // m16 MMAs along the block's columns
   static constexpr int kChunkK = 32;                      // k per chunk: two k16 MMAs
   static constexpr int kRowsPerChunk = 4;                 // rows of B each lane loads per chunk
   static constexpr int kChunksPerStep = kStepK / kChunkK;  // (128 k per warp and step, as the K-major B)
-  static constexpr int kColsPerLane = 4;                  // 8 bytes of 16-bit columns per load
 
-  // The column of the block (0..15) that D^T row `row` (0..15) of an MMA stands for.
-  __device__ __forceinline__ static int column(int row) {
-    const int j = row % 8, half = row / 8;
-    return 4 * (j / 2) + 2 * half + j % 2;
+  // The block's column (0..31) that D^T row `row` (0..15) of MMA `mma` stands for.
+  __device__ __forceinline__ static int column(int mma, int row) {
+    const int j = row % 8, i = 2 * mma + row / 8;
+    return 8 * (j / 2) + 2 * i + j % 2;
   }
 
   // Row v's k of a chunk at kc for lane group g.
@@ -195,33 +197,22 @@ struct NMajorB {
     return kc + 8 * (g / 2) + g % 2 + 2 * v;
   }
 
-  // Four columns of row k of B from column n (the lane's). Guarded: rows past K and columns past N read as zero (the
+  // Eight columns of row k of B from column n (the lane's). Guarded: rows past K and columns past N read as zero (the
   // last, partial chunk; the block at N's edge).
   template <bool kGuardK, bool kGuardN, typename Elem>
-  __device__ __forceinline__ static uint2 load(const Elem* b, int64_t ldb, int64_t k, int64_t n, int64_t K, int64_t N) {
+  __device__ __forceinline__ static uint4 load(const Elem* b, int64_t ldb, int64_t k, int64_t n, int64_t K, int64_t N) {
     if constexpr (kGuardK) {
-      if (k >= K) return make_uint2(0, 0);
+      if (k >= K) return make_uint4(0, 0, 0, 0);
     }
     const Elem* at = b + k * ldb + n;
     if constexpr (kGuardN) {
-      if (n + kColsPerLane > N) {
-        union {
-          uint2 bits;
-          Elem elems[kColsPerLane];
-        } four;
-        four.bits = make_uint2(0, 0);
-#pragma unroll
-        for (int i = 0; i < kColsPerLane; ++i) {
-          if (n + i < N) four.elems[i] = at[i];
-        }
-        return four.bits;
-      }
+      if (n + kChunk > N) return n < N ? chunk_head(at, static_cast<int>(N - n)) : make_uint4(0, 0, 0, 0);
     }
-    return ptx::ld_global_stream_8(at);
+    return ptx::ld_global_stream_16(at);
   }
 
   struct Step {
-    uint2 rows[kChunksPerStep][kRowsPerChunk];
+    uint4 rows[kChunksPerStep][kRowsPerChunk];
   };
 
   template <bool kGuardK, bool kGuardN, typename Elem>
@@ -236,10 +227,12 @@ struct NMajorB {
     return step;
   }
 
-  // The step's chunks of A's rows (issued first), then per chunk the transposes and its two k16 MMAs per group.
+  // The step's chunks of A's rows (issued first), then per chunk the transposes and, per MMA along the columns and
+  // group of A's rows, its two k16 MMAs.
   template <bool kGuardK, typename Elem>
   __device__ __forceinline__ static void multiply(const Step& step, const Elem* const (&a_rows)[kRowGroups], int groups,
-                                                  int64_t k0, int64_t K, int t, float (&acc)[kRowGroups][4]) {
+                                                  int64_t k0, int64_t K, int t,
+                                                  float (&acc)[kMmas][kRowGroups][4]) {
     using Mma = ptx::MmaM16N8K16<Elem>;
     uint4 a[kRowGroups][kChunksPerStep];
 #pragma unroll
@@ -252,31 +245,37 @@ struct NMajorB {
     }
 #pragma unroll
     for (int c = 0; c < kChunksPerStep; ++c) {
-      uint32_t w[kRowsPerChunk][2];   // [v][i]: column c(g, i) at k = kc + 8t + 2v, + 1
+      uint32_t w[kRowsPerChunk][4];   // [v][i]: column c(g, i) at k = kc + 8t + 2v, + 1
 #pragma unroll
       for (int v = 0; v < kRowsPerChunk; ++v) {
         w[v][0] = ptx::movmatrix_trans(step.rows[c][v].x);
         w[v][1] = ptx::movmatrix_trans(step.rows[c][v].y);
+        w[v][2] = ptx::movmatrix_trans(step.rows[c][v].z);
+        w[v][3] = ptx::movmatrix_trans(step.rows[c][v].w);
       }
-      const uint32_t first[4] = {w[0][0], w[0][1], w[1][0], w[1][1]};
-      const uint32_t second[4] = {w[2][0], w[2][1], w[3][0], w[3][1]};
 #pragma unroll
-      for (int r = 0; r < kRowGroups; ++r) {
-        if (r < groups) {
-          Mma::run(acc[r], first, {a[r][c].x, a[r][c].y});
-          Mma::run(acc[r], second, {a[r][c].z, a[r][c].w});
+      for (int mma = 0; mma < kMmas; ++mma) {
+        const int lo = 2 * mma, hi = 2 * mma + 1;
+        const uint32_t first[4] = {w[0][lo], w[0][hi], w[1][lo], w[1][hi]};
+        const uint32_t second[4] = {w[2][lo], w[2][hi], w[3][lo], w[3][hi]};
+#pragma unroll
+        for (int r = 0; r < kRowGroups; ++r) {
+          if (r < groups) {
+            Mma::run(acc[mma][r], first, {a[r][c].x, a[r][c].y});
+            Mma::run(acc[mma][r], second, {a[r][c].z, a[r][c].w});
+          }
         }
       }
     }
   }
 
-  // This warp's share of K for the block's 16 columns, into acc (D^T rows column(g) and column(g + 8)).
+  // This warp's share of K for the block's columns, into acc (MMA b's D^T rows column(b, g) and column(b, g + 8)).
   template <bool kGuardN, typename Elem>
   __device__ __forceinline__ static void accumulate(const GemmArgs& args, const Elem* const (&a_rows)[kRowGroups],
                                                     int groups, int64_t n0, int warp, int g, int t,
-                                                    float (&acc)[kRowGroups][4]) {
+                                                    float (&acc)[kMmas][kRowGroups][4]) {
     const Elem* b = static_cast<const Elem*>(args.b);
-    const int64_t N = args.n, K = args.k, n = n0 + kColsPerLane * t;
+    const int64_t N = args.n, K = args.k, n = n0 + kChunk * t;
     int64_t k0 = static_cast<int64_t>(warp) * kStepK;
     for (; k0 + kStepK <= K; k0 += kWarps * kStepK) {
       multiply<false>(load_step<false, kGuardN>(b, args.ldb, k0, n, K, N, g), a_rows, groups, k0, K, t, acc);
@@ -287,48 +286,61 @@ struct NMajorB {
   }
 };
 
+// Columns of D per block: 16 rows of a K-major W, 32 columns of an N-major B (NMajorB).
+template <class Cfg>
+constexpr int kBlockColumns = Cfg::kBKMajor ? kRowsW : NMajorB::kBlockColumns;
+
+// One MMA's C fragment into this warp's partial sums (columns x rows of D): c0, c1 at (row g, columns 2t, 2t + 1),
+// c2, c3 at row g + 8 (§9.7.14.5.8), the rows being the block's columns lo and hi. Groups past the call's rows
+// hold zeros and are never stored.
+template <int kColumns>
+__device__ __forceinline__ void keep_partial(float (&partial)[kColumns][kMaxRows], const float (&acc)[kRowGroups][4],
+                                             int lo, int hi, int t) {
+#pragma unroll
+  for (int r = 0; r < kRowGroups; ++r) {
+    partial[lo][8 * r + 2 * t] = acc[r][0];
+    partial[lo][8 * r + 2 * t + 1] = acc[r][1];
+    partial[hi][8 * r + 2 * t] = acc[r][2];
+    partial[hi][8 * r + 2 * t + 1] = acc[r][3];
+  }
+}
+
 template <class Cfg>
 __device__ __forceinline__ void run(const GemmArgs& args) {
   using Elem = typename Cfg::Elem;
   using Out = typename Cfg::Out;
-  __shared__ float partial[kWarps][kRowsW][kMaxRows];
+  constexpr int kColumns = kBlockColumns<Cfg>;
+  __shared__ float partial[kWarps][kColumns][kMaxRows];
 
   const Elem* a = static_cast<const Elem*>(args.a);
   const int64_t M = args.m, N = args.n;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / kLanesK, t = lane % kLanesK;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRowsW;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kColumns;
   const int groups = static_cast<int>((M + 7) / 8);   // groups of 8 rows of A: n8 MMAs per k16 step
   const Elem* a_rows[kRowGroups];
 #pragma unroll
   for (int r = 0; r < kRowGroups; ++r) a_rows[r] = row_of(a, 8 * r + g, M, args.lda);
 
-  float acc[kRowGroups][4] = {};   // D^T rows (the block's columns) lo, hi x columns 8r + 2t, 8r + 2t + 1 of group r
-  int col_lo = g, col_hi = g + 8;  // the block's columns of rows lo and hi
   if constexpr (Cfg::kBKMajor) {
+    float acc[kRowGroups][4] = {};   // D^T rows g, g + 8 x columns 8r + 2t, 8r + 2t + 1 of group r
     accumulate_k_major(args, a_rows, groups, n0, warp, g, t, acc);
+    keep_partial(partial[warp], acc, g, g + 8, t);
   } else {
-    col_lo = NMajorB::column(g);
-    col_hi = NMajorB::column(g + 8);
-    if (n0 + kRowsW <= N) {
+    float acc[NMajorB::kMmas][kRowGroups][4] = {};
+    if (n0 + kColumns <= N) {
       NMajorB::accumulate<false>(args, a_rows, groups, n0, warp, g, t, acc);
     } else {
       NMajorB::accumulate<true>(args, a_rows, groups, n0, warp, g, t, acc);
     }
-  }
-
-  // C fragment of m16n8: c0, c1 at (row g, columns 2t, 2t + 1), c2, c3 at row g + 8 (§9.7.14.5.8).
 #pragma unroll
-  for (int r = 0; r < kRowGroups; ++r) {   // groups past the call's rows hold zeros: never stored
-    partial[warp][col_lo][8 * r + 2 * t] = acc[r][0];
-    partial[warp][col_lo][8 * r + 2 * t + 1] = acc[r][1];
-    partial[warp][col_hi][8 * r + 2 * t] = acc[r][2];
-    partial[warp][col_hi][8 * r + 2 * t + 1] = acc[r][3];
+    for (int mma = 0; mma < NMajorB::kMmas; ++mma)
+      keep_partial(partial[warp], acc[mma], NMajorB::column(mma, g), NMajorB::column(mma, g + 8), t);
   }
   __syncthreads();
 
-  // The elements of D's kMaxRows x 16 block, neighbouring threads on neighbouring columns n.
-  for (int e = threadIdx.x; e < kRowsW * kMaxRows; e += kThreads) {
-    const int col = e % kRowsW, row = e / kRowsW;
+  // The elements of D's kMaxRows x kColumns block, neighbouring threads on neighbouring columns n.
+  for (int e = threadIdx.x; e < kColumns * kMaxRows; e += kThreads) {
+    const int col = e % kColumns, row = e / kColumns;
     const int64_t m = row, n = n0 + col;
     if (m >= M || n >= N) continue;
     float value = 0.0f;

@@ -115,10 +115,11 @@ inline int launch_unaligned(void (*slow)(GemmArgs), const GemmArgs* args, cudaSt
   });
 }
 
-// The small-M kernel of common/gemm_small_m.cuh: one block per 16 rows of W (columns of D).
+// The small-M kernel of common/gemm_small_m.cuh: one block per 16 rows of a K-major W, 32 columns of an N-major B.
 template <class Cfg>
 inline int launch_small_m(void (*small)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
-  const int64_t blocks = (args->n + small_m::kRowsW - 1) / small_m::kRowsW;
+  constexpr int kColumns = small_m::kBlockColumns<Cfg>;
+  const int64_t blocks = (args->n + kColumns - 1) / kColumns;
   return for_each_batch_chunk<Cfg>(*args, [&](const GemmArgs& chunk, unsigned problems) {
     small<<<dim3(static_cast<unsigned>(blocks), problems), small_m::kThreads, 0, stream>>>(chunk);
     return static_cast<int>(cudaGetLastError());

@@ -138,14 +138,6 @@ __device__ __forceinline__ uint4 ld_global_stream_16(const void* addr) {
   return v;
 }
 
-// 8 bytes of global memory read once, as ld_global_stream_16 (the small-M kernel's rows of an N-major B: four
-// columns of one row). PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld" (.v2).
-__device__ __forceinline__ uint2 ld_global_stream_8(const void* addr) {
-  uint2 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "l"(addr));
-  return v;
-}
-
 // The transpose of an 8 x 8 matrix of 16-bit values held by the warp: lane l holds row l / 4, columns
 // 2 (l % 4) and 2 (l % 4) + 1 in `a`, and gets the same positions of the transpose (column l / 4 of the input,
 // rows 2 (l % 4) and 2 (l % 4) + 1). sm_75 and newer. PTX ISA §9.7.14.5.16 "Warp-level Matrix Transpose
