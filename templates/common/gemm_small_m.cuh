@@ -48,6 +48,15 @@ constexpr int kRowsW = 16;                         // rows of W (columns of D) p
 #ifndef GEMMGEN_SMALL_M_N_MAJOR
 #define GEMMGEN_SMALL_M_N_MAJOR 1
 #endif
+// 32-wide k chunks of an N-major B per warp and step (NMajorB), and the blocks each SM keeps resident (the kernel's
+// launch bounds: 2 keeps a warp's registers at most 128).
+#ifndef GEMMGEN_SMALL_M_N_MAJOR_CHUNKS
+#define GEMMGEN_SMALL_M_N_MAJOR_CHUNKS 2
+#endif
+#ifndef GEMMGEN_SMALL_M_MIN_BLOCKS
+#define GEMMGEN_SMALL_M_MIN_BLOCKS 2
+#endif
+constexpr int kMinBlocksPerSm = GEMMGEN_SMALL_M_MIN_BLOCKS;
 // 1 issues a warp's next k step of W before the current step's MMAs.
 #ifndef GEMMGEN_SMALL_M_PREFETCH
 #define GEMMGEN_SMALL_M_PREFETCH 0
@@ -184,7 +193,8 @@ struct NMajorB {
   static constexpr int kMmas = kBlockColumns / 16;        // m16 MMAs along the block's columns
   static constexpr int kChunkK = 32;                      // k per chunk: two k16 MMAs
   static constexpr int kRowsPerChunk = 4;                 // rows of B each lane loads per chunk
-  static constexpr int kChunksPerStep = kStepK / kChunkK;  // (128 k per warp and step, as the K-major B)
+  static constexpr int kChunksPerStep = GEMMGEN_SMALL_M_N_MAJOR_CHUNKS;
+  static constexpr int kStepK = kChunksPerStep * kChunkK;  // k per warp and step
 
   // The block's column (0..31) that D^T row `row` (0..15) of MMA `mma` stands for.
   __device__ __forceinline__ static int column(int mma, int row) {
