@@ -20,7 +20,7 @@ from .planner import Estimate, Knobs, Problem, check_family, choose
 from .planner.backward import PlanGradient, same_backward
 from .render import render
 from .spec.arch import ArchSpec, arch_spec, detect_arch
-from .spec.config import RASTERS, SM90_SCHEDULES, SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
+from .spec.config import RASTERS, SM90_SCHEDULES, SMALL_M_MAX_ROWS, KernelConfig, takes_small_m
 from .spec.describe import describe
 from .spec.epilogue import KNOB_NAMES, SCALE_MODES, Epilogue, activation_name, from_knobs, trace, with_scales
 from .spec.types import (PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, DType, Layout, default_out_dtype, parse_dtype,
@@ -297,7 +297,7 @@ class Gemm:
         problem = self._request.problem
         if self._tuned is not None and self._tuned.config != self._estimate.config:
             return f"measured (see tuned:); the estimate picked {self._estimate.config.name}: {self._estimate.reason}"
-        if problem is None or problem.m > SMALL_M_MAX_ROWS or not has_small_m_kernel(self.config):
+        if problem is None or not takes_small_m(self.config, problem.m, problem.n, problem.k):
             return self._estimate.reason
         elem = self.config.dtype.bytes
         floor_us = problem.n * problem.k * elem / self._request.spec.hbm_bytes_per_s * 1e6

@@ -11,7 +11,8 @@ import pytest
 
 from generator import Gemm
 from generator.render import render, templates_dir
-from generator.spec.config import REPACK_MIN_VOLUME, SMALL_M_MAX_ROWS, has_small_m_kernel
+from generator.spec.config import (REPACK_MIN_VOLUME, SMALL_M_MAX_ROWS, SMALL_M_N_MAJOR_MAX_BYTES,
+                                   SMALL_M_N_MAJOR_MAX_COLUMNS, has_small_m_kernel, takes_small_m)
 
 TEMPLATES = Path(templates_dir())
 
@@ -45,6 +46,9 @@ def test_python_constants_match_the_templates():
     small_m = (TEMPLATES / "common" / "gemm_small_m.cuh").read_text()
     assert "constexpr int kMaxRows = GEMMGEN_SMALL_M_MAX_ROWS;" in small_m
     assert int(re.search(r"#define GEMMGEN_SMALL_M_MAX_ROWS (\d+)", small_m).group(1)) == SMALL_M_MAX_ROWS == 16
+    assert int(re.search(r"kNMajorMaxColumns = (\d+);", small_m).group(1)) == SMALL_M_N_MAJOR_MAX_COLUMNS
+    bytes_shift = int(re.search(r"kNMajorMaxBytes = int64_t\((\d+)\) << 20;", small_m).group(1))
+    assert bytes_shift << 20 == SMALL_M_N_MAJOR_MAX_BYTES
     workspace = (TEMPLATES / "common" / "workspace.cuh").read_text()
     shift = int(re.search(r"kRepackMinVolume = int64_t\(1\) << (\d+);", workspace).group(1))
     assert 1 << shift == REPACK_MIN_VOLUME
@@ -62,3 +66,16 @@ def test_why_names_the_small_m_kernel_for_few_rows():
     # More rows, or a config without the kernel: the estimate's reason alone.
     for plan in (Gemm("bf16", "tn", m=17, n=4096, k=4096, arch=90), Gemm("bf16", "nn", m=1, n=4096, k=4096, arch=90)):
         assert plan.why == plan._estimate.reason
+
+
+def test_an_n_major_b_takes_the_small_m_kernel_within_its_bounds():
+    """Up to 8192 columns and 192 MB of B (small_m::takes): beyond, the tiled kernels read B faster. A K-major B takes
+    it at any size; print(plan)'s why says which."""
+    tt = Gemm("bf16", "tt", arch=90).config
+    assert takes_small_m(tt, 16, 4096, 14336)                 # 117 MB, 128 strips
+    assert not takes_small_m(tt, 16, 4096, 128256)            # a vocabulary head's dX: 1 GB
+    assert not takes_small_m(tt, 1, SMALL_M_N_MAJOR_MAX_COLUMNS + 8, 64)
+    assert not takes_small_m(tt, SMALL_M_MAX_ROWS + 1, 4096, 4096)
+    assert takes_small_m(Gemm("bf16", "tn", arch=90).config, 16, 4096, 128256)
+    assert "small-M" in Gemm("bf16", "tt", m=16, n=4096, k=4096, arch=90).why
+    assert "small-M" not in Gemm("bf16", "tt", m=16, n=4096, k=128256, arch=90).why

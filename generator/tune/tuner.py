@@ -13,7 +13,7 @@ from typing import Any
 from ..planner import Knobs, Problem, plan
 from ..planner.common import default_family
 from ..spec.arch import arch_spec
-from ..spec.config import SMALL_M_MAX_ROWS, KernelConfig, has_small_m_kernel
+from ..spec.config import SMALL_M_MAX_ROWS, KernelConfig, takes_small_m
 from ..spec.types import DType, Layout
 from .cache import Entry, EntryKey, apply_fields, config_fields, lookup, record, table_files
 from .candidates import DEFAULT_MAX_CANDIDATES, Space, candidates, is_legal
@@ -146,7 +146,7 @@ def tune(space: Space, problem: Problem, pick: KernelConfig, *, namespace: str =
             return _result_from_entry(entry, choice, pick, problem, time.monotonic() - t0)
     if budget_s is not None and budget_s <= 0:
         raise ValueError(f"budget_s={budget_s}: give a positive number of seconds, or None for no budget")
-    small_m = problem.m <= SMALL_M_MAX_ROWS and problem.batch == 1 and has_small_m_kernel(pick)
+    small_m = problem.batch == 1 and takes_small_m(pick, problem.m, problem.n, problem.k)
     configs = [pick] if small_m else candidates(space, problem, pick, max_candidates)
     from .measure import measure   # torch, the runtime: only for a run that measures
 

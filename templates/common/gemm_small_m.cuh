@@ -51,10 +51,10 @@ constexpr int kRowsW = 16;                         // rows of W (columns of D) p
 // 32-wide k chunks of an N-major B per warp and step (NMajorB), and the blocks each SM keeps resident (the kernel's
 // launch bounds: 2 keeps a warp's registers at most 128).
 #ifndef GEMMGEN_SMALL_M_N_MAJOR_CHUNKS
-#define GEMMGEN_SMALL_M_N_MAJOR_CHUNKS 2
+#define GEMMGEN_SMALL_M_N_MAJOR_CHUNKS 4
 #endif
 #ifndef GEMMGEN_SMALL_M_MIN_BLOCKS
-#define GEMMGEN_SMALL_M_MIN_BLOCKS 2
+#define GEMMGEN_SMALL_M_MIN_BLOCKS 1
 #endif
 constexpr int kMinBlocksPerSm = GEMMGEN_SMALL_M_MIN_BLOCKS;
 // 1 issues a warp's next k step of W before the current step's MMAs.
@@ -142,6 +142,21 @@ __device__ __forceinline__ void multiply(const WStep& w, const Elem* const (&a_r
 template <typename Elem>
 __device__ __forceinline__ const Elem* row_of(const Elem* base, int64_t row, int64_t rows, int64_t ld) {
   return base + (row < rows ? row : rows - 1) * ld;
+}
+
+// An N-major B takes this kernel up to kNMajorMaxColumns columns (256 strips of 32, two per SM of an H100) and
+// kNMajorMaxBytes of B: each block walks a strip's whole K, which on the H200 read B at 3.1-3.4 TB/s against the tiled
+// kernels' 3.8 on larger problems, and more strips than two per SM leave a partial last wave (docs/small_m.md).
+// spec/config.py takes_small_m says the same in Python.
+constexpr int64_t kNMajorMaxColumns = 8192;
+constexpr int64_t kNMajorMaxBytes = int64_t(192) << 20;
+
+// Whether an aligned call (after fold_batch) takes this kernel.
+template <class Cfg>
+inline bool takes(const GemmArgs& args) {
+  if (!kAvailable<Cfg> || args.m > kMaxRows) return false;
+  return Cfg::kBKMajor || (args.n <= kNMajorMaxColumns &&
+                           args.n * args.k * static_cast<int64_t>(sizeof(typename Cfg::ElemB)) <= kNMajorMaxBytes);
 }
 
 // K-major B: this warp's share of K for the block's 16 rows of W, into acc (D^T rows g and g + 8 x columns 8r + 2t,

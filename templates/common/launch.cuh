@@ -43,7 +43,7 @@ inline GemmPath choose_folded_path(const GemmArgs& args) {
     const bool repays = single && args.m * args.n * args.k >= kRepackMinVolume;
     return repays ? GEMM_PATH_REPACKED : GEMM_PATH_UNALIGNED;
   }
-  return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
+  return small_m::takes<Cfg>(args) ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
 }
 
 // Grouped calls: only the sm90 family's persistent kernels walk groups (GROUPED), on operands that keep the

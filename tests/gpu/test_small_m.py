@@ -134,6 +134,9 @@ def test_paths(ops):
         expected = "small_m" if has_small_m_kernel(op.config) else "fast"
         assert op.path(a, b, **bias) == expected, key
         a17, b17 = operands(op, SMALL_M_MAX_ROWS + 1, 256, 512)
+        if PLANS[key]["layout"] == "tt" and has_small_m_kernel(op.config):   # past small_m::kNMajorMaxColumns
+            wide = {"bias": torch.randn(8200, device="cuda", dtype=op.dtype)} if bias else {}
+            assert op.path(*operands(op, 4, 8200, 64), **wide) == "fast", key
         if PLANS[key]["layout"] in ("tn", "tt"):
             assert op.path(a17, b17, **bias) == "fast", key
             odd_a, odd_b = operands(op, 4, 256, 511)   # rows of 511 elements: not 16-byte aligned
