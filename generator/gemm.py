@@ -297,7 +297,8 @@ class Gemm:
         problem = self._request.problem
         if self._tuned is not None and self._tuned.config != self._estimate.config:
             return f"measured (see tuned:); the estimate picked {self._estimate.config.name}: {self._estimate.reason}"
-        if problem is None or not takes_small_m(self.config, problem.m, problem.n, problem.k):
+        if problem is None or not takes_small_m(self.config, problem.m, problem.n, problem.k,
+                                                 self._request.spec.sm_count):
             return self._estimate.reason
         elem = self.config.dtype.bytes
         floor_us = problem.n * problem.k * elem / self._request.spec.hbm_bytes_per_s * 1e6

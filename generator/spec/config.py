@@ -196,9 +196,9 @@ class KernelConfig:
 
 #: The most rows of A a call may have to take the small-M kernel (small_m::kMaxRows, common/gemm_small_m.cuh).
 SMALL_M_MAX_ROWS = 16
-#: An N-major B takes it up to this many columns (256 strips of 32, two per SM of an H100) and bytes of B
-#: (small_m::kNMajorMaxColumns, kNMajorMaxBytes): beyond, the tiled kernels read B faster (docs/small_m.md).
-SMALL_M_N_MAJOR_MAX_COLUMNS = 8192
+#: An N-major B takes it while its strips of SMALL_M_N_MAJOR_STRIP columns fit one per SM and B is at most this many
+#: bytes (small_m::takes, kNMajorMaxBytes): beyond, the tiled kernels read B faster (docs/small_m.md).
+SMALL_M_N_MAJOR_STRIP = 32
 SMALL_M_N_MAJOR_MAX_BYTES = 192 << 20
 
 
@@ -211,11 +211,11 @@ def has_small_m_kernel(cfg: KernelConfig) -> bool:
             and cfg.out_dtype in (DType.fp16, DType.bf16, DType.fp32))
 
 
-def takes_small_m(cfg: KernelConfig, m: int, n: int, k: int) -> bool:
-    """Whether an aligned call of m x n x k takes the small-M kernel (small_m::takes)."""
+def takes_small_m(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int) -> bool:
+    """Whether an aligned call of m x n x k on a GPU of ``sm_count`` SMs takes the small-M kernel (small_m::takes)."""
     if m > SMALL_M_MAX_ROWS or not has_small_m_kernel(cfg):
         return False
-    return cfg.layout.b_k_major or (n <= SMALL_M_N_MAJOR_MAX_COLUMNS
+    return cfg.layout.b_k_major or (math.ceil(n / SMALL_M_N_MAJOR_STRIP) <= sm_count
                                     and n * k * cfg.dtype.bytes <= SMALL_M_N_MAJOR_MAX_BYTES)
 
 

@@ -146,7 +146,7 @@ def tune(space: Space, problem: Problem, pick: KernelConfig, *, namespace: str =
             return _result_from_entry(entry, choice, pick, problem, time.monotonic() - t0)
     if budget_s is not None and budget_s <= 0:
         raise ValueError(f"budget_s={budget_s}: give a positive number of seconds, or None for no budget")
-    small_m = problem.batch == 1 and takes_small_m(pick, problem.m, problem.n, problem.k)
+    small_m = problem.batch == 1 and takes_small_m(pick, problem.m, problem.n, problem.k, space.sm_count)
     configs = [pick] if small_m else candidates(space, problem, pick, max_candidates)
     from .measure import measure   # torch, the runtime: only for a run that measures
 

@@ -144,21 +144,6 @@ __device__ __forceinline__ const Elem* row_of(const Elem* base, int64_t row, int
   return base + (row < rows ? row : rows - 1) * ld;
 }
 
-// An N-major B takes this kernel up to kNMajorMaxColumns columns (256 strips of 32, two per SM of an H100) and
-// kNMajorMaxBytes of B: each block walks a strip's whole K, which on the H200 read B at 3.1-3.4 TB/s against the tiled
-// kernels' 3.8 on larger problems, and more strips than two per SM leave a partial last wave (docs/small_m.md).
-// spec/config.py takes_small_m says the same in Python.
-constexpr int64_t kNMajorMaxColumns = 8192;
-constexpr int64_t kNMajorMaxBytes = int64_t(192) << 20;
-
-// Whether an aligned call (after fold_batch) takes this kernel.
-template <class Cfg>
-inline bool takes(const GemmArgs& args) {
-  if (!kAvailable<Cfg> || args.m > kMaxRows) return false;
-  return Cfg::kBKMajor || (args.n <= kNMajorMaxColumns &&
-                           args.n * args.k * static_cast<int64_t>(sizeof(typename Cfg::ElemB)) <= kNMajorMaxBytes);
-}
-
 // K-major B: this warp's share of K for the block's 16 rows of W, into acc (D^T rows g and g + 8 x columns 8r + 2t,
 // 8r + 2t + 1 of group r).
 template <typename Elem>
@@ -310,6 +295,21 @@ struct NMajorB {
     }
   }
 };
+
+// An N-major B takes this kernel while its strips of 32 columns fit one per SM (a second wave of whole-K strips costs
+// as much as the first) and B is at most kNMajorMaxBytes: each block walks its strip's whole K, which on the H200
+// read B at 3.1-3.4 TB/s against the tiled kernels' 3.8 on larger problems (docs/small_m.md). launch.cuh's
+// takes_small_m applies it; spec/config.py takes_small_m says the same in Python.
+constexpr int64_t kNMajorMaxBytes = int64_t(192) << 20;
+
+// Whether an aligned call (after fold_batch) on a GPU of `sms` SMs takes this kernel.
+template <class Cfg>
+inline bool takes(const GemmArgs& args, int sms) {
+  if (!kAvailable<Cfg> || args.m > kMaxRows) return false;
+  if (Cfg::kBKMajor) return true;
+  const int64_t strips = (args.n + NMajorB::kBlockColumns - 1) / NMajorB::kBlockColumns;
+  return strips <= sms && args.n * args.k * static_cast<int64_t>(sizeof(typename Cfg::ElemB)) <= kNMajorMaxBytes;
+}
 
 // Columns of D per block: 16 rows of a K-major W, 32 columns of an N-major B (NMajorB).
 template <class Cfg>

@@ -134,9 +134,11 @@ def test_paths(ops):
         expected = "small_m" if has_small_m_kernel(op.config) else "fast"
         assert op.path(a, b, **bias) == expected, key
         a17, b17 = operands(op, SMALL_M_MAX_ROWS + 1, 256, 512)
-        if PLANS[key]["layout"] == "tt" and has_small_m_kernel(op.config):   # past small_m::kNMajorMaxColumns
-            wide = {"bias": torch.randn(8200, device="cuda", dtype=op.dtype)} if bias else {}
-            assert op.path(*operands(op, 4, 8200, 64), **wide) == "fast", key
+        if PLANS[key]["layout"] == "tt" and has_small_m_kernel(op.config):   # a strip of 32 columns per SM at most
+            sms = torch.cuda.get_device_properties(0).multi_processor_count
+            for n, expected in ((32 * sms, "small_m"), (32 * sms + 8, "fast")):
+                wide = {"bias": torch.randn(n, device="cuda", dtype=op.dtype)} if bias else {}
+                assert op.path(*operands(op, 4, n, 64), **wide) == expected, (key, n)
         if PLANS[key]["layout"] in ("tn", "tt"):
             assert op.path(a17, b17, **bias) == "fast", key
             odd_a, odd_b = operands(op, 4, 256, 511)   # rows of 511 elements: not 16-byte aligned
