@@ -12,7 +12,8 @@ import pytest
 from generator import Gemm
 from generator.render import render, templates_dir
 from generator.spec.config import (REPACK_MIN_VOLUME, SMALL_M_MAX_ROWS, SMALL_M_N_MAJOR_MAX_BYTES,
-                                   SMALL_M_N_MAJOR_STRIP, has_small_m_kernel, takes_small_m)
+                                   SMALL_M_N_MAJOR_STRIP, SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K, has_small_m_kernel,
+                                   takes_small_m)
 
 TEMPLATES = Path(templates_dir())
 
@@ -47,6 +48,7 @@ def test_python_constants_match_the_templates():
     assert "constexpr int kMaxRows = GEMMGEN_SMALL_M_MAX_ROWS;" in small_m
     assert int(re.search(r"#define GEMMGEN_SMALL_M_MAX_ROWS (\d+)", small_m).group(1)) == SMALL_M_MAX_ROWS == 16
     assert re.search(r"kBlockColumns = (\d+);", small_m).group(1) == str(SMALL_M_N_MAJOR_STRIP)
+    assert re.search(r"kNMajorTwoGroupsMinK = (\d+);", small_m).group(1) == str(SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K)
     bytes_shift = int(re.search(r"kNMajorMaxBytes = int64_t\((\d+)\) << 20;", small_m).group(1))
     assert bytes_shift << 20 == SMALL_M_N_MAJOR_MAX_BYTES
     workspace = (TEMPLATES / "common" / "workspace.cuh").read_text()
@@ -69,14 +71,16 @@ def test_why_names_the_small_m_kernel_for_few_rows():
 
 
 def test_an_n_major_b_takes_the_small_m_kernel_within_its_bounds():
-    """While its strips of 32 columns fit one per SM and B is at most 192 MB (small_m::takes): beyond, the tiled kernels
-    read B faster. A K-major B takes it at any size; print(plan)'s why says which."""
+    """While its strips of 32 columns fit one per SM, B is at most 192 MB and, past 8 rows, K at least 2560
+    (small_m::takes): beyond, the tiled kernels run faster. A K-major B takes it at any size; print(plan)'s why says which."""
     tt = Gemm("bf16", "tt", arch=90).config
     assert takes_small_m(tt, 16, 4096, 14336, 132)             # 117 MB, 128 strips
     assert not takes_small_m(tt, 16, 4096, 14336, 114)         # 128 strips on 114 SMs: a second wave
     assert not takes_small_m(tt, 16, 4096, 128256, 132)        # a vocabulary head's dX: 1 GB
     assert not takes_small_m(tt, 1, 132 * SMALL_M_N_MAJOR_STRIP + 8, 64, 132)
     assert not takes_small_m(tt, SMALL_M_MAX_ROWS + 1, 4096, 4096, 132)
+    assert takes_small_m(tt, 8, 4096, 1024, 132)               # one n8 MMA per k16: any K
+    assert not takes_small_m(tt, 9, 4096, SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K - 8, 132)   # two, a short K
     assert takes_small_m(Gemm("bf16", "tn", arch=90).config, 16, 4096, 128256, 132)
     assert "small-M" in Gemm("bf16", "tt", m=16, n=4096, k=4096, arch=90).why
     assert "small-M" not in Gemm("bf16", "tt", m=16, n=4096, k=128256, arch=90).why

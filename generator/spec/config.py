@@ -196,10 +196,12 @@ class KernelConfig:
 
 #: The most rows of A a call may have to take the small-M kernel (small_m::kMaxRows, common/gemm_small_m.cuh).
 SMALL_M_MAX_ROWS = 16
-#: An N-major B takes it while its strips of SMALL_M_N_MAJOR_STRIP columns fit one per SM and B is at most this many
-#: bytes (small_m::takes, kNMajorMaxBytes): beyond, the tiled kernels read B faster (docs/small_m.md).
+#: An N-major B takes it while its strips of SMALL_M_N_MAJOR_STRIP columns fit one per SM, B is at most this many
+#: bytes and, with more than 8 rows, K is at least SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K (small_m::takes): beyond, the
+#: tiled kernels run faster (docs/small_m.md).
 SMALL_M_N_MAJOR_STRIP = 32
 SMALL_M_N_MAJOR_MAX_BYTES = 192 << 20
+SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K = 2560
 
 
 def has_small_m_kernel(cfg: KernelConfig) -> bool:
@@ -216,7 +218,8 @@ def takes_small_m(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int) -> b
     if m > SMALL_M_MAX_ROWS or not has_small_m_kernel(cfg):
         return False
     return cfg.layout.b_k_major or (math.ceil(n / SMALL_M_N_MAJOR_STRIP) <= sm_count
-                                    and n * k * cfg.dtype.bytes <= SMALL_M_N_MAJOR_MAX_BYTES)
+                                    and n * k * cfg.dtype.bytes <= SMALL_M_N_MAJOR_MAX_BYTES
+                                    and (m <= 8 or k >= SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K))
 
 
 #: M x N x K from which an operand off the 16-byte rule is copied into an aligned workspace rather than run on the

@@ -297,10 +297,13 @@ struct NMajorB {
 };
 
 // An N-major B takes this kernel while its strips of 32 columns fit one per SM (a second wave of whole-K strips costs
-// as much as the first) and B is at most kNMajorMaxBytes: each block walks its strip's whole K, which on the H200
-// read B at 3.1-3.4 TB/s against the tiled kernels' 3.8 on larger problems (docs/small_m.md). launch.cuh's
+// as much as the first), B is at most kNMajorMaxBytes (each block walks its strip's whole K, which on the H200 read
+// B at 3.1-3.4 TB/s against the tiled kernels' 3.8 on larger problems) and, with more than 8 rows (two n8 MMAs per
+// k16), K is at least kNMajorTwoGroupsMinK (below, 16 rows lost 2-14 % to the tiled kernels: each warp's one or two
+// k steps do not repay the block's fixed costs). Measured on the corpus' dX (docs/small_m.md). launch.cuh's
 // takes_small_m applies it; spec/config.py takes_small_m says the same in Python.
 constexpr int64_t kNMajorMaxBytes = int64_t(192) << 20;
+constexpr int64_t kNMajorTwoGroupsMinK = 2560;
 
 // Whether an aligned call (after fold_batch) on a GPU of `sms` SMs takes this kernel.
 template <class Cfg>
@@ -308,7 +311,8 @@ inline bool takes(const GemmArgs& args, int sms) {
   if (!kAvailable<Cfg> || args.m > kMaxRows) return false;
   if (Cfg::kBKMajor) return true;
   const int64_t strips = (args.n + NMajorB::kBlockColumns - 1) / NMajorB::kBlockColumns;
-  return strips <= sms && args.n * args.k * static_cast<int64_t>(sizeof(typename Cfg::ElemB)) <= kNMajorMaxBytes;
+  return strips <= sms && args.n * args.k * static_cast<int64_t>(sizeof(typename Cfg::ElemB)) <= kNMajorMaxBytes &&
+         (args.m <= 8 || args.k >= kNMajorTwoGroupsMinK);
 }
 
 // Columns of D per block: 16 rows of a K-major W, 32 columns of an N-major B (NMajorB).
