@@ -124,19 +124,22 @@ def test_k_zero(ops):
 
 def test_paths(ops):
     """op.path: small_m up to 16 rows where the config has the kernel (has_small_m_kernel), fast above and for
-    configs without it, unaligned for an operand off the 16-byte rule."""
+    configs without it (and an N-major B past its bounds, takes_small_m), unaligned for an operand off the 16-byte
+    rule."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     for key, op in ops.items():
         bias = {"bias": torch.randn(256, device="cuda", dtype=op.dtype)} if "bias" in key else {}
-        a, b = operands(op, SMALL_M_MAX_ROWS, 256, 512)
-        if PLANS[key]["layout"][0] == "n":   # A column-major
-            a = a.t().contiguous().t()
-        if PLANS[key]["layout"][1] == "t":   # B row-major
-            b = b.contiguous()
-        expected = "small_m" if has_small_m_kernel(op.config) else "fast"
-        assert op.path(a, b, **bias) == expected, key
+        for m, k in ((SMALL_M_MAX_ROWS, 512), (SMALL_M_MAX_ROWS, 4096), (8, 512)):
+            a, b = operands(op, m, 256, k)
+            if PLANS[key]["layout"][0] == "n":   # A column-major
+                a = a.t().contiguous().t()
+            if PLANS[key]["layout"][1] == "t":   # B row-major
+                b = b.contiguous()
+            expected = "small_m" if takes_small_m(op.config, m, 256, k, sms) else "fast"
+            assert op.path(a, b, **bias) == expected, (key, m, k)
+        assert has_small_m_kernel(op.config) == takes_small_m(op.config, 8, 256, 512, sms), key
         a17, b17 = operands(op, SMALL_M_MAX_ROWS + 1, 256, 512)
         if PLANS[key]["layout"] == "tt" and has_small_m_kernel(op.config):   # a strip of 32 columns per SM at most
-            sms = torch.cuda.get_device_properties(0).multi_processor_count
             for n, expected in ((32 * sms, "small_m"), (32 * sms + 8, "fast")):
                 wide = {"bias": torch.randn(n, device="cuda", dtype=op.dtype)} if bias else {}
                 assert op.path(*operands(op, 4, n, 64), **wide) == expected, (key, n)
