@@ -70,7 +70,8 @@ extern "C" __global__ void __launch_bounds__(gemmgen::unaligned::kThreads) sm80_
 
 // Calls with at most 16 rows of A (common/gemm_small_m.cuh); an empty stub where the config has no such kernel
 // (the host never launches it then).
-extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm80_fp16_nn_128x256x32_w2x4_s4_g8_small_m(GemmArgs args) {
+extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads, gemmgen::small_m::kMinBlocksPerSm)
+    sm80_fp16_nn_128x256x32_w2x4_s4_g8_small_m(GemmArgs args) {
   if constexpr (gemmgen::small_m::kAvailable<Config>) {
     gemmgen::small_m::run<Config>(gemmgen::problem_args<Config>(args, blockIdx.y));
   }

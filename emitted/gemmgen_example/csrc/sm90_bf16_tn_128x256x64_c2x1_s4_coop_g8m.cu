@@ -109,7 +109,8 @@ extern "C" __global__ void __launch_bounds__(gemmgen::unaligned::kThreads) sm90_
 
 // Calls with at most 16 rows of A (common/gemm_small_m.cuh); an empty stub where the config has no such kernel
 // (the host never launches it then).
-extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads) sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_small_m(GemmArgs args) {
+extern "C" __global__ void __launch_bounds__(gemmgen::small_m::kThreads, gemmgen::small_m::kMinBlocksPerSm)
+    sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m_small_m(GemmArgs args) {
   if constexpr (gemmgen::small_m::kAvailable<Config>) {
     gemmgen::small_m::run<Config>(gemmgen::problem_args<Config>(args, blockIdx.y));
   }

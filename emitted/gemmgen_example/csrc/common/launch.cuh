@@ -23,6 +23,27 @@ inline const char* cuda_error_text(int code) {
   return text;
 }
 
+// The current device's SM count (the small-M kernel's bound on an N-major B's strips), cached per device: atomic, as
+// raise_smem_limit's flags (threads on several GPUs launch at once). 0 where the query fails.
+inline int current_sm_count() {
+  static std::atomic<int> known[kMaxDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0) return 0;
+  const int cached = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
+  if (cached > 0) return cached;
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+  if (device < kMaxDevices) known[device].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
+// Whether an aligned call takes the small-M kernel (small_m::takes; the SM count only asked for an N-major B).
+template <class Cfg>
+inline bool takes_small_m(const GemmArgs& args) {
+  if (!small_m::kAvailable<Cfg> || args.m > small_m::kMaxRows) return false;
+  return small_m::takes<Cfg>(args, Cfg::kBKMajor ? 0 : current_sm_count());
+}
+
 // The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
 // 16-byte-aligned base addresses and strides): each operand's base address, leading dimension and (in a batch)
 // batch stride must keep every chunk 16-byte aligned. Anything else is copied into an aligned workspace first
@@ -43,7 +64,7 @@ inline GemmPath choose_folded_path(const GemmArgs& args) {
     const bool repays = single && args.m * args.n * args.k >= kRepackMinVolume;
     return repays ? GEMM_PATH_REPACKED : GEMM_PATH_UNALIGNED;
   }
-  return small_m::kAvailable<Cfg> && args.m <= small_m::kMaxRows ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
+  return takes_small_m<Cfg>(args) ? GEMM_PATH_SMALL_M : GEMM_PATH_FAST;
 }
 
 // Grouped calls: only the sm90 family's persistent kernels walk groups (GROUPED), on operands that keep the
@@ -115,10 +136,11 @@ inline int launch_unaligned(void (*slow)(GemmArgs), const GemmArgs* args, cudaSt
   });
 }
 
-// The small-M kernel of common/gemm_small_m.cuh: one block per 16 rows of W (columns of D).
+// The small-M kernel of common/gemm_small_m.cuh: one block per 16 rows of a K-major W, 32 columns of an N-major B.
 template <class Cfg>
 inline int launch_small_m(void (*small)(GemmArgs), const GemmArgs* args, cudaStream_t stream) {
-  const int64_t blocks = (args->n + small_m::kRowsW - 1) / small_m::kRowsW;
+  constexpr int kColumns = small_m::kBlockColumns<Cfg>;
+  const int64_t blocks = (args->n + kColumns - 1) / kColumns;
   return for_each_batch_chunk<Cfg>(*args, [&](const GemmArgs& chunk, unsigned problems) {
     small<<<dim3(static_cast<unsigned>(blocks), problems), small_m::kThreads, 0, stream>>>(chunk);
     return static_cast<int>(cudaGetLastError());

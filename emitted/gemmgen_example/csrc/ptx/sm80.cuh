@@ -138,6 +138,16 @@ __device__ __forceinline__ uint4 ld_global_stream_16(const void* addr) {
   return v;
 }
 
+// The transpose of an 8 x 8 matrix of 16-bit values held by the warp: lane l holds row l / 4, columns
+// 2 (l % 4) and 2 (l % 4) + 1 in `a`, and gets the same positions of the transpose (column l / 4 of the input,
+// rows 2 (l % 4) and 2 (l % 4) + 1). sm_75 and newer. PTX ISA §9.7.14.5.16 "Warp-level Matrix Transpose
+// Instruction: movmatrix".
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t a) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(a));
+  return d;
+}
+
 // 16 bytes of global memory that other warps of this SM read too (the small-M kernel's rows of A): through
 // the non-coherent path and kept in L1. PTX ISA §9.7.9.8 "Data Movement and Conversion Instructions: ld".
 __device__ __forceinline__ uint4 ld_global_shared_16(const void* addr) {
