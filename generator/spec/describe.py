@@ -3,7 +3,8 @@ other kernels a call may take, how a batch runs, the schedule, cluster and raste
 its rules (``config``); nothing imports this but the stages that show a plan (``gemm``, ``render``)."""
 from __future__ import annotations
 
-from .config import (QUANT_BLOCK, REPACK_MIN_VOLUME, SM90_THREADS, SMALL_M_MAX_ROWS, KernelConfig,
+from .config import (QUANT_BLOCK, REPACK_MIN_VOLUME, SM90_THREADS, SMALL_M_MAX_ROWS, SMALL_M_N_MAJOR_MAX_BYTES,
+                     SMALL_M_N_MAJOR_STRIP, SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K, KernelConfig,
                      has_small_m_kernel, quantizes_out, sm80_mma_shape, sm90_smem_parts, transposes_in_smem)
 from .epilogue import Epilogue
 from .types import DType
@@ -70,6 +71,10 @@ def _path_lines(cfg: KernelConfig) -> list[str]:
                  "kernel"]
     small = ([f"M <= {SMALL_M_MAX_ROWS}: the small-M kernel (streams B once from HBM: D^T = B^T A^T on mma.sync, K "
               "split between warps)"] if has_small_m_kernel(cfg) else [])
+    if small and not cfg.layout.b_k_major:
+        small.append(f"  (B N-major, transposed in registers: while its {SMALL_M_N_MAJOR_STRIP}-column strips fit one "
+                     f"per SM, B <= {SMALL_M_N_MAJOR_MAX_BYTES >> 20} MiB and,")
+        small.append(f"  past 8 rows, K >= {SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K})")
     first, *rest = small + unaligned
     return [f"other paths:  {first}", *(f"              {line}" for line in rest)]
 
