@@ -117,3 +117,47 @@ int main() {
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_stream_k_partition(tmp_path) -> None:
     assert run_host_program(PROGRAM, tmp_path).strip() == "0 failures"
+
+
+FLAGS_PROGRAM = r"""
+#include <climits>
+#include <cstdio>
+#include "common/workspace.cuh"
+
+using gemmgen::StreamKFlags;
+using gemmgen::kStreamKMinFlags;
+static int failures = 0;
+#define CHECK(cond) do { if (!(cond) && failures++ < 10) std::printf("failed: %s\n", #cond); } while (0)
+
+// stream_k_flags' bookkeeping, without the GPU: replace and zero as the entry says, then take the next epoch.
+static int take(StreamKFlags& e, size_t needed) {
+  if (e.needs_zeroing(needed)) {
+    if (const size_t grown = e.replacement(needed); grown > 0) e.slots = grown;
+    e.epoch = 0;
+  }
+  return ++e.epoch;
+}
+
+int main() {
+  StreamKFlags e;
+  CHECK(e.needs_zeroing(264) && e.replacement(264) == kStreamKMinFlags);   // a stream's first launch
+  CHECK(take(e, 264) == 1 && e.slots == kStreamKMinFlags);
+  CHECK(!e.needs_zeroing(264) && e.replacement(264) == 0);
+  CHECK(take(e, 100) == 2 && take(e, kStreamKMinFlags) == 3);              // kept: every epoch new
+  CHECK(e.replacement(kStreamKMinFlags + 1) == kStreamKMinFlags + 1);      // a larger grid: new flags, zeroed
+  CHECK(take(e, kStreamKMinFlags + 1) == 1 && e.slots == kStreamKMinFlags + 1);
+  e.epoch = INT_MAX - 1;                                                    // the epochs about to wrap
+  CHECK(take(e, 264) == INT_MAX);
+  CHECK(e.needs_zeroing(264) && e.replacement(264) == 0);                   // zeroed in place, epochs from 1 again
+  CHECK(take(e, 264) == 1 && e.slots == kStreamKMinFlags + 1);
+  std::printf("%d failures\n", failures);
+  return failures != 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_stream_k_flags_take_a_new_epoch_every_launch(tmp_path) -> None:
+    """The flags a stream keeps (common/workspace.cuh StreamKFlags): a launch never takes an epoch its flags may hold
+    (each epoch once between zeroings; zeroed when new, replaced for a larger grid, and before the epochs wrap)."""
+    assert run_host_program(FLAGS_PROGRAM, tmp_path).strip() == "0 failures"

@@ -58,14 +58,22 @@ inline cudaError_t workspace_alloc(int device, size_t bytes, cudaStream_t stream
 // stream never inherits flags that a destroyed one's last launch may still write; the flags of a destroyed stream
 // (a few KB) stay allocated. A CUDA graph may replay on any stream, so a capture does not use them
 // (sm90::stream_k_workspace zeroes flags of its own there).
+// Flags enough for the largest persistent grids (132 SMs x 2 consumer warpgroups), so that they are rarely replaced.
+constexpr size_t kStreamKMinFlags = 1024;
+
 struct StreamKFlags {
   int* flags = nullptr;
   size_t slots = 0;
-  int epoch = 0;  // the last one taken
-};
+  int epoch = 0;  // the last one taken; INT_MAX: zero the flags before the next launch takes one
 
-// Flags enough for the largest persistent grids (132 SMs x 2 consumer warpgroups), so that they are rarely replaced.
-constexpr size_t kStreamKMinFlags = 1024;
+  // How many flags a launch that needs `needed` must replace these with first (0: it keeps them).
+  size_t replacement(size_t needed) const {
+    if (slots >= needed) return 0;
+    return needed > kStreamKMinFlags ? needed : kStreamKMinFlags;
+  }
+  // Whether they must be zeroed before that launch takes its epoch: new flags, or the epochs about to wrap.
+  bool needs_zeroing(size_t needed) const { return slots < needed || epoch == INT_MAX; }
+};
 
 // `slots` flags of `stream` on `device` and the epoch the launch raises them to. `hold` keeps the registry locked
 // until the caller has queued that launch: another thread that replaced the flags in between would free them
@@ -79,15 +87,14 @@ inline cudaError_t stream_k_flags(int device, cudaStream_t stream, size_t slots,
   if (err != cudaSuccess) return err;
   std::unique_lock<std::mutex> lock(mutex);
   StreamKFlags& entry = kept[{device, id}];
-  if (entry.slots < slots || entry.epoch == INT_MAX) {
-    if (entry.slots < slots) {
+  if (entry.needs_zeroing(slots)) {
+    if (const size_t grown = entry.replacement(slots); grown > 0) {
       if (entry.flags != nullptr) {
         err = cudaFreeAsync(entry.flags, stream);  // after every launch queued on the stream that reads them
         entry.flags = nullptr;
         entry.slots = 0;
         if (err != cudaSuccess) return err;
       }
-      const size_t grown = slots > kStreamKMinFlags ? slots : kStreamKMinFlags;
       err = workspace_alloc(device, grown * sizeof(int), stream, reinterpret_cast<void**>(&entry.flags));
       if (err != cudaSuccess) {
         entry.flags = nullptr;
