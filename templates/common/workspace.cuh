@@ -4,9 +4,7 @@
 
 #include <climits>
 #include <cstdint>
-#include <map>
 #include <mutex>
-#include <utility>
 #include <cuda_runtime.h>
 
 #include "alignment.cuh"
@@ -57,7 +55,8 @@ inline cudaError_t workspace_alloc(int device, size_t bytes, cudaStream_t stream
 // when the epochs would wrap. Streams are told apart by cudaStreamGetId, unique for the process's life, so a new
 // stream never inherits flags that a destroyed one's last launch may still write; the flags of a destroyed stream
 // (a few KB) stay allocated. A CUDA graph may replay on any stream, so a capture does not use them
-// (sm90::stream_k_workspace zeroes flags of its own there).
+// (sm90::stream_k_workspace zeroes flags of its own there). The registry is sm90::stream_k_flags (stream-K is the
+// sm90 family's; cudaStreamGetId needs CUDA 12, which sm_90a needs too).
 // Flags enough for the largest persistent grids (132 SMs x 2 consumer warpgroups), so that they are rarely replaced.
 constexpr size_t kStreamKMinFlags = 1024;
 
@@ -74,43 +73,6 @@ struct StreamKFlags {
   // Whether they must be zeroed before that launch takes its epoch: new flags, or the epochs about to wrap.
   bool needs_zeroing(size_t needed) const { return slots < needed || epoch == INT_MAX; }
 };
-
-// `slots` flags of `stream` on `device` and the epoch the launch raises them to. `hold` keeps the registry locked
-// until the caller has queued that launch: another thread that replaced the flags in between would free them
-// (stream-ordered) before the launch that reads them.
-inline cudaError_t stream_k_flags(int device, cudaStream_t stream, size_t slots, int** flags, int* epoch,
-                                  std::unique_lock<std::mutex>* hold) {
-  static std::mutex mutex;
-  static std::map<std::pair<int, unsigned long long>, StreamKFlags> kept;
-  unsigned long long id = 0;
-  cudaError_t err = cudaStreamGetId(stream, &id);
-  if (err != cudaSuccess) return err;
-  std::unique_lock<std::mutex> lock(mutex);
-  StreamKFlags& entry = kept[{device, id}];
-  if (entry.needs_zeroing(slots)) {
-    if (const size_t grown = entry.replacement(slots); grown > 0) {
-      if (entry.flags != nullptr) {
-        err = cudaFreeAsync(entry.flags, stream);  // after every launch queued on the stream that reads them
-        entry.flags = nullptr;
-        entry.slots = 0;
-        if (err != cudaSuccess) return err;
-      }
-      err = workspace_alloc(device, grown * sizeof(int), stream, reinterpret_cast<void**>(&entry.flags));
-      if (err != cudaSuccess) {
-        entry.flags = nullptr;
-        return err;
-      }
-      entry.slots = grown;
-    }
-    err = cudaMemsetAsync(entry.flags, 0, entry.slots * sizeof(int), stream);
-    entry.epoch = err == cudaSuccess ? 0 : INT_MAX;  // (not zeroed: zero them at the next launch)
-    if (err != cudaSuccess) return err;
-  }
-  *flags = entry.flags;
-  *epoch = ++entry.epoch;
-  *hold = std::move(lock);
-  return cudaSuccess;
-}
 
 // Below this M x N x K the unaligned kernel beats copying (a copy launch, a workspace from the pool and the fast
 // kernel cost a few microseconds more than its whole run: 256^3 takes ~2 us on it); above, repacking wins by far.

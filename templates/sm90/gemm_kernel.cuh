@@ -261,7 +261,7 @@ struct LoadMaps {
 // consumer warpgroup, Kernel::partial_slot). A part raises its flag to `epoch` once its partial tile is written, and
 // a reader waits until the flag equals `epoch`. The host never hands a launch flags that already hold its epoch:
 // either zeroed flags and epoch 1 (a CUDA graph's capture), or its stream's own flags, which only earlier launches on
-// that stream wrote, each with an epoch of its own (stream_k_flags in common/workspace.cuh), so that no launch
+// that stream wrote, each with an epoch of its own (stream_k_flags in sm90/launch.cuh), so that no launch
 // has to zero them first.
 struct StreamKWorkspace {
   float* partials;

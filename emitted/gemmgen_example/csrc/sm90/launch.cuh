@@ -7,9 +7,12 @@
 #pragma once
 
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -350,6 +353,43 @@ inline int launch_k_groups(KernelFn fast, const GemmArgs* call, cudaStream_t str
     build_k_groups<Cfg><<<blocks, kKGroupWarps * 32, 0, stream>>>(a.map, b.map, d.map, groups);
     return cudaGetLastError();
   });
+}
+
+// `slots` flags of `stream` on `device` and the epoch the launch raises them to. `hold` keeps the registry locked
+// until the caller has queued that launch: another thread that replaced the flags in between would free them
+// (stream-ordered) before the launch that reads them.
+inline cudaError_t stream_k_flags(int device, cudaStream_t stream, size_t slots, int** flags, int* epoch,
+                                  std::unique_lock<std::mutex>* hold) {
+  static std::mutex mutex;
+  static std::map<std::pair<int, unsigned long long>, StreamKFlags> kept;
+  unsigned long long id = 0;
+  cudaError_t err = cudaStreamGetId(stream, &id);
+  if (err != cudaSuccess) return err;
+  std::unique_lock<std::mutex> lock(mutex);
+  StreamKFlags& entry = kept[{device, id}];
+  if (entry.needs_zeroing(slots)) {
+    if (const size_t grown = entry.replacement(slots); grown > 0) {
+      if (entry.flags != nullptr) {
+        err = cudaFreeAsync(entry.flags, stream);  // after every launch queued on the stream that reads them
+        entry.flags = nullptr;
+        entry.slots = 0;
+        if (err != cudaSuccess) return err;
+      }
+      err = workspace_alloc(device, grown * sizeof(int), stream, reinterpret_cast<void**>(&entry.flags));
+      if (err != cudaSuccess) {
+        entry.flags = nullptr;
+        return err;
+      }
+      entry.slots = grown;
+    }
+    err = cudaMemsetAsync(entry.flags, 0, entry.slots * sizeof(int), stream);
+    entry.epoch = err == cudaSuccess ? 0 : INT_MAX;  // (not zeroed: zero them at the next launch)
+    if (err != cudaSuccess) return err;
+  }
+  *flags = entry.flags;
+  *epoch = ++entry.epoch;
+  *hold = std::move(lock);
+  return cudaSuccess;
 }
 
 // Experiment switch for A/B runs (gpu/ab_variants.py), off by default: 1 zeroes fresh stream-K flags before every
