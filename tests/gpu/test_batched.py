@@ -29,7 +29,7 @@ from gpu_cases import BOUND, ops_for_this_gpu, op_of  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator import epilogue as ep  # noqa: E402
 from generator.runtime.evaluate import evaluate, operand_values  # noqa: E402
-from generator.spec.config import REPACK_MIN_VOLUME, SMALL_M_MAX_ROWS, has_small_m_kernel  # noqa: E402
+from generator.spec.config import REPACK_MIN_VOLUME, SMALL_M_MAX_ROWS, has_small_m_kernel, takes_small_m  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 NAMESPACE = "gemmgen_batched_test"
@@ -72,8 +72,9 @@ STREAM_K_PLAN = dict(dtype="bf16", layout="tn", arch=90, schedule="cooperative",
 #: The plain plans (no epilogue operands), one per family and layout, and stream-K.
 PLAIN = ["sm80_tn_fp16", "sm80_nt_bf16", "sm80_nn_bf16", "sm80_tt_fp16_dcol", "sm90_tn_bf16_coop_c2x1",
          "sm90_nt_fp16_coop_c1x2", "sm90_tt_bf16_pp_c2x1", "sm90_nn_fp16_ws", STREAM_K]
-#: Layout tn (A and B K-major): the plans with the small-M kernel.
-SMALL_M_PLANS = ["sm80_tn_fp16", "sm90_tn_bf16_coop_c2x1", STREAM_K, "sm80_tn_bf16_vectors", "sm90_tn_fp16_vectors_pp"]
+#: Layouts tn and tt (A K-major): the plans with the small-M kernel (an N-major B within its bounds: takes_small_m).
+SMALL_M_PLANS = ["sm80_tn_fp16", "sm90_tn_bf16_coop_c2x1", STREAM_K, "sm80_tn_bf16_vectors", "sm90_tn_fp16_vectors_pp",
+                 "sm80_tt_fp16_dcol", "sm90_tt_bf16_pp_c2x1"]
 VECTOR_PLANS = ["sm80_tn_bf16_vectors", "sm90_tn_fp16_vectors_pp"]
 
 
@@ -203,7 +204,8 @@ def expected_paths(op, m: int, n: int, k: int, a_mode: str, b_mode: str) -> set[
     for x, y in ((m, k), (k, m), (k, n), (n, k)):
         if x == 0 or (x == 1 and y % 8):
             return None
-    if m <= SMALL_M_MAX_ROWS and has_small_m_kernel(op.config):
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if takes_small_m(op.config, m, n, k, sms):
         return {"small_m", "fast"} if foldable(op, a_mode, b_mode) else {"small_m"}
     return {"fast"}
 
@@ -255,7 +257,7 @@ RAGGED_CASES = (
     (3, 129, 1000, 7, "packed", "packed"),
     (17, 65, 7, 1000, "packed", "packed"),
     (3, 1000, 65, 129, "padded", "padded"),
-    (17, 7, 129, 65, "padded", "packed"),       # M = 7: the small-M kernel on layout tn
+    (17, 7, 129, 65, "padded", "packed"),       # M = 7: the small-M kernel on layouts tn and tt
     (3, 65, 1000, 1000, "packed", "shared"),    # B 2-D (batch stride 0): x @ W on a 3-D x
     (17, 129, 65, 129, "shared", "padded"),     # A 2-D
     (3, 1000, 7, 65, "expand", "packed"),       # A (1, M, K).expand(3, M, K)
@@ -296,8 +298,8 @@ SMALL_M_CASES = (
 
 @pytest.mark.parametrize("key", SMALL_M_PLANS)
 def test_small_m(ops, key):
-    """M <= 16 per problem on layout tn takes the small-M kernel (op.path says so) unless the batch may be folded
-    into M; M = 17 the fast one."""
+    """M <= 16 per problem on layouts tn and tt takes the small-M kernel (op.path says so) unless the batch may be
+    folded into M (or an N-major B is past its bounds); M = 17 the fast one."""
     op = op_of(ops, key)
     assert has_small_m_kernel(op.config)
     for batch, m, n, k, a_mode, b_mode in SMALL_M_CASES:
@@ -305,10 +307,9 @@ def test_small_m(ops, key):
     check(op, 3, SMALL_M_MAX_ROWS + 1, 1000, 520, "packed", "packed", path="fast")
 
 
-def test_small_m_only_on_k_major_plans(ops):
-    """At most 16 rows on a plan without the small-M kernel (A or B not K-major): the fast kernel, right."""
-    for key in ("sm80_nt_bf16", "sm80_nn_bf16", "sm80_tt_fp16_dcol", "sm90_nt_fp16_coop_c1x2", "sm90_tt_bf16_pp_c2x1",
-                "sm90_nn_fp16_ws"):
+def test_small_m_only_where_a_is_k_major(ops):
+    """At most 16 rows on a plan without the small-M kernel (A M-major): the fast kernel, right."""
+    for key in ("sm80_nt_bf16", "sm80_nn_bf16", "sm90_nt_fp16_coop_c1x2", "sm90_nn_fp16_ws"):
         if key not in ops:
             continue
         op = ops[key]

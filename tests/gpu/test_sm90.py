@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 from generator.planner.shipped import shipped_configs  # noqa: E402
-from generator.spec.config import SMALL_M_MAX_ROWS, has_small_m_kernel  # noqa: E402
+from generator.spec.config import takes_small_m  # noqa: E402
 
 from gpu_cases import BOUND, DTYPES, LAYOUTS, OUT_DTYPES, RAGGED  # noqa: E402
 
@@ -89,8 +89,9 @@ def check(op, layout: str, m: int, n: int, k: int, col_major: bool = False) -> N
     a, b = operands(layout, m, n, k, dtype)
     out, padding = poisoned_out(m, n, op.out_dtype, col_major)
     if min(m, n, k) > 1:  # a size of 0 or 1 makes the other size the leading dimension (unpadded)
-        # (at most 16 rows of a K-major plan: the small-M kernel, common/gemm_small_m.cuh)
-        expected = "small_m" if m <= SMALL_M_MAX_ROWS and has_small_m_kernel(op.config) else "fast"
+        # (at most 16 rows of a K-major A: the small-M kernel, common/gemm_small_m.cuh, within its bounds)
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        expected = "small_m" if takes_small_m(op.config, m, n, k, sms) else "fast"
         assert op.path(a, b) == expected, f"{op.name}: {m}x{n}x{k} should take the {expected} path"
     d = op(a, b, out=out)
     assert torch.isnan(padding).all(), f"{op.name} {layout} M={m} N={n} K={k}: wrote past D into its padding"
