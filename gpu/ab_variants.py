@@ -165,8 +165,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.kernel and args.configs != "sm90":
         ap.error("--kernel takes sm90 kernels: add --configs sm90")
     configs = family_configs(args.configs, args.dtype, args.layout, args.arch, args.kernel)
-    requests = [dataclasses.replace(build_request(c), extra_flags=tuple(flags.replace("+", " ").split()))
-                for flags in variants.values() for c in configs]
+    plain = [build_request(c) for c in configs]   # (with GEMMGEN_EXTRA_NVCC_FLAGS, if set, under every variant)
+    requests = [dataclasses.replace(req, extra_flags=req.extra_flags + tuple(flags.replace("+", " ").split()))
+                for flags in variants.values() for req in plain]
     t0 = time.time()
     results = build_many(requests)
     print(f"built {len(requests)} kernels in {time.time() - t0:.1f} s", flush=True)

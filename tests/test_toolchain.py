@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from generator.toolchain import (BuildError, BuildRequest, BuildResult, build, build_many, cache_key,
-                             nvcc_path, spill_report)
+                             nvcc_flags, nvcc_path, spill_report)
 
 GENCODE = "-gencode=arch=compute_80,code=sm_80"
 
@@ -154,3 +154,21 @@ def test_spill_report() -> None:
         "gemm_tn": {"registers": 168, "spill_stores": 0, "spill_loads": 0, "stack": 0},
     }
     assert spill_report("") == {}
+
+
+def test_extra_nvcc_flags_reach_every_library_and_its_cache_key(monkeypatch):
+    """GEMMGEN_EXTRA_NVCC_FLAGS (a benchmark run under a template switch): the flags join every kernel library's build
+    request, after the plan's own, so the switched libraries cache apart from the plain ones."""
+    pytest.importorskip("torch")
+    from generator import Gemm
+    from generator.runtime.loader import EXTRA_FLAGS_ENV, build_request
+
+    config = Gemm("bf16", "tn", arch=90).config
+    monkeypatch.delenv(EXTRA_FLAGS_ENV, raising=False)
+    plain = build_request(config, 90)
+    monkeypatch.setenv(EXTRA_FLAGS_ENV, "-DGEMMGEN_SMALL_M_N_MAJOR=0  -DGEMMGEN_SMALL_M_WARPS=4")
+    switched = build_request(config, 90)
+    assert plain.extra_flags == ()
+    assert switched.extra_flags == ("-DGEMMGEN_SMALL_M_N_MAJOR=0", "-DGEMMGEN_SMALL_M_WARPS=4")
+    assert switched.extra_flags == tuple(nvcc_flags(switched)[-2:])
+    assert cache_key(switched) != cache_key(plain)

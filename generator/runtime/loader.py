@@ -2,6 +2,9 @@
 the first parallel ninja run."""
 from __future__ import annotations
 
+import os
+import shlex
+
 import torch
 
 from ..toolchain import BuildError, BuildRequest, build_many
@@ -25,10 +28,20 @@ def build_target(config: KernelConfig) -> int:
     return config.arch
 
 
+#: nvcc flags added to every kernel library this process builds, e.g. "-DGEMMGEN_SMALL_M_N_MAJOR=0": a template's
+#: experiment switch for a whole benchmark run (docs/contributing.md). They are part of the build cache key.
+EXTRA_FLAGS_ENV = "GEMMGEN_EXTRA_NVCC_FLAGS"
+
+
+def extra_nvcc_flags() -> tuple[str, ...]:
+    """The flags of EXTRA_FLAGS_ENV (shell words), none when it is unset."""
+    return tuple(shlex.split(os.environ.get(EXTRA_FLAGS_ENV, "")))
+
+
 def build_request(config: KernelConfig, target: int | None = None) -> BuildRequest:
     target = build_target(config) if target is None else target
     return BuildRequest(name=config.name, sources=render(config), gencode=ARCHS[target].gencode,
-                        include_dirs=(str(templates_dir()),))
+                        include_dirs=(str(templates_dir()),), extra_flags=extra_nvcc_flags())
 
 
 def build_libraries(configs: list[KernelConfig], *, verbose: bool) -> list[KernelLibrary]:
