@@ -72,7 +72,8 @@ def test_why_names_the_small_m_kernel_for_few_rows():
 
 def test_an_n_major_b_takes_the_small_m_kernel_within_its_bounds():
     """While its strips of 32 columns fit one per SM, B is at most 192 MiB and, past 8 rows, K at least 2560
-    (small_m::takes): beyond, the tiled kernels run faster. A K-major B takes it at any size; print(plan)'s why says which."""
+    (takes_small_m in launch.cuh): beyond, the tiled kernels run faster. A K-major B takes it at any size;
+    print(plan)'s why says which."""
     tt = Gemm("bf16", "tt", arch=90).config
     assert takes_small_m(tt, 16, 4096, 14336, 132)             # 117 MB, 128 strips
     assert not takes_small_m(tt, 16, 4096, 14336, 114)         # 128 strips on 114 SMs: a second wave

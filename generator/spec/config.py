@@ -197,8 +197,8 @@ class KernelConfig:
 #: The most rows of A a call may have to take the small-M kernel (small_m::kMaxRows, common/gemm_small_m.cuh).
 SMALL_M_MAX_ROWS = 16
 #: An N-major B takes it while its strips of SMALL_M_N_MAJOR_STRIP columns fit one per SM, B is at most this many
-#: bytes and, with more than 8 rows, K is at least SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K (small_m::takes): beyond, the
-#: tiled kernels run faster (docs/small_m.md).
+#: bytes and, with more than 8 rows, K is at least SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K (takes_small_m in
+#: templates/common/launch.cuh): beyond, the tiled kernels run faster (docs/small_m.md).
 SMALL_M_N_MAJOR_STRIP = 32
 SMALL_M_N_MAJOR_MAX_BYTES = 192 << 20
 SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K = 2560
@@ -214,7 +214,8 @@ def has_small_m_kernel(cfg: KernelConfig) -> bool:
 
 
 def takes_small_m(cfg: KernelConfig, m: int, n: int, k: int, sm_count: int) -> bool:
-    """Whether an aligned call of m x n x k on a GPU of ``sm_count`` SMs takes the small-M kernel (small_m::takes)."""
+    """Whether an aligned call of m x n x k on a GPU of ``sm_count`` SMs takes the small-M kernel (takes_small_m in
+    templates/common/launch.cuh)."""
     if m > SMALL_M_MAX_ROWS or not has_small_m_kernel(cfg):
         return False
     return cfg.layout.b_k_major or (math.ceil(n / SMALL_M_N_MAJOR_STRIP) <= sm_count

@@ -306,11 +306,10 @@ struct NMajorB {
 constexpr int64_t kNMajorMaxBytes = int64_t(192) << 20;
 constexpr int64_t kNMajorTwoGroupsMinK = 2560;
 
-// Whether an aligned call (after fold_batch) on a GPU of `sms` SMs takes this kernel.
+// Whether a call of at most kMaxRows rows with an N-major B (after fold_batch) is within those bounds on a GPU of
+// `sms` SMs.
 template <class Cfg>
-inline bool takes(const GemmArgs& args, int sms) {
-  if (!kAvailable<Cfg> || args.m > kMaxRows) return false;
-  if (Cfg::kBKMajor) return true;
+inline bool n_major_fits(const GemmArgs& args, int sms) {
   const int64_t strips = (args.n + NMajorB::kBlockColumns - 1) / NMajorB::kBlockColumns;
   return strips <= sms && args.n * args.k * static_cast<int64_t>(sizeof(typename Cfg::ElemB)) <= kNMajorMaxBytes &&
          (args.m <= 8 || args.k >= kNMajorTwoGroupsMinK);

@@ -37,11 +37,12 @@ inline int current_sm_count() {
   return sms;
 }
 
-// Whether an aligned call takes the small-M kernel (small_m::takes; the SM count only asked for an N-major B).
+// Whether an aligned call takes the small-M kernel: a K-major B at any size, an N-major one within its bounds
+// (small_m::n_major_fits; the SM count asked for only then).
 template <class Cfg>
 inline bool takes_small_m(const GemmArgs& args) {
   if (!small_m::kAvailable<Cfg> || args.m > small_m::kMaxRows) return false;
-  return small_m::takes<Cfg>(args, Cfg::kBKMajor ? 0 : current_sm_count());
+  return Cfg::kBKMajor || small_m::n_major_fits<Cfg>(args, current_sm_count());
 }
 
 // The fast kernels copy 16-byte chunks (sm80: cp.async; sm90: TMA, whose tensor maps take only
