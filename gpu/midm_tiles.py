@@ -61,7 +61,7 @@ def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], 
 
 def parse_variants(text: str) -> list[dict[str, object]]:
     """``--variants raster=n,raster_group=4+raster=m`` as field changes to the pick: one dict per comma item, its
-    ``+``-joined field=value pairs (integers where they parse)."""
+    ``+``-joined field=value pairs (integers where they parse, true and false as booleans)."""
     variants = []
     for item in filter(None, text.split(",")):
         fields = {}
@@ -69,7 +69,8 @@ def parse_variants(text: str) -> list[dict[str, object]]:
             name, eq, value = pair.partition("=")
             if not eq or name not in KernelConfig.__dataclass_fields__:
                 raise SystemExit(f"--variants {item!r}: write FIELD=VALUE[+FIELD=VALUE], FIELD a KernelConfig field")
-            fields[name] = int(value) if value.isdigit() else value
+            fields[name] = (int(value) if value.isdigit() else
+                            {"true": True, "false": False}.get(value.lower(), value))
         variants.append(fields)
     return variants
 
@@ -108,7 +109,7 @@ def main() -> None:
                     help="time these instead of the default candidates: TILE:CLUSTER:pp|coop[:sk][:sN],... "
                          "(e.g. 128x128x64:2x1:pp,256x128x64:1x2:coop)")
     ap.add_argument("--variants", default="", help="the pick with fields changed: FIELD=VALUE[+FIELD=VALUE],... "
-                    "(e.g. raster=n,raster_group=4)")
+                    "(e.g. raster=n,raster_group=4 or stream_k=true)")
     ap.add_argument("--corpus-tokens", default=None,
                     help="the corpus' forward GEMMs at these token counts (benchmarks/corpus.py) instead of --shapes")
     ap.add_argument("--layout", default="tn", choices=["tn", "tt", "nn"],

@@ -183,16 +183,16 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=128, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 tiles: one wave
     (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),        # few rows: 64-row tiles (narrow_grid)
     (dict(m=16), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),                        # n, k default to 4096
-    (dict(m=64, n=8192, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m"),        # (SMALL_M_TILE_ROWS)
+    (dict(m=64, n=8192, k=8192), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),       # (few_rows_long_k): whole
     (dict(m=128, n=4096, k=14336), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"), # half the SMs idle, long K
     (dict(m=128, n=4096, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 128 k tiles: split
     (dict(m=128, n=4096, k=8128), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 127 k tiles: not
-    (dict(m=32, n=4096, k=14336), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),    # 32 tiles: pingpong split-K
+    (dict(m=32, n=4096, k=14336), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_sk_g1m"),   # 64 tiles of 64x64: split in 2
     (dict(m=128, n=8192, k=8192), "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g1m"),       # (few_rows_stream_b)
     (dict(m=128, n=8192, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 k tiles: not
     (dict(m=128, n=6144, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 96 tiles: not one full wave
     (dict(m=129, n=8192, k=8192), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g1m"),      # three 64-row tile rows: not
-    (dict(m=64, n=2048, k=8192), "sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m"),     # 16 tiles in 8 parts
+    (dict(m=64, n=2048, k=8192), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_sk_g1m"),    # 32 tiles in 4 parts
     (dict(m=32, n=4096, k=4096), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),       # 64 k tiles: no split-K; 64x64
     (dict(m=1, n=1, k=1), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),            # K=1: the epilogue is all; one
     # narrow tile (narrow_grid: 64x64 pingpong where 64x128 tiles reach at most half of the SMs)
@@ -212,6 +212,27 @@ def test_few_rows_stream_b_rule_says_so_and_yields_to_knobs() -> None:
     assert plan(arch=90, cluster_shape=(1, 1), **hints).name == "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"
     assert plan(arch=90, tile_shape=(128, 64, 64), **hints).name.startswith("sm90_bf16_tn_128x64x64_c1x1_")
     assert "_pp_" not in Gemm("e4m3", "tn", arch=90, **hints).name
+
+
+def test_few_rows_long_k_rule_says_so_and_yields_to_knobs() -> None:
+    """64x64 pingpong by rule (few_rows_long_k) at most 64 rows of a long K whose 64x128 tiles reach at most half the
+    SMs: split where its own tiles reach at most half of them, print(plan) says why; more rows, a wider layer, a K
+    short of split-K or past the long-K split, a fixed knob or an 8-bit type plan as before."""
+    ruled = plan(arch=90, m=48, n=8192, k=29568)                # 64 tiles of 64x128: half the SMs
+    assert ruled.name == "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"
+    assert "64x64 pingpong by rule: at most 64 rows and a long K" in ruled.why
+    split = plan(arch=90, m=32, n=3584, k=14336)                # 56 tiles of 64x64: two parts
+    assert split.name == "sm90_bf16_tn_64x64x64_c1x1_s12_pp_sk_g1m" and "in 2 parts" in split.why
+    assert plan(arch=90, m=48, n=8192, k=29568, layout="tt").config.tile[:2] == (64, 64)
+    for other in (dict(m=65, n=4096, k=14336),                 # two 64-row tile rows
+                  dict(m=64, n=8448 + 128, k=14336),           # 68 tiles of 64x128: more than half
+                  dict(m=64, n=4096, k=65536)):                # the long-K split's
+        assert "64x64 pingpong by rule" not in plan(arch=90, **other).why, other
+    assert "64x64 pingpong by rule" not in plan(arch=90, m=64, n=4096, k=8128).why   # 127 k tiles
+    hints = dict(m=48, n=8192, k=29568)
+    assert plan(arch=90, tile_shape=(64, 128, 64), **hints).config.tile[:2] == (64, 128)
+    assert plan(arch=90, schedule="cooperative", **hints).config.schedule == "cooperative"
+    assert "64x64 pingpong by rule" not in Gemm("e4m3", "tn", arch=90, **hints).why
 
 
 def test_few_columns_fill_rule_says_so_and_yields() -> None:
@@ -374,9 +395,9 @@ PINNED_SM90_BF16_TN = {
     (16, 4096, 4096): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m',
     (16, 6144, 4096): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m',
     (16, 14336, 4096): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
-    (16, 4096, 14336): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_sk_g1m',
+    (16, 4096, 14336): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_sk_g1m',
     (16, 28672, 8192): 'sm90_bf16_tn_64x256x64_c1x1_s4_pp_g1m',
-    (16, 8192, 28672): 'sm90_bf16_tn_64x128x64_c1x1_s8_pp_g1m',
+    (16, 8192, 28672): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m',
     (128, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
     (128, 6144, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
     (128, 14336, 4096): 'sm90_bf16_tn_128x128x64_c1x1_s6_pp_g1m',

@@ -53,7 +53,7 @@ import math
 from dataclasses import replace
 
 from ..spec.arch import ArchSpec
-from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, check_config,
+from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, check_config, is_legal,
                            promote_slices, sm90_block_k, sm90_max_stages_that_fit, transposes_in_smem)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
@@ -146,6 +146,10 @@ SPLIT_K_MIN_K_TILES = 128
 # 64x128 cut in 4 parts at 32x4096x14336 0.91x cuBLAS against 0.74x whole, 64x4096x14336 0.96x against 0.82x; 64
 # tiles cut in 2 at 32x8192x8192 0.88x against 0.91x, 64x8192x8192 0.94x against 1.01x.
 SPLIT_K_MAX_SM_SHARE = {"cooperative": 1 / 2, "pingpong": 1 / 4}
+# 64x64 pingpong (SMALL_TILE) splits while its tiles reach at most half the SMs: its fp32 partial tile is half a 64x128
+# one, and two parts still paid there (32 x 3584 x 14336, 56 tiles: 0.983x cuBLAS split, 0.879x whole; measured with
+# few_rows_long_k's rule, below).
+SPLIT_K_SMALL_TILE_SM_SHARE = 1 / 2
 # From this many k tiles (16-bit: K >= 65536; a vocabulary head's dX, whose K is the vocabulary) every 1x1 candidate
 # whose tiles the launch cuts into at least SPLIT_K_LONG_K_MIN_PARTS k parts (SMs // tiles) is weighed so split, for
 # either schedule (split_k_parts): each part still streams hundreds of k tiles, so the partial sums' round trip is
@@ -208,6 +212,16 @@ ONE_WAVE_CLUSTER_K_TILES = 64
 # against 0.954x, 128x8192x8192 0.976x against 0.942x; at 96 tiles (128x6144x4096, a short K) it lost, 0.880x
 # against 0.938x.
 FEW_ROWS_STREAM_B_SM_SHARE = 0.9
+# At most one 64-row tile row (SMALL_M_TILE_ROWS), a long K (SPLIT_K_MIN_K_TILES up to SPLIT_K_LONG_K_TILES) and
+# 64x128 tiles that reach at most half the SMs (SMALL_TILE_MAX_SM_SHARE): 64x64 pingpong, 1x1, split into the parts
+# the SMs hold where its tiles reach at most SPLIT_K_SMALL_TILE_SM_SHARE of them, else whole (few_rows_long_k). The
+# model kept the 64x128 tile there, split where it reached a quarter of the SMs and whole above. Measured (H200,
+# bf16 tn, gpu/midm_tiles.py, h200_midm_small_tile_long_k.json), ours / cuBLAS, 64x128 (the pick before) against
+# 64x64: split both, 32 x 3584 x 14336 0.924 -> 0.983, 64 x 2048 x 10944 0.834 -> 0.898, 64 x 1024 x 14336
+# 0.840 -> 0.904, 64 x 3584 x 18944 0.962 -> 0.996, 64 x 4096 x 14336 0.978 -> 1.016; whole (64x128 tiles on a
+# quarter to half of the SMs), 32 x 4544 x 18176 0.852 -> 0.998, 48 x 8192 x 29568 0.972 -> 1.052, 64 x 8192 x 8192
+# 1.011 -> 1.029.
+FEW_ROWS_LONG_K_BN = 128
 FEW_ROWS_STREAM_B_BN = 128
 DEFAULT_RASTER_GROUP = 8
 # Few columns (129-512) and an M-major A with a K-major B (layout nn: a linear layer's dX computed as its transpose,
@@ -421,6 +435,34 @@ def few_rows_stream_b(dtype: DType, knobs: Knobs, problem: Problem, sm_count: in
             and FEW_ROWS_STREAM_B_SM_SHARE * sm_count <= tiles <= sm_count)
 
 
+def few_rows_long_k(dtype: DType, knobs: Knobs, problem: Problem, sm_count: int) -> bool:
+    """Whether the plan is 64x64 pingpong 1x1 by FEW_ROWS_LONG_K_BN's rule: 16-bit inputs (the measured ones), none of
+    tile, schedule and cluster fixed, one problem of at most one 64-row tile row, SPLIT_K_MIN_K_TILES to
+    SPLIT_K_LONG_K_TILES k tiles, and 64x128 tiles on at most SMALL_TILE_MAX_SM_SHARE of the SMs."""
+    if not rule_may_apply(dtype, knobs):
+        return False
+    block_k = sm90_block_k(dtype)
+    k_tiles = math.ceil(problem.k / block_k)
+    wide_tiles = tile_count((SMALL_M_TILE_ROWS, FEW_ROWS_LONG_K_BN, block_k), problem)
+    return (problem.batch == 1 and problem.m <= SMALL_M_TILE_ROWS
+            and SPLIT_K_MIN_K_TILES <= k_tiles < SPLIT_K_LONG_K_TILES
+            and wide_tiles <= SMALL_TILE_MAX_SM_SHARE * sm_count)
+
+
+def is_small_tile(cfg: KernelConfig) -> bool:
+    return cfg.tile[:2] == SMALL_TILE and cfg.schedule == "pingpong"
+
+
+def small_tile_config(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, epilogue: Epilogue,
+                      dtype_b: DType | None) -> KernelConfig:
+    """64x64 pingpong (SMALL_TILE), 1x1, raster m, the deepest pipeline that fits."""
+    cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout,
+                       tile=(*SMALL_TILE, sm90_block_k(dtype)), warps=None, stages=MIN_STAGES, raster_group=1,
+                       family="sm90", cluster=(1, 1), schedule="pingpong", raster="m", epilogue=epilogue,
+                       dtype_b=dtype_b)
+    return replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
+
+
 def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) -> bool:
     """Whether the plan is 128x256 cooperative in a 2x1 cluster by COVERING_TILE's rule: a batch of 16-bit problems
     of two 128-row tile rows and one 256-column tile column that a 128-column tile would not cover, the user fixed
@@ -576,6 +618,11 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     ruled = fill and few_columns_fill(dtype, out_dtype, layout, spec, problem, sm_count, fill, epilogue, dtype_b)
     if ruled is not None:
         return ruled, []
+    long_k_rows = hinted and few_rows_long_k(dtype, knobs, problem, sm_count)
+    if long_k_rows:
+        small = choose_raster(small_tile_config(dtype, out_dtype, layout, spec, epilogue, dtype_b), problem, sm_count,
+                              knobs)
+        configs = [small] if is_legal(small) else configs
     if streams_b:
         configs = [c for c in configs if is_few_rows_stream_b(c)] or configs
     elif covers:
@@ -585,6 +632,9 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
         best = Estimate(best.config, best.cost, f"{best.reason}; 64x128 pingpong 2x1 by rule: two tile rows, a long K "
                                                 f"and one full wave, so the run is B's stream from L2, which the "
                                                 f"cluster halves")
+    elif long_k_rows and is_small_tile(best.config):
+        best = Estimate(best.config, best.cost, f"{best.reason}; 64x64 pingpong by rule: at most 64 rows and a long K, "
+                                                f"where 64x128 tiles would leave half the SMs idle")
     elif covers and is_covering(best.config):
         best = Estimate(best.config, best.cost, f"{best.reason}; 128x256 cooperative 2x1 by rule: one cluster covers "
                                                 f"each problem of the batch, so its A and B cross into the SMs once")
@@ -620,14 +670,14 @@ def few_columns_fill(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchS
 
 def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a persistent
-    single problem (grouped calls take no stream-K) whose tiles reach at most SPLIT_K_MAX_SM_SHARE of the SMs, of at
-    least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32 sums are not added as fp32 partials); from
-    SPLIT_K_LONG_K_TILES k tiles, ``long_k_parts``."""
+    single problem (grouped calls take no stream-K) whose tiles reach at most SPLIT_K_MAX_SM_SHARE of the SMs
+    (SPLIT_K_SMALL_TILE_SM_SHARE for 64x64 pingpong), of at least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32
+    sums are not added as fp32 partials); from SPLIT_K_LONG_K_TILES k tiles, ``long_k_parts``."""
     units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
     k_tiles = math.ceil(problem.k / cfg.tile[2])
     if k_tiles >= SPLIT_K_LONG_K_TILES:
         return long_k_parts(cfg, problem, sm_count)
-    share = SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
+    share = SPLIT_K_SMALL_TILE_SM_SHARE if is_small_tile(cfg) else SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
     if not _splittable(cfg, problem) or units > share * sm_count or k_tiles < SPLIT_K_MIN_K_TILES:
         return 1
     return min(sm_count // units, k_tiles)

@@ -489,6 +489,15 @@ def check_config(cfg: KernelConfig) -> None:
         check_stream_k(cfg)
 
 
+def is_legal(cfg: KernelConfig) -> bool:
+    """Whether check_config accepts ``cfg``."""
+    try:
+        check_config(cfg)
+    except ValueError:
+        return False
+    return True
+
+
 def check_stream_k(cfg: KernelConfig) -> None:
     """Stream-K (KernelConfig.stream_k): the sm90 persistent schedules (cooperative, pingpong), whose partial
     tiles are added as fp32."""

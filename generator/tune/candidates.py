@@ -18,7 +18,7 @@ from ..planner.sm80 import default_stages
 from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster, waves
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, SM90_ODD_BLOCK_N, KernelConfig,
-                           check_config, max_stages, sm80_block_k, sm90_max_stages_that_fit)
+                           is_legal, max_stages, sm80_block_k, sm90_max_stages_that_fit)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 
@@ -51,14 +51,6 @@ def honours(cfg: KernelConfig, knobs: Knobs) -> bool:
              ("family", cfg.family), ("schedule", cfg.schedule), ("cluster", cfg.cluster), ("raster", cfg.raster),
              ("fast_accum", cfg.fast_accum))
     return all(getattr(knobs, knob) in (None, value) for knob, value in fixed)
-
-
-def is_legal(cfg: KernelConfig) -> bool:
-    try:
-        check_config(cfg)
-    except ValueError:
-        return False
-    return True
 
 
 # -- neighbours, one axis at a time -------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from typing import Any
 from ..planner import Knobs, Problem, plan
 from ..planner.common import default_family
 from ..spec.arch import arch_spec
-from ..spec.config import SMALL_M_MAX_ROWS, KernelConfig, takes_small_m
+from ..spec.config import SMALL_M_MAX_ROWS, KernelConfig, is_legal, takes_small_m
 from ..spec.types import DType, Layout
 from .cache import Entry, EntryKey, apply_fields, config_fields, lookup, record, table_files
-from .candidates import DEFAULT_MAX_CANDIDATES, Space, candidates, is_legal
+from .candidates import DEFAULT_MAX_CANDIDATES, Space, candidates
 from .device import DeviceKey, current_device
 from .result import Candidate, TunedChoice, TuneResult
 from .shipped import shipped_answer, shipped_tables

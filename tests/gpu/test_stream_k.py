@@ -24,6 +24,8 @@ PLANS = {
     "tf32": dict(dtype="tf32", tile_shape=(128, 64, 32), cluster_shape=(1, 1)),
     # pingpong: the consumers take alternate segments (the planner's split-K for at most 64 rows), with a cluster
     "bf16_pp_64x128": dict(dtype="bf16", tile_shape=(64, 128, 64), cluster_shape=(1, 1), schedule="pingpong"),
+    # 64x64 pingpong: the planner's split for at most 64 rows over a long K (planner few_rows_long_k)
+    "bf16_pp_64x64": dict(dtype="bf16", tile_shape=(64, 64, 64), cluster_shape=(1, 1), schedule="pingpong"),
     "bf16_pp_128x128_c2x1": dict(dtype="bf16", tile_shape=(128, 128, 64), cluster_shape=(2, 1),
                                  schedule="pingpong"),
     # a vocabulary head's dX at a few hundred tokens: 2x1 clusters split along K (planner LONG_K_SPLIT_CLUSTERS)
