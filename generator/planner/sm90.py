@@ -634,7 +634,7 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
                                                 f"cluster halves")
     elif long_k_rows and is_small_tile(best.config):
         best = Estimate(best.config, best.cost, f"{best.reason}; 64x64 pingpong by rule: at most 64 rows and a long K, "
-                                                f"where 64x128 tiles would leave half the SMs idle")
+                                                f"where 64x128 tiles would leave at least half the SMs idle")
     elif covers and is_covering(best.config):
         best = Estimate(best.config, best.cost, f"{best.reason}; 128x256 cooperative 2x1 by rule: one cluster covers "
                                                 f"each problem of the batch, so its A and B cross into the SMs once")
