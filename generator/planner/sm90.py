@@ -216,11 +216,12 @@ FEW_ROWS_STREAM_B_SM_SHARE = 0.9
 # 64x128 tiles that reach at most half the SMs (SMALL_TILE_MAX_SM_SHARE): 64x64 pingpong, 1x1, split into the parts
 # the SMs hold where its tiles reach at most SPLIT_K_SMALL_TILE_SM_SHARE of them, else whole (few_rows_long_k). The
 # model kept the 64x128 tile there, split where it reached a quarter of the SMs and whole above. Measured (H200,
-# bf16 tn, gpu/midm_tiles.py, h200_midm_small_tile_long_k.json), ours / cuBLAS, 64x128 (the pick before) against
-# 64x64: split both, 32 x 3584 x 14336 0.924 -> 0.983, 64 x 2048 x 10944 0.834 -> 0.898, 64 x 1024 x 14336
-# 0.840 -> 0.904, 64 x 3584 x 18944 0.962 -> 0.996, 64 x 4096 x 14336 0.978 -> 1.016; whole (64x128 tiles on a
-# quarter to half of the SMs), 32 x 4544 x 18176 0.852 -> 0.998, 48 x 8192 x 29568 0.972 -> 1.052, 64 x 8192 x 8192
-# 1.011 -> 1.029.
+# bf16 tn, gpu/midm_tiles.py, h200_midm_small_tile_candidates.json; the rule's picks confirmed on shapes and dX it
+# was not read from, h200_midm_small_tile_long_k_{tn,tt}.json and ..._corpus64_{tn,tt}.json, docs/planner.md rule 9),
+# ours / cuBLAS, 64x128 (the pick before) against 64x64: split both, 32 x 3584 x 14336 0.924 -> 0.983,
+# 64 x 2048 x 10944 0.834 -> 0.898, 64 x 1024 x 14336 0.840 -> 0.904, 64 x 3584 x 18944 0.962 -> 0.996,
+# 64 x 4096 x 14336 0.978 -> 1.016; whole (64x128 tiles on a quarter to half of the SMs), 32 x 4544 x 18176
+# 0.852 -> 0.998, 48 x 8192 x 29568 0.972 -> 1.052, 64 x 8192 x 8192 1.011 -> 1.029.
 FEW_ROWS_LONG_K_BN = 128
 FEW_ROWS_STREAM_B_BN = 128
 DEFAULT_RASTER_GROUP = 8
