@@ -229,6 +229,10 @@ def test_few_rows_long_k_rule_says_so_and_yields_to_knobs() -> None:
                   dict(m=64, n=4096, k=65536)):                # the long-K split's
         assert "64x64 pingpong by rule" not in plan(arch=90, **other).why, other
     assert "64x64 pingpong by rule" not in plan(arch=90, m=64, n=4096, k=8128).why   # 127 k tiles
+    from generator.planner.backward import backward_configs
+    forward = plan(arch=90, m=64, n=14336, k=4096)               # a 17-64 token bucket's up projection
+    dx, _ = backward_configs(forward.config, Order.row, forward.problem)
+    assert dx.name == "sm90_bf16_tt_64x64x64_c1x1_s12_pp_sk_g1m"   # dX = dY @ W: 64 x 4096 x 14336
     hints = dict(m=48, n=8192, k=29568)
     assert plan(arch=90, tile_shape=(64, 128, 64), **hints).config.tile[:2] == (64, 128)
     assert plan(arch=90, schedule="cooperative", **hints).config.schedule == "cooperative"
