@@ -67,15 +67,22 @@ def poison(dtype: torch.dtype, *shapes) -> None:
 CANCELLATION_FLOOR = 0.1
 
 
+def smallest_normal(dtype: torch.dtype) -> float:
+    """Below it D's values are subnormals, rounded to a fixed absolute step (a 1 x 1 x 1 fp16 product of 3e-6 lands
+    1 % off): the least norm an error is measured against. 1e-30 for integer D."""
+    return torch.finfo(dtype).tiny if dtype.is_floating_point else 1e-30
+
+
 def gemm_error(got: torch.Tensor, a: torch.Tensor, b: torch.Tensor, ref: torch.Tensor) -> float:
     """||got - ref|| / ||ref|| against float64's ``ref`` = A @ B, the denominator at least CANCELLATION_FLOOR of the
-    norm a product of A's and B's magnitudes would typically have; inf where got is not finite."""
+    norm a product of A's and B's magnitudes would typically have, and at least got's smallest normal; inf where got
+    is not finite."""
     diff = (got.double() - ref).norm()
     if not torch.isfinite(diff):
         return float("inf")
     k = a.shape[-1]
     typical = (a.double().abs() @ b.double().abs()).norm() / max(k, 1) ** 0.5
-    return (diff / torch.maximum(ref.norm(), CANCELLATION_FLOOR * typical).clamp_min(1e-30)).item()
+    return (diff / torch.maximum(ref.norm(), CANCELLATION_FLOOR * typical).clamp_min(smallest_normal(got.dtype))).item()
 
 
 def rel_error64(got: torch.Tensor, ref: torch.Tensor) -> float:
