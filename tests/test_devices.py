@@ -186,6 +186,11 @@ HOST_STATE = {
     "thread_local CachedMap map_": "a TMA map, per thread, keyed by the operand's address (unique across devices)",
     "static const at::Tensor undefined;": "an empty tensor (no device)",
     "static const std::vector<at::Tag> tags =": "the ops' tags (no device)",
+    "static std::atomic<int> state[kMaxDevices] = {};": "whether the block order is measured (sm90/block_order.cuh), per "
+                                                        "device: atomic",
+    "static BlockOrder orders[kMaxDevices];": "the block order per device, written once under `measuring` before its "
+                                              "state's release store, read after its acquire load",
+    "static std::mutex measuring;": "guards the block order's one measurement per device",
     "thread_local CheckedOffsets last;": "the offsets a grouped call checked last, per thread, held weakly (no device: "
                                          "a tensor of any device matches only itself)",
 }

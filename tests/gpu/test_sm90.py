@@ -158,6 +158,24 @@ def test_large_and_repeatable(variant_ops, variant):
         assert torch.equal(op(a, b), first)
 
 
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v[2] == (1, 1) and v[0] != "ws"], ids=variant_id)
+def test_grids_taken_in_sm_order(variant_ops, variant):
+    """A 1x1 persistent grid of more units than half the SMs takes its units in the order of the SMs its blocks land
+    on (sm90/block_order.cuh: a block per SM, those past the units idle): ragged grids of just over half the SMs, all
+    of them, and one unit more, each right and the same bits on every call."""
+    _, (bm, bn, _), _ = variant
+    op = variant_ops[(variant, "tn", "bf16", "bf16")]
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    tiles_n = 8
+    for units in (sms // 2 + 1, sms - 1, sms, sms + 1):
+        tiles_m = -(-units // tiles_n)
+        m, n = tiles_m * bm - 5, tiles_n * bn - 3   # (the last tile row and column ragged)
+        check(op, "tn", m, n, 1000)
+        a, b = operands("tn", m, n, 1000, torch.bfloat16)
+        first = op(a, b)
+        assert all(torch.equal(op(a, b), first) for _ in range(3)), f"{op.name} {m}x{n}x1000: bits moved"
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_zero_k_and_empty(variant_ops, variant):
     op = variant_ops[(variant, "nt", "fp16", "fp32")]

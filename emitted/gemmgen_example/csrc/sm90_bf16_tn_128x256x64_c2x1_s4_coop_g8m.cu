@@ -90,7 +90,7 @@ extern "C" __global__ void __launch_bounds__(gemmgen::sm90::kThreads, 1)
     sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m(const __grid_constant__ CUtensorMap tmap_a, const __grid_constant__ CUtensorMap tmap_a_edge,
                const __grid_constant__ CUtensorMap tmap_b, const __grid_constant__ CUtensorMap tmap_d,
                const __grid_constant__ CUtensorMap tmap_source, GemmArgs args,
-               gemmgen::sm90::StreamKWorkspace workspace) {
+               gemmgen::sm90::LaunchWorkspace workspace) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ __align__(1024) char smem[];
   const gemmgen::sm90::LoadMaps maps{&tmap_a, &tmap_a_edge, &tmap_b};

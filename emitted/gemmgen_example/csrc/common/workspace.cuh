@@ -49,7 +49,7 @@ inline cudaError_t workspace_alloc(int device, size_t bytes, cudaStream_t stream
   return err == cudaSuccess ? cudaMallocFromPoolAsync(workspace, bytes, pool, stream) : err;
 }
 
-// Stream-K's flags (sm90::StreamKWorkspace) kept per stream between launches, so that no launch queues a memset to
+// Stream-K's flags (sm90::LaunchWorkspace) kept per stream between launches, so that no launch queues a memset to
 // zero them: each launch on a stream takes the next epoch of that stream's flags, a value no flag holds yet (they
 // only hold epochs of earlier launches on the same stream, which ran before it). Zeroed once when allocated and again
 // when the epochs would wrap. Streams are told apart by cudaStreamGetId, unique for the process's life, so a new

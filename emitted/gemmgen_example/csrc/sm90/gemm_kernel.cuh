@@ -263,10 +263,17 @@ struct LoadMaps {
 // either zeroed flags and epoch 1 (a CUDA graph's capture), or its stream's own flags, which only earlier launches on
 // that stream wrote, each with an epoch of its own (stream_k_flags in sm90/launch.cuh), so that no launch
 // has to zero them first.
-struct StreamKWorkspace {
+// The most blocks LaunchWorkspace::order ranks (an SM count; SM indices fit a byte).
+constexpr int kMaxOrderedBlocks = 256;
+
+struct LaunchWorkspace {
   float* partials;
   int* flags;
   int epoch;
+  // Blocks [0, ordered) take unit order[b] first (block_order.cuh: ranked by the SM each lands on), the others
+  // unit blockIdx.x / CLUSTER; 0 for stream-K, whose parts follow the block index.
+  int ordered;
+  uint8_t order[kMaxOrderedBlocks];
 };
 
 // A list of problems (GemmArgs::list) as the kernel reads it: per problem, its tensor maps and sizes, which the host
@@ -644,7 +651,7 @@ struct Kernel {
                 "a quantized D: whole 128-column blocks per warpgroup, row-major, no stream-K, no source operand "
                 "(spec/config.py check_quantized_out)");
   // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
-  // order: register r of thread t at r * 128 + t, so each access is coalesced) and one flag (StreamKWorkspace).
+  // order: register r of thread t at r * 128 + t, so each access is coalesced) and one flag (LaunchWorkspace).
   static constexpr int kPartialFloats = WG_M * WG_N;
   static_assert(ACCUM % 4 == 0, "partial sums move as float4");
   __host__ __device__ __forceinline__ static size_t workspace_slots(int ctas) {
@@ -825,7 +832,7 @@ struct Kernel {
   // workspace: the stream-K partial sums and flags; unused otherwise.
   // tmap_source: the epilogue source's map when source_tma_possible(args), else unused.
   __device__ static void run(const LoadMaps& maps, const CUtensorMap* tmap_d, const CUtensorMap* tmap_source,
-                             const GemmArgs& args, const StreamKWorkspace& workspace, char* smem_raw) {
+                             const GemmArgs& args, const LaunchWorkspace& workspace, char* smem_raw) {
     const uint32_t raw = ptx::smem_addr(smem_raw);
     const uint32_t aligned = (raw + kSmemAlignSlack - 1) & ~uint32_t(kSmemAlignSlack - 1);
     // (never: dynamic shared memory starts aligned)
@@ -855,10 +862,11 @@ struct Kernel {
     }
 
     const Problem p = with_group_units(problem(args));
+    const int first = first_unit(workspace);  // this block's (cluster's) first work unit
     if (warpgroup == 0) {
       ptx::setmaxnreg_dec<kTransposes ? kTransposingProducerRegisters : kProducerRegisters>();
       if (threadIdx.x == 0) {
-        produce(p, smem, maps, rank);
+        produce(p, smem, maps, rank, first);
       } else if (kTransposes && threadIdx.x >= 32) {
         transpose_slots(smem);
       }
@@ -869,16 +877,16 @@ struct Kernel {
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
         } else {
-          consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+          consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, first, warpgroup - 1);
         }
       } else if (Cfg::kWalksLists && p.list != nullptr) {
         consume<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank,
-                                                                    warpgroup - 1);
+                                                                    first, warpgroup - 1);
       } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
         consume<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank,
-                                                                     warpgroup - 1);
+                                                                     first, warpgroup - 1);
       } else {
-        consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, warpgroup - 1);
+        consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, first, warpgroup - 1);
       }
     }
     // A CTA's shared memory must outlive the peer's multicast writes and remote arrivals into it.
@@ -901,12 +909,15 @@ struct Kernel {
 
   // Work units of this CTA's cluster: persistent schedules stride over all units by the number of
   // clusters in the grid; ws launches one cluster per unit, so its loop runs once.
-  __device__ __forceinline__ static int first_unit() { return blockIdx.x / CLUSTER; }
+  __device__ __forceinline__ static int first_unit(const LaunchWorkspace& workspace) {
+    const int block = static_cast<int>(blockIdx.x);
+    return block < workspace.ordered ? workspace.order[block] : block / CLUSTER;
+  }
   __device__ __forceinline__ static int unit_stride(const Problem& p) {
     return PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : p.units;
   }
 
-  __device__ static void produce(const Problem& p, const Smem& smem, const LoadMaps& maps, uint32_t rank) {
+  __device__ static void produce(const Problem& p, const Smem& smem, const LoadMaps& maps, uint32_t rank, int first) {
     ptx::prefetch_tensormap(maps.a);
     ptx::prefetch_tensormap(maps.b);
     // (fetched ahead as A's and B's: the edge tiles come last in M, but a short K reaches them early)
@@ -916,16 +927,16 @@ struct Kernel {
     if (STREAM_K && p.k_tiles > 0) {
       const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
       WalkOf<Walking::kFlat> walk;  // (unused: flat units)
-      sk.for_each_segment(first_unit(), [&](const StreamK::Segment& s) {
+      sk.for_each_segment(first, [&](const StreamK::Segment& s) {
         const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
         load_k_tiles(p, smem, maps, pos, at, s.kt_begin, s.kt_end, share);
       });
     } else if (Cfg::kWalksLists && p.list != nullptr) {
-      produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, maps, rank, pos, share);
+      produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, maps, rank, first, pos, share);
     } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
-      produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, maps, rank, pos, share);
+      produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, maps, rank, first, pos, share);
     } else {
-      produce_units<Walking::kFlat>(p, smem, maps, rank, pos, share);
+      produce_units<Walking::kFlat>(p, smem, maps, rank, first, pos, share);
     }
     if constexpr (kTransposes) end_transposes(smem, pos);
   }
@@ -934,10 +945,10 @@ struct Kernel {
   // maps, which the host wrote to global memory: acquired once per problem (the tensormap proxy's fence).
   template <Walking W>
   __device__ __forceinline__ static void produce_units(const Problem& p, const Smem& smem, const LoadMaps& maps,
-                                                       uint32_t rank, RingPos& pos, const Sharing& share) {
+                                                       uint32_t rank, int first, RingPos& pos, const Sharing& share) {
     WalkOf<W> walk;
     int acquired = -1;  // (kList) the problem whose maps this thread has acquired
-    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p)) {
+    for (int unit = first; unit < p.units; unit += unit_stride(p)) {
       const TileAt at = tile_origin<W>(p, unit, rank, walk);
       if constexpr (W == Walking::kList) {
         const ListProblem& listed = p.list[at.problem];
@@ -1059,7 +1070,7 @@ struct Kernel {
   // only to one with Cfg::kWalksLists).
   template <Walking W>
   __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
-                                 const CUtensorMap* tmap_source, uint32_t rank, int consumer) {
+                                 const CUtensorMap* tmap_source, uint32_t rank, int first, int consumer) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
     epi.grouped = W == Walking::kRows;
     const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
@@ -1067,7 +1078,7 @@ struct Kernel {
     RingPos pos;
     int local = 0;  // this CTA's work units so far
     WalkOf<W> walk;
-    for (int unit = first_unit(); unit < p.units; unit += unit_stride(p), ++local) {
+    for (int unit = first; unit < p.units; unit += unit_stride(p), ++local) {
       const TileAt at = tile_origin<W>(p, unit, rank, walk);
       if (PINGPONG && (local & 1) != consumer) {
         pos.advance(at.k_tiles);  // the other warpgroup's tile: its k tiles' slots
@@ -1141,7 +1152,7 @@ struct Kernel {
   // consumer computed it.
   __device__ static void consume_stream_k(const Problem& p, const Smem& smem, const GemmArgs& args,
                                           const CUtensorMap* tmap_d, uint32_t rank, int consumer,
-                                          const StreamKWorkspace& ws) {
+                                          const LaunchWorkspace& ws) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), nullptr, false};  // source read from global
     float* const workspace = ws.partials;
     int* const flags = ws.flags;
@@ -1150,7 +1161,7 @@ struct Kernel {
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     const int slot_consumer = PINGPONG ? 0 : consumer;
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
-    const int cluster = first_unit();
+    const int cluster = first_unit(ws);
     int segments = 0;  // (pingpong: whether the other consumer has a next segment to take its turn for)
     if constexpr (PINGPONG) sk.for_each_segment(cluster, [&](const StreamK::Segment&) { ++segments; });
     int local = 0;     // this cluster's segments so far

@@ -20,6 +20,7 @@
 
 #include "../common/gemm_args.h"
 #include "../common/launch.cuh"
+#include "block_order.cuh"
 #include "gemm_kernel.cuh"
 #include "k_groups.cuh"
 #include "list_table.cuh"
@@ -100,7 +101,7 @@ struct TensorMapType<int32_t> {
 };
 
 using KernelFn = void (*)(CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, CUtensorMap, GemmArgs,
-                          StreamKWorkspace);
+                          LaunchWorkspace);
 
 // What a tensor map encodes; equal keys give equal maps, so a launch with the same operand as the
 // last one (the common case: a layer's weight) skips the encoding.
@@ -243,7 +244,7 @@ inline int launch_listed(KernelFn fast, size_t count, int64_t units, cudaStream_
     const CUtensorMap unused{};  // every map is the listed problems' own
     const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(clusters * K::CLUSTER), stream);
     err = cudaLaunchKernelEx(&cluster_launch.config, fast, unused, unused, unused, unused, unused, args,
-                             StreamKWorkspace{});
+                             LaunchWorkspace{});
   }
   const cudaError_t freed = cudaFreeAsync(on_device, stream);
   if (err == cudaSuccess) err = freed;
@@ -398,12 +399,12 @@ inline cudaError_t stream_k_flags(int device, cudaStream_t stream, size_t slots,
 #define GEMMGEN_SM90_EXPERIMENT_SK_ZEROED_FLAGS 0
 #endif
 
-// Stream-K's workspace for a grid of `ctas` (StreamKWorkspace): the partial sums stream-ordered, allocated in the
+// Stream-K's workspace for a grid of `ctas` (LaunchWorkspace): the partial sums stream-ordered, allocated in the
 // launch's stream (*allocated, for the caller to free there once the launch is queued), so that launches on other
 // streams never share them; the flags its stream keeps (stream_k_flags, locked in *flags_held until the launch is
 // queued), or, under a graph's capture, flags of its own, zeroed in the graph before the kernel.
 template <class K>
-inline cudaError_t stream_k_workspace(int device, int ctas, cudaStream_t stream, StreamKWorkspace* workspace,
+inline cudaError_t stream_k_workspace(int device, int ctas, cudaStream_t stream, LaunchWorkspace* workspace,
                                       void** allocated, std::unique_lock<std::mutex>* flags_held) {
   const size_t partials = K::workspace_partials_bytes(ctas), slots = K::workspace_slots(ctas);
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -524,9 +525,22 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
       clusters = units * parts;
     }
   }
+  LaunchWorkspace workspace{};
+  // 1x1 persistent grids take their units in the order of the SMs their blocks land on: then every SM holds a block
+  // (the ranks cover the units), those past the units idle.
+  // (Measured on grids of at least half the SMs' units; smaller ones keep the launch order.)
+  if (K::PERSISTENT && K::CLUSTER == 1 && !stream_k) {
+    const BlockOrder* order = block_order(device, stream);
+    int resident = 0;
+    if (order != nullptr && resident_clusters<K>(fast, device, &resident) == cudaSuccess && resident == order->blocks &&
+        2 * work > resident) {
+      clusters = resident;
+      workspace.ordered = order->blocks;
+      std::copy(order->order, order->order + order->blocks, workspace.order);
+    }
+  }
   const unsigned ctas = static_cast<unsigned>(clusters * K::CLUSTER);
 
-  StreamKWorkspace workspace{};
   void* allocated = nullptr;                  // (the partial sums, freed once the launch is queued)
   std::unique_lock<std::mutex> flags_held;    // (the stream's flags, until the launch is queued)
   if (stream_k) {
