@@ -6,7 +6,7 @@
 // order they run on SMs far apart. Ranked by their SM's index instead (block b takes unit rank(smid(b)) first), 51
 // (shape, 1x1 kernel) pairs of more units than half the SMs ran 1.041x as fast (geomean; 25 of them 2-20 % faster,
 // 2 of them 5-7 % slower; H200, docs/corpus.md, "Where the blocks of a one-wave grid land"). Clustered grids keep
-// the launch order: their clusters are placed by the hardware, one GPC each.
+// the launch order, which for clusters of two already follows the SMs' indices (after the first four).
 //
 // The pattern is measured once per device and process (record_block_sms, outside any graph capture) and passed to
 // the kernel as a permutation of the block indices (LaunchWorkspace::order): every block still takes a unit of its

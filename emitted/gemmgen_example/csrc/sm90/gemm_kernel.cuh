@@ -257,15 +257,16 @@ struct LoadMaps {
   const CUtensorMap* b;
 };
 
+// The most blocks LaunchWorkspace::order ranks (an SM count; SM indices fit a byte).
+constexpr int kMaxOrderedBlocks = 256;
+
+// What a launch passes beside the maps and GemmArgs: stream-K's exchange and the blocks' order.
 // Stream-K's exchange between the clusters that share a unit: one fp32 partial tile and one flag per slot (CTA and
 // consumer warpgroup, Kernel::partial_slot). A part raises its flag to `epoch` once its partial tile is written, and
 // a reader waits until the flag equals `epoch`. The host never hands a launch flags that already hold its epoch:
 // either zeroed flags and epoch 1 (a CUDA graph's capture), or its stream's own flags, which only earlier launches on
 // that stream wrote, each with an epoch of its own (stream_k_flags in sm90/launch.cuh), so that no launch
 // has to zero them first.
-// The most blocks LaunchWorkspace::order ranks (an SM count; SM indices fit a byte).
-constexpr int kMaxOrderedBlocks = 256;
-
 struct LaunchWorkspace {
   float* partials;
   int* flags;
