@@ -337,5 +337,16 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t units) 
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// ---- special registers ------------------------------------------------------------------------
+
+// The index of the SM this thread runs on (sm90/block_order.cuh records where a grid's blocks land). It may change
+// only if the block is preempted, which the probe's one-instruction read does not care about.
+// PTX ISA §10 "Special Registers: %smid".
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t sm;
+  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+  return sm;
+}
+
 }  // namespace ptx
 }  // namespace gemmgen

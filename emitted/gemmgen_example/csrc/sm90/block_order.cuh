@@ -32,12 +32,10 @@ namespace gemmgen {
 namespace sm90 {
 namespace {
 
-// PTX ISA §10.8 "Special Registers: %smid".
+// The SM each block landed on (255 for an index past 254). Launched with a whole SM's shared memory per block.
 __global__ void record_block_sms(uint8_t* sms) {
-  extern __shared__ char unused[];
   if (threadIdx.x == 0) {
-    uint32_t sm;
-    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    const uint32_t sm = ptx::sm_id();
     sms[blockIdx.x] = static_cast<uint8_t>(sm < 255u ? sm : 255u);
   }
 }
