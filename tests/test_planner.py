@@ -576,6 +576,21 @@ def test_describe_sm90_knobs(knobs: dict[str, object], lines: list[str]) -> None
         assert line in text.splitlines()
 
 
+def test_describe_says_which_grids_take_tiles_in_sm_order() -> None:
+    """A 1x1 persistent plan says its grid runs a block per SM in the SMs' order (sm90/block_order.cuh); clustered,
+    ws and stream-K plans keep the launch order and do not say it."""
+    said = "tiles taken in the order of the SMs' indices"
+    for knobs in (dict(schedule="pingpong", tile_shape=(128, 128, 64), cluster_shape=(1, 1)),
+                  dict(schedule="cooperative", tile_shape=(128, 256, 64), cluster_shape=(1, 1))):
+        assert said in describe(plan(arch=90, **knobs).config), knobs
+    for knobs in (dict(schedule="cooperative", tile_shape=(128, 256, 64), cluster_shape=(2, 1)),
+                  dict(schedule="ws", tile_shape=(128, 128, 64), cluster_shape=(1, 1))):
+        assert said not in describe(plan(arch=90, **knobs).config), knobs
+    split = replace(plan(arch=90, schedule="pingpong", tile_shape=(64, 128, 64), cluster_shape=(1, 1)).config,
+                    stream_k=True)
+    assert said not in describe(split)
+
+
 # -- KernelConfig ---------------------------------------------------------------------------------
 
 

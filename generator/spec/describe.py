@@ -142,6 +142,14 @@ def describe_raster(cfg: KernelConfig) -> str:
     return f"n, group {group} (bands of {group} {many}, each walked along N then down M)"
 
 
+def describe_block_order(cfg: KernelConfig) -> str:
+    """Which SM takes which tile (templates/sm90/block_order.cuh): a 1x1 persistent grid of more tiles than half the
+    SMs, not stream-K, runs a block on every SM and hands out the raster's tiles in the order of the SMs' indices."""
+    if cfg.cluster != (1, 1) or cfg.schedule == "ws" or cfg.stream_k:
+        return ""
+    return "; with more tiles than half the SMs, a block per SM, tiles taken in the order of the SMs' indices"
+
+
 def _accumulation(cfg: KernelConfig) -> str:
     if cfg.dtype is DType.int8:
         return "int32 accumulate (exact)"
@@ -161,7 +169,7 @@ def _describe_sm90(cfg: KernelConfig) -> str:
         f"schedule:     {describe_schedule(cfg)}",
         f"cluster:      {describe_cluster(cfg.cluster)}",
         f"stages:       {cfg.stages} ({cfg.smem_bytes} bytes of shared memory: {sm90_smem_parts(cfg)})",
-        f"raster:       {describe_raster(cfg)}",
+        f"raster:       {describe_raster(cfg)}{describe_block_order(cfg)}",
         f"threads:      {SM90_THREADS} (1 producer warpgroup + 2 consumer warpgroups)",
     ]
     if cfg.stream_k:
