@@ -909,10 +909,14 @@ struct Kernel {
   }
 
   // Work units of this CTA's cluster: persistent schedules stride over all units by the number of
-  // clusters in the grid; ws launches one cluster per unit, so its loop runs once.
+  // clusters in the grid; ws launches one cluster per unit, so its loop runs once. The first is the cluster's index,
+  // or for a 1x1 grid the launch passes an order for (sm90/block_order.cuh) its block's place in that order.
   __device__ __forceinline__ static int first_unit(const LaunchWorkspace& workspace) {
     const int block = static_cast<int>(blockIdx.x);
-    return block < workspace.ordered ? workspace.order[block] : block / CLUSTER;
+    if constexpr (CLUSTER == 1) {
+      if (block < workspace.ordered) return workspace.order[block];
+    }
+    return block / CLUSTER;
   }
   __device__ __forceinline__ static int unit_stride(const Problem& p) {
     return PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : p.units;
