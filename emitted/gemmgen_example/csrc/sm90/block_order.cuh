@@ -1,9 +1,10 @@
 // The order in which a persistent grid's blocks take their work units: by the SM each block lands on.
 //
 // A grid of one block per SM hands its blocks to the SMs in a fixed pattern (on an H200: blocks 0-7 to SMs 124-131,
-// then runs of eight blocks to one GPC's eight SMs, the runs alternating between SMs 0-63 and 64-131:
-// gpu/sm_layout_probe.py). Units next to each other in the raster share rows of A or columns of B; taken in launch
-// order they run on SMs far apart. Ranked by their SM's index instead (block b takes unit rank(smid(b)) first), 51
+// then runs of eight blocks to eight SMs of one GPC, the runs alternating between SMs 0-63 and 64-131:
+// gpu/sm_layout_probe.py). Units next to each other in the raster share rows of A or columns of B, and which SMs run
+// them changes how fast L2 serves them (why this order wins is not understood yet). Ranked by their SM's index
+// instead of their launch order (block b takes unit rank(smid(b)) first), 51
 // (shape, 1x1 kernel) pairs of more units than half the SMs ran 1.041x as fast (geomean; 25 of them 2-20 % faster,
 // 2 of them 5-7 % slower; H200, docs/corpus.md, "Where the blocks of a one-wave grid land"). Clustered grids keep
 // the launch order, which for clusters of two already follows the SMs' indices (after the first four).

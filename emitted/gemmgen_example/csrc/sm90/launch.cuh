@@ -528,7 +528,7 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   LaunchWorkspace workspace{};
   // 1x1 persistent grids take their units in the order of the SMs their blocks land on: then every SM holds a block
   // (the ranks cover the units), those past the units idle.
-  // (Measured on grids of at least half the SMs' units; smaller ones keep the launch order.)
+  // (Measured on grids of more units than half the SMs; smaller ones keep the launch order.)
   if (K::PERSISTENT && K::CLUSTER == 1 && !stream_k) {
     const BlockOrder* order = block_order(device, stream);
     int resident = 0;
