@@ -8,6 +8,8 @@
 #                                                       them under memcheck and racecheck: docs/fuzzing.md)
 #   STEPS=corpus CORPUS_ARGS="--tokens 1,256,4096 --exact" gpu/run_all.sh   (the real models' layers, forward and
 #                                                       backward, per M band: benchmarks/bench_corpus.py)
+#   STEPS=corpusab CORPUS_AB_FLAGS=-DGEMMGEN_SM90_BLOCK_ORDER=0 CORPUS_ARGS="--passes fwd --tokens 256,512"
+#                                                      (the corpus as is, then with a template switch: bench_corpus_{a,b})
 #   STEPS=inductor gpu/run_all.sh                      (ours, cuBLAS and torch.compile max-autotune; what Inductor picked)
 #   STEPS=power POWER_ARGS="--variant g16=raster_group:16" gpu/run_all.sh   (steady-state TFLOP/s, SM clock, power)
 #   STEPS=ceiling CEILING_ARGS="--dtype fp16" gpu/run_all.sh   (mma.sync ceiling per clock next to the sm80 kernel;
@@ -95,6 +97,10 @@ for step in $STEPS; do
                  2> "$OUT/calibrate${CALIBRATE_TAG:-}_progress.log" | tee "$OUT/calibrate${CALIBRATE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
                python3 benchmarks/calibrate.py --fit "$OUT/calibrate${CALIBRATE_TAG:-}.json" --fit-json "$OUT/calibrate${CALIBRATE_TAG:-}_fit.json" 2>&1 | tee -a "$OUT/calibrate${CALIBRATE_TAG:-}.log" ;;
     bench)  python3 benchmarks/bench.py --json "$OUT/bench.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log" || status=1 ;;
+    corpusab) # the corpus twice, the second time with a template switch (CORPUS_AB_FLAGS) in every kernel it builds
+            python3 benchmarks/bench_corpus.py --json "$OUT/bench_corpus_a.json" ${CORPUS_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_corpus_a.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
+            GEMMGEN_EXTRA_NVCC_FLAGS="${CORPUS_AB_FLAGS:?set CORPUS_AB_FLAGS, e.g. -DGEMMGEN_SM90_BLOCK_ORDER=0}" \
+              python3 benchmarks/bench_corpus.py --json "$OUT/bench_corpus_b.json" ${CORPUS_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_corpus_b.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     corpus) python3 benchmarks/bench_corpus.py --json "$OUT/bench_corpus${CORPUS_TAG:-}.json" ${CORPUS_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_corpus${CORPUS_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sanitize)
       python3 gpu/sanitize.py > /dev/null 2>&1   # build outside the sanitizer
