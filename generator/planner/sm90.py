@@ -454,13 +454,14 @@ def is_small_tile(cfg: KernelConfig) -> bool:
     return cfg.tile[:2] == SMALL_TILE and cfg.schedule == "pingpong"
 
 
-def small_tile_config(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, epilogue: Epilogue,
-                      dtype_b: DType | None) -> KernelConfig:
-    """64x64 pingpong (SMALL_TILE), 1x1, raster m, the deepest pipeline that fits."""
+def ruled_pingpong_config(tile: tuple[int, int], dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec,
+                          epilogue: Epilogue, dtype_b: DType | None) -> KernelConfig:
+    """A rule's plan: ``tile`` pingpong, 1x1, raster m in groups of DEFAULT_RASTER_GROUP, the deepest pipeline that
+    fits (not yet checked)."""
     cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout,
-                       tile=(*SMALL_TILE, sm90_block_k(dtype)), warps=None, stages=MIN_STAGES, raster_group=1,
-                       family="sm90", cluster=(1, 1), schedule="pingpong", raster="m", epilogue=epilogue,
-                       dtype_b=dtype_b)
+                       tile=(*tile, sm90_block_k(dtype)), warps=None, stages=MIN_STAGES,
+                       raster_group=DEFAULT_RASTER_GROUP, family="sm90", cluster=(1, 1), schedule="pingpong",
+                       raster="m", epilogue=epilogue, dtype_b=dtype_b)
     return replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
 
 
@@ -621,8 +622,8 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
         return ruled, []
     long_k_rows = hinted and few_rows_long_k(dtype, knobs, problem, sm_count)
     if long_k_rows:
-        small = choose_raster(small_tile_config(dtype, out_dtype, layout, spec, epilogue, dtype_b), problem, sm_count,
-                              knobs)
+        small = choose_raster(ruled_pingpong_config(SMALL_TILE, dtype, out_dtype, layout, spec, epilogue, dtype_b),
+                              problem, sm_count, knobs)
         configs = [small] if is_legal(small) else configs
     if streams_b:
         configs = [c for c in configs if is_few_rows_stream_b(c)] or configs
@@ -652,16 +653,10 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 
 def few_columns_fill(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, problem: Problem, sm_count: int,
                      tile: tuple[int, int], epilogue: Epilogue, dtype_b: DType | None) -> Estimate | None:
-    """FEW_COLUMNS_FILL_N's plan: ``tile`` (few_columns_fill_tile) pingpong, 1x1, raster m, the deepest pipeline
-    that fits; None where check_config refuses it (the model plans then)."""
-    cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout,
-                       tile=(*tile, sm90_block_k(dtype)), warps=None, stages=MIN_STAGES,
-                       raster_group=DEFAULT_RASTER_GROUP, family="sm90", cluster=(1, 1), schedule="pingpong",
-                       raster="m", epilogue=epilogue, dtype_b=dtype_b)
-    cfg = replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
-    try:
-        check_config(cfg)
-    except ValueError:
+    """FEW_COLUMNS_FILL_N's plan: ``tile`` (few_columns_fill_tile) as ruled_pingpong_config builds it; None where
+    check_config refuses it (the model plans then)."""
+    cfg = ruled_pingpong_config(tile, dtype, out_dtype, layout, spec, epilogue, dtype_b)
+    if not is_legal(cfg):
         return None
     tiles = tile_count(cfg.tile, problem)
     return Estimate(cfg, estimate(cfg, spec, sm_count, problem).cost,
