@@ -506,6 +506,7 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   // (grouped: the groups' units are counted on the device; the bound sizes the grid, which is persistent)
   const int64_t work = stream_k ? units * problem.k_tiles : units;
   int64_t clusters = work;
+  LaunchWorkspace workspace{};
   if (K::PERSISTENT) {
     int resident = 0;
     err = resident_clusters<K>(fast, device, &resident);
@@ -524,16 +525,12 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
       const int64_t parts = resident / units < problem.k_tiles ? resident / units : problem.k_tiles;
       clusters = units * parts;
     }
-  }
-  LaunchWorkspace workspace{};
-  // 1x1 persistent grids take their units in the order of the SMs their blocks land on: then every SM holds a block
-  // (the ranks cover the units), those past the units idle.
-  // (Measured on grids of more units than half the SMs; smaller ones keep the launch order.)
-  if (K::PERSISTENT && K::CLUSTER == 1 && !stream_k) {
-    const BlockOrder* order = block_order(device, stream);
-    int resident = 0;
-    if (order != nullptr && resident_clusters<K>(fast, device, &resident) == cudaSuccess && resident == order->blocks &&
-        2 * work > resident) {
+    // A 1x1 grid of more units than half the SMs (measured there; smaller ones keep the launch order) takes its units
+    // in the order of the SMs its blocks land on: then every SM holds a block (the ranks cover the units), those past
+    // the units idle.
+    const BlockOrder* order = K::CLUSTER == 1 && !stream_k && 2 * work > resident ? block_order(device, stream)
+                                                                                   : nullptr;
+    if (order != nullptr && resident == order->blocks) {
       clusters = resident;
       workspace.ordered = order->blocks;
       std::copy(order->order, order->order + order->blocks, workspace.order);
