@@ -15,6 +15,11 @@ back-to-back calls under the power cap (gpu/power_probe.py), with the SM clock s
 the median over the rounds, beside its clock and TFLOP/s per GHz. Effects of 1-2 % are lost in
 do_bench's spread between runs (up to 4 %, docs/benchmarking.md); steady stretches average the power
 management out.
+
+With --chain N each figure is per call of a chain of N calls on N weights (B operands; they stream from HBM where
+N x their bytes exceed L2), back to back in one CUDA graph, as a model's layers run: what launching a kernel while
+the previous one still runs (programmatic dependent launch, sm90/launch.cuh) saves shows there, where do_bench puts
+an L2 flush and an event between the timed calls.
 """
 from __future__ import annotations
 
@@ -152,6 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shapes", default="4096x4096x4096,8192x8192x8192")
     ap.add_argument("--arch", type=int, choices=[80, 90], help="default: the GPU's")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--chain", type=int, default=0, metavar="N",
+                    help="time a CUDA graph of N calls back to back on N weights, per call (0: one call per timing)")
+    ap.add_argument("--between", action="store_true",
+                    help="with --chain: an elementwise torch kernel on an M x K activation between the calls (as a "
+                         "norm or an activation between a model's layers)")
     ap.add_argument("--steady", type=float, default=0.0, metavar="SECONDS",
                     help="time steady stretches of this length with the SM clock sampled, not do_bench bursts")
     ap.add_argument("--build-only", action="store_true", help="build and print the ptxas reports (no GPU needed)")
@@ -204,6 +214,26 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failures else 0
 
 
+def chained(call, weights: list[torch.Tensor], activation: torch.Tensor | None = None):
+    """A function replaying a CUDA graph of call(w) for each of `weights`, in order, on the current stream; each call
+    followed by an elementwise kernel on `activation` where one is given."""
+    def calls():
+        for w in weights:
+            call(w)
+            if activation is not None:
+                activation.mul_(1.0)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):   # (warm up off the capture: first launches may allocate or probe)
+        calls()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        calls()
+    return graph.replay
+
+
 def bench_shape(mnk: tuple[int, int, int], configs: list[KernelConfig], variants: dict[str, str],
                 libs: dict[tuple[str, str], KernelLibrary], args: argparse.Namespace, sampler, report: dict) -> int:
     """Time every config's variants and torch.matmul interleaved at one shape; rows into `report`.
@@ -214,11 +244,20 @@ def bench_shape(mnk: tuple[int, int, int], configs: list[KernelConfig], variants
     a, b, d = inputs(configs[0], m, n, k)
     ref = a.float() @ b.float()
     failures = 0
+    weights = [b] + [inputs(configs[0], m, n, k)[1] for _ in range(args.chain - 1)] if args.chain else []
     for cfg in configs:
         runs = {"cuBLAS": lambda: torch.matmul(a, b)}
         for v in variants:
             runs[v] = lambda lib=libs[v, cfg.name]: launch(lib, cfg, a, b, d)
+        if args.chain:
+            cublas_out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+            activation = torch.randn(m, k, device=a.device) if args.between else None
+            runs = {"cuBLAS": chained(lambda w: torch.matmul(a, w, out=cublas_out), weights, activation),
+                    **{v: chained(lambda w, lib=libs[v, cfg.name]: launch(lib, cfg, a, w, d), weights, activation)
+                       for v in variants}}
         samples = interleaved_rounds(runs, args.rounds, lambda fn: timed(fn, args.steady, sampler))
+        if args.chain:   # (per call)
+            samples = {v: [(ms / args.chain, mhz) for ms, mhz in rounds] for v, rounds in samples.items()}
         cublas_ms, cublas_mhz = summarize(samples["cuBLAS"], args.steady)
         print(f"{shape} {cfg.name}: cuBLAS {flop / cublas_ms / 1e9:.1f} TFLOP/s"
               + (f" at {cublas_mhz:.0f} MHz" if cublas_mhz else ""), flush=True)

@@ -337,6 +337,23 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t units) 
   return (desc & 0xFFFFFFFF00000000ull) | lo;
 }
 
+// ---- programmatic dependent launch -----------------------------------------------------------
+
+// Block until the grids this one depends on programmatically (the stream's previous kernel, when this one was
+// launched with cudaLaunchAttributeProgrammaticStreamSerialization) have completed and their writes are visible.
+// Returns at once in a grid launched without that attribute. Every global read or write of a kernel that may be
+// launched early comes after it.
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: griddepcontrol" (.wait).
+__device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
+
+// Let the stream's next kernel, if it was launched with programmatic stream serialization, be scheduled once every
+// block of this grid has called this or exited. It says nothing about this grid's writes: the dependent's
+// grid_dependency_wait still waits for this grid to complete. The first call of a block counts; later ones are no-ops.
+// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: griddepcontrol" (.launch_dependents).
+__device__ __forceinline__ void launch_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+
 // ---- special registers ------------------------------------------------------------------------
 
 // The index of the SM this thread runs on (sm90/block_order.cuh records where a grid's blocks land). It may change

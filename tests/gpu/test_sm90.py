@@ -176,6 +176,39 @@ def test_grids_taken_in_sm_order(variant_ops, variant):
         assert all(torch.equal(op(a, b), first) for _ in range(3)), f"{op.name} {m}x{n}x1000: bits moved"
 
 
+# One per kind of grid: clustered, 1x1 in the SMs' order (more units than half the SMs: launched in stream order),
+# non-persistent (ws).
+EARLY_LAUNCH_VARIANTS = (("cooperative", (128, 256, 64), (2, 1)), ("pingpong", (64, 128, 64), (1, 2)),
+                         ("cooperative", (128, 256, 64), (1, 1)), ("ws", (128, 128, 64), (1, 1)))
+
+
+@pytest.fixture(scope="module")
+def early_launch_ops():
+    configs = [Gemm(dtype="bf16", layout="tn", schedule=s, tile_shape=t, cluster_shape=c).config
+               for s, t, c in EARLY_LAUNCH_VARIANTS]
+    return dict(zip(EARLY_LAUNCH_VARIANTS, compile_many(configs, namespace="gemmgen_sm90")))
+
+
+@pytest.mark.parametrize("variant", EARLY_LAUNCH_VARIANTS, ids=variant_id)
+def test_launched_early_waits_for_the_previous_kernel(early_launch_ops, variant):
+    """GEMM launches may start while the stream's previous kernel runs (launch.cuh, GEMMGEN_SM90_PDL), and each lets the
+    next one start once its loads are issued: a GEMM that reads the previous GEMM's D right after it, and one that
+    overwrites an operand the previous GEMM reads, both see memory as in stream order (D poisoned first)."""
+    op = early_launch_ops[variant]
+    m, n, k = 4096 - 3, 2048 - 8, 1024   # (D1's rows 16-byte aligned: it is the next GEMM's TMA-loaded A)
+    for _ in range(3):
+        x, w1 = operands("tn", m, n, k, torch.bfloat16)
+        _, w2 = operands("tn", m, 1000, n, torch.bfloat16)
+        x3, w3 = operands("tn", m, n, k, torch.bfloat16)
+        d1 = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+        op(x, w1, out=d1)      # writes D1 ...
+        d2 = op(d1, w2)        # ... which this reads at once (read after write)
+        op(x3, w3, out=d1)     # overwrites D1 while the previous GEMM may still read it (write after read)
+        d1_first = (x.double() @ w1.double()).to(torch.bfloat16)
+        assert gemm_error(d2, d1_first, w2, d1_first.double() @ w2.double()) <= BOUND[torch.bfloat16], op.name
+        assert gemm_error(d1, x3, w3, x3.double() @ w3.double()) <= BOUND[torch.bfloat16], op.name
+
+
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_zero_k_and_empty(variant_ops, variant):
     op = variant_ops[(variant, "nt", "fp16", "fp32")]

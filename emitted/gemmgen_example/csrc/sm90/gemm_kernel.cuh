@@ -854,6 +854,9 @@ struct Kernel {
       for (int s = 0; s < LOADED_BARRIERS; ++s) ptx::mbarrier_init(smem.loaded_bar(s), 1);
       for (int b = 0; b < SOURCE_BARRIERS; ++b) ptx::mbarrier_init(smem.source + b * 8, 1);
       ptx::fence_mbarrier_init_cluster();
+      // (kernel parameters, not global memory: fetched before the wait for the previous kernel)
+      ptx::prefetch_tensormap(maps.a);
+      ptx::prefetch_tensormap(maps.b);
     }
     // Barriers initialized before any CTA of the cluster loads into them or arrives on them.
     if constexpr (CLUSTER > 1) {
@@ -861,6 +864,9 @@ struct Kernel {
     } else {
       __syncthreads();
     }
+    // Launched early (launch.cuh: programmatic stream serialization), the block has come this far while the stream's
+    // previous kernel may still run: nothing above touched global memory, and nothing below does before it is done.
+    ptx::grid_dependency_wait();
 
     const Problem p = with_group_units(problem(args));
     const int first = first_unit(workspace);  // this block's (cluster's) first work unit
@@ -923,9 +929,8 @@ struct Kernel {
   }
 
   __device__ static void produce(const Problem& p, const Smem& smem, const LoadMaps& maps, uint32_t rank, int first) {
-    ptx::prefetch_tensormap(maps.a);
-    ptx::prefetch_tensormap(maps.b);
-    // (fetched ahead as A's and B's: the edge tiles come last in M, but a short K reaches them early)
+    // (A's and B's maps are fetched ahead in run; the edge map here, as early: the edge tiles come last in M, but a
+    // short K reaches them early)
     if (uses_a_edge_map(p)) ptx::prefetch_tensormap(maps.a_edge);
     const Sharing share = sharing(rank);
     RingPos pos;
@@ -944,6 +949,9 @@ struct Kernel {
       produce_units<Walking::kFlat>(p, smem, maps, rank, first, pos, share);
     }
     if constexpr (kTransposes) end_transposes(smem, pos);
+    // Every load of this block is issued: the stream's next kernel may be scheduled (it waits for this one's end
+    // before it touches memory), so that its launch overlaps this block's last tiles and epilogue.
+    ptx::launch_dependents();
   }
 
   // The producer's loads of this cluster's whole work units. A listed problem's operands come through its own
