@@ -893,8 +893,8 @@ SM90_SMEM_SENTENCE = ("stages=5 with tile 128x256x64 bf16 needs 279552 bytes of 
                       "tile 128x128x64")
 SM90_BAD_TILE = ("tile {} is not one the sm90 template builds: BM in (64, 128, 256) (64 with schedule 'pingpong' "
                  "or a cooperative split along N, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256, 320) "
-                 "or, for 16-bit and fp8 inputs with a K-major B, (80, 96, 112, 144, 160, 176, 208, 224, 240), BK = 64 "
-                 "(e.g. 128x256x64 or 128x128x64)")
+                 "or, for 16-bit and fp8 inputs with a K-major B, (80, 96, 112, 144, 160, 176, 208, 224, 240), or for "
+                 "16-bit inputs with a K-major B (16, 32, 48), BK = 64 (e.g. 128x256x64 or 128x128x64)")
 SM90_ONLY = "{}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"
 
 # (plan keyword arguments, knob, value, exact message)
@@ -927,6 +927,17 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "tile 128x176x128 with scale='block': a tile starting at a multiple of 176 can reach into three "
                  "128-column scale blocks of B, and the kernel reads two per tile: use BN in (80, 96, 112, 144, 160) "
                  "or a multiple of 64", id="bn-odd-fp8-three-scale-blocks"),
+    pytest.param(dict(arch=90, layout="tt", schedule="pingpong"), "tile_shape", (64, 32, 64),
+                 "tile 64x32x64 with layout 'tt': B is N-major here and loads in 64-column chunks, so BN must be a "
+                 "multiple of 64; BN=32 needs a K-major B (layout 'tn')", id="bn-narrow-n-major-b"),
+    pytest.param(dict(dtype="e4m3", arch=90, schedule="pingpong"), "tile_shape", (64, 32, 128),
+                 "tile 64x32x128: N tiles under 64 are built for bf16 and fp16 inputs; e4m3 takes BN in (64, 128, 192, "
+                 "256, 320)", id="bn-narrow-fp8"),
+    pytest.param(dict(arch=90, out_dtype="e4m3", schedule="pingpong"), "tile_shape", (64, 32, 64),
+                 "tile 64x32x64: a quantized D is written in 128-column blocks; use BN >= 128", id="bn-narrow-quantized-d"),
+    pytest.param(dict(arch=90, schedule="pingpong", cluster_shape=(4, 1)), "tile_shape", (64, 16, 64),
+                 "tile 64x16x64 with cluster 4x1: each block of a cluster column loads 4 rows of B, fewer than a "
+                 "swizzle atom's 8: use cluster (1, 1) or a wider tile", id="bn-narrow-cluster-rows"),
     pytest.param(dict(arch=90), "tile_shape", (256, 256, 64),
                  "tile 256x256x64 needs more accumulator registers than two consumer warpgroups have (256 per "
                  "thread, at most 160): the largest sm90 tiles are 128x320, 128x256 and 256x128", id="tile-too-large"),

@@ -54,6 +54,11 @@ SM90_WIDE_BN = 320
 # gpu/cublas_kernels.py): 16-bit and fp8 inputs and a K-major B only (an M/N-major B tile loads whole 64-column chunks);
 # D goes out by TMA in whole subtiles and the columns past them directly.
 SM90_ODD_BLOCK_N = (80, 96, 112, 144, 160, 176, 208, 224, 240)
+# N tiles narrower than 64 (16-bit inputs, K-major B): a layer of 512-1024 columns at 256-512 tokens has 32-64 tiles
+# of 64x64 for 132 SMs; 64 x 16-48 tiles fill them (cuBLAS runs 64x16, 64x24, 64x32 and 64x48 kernels there:
+# gpu/cublas_kernels.py). D goes out directly (no whole 64-column epilogue subtile).
+SM90_NARROW_BLOCK_N = (16, 32, 48)
+SM90_SWIZZLE_ATOM_ROWS = 8   # rows of 128 bytes in one 128-byte swizzle pattern: a TMA box of a swizzled tile spans whole ones
 # ws / cooperative: two consumer warpgroups split the tile along M (each owns BM/2 rows, whole m64
 # blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).
 SM90_SCHEDULES = ("ws", "cooperative", "pingpong")
@@ -618,12 +623,14 @@ def check_sm90(cfg: KernelConfig) -> None:
     if bk != block_k:
         raise ValueError(f"tile {bm}x{bn}x{bk}: the sm90 family needs BK={block_k} for {cfg.dtype.value} (one 128-byte "
                          f"swizzle row of k values): use tile {bm}x{bn}x{block_k}")
-    if bm not in all_bm or bn not in SM90_BLOCK_N + SM90_ODD_BLOCK_N:
+    if bm not in all_bm or bn not in SM90_BLOCK_N + SM90_ODD_BLOCK_N + SM90_NARROW_BLOCK_N:
         raise ValueError(f"tile {bm}x{bn}x{bk} is not one the sm90 template builds: BM in {all_bm} (64 with "
                          f"schedule 'pingpong' or a cooperative split along N, 256 with 'cooperative' or 'ws' only), "
                          f"BN in {SM90_BLOCK_N} or, for 16-bit and fp8 inputs with a K-major B, {SM90_ODD_BLOCK_N}, "
+                         f"or for 16-bit inputs with a K-major B {SM90_NARROW_BLOCK_N}, "
                          f"BK = {block_k} (e.g. 128x256x{block_k} or 128x128x{block_k})")
     _check_sm90_odd_block_n(cfg)
+    _check_sm90_narrow_block_n(cfg)
     if bm * bn > 2 * SM90_MAX_ACCUMULATORS * SM90_WARPGROUP_THREADS:
         raise ValueError(f"tile {bm}x{bn}x{bk} needs more accumulator registers than two consumer warpgroups have "
                          f"({bm * bn // (2 * SM90_WARPGROUP_THREADS)} per thread, at most "
@@ -665,6 +672,28 @@ def _check_sm90_odd_block_n(cfg: KernelConfig) -> None:
         raise ValueError(f"tile {bm}x{bn}x{bk} with layout '{cfg.layout.tag}': B is N-major here and loads in "
                          f"64-column chunks, so BN must be a multiple of 64 (one of {SM90_BLOCK_N}); BN={bn} needs a "
                          f"K-major B (layout '{cfg.layout.tag[0]}n')")
+
+
+def _check_sm90_narrow_block_n(cfg: KernelConfig) -> None:
+    """A BN under 64 (SM90_NARROW_BLOCK_N): wgmma wrappers for the 16-bit types, a K-major B (whole rows along K), D
+    stored directly (a quantized D's subtile is one 128-column block), and at least 8 rows of B per block of a cluster
+    column (one 128-byte swizzle atom)."""
+    bm, bn, bk = cfg.tile
+    if bn not in SM90_NARROW_BLOCK_N:
+        return
+    if cfg.dtype.bytes != 2 or cfg.b_dtype.bytes != 2:
+        raise ValueError(f"tile {bm}x{bn}x{bk}: N tiles under 64 are built for bf16 and fp16 inputs; "
+                         f"{cfg.dtype.value} takes BN in {SM90_BLOCK_N}")
+    if not cfg.layout.b_k_major:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with layout '{cfg.layout.tag}': B is N-major here and loads in "
+                         f"64-column chunks, so BN must be a multiple of 64; BN={bn} needs a K-major B (layout "
+                         f"'{cfg.layout.tag[0]}n')")
+    if cfg.out_dtype.is_fp8:
+        raise ValueError(f"tile {bm}x{bn}x{bk}: a quantized D is written in 128-column blocks; use BN >= 128")
+    if bn // cfg.cluster[0] < SM90_SWIZZLE_ATOM_ROWS:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with cluster {cfg.cluster[0]}x{cfg.cluster[1]}: each block of a cluster "
+                         f"column loads {bn // cfg.cluster[0]} rows of B, fewer than a swizzle atom's "
+                         f"{SM90_SWIZZLE_ATOM_ROWS}: use cluster (1, {cfg.cluster[1]}) or a wider tile")
 
 
 def _check_sm90_tma_box(cfg: KernelConfig) -> None:

@@ -7,6 +7,10 @@ NS = (64, 128, 192, 256)  # every N a shipped tile uses (BN of one consumer warp
 # count that fills the SMs, as cuBLAS's 80-, 112- and 144-wide tiles and DeepGEMM's 112-160-wide fp8 tiles do;
 # spec/config.py SM90_ODD_BLOCK_N).
 ODD_NS = (80, 96, 112, 144, 160, 176, 208, 224, 240)
+# N tiles narrower than 64, for the 16-bit types (spec/config.py SM90_NARROW_BLOCK_N): a layer of 512-1024 columns at
+# 256-512 tokens fills the SMs with 64 x 16-48 tiles, as cuBLAS's 64x16, 64x24, 64x32 and 64x48 kernels do.
+NARROW_NS = (16, 32, 48)
+NARROW_N_TYPES = ("__half", "__nv_bfloat16")
 E4M3, E5M2 = "__nv_fp8_e4m3", "__nv_fp8_e5m2"
 ODD_N_TYPES = ("__half", "__nv_bfloat16", E4M3, E5M2)
 # (A's C++ type, B's (None: A's), PTX types, k per instruction, whether it takes transpose immediates).
@@ -41,12 +45,12 @@ namespace ptx {
 template <int N, typename T, int TRANS_A, int TRANS_B, typename TB = T>
 struct Wgmma;
 ''')
-for n in sorted(NS + ODD_NS):
+for n in sorted(NS + ODD_NS + NARROW_NS):
     regs = n // 2
     # tf32, fp8 and int8 read both operands K-major only (PTX ISA: the transpose immediates are for .f16/.bf16),
     # so they are specialized for 0, 0. Integer wgmma has no scale-a/scale-b immediates and int32 accumulators.
     for tname, tbname, ptx, k, trans in TYPES:
-        if n in ODD_NS and tname not in ODD_N_TYPES:
+        if n in ODD_NS and tname not in ODD_N_TYPES or n in NARROW_NS and tname not in NARROW_N_TYPES:
             continue
         integer = ptx.startswith("s32")
         dl = ", ".join(f"%{i}" for i in range(regs))

@@ -854,9 +854,6 @@ struct Kernel {
       for (int s = 0; s < LOADED_BARRIERS; ++s) ptx::mbarrier_init(smem.loaded_bar(s), 1);
       for (int b = 0; b < SOURCE_BARRIERS; ++b) ptx::mbarrier_init(smem.source + b * 8, 1);
       ptx::fence_mbarrier_init_cluster();
-      // (kernel parameters, not global memory: fetched before the wait for the previous kernel)
-      ptx::prefetch_tensormap(maps.a);
-      ptx::prefetch_tensormap(maps.b);
     }
     // Barriers initialized before any CTA of the cluster loads into them or arrives on them.
     if constexpr (CLUSTER > 1) {
@@ -929,8 +926,9 @@ struct Kernel {
   }
 
   __device__ static void produce(const Problem& p, const Smem& smem, const LoadMaps& maps, uint32_t rank, int first) {
-    // (A's and B's maps are fetched ahead in run; the edge map here, as early: the edge tiles come last in M, but a
-    // short K reaches them early)
+    ptx::prefetch_tensormap(maps.a);
+    ptx::prefetch_tensormap(maps.b);
+    // (fetched ahead as A's and B's: the edge tiles come last in M, but a short K reaches them early)
     if (uses_a_edge_map(p)) ptx::prefetch_tensormap(maps.a_edge);
     const Sharing share = sharing(rank);
     RingPos pos;

@@ -320,6 +320,44 @@ def odd_n_ops():
     return build_variants(ODD_N_VARIANTS, ("tn", "nn"), "gemmgen_sm90_odd_n")
 
 
+# N tiles under 64 (SM90_NARROW_BLOCK_N): 16-bit inputs, K-major B, D stored directly; a cluster column's blocks each
+# load a swizzle atom of B at least (64x16 1x2, 64x48 2x1: 24 rows each).
+NARROW_N_VARIANTS = (
+    ("pingpong", (64, 32, 64), (1, 1)),
+    ("pingpong", (64, 16, 64), (1, 2)),
+    ("pingpong", (64, 48, 64), (2, 1)),
+    ("cooperative", (128, 32, 64), (1, 1)),
+)
+# (layout, dtype, out dtype, D's order): the forward's, fp32 D, and the column-major D of a swapped product (nn)
+NARROW_N_CASES = (("tn", "bf16", "bf16", "row"), ("tn", "fp16", "fp32", "row"), ("nn", "bf16", "bf16", "col"))
+
+
+@pytest.fixture(scope="module")
+def narrow_n_ops():
+    keys = list(itertools.product(NARROW_N_VARIANTS, NARROW_N_CASES))
+    configs = [Gemm(dtype=dt, layout=lay, out_dtype=od, layout_c=order, schedule=s, tile_shape=t,
+                    cluster_shape=c).config for (s, t, c), (lay, dt, od, order) in keys]
+    return dict(zip(keys, compile_many(configs, namespace="gemmgen_sm90_narrow_n")))
+
+
+@pytest.mark.parametrize("variant", NARROW_N_VARIANTS, ids=variant_id)
+def test_narrow_n_tiles_ragged(narrow_n_ops, variant):
+    """Ragged M, N, K on the tiles under 64 columns (direct stores of every column, a B tile of 16-48 rows split over
+    a cluster column), each case; a large problem bit-identical on repeats."""
+    for case in NARROW_N_CASES:
+        op = narrow_n_ops[(variant, case)]
+        rng = random.Random(f"narrow{variant}{case}")
+        shapes = [tuple(rng.choice(RAGGED) for _ in range(3)) for _ in range(6)] + [(1, 1, 1), (65, 33, 63)]
+        for m, n, k in shapes:
+            check(op, case[0], m, n, k, col_major=case[3] == "col")
+    op = narrow_n_ops[(variant, NARROW_N_CASES[0])]
+    check(op, "tn", 4097, 1000, 3584)
+    a, b = operands("tn", 1000, 3000, 1000, torch.bfloat16)
+    first = op(a, b)
+    for _ in range(5):
+        assert torch.equal(op(a, b), first)
+
+
 @pytest.mark.parametrize("variant", ODD_N_VARIANTS, ids=variant_id)
 @pytest.mark.parametrize("layout", ["tn", "nn"])
 def test_odd_n_tiles_ragged(odd_n_ops, variant, layout):
