@@ -1433,19 +1433,18 @@ struct Kernel {
 
   // The compiler's view of the accumulators around the asynchronous wgmmas (fence_operand), the sets beside the
   // tile's own too (kChains).
-  __device__ __forceinline__ static void fence_accumulators(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                           Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM]) {
+  __device__ __forceinline__ static void fence_set(Accum (&set)[MMA_BLOCKS_M][ACCUM]) {
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
-      for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(acc[i][r]);
+      for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(set[i][r]);
+  }
+  __device__ __forceinline__ static void fence_accumulators(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                           Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM]) {
+    fence_set(acc);
     if constexpr (kChains > 1) {
 #pragma unroll
-      for (int c = 0; c < kChainSets; ++c)
-#pragma unroll
-        for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-          for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(chains[c][i][r]);
+      for (int c = 0; c < kChainSets; ++c) fence_set(chains[c]);
     }
   }
 
