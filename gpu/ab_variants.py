@@ -209,9 +209,29 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sampler:
             sampler.stop()
+    report["summary"] = variant_summary(report["bench"])
+    for name, row in report["summary"].items():
+        print(f"{name}: time of the first variant / this one over {row['pairs']} (shape, kernel) pairs: geomean "
+              f"{row['geomean']:.3f}, min {row['min']:.3f}, max {row['max']:.3f}")
     Path(args.json).write_text(json.dumps(report, indent=1))
     print(f"failures: {failures}")
     return 1 if failures else 0
+
+
+def variant_summary(rows: list[dict]) -> dict[str, dict]:
+    """Per variant after the first: the first variant's time over its own at each (shape, kernel), summarised (above 1:
+    this variant is faster)."""
+    by_pair: dict[tuple[str, str], dict[str, float]] = {}
+    for r in rows:
+        by_pair.setdefault((r["shape"], r["kernel"]), {})[r["variant"]] = r["ms"]
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+    summary = {}
+    for v in variants[1:]:
+        ratios = [times[variants[0]] / times[v] for times in by_pair.values() if variants[0] in times and v in times]
+        if ratios:
+            summary[v] = {"pairs": len(ratios), "geomean": statistics.geometric_mean(ratios), "min": min(ratios),
+                          "max": max(ratios)}
+    return summary
 
 
 def chained(call, weights: list[torch.Tensor], activation: torch.Tensor | None = None):

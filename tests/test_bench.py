@@ -97,6 +97,19 @@ def test_ab_variants_takes_explicit_sm90_kernels():
             ab_variants.parse_sm90_kernel(bad)
 
 
+def test_ab_variants_summarises_each_variant_against_the_first():
+    """The summary a device run prints and writes: the first variant's time over each other's, per (shape, kernel)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+    import ab_variants
+
+    rows = [{"shape": s, "kernel": "k", "variant": v, "ms": ms}
+            for s, v, ms in (("a", "base", 2.0), ("a", "new", 1.0), ("b", "base", 1.0), ("b", "new", 2.0),
+                             ("b", "old", 1.0))]
+    summary = ab_variants.variant_summary(rows)
+    assert summary["new"] == {"pairs": 2, "geomean": pytest.approx(1.0), "min": 0.5, "max": 2.0}
+    assert summary["old"]["pairs"] == 1 and "base" not in summary
+
+
 def test_ab_variants_refuses_kernels_without_sm90_configs(capsys):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
     import ab_variants
