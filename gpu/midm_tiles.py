@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 from dataclasses import replace
 import sys
 from pathlib import Path
@@ -151,8 +152,31 @@ def main() -> None:
             print(f"  {name:52s} {flops / times[name] / 1e9:7.1f}  x{ratio:.3f} cuBLAS  err {err:.1e}{pick}")
             rows.append(dict(m=m, n=n, k=k, kernel=name, picked=i == 0, ms=times[name], cublas_ms=times["cublas"],
                              vs_cublas=ratio, err=err))
-    Path(args.json).write_text(json.dumps({"rows": rows}, indent=1))
+    fits = k_fits(rows)
+    for (m, n, kernel), fit in fits.items():
+        print(f"{m}x{n}xK {kernel:52s} {fit['fixed_us']:6.2f} us + {fit['us_per_1024_k']:5.2f} us per 1024 of K "
+              f"({len(fit['k'])} K values)")
+    Path(args.json).write_text(json.dumps({"rows": rows, "k_fits": [dict(m=m, n=n, kernel=kernel, **fit)
+                                                                     for (m, n, kernel), fit in fits.items()]}, indent=1))
     print(f"wrote {args.json}")
+
+
+def k_fits(rows: list[dict]) -> dict[tuple[int, int, str], dict]:
+    """Where --shapes sweep K at a fixed M x N: each kernel's time (and cuBLAS's) as a least-squares line in K, fixed
+    cost plus cost per 1024 of K, over the K values it ran (at least three): what a block pays per k tile, apart from
+    the launch and the epilogue (docs/corpus.md, "N tiles under 64 columns")."""
+    points: dict[tuple[int, int, str], dict[int, float]] = {}
+    for r in rows:
+        points.setdefault((r["m"], r["n"], r["kernel"]), {})[r["k"]] = r["ms"] * 1e3
+        points.setdefault((r["m"], r["n"], "cuBLAS"), {})[r["k"]] = r["cublas_ms"] * 1e3
+    fits = {}
+    for key, by_k in points.items():
+        if len(by_k) < 3:
+            continue
+        ks = [k / 1024 for k in by_k]
+        slope, fixed = statistics.linear_regression(ks, list(by_k.values()))
+        fits[key] = {"fixed_us": fixed, "us_per_1024_k": slope, "k": sorted(by_k)}
+    return fits
 
 
 if __name__ == "__main__":

@@ -45,6 +45,19 @@ def test_midm_variants_change_fields_of_the_pick(capsys: pytest.CaptureFixture[s
         midm_tiles.parse_variants("colour=blue")
 
 
+def test_midm_k_fits_a_line_per_kernel_where_k_was_swept() -> None:
+    """A sweep of K at a fixed M x N: each kernel's time and cuBLAS's as fixed + per-1024-of-K cost; a kernel timed at
+    fewer than three K values (another M x N, or a pick that changed along the sweep) gets none."""
+    rows = [dict(m=256, n=512, k=k, kernel="ours", ms=(5.0 + 3.0 * k / 1024) / 1e3, cublas_ms=(7.0 + k / 1024) / 1e3)
+            for k in (512, 1024, 2048, 4096)]
+    rows.append(dict(m=512, n=512, k=512, kernel="ours", ms=1e-2, cublas_ms=1e-2))
+    fits = midm_tiles.k_fits(rows)
+    assert set(fits) == {(256, 512, "ours"), (256, 512, "cuBLAS")}
+    assert fits[(256, 512, "ours")]["fixed_us"] == pytest.approx(5.0)
+    assert fits[(256, 512, "ours")]["us_per_1024_k"] == pytest.approx(3.0)
+    assert fits[(256, 512, "cuBLAS")]["us_per_1024_k"] == pytest.approx(1.0)
+
+
 def test_no_script_folder_shadows_a_standard_module():
     """Tests put gpu/ and benchmarks/ on sys.path, which processes they spawn inherit: a gpu/profile.py there once
     made torch.distributed.checkpoint's `import cProfile` fail in tests/test_fsdp_cpu.py's ranks."""
