@@ -524,6 +524,7 @@ stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 
 alignment)
 raster:       m, group 8 (bands of 8 rows of 2x1 clusters, each walked down M then along N: Triton's GROUP_M order)
 threads:      384 (1 producer warpgroup + 2 consumer warpgroups)
+launch:       blocks start under the stream's previous kernel, touching memory once it has ended; the next GEMM may start once this one's loads are issued (programmatic dependent launch)
 gpu:          H100 SXM (typical of sm_90; arch=None plans for the visible GPU): 132 SMs, 80 GB of HBM at 3.35 TB/s
 why:          512 tiles of 128x256 in 4 wave(s) over 132 SMs (last wave 88% full), cooperative (persistent); \
 cluster 2x1 multicasts B (0.67x the L2->SM bytes of no cluster); efficiency 0.75; 4 stages use 230400 of 232448 \
@@ -589,6 +590,15 @@ def test_describe_says_which_grids_take_tiles_in_sm_order() -> None:
     split = replace(plan(arch=90, schedule="pingpong", tile_shape=(64, 128, 64), cluster_shape=(1, 1)).config,
                     stream_k=True)
     assert said not in describe(split)
+
+
+def test_describe_says_how_the_launch_overlaps_the_previous_kernel() -> None:
+    """Every sm90 plan says its blocks start under the previous kernel (sm90/launch.cuh); a grid taken in the SMs'
+    order says it launches in stream order."""
+    clustered = describe(plan(arch=90, schedule="cooperative", tile_shape=(128, 256, 64), cluster_shape=(2, 1)).config)
+    ordered = describe(plan(arch=90, schedule="pingpong", tile_shape=(128, 128, 64), cluster_shape=(1, 1)).config)
+    assert "start under the stream's previous kernel" in clustered and "in stream order" not in clustered
+    assert "in stream order" in ordered
 
 
 # -- KernelConfig ---------------------------------------------------------------------------------

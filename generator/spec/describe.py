@@ -150,6 +150,15 @@ def describe_block_order(cfg: KernelConfig) -> str:
     return "; with more tiles than half the SMs, a block per SM, tiles taken in the order of the SMs' indices"
 
 
+def describe_launch(cfg: KernelConfig) -> str:
+    """How a launch overlaps its neighbours in the stream (templates/sm90/launch.cuh, GEMMGEN_SM90_PDL): every sm90 GEMM
+    starts its blocks under the previous kernel's tail, except a grid taken in the SMs' order (describe_block_order),
+    which must land where the order was recorded."""
+    ordered = " (a grid taken in the SMs' order: in stream order)" if describe_block_order(cfg) else ""
+    return ("blocks start under the stream's previous kernel, touching memory once it has ended; the next GEMM may "
+            f"start once this one's loads are issued (programmatic dependent launch){ordered}")
+
+
 def _accumulation(cfg: KernelConfig) -> str:
     if cfg.dtype is DType.int8:
         return "int32 accumulate (exact)"
@@ -171,6 +180,7 @@ def _describe_sm90(cfg: KernelConfig) -> str:
         f"stages:       {cfg.stages} ({cfg.smem_bytes} bytes of shared memory: {sm90_smem_parts(cfg)})",
         f"raster:       {describe_raster(cfg)}{describe_block_order(cfg)}",
         f"threads:      {SM90_THREADS} (1 producer warpgroup + 2 consumer warpgroups)",
+        f"launch:       {describe_launch(cfg)}",
     ]
     if cfg.stream_k:
         lines.append("stream-K:     the last partial wave of tiles cut into equal shares of k tiles; with fewer tiles "

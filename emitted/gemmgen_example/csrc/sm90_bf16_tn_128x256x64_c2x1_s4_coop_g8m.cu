@@ -17,6 +17,7 @@
 //   stages:       4 (230400 bytes of shared memory: 4 x 49152 operand tiles + 32768 epilogue + 1024 barriers and alignment)
 //   raster:       m, group 8 (bands of 8 rows of 2x1 clusters, each walked down M then along N: Triton's GROUP_M order)
 //   threads:      384 (1 producer warpgroup + 2 consumer warpgroups)
+//   launch:       blocks start under the stream's previous kernel, touching memory once it has ended; the next GEMM may start once this one's loads are issued (programmatic dependent launch)
 //
 // D (row-major __nv_bfloat16) = A (row-major) x B (col-major), __nv_bfloat16 inputs, fp32 accumulators.
 #include "sm90/launch.cuh"
