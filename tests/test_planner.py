@@ -945,6 +945,9 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "256, 320)", id="bn-narrow-fp8"),
     pytest.param(dict(arch=90, out_dtype="e4m3", schedule="pingpong"), "tile_shape", (64, 32, 64),
                  "tile 64x32x64: a quantized D is written in 128-column blocks; use BN >= 128", id="bn-narrow-quantized-d"),
+    pytest.param(dict(arch=90, schedule="ws"), "tile_shape", (128, 32, 64),
+                 "tile 128x32x64 with schedule 'ws': N tiles under 64 are built and tested for the pingpong and "
+                 "cooperative schedules: use one of those, or BN >= 64", id="bn-narrow-ws"),
     pytest.param(dict(arch=90, schedule="pingpong", cluster_shape=(4, 1)), "tile_shape", (64, 16, 64),
                  "tile 64x16x64 with cluster 4x1: each block of a cluster column loads 4 rows of B, fewer than a "
                  "swizzle atom's 8: use cluster (1, 1) or a wider tile", id="bn-narrow-cluster-rows"),
@@ -1231,6 +1234,9 @@ def test_stream_k_is_a_persistent_sm90_config_field_with_its_own_name() -> None:
     int8 = Gemm("int8", "tn", arch=90, tile_shape=(128, 256, 128), schedule="cooperative").config
     with pytest.raises(ValueError, match="int8's int32 sums"):
         check_config(replace(int8, stream_k=True))
+    narrow = Gemm("bf16", "tn", arch=90, tile_shape=(64, 32, 64), schedule="pingpong").config
+    with pytest.raises(ValueError, match="N tiles under 64 are built and tested without stream-K: leave stream_k off"):
+        check_config(replace(narrow, stream_k=True))
 
 
 @pytest.mark.parametrize("arch", [80, 90])

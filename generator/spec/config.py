@@ -676,8 +676,8 @@ def _check_sm90_odd_block_n(cfg: KernelConfig) -> None:
 
 def _check_sm90_narrow_block_n(cfg: KernelConfig) -> None:
     """A BN under 64 (SM90_NARROW_BLOCK_N): wgmma wrappers for the 16-bit types, a K-major B (whole rows along K), D
-    stored directly (a quantized D's subtile is one 128-column block), and at least 8 rows of B per block of a cluster
-    column (one 128-byte swizzle atom)."""
+    stored directly (a quantized D's subtile is one 128-column block), at least 8 rows of B per block of a cluster
+    column (one 128-byte swizzle atom), and the schedules the GPU tests cover (pingpong, cooperative, no stream-K)."""
     bm, bn, bk = cfg.tile
     if bn not in SM90_NARROW_BLOCK_N:
         return
@@ -690,6 +690,12 @@ def _check_sm90_narrow_block_n(cfg: KernelConfig) -> None:
                          f"'{cfg.layout.tag[0]}n')")
     if cfg.out_dtype.is_fp8:
         raise ValueError(f"tile {bm}x{bn}x{bk}: a quantized D is written in 128-column blocks; use BN >= 128")
+    if cfg.schedule == "ws":
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule 'ws': N tiles under 64 are built and tested for the "
+                         "pingpong and cooperative schedules: use one of those, or BN >= 64")
+    if cfg.stream_k:
+        raise ValueError(f"tile {bm}x{bn}x{bk} with stream_k: N tiles under 64 are built and tested without stream-K: "
+                         "leave stream_k off, or use BN >= 64")
     if bn // cfg.cluster[0] < SM90_SWIZZLE_ATOM_ROWS:
         raise ValueError(f"tile {bm}x{bn}x{bk} with cluster {cfg.cluster[0]}x{cfg.cluster[1]}: each block of a cluster "
                          f"column loads {bn // cfg.cluster[0]} rows of B, fewer than a swizzle atom's "
