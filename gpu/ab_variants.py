@@ -264,17 +264,18 @@ def bench_shape(mnk: tuple[int, int, int], configs: list[KernelConfig], variants
     a, b, d = inputs(configs[0], m, n, k)
     ref = a.float() @ b.float()
     failures = 0
-    weights = [b] + [inputs(configs[0], m, n, k)[1] for _ in range(args.chain - 1)] if args.chain else []
+    if args.chain:   # (the chain's weights, cuBLAS's output and the activation between calls: one set per shape)
+        weights = [b] + [inputs(configs[0], m, n, k)[1] for _ in range(args.chain - 1)]
+        cublas_out = torch.empty(m, n, dtype=a.dtype, device=a.device)
+        activation = torch.randn(m, k, device=a.device) if args.between else None
     for cfg in configs:
-        runs = {"cuBLAS": lambda: torch.matmul(a, b)}
-        for v in variants:
-            runs[v] = lambda lib=libs[v, cfg.name]: launch(lib, cfg, a, b, d)
         if args.chain:
-            cublas_out = torch.empty(m, n, dtype=a.dtype, device=a.device)
-            activation = torch.randn(m, k, device=a.device) if args.between else None
             runs = {"cuBLAS": chained(lambda w: torch.matmul(a, w, out=cublas_out), weights, activation),
                     **{v: chained(lambda w, lib=libs[v, cfg.name]: launch(lib, cfg, a, w, d), weights, activation)
                        for v in variants}}
+        else:
+            runs = {"cuBLAS": lambda: torch.matmul(a, b),
+                    **{v: lambda lib=libs[v, cfg.name]: launch(lib, cfg, a, b, d) for v in variants}}
         samples = interleaved_rounds(runs, args.rounds, lambda fn: timed(fn, args.steady, sampler))
         if args.chain:   # (per call)
             samples = {v: [(ms / args.chain, mhz) for ms, mhz in rounds] for v, rounds in samples.items()}

@@ -142,10 +142,16 @@ def describe_raster(cfg: KernelConfig) -> str:
     return f"n, group {group} (bands of {group} {many}, each walked along N then down M)"
 
 
+def takes_block_order(cfg: KernelConfig) -> bool:
+    """Whether the launch orders this kernel's grid by the SMs its blocks land on (templates/sm90/launch.cuh: 1x1,
+    persistent, not stream-K; at run time, when it has more tiles than half the SMs)."""
+    return cfg.cluster == (1, 1) and cfg.schedule != "ws" and not cfg.stream_k
+
+
 def describe_block_order(cfg: KernelConfig) -> str:
     """Which SM takes which tile (templates/sm90/block_order.cuh): a 1x1 persistent grid of more tiles than half the
     SMs, not stream-K, runs a block on every SM and hands out the raster's tiles in the order of the SMs' indices."""
-    if cfg.cluster != (1, 1) or cfg.schedule == "ws" or cfg.stream_k:
+    if not takes_block_order(cfg):
         return ""
     return "; with more tiles than half the SMs, a block per SM, tiles taken in the order of the SMs' indices"
 
@@ -154,7 +160,7 @@ def describe_launch(cfg: KernelConfig) -> str:
     """How a launch overlaps its neighbours in the stream (templates/sm90/launch.cuh, GEMMGEN_SM90_PDL): every sm90 GEMM
     starts its blocks under the previous kernel's tail, except a grid taken in the SMs' order (describe_block_order),
     which must land where the order was recorded."""
-    ordered = " (a grid taken in the SMs' order: in stream order)" if describe_block_order(cfg) else ""
+    ordered = " (a grid taken in the SMs' order: in stream order)" if takes_block_order(cfg) else ""
     return ("blocks start under the stream's previous kernel, touching memory once it has ended; the next GEMM may "
             f"start once this one's loads are issued (programmatic dependent launch){ordered}")
 

@@ -897,7 +897,7 @@ struct Kernel {
       ptx::setmaxnreg_inc<kTransposes ? kTransposingConsumerRegisters : kConsumerRegisters>();
       if constexpr (STREAM_K) {  // (not instantiated otherwise: its partial tiles are fp32 only)
         if (p.k_tiles > 0) {
-          consume_stream_k(p, smem, args, tmap_d, rank, warpgroup - 1, workspace);
+          consume_stream_k(p, smem, args, tmap_d, rank, first, warpgroup - 1, workspace);
         } else {
           consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, first, warpgroup - 1);
         }
@@ -1180,7 +1180,7 @@ struct Kernel {
   // contributes at most one part (its share's first segment), so its partial slot is consumer 0's whichever
   // consumer computed it.
   __device__ static void consume_stream_k(const Problem& p, const Smem& smem, const GemmArgs& args,
-                                          const CUtensorMap* tmap_d, uint32_t rank, int consumer,
+                                          const CUtensorMap* tmap_d, uint32_t rank, int cluster, int consumer,
                                           const LaunchWorkspace& ws) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), nullptr, false};  // source read from global
     float* const workspace = ws.partials;
@@ -1190,7 +1190,6 @@ struct Kernel {
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     const int slot_consumer = PINGPONG ? 0 : consumer;
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
-    const int cluster = first_unit(ws);
     int segments = 0;  // (pingpong: whether the other consumer has a next segment to take its turn for)
     if constexpr (PINGPONG) sk.for_each_segment(cluster, [&](const StreamK::Segment&) { ++segments; });
     int local = 0;     // this cluster's segments so far
@@ -1383,20 +1382,23 @@ struct Kernel {
                                                       uint64_t stage0_b, int slot, bool accumulate, int column0 = 0) {
     using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, kMmaAKMajor ? 0 : 1, kMmaBKMajor ? 0 : 1, MmaTileB>;
     static_assert(N == SliceMma::kAccum, "acc holds the slice's accumulators");
-#pragma unroll
-    for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-      for (int r = 0; r < N; ++r) ptx::fence_operand(acc[i][r]);
+    fence_set(acc);
     ptx::wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
+      issue_k_step<SliceMma>(acc, stage0_a, stage0_b, slot, kk, column0, (accumulate || kk > 0) ? 1 : 0);
+  }
+
+  // The wgmmas of k step kk of the k tile in ring slot `slot`, one per m64 block, into `set` (scale_d 0: overwrite).
+  template <class SliceMma, typename A, int N>
+  __device__ __forceinline__ static void issue_k_step(A (&set)[MMA_BLOCKS_M][N], uint64_t stage0_a, uint64_t stage0_b,
+                                                      int slot, int kk, int column0, int scale_d) {
     const uint32_t stage = slot * (STAGE_BYTES / 16);
+    const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + MmaTileB::offset_units(column0, kk));
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / kMmaK; ++kk) {
-      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + MmaTileB::offset_units(column0, kk));
-#pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-        const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + MmaTileA::offset_units(i * kMmaM, kk));
-        SliceMma::run(acc[i], desc_a, desc_b, (accumulate || kk > 0) ? 1 : 0);
-      }
+    for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+      const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + MmaTileA::offset_units(i * kMmaM, kk));
+      SliceMma::run(set[i], desc_a, desc_b, scale_d);
     }
   }
 
@@ -1411,33 +1413,36 @@ struct Kernel {
     }
   }
 
-  // issue_k_tile with k step KK and those after it going to the sets in turn (step KK to set KK % kChains); a set's
-  // first step in the tile's first k tile overwrites it unless `accumulate`.
-  template <int KK = 0>
+  // issue_k_tile with the k steps going to the sets in turn (step kk to set kk % kChains); a set's first step in the
+  // tile's first k tile overwrites it unless `accumulate`.
   __device__ __forceinline__ static void issue_k_tile_chained(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
                                                               Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM],
                                                               uint64_t stage0_a, uint64_t stage0_b, int slot,
                                                               bool accumulate) {
+    fence_accumulators(acc, chains);
+    ptx::wgmma_fence();
+    issue_chained_steps<0>(acc, chains, stage0_a, stage0_b, slot, accumulate);
+  }
+  template <int KK>
+  __device__ __forceinline__ static void issue_chained_steps(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                             Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM],
+                                                             uint64_t stage0_a, uint64_t stage0_b, int slot,
+                                                             bool accumulate) {
     if constexpr (KK < kBlockK / kMmaK) {
-      auto& set = chain_set<KK % kChains>(acc, chains);
-      const uint32_t stage = slot * (STAGE_BYTES / 16);
-      const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + MmaTileB::offset_units(0, KK));
-#pragma unroll
-      for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-        const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + MmaTileA::offset_units(i * kMmaM, KK));
-        Mma::run(set[i], desc_a, desc_b, (accumulate || KK >= kChains) ? 1 : 0);
-      }
-      issue_k_tile_chained<KK + 1>(acc, chains, stage0_a, stage0_b, slot, accumulate);
+      issue_k_step<Mma>(chain_set<KK % kChains>(acc, chains), stage0_a, stage0_b, slot, KK, 0,
+                        (accumulate || KK >= kChains) ? 1 : 0);
+      issue_chained_steps<KK + 1>(acc, chains, stage0_a, stage0_b, slot, accumulate);
     }
   }
 
   // The compiler's view of the accumulators around the asynchronous wgmmas (fence_operand), the sets beside the
   // tile's own too (kChains).
-  __device__ __forceinline__ static void fence_set(Accum (&set)[MMA_BLOCKS_M][ACCUM]) {
+  template <typename A, int N>
+  __device__ __forceinline__ static void fence_set(A (&set)[MMA_BLOCKS_M][N]) {
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
-      for (int r = 0; r < ACCUM; ++r) ptx::fence_operand(set[i][r]);
+      for (int r = 0; r < N; ++r) ptx::fence_operand(set[i][r]);
   }
   __device__ __forceinline__ static void fence_accumulators(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
                                                            Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM]) {
@@ -1465,8 +1470,6 @@ struct Kernel {
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
       if constexpr (kChains > 1) {
-        fence_accumulators(acc, chains);
-        ptx::wgmma_fence();
         issue_k_tile_chained(acc, chains, stage0_a, stage0_b, pos.stage, kt > kt_begin);
       } else {
         issue_k_tile(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin);
