@@ -180,13 +180,13 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=1024, n=4096, k=4096), "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),   # one full wave, 64 k tiles: 2x1
     (dict(m=2048, n=2048, k=2048), "sm90_bf16_tn_128x256x64_c1x1_s4_coop_g8m"),   # one wave, 32 k tiles: no cluster
     (dict(m=512, n=4096, k=4096), "sm90_bf16_tn_128x128x64_c2x1_s6_pp_g8m"),      # (one_wave_streams_b)
-    (dict(m=128, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 tiles: one wave
+    (dict(m=128, n=4096, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 64 tiles, 64 k tiles: split
     (dict(m=16, n=4096, k=4096), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),        # few rows: 64-row tiles (narrow_grid)
     (dict(m=16), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),                        # n, k default to 4096
     (dict(m=64, n=8192, k=8192), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),       # (few_rows_long_k): whole
     (dict(m=128, n=4096, k=14336), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"), # half the SMs idle, long K
     (dict(m=128, n=4096, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 128 k tiles: split
-    (dict(m=128, n=4096, k=8128), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 127 k tiles: not
+    (dict(m=128, n=4096, k=2496), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 39 k tiles: not
     (dict(m=32, n=4096, k=14336), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_sk_g1m"),   # 64 tiles of 64x64: split in 2
     (dict(m=128, n=8192, k=8192), "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g1m"),       # (few_rows_stream_b)
     (dict(m=128, n=8192, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 k tiles: not
@@ -402,7 +402,7 @@ PINNED_SM90_BF16_TN = {
     (16, 4096, 14336): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_sk_g1m',
     (16, 28672, 8192): 'sm90_bf16_tn_64x256x64_c1x1_s4_pp_g1m',
     (16, 8192, 28672): 'sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m',
-    (128, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
+    (128, 4096, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m',
     (128, 6144, 4096): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m',
     (128, 14336, 4096): 'sm90_bf16_tn_128x128x64_c1x1_s6_pp_g1m',
     (128, 4096, 14336): 'sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m',
@@ -1225,7 +1225,7 @@ def test_stream_k_is_a_persistent_sm90_config_field_with_its_own_name() -> None:
     pingpong = replace(Gemm("bf16", "tn", arch=90, schedule="pingpong").config, stream_k=True)
     check_config(pingpong)
     assert "_pp_sk_" in pingpong.name
-    assert not Gemm("bf16", "tn", arch=90, m=128, n=4096, k=4096).config.stream_k   # too few k tiles to split
+    assert not Gemm("bf16", "tn", arch=90, m=128, n=4096, k=2048).config.stream_k   # too few k tiles to split
     with pytest.raises(ValueError, match="stream_k is built for the sm90 persistent schedules; this config is sm90 "
                                          "ws: use family='sm90', schedule='cooperative' or 'pingpong'"):
         check_config(replace(Gemm("bf16", "tn", arch=90, schedule="ws").config, stream_k=True))
@@ -1295,6 +1295,19 @@ def test_narrow_layers_weigh_the_narrow_tiles(m: int, n: int, k: int, tile: tupl
     half of the SMs and K is short of split-K; 128x64 cooperative up to NARROW_TILE_MAX_M rows; the measured
     losses are the boundaries (docs/corpus.md, "Narrow layers")."""
     assert Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config.tile[:2] == tile
+
+
+def test_several_tile_rows_split_from_a_shorter_k() -> None:
+    """SPLIT_K_SEVERAL_ROWS_MIN_K_TILES: 16-bit inputs over more than one 64-row tile row split from 40 k tiles where
+    the tiles leave half the SMs idle; one tile row, fp8 and tiles that fill the SMs keep the 128 k tile bound."""
+    def split(m: int, n: int, k: int, dtype: str = "bf16") -> bool:
+        return Gemm(dtype, "tn", arch=90, m=m, n=n, k=k).config.stream_k
+
+    assert split(256, 512, 2560) and split(128, 4096, 4096) and split(512, 512, 3584)
+    assert not split(256, 512, 2496)                     # 39 k tiles
+    assert not split(64, 3584, 4096)                     # one 64-row tile row: B's stream alone
+    assert not split(512, 1024, 4096)                    # 128 tiles of 64x64: the SMs are full
+    assert not split(256, 512, 5120, "e4m3")             # (40 fp8 k tiles: not measured)
 
 
 def test_a_64_row_cooperative_tile_splits_along_n() -> None:

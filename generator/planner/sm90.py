@@ -140,6 +140,16 @@ SMALL_M_TILE_ROWS = 64
 # (bf16: K >= 8192). Measured (H200, gpu/midm_tiles.py): 128x4096x14336 (224 k tiles) 0.98x cuBLAS split against
 # 0.86x data-parallel; 128x4096x4096 (64 k tiles) 0.86x against 0.88x: the partial sums' round trip does not pay.
 SPLIT_K_MIN_K_TILES = 128
+# With more than one 64-row tile row (M > SMALL_M_TILE_ROWS) and 16-bit inputs, split-K from this many k tiles
+# (K >= 2560). A block walks a 64-wide k tile of a 64x64 or 128x64 tile in ~190 ns whatever its width, depth and the
+# number of blocks beside it (docs/corpus.md, "what a k tile costs one block"), so where the tiles leave half the
+# SMs idle the run is the k tiles one block walks, and cuBLAS splits those layers (its 64x64 splitK kernel at
+# 256 x 512 x 7168). Measured on the corpus' forward layers at 128-1024 tokens (H200, bf16 tn, gpu/midm_tiles.py
+# --variants stream_k=true, h200_midm_corpus_split_k.json), the pick split against whole where its tiles reach at most
+# half the SMs: 44-64 k tiles 1.02-1.27x on all 16 such rows (256 x 512 x 3584 0.658 -> 0.815x cuBLAS, 128 x 1024 x
+# 4096 0.633 -> 0.799x), 32 k tiles 0.85-1.00x on all 12 (so not there). At most one 64-row tile row streams B
+# alone and stays at SPLIT_K_MIN_K_TILES (docs/planner.md: 64 x 3584 x 4096 6 % behind split).
+SPLIT_K_SEVERAL_ROWS_MIN_K_TILES = 40
 # The share of the SMs a plan's tiles may reach at most for split-K to be weighed, by schedule. Pingpong (the 64-row
 # tiles of at most 64 rows) streams W at nearly the rate of the whole GPU from half the SMs, so a split in two does not
 # pay for its partial sums: measured (H200, bf16 tn, gpu/midm_tiles.py, h200_midm_tiles_pp_splitk.json) 32 tiles of
@@ -667,16 +677,23 @@ def few_columns_fill(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchS
 def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a persistent
     single problem (grouped calls take no stream-K) whose tiles reach at most SPLIT_K_MAX_SM_SHARE of the SMs
-    (SPLIT_K_SMALL_TILE_SM_SHARE for 64x64 pingpong), of at least SPLIT_K_MIN_K_TILES k tiles, not int8 (its int32
+    (SPLIT_K_SMALL_TILE_SM_SHARE for 64x64 pingpong), of at least split_k_min_k_tiles k tiles, not int8 (its int32
     sums are not added as fp32 partials); from SPLIT_K_LONG_K_TILES k tiles, ``long_k_parts``."""
     units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
     k_tiles = math.ceil(problem.k / cfg.tile[2])
     if k_tiles >= SPLIT_K_LONG_K_TILES:
         return long_k_parts(cfg, problem, sm_count)
     share = SPLIT_K_SMALL_TILE_SM_SHARE if is_small_tile(cfg) else SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
-    if not _splittable(cfg, problem) or units > share * sm_count or k_tiles < SPLIT_K_MIN_K_TILES:
+    if not _splittable(cfg, problem) or units > share * sm_count or k_tiles < split_k_min_k_tiles(cfg, problem):
         return 1
     return min(sm_count // units, k_tiles)
+
+
+def split_k_min_k_tiles(cfg: KernelConfig, problem: Problem) -> int:
+    """The fewest k tiles split_k_parts splits: SPLIT_K_SEVERAL_ROWS_MIN_K_TILES for 16-bit inputs over more than one
+    64-row tile row, else SPLIT_K_MIN_K_TILES."""
+    several_rows = cfg.dtype.bytes == 2 and problem.m > SMALL_M_TILE_ROWS
+    return SPLIT_K_SEVERAL_ROWS_MIN_K_TILES if several_rows else SPLIT_K_MIN_K_TILES
 
 
 def _splittable(cfg: KernelConfig, problem: Problem) -> bool:
