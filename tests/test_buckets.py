@@ -17,7 +17,7 @@ def test_bucket_plans_for_an_llm_layer():
     plans = Gemm("bf16", "tn", n=4096, k=4096, arch=90).bucket_plans()
     assert [(bound, plan.name) for bound, plan in plans] == [
         (64, "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),    # 32 tiles of 64x128 would leave 3/4 of the SMs idle
-        (128, "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),
+        (128, "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),   # 64 tiles over 64 k tiles: split in two
         (256, "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g8m"),   # 192 plans it too: merged
         # 384 plans 512's kernel too, but not its backward: dX at 384 tokens is computed swapped, in 128x96 tiles
         # (planner.backward.swaps_operands)

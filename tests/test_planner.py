@@ -186,7 +186,7 @@ def test_hints(arch: int, hints: dict[str, int], name: str) -> None:
     (dict(m=64, n=8192, k=8192), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g1m"),       # (few_rows_long_k): whole
     (dict(m=128, n=4096, k=14336), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"), # half the SMs idle, long K
     (dict(m=128, n=4096, k=8192), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_sk_g1m"),  # 128 k tiles: split
-    (dict(m=128, n=4096, k=2496), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 39 k tiles: not
+    (dict(m=128, n=4096, k=2496), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_g8m"),      # 39 k tiles: whole, two rows of 64
     (dict(m=32, n=4096, k=14336), "sm90_bf16_tn_64x64x64_c1x1_s12_pp_sk_g1m"),   # 64 tiles of 64x64: split in 2
     (dict(m=128, n=8192, k=8192), "sm90_bf16_tn_64x128x64_c2x1_s8_pp_g1m"),       # (few_rows_stream_b)
     (dict(m=128, n=8192, k=4096), "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"),     # 64 k tiles: not
@@ -1308,6 +1308,24 @@ def test_several_tile_rows_split_from_a_shorter_k() -> None:
     assert not split(64, 3584, 4096)                     # one 64-row tile row: B's stream alone
     assert not split(512, 1024, 4096)                    # 128 tiles of 64x64: the SMs are full
     assert not split(256, 512, 5120, "e4m3")             # (40 fp8 k tiles: not measured)
+
+
+def test_two_tile_rows_take_64_row_pingpong_tiles_where_the_cooperative_tile_runs_whole() -> None:
+    """TWO_TILE_ROWS: 65-128 rows on 64x64 pingpong where two rows of it fit one wave, below 128 rows on 64x128 up to
+    three quarters of the SMs; the 128x64 cooperative tile stays where it splits or where no 64-row tile fits."""
+    from generator.planner.sm90 import two_tile_rows_tile
+
+    def tile(m: int, n: int, k: int) -> str:
+        cfg = Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config
+        return f"{cfg.tile[0]}x{cfg.tile[1]} {cfg.schedule}{' split' if cfg.stream_k else ''}"
+
+    assert tile(96, 4096, 2048) == tile(128, 4096, 2048) == "64x64 pingpong"     # 128 tiles: one wave
+    assert tile(96, 4544, 4544) == tile(96, 6144, 3584) == "64x128 pingpong"     # 72 and 96 tiles
+    assert tile(128, 4544, 4544) == "128x64 cooperative"                         # 128 rows: not 64x128
+    assert tile(96, 8192, 2048) == "128x64 cooperative"                          # 128 tiles of 64x128
+    assert tile(112, 4096, 4096) == "128x64 cooperative split"                   # the split stays
+    assert two_tile_rows_tile(DType.e4m3, Knobs(), Problem(96, 4096, 2048), 132) is None   # 16-bit inputs only
+    assert two_tile_rows_tile(DType.bf16, Knobs(), Problem(64, 4096, 2048), 132) is None   # one tile row
 
 
 def test_a_64_row_cooperative_tile_splits_along_n() -> None:

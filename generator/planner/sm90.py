@@ -150,6 +150,19 @@ SPLIT_K_MIN_K_TILES = 128
 # 4096 0.633 -> 0.799x), 32 k tiles 0.85-1.00x on all 12 (so not there). At most one 64-row tile row streams B
 # alone and stays at SPLIT_K_MIN_K_TILES (docs/planner.md: 64 x 3584 x 4096 6 % behind split).
 SPLIT_K_SEVERAL_ROWS_MIN_K_TILES = 40
+# Two 64-row tile rows (65-128 rows) where the model picks the 128x64 cooperative tile and does not split it: 64-row
+# pingpong tiles instead (two_tile_rows_tile), 64x64 where two rows of them fit one wave (twice the SMs on the same
+# k tiles), else below 128 rows 64x128 where two rows of those reach at most TWO_TILE_ROWS_WIDE_SM_SHARE of the SMs.
+# Read from every candidate at 72-128 rows (H200, bf16 tn, gpu/midm_tiles.py, h200_midm_two_tile_rows_candidates.json,
+# h200_midm_two_tile_rows_m.json): 64x64 1.13-1.33x the whole cooperative tile at 72-120 rows, 1.06-1.08x at 128;
+# 64x128 1.14-1.33x at 72-112 rows on 4544-column layers (72 tiles), 0.965x at 128 rows. Then the rule's picks against
+# the cooperative tile on the corpus' layers it touches (h200_midm_two_tile_rows_tn.json, ..._tt.json for the dX) and
+# a few more widths (h200_midm_two_tile_rows_wide.json): 64x128 lost wherever two rows of it fill the SMs (8192
+# columns, 128 tiles: 0.90-0.97x) and won up to 96 tiles (6144 columns: 1.05-1.06x), hence the share. Where the
+# cooperative tile splits (SPLIT_K_SEVERAL_ROWS_MIN_K_TILES) the two tie (80 x 4096 x 4096 1.010x, 112 x 4096 x 4096
+# 0.996x), so it stays.
+TWO_TILE_ROWS = 2
+TWO_TILE_ROWS_WIDE_SM_SHARE = 3 / 4
 # The share of the SMs a plan's tiles may reach at most for split-K to be weighed, by schedule. Pingpong (the 64-row
 # tiles of at most 64 rows) streams W at nearly the rate of the whole GPU from half the SMs, so a split in two does not
 # pay for its partial sums: measured (H200, bf16 tn, gpu/midm_tiles.py, h200_midm_tiles_pp_splitk.json) 32 tiles of
@@ -505,6 +518,27 @@ def few_columns_fill_tile(dtype: DType, out_dtype: DType, layout: Layout, knobs:
     return (FEW_COLUMNS_FILL_BM, bn) if bn % 64 else None
 
 
+def two_tile_rows_tile(dtype: DType, knobs: Knobs, problem: Problem, sm_count: int) -> tuple[int, int] | None:
+    """The (BM, BN) of TWO_TILE_ROWS' rule, or None where it does not apply: 16-bit inputs, none of tile, schedule and
+    cluster fixed, one problem of 65-128 rows; 64x64 where two rows of its tiles fit one wave, else below 128 rows
+    64x128 where two rows of those reach at most TWO_TILE_ROWS_WIDE_SM_SHARE of the SMs."""
+    if (not rule_may_apply(dtype, knobs) or problem.batch != 1
+            or not SMALL_M_TILE_ROWS < problem.m <= TWO_TILE_ROWS * SMALL_M_TILE_ROWS):
+        return None
+    if TWO_TILE_ROWS * math.ceil(problem.n / SMALL_TILE[1]) <= sm_count:
+        return SMALL_TILE
+    wide_tiles = TWO_TILE_ROWS * math.ceil(problem.n / FEW_ROWS_STREAM_B_BN)
+    if problem.m < TWO_TILE_ROWS * SMALL_M_TILE_ROWS and wide_tiles <= TWO_TILE_ROWS_WIDE_SM_SHARE * sm_count:
+        return SMALL_M_TILE_ROWS, FEW_ROWS_STREAM_B_BN
+    return None
+
+
+def is_whole_narrow_tile(cfg: KernelConfig, problem: Problem, sm_count: int) -> bool:
+    """Whether ``cfg`` is the 128x64 cooperative tile (NARROW_BN) that split_k_parts leaves whole."""
+    return (cfg.tile[:2] == (2 * SMALL_M_TILE_ROWS, NARROW_BN) and cfg.schedule == "cooperative"
+            and split_k_parts(cfg, problem, sm_count) == 1)
+
+
 def is_covering(cfg: KernelConfig) -> bool:
     return cfg.tile[:2] == COVERING_TILE and cfg.schedule == "cooperative" and cfg.cluster == COVERING_CLUSTER
 
@@ -650,6 +684,14 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     elif covers and is_covering(best.config):
         best = Estimate(best.config, best.cost, f"{best.reason}; 128x256 cooperative 2x1 by rule: one cluster covers "
                                                 f"each problem of the batch, so its A and B cross into the SMs once")
+    two_rows = two_tile_rows_tile(dtype, knobs, problem, sm_count) if hinted else None
+    if two_rows and is_whole_narrow_tile(best.config, problem, sm_count):
+        ruled = choose_raster(ruled_pingpong_config(two_rows, dtype, out_dtype, layout, spec, epilogue, dtype_b),
+                              problem, sm_count, knobs)
+        if is_legal(ruled):
+            best = Estimate(ruled, estimate(ruled, spec, sm_count, problem).cost,
+                            f"{two_rows[0]}x{two_rows[1]} pingpong by rule: {problem.m} rows, two rows of its tiles in "
+                            f"one wave, where the 128x64 cooperative tile would run whole")
     parts = split_k_parts(best.config, problem, sm_count) if hinted else 1
     if parts > 1:
         k_tiles = math.ceil(problem.k / best.config.tile[2])

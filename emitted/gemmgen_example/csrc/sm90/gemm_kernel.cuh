@@ -51,6 +51,12 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP
 #define GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP 0
 #endif
+// Experiment switch for A/B runs (off by default, not yet measured: docs/sm90.md, "What a split's partial sums cost"):
+// 1 launches a split tile's parts as one cluster (2-8 blocks, where the GPU holds that many such clusters at once),
+// whose parts add up their slices of the tile from each other's shared memory instead of through the workspace.
+#ifndef GEMMGEN_SM90_SPLIT_K_DSMEM
+#define GEMMGEN_SM90_SPLIT_K_DSMEM 0
+#endif
 // TMA fills the rows (columns) of a box past the matrix edge with zeros at a fraction of the rate it loads real ones:
 // a tile row of A wholly past M made its 2x1 cluster 1.5-1.7x slower (docs/sm90.md, "Loads past the matrix edge").
 // So the loads that start past the tile's kept rows (columns) are not issued (OperandTile::skipped_bytes); 0 issues
@@ -283,6 +289,9 @@ struct LaunchWorkspace {
   // unit blockIdx.x / CLUSTER; 0 for stream-K, whose parts follow the block index.
   int ordered;
   uint8_t order[kMaxOrderedBlocks];
+  // Split-K with GEMMGEN_SM90_SPLIT_K_DSMEM: the launch's cluster size, each cluster one unit's parts (part = the
+  // block's rank), which exchange their sums through distributed shared memory; 0 otherwise (the workspace's flags).
+  int split_cluster;
 };
 
 // A list of problems (GemmArgs::list) as the kernel reads it: per problem, its tensor maps and sizes, which the host
@@ -1213,6 +1222,13 @@ struct Kernel {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
       if (PINGPONG && index + 1 < segments) pass_turn(consumer);
+      if constexpr (GEMMGEN_SM90_SPLIT_K_DSMEM && CLUSTER == 1) {
+        if (ws.split_cluster > 1) {  // (the launch's clusters are the units' parts)
+          finish_split_k_in_cluster(args, p, acc, smem, ws.split_cluster, slot_consumer, m0 + row_in_tile, n0,
+                                    at.problem);
+          return;
+        }
+      }
       // Split-K in at least kSliceSumParts parts, this cluster's one segment one part of its unit: the parts add up
       // slices of it (1x1 clusters, as the planner takes split-K: a cluster's blocks would keep the values it needs
       // live through a 128x256 tile's main loop, a spill there).
@@ -1271,9 +1287,7 @@ struct Kernel {
     publish_partial(flags + slot, epoch, consumer);
     // Every part's flag, one thread each, then the warpgroup's barrier hands what they saw to the rest.
     for (int k = threadIdx.x % kWarpgroupThreads; k < parts; k += kWarpgroupThreads) {
-      const int* flag = flags + partial_slot(first + k, rank, slot_consumer);
-      while (ptx::ld_acquire_gpu(flag) != epoch) {
-      }
+      poll_flag(flags + partial_slot(first + k, rank, slot_consumer), epoch);
     }
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
     constexpr int kBlocksN = WG_N / 8;                    // n8 blocks per m64 block
@@ -1296,6 +1310,59 @@ struct Kernel {
       apply_epilogue<1>(args, p, acc, m0, n0, i, j);
       store_direct_blocks<1>(args, p, acc, m0, n0, i, j, problem, nullptr);
     }
+  }
+
+  // Split-K through distributed shared memory (GEMMGEN_SM90_SPLIT_K_DSMEM: the launch made each unit's `parts` blocks
+  // one cluster, the part the block's rank). Each part writes its sums into the ring of its own shared memory (free:
+  // its one segment's loads have all been consumed), the cluster meets, then each part adds up its share of the
+  // tile's n8 column blocks over all parts' shared memory in part order (the same bits as finish_split_k), applies
+  // the epilogue and stores them; the cluster meets again before any part exits, its shared memory still being read.
+  // Every other thread of the cluster has exited or exits without waiting on these, so the barriers hold.
+  static constexpr uint32_t kPartialBytes = kPartialFloats * sizeof(float);
+  static_assert(!STREAM_K || kConsumerWarpgroups * kPartialBytes <= STAGES * STAGE_BYTES,
+                "each consumer warpgroup's partial tile fits in the ring");
+  template <typename ACC>
+  __device__ __forceinline__ static void finish_split_k_in_cluster(const GemmArgs& args, const Problem& p,
+                                                                   ACC (&acc)[MMA_BLOCKS_M][ACCUM], const Smem& smem,
+                                                                   int parts, int slot_consumer, int m0, int n0,
+                                                                   int problem) {
+    const int part = static_cast<int>(ptx::cluster_ctarank());
+    const int t = threadIdx.x % kWarpgroupThreads;
+    // This thread's float4 of n8 block 0 (store_partial's layout: float4 (i * ACCUM + 4j) / 4 of every thread,
+    // thread-minor), in this warpgroup's partial tile.
+    const uint32_t mine = smem.ring + slot_consumer * kPartialBytes + t * sizeof(float4);
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; r += 4)
+        ptx::st_shared_16(mine + ((i * ACCUM + r) / 4) * kWarpgroupThreads * sizeof(float4),
+                          make_uint4(__float_as_uint(acc[i][r]), __float_as_uint(acc[i][r + 1]),
+                                     __float_as_uint(acc[i][r + 2]), __float_as_uint(acc[i][r + 3])));
+    ptx::cluster_sync();   // every part's tile written
+    constexpr int kBlocksN = WG_N / 8;                    // n8 blocks per m64 block
+    constexpr int kBlocks = MMA_BLOCKS_M * kBlocksN;      // this warpgroup's n8 blocks of the tile
+    const int begin = kBlocks * part / parts, end = kBlocks * (part + 1) / parts;
+#pragma unroll  // (whole: the block's registers are picked by constants)
+    for (int b = 0; b < kBlocks; ++b) {
+      if (b < begin || b >= end) continue;
+      const int i = b / kBlocksN, j = b % kBlocksN;
+      const uint32_t at = mine + b * kWarpgroupThreads * sizeof(float4);  // (b = (i * ACCUM + 4j) / 4)
+      float4 sum = ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, 0));
+      for (int k = 1; k < parts; ++k) {
+        const float4 v = ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, k));
+        sum.x += v.x;
+        sum.y += v.y;
+        sum.z += v.z;
+        sum.w += v.w;
+      }
+      acc[i][4 * j] = sum.x;
+      acc[i][4 * j + 1] = sum.y;
+      acc[i][4 * j + 2] = sum.z;
+      acc[i][4 * j + 3] = sum.w;
+      apply_epilogue<1>(args, p, acc, m0, n0, i, j);
+      store_direct_blocks<1>(args, p, acc, m0, n0, i, j, problem, nullptr);
+    }
+    ptx::cluster_sync();   // the peers have read this part's tile
   }
 
   // The sum of the float4 at `at` in each of `parts` consecutive parts' partial tiles, in part order.
@@ -1329,19 +1396,24 @@ struct Kernel {
             make_float4(acc[i][r], acc[i][r + 1], acc[i][r + 2], acc[i][r + 3]);
   }
 
-  // Every thread's partial sums written, then the flag raised to the launch's epoch (release at GPU scope).
+  // Every thread's partial sums written, then the flag raised to the launch's epoch. The warpgroup's barrier orders
+  // the other threads' stores before the releasing thread's store, and a release is cumulative: it publishes what
+  // the barrier ordered before it, so no thread needs a fence of its own (a __threadfence per thread, MEMBAR.SC.GPU,
+  // measured 1.8 % slower over 12 split kernels: docs/sm90.md, "What a split's partial sums cost").
   __device__ __forceinline__ static void publish_partial(int* flag, int epoch, int consumer) {
-    __threadfence();
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
     if (threadIdx.x % kWarpgroupThreads == 0) ptx::st_release_gpu(flag, epoch);
   }
 
+  // Wait until `flag` reads `epoch` (acquire: the partial sums published before it are visible after).
+  __device__ __forceinline__ static void poll_flag(const int* flag, int epoch) {
+    while (ptx::ld_acquire_gpu(flag) != epoch) {
+    }
+  }
+
   // One thread acquires the flag; the barrier hands what it saw to the rest of the warpgroup.
   __device__ __forceinline__ static void await_partial(const int* flag, int epoch, int consumer) {
-    if (threadIdx.x % kWarpgroupThreads == 0) {
-      while (ptx::ld_acquire_gpu(flag) != epoch) {
-      }
-    }
+    if (threadIdx.x % kWarpgroupThreads == 0) poll_flag(flag, epoch);
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
   }
 

@@ -187,13 +187,14 @@ struct ClusterLaunchConfig {
   cudaLaunchAttribute attrs[2] = {};
   cudaLaunchConfig_t config = {};
 
-  ClusterLaunchConfig(unsigned blocks, cudaStream_t stream, bool early) {
+  // `cluster`: blocks per cluster where it is not K::CLUSTER (split-K's parts as one cluster, GEMMGEN_SM90_SPLIT_K_DSMEM).
+  ClusterLaunchConfig(unsigned blocks, cudaStream_t stream, bool early, unsigned cluster = K::CLUSTER) {
     config.gridDim = dim3(blocks, 1, 1);
     config.blockDim = dim3(kThreads, 1, 1);
     config.dynamicSmemBytes = K::SMEM_BYTES;
     config.stream = stream;
     attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = K::CLUSTER;
+    attrs[0].val.clusterDim.x = cluster;
     attrs[0].val.clusterDim.y = 1;
     attrs[0].val.clusterDim.z = 1;
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -224,6 +225,29 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
   if (device < kMaxDevices) known[device].store(n, std::memory_order_relaxed);
   *clusters = n;
   return cudaSuccess;
+}
+
+// The most blocks a split tile's parts take as one cluster (GEMMGEN_SM90_SPLIT_K_DSMEM): the portable cluster size.
+constexpr int kMaxSplitCluster = 8;
+
+// Whether `units` clusters of `parts` blocks of this 1x1 kernel can be resident at once, so that a split-K launch may
+// make each unit's parts one cluster (GEMMGEN_SM90_SPLIT_K_DSMEM). Per device and cluster size, as resident_clusters.
+template <class K>
+inline bool split_clusters_fit(KernelFn kernel, int device, int parts, int64_t units) {
+  static std::atomic<int> known[kMaxDevices][kMaxSplitCluster + 1] = {};
+  if (K::CLUSTER != 1 || parts < 2 || parts > kMaxSplitCluster) return false;
+  int n = device < kMaxDevices ? known[device][parts].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
+    const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(parts), nullptr, false,
+                                                static_cast<unsigned>(parts));
+    if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config) !=
+        cudaSuccess) {
+      (void)cudaGetLastError();  // (the query's error is not the launch's: the workspace's exchange serves then)
+      n = -1;
+    }
+    if (device < kMaxDevices) known[device][parts].store(n, std::memory_order_relaxed);
+  }
+  return n > 0 && units <= n;
 }
 
 // The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
@@ -536,6 +560,9 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
     if (stream_k && units < resident) {
       const int64_t parts = resident / units < problem.k_tiles ? resident / units : problem.k_tiles;
       clusters = units * parts;
+      if (GEMMGEN_SM90_SPLIT_K_DSMEM && split_clusters_fit<K>(fast, device, static_cast<int>(parts), units)) {
+        workspace.split_cluster = static_cast<int>(parts);
+      }
     }
     // A 1x1 grid of more units than half the SMs (measured there; smaller ones keep the launch order) takes its units
     // in the order of the SMs its blocks land on: then every SM holds a block (the ranks cover the units), those past
@@ -552,13 +579,14 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
 
   void* allocated = nullptr;                  // (the partial sums, freed once the launch is queued)
   std::unique_lock<std::mutex> flags_held;    // (the stream's flags, until the launch is queued)
-  if (stream_k) {
+  if (stream_k && workspace.split_cluster == 0) {
     err = stream_k_workspace<K>(device, static_cast<int>(ctas), stream, &workspace, &allocated, &flags_held);
   }
   if (err == cudaSuccess) {
     // (An ordered grid is launched in stream order: blocks that start while the previous kernel holds SMs land
     // elsewhere than the recorded order says.)
-    const ClusterLaunchConfig<K> cluster_launch(ctas, stream, workspace.ordered == 0);
+    const unsigned cluster = workspace.split_cluster > 0 ? static_cast<unsigned>(workspace.split_cluster) : K::CLUSTER;
+    const ClusterLaunchConfig<K> cluster_launch(ctas, stream, workspace.ordered == 0, cluster);
     err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_a_edge.map, map_b.map, map_d.map,
                              map_source.map, *args, workspace);
   }
