@@ -95,7 +95,7 @@ def _sm90_neighbours(cfg: KernelConfig, space: Space, problem: Problem) -> Itera
         if raster != cfg.raster:
             yield replace(cfg, raster=raster)
     yield from _group_neighbours(cfg)
-    if cfg.schedule == "cooperative":   # the decomposition: data-parallel tiles against split-K / stream-K
+    if cfg.schedule in ("cooperative", "pingpong"):   # the decomposition: whole tiles against split-K / stream-K
         yield replace(cfg, stream_k=not cfg.stream_k)
 
 

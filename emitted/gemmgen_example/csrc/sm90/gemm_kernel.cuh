@@ -1290,19 +1290,30 @@ struct Kernel {
       poll_flag(flags + partial_slot(first + k, rank, slot_consumer), epoch);
     }
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-    constexpr int kBlocksN = WG_N / 8;                    // n8 blocks per m64 block
-    constexpr int kBlocks = MMA_BLOCKS_M * kBlocksN;      // this warpgroup's n8 blocks of the tile
-    const int begin = kBlocks * part / parts, end = kBlocks * (part + 1) / parts;
     // This thread's float4 of n8 block 0 in the unit's first part (store_partial's layout: float4 (i * ACCUM + 4j) / 4
     // of every thread, thread-minor); the parts' slots follow each other CLUSTER * kConsumerWarpgroups apart.
     const float4* first_part = reinterpret_cast<const float4*>(workspace) +
                                static_cast<int64_t>(partial_slot(first, rank, slot_consumer)) * (kPartialFloats / 4) +
                                threadIdx.x % kWarpgroupThreads;
+    store_share_of_parts(args, p, acc, part, parts, m0, n0, problem,
+                         [&](int b) { return sum_parts(first_part + b * kWarpgroupThreads, parts); });
+  }
+
+  // A part's share of this warpgroup's n8 column blocks of the tile (blocks [kBlocks * part / parts, ...)): block b's
+  // sum over the parts, sum_of(b) (b = (i * ACCUM + 4j) / 4: m64 block i, n8 block j), into acc, the epilogue applied,
+  // stored directly.
+  template <typename ACC, class SumOf>
+  __device__ __forceinline__ static void store_share_of_parts(const GemmArgs& args, const Problem& p,
+                                                              ACC (&acc)[MMA_BLOCKS_M][ACCUM], int part, int parts,
+                                                              int m0, int n0, int problem, SumOf&& sum_of) {
+    constexpr int kBlocksN = WG_N / 8;                    // n8 blocks per m64 block
+    constexpr int kBlocks = MMA_BLOCKS_M * kBlocksN;      // this warpgroup's n8 blocks of the tile
+    const int begin = kBlocks * part / parts, end = kBlocks * (part + 1) / parts;
 #pragma unroll  // (whole: the block's registers are picked by constants)
     for (int b = 0; b < kBlocks; ++b) {
       if (b < begin || b >= end) continue;
       const int i = b / kBlocksN, j = b % kBlocksN;
-      const float4 sum = sum_parts(first_part + b * kWarpgroupThreads, parts);  // (b = (i * ACCUM + 4j) / 4)
+      const float4 sum = sum_of(b);
       acc[i][4 * j] = sum.x;
       acc[i][4 * j + 1] = sum.y;
       acc[i][4 * j + 2] = sum.z;
@@ -1310,6 +1321,14 @@ struct Kernel {
       apply_epilogue<1>(args, p, acc, m0, n0, i, j);
       store_direct_blocks<1>(args, p, acc, m0, n0, i, j, problem, nullptr);
     }
+  }
+
+  // sum += v, element by element (the parts' sums, added in part order).
+  __device__ __forceinline__ static void add_to(float4& sum, const float4& v) {
+    sum.x += v.x;
+    sum.y += v.y;
+    sum.z += v.z;
+    sum.w += v.w;
   }
 
   // Split-K through distributed shared memory (GEMMGEN_SM90_SPLIT_K_DSMEM: the launch made each unit's `parts` blocks
@@ -1339,29 +1358,12 @@ struct Kernel {
                           make_uint4(__float_as_uint(acc[i][r]), __float_as_uint(acc[i][r + 1]),
                                      __float_as_uint(acc[i][r + 2]), __float_as_uint(acc[i][r + 3])));
     ptx::cluster_sync();   // every part's tile written
-    constexpr int kBlocksN = WG_N / 8;                    // n8 blocks per m64 block
-    constexpr int kBlocks = MMA_BLOCKS_M * kBlocksN;      // this warpgroup's n8 blocks of the tile
-    const int begin = kBlocks * part / parts, end = kBlocks * (part + 1) / parts;
-#pragma unroll  // (whole: the block's registers are picked by constants)
-    for (int b = 0; b < kBlocks; ++b) {
-      if (b < begin || b >= end) continue;
-      const int i = b / kBlocksN, j = b % kBlocksN;
-      const uint32_t at = mine + b * kWarpgroupThreads * sizeof(float4);  // (b = (i * ACCUM + 4j) / 4)
+    store_share_of_parts(args, p, acc, part, parts, m0, n0, problem, [&](int b) {
+      const uint32_t at = mine + b * kWarpgroupThreads * sizeof(float4);
       float4 sum = ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, 0));
-      for (int k = 1; k < parts; ++k) {
-        const float4 v = ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, k));
-        sum.x += v.x;
-        sum.y += v.y;
-        sum.z += v.z;
-        sum.w += v.w;
-      }
-      acc[i][4 * j] = sum.x;
-      acc[i][4 * j + 1] = sum.y;
-      acc[i][4 * j + 2] = sum.z;
-      acc[i][4 * j + 3] = sum.w;
-      apply_epilogue<1>(args, p, acc, m0, n0, i, j);
-      store_direct_blocks<1>(args, p, acc, m0, n0, i, j, problem, nullptr);
-    }
+      for (int k = 1; k < parts; ++k) add_to(sum, ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, k)));
+      return sum;
+    });
     ptx::cluster_sync();   // the peers have read this part's tile
   }
 
@@ -1370,13 +1372,7 @@ struct Kernel {
     constexpr int64_t kPartStride = static_cast<int64_t>(CLUSTER) * kConsumerWarpgroups * (kPartialFloats / 4);
     float4 sum = __ldcg(at);  // L2: written by other SMs
 #pragma unroll 4
-    for (int k = 1; k < parts; ++k) {
-      const float4 v = __ldcg(at + k * kPartStride);
-      sum.x += v.x;
-      sum.y += v.y;
-      sum.z += v.z;
-      sum.w += v.w;
-    }
+    for (int k = 1; k < parts; ++k) add_to(sum, __ldcg(at + k * kPartStride));
     return sum;
   }
 
