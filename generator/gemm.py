@@ -43,8 +43,11 @@ DEFAULT_NAMESPACE = "gemmgen"
 #: grid 64, 128, 256, 512, 1024, 2048): 384 tokens read 0.78x cuBLAS and 768 0.86x, against 0.92-0.94x at 256, 512
 #: and 1024 (h100_corpus_fwd_estimate_beside_table.json). The cost model, over every 32nd M from 64 to 4096 on those
 #: layers, puts the bucket's kernel 6.8 % behind the plan for the exact M on the old grid (p90 30 %) and 1.5 % on this
-#: one (p90 5 %), at 7.7 kernels a layer against 5.2 (benchmarks/bucket_grid.py).
-M_BUCKETS = (64, 128, 192, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584)
+#: one (p90 5 %), at 7.7 kernels a layer against 5.2 (benchmarks/bucket_grid.py). And 112: up to it two 64-row tile rows
+#: whose second is partial take 64x128 pingpong on layers of 4225-6144 columns, where at 128 rows the 128x64
+#: cooperative tile stays (planner.sm90.two_tile_rows_tile: 1.14-1.32x at 80-112 rows, 0.965x at 128; a new kernel
+#: for 3 of the corpus' 58 layers, the others' 112-row plans merge with their 128-row ones).
+M_BUCKETS = (64, 112, 128, 192, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584)
 
 
 def op_key(plan: Gemm) -> tuple[KernelConfig, Problem | None]:

@@ -43,7 +43,11 @@ def test_bucket_plans_for_an_llm_layer():
         (None, "sm90_bf16_tn_128x256x64_c2x1_s4_coop_g8m"),
     ]
     # a bound every tile row (128) up to 1024, then every 256 and 512 rows
-    assert M_BUCKETS == (64, 128, 192, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072, 3584)
+    assert M_BUCKETS == (64, 112, 128, 192, 256, 384, 512, 640, 768, 896, 1024, 1280, 1536, 1792, 2048, 2560, 3072,
+                         3584)
+    # 112: the 64x128 pingpong tile of two tile rows below 128 (planner two_tile_rows_tile), a kernel of its own
+    assert [plan.name for _, plan in Gemm("bf16", "tn", n=4544, k=4544, arch=90).bucket_plans()][1:3] == [
+        "sm90_bf16_tn_64x128x64_c1x1_s8_pp_g8m", "sm90_bf16_tn_128x64x64_c1x1_s8_coop_g1m"]
 
 
 def test_equal_neighbours_merge_and_knobs_stay():
