@@ -83,14 +83,6 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE
 #define GEMMGEN_SM90_EXPERIMENT_UNIT_INTERLEAVE 0
 #endif
-// Experiment (A/B runs; 1: off): a k tile's k steps taken round-robin into this many sets of accumulators, summed
-// after the main loop (Kernel::kChains), so that a wgmma does not wait for the previous one's sums. On one-wave grids
-// of narrow tiles a block spends ~190 ns on each k tile whatever the tile's width (16-64 columns) and the ring's
-// depth, where cuBLAS spends 61 (docs/corpus.md, "N tiles under 64 columns"): the four dependent wgmmas of a k tile
-// are the suspect. Kernels whose accumulators would pass kMaxChainedAccumulators take fewer sets.
-#ifndef GEMMGEN_SM90_EXPERIMENT_CHAINS
-#define GEMMGEN_SM90_EXPERIMENT_CHAINS 1
-#endif
 // Timing experiment only (wrong results): tf32 tiles that are M/N-major are not transposed (the transposer warps only
 // pass the slots on), to separate the transposes' cost from the rest of the M/N-major path's.
 #ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
@@ -629,16 +621,6 @@ struct Kernel {
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
   static_assert(WG_M % kMmaM == 0, "a consumer warpgroup owns whole m64 blocks");
   static_assert(MMA_BLOCKS_M * ACCUM <= 160, "accumulators beyond 160 of the 232 registers per thread would spill");
-  // GEMMGEN_SM90_EXPERIMENT_CHAINS: the sets of accumulators a k tile's k steps go to in turn (halved until all sets fit
-  // kMaxChainedAccumulators registers a thread, and divide the k steps of a tile).
-  static constexpr int kMaxChainedAccumulators = 128;
-  static constexpr int fitting_chains(int wanted) {
-    while (wanted > 1 && (MMA_BLOCKS_M * ACCUM * wanted > kMaxChainedAccumulators || (kBlockK / kMmaK) % wanted != 0))
-      wanted /= 2;
-    return wanted < 1 ? 1 : wanted;
-  }
-  static constexpr int kChains = fitting_chains(GEMMGEN_SM90_EXPERIMENT_CHAINS);
-  static constexpr int kChainSets = kChains > 1 ? kChains - 1 : 1;  // the sets beside the tile's own (unused at 1)
   static_assert(!SPLIT_N || BN % (kConsumerWarpgroups * 64) == 0,
                 "a tile split along N: whole 64-column epilogue subtiles and B chunks per warpgroup");
 
@@ -1470,55 +1452,13 @@ struct Kernel {
     }
   }
 
-  // Set c of the accumulators k steps go to in turn (kChains): the tile's own (0) or one beside it.
-  template <int C, int N>
-  __device__ __forceinline__ static auto& chain_set(Accum (&acc)[MMA_BLOCKS_M][N],
-                                                   Accum (&chains)[kChainSets][MMA_BLOCKS_M][N]) {
-    if constexpr (C == 0) {
-      return acc;
-    } else {
-      return chains[C - 1];
-    }
-  }
-
-  // issue_k_tile with the k steps going to the sets in turn (step kk to set kk % kChains); a set's first step in the
-  // tile's first k tile overwrites it unless `accumulate`.
-  __device__ __forceinline__ static void issue_k_tile_chained(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                              Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM],
-                                                              uint64_t stage0_a, uint64_t stage0_b, int slot,
-                                                              bool accumulate) {
-    fence_accumulators(acc, chains);
-    ptx::wgmma_fence();
-    issue_chained_steps<0>(acc, chains, stage0_a, stage0_b, slot, accumulate);
-  }
-  template <int KK>
-  __device__ __forceinline__ static void issue_chained_steps(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                             Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM],
-                                                             uint64_t stage0_a, uint64_t stage0_b, int slot,
-                                                             bool accumulate) {
-    if constexpr (KK < kBlockK / kMmaK) {
-      issue_k_step<Mma>(chain_set<KK % kChains>(acc, chains), stage0_a, stage0_b, slot, KK, 0,
-                        (accumulate || KK >= kChains) ? 1 : 0);
-      issue_chained_steps<KK + 1>(acc, chains, stage0_a, stage0_b, slot, accumulate);
-    }
-  }
-
-  // The compiler's view of the accumulators around the asynchronous wgmmas (fence_operand), the sets beside the
-  // tile's own too (kChains).
+  // The compiler's view of the accumulators around the asynchronous wgmmas (fence_operand).
   template <typename A, int N>
   __device__ __forceinline__ static void fence_set(A (&set)[MMA_BLOCKS_M][N]) {
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
       for (int r = 0; r < N; ++r) ptx::fence_operand(set[i][r]);
-  }
-  __device__ __forceinline__ static void fence_accumulators(Accum (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                           Accum (&chains)[kChainSets][MMA_BLOCKS_M][ACCUM]) {
-    fence_set(acc);
-    if constexpr (kChains > 1) {
-#pragma unroll
-      for (int c = 0; c < kChainSets; ++c) fence_set(chains[c]);
-    }
   }
 
   // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
@@ -1533,17 +1473,12 @@ struct Kernel {
     // (8 instructions per k tile in the SASS otherwise).
     ptx::keep_in_register(stage0_a);
     ptx::keep_in_register(stage0_b);
-    Accum chains[kChainSets][MMA_BLOCKS_M][ACCUM];  // (kChains > 1 only; otherwise never touched)
     int previous = -1;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
-      if constexpr (kChains > 1) {
-        issue_k_tile_chained(acc, chains, stage0_a, stage0_b, pos.stage, kt > kt_begin);
-      } else {
-        issue_k_tile(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin);
-      }
+      issue_k_tile(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin);
       ptx::wgmma_commit();
-      fence_accumulators(acc, chains);
+      fence_set(acc);
       // Keep this k tile's wgmma in flight; the previous one has finished reading its slot.
       ptx::wgmma_wait<1>();
       if (previous >= 0) release(smem, previous, rank);
@@ -1551,16 +1486,8 @@ struct Kernel {
       pos.next();
     }
     ptx::wgmma_wait<0>();
-    fence_accumulators(acc, chains);
+    fence_set(acc);
     release(smem, previous, rank);
-    if constexpr (kChains > 1) {
-#pragma unroll
-      for (int c = 0; c < kChainSets; ++c)
-#pragma unroll
-        for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-          for (int r = 0; r < ACCUM; ++r) acc[i][r] += chains[c][i][r];
-    }
   }
 
   // Where one thread's block scales of a tile are: scale_a (M x ceil(K/128), row-major) at its fragment rows, and
