@@ -206,48 +206,51 @@ struct ClusterLaunchConfig {
   ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
 };
 
-// How many clusters of this kernel can be resident at once (the persistent grid), per device: GPUs of one machine
-// may differ in SMs. Atomic, as raise_smem_limit's flags: threads on several GPUs launch at once.
+// The most blocks a cluster of these launches holds: the portable cluster size (a split tile's parts as one cluster,
+// GEMMGEN_SM90_SPLIT_K_DSMEM, take at most this many).
+constexpr int kMaxClusterBlocks = 8;
+
+// How many clusters of `cluster` blocks of this kernel can be resident at once (0: none), per device and cluster size:
+// GPUs of one machine may differ in SMs. Atomic, as raise_smem_limit's flags: threads on several GPUs launch at once.
 template <class K>
-inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
-  static std::atomic<int> known[kMaxDevices] = {};
-  const int cached = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
+inline cudaError_t active_clusters(KernelFn kernel, int device, int cluster, int* clusters) {
+  static std::atomic<int> known[kMaxDevices][kMaxClusterBlocks + 1] = {};  // (the count + 1; 0: not yet asked)
+  const int cached = device < kMaxDevices ? known[device][cluster].load(std::memory_order_relaxed) : 0;
   if (cached > 0) {
-    *clusters = cached;
+    *clusters = cached - 1;
     return cudaSuccess;
   }
-  const ClusterLaunchConfig<K> cluster_launch(K::CLUSTER, nullptr, false);
+  const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(cluster), nullptr, false,
+                                              static_cast<unsigned>(cluster));
   int n = 0;
   const cudaError_t err =
       cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config);
   if (err != cudaSuccess) return err;
-  if (n < 1) n = 1;
-  if (device < kMaxDevices) known[device].store(n, std::memory_order_relaxed);
+  if (device < kMaxDevices) known[device][cluster].store(n + 1, std::memory_order_relaxed);
   *clusters = n;
   return cudaSuccess;
 }
 
-// The most blocks a split tile's parts take as one cluster (GEMMGEN_SM90_SPLIT_K_DSMEM): the portable cluster size.
-constexpr int kMaxSplitCluster = 8;
+// How many clusters of this kernel can be resident at once: the persistent grid (at least one).
+template <class K>
+inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
+  static_assert(K::CLUSTER <= kMaxClusterBlocks, "a cluster of at most kMaxClusterBlocks blocks");
+  const cudaError_t err = active_clusters<K>(kernel, device, K::CLUSTER, clusters);
+  if (err == cudaSuccess && *clusters < 1) *clusters = 1;
+  return err;
+}
 
 // Whether `units` clusters of `parts` blocks of this 1x1 kernel can be resident at once, so that a split-K launch may
-// make each unit's parts one cluster (GEMMGEN_SM90_SPLIT_K_DSMEM). Per device and cluster size, as resident_clusters.
+// make each unit's parts one cluster (GEMMGEN_SM90_SPLIT_K_DSMEM).
 template <class K>
 inline bool split_clusters_fit(KernelFn kernel, int device, int parts, int64_t units) {
-  static std::atomic<int> known[kMaxDevices][kMaxSplitCluster + 1] = {};
-  if (K::CLUSTER != 1 || parts < 2 || parts > kMaxSplitCluster) return false;
-  int n = device < kMaxDevices ? known[device][parts].load(std::memory_order_relaxed) : 0;
-  if (n == 0) {
-    const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(parts), nullptr, false,
-                                                static_cast<unsigned>(parts));
-    if (cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config) !=
-        cudaSuccess) {
-      (void)cudaGetLastError();  // (the query's error is not the launch's: the workspace's exchange serves then)
-      n = -1;
-    }
-    if (device < kMaxDevices) known[device][parts].store(n, std::memory_order_relaxed);
+  if (K::CLUSTER != 1 || parts < 2 || parts > kMaxClusterBlocks) return false;
+  int n = 0;
+  if (active_clusters<K>(kernel, device, parts, &n) != cudaSuccess) {
+    (void)cudaGetLastError();  // (the query's error is not the launch's: the workspace's exchange serves then)
+    return false;
   }
-  return n > 0 && units <= n;
+  return units <= n;
 }
 
 // The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
