@@ -4,11 +4,14 @@
     ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/ncu_kernel.py --cublas   (torch.matmul, same data)
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --dtype e4m3 --scale block
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --dtype fp32 --layout nt   (tf32)
+    ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --shape 256x512x7168 \
+        --tile 128x64x64 --cluster 1x1 --stream-k   (split-K)
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -17,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from bench import DTYPES, operands, parse_shapes  # noqa: E402
 from generator import Gemm  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 
 
 def main() -> None:
@@ -32,6 +36,7 @@ def main() -> None:
     parser.add_argument("--cluster", default=None)
     parser.add_argument("--raster", default=None)
     parser.add_argument("--activation", default=None, help="a fused epilogue activation (no operands), e.g. gelu_tanh")
+    parser.add_argument("--stream-k", action="store_true", help="the plan with stream-K / split-K on")
     parser.add_argument("--cublas", action="store_true", help="run torch.matmul on the same operands instead")
     parser.add_argument("--scale", default=None, choices=["tensor", "row", "block"],
                         help="fp8 (--dtype e4m3, layout tn): quantized operands with scales of this mode")
@@ -52,11 +57,14 @@ def main() -> None:
     plan = Gemm(dtype=args.dtype, layout=args.layout, m=m, n=n, k=k, tile_shape=args.tile, warps=args.warps,
                 stages=args.stages, family=args.family, schedule=args.schedule, cluster_shape=args.cluster,
                 raster=args.raster, activation=args.activation)
-    op = plan.compile()
+    if args.stream_k:
+        op = compile_many([replace(plan.config, stream_k=True)], namespace="gemmgen_ncu")[0]
+    else:
+        op = plan.compile()
     for _ in range(5):
         op(a, b)
     torch.cuda.synchronize()
-    print(plan.name)
+    print(op.name)
 
 
 def run_fp8(args: argparse.Namespace, m: int, n: int, k: int) -> None:

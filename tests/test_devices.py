@@ -180,11 +180,9 @@ HOST_STATE = {
     "static DeviceFlags smem_raised = {};": "the shared-memory opt-in, per kernel and device: atomic",
     "static const EncodeTiledFn fn =": "a driver entry point (no device), initialised once",
     "static const GetErrorNameFn fn =": "a driver entry point (no device), initialised once",
-    "static std::atomic<int> known[kMaxDevices] = {};": "SM count (common/launch.cuh) and compute capability "
-                                                          "(gemm_op.h) per device: atomic",
-    "static std::atomic<int> known[kMaxDevices][kMaxClusterBlocks + 1] = {};": "resident clusters per device and "
-                                                                               "cluster size (sm90/launch.cuh): "
-                                                                               "atomic",
+    "static std::atomic<int> known[kMaxDevices] = {};": "resident clusters (sm90/launch.cuh), SM count "
+                                                          "(common/launch.cuh) and compute capability (gemm_op.h) "
+                                                          "per device: atomic",
     "thread_local CachedMap map_": "a TMA map, per thread, keyed by the operand's address (unique across devices)",
     "static const at::Tensor undefined;": "an empty tensor (no device)",
     "static const std::vector<at::Tag> tags =": "the ops' tags (no device)",

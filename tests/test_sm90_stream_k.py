@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 
+from generator.planner.sm90 import split_parts
 from test_nvcc_compile import NO_NVCC, NVCC, run_host_program
 
 PROGRAM = r"""
@@ -161,3 +162,28 @@ def test_stream_k_flags_take_a_new_epoch_every_launch(tmp_path) -> None:
     """The flags a stream keeps (common/workspace.cuh StreamKFlags): a launch never takes an epoch its flags may hold
     (each epoch once between zeroings; zeroed when new, replaced for a larger grid, and before the epochs wrap)."""
     assert run_host_program(FLAGS_PROGRAM, tmp_path).strip() == "0 failures"
+
+
+PARTS_PROGRAM = r"""
+#include <cstdio>
+#include "sm90/gemm_kernel.cuh"
+#include "sm90/launch.cuh"
+
+int main() {
+  for (int fit = 1; fit <= 20; ++fit)
+    for (int k_tiles = 1; k_tiles <= 400; k_tiles += 3)
+      std::printf("%d %d %lld\n", fit, k_tiles, static_cast<long long>(gemmgen::sm90::split_k_parts(fit, k_tiles)));
+  return 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_split_parts_are_the_launchs(tmp_path) -> None:
+    """The planner describes and costs a split with the parts the launch cuts (planner split_parts, launch.cuh
+    split_k_parts): the same for every fit and k tile count."""
+    rows = [tuple(map(int, line.split())) for line in run_host_program(PARTS_PROGRAM, tmp_path).splitlines()]
+    assert len(rows) == 20 * len(range(1, 401, 3))
+    for fit, k_tiles, parts in rows:
+        assert parts == split_parts(fit, k_tiles), (fit, k_tiles)
+        assert 1 <= parts <= min(fit, k_tiles)

@@ -728,7 +728,13 @@ def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     share = SPLIT_K_SMALL_TILE_SM_SHARE if is_small_tile(cfg) else SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
     if not _splittable(cfg, problem) or units > share * sm_count or k_tiles < split_k_min_k_tiles(cfg, problem):
         return 1
-    return min(sm_count // units, k_tiles)
+    return split_parts(sm_count // units, k_tiles)
+
+
+def split_parts(fit: int, k_tiles: int) -> int:
+    """The k parts of each tile of a split launch where ``fit`` parts of each tile fit the SMs: as many, none empty
+    (templates/sm90/launch.cuh split_k_parts, the same rule)."""
+    return min(fit, k_tiles)
 
 
 def split_k_min_k_tiles(cfg: KernelConfig, problem: Problem) -> int:

@@ -215,25 +215,6 @@ __device__ __forceinline__ void cluster_sync() {
   asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
-// The address in CTA `cta` of this cluster of the shared-memory location `addr` has in this CTA.
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: mapa" (.shared::cluster).
-__device__ __forceinline__ uint32_t mapa_shared_cluster(uint32_t addr, uint32_t cta) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(addr), "r"(cta));
-  return remote;
-}
-
-// Four fp32 values (16 bytes) from the shared memory of a CTA of this cluster (an address from mapa_shared_cluster).
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: ld" (.shared::cluster, .v4).
-__device__ __forceinline__ float4 ld_shared_cluster_v4_f32(uint32_t addr) {
-  float4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(addr)
-               : "memory");
-  return v;
-}
-
 // ---- named barriers -------------------------------------------------------------------------------
 
 // Barrier `id` (1..15; 0 is __syncthreads) among `threads` threads (a multiple of 32).

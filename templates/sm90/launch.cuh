@@ -187,14 +187,13 @@ struct ClusterLaunchConfig {
   cudaLaunchAttribute attrs[2] = {};
   cudaLaunchConfig_t config = {};
 
-  // `cluster`: blocks per cluster where it is not K::CLUSTER (split-K's parts as one cluster, GEMMGEN_SM90_SPLIT_K_DSMEM).
-  ClusterLaunchConfig(unsigned blocks, cudaStream_t stream, bool early, unsigned cluster = K::CLUSTER) {
+  ClusterLaunchConfig(unsigned blocks, cudaStream_t stream, bool early) {
     config.gridDim = dim3(blocks, 1, 1);
     config.blockDim = dim3(kThreads, 1, 1);
     config.dynamicSmemBytes = K::SMEM_BYTES;
     config.stream = stream;
     attrs[0].id = cudaLaunchAttributeClusterDimension;
-    attrs[0].val.clusterDim.x = cluster;
+    attrs[0].val.clusterDim.x = K::CLUSTER;
     attrs[0].val.clusterDim.y = 1;
     attrs[0].val.clusterDim.z = 1;
     attrs[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -206,52 +205,31 @@ struct ClusterLaunchConfig {
   ClusterLaunchConfig& operator=(const ClusterLaunchConfig&) = delete;
 };
 
-// The most blocks a cluster of these launches holds: the portable cluster size (a split tile's parts as one cluster,
-// GEMMGEN_SM90_SPLIT_K_DSMEM, take at most this many).
-constexpr int kMaxClusterBlocks = 8;
-
-// How many clusters of `cluster` blocks of this kernel can be resident at once (0: none), per device and cluster size:
-// GPUs of one machine may differ in SMs. Atomic, as raise_smem_limit's flags: threads on several GPUs launch at once.
+// How many clusters of this kernel can be resident at once (the persistent grid), per device: GPUs of one machine
+// may differ in SMs. Atomic, as raise_smem_limit's flags: threads on several GPUs launch at once.
 template <class K>
-inline cudaError_t active_clusters(KernelFn kernel, int device, int cluster, int* clusters) {
-  static std::atomic<int> known[kMaxDevices][kMaxClusterBlocks + 1] = {};  // (the count + 1; 0: not yet asked)
-  const int cached = device < kMaxDevices ? known[device][cluster].load(std::memory_order_relaxed) : 0;
+inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
+  static std::atomic<int> known[kMaxDevices] = {};
+  const int cached = device < kMaxDevices ? known[device].load(std::memory_order_relaxed) : 0;
   if (cached > 0) {
-    *clusters = cached - 1;
+    *clusters = cached;
     return cudaSuccess;
   }
-  const ClusterLaunchConfig<K> cluster_launch(static_cast<unsigned>(cluster), nullptr, false,
-                                              static_cast<unsigned>(cluster));
+  const ClusterLaunchConfig<K> cluster_launch(K::CLUSTER, nullptr, false);
   int n = 0;
   const cudaError_t err =
       cudaOccupancyMaxActiveClusters(&n, reinterpret_cast<const void*>(kernel), &cluster_launch.config);
   if (err != cudaSuccess) return err;
-  if (device < kMaxDevices) known[device][cluster].store(n + 1, std::memory_order_relaxed);
+  if (n < 1) n = 1;
+  if (device < kMaxDevices) known[device].store(n, std::memory_order_relaxed);
   *clusters = n;
   return cudaSuccess;
 }
 
-// How many clusters of this kernel can be resident at once: the persistent grid (at least one).
-template <class K>
-inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters) {
-  static_assert(K::CLUSTER <= kMaxClusterBlocks, "a cluster of at most kMaxClusterBlocks blocks");
-  const cudaError_t err = active_clusters<K>(kernel, device, K::CLUSTER, clusters);
-  if (err == cudaSuccess && *clusters < 1) *clusters = 1;
-  return err;
-}
-
-// Whether `units` clusters of `parts` blocks of this 1x1 kernel can be resident at once, so that a split-K launch may
-// make each unit's parts one cluster (GEMMGEN_SM90_SPLIT_K_DSMEM).
-template <class K>
-inline bool split_clusters_fit(KernelFn kernel, int device, int parts, int64_t units) {
-  if (K::CLUSTER != 1 || parts < 2 || parts > kMaxClusterBlocks) return false;
-  int n = 0;
-  if (active_clusters<K>(kernel, device, parts, &n) != cudaSuccess) {
-    (void)cudaGetLastError();  // (the query's error is not the launch's: the workspace's exchange serves then)
-    return false;
-  }
-  return units <= n;
-}
+// The k parts of each of a split launch's tiles, where `fit` parts of each tile fit the resident clusters: as many,
+// none empty. (Parts of at least 16 k tiles, leaving SMs idle for a smaller exchange, measured even on the planner's
+// split picks: docs/sm90.md, "What a split's partial sums cost".) The planner's split_parts is the same rule.
+inline int64_t split_k_parts(int64_t fit, int64_t k_tiles) { return fit < k_tiles ? fit : k_tiles; }
 
 // The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
 constexpr int64_t kMaxWorkUnits = 2147483647;
@@ -561,11 +539,8 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
     // alone (units x k tiles over all resident clusters) starts each cluster at its own k: measured 0.49-0.62x
     // cuBLAS at 512x4096x14336 against 0.77x data-parallel (gpu/midm_tiles.py, docs/sm90.md).
     if (stream_k && units < resident) {
-      const int64_t parts = resident / units < problem.k_tiles ? resident / units : problem.k_tiles;
+      const int64_t parts = split_k_parts(resident / units, problem.k_tiles);
       clusters = units * parts;
-      if (GEMMGEN_SM90_SPLIT_K_DSMEM && split_clusters_fit<K>(fast, device, static_cast<int>(parts), units)) {
-        workspace.split_cluster = static_cast<int>(parts);
-      }
     }
     // A 1x1 grid of more units than half the SMs (measured there; smaller ones keep the launch order) takes its units
     // in the order of the SMs its blocks land on: then every SM holds a block (the ranks cover the units), those past
@@ -582,14 +557,13 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
 
   void* allocated = nullptr;                  // (the partial sums, freed once the launch is queued)
   std::unique_lock<std::mutex> flags_held;    // (the stream's flags, until the launch is queued)
-  if (stream_k && workspace.split_cluster == 0) {
+  if (stream_k) {
     err = stream_k_workspace<K>(device, static_cast<int>(ctas), stream, &workspace, &allocated, &flags_held);
   }
   if (err == cudaSuccess) {
     // (An ordered grid is launched in stream order: blocks that start while the previous kernel holds SMs land
     // elsewhere than the recorded order says.)
-    const unsigned cluster = workspace.split_cluster > 0 ? static_cast<unsigned>(workspace.split_cluster) : K::CLUSTER;
-    const ClusterLaunchConfig<K> cluster_launch(ctas, stream, workspace.ordered == 0, cluster);
+    const ClusterLaunchConfig<K> cluster_launch(ctas, stream, workspace.ordered == 0);
     err = cudaLaunchKernelEx(&cluster_launch.config, fast, map_a.map, map_a_edge.map, map_b.map, map_d.map,
                              map_source.map, *args, workspace);
   }

@@ -51,11 +51,10 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP
 #define GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP 0
 #endif
-// Experiment switch for A/B runs (off by default, not yet measured: docs/sm90.md, "What a split's partial sums cost"):
-// 1 launches a split tile's parts as one cluster (2-8 blocks, where the GPU holds that many such clusters at once),
-// whose parts add up their slices of the tile from each other's shared memory instead of through the workspace.
-#ifndef GEMMGEN_SM90_SPLIT_K_DSMEM
-#define GEMMGEN_SM90_SPLIT_K_DSMEM 0
+// Timing experiment: the stream-K owner polls each contributor's flag and reads its tile one after another, as it
+// did before add_parts (docs/sm90.md, "What a split's partial sums cost").
+#ifndef GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH
+#define GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH 0
 #endif
 // TMA fills the rows (columns) of a box past the matrix edge with zeros at a fraction of the rate it loads real ones:
 // a tile row of A wholly past M made its 2x1 cluster 1.5-1.7x slower (docs/sm90.md, "Loads past the matrix edge").
@@ -281,9 +280,6 @@ struct LaunchWorkspace {
   // unit blockIdx.x / CLUSTER; 0 for stream-K, whose parts follow the block index.
   int ordered;
   uint8_t order[kMaxOrderedBlocks];
-  // Split-K with GEMMGEN_SM90_SPLIT_K_DSMEM: the launch's cluster size, each cluster one unit's parts (part = the
-  // block's rank), which exchange their sums through distributed shared memory; 0 otherwise (the workspace's flags).
-  int split_cluster;
 };
 
 // A list of problems (GemmArgs::list) as the kernel reads it: per problem, its tensor maps and sizes, which the host
@@ -1204,13 +1200,6 @@ struct Kernel {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
       if (PINGPONG && index + 1 < segments) pass_turn(consumer);
-      if constexpr (GEMMGEN_SM90_SPLIT_K_DSMEM && CLUSTER == 1) {
-        if (ws.split_cluster > 1) {  // (the launch's clusters are the units' parts)
-          finish_split_k_in_cluster(args, p, acc, smem, ws.split_cluster, slot_consumer, m0 + row_in_tile, n0,
-                                    at.problem);
-          return;
-        }
-      }
       // Split-K in at least kSliceSumParts parts, this cluster's one segment one part of its unit: the parts add up
       // slices of it (1x1 clusters, as the planner takes split-K: a cluster's blocks would keep the values it needs
       // live through a 128x256 tile's main loop, a spill there).
@@ -1230,13 +1219,23 @@ struct Kernel {
         publish_partial(flags + slot, epoch, consumer);
         return;
       }
-      // The owner of a cut unit: every cluster whose share begins inside it.
+      // The owner of a cut unit: the parts of every cluster whose share begins inside it (the clusters after this
+      // one), all their flags polled at once, then their tiles added in cluster order.
       if (!GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP && s.kt_end < p.k_tiles) {
-        for (int c = cluster + 1; c < sk.clusters && sk.begins_inside(c, s.unit); ++c) {
-          const int slot = partial_slot(c, rank, slot_consumer);
-          await_partial(flags + slot, epoch, consumer);
-          add_partial(workspace, slot, acc);
+        int contributors = 0;
+        while (cluster + 1 + contributors < sk.clusters && sk.begins_inside(cluster + 1 + contributors, s.unit)) {
+          ++contributors;
         }
+        const int first = partial_slot(cluster + 1, rank, slot_consumer);
+#if GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH
+        for (int k = 0; k < contributors; ++k) {
+          await_partial(flags + first + k * kClusterSlots, epoch, consumer);
+          add_partial(workspace, first + k * kClusterSlots, acc);
+        }
+#else
+        await_parts(flags + first, contributors, epoch, consumer);
+        add_parts(workspace, first, contributors, acc);
+#endif
       }
       epi.store(args, p, acc, m0 + row_in_tile, n0);
     };
@@ -1267,11 +1266,7 @@ struct Kernel {
     const int slot = partial_slot(cluster, rank, slot_consumer);
     store_partial(workspace, slot, acc);
     publish_partial(flags + slot, epoch, consumer);
-    // Every part's flag, one thread each, then the warpgroup's barrier hands what they saw to the rest.
-    for (int k = threadIdx.x % kWarpgroupThreads; k < parts; k += kWarpgroupThreads) {
-      poll_flag(flags + partial_slot(first + k, rank, slot_consumer), epoch);
-    }
-    ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+    await_parts(flags + partial_slot(first, rank, slot_consumer), parts, epoch, consumer);
     // This thread's float4 of n8 block 0 in the unit's first part (store_partial's layout: float4 (i * ACCUM + 4j) / 4
     // of every thread, thread-minor); the parts' slots follow each other CLUSTER * kConsumerWarpgroups apart.
     const float4* first_part = reinterpret_cast<const float4*>(workspace) +
@@ -1313,50 +1308,17 @@ struct Kernel {
     sum.w += v.w;
   }
 
-  // Split-K through distributed shared memory (GEMMGEN_SM90_SPLIT_K_DSMEM: the launch made each unit's `parts` blocks
-  // one cluster, the part the block's rank). Each part writes its sums into the ring of its own shared memory (free:
-  // its one segment's loads have all been consumed), the cluster meets, then each part adds up its share of the
-  // tile's n8 column blocks over all parts' shared memory in part order (the same bits as finish_split_k), applies
-  // the epilogue and stores them; the cluster meets again before any part exits, its shared memory still being read.
-  // Every other thread of the cluster has exited or exits without waiting on these, so the barriers hold.
-  static constexpr uint32_t kPartialBytes = kPartialFloats * sizeof(float);
-  static_assert(!STREAM_K || kConsumerWarpgroups * kPartialBytes <= STAGES * STAGE_BYTES,
-                "each consumer warpgroup's partial tile fits in the ring");
-  template <typename ACC>
-  __device__ __forceinline__ static void finish_split_k_in_cluster(const GemmArgs& args, const Problem& p,
-                                                                   ACC (&acc)[MMA_BLOCKS_M][ACCUM], const Smem& smem,
-                                                                   int parts, int slot_consumer, int m0, int n0,
-                                                                   int problem) {
-    const int part = static_cast<int>(ptx::cluster_ctarank());
-    const int t = threadIdx.x % kWarpgroupThreads;
-    // This thread's float4 of n8 block 0 (store_partial's layout: float4 (i * ACCUM + 4j) / 4 of every thread,
-    // thread-minor), in this warpgroup's partial tile.
-    const uint32_t mine = smem.ring + slot_consumer * kPartialBytes + t * sizeof(float4);
-#pragma unroll
-    for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-      for (int r = 0; r < ACCUM; r += 4)
-        ptx::st_shared_16(mine + ((i * ACCUM + r) / 4) * kWarpgroupThreads * sizeof(float4),
-                          make_uint4(__float_as_uint(acc[i][r]), __float_as_uint(acc[i][r + 1]),
-                                     __float_as_uint(acc[i][r + 2]), __float_as_uint(acc[i][r + 3])));
-    ptx::cluster_sync();   // every part's tile written
-    store_share_of_parts(args, p, acc, part, parts, m0, n0, problem, [&](int b) {
-      const uint32_t at = mine + b * kWarpgroupThreads * sizeof(float4);
-      float4 sum = ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, 0));
-      for (int k = 1; k < parts; ++k) add_to(sum, ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, k)));
-      return sum;
-    });
-    ptx::cluster_sync();   // the peers have read this part's tile
-  }
-
   // The sum of the float4 at `at` in each of `parts` consecutive parts' partial tiles, in part order.
   __device__ __forceinline__ static float4 sum_parts(const float4* at, int parts) {
-    constexpr int64_t kPartStride = static_cast<int64_t>(CLUSTER) * kConsumerWarpgroups * (kPartialFloats / 4);
+    constexpr int64_t kPartStride = static_cast<int64_t>(kClusterSlots) * (kPartialFloats / 4);
     float4 sum = __ldcg(at);  // L2: written by other SMs
 #pragma unroll 4
     for (int k = 1; k < parts; ++k) add_to(sum, __ldcg(at + k * kPartStride));
     return sum;
   }
+
+  // Partial slots (and flags) from one cluster's to the next's.
+  static constexpr int kClusterSlots = CLUSTER * kConsumerWarpgroups;
 
   __device__ __forceinline__ static int partial_slot(int cluster, uint32_t rank, int consumer) {
     return (cluster * CLUSTER + static_cast<int>(rank)) * kConsumerWarpgroups + consumer;
@@ -1393,6 +1355,48 @@ struct Kernel {
   __device__ __forceinline__ static void await_partial(const int* flag, int epoch, int consumer) {
     if (threadIdx.x % kWarpgroupThreads == 0) poll_flag(flag, epoch);
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+  }
+
+  // The flags of `parts` consecutive clusters' parts from `first` on, one thread each, all polled at once; the
+  // warpgroup's barrier then hands what they saw to the rest. (Polled one after another, each part cost the owner an
+  // L2 round trip for its flag and another for its tile: docs/sm90.md, "What a split's partial sums cost".)
+  __device__ __forceinline__ static void await_parts(const int* first, int parts, int epoch, int consumer) {
+    for (int k = threadIdx.x % kWarpgroupThreads; k < parts; k += kWarpgroupThreads) {
+      poll_flag(first + k * kClusterSlots, epoch);
+    }
+    ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+  }
+
+  // acc += the partial tiles of `parts` consecutive clusters' parts from slot `first` on, in cluster order (the same
+  // bits every run). The loads of kPartsInFlight parts are issued before any of their sums, so that their L2 round
+  // trips overlap; as many as the registers beside the accumulators hold.
+  static constexpr int kPartialVectors = MMA_BLOCKS_M * ACCUM / 4;  // float4s of a thread's partial tile
+  static constexpr int kPartsInFlight = kPartialVectors <= 8 ? 4 : 1;
+  __device__ __forceinline__ static void add_parts(const float* workspace, int first, int parts,
+                                                   float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+    const float4* part0 = reinterpret_cast<const float4*>(workspace) + static_cast<int64_t>(first) * (kPartialFloats / 4) +
+                          threadIdx.x % kWarpgroupThreads;
+    constexpr int64_t kPartStride = static_cast<int64_t>(kClusterSlots) * (kPartialFloats / 4);
+    for (int k0 = 0; k0 < parts; k0 += kPartsInFlight) {
+      float4 v[kPartsInFlight][kPartialVectors];
+#pragma unroll
+      for (int k = 0; k < kPartsInFlight; ++k)
+#pragma unroll
+        for (int q = 0; q < kPartialVectors; ++q)
+          if (k0 + k < parts) v[k][q] = __ldcg(part0 + (k0 + k) * kPartStride + q * kWarpgroupThreads);  // L2
+#pragma unroll
+      for (int k = 0; k < kPartsInFlight; ++k) {
+        if (k0 + k >= parts) break;
+#pragma unroll
+        for (int q = 0; q < kPartialVectors; ++q) {
+          float* a = &acc[(4 * q) / ACCUM][(4 * q) % ACCUM];
+          a[0] += v[k][q].x;
+          a[1] += v[k][q].y;
+          a[2] += v[k][q].z;
+          a[3] += v[k][q].w;
+        }
+      }
+    }
   }
 
   __device__ __forceinline__ static void add_partial(const float* workspace, int slot,
