@@ -43,6 +43,8 @@
 #   STEPS=ncu NCU_SHAPES="384x29568x8192 1024x1024x3072" NCU_ARGS="--layout tn" gpu/run_all.sh   (ncu, clocks left
 #                                                       alone, on the planner's kernel and cuBLAS's for each shape:
 #                                                       gpu/ncu_compare.sh; NCU_DTYPE=bf16)
+#   STEPS=sktimeline SKTIMELINE_ARGS="--kernel 64x64x64:1x1:pingpong:12:sk --shapes 256x512x7168"   (a split-K call's
+#                                                       blocks on the global timer, with and without the exchange)
 #   STEPS=calibrate CALIBRATE_ARGS="--families sm90" CALIBRATE_TAG=_sm90 gpu/run_all.sh   (the estimate's pick against
 #                                                       the measured best on the LLM set and squares, then --fit)
 set -uo pipefail
@@ -127,6 +129,7 @@ for step in $STEPS; do
               head -8 "$OUT/$name.log"
             done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    sktimeline) python3 gpu/sk_timeline.py --json "$OUT/sk_timeline.json" ${SKTIMELINE_ARGS:---kernel 128x64x64:1x1:cooperative:8:sk --kernel 64x64x64:1x1:pingpong:12:sk} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/sk_timeline.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)    OUT="$OUT" bash gpu/ncu_compare.sh "${NCU_SHAPES:-4096x4096x4096}" "${NCU_DTYPE:-bf16}" "${NCU_ARGS:-}" 2>&1 | tee "$OUT/ncu_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     trainprofile) OUT="$OUT" python3 gpu/llama_train_profile.py ${TRAINPROFILE_ARGS:---layers 4 --hidden 3072 --intermediate 8192 --heads 24 --kv-heads 8 --train-batch 2 --train-len 1024 --rounds 5} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/llama_train_profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;

@@ -365,5 +365,13 @@ __device__ __forceinline__ uint32_t sm_id() {
   return sm;
 }
 
+// The GPU's nanosecond clock, the same on every SM (timing experiments: the split-K timeline).
+// PTX ISA §10 "Special Registers: %globaltimer".
+__device__ __forceinline__ uint64_t global_timer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
 }  // namespace ptx
 }  // namespace gemmgen

@@ -56,6 +56,17 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH
 #define GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH 0
 #endif
+// Timing experiment (results unchanged): split-K's timeline. Each consumer warpgroup's first thread writes the global
+// timer at its segment's start, its main loop's end, its partial tile's flag raised, the flags it waits for seen and
+// its tile's store's end, and its SM, into args.aux (kTimelineWords words per block and consumer; gpu/sk_timeline.py).
+#ifndef GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE
+#define GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE 0
+#endif
+// Timing experiment (may read a partial tile before it lands): the flag raised by a plain store, without the release's
+// wait for the partial tile's stores, to time that wait (gpu/sk_timeline.py --variant).
+#ifndef GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG
+#define GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG 0
+#endif
 // TMA fills the rows (columns) of a box past the matrix edge with zeros at a fraction of the rate it loads real ones:
 // a tile row of A wholly past M made its 2x1 cluster 1.5-1.7x slower (docs/sm90.md, "Loads past the matrix edge").
 // So the loads that start past the tile's kept rows (columns) are not issued (OperandTile::skipped_bytes); 0 issues
@@ -1191,6 +1202,7 @@ struct Kernel {
       const TileAt at = tile_origin<Walking::kFlat>(p, s.unit, rank, walk);
       const int m0 = at.m0, n0 = at.n0 + col_in_tile;  // (n0: this warpgroup's first column)
       epi.problem = at.problem;
+      mark_timeline(args, consumer, kTimelineStart);
       if (PINGPONG && index > 0) wait_turn(consumer);
       float acc[MMA_BLOCKS_M][ACCUM];
       if constexpr (Cfg::kPromote) {
@@ -1200,6 +1212,7 @@ struct Kernel {
         mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, s.kt_begin, s.kt_end);
       }
       if (PINGPONG && index + 1 < segments) pass_turn(consumer);
+      mark_timeline(args, consumer, kTimelineMainLoop);
       // Split-K in at least kSliceSumParts parts, this cluster's one segment one part of its unit: the parts add up
       // slices of it (1x1 clusters, as the planner takes split-K: a cluster's blocks would keep the values it needs
       // live through a 128x256 tile's main loop, a spill there).
@@ -1217,6 +1230,7 @@ struct Kernel {
         const int slot = partial_slot(cluster, rank, slot_consumer);
         store_partial(workspace, slot, acc);
         publish_partial(flags + slot, epoch, consumer);
+        mark_timeline(args, consumer, kTimelinePublished);
         return;
       }
       // The owner of a cut unit: the parts of every cluster whose share begins inside it (the clusters after this
@@ -1234,10 +1248,12 @@ struct Kernel {
         }
 #else
         await_parts(flags + first, contributors, epoch, consumer);
+        mark_timeline(args, consumer, kTimelineWaited);
         add_parts(workspace, first, contributors, acc);
 #endif
       }
       epi.store(args, p, acc, m0 + row_in_tile, n0);
+      mark_timeline(args, consumer, kTimelineStored);
     };
     sk.for_each_segment(cluster, compute);
     epi.finish();
@@ -1266,7 +1282,9 @@ struct Kernel {
     const int slot = partial_slot(cluster, rank, slot_consumer);
     store_partial(workspace, slot, acc);
     publish_partial(flags + slot, epoch, consumer);
+    mark_timeline(args, consumer, kTimelinePublished);
     await_parts(flags + partial_slot(first, rank, slot_consumer), parts, epoch, consumer);
+    mark_timeline(args, consumer, kTimelineWaited);
     // This thread's float4 of n8 block 0 in the unit's first part (store_partial's layout: float4 (i * ACCUM + 4j) / 4
     // of every thread, thread-minor); the parts' slots follow each other CLUSTER * kConsumerWarpgroups apart.
     const float4* first_part = reinterpret_cast<const float4*>(workspace) +
@@ -1274,6 +1292,19 @@ struct Kernel {
                                threadIdx.x % kWarpgroupThreads;
     store_share_of_parts(args, p, acc, part, parts, m0, n0, problem,
                          [&](int b) { return sum_parts(first_part + b * kWarpgroupThreads, parts); });
+    mark_timeline(args, consumer, kTimelineStored);
+  }
+
+  // GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE: the words each block and consumer warpgroup writes, and when.
+  static constexpr int kTimelineStart = 0, kTimelineMainLoop = 1, kTimelineWaited = 2, kTimelineStored = 3,
+                       kTimelineSm = 4, kTimelinePublished = 5, kTimelineWords = 8;
+  __device__ __forceinline__ static void mark_timeline(const GemmArgs& args, int consumer, int word) {
+    if constexpr (GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE) {
+      if (threadIdx.x % kWarpgroupThreads != 0 || args.aux == nullptr) return;
+      uint64_t* at = static_cast<uint64_t*>(args.aux) + (blockIdx.x * kConsumerWarpgroups + consumer) * kTimelineWords;
+      at[word] = ptx::global_timer();
+      if (word == kTimelineStart) at[kTimelineSm] = ptx::sm_id();
+    }
   }
 
   // A part's share of this warpgroup's n8 column blocks of the tile (blocks [kBlocks * part / parts, ...)): block b's
@@ -1342,7 +1373,12 @@ struct Kernel {
   // measured 1.8 % slower over 12 split kernels: docs/sm90.md, "What a split's partial sums cost").
   __device__ __forceinline__ static void publish_partial(int* flag, int epoch, int consumer) {
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-    if (threadIdx.x % kWarpgroupThreads == 0) ptx::st_release_gpu(flag, epoch);
+    if (threadIdx.x % kWarpgroupThreads != 0) return;
+#if GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG  // timing only, unordered: what the release's wait for the stores costs
+    *reinterpret_cast<volatile int*>(flag) = epoch;
+#else
+    ptx::st_release_gpu(flag, epoch);
+#endif
   }
 
   // Wait until `flag` reads `epoch` (acquire: the partial sums published before it are visible after).
