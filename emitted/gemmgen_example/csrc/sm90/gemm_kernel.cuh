@@ -67,6 +67,11 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG
 #define GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG 0
 #endif
+// Switch for A/B runs (docs/sm90.md, "What a split's partial sums cost"): 1 stores a split-K part's partial tile by one
+// bulk copy per warpgroup from the ring (free: the part's loads are all consumed) instead of thread by thread.
+#ifndef GEMMGEN_SM90_SPLIT_K_BULK
+#define GEMMGEN_SM90_SPLIT_K_BULK 0
+#endif
 // TMA fills the rows (columns) of a box past the matrix edge with zeros at a fraction of the rate it loads real ones:
 // a tile row of A wholly past M made its 2x1 cluster 1.5-1.7x slower (docs/sm90.md, "Loads past the matrix edge").
 // So the loads that start past the tile's kept rows (columns) are not issued (OperandTile::skipped_bytes); 0 issues
@@ -166,6 +171,11 @@ struct StreamK {
   // Whether cluster c's share begins inside `unit` (after its k = 0 iteration): then its first segment
   // is a part of the unit that the unit's owner must add. The owner's contributors are the clusters
   // after it for which this holds, consecutively.
+  // Split-K: fewer units than clusters, each unit in the same number of parts, so every cluster has one segment.
+  __host__ __device__ __forceinline__ bool one_segment_each() const {
+    return units < clusters && clusters % units == 0;
+  }
+
   __host__ __device__ __forceinline__ bool begins_inside(int c, int unit) const {
     const int64_t begin = share_begin(c);
     return begin > static_cast<int64_t>(unit) * k_tiles && begin < static_cast<int64_t>(unit + 1) * k_tiles;
@@ -1218,7 +1228,7 @@ struct Kernel {
       // live through a 128x256 tile's main loop, a spill there).
       if (CLUSTER == 1 && sk.units < sk.clusters && sk.clusters / sk.units >= kSliceSumParts &&
           !GEMMGEN_SM90_EXPERIMENT_SK_SERIAL_FIXUP && !GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP) {
-        finish_split_k(args, p, acc, sk, cluster, rank, consumer, slot_consumer, workspace, flags, epoch,
+        finish_split_k(args, p, smem, acc, sk, cluster, rank, consumer, slot_consumer, workspace, flags, epoch,
                        m0 + row_in_tile, n0, at.problem);
         return;
       }
@@ -1227,9 +1237,8 @@ struct Kernel {
         if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);  // keeps acc live
         return;
 #endif
-        const int slot = partial_slot(cluster, rank, slot_consumer);
-        store_partial(workspace, slot, acc);
-        publish_partial(flags + slot, epoch, consumer);
+        publish_tile(smem, workspace, flags, partial_slot(cluster, rank, slot_consumer), slot_consumer, epoch, consumer,
+                     acc, sk.one_segment_each());
         mark_timeline(args, consumer, kTimelinePublished);
         return;
       }
@@ -1273,15 +1282,14 @@ struct Kernel {
   // epilogue and stores them. The owner alone adding (parts - 1) partial tiles, one after another, read them through
   // one SM: 15 tiles of 32 KB at 64 x 1024 x 8192 (8 tiles of 64x128, 16 parts).
   template <typename ACC>
-  __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p,
+  __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p, const Smem& smem,
                                                         ACC (&acc)[MMA_BLOCKS_M][ACCUM], const StreamK& sk, int cluster,
                                                         uint32_t rank, int consumer, int slot_consumer, float* workspace,
                                                         int* flags, int epoch, int m0, int n0, int problem) {
     const int parts = sk.clusters / sk.units;
     const int part = cluster % parts, first = cluster - part;
-    const int slot = partial_slot(cluster, rank, slot_consumer);
-    store_partial(workspace, slot, acc);
-    publish_partial(flags + slot, epoch, consumer);
+    publish_tile(smem, workspace, flags, partial_slot(cluster, rank, slot_consumer), slot_consumer, epoch, consumer, acc,
+                 sk.one_segment_each());
     mark_timeline(args, consumer, kTimelinePublished);
     await_parts(flags + partial_slot(first, rank, slot_consumer), parts, epoch, consumer);
     mark_timeline(args, consumer, kTimelineWaited);
@@ -1355,6 +1363,49 @@ struct Kernel {
     return (cluster * CLUSTER + static_cast<int>(rank)) * kConsumerWarpgroups + consumer;
   }
 
+  // A part's partial tile into the workspace and its flag raised. With GEMMGEN_SM90_SPLIT_K_BULK, where every cluster
+  // has one segment (`ring_free`: the part's loads are all consumed), the warpgroup writes it into the ring and one
+  // thread stores it by one bulk copy, waits for the copy's writes and releases the flag; otherwise, and for tiles of
+  // more than 64 accumulators a thread (a spill beside them), each thread stores its share (store_partial). Either way
+  // the workspace holds the same layout.
+  static constexpr uint32_t kPartialBytes = kPartialFloats * sizeof(float);
+  __device__ __forceinline__ static void publish_tile(const Smem& smem, float* workspace, int* flags, int slot,
+                                                     int slot_consumer, int epoch, int consumer,
+                                                     const float (&acc)[MMA_BLOCKS_M][ACCUM], bool ring_free) {
+    if constexpr (GEMMGEN_SM90_SPLIT_K_BULK && STREAM_K && kPartialVectors <= 16) {
+      static_assert(kConsumerWarpgroups * kPartialBytes <= STAGES * STAGE_BYTES,
+                    "each consumer warpgroup's partial tile fits in the ring");
+      if (ring_free) {
+        // Cooperative: the other consumer's last wgmmas may still read the ring (a barrier of every consumer
+        // warpgroup, the id after theirs).
+        if constexpr (!PINGPONG && kConsumerWarpgroups > 1) {
+          ptx::named_barrier_sync(kEpiBarrier + kConsumerWarpgroups, kConsumerWarpgroups * kWarpgroupThreads);
+        }
+        const uint32_t staging = smem.ring + slot_consumer * kPartialBytes;
+        const int t = threadIdx.x % kWarpgroupThreads;
+#pragma unroll
+        for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+          for (int r = 0; r < ACCUM; r += 4)
+            ptx::st_shared_16(staging + (((i * ACCUM + r) / 4) * kWarpgroupThreads + t) * sizeof(float4),
+                              make_uint4(__float_as_uint(acc[i][r]), __float_as_uint(acc[i][r + 1]),
+                                         __float_as_uint(acc[i][r + 2]), __float_as_uint(acc[i][r + 3])));
+        ptx::fence_proxy_async_smem();
+        ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
+        if (t == 0) {
+          ptx::bulk_store(workspace + static_cast<int64_t>(slot) * kPartialFloats, staging, kPartialBytes);
+          ptx::tma_store_commit();
+          ptx::tma_store_wait<0>();
+          ptx::fence_proxy_async_global();
+          ptx::st_release_gpu(flags + slot, epoch);
+        }
+        return;
+      }
+    }
+    store_partial(workspace, slot, acc);
+    publish_partial(flags + slot, epoch, consumer);
+  }
+
   __device__ __forceinline__ static void store_partial(float* workspace, int slot,
                                                       const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
     const int t = threadIdx.x % kWarpgroupThreads;
@@ -1405,11 +1456,16 @@ struct Kernel {
 
   // acc += the partial tiles of `parts` consecutive clusters' parts from slot `first` on, in cluster order (the same
   // bits every run). The loads of kPartsInFlight parts are issued before any of their sums, so that their L2 round
-  // trips overlap; as many as the registers beside the accumulators hold.
+  // trips overlap; as many as the registers beside the accumulators hold (larger tiles: one part at a time, its loads
+  // and sums interleaved by the compiler, add_partial).
   static constexpr int kPartialVectors = MMA_BLOCKS_M * ACCUM / 4;  // float4s of a thread's partial tile
   static constexpr int kPartsInFlight = kPartialVectors <= 8 ? 4 : 1;
   __device__ __forceinline__ static void add_parts(const float* workspace, int first, int parts,
                                                    float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+    if constexpr (kPartsInFlight == 1) {
+      for (int k = 0; k < parts; ++k) add_partial(workspace, first + k * kClusterSlots, acc);
+      return;
+    }
     const float4* part0 = reinterpret_cast<const float4*>(workspace) + static_cast<int64_t>(first) * (kPartialFloats / 4) +
                           threadIdx.x % kWarpgroupThreads;
     constexpr int64_t kPartStride = static_cast<int64_t>(kClusterSlots) * (kPartialFloats / 4);
