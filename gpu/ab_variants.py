@@ -84,13 +84,17 @@ def parse_sm90_kernel(text: str) -> tuple:
                                          "e.g. 128x256x64:2x1:cooperative:3 or 64x128x64:1x1:pingpong:8:sk") from None
 
 
-def launch(lib: KernelLibrary, cfg: KernelConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor) -> None:
+def launch(lib: KernelLibrary, cfg: KernelConfig, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor,
+           aux: torch.Tensor | None = None) -> None:
+    """D = A @ B through the library's launch; `aux`: GemmArgs::aux (a timing experiment's buffer, sk_timeline.py)."""
     row = {"row": True, "col": False}
     lda = a.stride(0) if row[cfg.layout.a.value] else a.stride(1)
     ldb = b.stride(0) if row[cfg.layout.b.value] else b.stride(1)
     ldd = d.stride(0) if row[cfg.layout.c.value] else d.stride(1)
     args = GemmArgsStruct(a.data_ptr(), b.data_ptr(), d.data_ptr(), a.shape[0], b.shape[1], a.shape[1],
                           max(lda, 1), max(ldb, 1), max(ldd, 1))
+    if aux is not None:
+        args.aux = aux.data_ptr()
     code = lib.launch(ctypes.byref(args), torch.cuda.current_stream().cuda_stream)
     if code:
         raise RuntimeError(f"{cfg.name}: launch error {code} {lib.error_string(code).decode()}")

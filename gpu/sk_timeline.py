@@ -10,7 +10,6 @@ the tile was stored, and the call's span (first start to last store). docs/sm90.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import json
 import os
@@ -23,9 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import torch  # noqa: E402
 
-from ab_variants import family_configs, inputs, parse_sm90_kernel  # noqa: E402
+from ab_variants import family_configs, inputs, launch, parse_sm90_kernel  # noqa: E402
 from bench import parse_shapes  # noqa: E402
-from generator.runtime import GemmArgsStruct, KernelLibrary, build_request  # noqa: E402
+from generator.runtime import KernelLibrary, build_request  # noqa: E402
 from generator.toolchain import build_many  # noqa: E402
 
 WORDS = 8              # Kernel::kTimelineWords
@@ -33,18 +32,6 @@ START, MAIN, WAITED, STORED, SM, PUBLISHED = range(6)
 MAX_BLOCKS = 1024
 VARIANTS = {"exchange": "-DGEMMGEN_SM90_EXPERIMENT_SK_TIMELINE=1",
             "nofix": "-DGEMMGEN_SM90_EXPERIMENT_SK_TIMELINE=1 -DGEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP=1"}
-
-
-def run(lib: KernelLibrary, a: torch.Tensor, b: torch.Tensor, d: torch.Tensor, cfg, timeline: torch.Tensor) -> None:
-    row = {"row": True, "col": False}
-    lda = a.stride(0) if row[cfg.layout.a.value] else a.stride(1)
-    ldb = b.stride(0) if row[cfg.layout.b.value] else b.stride(1)
-    ldd = d.stride(0) if row[cfg.layout.c.value] else d.stride(1)
-    args = GemmArgsStruct(a.data_ptr(), b.data_ptr(), d.data_ptr(), a.shape[0], b.shape[1], a.shape[1], lda, ldb, ldd)
-    args.aux = timeline.data_ptr()
-    code = lib.launch(ctypes.byref(args), torch.cuda.current_stream().cuda_stream)
-    if code:
-        raise RuntimeError(f"{cfg.name}: launch error {code} {lib.error_string(code).decode()}")
 
 
 def spans(timeline: torch.Tensor) -> list[dict]:
@@ -119,9 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                 a, b, d = inputs(cfg, m, n, k)
                 timeline = torch.zeros(MAX_BLOCKS * 2 * WORDS, dtype=torch.int64, device="cuda")
                 for _ in range(args.runs):
-                    run(lib, a, b, d, cfg, timeline)
+                    launch(lib, cfg, a, b, d, timeline)
                 timeline.zero_()
-                run(lib, a, b, d, cfg, timeline)
+                launch(lib, cfg, a, b, d, timeline)
                 torch.cuda.synchronize()
                 rows = spans(timeline)
                 s = summary(rows, parts)
