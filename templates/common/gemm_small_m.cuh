@@ -109,6 +109,20 @@ __device__ __forceinline__ WStep load_w(const Elem* w_lo, const Elem* w_hi, int6
   return w;
 }
 
+// A's chunks of one step, issued before any of its MMAs: chunk c of each group of 8 rows of A that the call has
+// (``groups``; the rest of the array is never touched) at k_of(c), the first k of the caller's B chunk c.
+template <bool kGuarded, typename Elem, class KOf>
+__device__ __forceinline__ void load_a_step(const Elem* const (&a_rows)[kRowGroups], int groups, int64_t K, KOf k_of,
+                                            uint4 (&a)[kRowGroups][kChunksPerStep]) {
+#pragma unroll
+  for (int r = 0; r < kRowGroups; ++r) {
+    if (r < groups) {
+#pragma unroll
+      for (int c = 0; c < kChunksPerStep; ++c) a[r][c] = load_chunk<kGuarded, false>(a_rows[r], k_of(c), K);
+    }
+  }
+}
+
 // The step's chunks of A's rows (issued first), then its MMAs into the accumulators: one n8 MMA per k16 step for
 // each group of 8 rows of A that the call has (``groups``; the rest of the arrays is never touched).
 template <bool kGuarded, typename Elem>
@@ -116,14 +130,7 @@ __device__ __forceinline__ void multiply(const WStep& w, const Elem* const (&a_r
                                          int64_t k0, int64_t K, int t, float (&acc)[kRowGroups][4]) {
   using Mma = ptx::MmaM16N8K16<Elem>;
   uint4 a[kRowGroups][kChunksPerStep];
-#pragma unroll
-  for (int r = 0; r < kRowGroups; ++r) {
-    if (r < groups) {
-#pragma unroll
-      for (int c = 0; c < kChunksPerStep; ++c)
-        a[r][c] = load_chunk<kGuarded, false>(a_rows[r], k0 + (c * kLanesK + t) * kChunk, K);
-    }
-  }
+  load_a_step<kGuarded>(a_rows, groups, K, [=](int c) { return k0 + (c * kLanesK + t) * kChunk; }, a);
 #pragma unroll
   for (int c = 0; c < kChunksPerStep; ++c) {
     const uint32_t first[4] = {w.lo[c].x, w.hi[c].x, w.lo[c].y, w.hi[c].y};
@@ -246,14 +253,7 @@ struct NMajorB {
                                                   float (&acc)[kMmas][kRowGroups][4]) {
     using Mma = ptx::MmaM16N8K16<Elem>;
     uint4 a[kRowGroups][kChunksPerStep];
-#pragma unroll
-    for (int r = 0; r < kRowGroups; ++r) {
-      if (r < groups) {
-#pragma unroll
-        for (int c = 0; c < kChunksPerStep; ++c)
-          a[r][c] = load_chunk<kGuardK, false>(a_rows[r], k0 + c * kChunkK + t * kChunk, K);
-      }
-    }
+    load_a_step<kGuardK>(a_rows, groups, K, [=](int c) { return k0 + c * kChunkK + t * kChunk; }, a);
 #pragma unroll
     for (int c = 0; c < kChunksPerStep; ++c) {
       uint32_t w[kRowsPerChunk][4];   // [v][i]: column c(g, i) at k = kc + 8t + 2v, + 1
