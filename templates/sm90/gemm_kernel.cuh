@@ -168,14 +168,14 @@ struct StreamK {
     return tail_begin + tail * c / clusters;
   }
 
-  // Whether cluster c's share begins inside `unit` (after its k = 0 iteration): then its first segment
-  // is a part of the unit that the unit's owner must add. The owner's contributors are the clusters
-  // after it for which this holds, consecutively.
   // Split-K: fewer units than clusters, each unit in the same number of parts, so every cluster has one segment.
   __host__ __device__ __forceinline__ bool one_segment_each() const {
     return units < clusters && clusters % units == 0;
   }
 
+  // Whether cluster c's share begins inside `unit` (after its k = 0 iteration): then its first segment
+  // is a part of the unit that the unit's owner must add. The owner's contributors are the clusters
+  // after it for which this holds, consecutively.
   __host__ __device__ __forceinline__ bool begins_inside(int c, int unit) const {
     const int64_t begin = share_begin(c);
     return begin > static_cast<int64_t>(unit) * k_tiles && begin < static_cast<int64_t>(unit + 1) * k_tiles;
@@ -1288,8 +1288,8 @@ struct Kernel {
                                                         int* flags, int epoch, int m0, int n0, int problem) {
     const int parts = sk.clusters / sk.units;
     const int part = cluster % parts, first = cluster - part;
-    publish_tile(smem, workspace, flags, partial_slot(cluster, rank, slot_consumer), slot_consumer, epoch, consumer, acc,
-                 sk.one_segment_each());
+    publish_tile(smem, workspace, flags, partial_slot(cluster, rank, slot_consumer), slot_consumer, epoch, consumer,
+                 acc, sk.one_segment_each());
     mark_timeline(args, consumer, kTimelinePublished);
     await_parts(flags + partial_slot(first, rank, slot_consumer), parts, epoch, consumer);
     mark_timeline(args, consumer, kTimelineWaited);
@@ -1466,8 +1466,8 @@ struct Kernel {
       for (int k = 0; k < parts; ++k) add_partial(workspace, first + k * kClusterSlots, acc);
       return;
     }
-    const float4* part0 = reinterpret_cast<const float4*>(workspace) + static_cast<int64_t>(first) * (kPartialFloats / 4) +
-                          threadIdx.x % kWarpgroupThreads;
+    const float4* part0 = reinterpret_cast<const float4*>(workspace) +
+                          static_cast<int64_t>(first) * (kPartialFloats / 4) + threadIdx.x % kWarpgroupThreads;
     constexpr int64_t kPartStride = static_cast<int64_t>(kClusterSlots) * (kPartialFloats / 4);
     for (int k0 = 0; k0 < parts; k0 += kPartsInFlight) {
       float4 v[kPartsInFlight][kPartialVectors];

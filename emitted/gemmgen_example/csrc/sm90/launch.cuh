@@ -227,8 +227,9 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
 }
 
 // The k parts of each of a split launch's tiles, where `fit` parts of each tile fit the resident clusters: as many,
-// none empty. (Parts of at least 16 k tiles, leaving SMs idle for a smaller exchange, measured even on the planner's
-// split picks: docs/sm90.md, "What a split's partial sums cost".) The planner's split_parts is the same rule.
+// none empty. (Fewer parts of at least 16 k tiles each, leaving SMs idle for a smaller exchange, measured no faster
+// on the planner's split picks: docs/sm90.md, "What a split's partial sums cost".) The planner's split_parts is the
+// same rule.
 inline int64_t split_k_parts(int64_t fit, int64_t k_tiles) { return fit < k_tiles ? fit : k_tiles; }
 
 // The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
