@@ -51,21 +51,11 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP
 #define GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP 0
 #endif
-// Timing experiment: the stream-K owner polls each contributor's flag and reads its tile one after another, as it
-// did before add_parts (docs/sm90.md, "What a split's partial sums cost").
-#ifndef GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH
-#define GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH 0
-#endif
 // Timing experiment (results unchanged): split-K's timeline. Each consumer warpgroup's first thread writes the global
 // timer at its segment's start, its main loop's end, its partial tile's flag raised, the flags it waits for seen and
 // its tile's store's end, and its SM, into args.aux (kTimelineWords words per block and consumer; gpu/sk_timeline.py).
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE
 #define GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE 0
-#endif
-// Timing experiment (may read a partial tile before it lands): the flag raised by a plain store, without the release's
-// wait for the partial tile's stores, to time that wait (gpu/sk_timeline.py --variant).
-#ifndef GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG
-#define GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG 0
 #endif
 // Switch for A/B runs (docs/sm90.md, "What a split's partial sums cost"): 1 stores a split-K part's partial tile by one
 // bulk copy per warpgroup from the ring (free: the part's loads are all consumed) instead of thread by thread.
@@ -1250,16 +1240,9 @@ struct Kernel {
           ++contributors;
         }
         const int first = partial_slot(cluster + 1, rank, slot_consumer);
-#if GEMMGEN_SM90_EXPERIMENT_SK_OWNER_POLLS_EACH
-        for (int k = 0; k < contributors; ++k) {
-          await_partial(flags + first + k * kClusterSlots, epoch, consumer);
-          add_partial(workspace, first + k * kClusterSlots, acc);
-        }
-#else
         await_parts(flags + first, contributors, epoch, consumer);
         mark_timeline(args, consumer, kTimelineWaited);
         add_parts(workspace, first, contributors, acc);
-#endif
       }
       epi.store(args, p, acc, m0 + row_in_tile, n0);
       mark_timeline(args, consumer, kTimelineStored);
@@ -1383,13 +1366,11 @@ struct Kernel {
         }
         const uint32_t staging = smem.ring + slot_consumer * kPartialBytes;
         const int t = threadIdx.x % kWarpgroupThreads;
-#pragma unroll
-        for (int i = 0; i < MMA_BLOCKS_M; ++i)
-#pragma unroll
-          for (int r = 0; r < ACCUM; r += 4)
-            ptx::st_shared_16(staging + (((i * ACCUM + r) / 4) * kWarpgroupThreads + t) * sizeof(float4),
-                              make_uint4(__float_as_uint(acc[i][r]), __float_as_uint(acc[i][r + 1]),
-                                         __float_as_uint(acc[i][r + 2]), __float_as_uint(acc[i][r + 3])));
+        for_each_partial_vector(acc, [&](int q, const float4& v) {
+          ptx::st_shared_16(staging + (q * kWarpgroupThreads + t) * sizeof(float4),
+                            make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
+                                       __float_as_uint(v.w)));
+        });
         ptx::fence_proxy_async_smem();
         ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
         if (t == 0) {
@@ -1406,16 +1387,22 @@ struct Kernel {
     publish_partial(flags + slot, epoch, consumer);
   }
 
-  __device__ __forceinline__ static void store_partial(float* workspace, int slot,
-                                                      const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
-    const int t = threadIdx.x % kWarpgroupThreads;
-    float4* part = reinterpret_cast<float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
+  // f(q, v) for each float4 v of this thread's accumulators, q its index in the partial tile's layout (float4 q of
+  // every thread side by side, thread-minor: q = (i * ACCUM + r) / 4 for m64 block i, accumulator r).
+  template <class F>
+  __device__ __forceinline__ static void for_each_partial_vector(const float (&acc)[MMA_BLOCKS_M][ACCUM], F&& f) {
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
       for (int r = 0; r < ACCUM; r += 4)
-        part[((i * ACCUM + r) / 4) * kWarpgroupThreads + t] =
-            make_float4(acc[i][r], acc[i][r + 1], acc[i][r + 2], acc[i][r + 3]);
+        f((i * ACCUM + r) / 4, make_float4(acc[i][r], acc[i][r + 1], acc[i][r + 2], acc[i][r + 3]));
+  }
+
+  __device__ __forceinline__ static void store_partial(float* workspace, int slot,
+                                                      const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+    const int t = threadIdx.x % kWarpgroupThreads;
+    float4* part = reinterpret_cast<float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
+    for_each_partial_vector(acc, [&](int q, const float4& v) { part[q * kWarpgroupThreads + t] = v; });
   }
 
   // Every thread's partial sums written, then the flag raised to the launch's epoch. The warpgroup's barrier orders
@@ -1424,24 +1411,13 @@ struct Kernel {
   // measured 1.8 % slower over 12 split kernels: docs/sm90.md, "What a split's partial sums cost").
   __device__ __forceinline__ static void publish_partial(int* flag, int epoch, int consumer) {
     ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-    if (threadIdx.x % kWarpgroupThreads != 0) return;
-#if GEMMGEN_SM90_EXPERIMENT_SK_RELAXED_FLAG  // timing only, unordered: what the release's wait for the stores costs
-    *reinterpret_cast<volatile int*>(flag) = epoch;
-#else
-    ptx::st_release_gpu(flag, epoch);
-#endif
+    if (threadIdx.x % kWarpgroupThreads == 0) ptx::st_release_gpu(flag, epoch);
   }
 
   // Wait until `flag` reads `epoch` (acquire: the partial sums published before it are visible after).
   __device__ __forceinline__ static void poll_flag(const int* flag, int epoch) {
     while (ptx::ld_acquire_gpu(flag) != epoch) {
     }
-  }
-
-  // One thread acquires the flag; the barrier hands what it saw to the rest of the warpgroup.
-  __device__ __forceinline__ static void await_partial(const int* flag, int epoch, int consumer) {
-    if (threadIdx.x % kWarpgroupThreads == 0) poll_flag(flag, epoch);
-    ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
   }
 
   // The flags of `parts` consecutive clusters' parts from `first` on, one thread each, all polled at once; the
