@@ -1297,17 +1297,31 @@ def test_narrow_layers_weigh_the_narrow_tiles(m: int, n: int, k: int, tile: tupl
     assert Gemm("bf16", "tn", arch=90, m=m, n=n, k=k).config.tile[:2] == tile
 
 
-def test_several_tile_rows_split_from_a_shorter_k() -> None:
-    """SPLIT_K_SEVERAL_ROWS_MIN_K_TILES: 16-bit inputs over more than one 64-row tile row split from 40 k tiles where
-    the tiles leave half the SMs idle; one tile row, fp8 and tiles that fill the SMs keep the 128 k tile bound."""
+def test_split_k_bounds_by_tile_rows_and_sm_share() -> None:
+    """16-bit inputs on at most a quarter of the SMs split from 32 k tiles (one 64-row tile row: from 40, from 32 on at
+    most a fifth of the SMs); on up to half of them from 40 over more than one tile row; one tile row on more than a
+    quarter of the SMs, fp8 and full SMs keep the 128 k tile bound."""
     def split(m: int, n: int, k: int, dtype: str = "bf16") -> bool:
         return Gemm(dtype, "tn", arch=90, m=m, n=n, k=k).config.stream_k
 
-    assert split(256, 512, 2560) and split(128, 4096, 4096) and split(512, 512, 3584)
-    assert not split(256, 512, 2496)                     # 39 k tiles
-    assert not split(64, 3584, 4096)                     # one 64-row tile row: B's stream alone
+    assert split(64, 512, 2048) and split(128, 768, 2048) and split(256, 512, 2048)   # 8, 24, 32 tiles; 32 k tiles
+    assert not split(64, 512, 1984)                     # 31 k tiles
+    assert not split(64, 2048, 2048) and split(64, 2048, 2560)   # 32 tiles, one row: from 40 k tiles
+    assert split(256, 768, 2560) and split(128, 4096, 4096)   # 48 and 64 tiles, 40 and 64 k tiles
+    assert not split(256, 768, 2496)                     # 48 tiles, 39 k tiles
+    assert not split(64, 3584, 4096)                     # one 64-row tile row on 56 tiles: B's stream alone
     assert not split(512, 1024, 4096)                    # 128 tiles of 64x64: the SMs are full
-    assert not split(256, 512, 5120, "e4m3")             # (40 fp8 k tiles: not measured)
+    assert not split(256, 512, 4096, "e4m3")             # (fp8: not measured)
+
+
+def test_split_parts_hold_16_k_tiles_but_are_at_least_four() -> None:
+    """split_parts: parts of SPLIT_K_PART_K_TILES k tiles, at least SPLIT_K_MIN_PARTS, at most what fits and the k
+    tiles."""
+    from generator.planner.sm90 import split_parts
+
+    assert split_parts(8, 32) == split_parts(16, 64) == 4
+    assert split_parts(16, 128) == 8 and split_parts(132, 4096) == 132
+    assert split_parts(2, 64) == 2 and split_parts(132, 3) == 3
 
 
 def test_two_tile_rows_take_64_row_pingpong_tiles_where_the_cooperative_tile_runs_whole() -> None:

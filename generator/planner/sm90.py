@@ -150,6 +150,25 @@ SPLIT_K_MIN_K_TILES = 128
 # 4096 0.633 -> 0.799x), 32 k tiles 0.85-1.00x on all 12 (so not there). At most one 64-row tile row streams B
 # alone and stays at SPLIT_K_MIN_K_TILES (docs/planner.md: 64 x 3584 x 4096 6 % behind split).
 SPLIT_K_SEVERAL_ROWS_MIN_K_TILES = 40
+# Few tiles, 16-bit inputs: split-K from fewer k tiles, in parts of SPLIT_K_PART_K_TILES k tiles but at least
+# SPLIT_K_MIN_PARTS of them (split_parts; the launch's split_k_parts is the same rule). Four parts take three quarters
+# of a tile's k walk off its block, and the exchange after the last part grows with the parts (2.4 us at 4 parts, 3.6
+# us at 8: docs/sm90.md). Tiles on at most SPLIT_K_FEW_TILES_SM_SHARE of the SMs split from
+# SPLIT_K_SHORT_K_MIN_K_TILES (K >= 2048) over more than one 64-row tile row; over one row (whose bound is
+# SPLIT_K_MIN_K_TILES otherwise) from SPLIT_K_SEVERAL_ROWS_MIN_K_TILES, and from SPLIT_K_SHORT_K_MIN_K_TILES on at
+# most SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE of the SMs (its whole tiles share one A tile and run closer to cuBLAS). Measured (H200, bf16, ours / cuBLAS
+# whole -> split; gpu/ab_variants.py, h200_split_k_min_part_ab.json, and the corpus at 64-512 tokens,
+# h200_corpus_split_parts.json against h200_corpus_{fwd,bwd}_ten_counts.json): one 64-row tile row of 8-16 tiles at
+# K = 3072-4096 0.581-0.704 -> 0.813-0.915, of 32 tiles at K = 2816-4096 0.749-0.832 -> 0.841-0.884 (forward and dX);
+# at K = 2048 (32 k tiles) 8-18 tiles 0.709-0.756 -> 0.793-0.855, 22-24 tiles 0.755-0.818 -> 0.784-0.844, but 32 tiles
+# 0.817-0.850 -> 0.740-0.783 (64 x 2048 x 2048, forward and dX; 256 x 512 x 2048 0.733 -> 0.839). Where the tiles reach
+# more than a quarter of the SMs (2-3 parts) the split lost at K = 2048-3072 (64 x 3072 x 3072 0.837 -> 0.798, 256 x
+# 768 x 2048 0.819 -> 0.774), so the other bounds stay there.
+SPLIT_K_FEW_TILES_SM_SHARE = 1 / 4
+SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE = 1 / 5
+SPLIT_K_SHORT_K_MIN_K_TILES = 32
+SPLIT_K_PART_K_TILES = 16
+SPLIT_K_MIN_PARTS = 4
 # Two 64-row tile rows (65-128 rows) where the model picks the 128x64 cooperative tile and does not split it: 64-row
 # pingpong tiles instead (two_tile_rows_tile), 64x64 where two rows of them fit one wave (twice the SMs on the same
 # k tiles), else below 128 rows 64x128 where two rows of those reach at most TWO_TILE_ROWS_WIDE_SM_SHARE of the SMs.
@@ -726,21 +745,31 @@ def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     if k_tiles >= SPLIT_K_LONG_K_TILES:
         return long_k_parts(cfg, problem, sm_count)
     share = SPLIT_K_SMALL_TILE_SM_SHARE if is_small_tile(cfg) else SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
-    if not _splittable(cfg, problem) or units > share * sm_count or k_tiles < split_k_min_k_tiles(cfg, problem):
+    if (not _splittable(cfg, problem) or units > share * sm_count
+            or k_tiles < split_k_min_k_tiles(cfg, problem, units, sm_count)):
         return 1
     return split_parts(sm_count // units, k_tiles)
 
 
 def split_parts(fit: int, k_tiles: int) -> int:
-    """The k parts of each tile of a split launch where ``fit`` parts of each tile fit the SMs: as many, none empty
+    """The k parts of each tile of a split launch where ``fit`` parts of each tile fit the SMs: parts of
+    SPLIT_K_PART_K_TILES k tiles but at least SPLIT_K_MIN_PARTS, at most ``fit``, none empty
     (templates/sm90/launch.cuh split_k_parts, the same rule)."""
-    return min(fit, k_tiles)
+    return min(fit, k_tiles, max(SPLIT_K_MIN_PARTS, k_tiles // SPLIT_K_PART_K_TILES))
 
 
-def split_k_min_k_tiles(cfg: KernelConfig, problem: Problem) -> int:
-    """The fewest k tiles split_k_parts splits: SPLIT_K_SEVERAL_ROWS_MIN_K_TILES for 16-bit inputs over more than one
-    64-row tile row, else SPLIT_K_MIN_K_TILES."""
-    several_rows = cfg.dtype.bytes == 2 and problem.m > SMALL_M_TILE_ROWS
+def split_k_min_k_tiles(cfg: KernelConfig, problem: Problem, units: int, sm_count: int) -> int:
+    """The fewest k tiles split_k_parts splits, for 16-bit inputs: where the ``units`` tiles reach at most
+    SPLIT_K_FEW_TILES_SM_SHARE of the SMs, SPLIT_K_SHORT_K_MIN_K_TILES over more than one 64-row tile row, else
+    SPLIT_K_SEVERAL_ROWS_MIN_K_TILES (SPLIT_K_SHORT_K_MIN_K_TILES on at most SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE);
+    on more SMs SPLIT_K_SEVERAL_ROWS_MIN_K_TILES over more than one tile row. Else, and for other inputs,
+    SPLIT_K_MIN_K_TILES."""
+    several_rows = problem.m > SMALL_M_TILE_ROWS
+    if cfg.dtype.bytes != 2:
+        return SPLIT_K_MIN_K_TILES
+    if units <= SPLIT_K_FEW_TILES_SM_SHARE * sm_count:
+        short_k = several_rows or units <= SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE * sm_count
+        return SPLIT_K_SHORT_K_MIN_K_TILES if short_k else SPLIT_K_SEVERAL_ROWS_MIN_K_TILES
     return SPLIT_K_SEVERAL_ROWS_MIN_K_TILES if several_rows else SPLIT_K_MIN_K_TILES
 
 
