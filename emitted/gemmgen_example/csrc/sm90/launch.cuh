@@ -226,11 +226,22 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
   return cudaSuccess;
 }
 
-// The k parts of each of a split launch's tiles, where `fit` parts of each tile fit the resident clusters: as many,
-// none empty. (Fewer parts of at least 16 k tiles each, leaving SMs idle for a smaller exchange, measured no faster
-// on the planner's split picks: docs/sm90.md, "What a split's partial sums cost".) The planner's split_parts is the
-// same rule.
-inline int64_t split_k_parts(int64_t fit, int64_t k_tiles) { return fit < k_tiles ? fit : k_tiles; }
+// The k parts of each of a split launch's tiles, where `fit` parts of each tile fit the resident clusters: parts of
+// kSplitPartKTiles k tiles, but at least kSplitMinParts of them, and never more than fit or than the k tiles (none
+// empty). Each part past the first adds its partial tile to the exchange (2.4 us after the last part at 4 parts,
+// 3.6 us at 8); four parts already take three quarters of a whole tile's k walk off the critical path. Measured
+// (H200, bf16, 64x64 pingpong): 4 parts of 8 k tiles against 8-16 parts of 2-4 at K = 2048 0.80-0.85x cuBLAS against
+// 0.70-0.75x; 3-4 parts of 16 against 8 of 6-8 at K = 3072-4096 0.89-0.92x against 0.81-0.83x (docs/sm90.md,
+// "How many parts"). The planner's split_parts is the same rule.
+constexpr int64_t kSplitPartKTiles = 16;
+constexpr int64_t kSplitMinParts = 4;
+inline int64_t split_k_parts(int64_t fit, int64_t k_tiles) {
+  const int64_t by_length = k_tiles / kSplitPartKTiles;
+  int64_t parts = by_length > kSplitMinParts ? by_length : kSplitMinParts;
+  if (parts > fit) parts = fit;
+  if (parts > k_tiles) parts = k_tiles;
+  return parts;
+}
 
 // The work units of all problems (tiles x batch) are indexed by int: more is refused rather than wrapped.
 constexpr int64_t kMaxWorkUnits = 2147483647;
