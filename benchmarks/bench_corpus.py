@@ -219,27 +219,32 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     X = torch.randn(tokens, k, device="cuda").to(t)
     W = torch.randn(n, k, device="cuda").to(t)
     dY = torch.randn(tokens, n, device="cuda").to(t) if row.pass_ != "fwd" else None
-    # How each pass calls a kernel of its kind (the autograd formula's operands), and torch's product.
-    operands = {"fwd": (X, W.t()), "dX": (dY, W), "dW": (X.t(), dY)}[row.pass_]
+    # The product each pass's kernel computes as the autograd formula states it (dW: dB = X.t() @ dY, the weight's
+    # gradient as W.t() is stored), and torch's product.
+    formula = {"fwd": (X, W.t()), "dX": (dY, W), "dW": (X.t(), dY)}[row.pass_]
 
-    def kernel_args(f) -> tuple:
-        """The operands ``f`` takes: a dX kernel that computes dX.t() (planner.backward.swaps_operands) takes W.t()
-        and dY.t(), as the autograd formula hands them (grouped_formula.kernel_operands)."""
-        if row.pass_ == "dX" and computes_transpose(f.config, Order.row):
-            lay = f.config.layout
-            return kernel_operands(dY, W, lay.a is Order.row, lay.b is Order.row, True)
-        return operands
+    def kernel_args(f) -> tuple[tuple, bool]:
+        """The operands ``f`` takes as the autograd formula hands them (gemm_autograd.h product_grads,
+        grouped_formula.kernel_operands), and whether it computes the transpose of the formula's product: a dB kernel
+        that writes its column-major gradient as the transpose (planner.backward.writes_transposed) takes dY.t() and
+        X and writes dW itself; a swapped dX kernel (swaps_operands) takes W.t() and dY.t() and writes dX.t()."""
+        stored = {"fwd": Order.row, "dX": Order.row, "dW": Order.col}[row.pass_]   # (the formula's D: W.t() for dW)
+        transposed = row.pass_ != "fwd" and computes_transpose(f.config, stored)
+        lay = f.config.layout
+        if not transposed:
+            return formula, False
+        return kernel_operands(*formula, lay.a is Order.row, lay.b is Order.row, True), True
 
     def caller(f):
-        """A call of ``f`` that returns the pass's product: the dB kernel writes dW.t(), a swapped dX kernel dX.t()."""
-        args = kernel_args(f)
-        if row.pass_ == "dW" or args is not operands:
+        """A call of ``f`` that returns the pass's product (dW = dY.t() @ X, the formula's dB transposed)."""
+        args, transposed = kernel_args(f)
+        if transposed != (row.pass_ == "dW"):
             return lambda: f(*args).t()
         return lambda: f(*args)
 
     theirs = lambda: corpus.pass_product(row.pass_, X, W, dY)  # noqa: E731
     mine = fwd if row.pass_ == "fwd" else grad_ops(fwd, Order.row)[row.pass_ == "dW"]
-    path = mine.path(*kernel_args(mine))
+    path = mine.path(*kernel_args(mine)[0])
     fns = {"ours": caller(mine), "cublas": theirs}
     for col, extra_op in extra.items():
         fns[col] = caller(extra_op)

@@ -45,7 +45,6 @@
 #                                                       gpu/ncu_compare.sh; NCU_DTYPE=bf16)
 #   STEPS=sktimeline SKTIMELINE_ARGS="--kernel 64x64x64:1x1:pingpong:12:sk --shapes 256x512x7168"   (a split-K call's
 #                                                       blocks on the global timer, with and without the exchange)
-#   STEPS=skbulk gpu/run_all.sh                        (split-K's partial tiles by bulk copy: GPU tests, A/B, timeline)
 #   STEPS=calibrate CALIBRATE_ARGS="--families sm90" CALIBRATE_TAG=_sm90 gpu/run_all.sh   (the estimate's pick against
 #                                                       the measured best on the LLM set and squares, then --fit)
 set -uo pipefail
@@ -130,14 +129,6 @@ for step in $STEPS; do
               head -8 "$OUT/$name.log"
             done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-    skbulk) # the bulk-copy exchange (-DGEMMGEN_SM90_SPLIT_K_BULK=1): its GPU tests, its A/B against the default, its timeline
-            GEMMGEN_EXTRA_NVCC_FLAGS=-DGEMMGEN_SM90_SPLIT_K_BULK=1 python3 -m pytest tests/gpu/test_stream_k.py -q -x -m gpu 2>&1 | tee "$OUT/skbulk_tests.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
-            python3 gpu/ab_variants.py --json "$OUT/skbulk_ab.json" --configs sm90 --dtype bf16 --rounds 3 \
-              --kernel 64x64x64:1x1:pingpong:12:sk --kernel 128x64x64:1x1:cooperative:8:sk --kernel 64x128x64:1x1:pingpong:8:sk \
-              --shapes 256x512x7168,128x1024x4096,512x512x7168,256x512x3584,128x768x2048 \
-              --variant ws= --variant bulk=-DGEMMGEN_SM90_SPLIT_K_BULK=1 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/skbulk_ab.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1
-            python3 gpu/sk_timeline.py --json "$OUT/skbulk_timeline.json" --kernel 128x64x64:1x1:cooperative:8:sk \
-              --kernel 64x64x64:1x1:pingpong:12:sk --variant bulk=-DGEMMGEN_SM90_SPLIT_K_BULK=1 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/skbulk_timeline.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sktimeline) python3 gpu/sk_timeline.py --json "$OUT/sk_timeline.json" ${SKTIMELINE_ARGS:---kernel 128x64x64:1x1:cooperative:8:sk --kernel 64x64x64:1x1:pingpong:12:sk} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/sk_timeline.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)    OUT="$OUT" bash gpu/ncu_compare.sh "${NCU_SHAPES:-4096x4096x4096}" "${NCU_DTYPE:-bf16}" "${NCU_ARGS:-}" 2>&1 | tee "$OUT/ncu_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     trainprofile) OUT="$OUT" python3 gpu/llama_train_profile.py ${TRAINPROFILE_ARGS:---layers 4 --hidden 3072 --intermediate 8192 --heads 24 --kv-heads 8 --train-batch 2 --train-len 1024 --rounds 5} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/llama_train_profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
                     help="another build to time (its flags beside the timeline's), e.g. "
-                         "bulk=-DGEMMGEN_SM90_SPLIT_K_BULK=1")
+                         "b=-DSWITCH=1 (a template switch)")
     ap.add_argument("--runs", type=int, default=20, help="launches before the one recorded (warm caches, clocks)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "sk_timeline.json"))
     args = ap.parse_args(argv)
