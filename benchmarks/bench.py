@@ -95,6 +95,25 @@ def parse_shapes(text: str, batched: bool = False) -> list[tuple[int, ...]]:
     return shapes
 
 
+CANDIDATE_SCHEDULES = {"pp": "pingpong", "coop": "cooperative"}
+
+
+def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str, bool, int | None]]:
+    """``--candidates 128x128x64:2x1:pp,256x128x64:1x2:coop:sk,64x64x64:2x1:pp:s8`` (sm90 kernels beside the planner's
+    pick: gpu/midm_tiles.py, bench_moe.py) as (tile, cluster, schedule, stream-K, stages) tuples (stages None: as many
+    as fit)."""
+    parsed = []
+    for item in filter(None, text.split(",")):
+        tile, cluster, schedule, *rest = item.split(":")
+        sk = "sk" in rest
+        stages = [r for r in rest if r.startswith("s") and r[1:].isdigit()]
+        if schedule not in CANDIDATE_SCHEDULES or len(rest) != sk + len(stages) or len(stages) > 1:
+            raise SystemExit(f"--candidates {item!r}: write TILE:CLUSTER:pp|coop[:sk][:sN], e.g. 128x128x64:2x1:pp")
+        parsed.append((tuple(map(int, tile.split("x"))), tuple(map(int, cluster.split("x"))),
+                       CANDIDATE_SCHEDULES[schedule], sk, int(stages[0][1:]) if stages else None))
+    return parsed
+
+
 def load_shapes(sets: list[str]) -> list[tuple[int, ...]]:
     """The shapes of shapes.json's sets (M, N, K) and of BATCHED_SETS (batch, M, N, K), in the order named."""
     data = json.loads((HERE / "shapes.json").read_text())

@@ -126,6 +126,8 @@ class Row:
     ragged: bool = False
     sizes: list[int] = field(default_factory=list)
     grouped_mm_note: str = ""
+    extra_ms: dict[str, float] = field(default_factory=dict)          # (the ``extra`` kernels: name -> ms)
+    extra_rel_error: dict[str, float] = field(default_factory=dict)
 
 
 def tflops(total_m: int, n: int, k: int, ms: float) -> float:
@@ -167,9 +169,10 @@ def measure(shape, op, dname: str, ragged: bool, seed: int, rounds: int, order: 
 
 
 def measure_sizes(shape, sizes: list[int], op, dname: str, rounds: int, order: str, anchor: float | None = None,
-                  ragged: bool = True) -> Row:
+                  ragged: bool = True, extra: dict | None = None) -> Row:
     """One row: the E x T x N x K entry ``shape`` with the groups of ``sizes`` rows (T: the mean the op is planned
-    for), ours, torch._grouped_mm and the torch.mm loop on the same tensors."""
+    for), ours, torch._grouped_mm and the torch.mm loop on the same tensors; and the ``extra`` ops ({name: op}, other
+    kernels of the same call) timed in the same rounds, each checked against the same reference."""
     experts, tokens, n, k = shape
     dtype = DTYPES[dname]
     total = sum(sizes)
@@ -196,6 +199,10 @@ def measure_sizes(shape, sizes: list[int], op, dname: str, rounds: int, order: s
     del ours
     loop_err = rel_error(loop(), ref)
     timed = {"ours": lambda: op.grouped(a, b, offsets)}
+    extra_errors = {}
+    for name, other in (extra or {}).items():
+        extra_errors[name] = rel_error(other.grouped(a, b, offsets), ref)
+        timed[f"extra:{name}"] = lambda other=other: other.grouped(a, b, offsets)
     gmm_err, note = None, ""
     grouped_mm = getattr(torch, "_grouped_mm", None)
     if grouped_mm is None:
@@ -220,7 +227,8 @@ def measure_sizes(shape, sizes: list[int], op, dname: str, rounds: int, order: s
     return Row(experts, tokens, n, k, total, dname, op.name, path, ms["ours"], gmm_ms, ms["loop"],
                tflops(total, n, k, ms["ours"]), tflops(total, n, k, gmm_ms) if gmm_ms else None,
                tflops(total, n, k, ms["loop"]), (gmm_ms / ms["ours"]) if gmm_ms else None, ms["loop"] / ms["ours"],
-               err, gmm_err, loop_err, anchor, ragged, sizes, note)
+               err, gmm_err, loop_err, anchor, ragged, sizes, note,
+               {name: ms[f"extra:{name}"] for name in extra_errors}, extra_errors)
 
 
 # -- the list form (op.grouped_list: a list of independent problems, CUTLASS's GroupedGemm) -----------------------

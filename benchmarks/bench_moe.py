@@ -32,7 +32,7 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench import DTYPES, ORDERS, geomean, timed_rounds, warm_up_gpu  # noqa: E402
+from bench import DTYPES, ORDERS, geomean, parse_candidates, timed_rounds, warm_up_gpu  # noqa: E402
 from bench_grouped import WRONG, Row, format_row, header, measure_sizes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
@@ -124,13 +124,30 @@ class MoeRow:
         return min(r for r in (self.row.vs_grouped_mm, self.row.vs_loop) if r is not None)
 
 
-def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: str) -> dict:
-    """{(E, mean rows, N, K): op}, each planned as bench_grouped.py plans an E x T x N x K entry; one parallel build."""
+def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: str,
+            candidates: list = ()) -> tuple[dict, dict]:
+    """{(E, mean rows, N, K): op}, each planned as bench_grouped.py plans an E x T x N x K entry, and {shape: {name:
+    op}} of the ``candidates`` (parse_candidates' tuples: the same hints with the tile, cluster, schedule and stages
+    fixed; those the planner refuses for the shape are left out, said once); one parallel build."""
     shapes = sorted({(len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k) for *_, sizes, n, k in cases})
     plans = {s: Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0]) for s in shapes}
-    configs = list(dict.fromkeys(p.config for p in plans.values()))
+    others: dict[tuple, list] = {s: [] for s in shapes}
+    for s in shapes:
+        for tile, cluster, schedule, stream_k, stages in candidates:
+            if stream_k:
+                raise SystemExit("--candidates: grouped calls take no stream-K (drop :sk)")
+            try:
+                cfg = Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], tile_shape=tile, cluster_shape=cluster,
+                           schedule=schedule, stages=stages).config
+            except ValueError as refused:
+                print(f"  {s}: skip {tile} {cluster} {schedule}: {refused}", file=sys.stderr)
+                continue
+            if cfg != plans[s].config:
+                others[s].append(cfg)
+    configs = list(dict.fromkeys([p.config for p in plans.values()] + [c for cs in others.values() for c in cs]))
     built = dict(zip(configs, compile_many(configs, namespace="gemmgen")))
-    return {s: built[p.config] for s, p in plans.items()}
+    return ({s: built[p.config] for s, p in plans.items()},
+            {s: {c.name: built[c] for c in cs} for s, cs in others.items()})
 
 
 def measure_masked(op, sizes: list[int], n: int, k: int, dname: str, rounds: int, order: str) -> tuple[float, float]:
@@ -162,6 +179,12 @@ def summarize(rows: list[MoeRow]) -> dict[str, float]:
     if rows:
         summary["geomean ours/best of (_grouped_mm, loop)"] = round(geomean([r.vs_best for r in rows]), 4)
         summary["min ours/best of (_grouped_mm, loop)"] = round(min(r.vs_best for r in rows), 4)
+    # --candidates: the fastest of the pick and the candidates per row, what one better tile per call would read
+    best = [r.row.grouped_mm_ms / min([r.row.ours_ms, *r.row.extra_ms.values()])
+            for r in rows if r.row.extra_ms and r.row.grouped_mm_ms]
+    if best:
+        summary["geomean fastest candidate/torch._grouped_mm"] = round(geomean(best), 4)
+        summary["min fastest candidate/torch._grouped_mm"] = round(min(best), 4)
     return summary
 
 
@@ -187,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--order", choices=sorted(ORDERS), default="balanced")
     parser.add_argument("--masked", action="store_true",
                         help="also time op.masked (DeepGEMM's masked layout) on the same groups in slabs")
+    parser.add_argument("--candidates", default="", help="sm90 kernels timed beside the pick on every row, "
+                        "TILE:CLUSTER:pp|coop[:sN],... (e.g. 64x128x64:1x1:pp,128x128x64:2x1:coop): which tile wins "
+                        "at which routing")
     parser.add_argument("--json", default=None, help="default $OUT/bench_moe.json or ./bench_moe.json")
     args = parser.parse_args(argv)
     try:
@@ -209,13 +235,14 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.dtype}, layout tn, "
           f"do_bench median of {args.rounds} interleaved rounds")
-    ops = planned(cases, args.dtype)
+    ops, candidate_ops = planned(cases, args.dtype, parse_candidates(args.candidates))
     warm_up_gpu()
     rows = []
     print(f"{'model':<18} {'gemm':<4} {'tokens':>6} {'routing':<9} {'min':>5} {'max':>5} {'empty':>5} | " + header())
     for model, gemm, t, routing, sizes, n, k in cases:
         shape = (len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k)
-        row = measure_sizes(shape, sizes, ops[shape], args.dtype, args.rounds, args.order)
+        row = measure_sizes(shape, sizes, ops[shape], args.dtype, args.rounds, args.order,
+                            extra=candidate_ops[shape])
         moe = MoeRow(model, gemm, t, routing, min(sizes), max(sizes), sizes.count(0), row)
         if args.masked:
             moe.masked_ms, moe.masked_rel_error = measure_masked(ops[shape], sizes, n, k, args.dtype, args.rounds,
@@ -225,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{moe.masked_rel_error:.1e}" if moe.masked_ms else "")
         print(f"{model:<18} {gemm:<4} {t:>6} {routing:<9} {moe.smallest:>5} {moe.largest:>5} {moe.empty:>5} | "
               + format_row(row) + masked, flush=True)
+        for name, ms in sorted(row.extra_ms.items(), key=lambda item: item[1]):
+            vs = f"{row.grouped_mm_ms / ms:.3f}x _grouped_mm" if row.grouped_mm_ms else ""
+            print(f"    {name:<46} {ms:.4f} ms {row.ours_ms / ms:.3f}x the pick {vs} rel.err "
+                  f"{row.extra_rel_error[name]:.1e}", flush=True)
     summary = summarize(rows)
     for key, value in summary.items():
         print(f"{key}: {value}")
@@ -237,7 +268,8 @@ def main(argv: list[str] | None = None) -> int:
                                "summary": summary}, indent=1))
     print(f"wrote {out}")
     wrong = [f"{r.model} {r.gemm} {r.tokens} {r.routing}" for r in rows
-             if not r.row.rel_error <= WRONG or (r.masked_rel_error is not None and not r.masked_rel_error <= WRONG)]
+             if not r.row.rel_error <= WRONG or (r.masked_rel_error is not None and not r.masked_rel_error <= WRONG)
+             or any(not e <= WRONG for e in r.row.extra_rel_error.values())]
     if wrong:
         print(f"{len(wrong)} row(s) WRONG (rel.err > {WRONG}): " + ", ".join(wrong), file=sys.stderr)
         return 1

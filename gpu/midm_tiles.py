@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import torch  # noqa: E402
 
-from bench import parse_shapes, timed_rounds  # noqa: E402
+from bench import parse_candidates, parse_shapes, timed_rounds  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.spec.config import KernelConfig, check_config  # noqa: E402
 from generator.runtime.op import compile_many  # noqa: E402
@@ -40,24 +40,6 @@ CANDIDATES = [((128, 64, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1,
               ((128, 256, 64), (1, 1), "cooperative", False), ((128, 192, 64), (1, 1), "cooperative", False),
               ((128, 192, 64), (2, 1), "cooperative", False), ((64, 128, 64), (1, 1), "pingpong", False),
               ((128, 192, 64), (1, 1), "cooperative", True)]
-
-
-SCHEDULES = {"pp": "pingpong", "coop": "cooperative"}
-
-
-def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str, bool, int | None]]:
-    """``--candidates 128x128x64:2x1:pp,256x128x64:1x2:coop:sk,64x64x64:2x1:pp:s8`` as CANDIDATES' (tile, cluster,
-    schedule, stream-K, stages) tuples (stages None: as many as fit)."""
-    parsed = []
-    for item in filter(None, text.split(",")):
-        tile, cluster, schedule, *rest = item.split(":")
-        sk = "sk" in rest
-        stages = [r for r in rest if r.startswith("s") and r[1:].isdigit()]
-        if schedule not in SCHEDULES or len(rest) != sk + len(stages) or len(stages) > 1:
-            raise SystemExit(f"--candidates {item!r}: write TILE:CLUSTER:pp|coop[:sk][:sN], e.g. 128x128x64:2x1:pp")
-        parsed.append((tuple(map(int, tile.split("x"))), tuple(map(int, cluster.split("x"))), SCHEDULES[schedule],
-                       sk, int(stages[0][1:]) if stages else None))
-    return parsed
 
 
 def parse_variants(text: str) -> list[dict[str, object]]:

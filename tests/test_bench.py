@@ -315,3 +315,26 @@ def test_bench_moe_routing():
         assert m.main(["--models", "mixtral-8x7b", "--tokens", "64", "--routings", "zipf"]) == 2
     with pytest.raises(SystemExit):
         m.main(["--routings", "hot"])
+
+
+def test_bench_moe_candidates_beside_the_pick(monkeypatch):
+    """bench_moe.py --candidates: each shape's candidates are the same hints with the tile, cluster and schedule fixed,
+    the pick itself and those the planner refuses left out (a 2x1 cluster over one tile row per group), and stream-K
+    refused (grouped calls take none)."""
+    import functools
+
+    import bench_moe as m
+    from bench import parse_candidates
+    from generator import Gemm
+
+    monkeypatch.setattr(m, "Gemm", functools.partial(Gemm, arch=90))
+    monkeypatch.setattr(m, "compile_many", lambda configs, namespace: [c.name for c in configs])
+    layer = m.MODELS["olmoe-1b-7b"]
+    cases = [("olmoe-1b-7b", "up", 512, "uniform", m.route(layer, 512, "uniform"), *layer.gemms()["up"])]
+    ops, others = m.planned(cases, "bf16", parse_candidates("64x128x64:1x1:pp,128x128x64:2x1:coop,64x256x64:1x2:pp"))
+    (shape, pick), = ops.items()
+    names = list(others[shape])
+    assert pick not in names and len(names) == 1 + (not pick.startswith("sm90_bf16_tn_64x256x64_c1x2_"))
+    assert names[0].startswith("sm90_bf16_tn_64x128x64_c1x1_")
+    with pytest.raises(SystemExit, match="stream-K"):
+        m.planned(cases, "bf16", parse_candidates("64x128x64:1x1:pp:sk"))
