@@ -89,7 +89,7 @@ def test_split_k_pick_has_its_data_parallel_neighbour() -> None:
 
 def test_a_pingpong_pick_has_its_split_neighbour() -> None:
     """Both persistent schedules cut K: a whole 64x64 pingpong pick is timed beside the same kernel split."""
-    plan = Gemm("bf16", "tn", arch=90, m=256, n=512, k=2048)
+    plan = Gemm("bf16", "tn", arch=90, m=256, n=768, k=2048)
     pick = plan.estimate.config
     assert pick.schedule == "pingpong" and not pick.stream_k
     assert replace(pick, stream_k=True).name in {c.name for c in candidates_of(plan)}

@@ -153,17 +153,16 @@ SPLIT_K_SEVERAL_ROWS_MIN_K_TILES = 40
 # Few tiles, 16-bit inputs: split-K from fewer k tiles, in parts of SPLIT_K_PART_K_TILES k tiles but at least
 # SPLIT_K_MIN_PARTS of them (split_parts; the launch's split_k_parts is the same rule). Four parts take three quarters
 # of a tile's k walk off its block, and the exchange after the last part grows with the parts (2.4 us at 4 parts, 3.6
-# us at 8: docs/sm90.md). Tiles on at most SPLIT_K_FEW_TILES_SM_SHARE of the SMs split from
-# SPLIT_K_SHORT_K_MIN_K_TILES (K >= 2048) over more than one 64-row tile row; over one row (whose bound is
-# SPLIT_K_MIN_K_TILES otherwise) from SPLIT_K_SEVERAL_ROWS_MIN_K_TILES, and from SPLIT_K_SHORT_K_MIN_K_TILES on at
-# most SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE of the SMs (its whole tiles share one A tile and run closer to cuBLAS). Measured (H200, bf16, ours / cuBLAS
-# whole -> split; gpu/ab_variants.py, h200_split_k_min_part_ab.json, and the corpus at 64-512 tokens,
-# h200_corpus_split_parts.json against h200_corpus_{fwd,bwd}_ten_counts.json): one 64-row tile row of 8-16 tiles at
-# K = 3072-4096 0.581-0.704 -> 0.813-0.915, of 32 tiles at K = 2816-4096 0.749-0.832 -> 0.841-0.884 (forward and dX);
-# at K = 2048 (32 k tiles) 8-18 tiles 0.709-0.756 -> 0.793-0.855, 22-24 tiles 0.755-0.818 -> 0.784-0.844, but 32 tiles
-# 0.817-0.850 -> 0.740-0.783 (64 x 2048 x 2048, forward and dX; 256 x 512 x 2048 0.733 -> 0.839). Where the tiles reach
-# more than a quarter of the SMs (2-3 parts) the split lost at K = 2048-3072 (64 x 3072 x 3072 0.837 -> 0.798, 256 x
-# 768 x 2048 0.819 -> 0.774), so the other bounds stay there.
+# us at 8: docs/sm90.md). Where the tiles reach at most SPLIT_K_FEW_TILES_SM_SHARE of the SMs: more than one 64-row
+# tile row splits from SPLIT_K_SHORT_K_MIN_K_TILES (K >= 2048); one row from SPLIT_K_SEVERAL_ROWS_MIN_K_TILES, and
+# from SPLIT_K_SHORT_K_MIN_K_TILES on at most SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE of the SMs (its whole tiles share one
+# A tile and run closer to cuBLAS). Measured (H200, bf16, the split kernel's time against the whole one's;
+# gpu/ab_variants.py, h200_split_k_min_part_ab.json, and the corpus at 64-512 tokens, h200_corpus_split_parts.json
+# against h200_corpus_{fwd,bwd}_ten_counts.json): one 64-row tile row of 8-16 tiles at K = 3072-4096 1.24-1.44x
+# (0.63-0.74x cuBLAS whole), of 32 tiles at K = 2816-4096 1.05-1.18x (forward and dX); at K = 2048 (32 k tiles) 8-18
+# tiles 1.03-1.18x, 22-24 tiles 0.98-1.07x, 32 tiles over one row 0.905-0.937x (64 x 2048 x 2048, forward and dX;
+# over four rows, 256 x 512 x 2048, 1.05-1.09x). Where the tiles reach more than a quarter of the SMs (2-3 parts) the
+# split read 0.96-1.01x at K = 2048-3072, so the other bounds stay there.
 SPLIT_K_FEW_TILES_SM_SHARE = 1 / 4
 SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE = 1 / 5
 SPLIT_K_SHORT_K_MIN_K_TILES = 32
@@ -759,10 +758,10 @@ def split_parts(fit: int, k_tiles: int) -> int:
 
 
 def split_k_min_k_tiles(cfg: KernelConfig, problem: Problem, units: int, sm_count: int) -> int:
-    """The fewest k tiles split_k_parts splits, for 16-bit inputs: where the ``units`` tiles reach at most
-    SPLIT_K_FEW_TILES_SM_SHARE of the SMs, SPLIT_K_SHORT_K_MIN_K_TILES over more than one 64-row tile row, else
-    SPLIT_K_SEVERAL_ROWS_MIN_K_TILES (SPLIT_K_SHORT_K_MIN_K_TILES on at most SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE);
-    on more SMs SPLIT_K_SEVERAL_ROWS_MIN_K_TILES over more than one tile row. Else, and for other inputs,
+    """The fewest k tiles split_k_parts splits a plan of ``units`` tiles at. 16-bit inputs: on at most
+    SPLIT_K_FEW_TILES_SM_SHARE of the SMs, SPLIT_K_SHORT_K_MIN_K_TILES (over one 64-row tile row only on at most
+    SPLIT_K_ONE_ROW_SHORT_K_SM_SHARE, else SPLIT_K_SEVERAL_ROWS_MIN_K_TILES); on more,
+    SPLIT_K_SEVERAL_ROWS_MIN_K_TILES over more than one tile row and SPLIT_K_MIN_K_TILES over one. Other inputs:
     SPLIT_K_MIN_K_TILES."""
     several_rows = problem.m > SMALL_M_TILE_ROWS
     if cfg.dtype.bytes != 2:

@@ -230,9 +230,9 @@ inline cudaError_t resident_clusters(KernelFn kernel, int device, int* clusters)
 // kSplitPartKTiles k tiles, but at least kSplitMinParts of them, and never more than fit or than the k tiles (none
 // empty). Each part past the first adds its partial tile to the exchange (2.4 us after the last part at 4 parts,
 // 3.6 us at 8); four parts already take three quarters of a whole tile's k walk off the critical path. Measured
-// (H200, bf16, 64x64 pingpong): 4 parts of 8 k tiles against 8-16 parts of 2-4 at K = 2048 0.80-0.85x cuBLAS against
-// 0.70-0.75x; 3-4 parts of 16 against 8 of 6-8 at K = 3072-4096 0.89-0.92x against 0.81-0.83x (docs/sm90.md,
-// "How many parts"). The planner's split_parts is the same rule.
+// (H200, bf16, 64x64 pingpong): 4 parts of 8 k tiles ran 1.13-1.14x as fast as 8-16 parts of 2-4 at K = 2048, 3-4
+// parts of 16 1.11x as fast as 8 of 6-8 at K = 3072-4096 (docs/sm90.md, "How many parts"). The planner's split_parts
+// is the same rule.
 constexpr int64_t kSplitPartKTiles = 16;
 constexpr int64_t kSplitMinParts = 4;
 inline int64_t split_k_parts(int64_t fit, int64_t k_tiles) {

@@ -174,14 +174,6 @@ __device__ __forceinline__ void tma_store_3d(const void* tmap, uint32_t src, int
                : "memory");
 }
 
-// `bytes` (a multiple of 16) of shared memory to global memory, both 16-byte aligned, in this thread's bulk group.
-// PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk" (.global.shared::cta.bulk_group).
-__device__ __forceinline__ void bulk_store(void* dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
-               "r"(src), "r"(bytes)
-               : "memory");
-}
-
 // Close the group of bulk stores issued so far by this thread.
 // PTX ISA §9.7.10 "Data Movement and Conversion Instructions: cp.async.bulk.commit_group".
 __device__ __forceinline__ void tma_store_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
@@ -199,11 +191,6 @@ template <int N>
 __device__ __forceinline__ void tma_store_wait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
-
-// Order the global-memory writes of this thread's completed bulk copies (async proxy) before its later generic-proxy
-// accesses, e.g. the release that publishes them.
-// PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: membar/fence" (fence.proxy.async).
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 // Order this thread's generic-proxy shared-memory writes before later async-proxy (TMA) reads.
 // PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: membar/fence" (fence.proxy.async).

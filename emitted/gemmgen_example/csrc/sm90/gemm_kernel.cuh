@@ -57,11 +57,6 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE
 #define GEMMGEN_SM90_EXPERIMENT_SK_TIMELINE 0
 #endif
-// Switch for A/B runs (docs/sm90.md, "What a split's partial sums cost"): 1 stores a split-K part's partial tile by one
-// bulk copy per warpgroup from the ring (free: the part's loads are all consumed) instead of thread by thread.
-#ifndef GEMMGEN_SM90_SPLIT_K_BULK
-#define GEMMGEN_SM90_SPLIT_K_BULK 0
-#endif
 // TMA fills the rows (columns) of a box past the matrix edge with zeros at a fraction of the rate it loads real ones:
 // a tile row of A wholly past M made its 2x1 cluster 1.5-1.7x slower (docs/sm90.md, "Loads past the matrix edge").
 // So the loads that start past the tile's kept rows (columns) are not issued (OperandTile::skipped_bytes); 0 issues
@@ -156,11 +151,6 @@ struct StreamK {
   __host__ __device__ __forceinline__ int64_t share_begin(int c) const {
     const int64_t tail = static_cast<int64_t>(units) * k_tiles - tail_begin;
     return tail_begin + tail * c / clusters;
-  }
-
-  // Split-K: fewer units than clusters, each unit in the same number of parts, so every cluster has one segment.
-  __host__ __device__ __forceinline__ bool one_segment_each() const {
-    return units < clusters && clusters % units == 0;
   }
 
   // Whether cluster c's share begins inside `unit` (after its k = 0 iteration): then its first segment
@@ -1218,7 +1208,7 @@ struct Kernel {
       // live through a 128x256 tile's main loop, a spill there).
       if (CLUSTER == 1 && sk.units < sk.clusters && sk.clusters / sk.units >= kSliceSumParts &&
           !GEMMGEN_SM90_EXPERIMENT_SK_SERIAL_FIXUP && !GEMMGEN_SM90_EXPERIMENT_SK_NO_FIXUP) {
-        finish_split_k(args, p, smem, acc, sk, cluster, rank, consumer, slot_consumer, workspace, flags, epoch,
+        finish_split_k(args, p, acc, sk, cluster, rank, consumer, slot_consumer, workspace, flags, epoch,
                        m0 + row_in_tile, n0, at.problem);
         return;
       }
@@ -1227,8 +1217,7 @@ struct Kernel {
         if (acc[0][0] == 1234.5f) epi.store(args, p, acc, m0 + row_in_tile, n0);  // keeps acc live
         return;
 #endif
-        publish_tile(smem, workspace, flags, partial_slot(cluster, rank, slot_consumer), slot_consumer, epoch, consumer,
-                     acc, sk.one_segment_each());
+        publish_tile(workspace, flags, partial_slot(cluster, rank, slot_consumer), epoch, consumer, acc);
         mark_timeline(args, consumer, kTimelinePublished);
         return;
       }
@@ -1265,14 +1254,13 @@ struct Kernel {
   // epilogue and stores them. The owner alone adding (parts - 1) partial tiles, one after another, read them through
   // one SM: 15 tiles of 32 KB at 64 x 1024 x 8192 (8 tiles of 64x128, 16 parts).
   template <typename ACC>
-  __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p, const Smem& smem,
+  __device__ __forceinline__ static void finish_split_k(const GemmArgs& args, const Problem& p,
                                                         ACC (&acc)[MMA_BLOCKS_M][ACCUM], const StreamK& sk, int cluster,
                                                         uint32_t rank, int consumer, int slot_consumer, float* workspace,
                                                         int* flags, int epoch, int m0, int n0, int problem) {
     const int parts = sk.clusters / sk.units;
     const int part = cluster % parts, first = cluster - part;
-    publish_tile(smem, workspace, flags, partial_slot(cluster, rank, slot_consumer), slot_consumer, epoch, consumer,
-                 acc, sk.one_segment_each());
+    publish_tile(workspace, flags, partial_slot(cluster, rank, slot_consumer), epoch, consumer, acc);
     mark_timeline(args, consumer, kTimelinePublished);
     await_parts(flags + partial_slot(first, rank, slot_consumer), parts, epoch, consumer);
     mark_timeline(args, consumer, kTimelineWaited);
@@ -1346,43 +1334,10 @@ struct Kernel {
     return (cluster * CLUSTER + static_cast<int>(rank)) * kConsumerWarpgroups + consumer;
   }
 
-  // A part's partial tile into the workspace and its flag raised. With GEMMGEN_SM90_SPLIT_K_BULK, where every cluster
-  // has one segment (`ring_free`: the part's loads are all consumed), the warpgroup writes it into the ring and one
-  // thread stores it by one bulk copy, waits for the copy's writes and releases the flag; otherwise, and for tiles of
-  // more than 64 accumulators a thread (a spill beside them), each thread stores its share (store_partial). Either way
-  // the workspace holds the same layout.
-  static constexpr uint32_t kPartialBytes = kPartialFloats * sizeof(float);
-  __device__ __forceinline__ static void publish_tile(const Smem& smem, float* workspace, int* flags, int slot,
-                                                     int slot_consumer, int epoch, int consumer,
-                                                     const float (&acc)[MMA_BLOCKS_M][ACCUM], bool ring_free) {
-    if constexpr (GEMMGEN_SM90_SPLIT_K_BULK && STREAM_K && kPartialVectors <= 16) {
-      static_assert(kConsumerWarpgroups * kPartialBytes <= STAGES * STAGE_BYTES,
-                    "each consumer warpgroup's partial tile fits in the ring");
-      if (ring_free) {
-        // Cooperative: the other consumer's last wgmmas may still read the ring (a barrier of every consumer
-        // warpgroup, the id after theirs).
-        if constexpr (!PINGPONG && kConsumerWarpgroups > 1) {
-          ptx::named_barrier_sync(kEpiBarrier + kConsumerWarpgroups, kConsumerWarpgroups * kWarpgroupThreads);
-        }
-        const uint32_t staging = smem.ring + slot_consumer * kPartialBytes;
-        const int t = threadIdx.x % kWarpgroupThreads;
-        for_each_partial_vector(acc, [&](int q, const float4& v) {
-          ptx::st_shared_16(staging + (q * kWarpgroupThreads + t) * sizeof(float4),
-                            make_uint4(__float_as_uint(v.x), __float_as_uint(v.y), __float_as_uint(v.z),
-                                       __float_as_uint(v.w)));
-        });
-        ptx::fence_proxy_async_smem();
-        ptx::named_barrier_sync(kEpiBarrier + consumer, kWarpgroupThreads);
-        if (t == 0) {
-          ptx::bulk_store(workspace + static_cast<int64_t>(slot) * kPartialFloats, staging, kPartialBytes);
-          ptx::tma_store_commit();
-          ptx::tma_store_wait<0>();
-          ptx::fence_proxy_async_global();
-          ptx::st_release_gpu(flags + slot, epoch);
-        }
-        return;
-      }
-    }
+  // A part's partial tile into the workspace and its flag raised. (One bulk copy per warpgroup from the ring instead
+  // of each thread's stores measured 0.925x the time over 15 split kernels: docs/sm90.md.)
+  __device__ __forceinline__ static void publish_tile(float* workspace, int* flags, int slot, int epoch, int consumer,
+                                                     const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
     store_partial(workspace, slot, acc);
     publish_partial(flags + slot, epoch, consumer);
   }
