@@ -97,6 +97,18 @@ def test_ab_variants_takes_explicit_sm90_kernels():
             ab_variants.parse_sm90_kernel(bad)
 
 
+def test_ab_variants_rows_compare_to_one_cublas_reading_per_shape():
+    """gpu/ab_variants.py times torch.matmul beside each kernel; every row of a shape is put against the median of
+    those readings, so that two kernels' ratios compare as their times do."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
+    import ab_variants
+
+    rows = [{"ms": 2.0}, {"ms": 1.0}, {"ms": 4.0}]
+    assert ab_variants.against_median_cublas(rows, [1.9, 2.0, 2.2], flop=2e9) == 2.0
+    assert [r["vs_cublas"] for r in rows] == [1.0, 2.0, 0.5]
+    assert rows[1]["cublas_tflops"] == 1.0 and rows[0]["vs_cublas"] / rows[2]["vs_cublas"] == 4.0 / 2.0
+
+
 def test_ab_variants_summarises_each_variant_against_the_first():
     """The summary a device run prints and writes: the first variant's time over each other's, per (shape, kernel)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "gpu"))
