@@ -106,6 +106,7 @@ _KNOB_PARSERS: dict[str, tuple[str, Callable[[object], object]]] = {
     "cluster_shape": ("cluster", lambda v: _int_tuple(v, 2, "cluster_shape", "(2, 1)")),
     "raster": ("raster", lambda v: _choice(v, "raster", RASTERS)),
     "fast_accum": ("fast_accum", lambda v: _boolean(v, "fast_accum")),
+    "amax": ("amax", lambda v: _boolean(v, "amax")),
 }
 
 
@@ -216,7 +217,8 @@ def plan_gradient() -> PlanGradient:
 class Gemm:
     """A planned GEMM, D = A @ B. See the README for layouts; every knob below may be overridden.
 
-    Knobs: ``tile_shape`` (BM, BN, BK), ``stages``, ``raster_group``, ``out_dtype``, ``family``
+    Knobs: ``tile_shape`` (BM, BN, BK), ``stages``, ``raster_group``, ``out_dtype`` (with 'e4m3' / 'e5m2', ``amax=True``
+    also returns the amax of D), ``family``
     ("sm80" / "sm90"; default: sm90 at arch 90, sm80 below); sm80 only: ``warps`` (WM, WN); sm90
     only: ``schedule`` ("ws" / "cooperative" / "pingpong"), ``cluster_shape`` (e.g. (2, 1) or "2x1"),
     ``raster`` ("m" / "n"). ``arch=None`` plans for the visible GPU. Size hints: ``m``, ``n``, ``k`` (one
@@ -231,7 +233,8 @@ class Gemm:
                  cluster_shape: object = None, raster: str | None = None, epilogue: object = None,
                  activation: str | Callable[..., Any] | None = None, bias: str | None = None,
                  alpha: float | str | None = None, beta: float | str | None = None, scale: str | None = None,
-                 fast_accum: bool | None = None, dtype_b: object = None, namespace: str = DEFAULT_NAMESPACE) -> None:
+                 fast_accum: bool | None = None, amax: bool | None = None, dtype_b: object = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_input_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -246,7 +249,8 @@ class Gemm:
             raise ValueError(f"namespace={namespace!r} must be a Python identifier, e.g. 'gemmgen'")
         self.namespace = namespace
         given = dict(family=family, tile_shape=tile_shape, warps=warps, stages=stages, raster_group=raster_group,
-                     schedule=schedule, cluster_shape=cluster_shape, raster=raster, fast_accum=fast_accum)
+                     schedule=schedule, cluster_shape=cluster_shape, raster=raster, fast_accum=fast_accum,
+                     amax=amax)
         # All knobs at once: a combination is judged as a whole (schedule="pingpong" with a tile that
         # only pingpong takes is fine, whatever the order of the keywords).
         knobs = Knobs(**{_KNOB_PARSERS[k][0]: _KNOB_PARSERS[k][1](v) for k, v in given.items() if v is not None})
@@ -422,6 +426,16 @@ class Gemm:
     @fast_accum.setter
     def fast_accum(self, value: bool) -> None:
         self._set_knob("fast_accum", value)
+
+    @property
+    def amax(self) -> bool:
+        """A quantized D (out_dtype 'e4m3' or 'e5m2'): True also returns the amax of D, the largest |value| the
+        epilogue gave before quantization (a 0-dim fp32 tensor, the op's third output), for delayed scaling."""
+        return self.config.amax
+
+    @amax.setter
+    def amax(self, value: bool) -> None:
+        self._set_knob("amax", value)
 
     @property
     def raster(self) -> str:

@@ -127,6 +127,31 @@ def test_emitted_packages_carry_a_quantized_output():
     assert ops[1].plan_record()["out_dtype"] == "e5m2"
 
 
+def test_a_quantized_output_may_return_the_amax_of_d():
+    """amax=True: the op also returns the amax of its quantized D (a third output, KernelConfig.amax, a kernel of its
+    own name); only a quantized D has one; packages carry it."""
+    from generator.emit import package_files, resolve_ops
+    from generator.spec.config import output_schema, outputs
+
+    plan = Gemm("bf16", "tn", arch=90, out_dtype="e4m3", amax=True, activation="silu", bias="col")
+    cfg = plan.config
+    assert cfg.amax and plan.amax and cfg.name.endswith("_oe4m3_amax" + cfg.epilogue.name_suffix)
+    assert outputs(cfg) == 3 and output_schema(cfg) == "(Tensor, Tensor, Tensor)"
+    assert "returns (D, scales, amax)" in str(plan) and "D_bf16.abs().amax()" in str(plan)
+    assert "static constexpr bool kAmax = true;" in render(cfg)[cfg.name + ".cu"]
+    assert "static constexpr bool kAmax = false;" in render(Gemm("bf16", "tn", arch=90).config)[
+        Gemm("bf16", "tn", arch=90).config.name + ".cu"]
+    with pytest.raises(ValueError, match="amax=True records the amax of a quantized D .* plan out_dtype='e4m3'"):
+        Gemm("bf16", "tn", arch=90, amax=True)
+    with pytest.raises(ValueError, match="amax='yes': give True or False"):
+        Gemm("bf16", "tn", arch=90, out_dtype="e4m3", amax="yes")
+    ops = resolve_ops([Gemm("bf16", "tn", arch=90, out_dtype="e4m3", amax=True)])
+    files = package_files(ops, "apkg", autograd=False)
+    binding, init = files["csrc/binding.cpp"].decode(), files["apkg/__init__.py"].decode()
+    assert "/*amax=*/true," in binding and "-> (Tensor, Tensor, Tensor)" in binding
+    assert "returns (D, scales, amax)" in init and ops[0].name == "gemm_bf16_tn_oe4m3_amax"
+
+
 def test_promoted_plans_weigh_pingpong_below_cooperative():
     """A promoted pingpong warpgroup promotes with its partner idle (planner/sm90.py PROMOTED_PINGPONG_EFFICIENCY): the
     same tile cooperative, where fast accumulation (nothing to promote) keeps pingpong."""

@@ -900,7 +900,7 @@ def stub_bindings(tmp_path_factory) -> dict[str, Future]:
     {package name: a done future of the environment that imports it}; each test takes its own result, so a failed
     build fails (and a missing nvcc skips) that test alone."""
     pytest.importorskip("torch")
-    plans = {AUTOGRAD_CPU: autograd_cpu_plans(), EPILOGUE_CPU: epilogue_plans()}
+    plans = {AUTOGRAD_CPU: autograd_cpu_plans(), EPILOGUE_CPU: epilogue_cpu_plans()}
     packages = {name: emit(p, name=name, out=tmp_path_factory.mktemp(name) / "pkg") for name, p in plans.items()}
     ops = resolve_ops(plans[AUTOGRAD_CPU])
     kernels = {AUTOGRAD_CPU: sorted({op.config.name for op in [*ops, *backward_ops(ops)]}),
@@ -1266,7 +1266,12 @@ def epilogue_plans() -> list[Gemm]:
             Gemm("bf16", "tn", arch=90)]
 
 
-KNOB_OP, PLAIN_OP = "gemm_bf16_tn_gelu_cbias", "gemm_bf16_tn"
+def epilogue_cpu_plans() -> list[Gemm]:
+    """epilogue_plans and a quantized D with its amax (three outputs, forward only): EPILOGUE_CPU's package."""
+    return [*epilogue_plans(), Gemm("bf16", "tn", arch=90, out_dtype="e4m3", amax=True)]
+
+
+KNOB_OP, PLAIN_OP, AMAX_OP = "gemm_bf16_tn_gelu_cbias", "gemm_bf16_tn", "gemm_bf16_tn_oe4m3_amax"
 FUNCTION_OP = "gemm_fp16_nt_dcol_gelu_rscale_mc_salpha_aux"
 
 
@@ -1618,6 +1623,11 @@ class M(torch.nn.Module):
 code = torch.export.export(M(), (a, b, bias, torch.empty(33, 40).bfloat16())).run_decompositions().graph_module.code
 assert "{name}.{knob}.default(a, b, bias)" in code and "aten.copy.default(out" in code, code
 {grads}
+# a quantized D with its amax: three outputs, (M, N) e4m3, (M, ceil(N/128)) fp32 scales and a 0-dim fp32
+Q, S, AMAX = pkg.{amax}(A, B)
+assert [(tuple(t.shape), t.dtype) for t in (Q, S, AMAX)] == [
+    ((33, 40), torch.float8_e4m3fn), ((33, 1), torch.float32), ((), torch.float32)], (Q, S, AMAX)
+assert str(torch.ops.{name}.{amax}.default._schema).endswith("-> (Tensor, Tensor, Tensor)")
 print("EPILOGUE OK")
 '''
 
@@ -1757,7 +1767,7 @@ def test_epilogue_binding_on_cpu(tmp_path, stub_bindings):
     themselves are tests/gpu/test_emitted_epilogue.py's."""
     expected = _python_messages()
     name = EPILOGUE_CPU
-    plans = epilogue_plans()
+    plans = epilogue_cpu_plans()
     ops = resolve_ops(plans)
     all_ops = [*ops, *backward_ops(ops)]
     env = stub_bindings[name].result()
@@ -1766,8 +1776,8 @@ def test_epilogue_binding_on_cpu(tmp_path, stub_bindings):
     operands = {op.name: [(o.kind, o.dtype.value, o.order.value if o.order else None)
                           for o in op.config.epilogue.operands] for op in ops if not op.config.epilogue.is_identity}
     grads = EPILOGUE_GRADS.format(cpu_kernels=CPU_KERNELS.format(specs=specs, name=name), operands=operands)
-    code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, expected=expected,
-                                 grads=grads)
+    code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, amax=AMAX_OP,
+                                 expected=expected, grads=grads)
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "GRADS OK" in r.stdout and "EPILOGUE OK" in r.stdout

@@ -26,7 +26,7 @@ from generator.runtime import compile_op, registered_op  # noqa: E402
 from generator.runtime.checks import TORCH_DTYPES  # noqa: E402
 from generator.runtime.library import GemmArgsStruct, GemmListProblemStruct  # noqa: E402
 from generator.runtime.operands import scale_blocks  # noqa: E402
-from generator.spec.config import second_output  # noqa: E402
+from generator.spec.config import outputs, second_output  # noqa: E402
 from generator.spec.epilogue import with_scales  # noqa: E402
 
 CUDA_KEY = torch._C.DispatchKeySet(torch._C.DispatchKey.CUDA)
@@ -247,6 +247,8 @@ STAND_IN_PLANS = {
     # a quantized D (fp8, its per-block scales the second output): after a fused epilogue, and of fp8 inputs
     "quantized_silu_bias": dict(layout="tn", out_dtype="e4m3", activation="silu", bias="col"),
     "quantized_fp8_block": dict(dtype="e4m3", layout="tn", scale="block", out_dtype="e5m2"),
+    # and the amax of D, a third output
+    "quantized_amax": dict(layout="tn", out_dtype="e4m3", amax=True),
 }
 _STAND_INS: dict = {}
 
@@ -333,13 +335,13 @@ def launched(call):
 
 
 def args_dict(args, outputs):
-    """The GemmArgs as plain values, D's and aux's addresses replaced by which output they point at."""
+    """The GemmArgs as plain values, D's, aux's and amax's addresses replaced by which output they point at."""
     fields = {name: getattr(args, name) for name, _ in GemmArgsStruct._fields_}
     for name in ("ep_ptr", "ep_ld", "ep_scalar"):
         fields[name] = list(fields[name])
     fields["list"] = ctypes.cast(fields["list"], ctypes.c_void_p).value   # (a pointer object: its address)
     pointers = {t.data_ptr(): f"output {i}" for i, t in enumerate(outputs)}
-    for name in ("d", "aux"):
+    for name in ("d", "aux", "amax"):
         fields[name] = pointers.get(fields[name], fields[name])
     return fields
 
@@ -364,7 +366,9 @@ def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launche
         cpp, python = outputs_of(cpp), outputs_of(python)
         assert [(t.shape, t.stride(), t.dtype) for t in cpp] == [(t.shape, t.stride(), t.dtype) for t in python]
         second = second_output(op.config)
-        assert len(cpp) == (2 if second is not None else 1)
+        assert len(cpp) == outputs(op.config) == 1 + (second is not None) + op.config.amax
+        if op.config.amax:   # a 0-dim fp32 zero the kernel raises (the stand-in launches nothing that raises it)
+            assert cpp[-1].shape == () and cpp[-1].dtype == torch.float32 and cpp[-1].item() == 0.0
         if m * n == 0:
             assert cpp_args is None and python_args is None
             continue
@@ -380,6 +384,7 @@ def test_cpp_kernels_launch_with_the_gemm_args_of_the_python_path(python_launche
             assert cpp_args.aux == cpp[1].data_ptr()
         else:
             assert not cpp_args.aux and cpp_args.ldaux == 0
+        assert (cpp_args.amax or 0) == (cpp[2].data_ptr() if op.config.amax else 0)
         for i, (o, v) in enumerate(zip(ep_.operands, values)):
             if o.kind == "scalar":
                 assert cpp_args.ep_scalar[i] == v and not cpp_args.ep_ptr[i]

@@ -82,7 +82,7 @@ def test_fake_tensors_give_the_batched_output_shape(op, shapes, expected):
 
 def test_args_struct_matches_the_c_header():
     # templates/common/gemm_args.h: three pointers, then six int64 fields; the batch fields, group_ends and
-    # group_rows, then a list call's host array and the launch's device copy last.
+    # group_rows, then a list call's host array and the launch's device copy, groups along K, the amax.
     assert GemmArgsStruct.m.offset == 24 and GemmArgsStruct.ldd.offset == 64
     assert GemmArgsStruct.batch.offset == GemmArgsStruct.ldaux.offset + 8
     assert GemmArgsStruct.group_ends.offset == GemmArgsStruct.batch_stride_d.offset + 8
@@ -90,7 +90,8 @@ def test_args_struct_matches_the_c_header():
     assert GemmArgsStruct.list.offset == GemmArgsStruct.group_rows.offset + 8
     assert GemmArgsStruct.list_device.offset == GemmArgsStruct.list.offset + 8
     assert GemmArgsStruct.groups_along_k.offset == GemmArgsStruct.list_device.offset + 8
-    assert GemmArgsStruct.groups_along_k.offset + 8 == ctypes.sizeof(GemmArgsStruct)
+    assert GemmArgsStruct.amax.offset == GemmArgsStruct.groups_along_k.offset + 8   # (a quantized D's amax, last)
+    assert GemmArgsStruct.amax.offset + 8 == ctypes.sizeof(GemmArgsStruct)
     # GemmListProblem: a, b, d, then m, n, k, lda, ldb, ldd (int64): GemmArgs' first nine fields
     assert [f for f, _ in GemmListProblemStruct._fields_] == [f for f, _ in GemmArgsStruct._fields_[:9]]
     assert GemmListProblemStruct.m.offset == 24 and ctypes.sizeof(GemmListProblemStruct) == 72

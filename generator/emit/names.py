@@ -65,14 +65,16 @@ def grad_op_name(config: KernelConfig) -> str:
 
 
 def default_op_name(config: KernelConfig) -> str:
-    """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs, ``_dcol`` for a column-major D, ``_fa``
+    """``gemm_<dtype>_<layout>``, ``_o<out dtype>`` when D's dtype differs (``_amax`` after it with the amax of D),
+    ``_dcol`` for a column-major D, ``_fa``
     for fp8's fast accumulation, and the epilogue's tag (lowercase) for a fused epilogue:
     ``gemm_bf16_tn_gelu_cbias``; ``<dtype>`` names both inputs where they differ (``e5m2xe4m3``)."""
     out = "" if config.out_dtype == config.dtype else f"_o{config.out_dtype.value}"
     dcol = "_dcol" if config.layout.c is Order.col else ""
     fast = "_fa" if config.fast_accum else ""
+    amax = "_amax" if config.amax else ""
     epilogue = "" if config.epilogue.is_identity else f"_{config.epilogue.tag.lower()}"
-    return f"gemm_{config.dtype_tag}_{config.layout.blas}{out}{dcol}{fast}{epilogue}"
+    return f"gemm_{config.dtype_tag}_{config.layout.blas}{out}{amax}{dcol}{fast}{epilogue}"
 
 
 def check_operand_names(config: KernelConfig) -> None:

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from ..planner.backward import accumulator_config, autograd_form, backward_closure, backward_configs
 from ..planner.common import Problem
 from ..render.epilogue_python import python_function
-from ..spec.config import QUANT_BLOCK, KernelConfig, quantizes_out, second_output
+from ..spec.config import QUANT_BLOCK, KernelConfig, output_schema, quantizes_out, second_output
 from ..spec.grouped import grouped_list_refusal, grouped_refusal
 from ..spec.epilogue import KINDS, KNOB_NAMES, epilogue_to_json, from_knobs
 from ..spec.types import DType, Order, unquantized
@@ -167,6 +167,8 @@ class EmittedOp:
             record.update(schedule=cfg.schedule, cluster_shape="x".join(map(str, cfg.cluster)), raster=cfg.raster)
             if cfg.fast_accum:
                 record["fast_accum"] = True
+            if cfg.amax:
+                record["amax"] = True
             if cfg.dtype_b is not None:
                 record["dtype_b"] = cfg.dtype_b.value
         else:
@@ -205,7 +207,8 @@ def _epilogue_context(cfg: KernelConfig) -> dict[str, Any]:
     expression = ep.describe()[: 2 if ep.aux is not None else 1]
     if quantized_out:
         expression.append(f"D quantized to {cfg.out_dtype.value} per row and {QUANT_BLOCK} columns, scales "
-                          f"(M, ceil(N/{QUANT_BLOCK})) fp32 (generator.quantize(D_bf16, scale='block'))")
+                          f"(M, ceil(N/{QUANT_BLOCK})) fp32 (generator.quantize(D_bf16, scale='block'))"
+                          + (", and amax, D_bf16.abs().amax() as a 0-dim fp32" if cfg.amax else ""))
     return {
         "epilogue": not ep.is_identity or quantized_out,
         # operands or a second output: a schema of its own, so gemm_op.h's boxed kernels
@@ -215,10 +218,11 @@ def _epilogue_context(cfg: KernelConfig) -> dict[str, Any]:
         "aux": second is not None,
         "second_output": second,                              # "aux" | "scales" | None
         "quant_block": QUANT_BLOCK if quantized_out else 0,   # OpSpec::quant_block
+        "amax": cfg.amax,                                     # OpSpec::amax: the amax of D, a third output
         "epilogue_text": ep.text,
         "expression": expression,
         "schema_arguments": "".join(f", {o['schema_type']} {o['name']}" for o in operands),
-        "schema_returns": "(Tensor, Tensor)" if second is not None else "Tensor",
+        "schema_returns": output_schema(cfg),
     }
 
 

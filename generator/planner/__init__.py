@@ -35,8 +35,18 @@ def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
     """
     sm_count = sm_count or spec.sm_count
     family_choose = choose_sm90 if resolve_family(knobs, spec) == "sm90" else choose_sm80
-    return family_choose(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
-                         epilogue=epilogue, dtype_b=dtype_b)
+    best, rejected = family_choose(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
+                                   epilogue=epilogue, dtype_b=dtype_b)
+    if knobs.amax:
+        best = Estimate(with_amax(best.config), best.cost, f"{best.reason}; and the amax of D")
+    return best, rejected
+
+
+def with_amax(cfg: KernelConfig) -> KernelConfig:
+    """``cfg`` also recording the amax of its quantized D (KernelConfig.amax; check_config says why it cannot)."""
+    cfg = replace(cfg, amax=True)
+    check_config(cfg)
+    return cfg
 
 
 def plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = None, out_dtype: DType | None = None,
@@ -66,7 +76,7 @@ def ranked(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
     else:
         configs = sm80.candidates(dtype, out_dtype, layout, spec, knobs, problem)
     legal = []
-    for cfg in (replace(c, epilogue=epilogue, dtype_b=dtype_b) for c in configs):
+    for cfg in (replace(c, epilogue=epilogue, dtype_b=dtype_b, amax=bool(knobs.amax)) for c in configs):
         try:
             check_config(cfg)
         except ValueError:

@@ -45,6 +45,7 @@ class Knobs:
     cluster: tuple[int, int] | None = None        # sm90 only
     raster: str | None = None                     # sm90 only
     fast_accum: bool | None = None                # fp8 only: True sums all of K inside wgmma (no promotion)
+    amax: bool | None = None                      # a quantized D: True also returns the amax of D
 
 
 # What a fused epilogue adds to a tile's time, in units of K (a tile costs BM*BN*(K + overhead)): reading

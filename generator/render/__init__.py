@@ -69,6 +69,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
                 "raster": cfg.raster,               # "m" | "n"
                 "promote": cfg.promoted,            # fp8: each k tile added into fp32 accumulators
                 "stream_k": cfg.stream_k,
+                "amax": cfg.amax,
                 "raster_group": cfg.raster_group,
                 **layout}
     return {**common, "wm": cfg.warps[0], "wn": cfg.warps[1], "raster_group": cfg.raster_group, **layout}

@@ -61,7 +61,8 @@ class JitOpSpec(ctypes.Structure):
                 ("num_buckets", ctypes.c_int), ("bucket_rows", ctypes.POINTER(ctypes.c_longlong)),
                 ("bucket_launch", ctypes.POINTER(ctypes.c_void_p)),
                 ("bucket_error_string", ctypes.POINTER(ctypes.c_void_p)),
-                ("bucket_kernel", ctypes.POINTER(ctypes.c_char_p)), ("quant_block", ctypes.c_int)]
+                ("bucket_kernel", ctypes.POINTER(ctypes.c_char_p)), ("quant_block", ctypes.c_int),
+                ("amax", ctypes.c_int)]
 
 
 #: gemmgen::OperandKind in templates/torch/gemm_op.h: the index of each kind in generator.spec.epilogue.KINDS.
@@ -209,7 +210,7 @@ class _Runtime:
             grouped_refusal=(grouped_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None,
             grouped_list_refusal=(grouped_list_refusal(cfg) or "").encode() if cfg.epilogue.is_identity else None,
             num_buckets=len(buckets), bucket_rows=rows, bucket_launch=launches, bucket_error_string=errors,
-            bucket_kernel=kernels, quant_block=QUANT_BLOCK if quantizes_out(cfg) else 0)
+            bucket_kernel=kernels, quant_block=QUANT_BLOCK if quantizes_out(cfg) else 0, amax=int(cfg.amax))
         _call(self._register, spec, f"registering the CUDA kernel of {op.namespace}::{op.name}")
         return True
 

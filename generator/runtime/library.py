@@ -36,7 +36,7 @@ class GemmArgsStruct(ctypes.Structure):
                 ("batch_stride_d", ctypes.c_int64),
                 ("group_ends", ctypes.c_void_p), ("group_rows", ctypes.c_int64),
                 ("list", ctypes.POINTER(GemmListProblemStruct)), ("list_device", ctypes.c_void_p),
-                ("groups_along_k", ctypes.c_int64)]
+                ("groups_along_k", ctypes.c_int64), ("amax", ctypes.c_void_p)]
 
 
 @dataclass(frozen=True)

@@ -122,7 +122,9 @@ class GemmOp(OpChecks):
                  **named: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | list[torch.Tensor]:
         """``op(A, B, *epilogue operands, out=None)``; the operands also by name (``bias=b``). A plan whose
         epilogue has a second output returns ``(D, aux)``; one whose D is quantized (out_dtype 'e4m3' or 'e5m2')
-        returns ``(D, scales)``, scales (M, ceil(N/128)) fp32 as ``generator.quantize(x, scale='block')`` gives them. Two lists (or tuples) of matrices, ``op(As, Bs)``, are a
+        returns ``(D, scales)``, scales (M, ceil(N/128)) fp32 as ``generator.quantize(x, scale='block')`` gives them,
+        and with ``amax=True`` ``(D, scales, amax)``, amax the 0-dim fp32 largest |value| of D before quantization.
+        Two lists (or tuples) of matrices, ``op(As, Bs)``, are a
         list call (``grouped_list``)."""
         if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
             return self._call_list(A, B, bool(operands or named) or out is not None)
@@ -348,8 +350,10 @@ class GemmOp(OpChecks):
             return "grouped" if grouped_list_refusal(self.config) is None else "none"
         return PATHS[self.library.choose_path(ctypes.byref(self._list_args(entries)))]
 
-    def _outputs(self, D: torch.Tensor, aux: torch.Tensor | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        return D if aux is None else (D, aux)
+    def _outputs(self, D: torch.Tensor, aux: torch.Tensor | None, amax: torch.Tensor | None = None
+                 ) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """What the op returns: D, or (D, second output), or with the amax of a quantized D (D, scales, amax)."""
+        return D if aux is None else (D, aux) if amax is None else (D, aux, amax)
 
     def run(self, A: torch.Tensor, B: torch.Tensor, operands: Sequence[Any], out: torch.Tensor | None
             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -359,7 +363,7 @@ class GemmOp(OpChecks):
             # its Meta kernel, but .out's CompositeImplicitAutograd decomposition rules out a Meta kernel).
             self._check_meta(A, B, out, operands)
             D = self._empty_out(A, B) if out is None else out
-            return self._outputs(D, self._second_out(A, B))
+            return self._outputs(D, self._second_out(A, B), self._zeroed_amax(A))
         problem = self._check(A, B)
         if problem.batch is not None:
             check_batchable(self.config)
@@ -371,10 +375,14 @@ class GemmOp(OpChecks):
         else:
             ldd, stride_d = leading_dim(D, self.config.layout.c), batch_stride(D)
         aux = self._second_out(A, B)   # (a batched call has none: refused)
+        amax = self._zeroed_amax(A)
         if D.numel() == 0:
-            return self._outputs(D, aux)
-        self._launch(self._args(A, B, D, problem, ldd, stride_d, slots, aux), A.device)
-        return self._outputs(D, aux)
+            return self._outputs(D, aux, amax)
+        args = self._args(A, B, D, problem, ldd, stride_d, slots, aux)
+        if amax is not None:
+            args.amax = amax.data_ptr()
+        self._launch(args, A.device)
+        return self._outputs(D, aux, amax)
 
     def _launch(self, args: GemmArgsStruct, device: torch.device) -> None:
         """Launch on ``device``'s current stream; a failure's code as the library words it."""

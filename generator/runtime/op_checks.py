@@ -544,6 +544,11 @@ class OpChecks:
             return torch.empty((A.shape[-2], -(-B.shape[-1] // QUANT_BLOCK)), dtype=torch.float32, device=A.device)
         return self._empty_out(A, B) if second == "aux" else None
 
+    def _zeroed_amax(self, A: torch.Tensor) -> torch.Tensor | None:
+        """The op's third output with ``amax=True``: a 0-dim fp32 zero that the kernel raises to the amax of its
+        quantized D; None for other plans."""
+        return torch.zeros((), dtype=torch.float32, device=A.device) if self.config.amax else None
+
     def _empty_out(self, A: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
         """D for A and B (of checked ranks), in the plan's order of D: (M, N), or for a batched call
         (batch, M, N) with its matrices one after another (batch stride M * N)."""

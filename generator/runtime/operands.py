@@ -45,10 +45,6 @@ def schema_arguments(ep: Epilogue) -> str:
     return "".join(f", {'float' if op.kind == 'scalar' else 'Tensor'} {op.name}" for op in ep.operands)
 
 
-def schema_returns(cfg: KernelConfig) -> str:
-    return "(Tensor, Tensor)" if second_output(cfg) is not None else "Tensor"
-
-
 def signature(ep: Epilogue) -> str:
     """How a user calls the op, for messages: ``op(A, B, bias, C, alpha, beta)``."""
     return "op(" + ", ".join(["A", "B", *(op.name for op in ep.operands)]) + ")"

@@ -29,11 +29,11 @@ from typing import Any
 
 import torch
 
-from ..spec.config import KernelConfig, second_output
+from ..spec.config import KernelConfig, output_schema, second_output
 from ..spec.grouped import takes_scaled_groups
 from .autograd import register_autograd
 from .library import KernelLibrary
-from .operands import schema_arguments, schema_returns
+from .operands import schema_arguments
 from .sharding import register_rules
 
 
@@ -99,7 +99,7 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
     try:
         ep = op.config.epilogue
         operands = schema_arguments(ep)
-        _define(lib, f"{op.name}(Tensor A, Tensor B{operands}) -> {schema_returns(op.config)}")
+        _define(lib, f"{op.name}(Tensor A, Tensor B{operands}) -> {output_schema(op.config)}")
         _define(lib, f"{op.name}.out(Tensor A, Tensor B{operands}, *, Tensor(a!) out) -> Tensor(a!)")
         # CompositeExplicitAutograd: one implementation for every backend, so that CPU tensors reach our
         # checks (and a clear message) instead of the dispatcher's "no kernel for CPU".
@@ -119,10 +119,10 @@ def _register(op: Any, library: KernelLibrary | None) -> None:   # (op: a GemmOp
 
         lib.impl(f"{op.name}.out", run_out, "CompositeExplicitAutograd")
 
-        def fake(A: torch.Tensor, B: torch.Tensor, *values: Any) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        def fake(A: torch.Tensor, B: torch.Tensor, *values: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
             op._check_meta(A, B, None, values)
             # the real output's strides: row-major D, or (1, M) for layout_c='col'
-            return op._outputs(op._empty_out(A, B), op._second_out(A, B))
+            return op._outputs(op._empty_out(A, B), op._second_out(A, B), op._zeroed_amax(A))
 
         torch.library.register_fake(qualname, fake, lib=lib)
 

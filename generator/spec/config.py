@@ -123,6 +123,9 @@ class KernelConfig:
     # them when there are fewer tiles than SMs, cut into equal shares, partial sums added in a fixed order. Not
     # planned and not a Gemm knob yet (not measured on a GPU): set on a config for experiments (bench_dtypes).
     stream_k: bool = False
+    # A quantized D (out_dtype e4m3 / e5m2): also the amax of D (the largest |value| the epilogue gave, before
+    # quantization), one fp32 reduced over every block, the op's third output: delayed scaling's record.
+    amax: bool = False
 
     @property
     def b_dtype(self) -> DType:
@@ -143,6 +146,7 @@ class KernelConfig:
     def name(self) -> str:
         bm, bn, bk = self.tile
         out = "" if self.out_dtype == self.dtype and not quantizes_out(self) else f"_o{self.out_dtype.value}"
+        out += "_amax" if self.amax else ""
         if self.family == "sm90":
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
@@ -418,6 +422,17 @@ def quantizes_out(cfg: KernelConfig) -> bool:
     return cfg.out_dtype in QUANTIZED_OUTPUT_DTYPES
 
 
+def outputs(cfg: KernelConfig) -> int:
+    """How many tensors the op returns: D, its second output (second_output) and, with amax, the amax of D."""
+    return 1 + (second_output(cfg) is not None) + cfg.amax
+
+
+def output_schema(cfg: KernelConfig) -> str:
+    """The returns of the op's schema: "Tensor", "(Tensor, Tensor)" or "(Tensor, Tensor, Tensor)" (outputs)."""
+    count = outputs(cfg)
+    return "Tensor" if count == 1 else "(" + ", ".join(["Tensor"] * count) + ")"
+
+
 def second_output(cfg: KernelConfig) -> str | None:
     """What the op returns beside D: 'scales' (a quantized D's, (M, ceil(N / QUANT_BLOCK)) fp32), 'aux' (the
     epilogue's second M x N output, like D), or None."""
@@ -490,6 +505,9 @@ def check_config(cfg: KernelConfig) -> None:
         check_block_scales(cfg)
     if quantizes_out(cfg):
         check_quantized_out(cfg)
+    elif cfg.amax:
+        raise ValueError(f"amax=True records the amax of a quantized D (out_dtype 'e4m3' or 'e5m2'); this plan writes "
+                         f"{cfg.out_dtype.value}: plan out_dtype='e4m3', or take D.abs().amax() of its result")
     if cfg.stream_k:
         check_stream_k(cfg)
 

@@ -57,8 +57,10 @@ def _quantized_out_lines(cfg: KernelConfig) -> list[str]:
         return []
     return [f"quantized:    D's values rounded to bf16, then per row and {QUANT_BLOCK}-column block scaled by s = amax / "
             f"{448 if cfg.out_dtype is DType.e4m3 else 57344} into {cfg.out_dtype.value};",
-            f"              returns (D, scales), scales (M, ceil(N/{QUANT_BLOCK})) fp32: quantize(D_bf16, "
-            f"'{cfg.out_dtype.value}', scale='block') bit for bit"]
+            f"              returns (D, scales{', amax' if cfg.amax else ''}), scales (M, ceil(N/{QUANT_BLOCK})) fp32: "
+            f"quantize(D_bf16, '{cfg.out_dtype.value}', scale='block') bit for bit",
+            *(["              amax: a 0-dim fp32, D_bf16.abs().amax() (the blocks' amaxes, reduced by atomic max)"]
+              if cfg.amax else [])]
 
 
 def _path_lines(cfg: KernelConfig) -> list[str]:

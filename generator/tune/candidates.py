@@ -49,7 +49,7 @@ def honours(cfg: KernelConfig, knobs: Knobs) -> bool:
     """Whether ``cfg`` keeps every knob the user fixed."""
     fixed = (("tile", cfg.tile), ("warps", cfg.warps), ("stages", cfg.stages), ("raster_group", cfg.raster_group),
              ("family", cfg.family), ("schedule", cfg.schedule), ("cluster", cfg.cluster), ("raster", cfg.raster),
-             ("fast_accum", cfg.fast_accum))
+             ("fast_accum", cfg.fast_accum), ("amax", cfg.amax))
     return all(getattr(knobs, knob) in (None, value) for knob, value in fixed)
 
 

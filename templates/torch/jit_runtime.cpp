@@ -61,6 +61,7 @@ struct JitOpSpec {
   void* const* bucket_error_string;
   const char* const* bucket_kernel;
   int quant_block;               // a quantized (fp8) D: the columns of each of its scales (its second output); 0: none
+  int amax;                      // with quant_block: nonzero returns the amax of D too (its third output)
 };
 
 // An OpSpec and the strings and operands it points to, and the registration that uses them.
@@ -99,7 +100,7 @@ void check_schema(const RegisteredOp& entry) {
   const auto& arguments = schema.arguments();
   const gemmgen::OpSpec& spec = entry.spec;
   bool same = arguments.size() == gemmgen::argument_count(spec, false) &&
-              schema.returns().size() == (spec.aux ? 2u : 1u);
+              schema.returns().size() == 1u + (spec.aux ? 1u : 0u) + (spec.amax ? 1u : 0u);
   for (int i = 0; same && i < spec.num_operands; ++i) {
     const auto& argument = arguments[2 + i];
     const bool scalar = spec.operands[i].kind == gemmgen::OperandKind::Scalar;
@@ -108,7 +109,7 @@ void check_schema(const RegisteredOp& entry) {
   }
   TORCH_CHECK_VALUE(same, "gemmgen JIT runtime: the schema of ", entry.ns, "::", entry.op,
                     " does not match the op spec's ", spec.num_operands, " epilogue operand(s)",
-                    spec.aux ? " and aux" : "");
+                    spec.aux ? " and aux" : "", spec.amax ? " and amax" : "");
 }
 
 // Whether Python defined the overload (a plain op's .grouped and .grouped_list: generator/runtime/registration.py's
@@ -193,6 +194,7 @@ void register_op(const JitOpSpec& in) {
   spec.operands = entry->operands.data();
   spec.aux = in.aux != 0;
   spec.quant_block = in.quant_block;
+  spec.amax = in.amax != 0;
   spec.device_type = static_cast<c10::DeviceType>(in.device_type);
   if (in.dtype_b != nullptr) {
     entry->dtype_b_name = in.dtype_b;

@@ -1,4 +1,5 @@
-"""Quantize-on-store on the GPU (sm90): a plan with out_dtype 'e4m3' or 'e5m2' returns (D, scales), which must equal
+"""Quantize-on-store on the GPU (sm90): a plan with out_dtype 'e4m3' or 'e5m2' returns (D, scales) (and with amax=True
+the amax of D, which must equal the bf16 result's), which must equal
 ``generator.quantize(D_bf16, dtype, scale="block")`` bit for bit, D_bf16 being the same kernel's result with a bf16
 D (same tile, cluster, schedule and epilogue); and, dequantized, D must be within fp8's precision of a float64
 reference. Ragged M and N (partial 128-column blocks, N off the 16-byte rule: the direct stores), small M, K = 0,
@@ -96,6 +97,43 @@ def test_equals_quantize_of_the_bf16_result_bit_for_bit(ops, key):
         else:
             error = ((got - ref).norm() / ref.norm()).item()
             assert error < FP8_EPS[PLANS[key]["out_dtype"]], f"{where}: error {error:.2e} against float64"
+
+
+#: Plans that also return the amax of D (amax=True), beside the same kernel without it and with a bf16 D.
+AMAX_PLANS = {
+    "bf16_e4m3_silu_bias": dict(dtype="bf16", out_dtype="e4m3", activation="silu", bias="col"),
+    "bf16_e4m3_pingpong_64x128": dict(dtype="bf16", out_dtype="e4m3", schedule="pingpong", tile_shape=(64, 128, 64)),
+}
+
+
+@pytest.fixture(scope="module")
+def amax_ops(ops):
+    with_amax = [dataclasses.replace(ops[key][0].config, amax=True) for key in AMAX_PLANS]
+    built = compile_many(with_amax, namespace="gemmgen_quantized_out_test")
+    return {key: (built[i], *ops[key]) for i, key in enumerate(AMAX_PLANS)}
+
+
+@pytest.mark.parametrize("key", list(AMAX_PLANS))
+def test_the_amax_of_d_is_that_of_the_bf16_result(amax_ops, key):
+    """amax=True: the third output is the largest |value| of the bf16 result, exactly (rows past M and columns past N
+    left out: a bias makes the epilogue of the zero rows past M nonzero), twice in a row (it starts at zero each call);
+    D and its scales are the kernel's without amax, bit for bit."""
+    op, op_plain, op_bf16 = amax_ops[key]
+    for m, n, k in SHAPES:
+        args, _ = operands(key, m, n, k)
+        for _ in range(2):
+            q, s, amax = op(*args)
+            assert amax.shape == () and amax.dtype == torch.float32
+            want = op_bf16(*args).float().abs().amax() if m * n else torch.zeros((), device="cuda")
+            assert amax.item() == want.item(), f"{op.name} {m}x{n}x{k}: amax {amax.item()} against {want.item()}"
+        plain_q, plain_s = op_plain(*args)
+        assert torch.equal(s, plain_s) and torch.equal(q.view(torch.uint8), plain_q.view(torch.uint8))
+    big = torch.randn(4096, 1024, device="cuda").bfloat16()
+    args, _ = operands(key, 4096, 1024, 1024)
+    args[0] = big
+    args[0][1234, 5] = 300.0                      # one large value: its row's products dominate
+    q, s, amax = op(*args)
+    assert amax.item() == op_bf16(*args).float().abs().amax().item()
 
 
 @pytest.mark.parametrize("magnitude", [1e-10, 1e-3, 1e3])

@@ -46,6 +46,8 @@ struct Config {
   // Stream-K: the iterations of the last partial wave of tiles (all of them with fewer tiles than SMs) in equal
   // shares, partial sums added in a fixed order (gemm_kernel.cuh StreamK).
   static constexpr bool kStreamK = false;
+  // A quantized D: also the amax of D (its blocks' amaxes reduced into GemmArgs::amax by atomic max).
+  static constexpr bool kAmax = false;
 
 
   struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)

@@ -85,6 +85,10 @@ typedef struct GemmArgs {
   // Only the sm90 persistent kernels that take lists (Cfg::kWalksLists) take it: the launch builds each group's
   // tensor maps on the device, so nothing is read on the host.
   int64_t groups_along_k;
+  // A quantized D's amax (plans with KernelConfig.amax): one fp32, zero before the launch, that the kernel raises to
+  // the largest |value| of D before quantization (atomic max on the float's bits: every value is >= 0); null
+  // otherwise.
+  float* amax;
 } GemmArgs;
 
 // Which kernel of a library a launch takes (returned by <name>_path): the config's own, the unaligned one

@@ -657,6 +657,7 @@ struct Kernel {
   static_assert(!kQuantizesOut || (WG_N % kQuantBlock == 0 && Cfg::kDRowMajor && !STREAM_K && !kSourced),
                 "a quantized D: whole 128-column blocks per warpgroup, row-major, no stream-K, no source operand "
                 "(spec/config.py check_quantized_out)");
+  static_assert(!Cfg::kAmax || kQuantizesOut, "the amax of D is a quantized D's (spec/config.py check_config)");
   // Stream-K workspace: per CTA of the grid and consumer warpgroup one partial tile (fp32, in fragment
   // order: register r of thread t at r * 128 + t, so each access is coalesced) and one flag (LaunchWorkspace).
   static constexpr int kPartialFloats = WG_M * WG_N;
@@ -1933,6 +1934,7 @@ struct Kernel {
           v = to_float<Out>(from_float<Out>(divide_rn(v * pre[r / 2], scaled[r / 2], inverse[r / 2])));
         }
       const int col = n0 + c * kQuantBlock;
+      if constexpr (Cfg::kAmax) record_amax(args, p, amax, m0 + i * kMmaM + warp * 16 + lane / 4);
       if (lane % 4 == 0 && col < p.n) {
         float* scales = static_cast<float*>(args.aux);
 #pragma unroll
@@ -1941,6 +1943,20 @@ struct Kernel {
           if (row < p.m) scales[static_cast<int64_t>(row) * args.ldaux + col / kQuantBlock] = scale[h];
         }
       }
+    }
+  }
+
+  // Cfg::kAmax: the amax of D over this warp's 16 rows of one block (amax[h]: row `row` + 8 h, every lane of its
+  // quad holding it after quantize_block's shuffles; rows past M left out: their values are the epilogue of zeros,
+  // e.g. a bias), raised into GemmArgs::amax by one atomic max per warp on the float's bits (a float >= 0 orders as
+  // its bits do). A block of zeros raises nothing: the amax starts at zero.
+  __device__ __forceinline__ static void record_amax(const GemmArgs& args, const Problem& p, const float (&amax)[2],
+                                                     int row) {
+    float most = fmaxf(row < p.m ? amax[0] : 0.0f, row + 8 < p.m ? amax[1] : 0.0f);
+#pragma unroll
+    for (int lanes = 4; lanes < 32; lanes *= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, lanes));
+    if (threadIdx.x % 32 == 0 && most > 0.0f) {
+      atomicMax(reinterpret_cast<unsigned int*>(args.amax), __float_as_uint(most));
     }
   }
 

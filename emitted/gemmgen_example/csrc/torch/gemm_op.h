@@ -42,6 +42,7 @@
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -121,6 +122,8 @@ struct OpSpec {
   // A quantized (fp8) D: each row's blocks of quant_block columns scaled by one fp32 scale each, the scales the
   // second output ((M, ceil(N / quant_block)), row-major); 0: D is not quantized.
   int quant_block = 0;
+  // With quant_block: the op also returns the amax of D before quantization, a 0-dim fp32 (GemmArgs::amax).
+  bool amax = false;
 };
 
 // What the second output is called in messages.
@@ -262,6 +265,12 @@ inline at::Tensor empty_second_output(const OpSpec& op, const at::Tensor& A, con
   if (op.quant_block == 0) return empty_d(op, A, B);
   const c10::SymInt blocks = (B.sym_size(-1) + (op.quant_block - 1)) / op.quant_block;
   return at::empty_symint({A.sym_size(-2), blocks}, A.options().dtype(at::kFloat));
+}
+
+// The op's third output (OpSpec::amax): the amax of a quantized D, a 0-dim fp32 that starts at zero (the kernel raises
+// it); none otherwise.
+inline at::Tensor zeroed_amax(const OpSpec& op, const at::Tensor& A) {
+  return op.amax ? at::zeros({}, A.options().dtype(at::kFloat)) : at::Tensor();
 }
 
 // -- checks ------------------------------------------------------------------------------------------
@@ -662,10 +671,11 @@ inline void call_launch(const OpSpec& op, const c10::Device& device, GemmArgs& a
               (own ? op.error_string : op.bucket_error_string[bucket])(code));
 }
 
-// Launches with args filled but for A, B, D, the sizes and the batch; aux, when given, is the second output.
-// ldd and batch_stride_d: D's (check_out's, or of D as empty_d allocates it).
+// Launches with args filled but for A, B, D, the sizes and the batch; aux, when given, is the second output, amax
+// the third (zeroed_amax). ldd and batch_stride_d: D's (check_out's, or of D as empty_d allocates it).
 inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, at::Tensor& D, const Problem& p,
-                   int64_t ldd, int64_t batch_stride_d, GemmArgs& args, at::Tensor* aux = nullptr) {
+                   int64_t ldd, int64_t batch_stride_d, GemmArgs& args, at::Tensor* aux = nullptr,
+                   at::Tensor* amax = nullptr) {
   check_arch(op, A.device());
   if (D.numel() == 0) return;  // M = 0, N = 0 or no problem; K = 0 launches: the kernel writes epilogue(0)
   args.a = A.data_ptr();
@@ -687,6 +697,7 @@ inline void launch(const OpSpec& op, const at::Tensor& A, const at::Tensor& B, a
     args.aux = aux->data_ptr();
     args.ldaux = leading_dim(*aux, op.d_row);
   }
+  if (amax != nullptr) args.amax = amax->data_ptr<float>();
   call_launch(op, A.device(), args);
 }
 
@@ -1528,7 +1539,8 @@ struct GemmGroupedListMetaKernel {
 
 // -- ops with a fused epilogue: boxed kernels ---------------------------------------------------------
 //
-// Schema (Tensor A, Tensor B, <operands>) -> Tensor, or -> (Tensor, Tensor) with aux; .out adds
+// Schema (Tensor A, Tensor B, <operands>) -> Tensor, or -> (Tensor, Tensor) with aux (-> (Tensor, Tensor, Tensor)
+// with a quantized D's scales and amax); .out adds
 // `*, Tensor(a!) out` and returns out. Each kernel takes its call's arguments, the last 2 + num_operands
 // (+ 1 for out) values of the stack, and leaves the outputs in their place. The checks run in
 // generator/runtime/op.py's order (GemmOp.run): A and B, the operands, out, out's aliasing; then the launch.
@@ -1549,10 +1561,12 @@ inline void refuse_aux_out(const OpSpec& op) {
                     "), which out= cannot receive: call the op without out=");
 }
 
-inline void replace_arguments(torch::jit::Stack& stack, size_t count, at::Tensor D, at::Tensor aux = at::Tensor()) {
+inline void replace_arguments(torch::jit::Stack& stack, size_t count, at::Tensor D, at::Tensor aux = at::Tensor(),
+                              at::Tensor amax = at::Tensor()) {
   torch::jit::drop(stack, count);
   stack.emplace_back(std::move(D));
   if (aux.defined()) stack.emplace_back(std::move(aux));
+  if (amax.defined()) stack.emplace_back(std::move(amax));
 }
 
 inline void gemm_epilogue(const OpSpec& op, torch::jit::Stack& stack) {
@@ -1567,8 +1581,10 @@ inline void gemm_epilogue(const OpSpec& op, torch::jit::Stack& stack) {
   const c10::cuda::OptionalCUDAGuard guard(launch_device(op, A));
   at::Tensor D = empty_d(op, A, B);
   at::Tensor aux = empty_second_output(op, A, B);  // (a batched call has none: refused)
-  launch(op, A, B, D, p, leading_dim(D, op.d_row), batch_stride(D), launch_args, op.aux ? &aux : nullptr);
-  replace_arguments(stack, count, std::move(D), std::move(aux));  // A and B are gone from here on
+  at::Tensor amax = zeroed_amax(op, A);
+  launch(op, A, B, D, p, leading_dim(D, op.d_row), batch_stride(D), launch_args, op.aux ? &aux : nullptr,
+         op.amax ? &amax : nullptr);
+  replace_arguments(stack, count, std::move(D), std::move(aux), std::move(amax));  // A and B are gone from here on
 }
 
 inline void gemm_epilogue_out(const OpSpec& op, torch::jit::Stack& stack) {
@@ -1599,7 +1615,7 @@ inline void gemm_epilogue_meta(const OpSpec& op, torch::jit::Stack& stack) {
   if (is_batched(A, B)) check_batched_epilogue(op);
   check_operands_static(op, args + 2, A);
   at::Tensor aux = empty_second_output(op, A, B);
-  replace_arguments(stack, count, std::move(D), std::move(aux));
+  replace_arguments(stack, count, std::move(D), std::move(aux), zeroed_amax(op, A));
 }
 
 inline void gemm_epilogue_out_meta(const OpSpec& op, torch::jit::Stack& stack) {
