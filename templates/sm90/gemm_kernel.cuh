@@ -1266,10 +1266,8 @@ struct Kernel {
     await_parts(flags + partial_slot(first, rank, slot_consumer), parts, epoch, consumer);
     mark_timeline(args, consumer, kTimelineWaited);
     // This thread's float4 of n8 block 0 in the unit's first part (store_partial's layout: float4 (i * ACCUM + 4j) / 4
-    // of every thread, thread-minor); the parts' slots follow each other CLUSTER * kConsumerWarpgroups apart.
-    const float4* first_part = reinterpret_cast<const float4*>(workspace) +
-                               static_cast<int64_t>(partial_slot(first, rank, slot_consumer)) * (kPartialFloats / 4) +
-                               threadIdx.x % kWarpgroupThreads;
+    // of every thread, thread-minor); the parts' slots follow each other kPartStride float4s apart.
+    const float4* first_part = thread_vectors(workspace, partial_slot(first, rank, slot_consumer));
     store_share_of_parts(args, p, acc, part, parts, m0, n0, problem,
                          [&](int b) { return sum_parts(first_part + b * kWarpgroupThreads, parts); });
     mark_timeline(args, consumer, kTimelineStored);
@@ -1321,15 +1319,26 @@ struct Kernel {
 
   // The sum of the float4 at `at` in each of `parts` consecutive parts' partial tiles, in part order.
   __device__ __forceinline__ static float4 sum_parts(const float4* at, int parts) {
-    constexpr int64_t kPartStride = static_cast<int64_t>(kClusterSlots) * (kPartialFloats / 4);
     float4 sum = __ldcg(at);  // L2: written by other SMs
 #pragma unroll 4
     for (int k = 1; k < parts; ++k) add_to(sum, __ldcg(at + k * kPartStride));
     return sum;
   }
 
-  // Partial slots (and flags) from one cluster's to the next's.
+  // Partial slots (and flags) from one cluster's to the next's; float4s from one cluster's partial tile to the next's.
   static constexpr int kClusterSlots = CLUSTER * kConsumerWarpgroups;
+  static constexpr int64_t kSlotVectors = kPartialFloats / 4;
+  static constexpr int64_t kPartStride = static_cast<int64_t>(kClusterSlots) * kSlotVectors;
+
+  // This thread's first float4 in slot `slot`'s partial tile (store_partial's layout: float4 q of thread t at
+  // q * kWarpgroupThreads + t).
+  __device__ __forceinline__ static float4* thread_vectors(float* workspace, int slot) {
+    return reinterpret_cast<float4*>(workspace) + static_cast<int64_t>(slot) * kSlotVectors +
+           threadIdx.x % kWarpgroupThreads;
+  }
+  __device__ __forceinline__ static const float4* thread_vectors(const float* workspace, int slot) {
+    return thread_vectors(const_cast<float*>(workspace), slot);
+  }
 
   __device__ __forceinline__ static int partial_slot(int cluster, uint32_t rank, int consumer) {
     return (cluster * CLUSTER + static_cast<int>(rank)) * kConsumerWarpgroups + consumer;
@@ -1356,9 +1365,8 @@ struct Kernel {
 
   __device__ __forceinline__ static void store_partial(float* workspace, int slot,
                                                       const float (&acc)[MMA_BLOCKS_M][ACCUM]) {
-    const int t = threadIdx.x % kWarpgroupThreads;
-    float4* part = reinterpret_cast<float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
-    for_each_partial_vector(acc, [&](int q, const float4& v) { part[q * kWarpgroupThreads + t] = v; });
+    float4* mine = thread_vectors(workspace, slot);
+    for_each_partial_vector(acc, [&](int q, const float4& v) { mine[q * kWarpgroupThreads] = v; });
   }
 
   // Every thread's partial sums written, then the flag raised to the launch's epoch. The warpgroup's barrier orders
@@ -1398,9 +1406,7 @@ struct Kernel {
       for (int k = 0; k < parts; ++k) add_partial(workspace, first + k * kClusterSlots, acc);
       return;
     }
-    const float4* part0 = reinterpret_cast<const float4*>(workspace) +
-                          static_cast<int64_t>(first) * (kPartialFloats / 4) + threadIdx.x % kWarpgroupThreads;
-    constexpr int64_t kPartStride = static_cast<int64_t>(kClusterSlots) * (kPartialFloats / 4);
+    const float4* part0 = thread_vectors(workspace, first);
     for (int k0 = 0; k0 < parts; k0 += kPartsInFlight) {
       float4 v[kPartsInFlight][kPartialVectors];
 #pragma unroll
@@ -1425,13 +1431,12 @@ struct Kernel {
 
   __device__ __forceinline__ static void add_partial(const float* workspace, int slot,
                                                     float (&acc)[MMA_BLOCKS_M][ACCUM]) {
-    const int t = threadIdx.x % kWarpgroupThreads;
-    const float4* part = reinterpret_cast<const float4*>(workspace) + static_cast<int64_t>(slot) * (kPartialFloats / 4);
+    const float4* part = thread_vectors(workspace, slot);
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
       for (int r = 0; r < ACCUM; r += 4) {
-        const float4 v = __ldcg(part + ((i * ACCUM + r) / 4) * kWarpgroupThreads + t);  // L2: written by another SM
+        const float4 v = __ldcg(part + ((i * ACCUM + r) / 4) * kWarpgroupThreads);  // L2: written by another SM
         acc[i][r] += v.x;
         acc[i][r + 1] += v.y;
         acc[i][r + 2] += v.z;
