@@ -889,21 +889,21 @@ def test_kernels_of_a_training_step(plan, saves, recomputes, monkeypatch):
     assert a.grad is not None and b.grad is not None
 
 
-def test_compiled_training_step_matches_eager(tmp_path, monkeypatch):
+def test_compiled_training_step_matches_eager():
     # Under torch.compile the op's Autograd kernel is traced: the saving kernel in the forward graph, the
-    # epilogue's derivative and dA, dB in the backward graph. Inductor's cache is this test's own: one kept from an
-    # older gemmgen may call backward ops this one does not register (README, torch.compile).
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    # epilogue's derivative and dA, dB in the backward graph. AOTAutograd's trace is what this checks; Inductor's
+    # code generation for CPU tensors (20 s of C++ compiles on the CI's cores) is not gemmgen's, and the GPU tests
+    # run Inductor on the real kernels (tests/gpu/test_emitted_epilogue.py, test_fp8.py).
     op = make(activation="gelu_tanh", bias="col")
     a, b, (bias,) = inputs(op, requires_grad=True)
-    compiled = torch.compile(lambda a, b, bias: op(a, b, bias), fullgraph=True, dynamic=True)
+    compiled = torch.compile(lambda a, b, bias: op(a, b, bias), backend="aot_eager", fullgraph=True, dynamic=True)
     g = torch.randn(M, N).bfloat16()
     out = compiled(a, b, bias)
     assert torch.equal(out, op(a, b, bias))
     got = torch.autograd.grad(out, (a, b, bias), g)
     want = torch.autograd.grad(op(a, b, bias), (a, b, bias), g)
     # The closed form takes gelu's derivative at acc + bias rounded to bf16, as torch's Linear + GELU does; Inductor
-    # fuses the add into the derivative's kernel and keeps it in fp32 there: the gradients differ by that rounding.
+    # (on the GPU) fuses the add into the derivative's kernel and keeps it in fp32: the bound allows that rounding.
     for name, x, y in zip(("A", "B", "bias"), got, want):
         assert x.dtype == y.dtype and rel(x, y) < 2 ** -7, name
 
