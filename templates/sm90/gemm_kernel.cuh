@@ -1953,16 +1953,19 @@ struct Kernel {
 
   // Cfg::kAmax: the amax of D over this warp's 16 rows of one block (amax[h]: row `row` + 8 h, every lane of its
   // quad holding it after quantize_block's shuffles; rows past M left out: their values are the epilogue of zeros,
-  // e.g. a bias), raised into GemmArgs::amax by one atomic max per warp on the float's bits (a float >= 0 orders as
-  // its bits do). A block of zeros raises nothing: the amax starts at zero.
+  // e.g. a bias), raised into GemmArgs::amax by one atomic max per warp (raise_amax).
   __device__ __forceinline__ static void record_amax(const GemmArgs& args, const Problem& p, const float (&amax)[2],
                                                      int row) {
     float most = fmaxf(row < p.m ? amax[0] : 0.0f, row + 8 < p.m ? amax[1] : 0.0f);
 #pragma unroll
     for (int lanes = 4; lanes < 32; lanes *= 2) most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, lanes));
-    if (threadIdx.x % 32 == 0 && most > 0.0f) {
-      atomicMax(reinterpret_cast<unsigned int*>(args.amax), __float_as_uint(most));
-    }
+    if (threadIdx.x % 32 == 0) raise_amax(args, most);
+  }
+
+  // GemmArgs::amax raised to `value` (>= 0) by an atomic max on the float's bits (a float >= 0 orders as its bits
+  // do); zero raises nothing, the amax starts at zero.
+  __device__ __forceinline__ static void raise_amax(const GemmArgs& args, float value) {
+    if (value > 0.0f) atomicMax(reinterpret_cast<unsigned int*>(args.amax), __float_as_uint(value));
   }
 
   // x / s rounded to nearest as IEEE division rounds it, given r = RN(1 / s): q = RN(x r), then one correction,
@@ -1984,7 +1987,8 @@ struct Kernel {
 
   // K = 0 with a quantized D: each row's 128-column block of this warpgroup's share by one thread, its values (the
   // epilogue of zero) computed once for the amax and again to store, written directly (no second set of
-  // accumulators beside the first: ptxas would spill).
+  // accumulators beside the first: ptxas would spill); with Cfg::kAmax each block's amax raises D's, one atomic per
+  // block (K = 0 only).
   __device__ static void store_quantized_of_zero(const GemmArgs& args, const Problem& p, int m0, int n0,
                                                  int problem) {
     if constexpr (kQuantizesOut) {
@@ -1997,6 +2001,7 @@ struct Kernel {
         const int cols = min(kQuantBlock, p.n - col0);
         float amax = 0.0f;
         for (int c = 0; c < cols; ++c) amax = fmaxf(amax, fabsf(value_of_zero(args, row, col0 + c)));
+        if constexpr (Cfg::kAmax) raise_amax(args, amax);
         const float scale = fmaxf(amax, FLT_MIN) / kFp8Max<Out>;
         for (int c = 0; c < cols; ++c) {
           d[static_cast<int64_t>(row) * args.ldd + col0 + c] = from_float<Out>(value_of_zero(args, row, col0 + c) / scale);
