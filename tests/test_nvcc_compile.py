@@ -233,6 +233,17 @@ CASES += [(90, Gemm(dtype, "tn", arch=90, **knobs).config) for dtype, knobs in (
     ("e4m3", {"scale": "block", "tile_shape": (128, 160, 128), "cluster_shape": (2, 1)}))]
 # A case listed twice (a knob case that a shipped config already is) compiles once.
 CASES = list({(arch, cfg.name): (arch, cfg) for arch, cfg in CASES}.values())
+# Cases built with a template switch (defined at the top of the source, as GEMMGEN_EXTRA_NVCC_FLAGS would), each with
+# a constant expression of the source's `Kernel` that holds only where the switch took effect (a static_assert at its
+# end): tf32's M-major A read into registers, with a row-major B still transposed and a fused epilogue writing bf16
+# (the fewest registers the switch's main loop leaves an epilogue), until the switch is measured (docs/dtypes.md).
+SWITCHED_CASES = [(90, Gemm("fp32", "nt", arch=90, activation="gelu", bias="col", out_dtype="bf16").config,
+                   "GEMMGEN_SM90_TF32_A_REGISTERS=1", "Kernel::kARegisters && Kernel::kTransposeB")]
+
+
+def switched_case(cfg: KernelConfig, define: str) -> str:
+    """A switched case's key beside the plain cases' names."""
+    return f"{cfg.name}+{define}"
 
 #: At most this many shipped configs per (arch, family): each is planned and rendered here, and a new kernel shape
 #: among them is one nvcc run per layout in CI (about 1-5 s on one core). sm90 ships 120 since the planner's 64-row
@@ -369,9 +380,14 @@ class BackgroundCompiles:
                 return
             self._root, self._start = root, time.perf_counter()
             unique: dict[tuple, tuple[int, str, str]] = {}
-            for arch, cfg in CASES:
+            for arch, cfg, define, took_effect in [(arch, cfg, None, None) for arch, cfg in CASES] + SWITCHED_CASES:
                 (name, text), = render(cfg).items()
-                self._source_of[(arch, cfg.name)] = key = (arch, hashlib.sha256(text.encode()).hexdigest())
+                if define is not None:
+                    macro, value = define.split("=")
+                    text = (f"#define {macro} {value}\n{text}"
+                            f'\nstatic_assert({took_effect}, "{define} took effect");\n')
+                case = (arch, cfg.name if define is None else switched_case(cfg, define))
+                self._source_of[case] = key = (arch, hashlib.sha256(text.encode()).hexdigest())
                 unique.setdefault(key, (arch, name, text))
             # popped from the end: the longest sources last in the list
             self._queue = sorted(unique.items(), key=lambda item: len(item[1][2]))
@@ -510,7 +526,18 @@ def test_sm90_kernels_compile_for_sm90a_only() -> None:
 
 @pytest.mark.parametrize("arch, cfg", CASES, ids=[f"sm{arch}-{cfg.name}" for arch, cfg in CASES])
 def test_compiles_without_spills(compiled: dict[tuple[int, str], Compiled], arch: int, cfg: KernelConfig) -> None:
-    result = compiled[(arch, cfg.name)]
+    check_compiled(compiled[(arch, cfg.name)], arch, cfg)
+
+
+@pytest.mark.parametrize("arch, cfg, define, took_effect", SWITCHED_CASES,
+                         ids=[f"sm{arch}-{switched_case(cfg, d)}" for arch, cfg, d, _ in SWITCHED_CASES])
+def test_switched_kernels_compile_without_spills(compiled: dict[tuple[int, str], Compiled], arch: int,
+                                                 cfg: KernelConfig, define: str, took_effect: str) -> None:
+    check_compiled(compiled[(arch, switched_case(cfg, define))], arch, cfg)
+
+
+def check_compiled(result: Compiled, arch: int, cfg: KernelConfig) -> None:
+    """nvcc compiled the kernel and its unaligned twin for the arch's SASS target, with no stack and no spills."""
     assert result.returncode == 0, (
         f"nvcc failed on {result.source}:\n  {' '.join(result.command)}\n{result.output}")
     report = parse_ptxas(result.output)

@@ -77,3 +77,69 @@ int main() {
 @pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
 def test_chunk_transpose_moves_every_block_once_without_bank_conflicts(tmp_path):
     assert run_host_program(PROGRAM, tmp_path).strip().endswith("0 failures")
+
+
+# -- tf32's M-major A read into registers (GEMMGEN_SM90_TF32_A_REGISTERS) --------------------------------------------
+
+FRAGMENT_PROGRAM = r"""
+#include <cstdio>
+#include <set>
+#include "sm90/gemm_kernel.cuh"
+
+using gemmgen::sm90::RegisterFragmentA;
+static int failures = 0;
+#define CHECK(cond, ...) do { if (!(cond) && failures++ < 10) { std::printf(__VA_ARGS__); std::printf("\n"); } } while (0)
+
+// Where TMA puts element (m, k) of an M-major tf32 tile: chunks of 32 M values (one 128-byte row per k, 32 k rows),
+// the 128-byte swizzle applied to the address (bits 4-6 xor bits 7-9), chunks 1024-byte aligned.
+static unsigned tma_offset(int m, int k) {
+  const unsigned raw = (m / 32) * 4096u + k * 128u + (m % 32) * 4u;
+  return raw ^ (((raw >> 7) & 7u) << 4);
+}
+
+int main() {
+  for (int m = 0; m < 256; ++m)
+    for (int k = 0; k < 32; ++k)
+      CHECK(RegisterFragmentA::offset(m, k) == tma_offset(m, k), "(%d, %d): offset %u, TMA writes it at %u", m, k,
+            RegisterFragmentA::offset(m, k), tma_offset(m, k));
+  for (int base = 0; base < 256; base += 64)   // a warpgroup's m64 block of the tile
+    for (int warp = 0; warp < 4; ++warp)
+      for (int kk = 0; kk < 4; ++kk) {
+        for (int lane = 0; lane < 32; ++lane)
+          for (int r = 0; r < 4; ++r) {   // PTX ISA: a0 (row, c), a1 (row + 8, c), a2 (row, c + 4), a3 (row + 8, c + 4)
+            const int want_row = 16 * warp + lane / 4 + 8 * (r % 2), want_k = 8 * kk + lane % 4 + 4 * (r / 2);
+            const int k = RegisterFragmentA::pass_k(lane, kk, RegisterFragmentA::pass_of(lane, r));
+            CHECK(RegisterFragmentA::row(warp, lane, r % 2) == want_row && k == want_k,
+                  "warp %d lane %d k step %d a%d: row %d k %d, not row %d k %d", warp, lane, kk, r,
+                  RegisterFragmentA::row(warp, lane, r % 2), k, want_row, want_k);
+          }
+        for (int lane = 0; lane < 32; ++lane)   // a k step is kStepBytes on from the lane's k step 0
+          for (int h = 0; h < 2; ++h)
+            for (int pass = 0; pass < 2; ++pass) {
+              const int m = base + RegisterFragmentA::row(warp, lane, h);
+              CHECK(RegisterFragmentA::offset(m, RegisterFragmentA::pass_k(lane, kk, pass)) ==
+                        RegisterFragmentA::offset(m, RegisterFragmentA::pass_k(lane, 0, pass)) +
+                            kk * RegisterFragmentA::kStepBytes,
+                    "row %d lane %d k step %d pass %d: not kStepBytes on from k step 0", m, lane, kk, pass);
+            }
+        for (int h = 0; h < 2; ++h)
+          for (int pass = 0; pass < 2; ++pass) {   // each load of the warp: 32 different banks
+            std::set<unsigned> banks;
+            for (int lane = 0; lane < 32; ++lane)
+              banks.insert((RegisterFragmentA::offset(base + RegisterFragmentA::row(warp, lane, h),
+                                                      RegisterFragmentA::pass_k(lane, kk, pass)) / 4) % 32);
+            CHECK(banks.size() == 32, "rows %d+, warp %d, k step %d, half %d, pass %d: %zu banks", base, warp, kk, h,
+                  pass, banks.size());
+          }
+      }
+  std::printf("%d failures\n", failures);
+  return failures != 0;
+}
+"""
+
+
+@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
+def test_register_fragments_of_an_m_major_a_are_wgmmas_and_conflict_free(tmp_path):
+    """RegisterFragmentA: every register of every lane reads the element PTX ISA's m64nNk8 tf32 fragment puts there,
+    from where TMA's 128-byte swizzle wrote it, and each of a warp's loads reaches 32 different banks."""
+    assert run_host_program(FRAGMENT_PROGRAM, tmp_path).strip().endswith("0 failures")

@@ -94,6 +94,35 @@ for n in sorted(NS + ODD_NS + NARROW_NS):
         body.append("};")
         body.append("")
         out.append("\n".join(body))
+# tf32 with A from registers (four .b32 registers of a k8 step: a0 (row r, k c), a1 (r + 8, c), a2 (r, c + 4), a3 (r + 8,
+# c + 4), r = 16 warp + lane / 4, c = lane % 4): the kernels whose A is M-major in global memory read it from shared
+# memory into registers (Kernel::kARegisters) rather than transpose it there, since wgmma reads tf32 K-major only.
+out.append('''// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async", A in registers
+// (§9.7.15.5.1.1: the m64nNk8 fragment of .tf32, four .b32 registers a thread).
+template <int N>
+struct WgmmaTf32RegA;
+''')
+for n in NS:
+    regs = n // 2
+    body = ['// PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Multiply-Accumulate: wgmma.mma_async".',
+            "template <>", f"struct WgmmaTf32RegA<{n}> {{", f"  static constexpr int kAccum = {regs};",
+            f"  __device__ __forceinline__ static void run(float (&d)[{regs}], const uint32_t (&a)[4], uint64_t desc_b, "
+            "int scale_d) {",
+            "    asm volatile(", '        "{\\n"', '        ".reg .pred p;\\n"',
+            f'        "setp.ne.b32 p, %{regs + 5}, 0;\\n"',
+            f'        "wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 "']
+    chunks = [list(range(i, min(i + 16, regs))) for i in range(0, regs, 16)]
+    for ci, chunk in enumerate(chunks):
+        pre = "{" if ci == 0 else ""
+        post = "}, " if ci == len(chunks) - 1 else ", "
+        body.append(f'        "{pre}{", ".join(f"%{i}" for i in chunk)}{post}"')
+    body.append(f'        "{{%{regs}, %{regs + 1}, %{regs + 2}, %{regs + 3}}}, %{regs + 4}, p, 1, 1;\\n"')
+    body.append('        "}\\n"')
+    outs = [", ".join(f'"+f"(d[{j}])' for j in range(i, min(i + 8, regs))) for i in range(0, regs, 8)]
+    body.append("        : " + ",\n          ".join(outs))
+    body.append('        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d));')
+    body += ["  }", "};", ""]
+    out.append("\n".join(body))
 out.append('''}  // namespace ptx
 }  // namespace gemmgen
 ''')

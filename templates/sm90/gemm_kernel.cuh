@@ -88,6 +88,12 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE
 #define GEMMGEN_SM90_EXPERIMENT_SKIP_TRANSPOSE 0
 #endif
+// tf32 with an M-major A (layouts nn, nt): each consumer thread reads its wgmma fragments of A from the tile TMA wrote
+// (RegisterFragmentA) and issues wgmma with A from registers, instead of the transposer warps transposing A's chunks
+// in place (Kernel::kARegisters; an A/B switch until measured, docs/dtypes.md).
+#ifndef GEMMGEN_SM90_TF32_A_REGISTERS
+#define GEMMGEN_SM90_TF32_A_REGISTERS 0
+#endif
 // Timing experiments only (wrong results), to find what per-block scaling costs beside the per-tensor kernel's main
 // loop: SCALES_CONST promotes with scales of 1 (no loads, no products); ONE_SPLIT takes every tile's columns as the
 // first scale block's (no branch on the split point).
@@ -347,7 +353,8 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kThreads = (1 + kConsumerWarpgroups) * kWarpgroupThreads;
 // setmaxnreg budgets: 40 + 2 x 232 registers x 128 threads = 64512 of the SM's 65536. A kernel whose producer
-// warpgroup also transposes tiles (Kernel::kTransposes) moves 16 of each consumer's registers to it: 72 + 2 x 216.
+// warpgroup also transposes tiles, or loads an M-major tf32 A that the consumers read into registers
+// (Kernel::kWideProducer), moves 16 of each consumer's registers to it: 72 + 2 x 216.
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kTransposingProducerRegisters = 72;
@@ -539,6 +546,38 @@ struct ChunkTranspose {
   }
 };
 
+// wgmma's A fragment of one k8 step of tf32, read from an M-major tile as TMA writes it (OperandTile, M/N-major: chunks
+// of 32 k rows x 32 M values, 128 bytes a k row, 16-byte unit u of k row r at u ^ (r % 8)). PTX ISA §9.7.15.5.1.1
+// (m64nNk8, .tf32): lane l of warp w holds rows r = 16w + l/4 and r + 8 at k c = l % 4 and c + 4, a0 (r, c), a1 (r + 8,
+// c), a2 (r, c + 4), a3 (r + 8, c + 4). A warp loading a0 alone would meet 2-way bank conflicts (its rows fall in units
+// u0 and u0 + 1, u0 a multiple of 4, which k rows c = 0..3 swizzle onto the same four units), so each row's two
+// registers come in two passes in which lanes 0-15 read k c and lanes 16-31 k c + 4, then the other way round: units u0
+// ^ {0..3} and (u0 + 1) ^ {4..7}, disjoint. Host-callable for tests/test_sm90_transpose.py.
+struct RegisterFragmentA {
+  static constexpr int kChunkRows = 32;  // M values of a chunk's 128-byte k row
+  static constexpr int kChunkBytes = 32 * kSwizzleRowBytes;  // a k tile of tf32 is 32 k rows
+  // Byte offset of element (m, k) of the tile (m from the tile's first row, k from the k tile's first k).
+  __host__ __device__ __forceinline__ static constexpr uint32_t offset(int m, int k) {
+    return static_cast<uint32_t>((m / kChunkRows) * kChunkBytes + k * kSwizzleRowBytes +
+                                 ((((m % kChunkRows) / 4) ^ (k % 8)) << 4) + (m % 4) * 4);
+  }
+  // The k that lane `lane` reads in pass `pass` (0, 1) of k step kk.
+  __host__ __device__ __forceinline__ static constexpr int pass_k(int lane, int kk, int pass) {
+    return 8 * kk + lane % 4 + 4 * ((lane >= 16) != (pass == 1) ? 1 : 0);
+  }
+  // A k step is 8 k rows further on whatever the lane and pass (its k % 8 is the lane's, so the swizzle is the same):
+  // offset(m, pass_k(lane, kk, pass)) = offset(m, pass_k(lane, 0, pass)) + kk * kStepBytes.
+  static constexpr uint32_t kStepBytes = 8 * kSwizzleRowBytes;
+  // The pass whose load is register a[r] (0 .. 3) of lane `lane`.
+  __host__ __device__ __forceinline__ static constexpr int pass_of(int lane, int r) {
+    return (lane >= 16) != (r >= 2) ? 1 : 0;
+  }
+  // The fragment row (0 .. 63 of an m64 block) of lane `lane` of warp `warp` in register a[h] and a[2 + h].
+  __host__ __device__ __forceinline__ static constexpr int row(int warp, int lane, int h) {
+    return 16 * warp + lane / 4 + 8 * h;
+  }
+};
+
 template <class Cfg>
 struct Kernel {
   using Elem = typename Cfg::Elem;
@@ -566,10 +605,16 @@ struct Kernel {
   // K-major only (PTX ISA §9.7.15.5.1), so TMA loads them M/N-major, as for 16-bit types, and the producer
   // warpgroup's other warps transpose each stage's chunks in place (transpose_slots) before the consumers read the
   // stage as a K-major tile (MmaTileA, MmaTileB).
-  static constexpr bool kTransposeA = std::is_same_v<Elem, float> && !Cfg::kAKMajor;
+  // With GEMMGEN_SM90_TF32_A_REGISTERS an M-major tf32 A is read into registers instead (kARegisters,
+  // mainloop_a_registers), and only B is transposed (layout nt).
+  static constexpr bool kARegisters = GEMMGEN_SM90_TF32_A_REGISTERS && std::is_same_v<Elem, float> && !Cfg::kAKMajor;
+  static constexpr bool kTransposeA = std::is_same_v<Elem, float> && !Cfg::kAKMajor && !kARegisters;
   static constexpr bool kTransposeB = std::is_same_v<typename Cfg::ElemB, float> && !Cfg::kBKMajor;
   static constexpr bool kTransposes = kTransposeA || kTransposeB;
-  static constexpr bool kMmaAKMajor = Cfg::kAKMajor || kTransposeA;
+  static constexpr bool kMmaAKMajor = Cfg::kAKMajor || kTransposeA || kARegisters;  // (registers: no descriptor of A)
+  // The producer warpgroup's register budget: the transposing one's where it transposes, and where its warp 0 issues
+  // the loads of an M-major tf32 A of many chunks (a 256-row tile's 8 per k tile spilled at 40 registers).
+  static constexpr bool kWideProducer = kTransposes || kARegisters;
   static constexpr bool kMmaBKMajor = Cfg::kBKMajor || kTransposeB;
   using MmaTileA = OperandTile<BM, kMmaAKMajor, CN, kElemBytes>;
   using MmaTileB = OperandTile<BN, kMmaBKMajor, CM, kElemBytes>;
@@ -875,7 +920,7 @@ struct Kernel {
     const Problem p = with_group_units(problem(args));
     const int first = first_unit(workspace);  // this block's (cluster's) first work unit
     if (warpgroup == 0) {
-      ptx::setmaxnreg_dec<kTransposes ? kTransposingProducerRegisters : kProducerRegisters>();
+      ptx::setmaxnreg_dec<kWideProducer ? kTransposingProducerRegisters : kProducerRegisters>();
       if (threadIdx.x == 0) {
         produce(p, smem, maps, rank, first);
       } else if (kTransposes && threadIdx.x >= 32) {
@@ -883,7 +928,7 @@ struct Kernel {
       }
       __syncwarp();
     } else {
-      ptx::setmaxnreg_inc<kTransposes ? kTransposingConsumerRegisters : kConsumerRegisters>();
+      ptx::setmaxnreg_inc<kWideProducer ? kTransposingConsumerRegisters : kConsumerRegisters>();
       if constexpr (STREAM_K) {  // (not instantiated otherwise: its partial tiles are fp32 only)
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, first, warpgroup - 1, workspace);
@@ -1499,6 +1544,10 @@ struct Kernel {
   __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
                                                   int row_in_tile, int col_in_tile, RingPos& pos, uint32_t rank,
                                                   int kt_begin, int kt_end) {
+    if constexpr (kARegisters) {
+      mainloop_a_registers(smem, acc, row_in_tile, col_in_tile, pos, rank, kt_begin, kt_end);
+      return;
+    }
     // Stage 0's descriptors, this warpgroup's rows of A and columns of B; a stage is STAGE_BYTES further on.
     uint64_t stage0_a = ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
     uint64_t stage0_b = ptx::desc_advance(MmaTileB::descriptor(smem.b(0)), MmaTileB::offset_units(col_in_tile, 0));
@@ -1521,6 +1570,106 @@ struct Kernel {
     ptx::wgmma_wait<0>();
     fence_set(acc);
     release(smem, previous, rank);
+  }
+
+  // kARegisters: A's fragments of one k step of one m64 block (four registers), and the wgmma that takes them.
+  static constexpr int kKSteps = kBlockK / kMmaK;
+  using AFragments = uint32_t[4];
+  using RegAMma = ptx::WgmmaTf32RegA<(kARegisters ? WG_N : 64)>;
+  static_assert(!kARegisters || (WG_N <= 256 && RegAMma::kAccum == ACCUM && kBlockK == 32 && kMmaK == 8 &&
+                                 (kKSteps * MMA_BLOCKS_M) % 2 == 0 && BM % RegisterFragmentA::kChunkRows == 0 &&
+                                 TileA::kChunkBytes == RegisterFragmentA::kChunkBytes),
+                "A from registers: tf32, whole 32-row chunks of an M-major A, one wgmma across the columns");
+
+  // Where this thread's loads of k step 0 are, for the rows [m0, m0 + 64) of the A tile: [row half h][pass], from the
+  // tile's start (RegisterFragmentA; k step kk is kk * kStepBytes further on).
+  struct FragmentOffsets {
+    uint32_t at[2][2];
+  };
+  __device__ __forceinline__ static FragmentOffsets fragment_offsets(int m0, int thread) {
+    using Frag = RegisterFragmentA;
+    const int warp = thread / 32, lane = thread % 32;
+    FragmentOffsets o;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int pass = 0; pass < 2; ++pass) {
+        o.at[h][pass] = Frag::offset(m0 + Frag::row(warp, lane, h), Frag::pass_k(lane, 0, pass));
+      }
+    return o;
+  }
+
+  // This thread's fragments of A for k step kk from the A tile at `tile_a`: two conflict-free passes per row half, each
+  // register then taken from the pass that read its k (RegisterFragmentA::pass_of).
+  __device__ __forceinline__ static void load_a_fragments(AFragments& f, uint32_t tile_a, const FragmentOffsets& o,
+                                                          int kk, int lane) {
+    using Frag = RegisterFragmentA;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t pass0 = ptx::ld_shared_b32(tile_a + o.at[h][0] + kk * Frag::kStepBytes);
+      const uint32_t pass1 = ptx::ld_shared_b32(tile_a + o.at[h][1] + kk * Frag::kStepBytes);
+      f[h] = Frag::pass_of(lane, h) == 0 ? pass0 : pass1;  // (selects: the lane is known only at run time)
+      f[2 + h] = Frag::pass_of(lane, 2 + h) == 0 ? pass0 : pass1;
+    }
+  }
+
+  __device__ __forceinline__ static void fence_fragments(AFragments& f) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) ptx::fence_operand(f[r]);
+  }
+
+  // mainloop with A from registers (kARegisters): each wgmma (k step kk, m64 block i) a group of its own, its four
+  // fragment registers loaded just before it into one of two sets, the groups taking them in turn (a k tile holds an
+  // even number of groups, so group (kk, i) always takes set (kk * MMA_BLOCKS_M + i) % 2). A wgmma reads its A
+  // registers until its group completes (PTX ISA §9.7.15.5.1.1): a set is loaded again only after the wait<1> that
+  // follows the next group's commit has seen its group complete (fence_fragments keeps the compiler from reusing the
+  // registers before then). As few registers as that on purpose: sets of 16 per k tile, two k tiles in flight, made the
+  // fused epilogues spill (ptxas -v: 296 bytes with gelu to bf16 at 128x256), two sets of four do not.
+  __device__ __forceinline__ static void mainloop_a_registers(const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                              int row_in_tile, int col_in_tile, RingPos& pos,
+                                                              uint32_t rank, int kt_begin, int kt_end) {
+    if constexpr (kARegisters) {
+      uint64_t stage0_b = ptx::desc_advance(MmaTileB::descriptor(smem.b(0)), MmaTileB::offset_units(col_in_tile, 0));
+      ptx::keep_in_register(stage0_b);
+      AFragments frags[2] = {};  // (zeroed: the first wait's fence reads the set no group has loaded yet)
+      // (threadIdx read afresh each tile: offsets derived from it once, for every tile, spilled the epilogue of nt's
+      // gelu kernel)
+      const int thread = ptx::tid_x_fresh() % kWarpgroupThreads;
+      FragmentOffsets offsets[MMA_BLOCKS_M];
+#pragma unroll
+      for (int i = 0; i < MMA_BLOCKS_M; ++i) offsets[i] = fragment_offsets(row_in_tile + i * kMmaM, thread);
+      int previous = -1;
+      for (int kt = kt_begin; kt < kt_end; ++kt) {
+        ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
+        const uint32_t tile_a = smem.a(pos.stage), stage = pos.stage * (STAGE_BYTES / 16);
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+          const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + MmaTileB::offset_units(0, kk));
+          const int scale_d = kt > kt_begin || kk > 0 ? 1 : 0;  // the first k step of a tile overwrites acc
+#pragma unroll
+          for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+            constexpr int kSets = 2;
+            const int set = (kk * MMA_BLOCKS_M + i) % kSets;
+            load_a_fragments(frags[set], tile_a, offsets[i], kk, thread % 32);
+            fence_set(acc);
+            ptx::wgmma_fence();
+            RegAMma::run(acc[i], frags[set], desc_b, scale_d);
+            ptx::wgmma_commit();
+            fence_set(acc);
+            ptx::wgmma_wait<1>();  // the group before this one is done: its set is free (first: the k tile before's)
+            fence_fragments(frags[1 - set]);
+            if (kk == 0 && i == 0 && previous >= 0) release(smem, previous, rank);
+          }
+        }
+        previous = pos.stage;
+        pos.next();
+      }
+      ptx::wgmma_wait<0>();
+      fence_set(acc);
+      fence_fragments(frags[0]);
+      fence_fragments(frags[1]);
+      release(smem, previous, rank);
+    }
   }
 
   // Where one thread's block scales of a tile are: scale_a (M x ceil(K/128), row-major) at its fragment rows, and

@@ -8,27 +8,10 @@
 #include <cuda_fp16.h>
 
 #include "smem.cuh"  // smem_addr, ldmatrix
+#include "special_registers.cuh"  // tid_x_fresh, ctaid_x_fresh
 
 namespace gemmgen {
 namespace ptx {
-
-// This thread's index in its block, read anew at each call: the asm is volatile so the compiler
-// cannot reuse an earlier read. A value needed only after the main loop (the epilogue's coordinates)
-// is then derived again there rather than held in a register through it.
-// PTX ISA §10.1 "Special Registers: %tid".
-__device__ __forceinline__ int tid_x_fresh() {
-  int r;
-  asm volatile("mov.u32 %0, %%tid.x;\n" : "=r"(r));
-  return r;
-}
-
-// This block's index in the grid, read anew at each call (as tid_x_fresh).
-// PTX ISA §10.6 "Special Registers: %ctaid".
-__device__ __forceinline__ int ctaid_x_fresh() {
-  int r;
-  asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(r));
-  return r;
-}
 
 // 16-byte global -> shared copy that bypasses L1 (.cg), zero-filling the bytes past `src_bytes`.
 // src_bytes = 0 copies nothing and writes 16 zero bytes: this is how ragged edges are predicated.

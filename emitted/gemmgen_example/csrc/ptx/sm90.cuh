@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "smem.cuh"  // smem_addr, the epilogue's staging stores
+#include "special_registers.cuh"  // tid_x_fresh
 #include "sm90_wgmma.cuh"
 
 namespace gemmgen {
@@ -292,6 +293,8 @@ __device__ __forceinline__ void wgmma_wait() {
 // wgmma.fence" requires them (between the fence and the wait).
 __device__ __forceinline__ void fence_operand(float& reg) { asm volatile("" : "+f"(reg)::"memory"); }
 __device__ __forceinline__ void fence_operand(int32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
+// The same for A's fragments in registers, which a wgmma reads until its group completes (§9.7.15.5.1.1).
+__device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" : "+r"(reg)::"memory"); }
 
 // Make a value opaque to the compiler (an empty asm: no instruction), so that it keeps it in a register
 // instead of deriving it again where it is used: the main loop's bases of the matrix descriptors of
