@@ -6,6 +6,9 @@ a 32 x 32 chunk exactly once, each into its mirror's place, so that the chunk en
 swizzle; a round's stores reach only blocks that the same round loaded (the warp syncs between a round's loads and
 stores, not between rounds); and the eight lanes of each quarter-warp reach eight different 16-byte bank groups at
 every load and store, so each access is one shared-memory wavefront.
+
+Beside it, RegisterFragmentA (tf32's M-major A read into wgmma's register fragments instead of transposed,
+GEMMGEN_SM90_TF32_A_REGISTERS): the same host program checks both, one compile of the templates for the two tests.
 """
 from __future__ import annotations
 
@@ -26,7 +29,8 @@ static int failures = 0;
 // Element (r, c) of the chunk: word c % 4 of piece c / 4 of row r.
 static int word_of(int r, int c) { return static_cast<int>(ChunkTranspose::piece_offset(r, c / 4) / 4) + c % 4; }
 
-int main() {
+static int check_transpose() {
+  failures = 0;
   constexpr int N = ChunkTranspose::kRows;
   std::vector<int> smem(N * N, -1);
   for (int r = 0; r < N; ++r)
@@ -68,27 +72,27 @@ int main() {
   for (int r = 0; r < N; ++r)
     for (int c = 0; c < N; ++c)
       CHECK(smem[word_of(r, c)] == c * N + r, "(%d, %d) holds %d, not (%d, %d)", r, c, smem[word_of(r, c)], c, r);
-  std::printf("%d failures\n", failures);
-  return failures != 0;
+  return failures;
 }
 """
 
 
-@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
-def test_chunk_transpose_moves_every_block_once_without_bank_conflicts(tmp_path):
-    assert run_host_program(PROGRAM, tmp_path).strip().endswith("0 failures")
+@pytest.fixture(scope="module")
+def host_report(tmp_path_factory) -> str:
+    """The output of PROGRAM and FRAGMENT_CHECK, compiled into one host program and run."""
+    if NVCC is None:
+        pytest.skip(NO_NVCC)
+    return run_host_program(PROGRAM + FRAGMENT_CHECK, tmp_path_factory.mktemp("sm90_transpose"))
+
+
+def test_chunk_transpose_moves_every_block_once_without_bank_conflicts(host_report):
+    assert "transpose: 0 failures" in host_report, host_report
 
 
 # -- tf32's M-major A read into registers (GEMMGEN_SM90_TF32_A_REGISTERS) --------------------------------------------
 
-FRAGMENT_PROGRAM = r"""
-#include <cstdio>
-#include <set>
-#include "sm90/gemm_kernel.cuh"
-
+FRAGMENT_CHECK = r"""
 using gemmgen::sm90::RegisterFragmentA;
-static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond) && failures++ < 10) { std::printf(__VA_ARGS__); std::printf("\n"); } } while (0)
 
 // Where TMA puts element (m, k) of an M-major tf32 tile: chunks of 32 M values (one 128-byte row per k, 32 k rows),
 // the 128-byte swizzle applied to the address (bits 4-6 xor bits 7-9), chunks 1024-byte aligned.
@@ -97,7 +101,8 @@ static unsigned tma_offset(int m, int k) {
   return raw ^ (((raw >> 7) & 7u) << 4);
 }
 
-int main() {
+static int check_fragments() {
+  failures = 0;
   for (int m = 0; m < 256; ++m)
     for (int k = 0; k < 32; ++k)
       CHECK(RegisterFragmentA::offset(m, k) == tma_offset(m, k), "(%d, %d): offset %u, TMA writes it at %u", m, k,
@@ -132,14 +137,20 @@ int main() {
                   pass, banks.size());
           }
       }
-  std::printf("%d failures\n", failures);
-  return failures != 0;
+  return failures;
+}
+
+int main() {   // each check's failures on a line of its own (one host compile of the templates serves both tests)
+  const int transpose = check_transpose();
+  std::printf("transpose: %d failures\n", transpose);
+  const int fragments = check_fragments();
+  std::printf("fragments: %d failures\n", fragments);
+  return 0;
 }
 """
 
 
-@pytest.mark.skipif(NVCC is None, reason=NO_NVCC)
-def test_register_fragments_of_an_m_major_a_are_wgmmas_and_conflict_free(tmp_path):
+def test_register_fragments_of_an_m_major_a_are_wgmmas_and_conflict_free(host_report):
     """RegisterFragmentA: every register of every lane reads the element PTX ISA's m64nNk8 tf32 fragment puts there,
     from where TMA's 128-byte swizzle wrote it, and each of a warp's loads reaches 32 different banks."""
-    assert run_host_program(FRAGMENT_PROGRAM, tmp_path).strip().endswith("0 failures")
+    assert "fragments: 0 failures" in host_report, host_report
