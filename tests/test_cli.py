@@ -42,13 +42,9 @@ def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 def test_the_module_entry_point():
     """``python -m generator`` runs main and exits with its status: 0 for a plan, 2 for a refused value."""
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "generator", *args], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
-
-    r = run("plan", "--dtype", "bf16", "--layout", "tn", "--arch", "80")
+    r = cli("plan", "--dtype", "bf16", "--layout", "tn", "--arch", "80", cwd=ROOT)   # (cwd: a subprocess)
     assert r.returncode == 0 and "name:         sm80_bf16_tn_" in r.stdout, r.stderr
-    r = run("plan", "--dtype", "int4")
+    r = cli("plan", "--dtype", "int4", cwd=ROOT)
     assert r.returncode == 2 and "invalid choice: 'int4'" in r.stderr and "Traceback" not in r.stderr
 
 

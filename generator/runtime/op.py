@@ -124,8 +124,7 @@ class GemmOp(OpChecks):
         epilogue has a second output returns ``(D, aux)``; one whose D is quantized (out_dtype 'e4m3' or 'e5m2')
         returns ``(D, scales)``, scales (M, ceil(N/128)) fp32 as ``generator.quantize(x, scale='block')`` gives them,
         and with ``amax=True`` ``(D, scales, amax)``, amax the 0-dim fp32 largest |value| of D before quantization.
-        Two lists (or tuples) of matrices, ``op(As, Bs)``, are a
-        list call (``grouped_list``)."""
+        Two lists (or tuples) of matrices, ``op(As, Bs)``, are a list call (``grouped_list``)."""
         if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
             return self._call_list(A, B, bool(operands or named) or out is not None)
         # The dispatcher would reject a non-tensor with a RuntimeError about the schema; say it plainly.

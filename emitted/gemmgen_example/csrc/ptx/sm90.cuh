@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "smem.cuh"  // smem_addr, the epilogue's staging stores
-#include "special_registers.cuh"  // tid_x_fresh
+#include "special_registers.cuh"  // tid_x_fresh, sm_id, global_timer
 #include "sm90_wgmma.cuh"
 
 namespace gemmgen {
@@ -355,25 +355,6 @@ __device__ __forceinline__ void grid_dependency_wait() { asm volatile("griddepco
 // PTX ISA §9.7.13 "Parallel Synchronization and Communication Instructions: griddepcontrol" (.launch_dependents).
 __device__ __forceinline__ void launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-}
-
-// ---- special registers ------------------------------------------------------------------------
-
-// The index of the SM this thread runs on (sm90/block_order.cuh records where a grid's blocks land). It may change
-// only if the block is preempted, which the probe's one-instruction read does not care about.
-// PTX ISA §10 "Special Registers: %smid".
-__device__ __forceinline__ uint32_t sm_id() {
-  uint32_t sm;
-  asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
-  return sm;
-}
-
-// The GPU's nanosecond clock, the same on every SM (timing experiments: the split-K timeline).
-// PTX ISA §10 "Special Registers: %globaltimer".
-__device__ __forceinline__ uint64_t global_timer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
 }
 
 }  // namespace ptx
