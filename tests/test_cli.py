@@ -59,9 +59,9 @@ def test_plan_tf32_and_its_refusal():
     r = cli("plan", "--dtype", "tf32", "--layout", "tn", "--arch", "90")
     assert r.returncode == 0, r.stderr
     assert "name:         sm90_tf32_tn_128x256x32_" in r.stdout and "dtype:        tf32 -> fp32" in r.stdout
-    r = cli("plan", "--dtype", "tf32", "--layout", "nn", "--arch", "90")   # sm90 transposes A's tiles
+    r = cli("plan", "--dtype", "tf32", "--layout", "nn", "--arch", "90")   # sm90 reads A's tiles into registers
     assert r.returncode == 0, r.stderr
-    assert "name:         sm90_tf32_nn_" in r.stdout and "transposed:   A tiles in shared memory" in r.stdout
+    assert "name:         sm90_tf32_nn_" in r.stdout and "registers:    A's M-major tiles" in r.stdout
     r = cli("plan", "--dtype", "tf32", "--out-dtype", "tf32", "--arch", "90")
     assert r.returncode == 2 and "--out-dtype: invalid choice: 'tf32'" in r.stderr and "Traceback" not in r.stderr
     r = cli("plan", "--dtype", "tf32", "--layout", "nt", "--arch", "80")   # the sm80 family: every layout

@@ -17,7 +17,7 @@ from generator import Gemm, KernelConfig, check_config
 from generator.spec import config as config_module
 from generator.spec.arch import ARCHS, arch_spec
 from generator.spec.config import (SM90_MAX_STAGES, max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes,
-                                   transposes_in_smem)
+                                   reads_a_into_registers, transposes_in_smem)
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
 from generator.planner.shipped import benchmark_shapes
 from generator.spec.types import DType, Order, parse_layout
@@ -96,15 +96,17 @@ def test_tf32_sm80_plan_reads_as_tf32() -> None:
 
 
 def test_tf32_sm90_plans_every_layout_and_says_what_it_transposes() -> None:
-    # wgmma reads tf32 K-major only: the sm90 kernel transposes an M-major A and an N-major B in shared memory, so the
-    # planner keeps the sm90 family in every layout, and weighs the bytes transposed per product: a row-major B alone
-    # takes 256x128 tiles (its 128 columns transposed per k tile), the other layouts 128x256.
-    for layout, transposed, tile in (("tn", "", (128, 256)), ("nn", "A tiles", (128, 256)),
-                                     ("tt", "B tiles", (256, 128)), ("nt", "A and B tiles", (128, 256))):
+    # wgmma reads tf32 from shared memory K-major only: the sm90 kernel reads an M-major A into registers and transposes
+    # an N-major B in shared memory, so the planner keeps the sm90 family in every layout, and weighs the bytes
+    # transposed per product: a row-major B takes 256x128 tiles (its 128 columns transposed per k tile), a column-major
+    # one 128x256.
+    for layout, tile in (("tn", (128, 256)), ("nn", (128, 256)), ("tt", (256, 128)), ("nt", (256, 128))):
         p = Gemm("fp32", layout, arch=90)
         assert p.family == "sm90" and p.config.tile[:2] == tile
-        assert transposes_in_smem(p.config) == (layout[0] == "n", layout[1] == "t")
-        assert (f"transposed:   {transposed} in shared memory" in str(p)) == bool(transposed), str(p)
+        assert transposes_in_smem(p.config) == (False, layout[1] == "t")
+        assert reads_a_into_registers(p.config) == (layout[0] == "n")
+        assert ("transposed:   B tiles in shared memory" in str(p)) == (layout[1] == "t"), str(p)
+        assert ("registers:    A's M-major tiles" in str(p)) == (layout[0] == "n"), str(p)
 
 
 @pytest.mark.parametrize("arch", [80, 86, 89])

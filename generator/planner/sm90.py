@@ -200,6 +200,15 @@ SPLIT_K_SMALL_TILE_SM_SHARE = 1 / 2
 # (512 x 4096 x 128256, 256 x 8192 x 128256, 1024 x 2048 x *), so a split in two is left to tune().
 SPLIT_K_LONG_K_TILES = 1024
 SPLIT_K_LONG_K_MIN_PARTS = 4
+# Below SPLIT_K_LONG_K_TILES the same split where each of its parts still walks at least this many k tiles (so from
+# 4 x 120 = 480 k tiles, bf16 K >= 30720: the vocabulary heads of 32000-65024 entries): the exchange after the last
+# part (2.4-3.7 us) then stays a few percent of a part's walk. Measured (H200, bf16 dY @ W, gpu/midm_tiles.py --layout
+# tt, h200_midm_dx_head_mid_vocab.json), ours / cuBLAS, the pick before -> the split: 16 x 4544 x 65024 (64x256 in 7
+# parts of 145 k tiles) 0.653 -> 0.920, 64 x 4544 x 65024 0.775 -> 0.952, 128 x 4544 x 65024 (128x256) 0.683 -> 0.907,
+# 256 x 3072 x 32064 (128x192 2x1 in 4 parts of 125) 0.647 -> 0.976; parts of 45 k tiles lost to the 64-row and
+# 128x64 tiles split in two (64 x 3072 x 32064 64x256 in 11 parts 0.811 against 0.947, 128 x 3072 x 32064 128x256
+# 0.800 against 0.896).
+SPLIT_K_LONG_K_PART_MIN_K_TILES = 120
 # A long-K split with a 2x1 cluster (each B tile loaded once for the cluster's two tile rows, by multicast), weighed
 # beside the 1x1 one wherever the plan has at least two tile rows: that cluster streams W, the vocabulary head's
 # weight, from L2 once where two 1x1 blocks each fetch it. Measured (H100, bf16 dY @ W, gpu/midm_tiles.py --layout tt,
@@ -480,7 +489,8 @@ def few_rows_stream_b(dtype: DType, knobs: Knobs, problem: Problem, sm_count: in
 def few_rows_long_k(dtype: DType, knobs: Knobs, problem: Problem, sm_count: int) -> bool:
     """Whether the plan is 64x64 pingpong 1x1 by FEW_ROWS_LONG_K_BN's rule: 16-bit inputs (the measured ones), none of
     tile, schedule and cluster fixed, one problem of at most one 64-row tile row, SPLIT_K_MIN_K_TILES to
-    SPLIT_K_LONG_K_TILES k tiles, and 64x128 tiles on at most SMALL_TILE_MAX_SM_SHARE of the SMs."""
+    SPLIT_K_LONG_K_TILES k tiles, and 64x128 tiles on at most SMALL_TILE_MAX_SM_SHARE of the SMs (choose_sm90 plans a
+    long-K split instead where the 64x64 tiles would run whole: small_tiles_whole_over_long_k)."""
     if not rule_may_apply(dtype, knobs):
         return False
     block_k = sm90_block_k(dtype)
@@ -489,6 +499,15 @@ def few_rows_long_k(dtype: DType, knobs: Knobs, problem: Problem, sm_count: int)
     return (problem.batch == 1 and problem.m <= SMALL_M_TILE_ROWS
             and SPLIT_K_MIN_K_TILES <= k_tiles < SPLIT_K_LONG_K_TILES
             and wide_tiles <= SMALL_TILE_MAX_SM_SHARE * sm_count)
+
+
+def small_tiles_whole_over_long_k(dtype: DType, problem: Problem, sm_count: int) -> bool:
+    """Whether 64x64 tiles would run whole (on more than SPLIT_K_SMALL_TILE_SM_SHARE of the SMs) over a K the long-K
+    split takes (``long_k``): then a wider tile split in long-K parts, where a candidate splits, takes
+    few_rows_long_k's place (choose_sm90)."""
+    block_k = sm90_block_k(dtype)
+    return (tile_count((*SMALL_TILE, block_k), problem) > SPLIT_K_SMALL_TILE_SM_SHARE * sm_count
+            and long_k(math.ceil(problem.k / block_k)))
 
 
 def is_small_tile(cfg: KernelConfig) -> bool:
@@ -683,7 +702,11 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     if ruled is not None:
         return ruled, []
     long_k_rows = hinted and few_rows_long_k(dtype, knobs, problem, sm_count)
-    if long_k_rows:
+    long_k_split = (long_k_rows and small_tiles_whole_over_long_k(dtype, problem, sm_count)
+                    and [c for c in configs if long_k_parts(c, problem, sm_count) > 1])
+    if long_k_split:
+        configs, long_k_rows = long_k_split, False
+    elif long_k_rows:
         small = choose_raster(ruled_pingpong_config(SMALL_TILE, dtype, out_dtype, layout, spec, epilogue, dtype_b),
                               problem, sm_count, knobs)
         configs = [small] if is_legal(small) else configs
@@ -743,6 +766,8 @@ def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     k_tiles = math.ceil(problem.k / cfg.tile[2])
     if k_tiles >= SPLIT_K_LONG_K_TILES:
         return long_k_parts(cfg, problem, sm_count)
+    if long_k(k_tiles) and (parts := long_k_parts(cfg, problem, sm_count)) > 1:
+        return parts
     share = SPLIT_K_SMALL_TILE_SM_SHARE if is_small_tile(cfg) else SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
     if (not _splittable(cfg, problem) or units > share * sm_count
             or k_tiles < split_k_min_k_tiles(cfg, problem, units, sm_count)):
@@ -787,9 +812,20 @@ def long_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     parts = resident_clusters(sm_count, cfg.cluster[0] * cfg.cluster[1]) // (units_m * units_n)
     splittable = _splittable(cfg, problem) or long_k_split_cluster(cfg, problem)
     if (not splittable or parts < SPLIT_K_LONG_K_MIN_PARTS or cfg.schedule not in SPLIT_K_MAX_SM_SHARE
-            or math.ceil(problem.k / cfg.tile[2]) < SPLIT_K_LONG_K_TILES):
+            or not long_k_split_pays(math.ceil(problem.k / cfg.tile[2]), parts)):
         return 1
     return parts
+
+
+def long_k_split_pays(k_tiles: int, parts: int) -> bool:
+    """Whether a long-K split of ``k_tiles`` k tiles into ``parts`` parts is weighed: from SPLIT_K_LONG_K_TILES k
+    tiles, or with SPLIT_K_LONG_K_PART_MIN_K_TILES k tiles in each part."""
+    return k_tiles >= SPLIT_K_LONG_K_TILES or k_tiles >= parts * SPLIT_K_LONG_K_PART_MIN_K_TILES
+
+
+def long_k(k_tiles: int) -> bool:
+    """Whether a K of ``k_tiles`` k tiles can take the long-K split (in SPLIT_K_LONG_K_MIN_PARTS parts at least)."""
+    return long_k_split_pays(k_tiles, SPLIT_K_LONG_K_MIN_PARTS)
 
 
 def long_k_split_cluster(cfg: KernelConfig, problem: Problem) -> bool:
@@ -801,5 +837,5 @@ def long_k_split_cluster(cfg: KernelConfig, problem: Problem) -> bool:
 def long_k_over_two_rows(tile: tuple[int, int, int], problem: Problem) -> bool:
     """Where LONG_K_SPLIT_CLUSTERS' 2x1 cluster is weighed: at least SPLIT_K_LONG_K_TILES k tiles, at least two tile
     rows (the cluster's second block has a real tile), one problem."""
-    return (math.ceil(problem.k / tile[2]) >= SPLIT_K_LONG_K_TILES and problem.batch == 1
+    return (long_k(math.ceil(problem.k / tile[2])) and problem.batch == 1
             and math.ceil(problem.m / tile[0]) >= 2)

@@ -308,15 +308,23 @@ def sm90_block_k(dtype: DType) -> int:
 def transposes_in_smem(cfg: KernelConfig) -> tuple[bool, bool]:
     """Whether the sm90 kernel transposes A's (B's) tiles in shared memory: tf32 operands that are M/N-major in global
     memory, which wgmma reads K-major only; the producer warpgroup transposes them in place (gemm_kernel.cuh
-    transpose_slots)."""
+    transpose_slots). An M-major A is read into registers instead (reads_a_into_registers), so only B is."""
     if cfg.family != "sm90" or cfg.dtype is not DType.tf32:
         return False, False
-    return not cfg.layout.a_k_major, not cfg.layout.b_k_major
+    return False, not cfg.layout.b_k_major
+
+
+def reads_a_into_registers(cfg: KernelConfig) -> bool:
+    """Whether the sm90 kernel's consumers read A's wgmma fragments from shared memory into registers (gemm_kernel.cuh
+    RegisterFragmentA): a tf32 A that is M-major in global memory, which wgmma reads from shared memory K-major only
+    but from registers in any order."""
+    return cfg.family == "sm90" and cfg.dtype is DType.tf32 and not cfg.layout.a_k_major
 
 
 def check_tf32(cfg: KernelConfig) -> None:
     """tf32 inputs (fp32 tensors) take every layout in both families: mma.sync's fragments come from registers, and
-    the sm90 kernel transposes M/N-major tiles in shared memory (transposes_in_smem)."""
+    the sm90 kernel reads an M-major A into registers (reads_a_into_registers) and transposes an N-major B in shared
+    memory (transposes_in_smem)."""
     if cfg.out_dtype is DType.tf32:
         raise ValueError("out_dtype='tf32' is not an output type: use out_dtype='fp32' (the default for tf32)")
 

@@ -4,7 +4,7 @@ say in the same words. A form a plan refuses has no kernel for it: the rules fol
 (templates/sm90/gemm_kernel.cuh: grouped rows, a list of problems, groups along K)."""
 from __future__ import annotations
 
-from .config import KernelConfig, quantizes_out, transposes_in_smem
+from .config import KernelConfig, quantizes_out, reads_a_into_registers, transposes_in_smem
 from .epilogue import IDENTITY, with_scales
 from .types import Order
 
@@ -43,10 +43,10 @@ def _grouped_plan_refusal(cfg: KernelConfig, stream_k_why: str) -> str | None:
     if cfg.family != "sm90":
         fix = "plan with arch=90" if cfg.arch != 90 else "plan with family='sm90' (or family=None)"
         return f"grouped calls run on the sm90 family's persistent kernels; this plan is {cfg.family}: {fix}"
-    if any(transposes_in_smem(cfg)):
+    if any(transposes_in_smem(cfg)) or reads_a_into_registers(cfg):
         return (f"grouped calls with tf32 inputs take layout 'tn' only (the in-place transposes of M/N-major tiles "
-                f"are not enabled under the groups' walks); this plan is layout {cfg.layout.blas!r}: plan with "
-                "layout='tn' and pass A row-major, B column-major")
+                f"and the register reads of an M-major A are not enabled under the groups' walks); this plan is "
+                f"layout {cfg.layout.blas!r}: plan with layout='tn' and pass A row-major, B column-major")
     if cfg.schedule not in ("cooperative", "pingpong"):
         return (f"grouped calls run on the persistent schedules; this plan's schedule is {cfg.schedule!r} (one tile "
                 "per block, its grid sized on the host): plan with schedule='cooperative' or 'pingpong'")
