@@ -1266,8 +1266,9 @@ def test_a_very_long_k_weighs_every_candidate_split() -> None:
     """From SPLIT_K_LONG_K_TILES k tiles (a vocabulary head's dX: K = the vocabulary) each 1x1 candidate the launch
     cuts into at least SPLIT_K_LONG_K_MIN_PARTS k parts (SMs // tiles) is weighed so split: at 512 x 2048 x 151936 the
     big cooperative tile in 4 parts, not 128 whole 64x128 pingpong tiles; 64 tiles (2 parts) stay whole. Below the
-    threshold the plan is the one without the rule."""
-    from generator.planner.sm90 import SPLIT_K_LONG_K_TILES, long_k_parts
+    threshold the rule holds where each part walks SPLIT_K_LONG_K_PART_MIN_K_TILES k tiles (long_k_split_pays), and
+    short of 4 such parts the plan is the one without the rule."""
+    from generator.planner.sm90 import SPLIT_K_LONG_K_PART_MIN_K_TILES, SPLIT_K_LONG_K_TILES, long_k_parts
     from generator.spec.arch import arch_spec
 
     long = Gemm("bf16", "tt", arch=90, m=512, n=2048, k=151936)
@@ -1275,12 +1276,22 @@ def test_a_very_long_k_weighs_every_candidate_split() -> None:
     assert long.config.stream_k and long.config.tile[:2] == (128, 256) and long.config.cluster == (2, 1)
     assert long_k_parts(long.config, Problem(512, 2048, 151936), arch_spec(90).sm_count) == 66 // 16
     assert "each split into 4 k parts" in str(long)
-    short_k = (SPLIT_K_LONG_K_TILES - 1) * 64
+    # 4 parts of SPLIT_K_LONG_K_PART_MIN_K_TILES k tiles: the same split; one k tile fewer, none
+    part_k = 4 * SPLIT_K_LONG_K_PART_MIN_K_TILES * 64
+    assert SPLIT_K_LONG_K_TILES > 4 * SPLIT_K_LONG_K_PART_MIN_K_TILES
+    assert Gemm("bf16", "tt", arch=90, m=512, n=2048, k=part_k).config == replace(long.config)
+    short_k = part_k - 64
     short = Gemm("bf16", "tt", arch=90, m=512, n=2048, k=short_k)
     assert not short.config.stream_k   # (the share rule: 64x128 tiles fill the SMs)
     two_parts = Gemm("bf16", "tt", arch=90, m=512, n=4096, k=128256)   # 64 tiles of 128x256: a split in two only
     assert not two_parts.config.stream_k
     assert long_k_parts(replace(long.config, stream_k=False), Problem(512, 2048, short_k), 132) == 1
+    # Parts too short: 12 tiles of 64x256 would take 11 parts of 45 k tiles at 501; the 64x64 tiles split in two stay
+    few_rows = Gemm("bf16", "tt", arch=90, m=64, n=3072, k=32064).config
+    assert few_rows.tile[:2] == (64, 64) and few_rows.stream_k
+    # ... and where the 64x64 tiles would run whole (71 of them), a wider tile in long-K parts
+    whole = Gemm("bf16", "tt", arch=90, m=64, n=4544, k=65024).config
+    assert whole.tile[:2] == (64, 256) and whole.stream_k
 
 
 @pytest.mark.parametrize("m, n, k, tile", [

@@ -284,7 +284,7 @@ DEFAULT_RASTER_GROUP = 8
 # model's 128x128, 3584 x 384 x 3584 128x96 1.001 against 0.928, 4096 x 384 x 4096 128x96 1.043 against 0.981; 128x80
 # in raster n read 0.61-0.69. Where the fill is best at a multiple of 64 (128x64, 128x128) the rule leaves the plan
 # to the model: on the corpus' dX, 128x64 pingpong read 0.92-0.96x the tt kernels (h200_corpus_dx_swapped_*.json).
-# Not from SPLIT_K_LONG_K_TILES k tiles (the long-K split is the model's).
+# Not over a K the long-K split takes (long_k: that split is the model's).
 FEW_COLUMNS_FILL_N = (129, 512)
 FEW_COLUMNS_FILL_BM = 128
 FEW_COLUMNS_FILL_BN = tuple(range(64, 129, 16))
@@ -538,13 +538,13 @@ def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) ->
 def few_columns_fill_tile(dtype: DType, out_dtype: DType, layout: Layout, knobs: Knobs, problem: Problem,
                           sm_count: int) -> tuple[int, int] | None:
     """The (BM, BN) of FEW_COLUMNS_FILL_N's rule, or None where it does not apply: 16-bit inputs and output (the
-    measured ones), A M-major, B K-major, one problem of 129-512 columns and fewer than SPLIT_K_LONG_K_TILES k tiles,
+    measured ones), A M-major, B K-major, one problem of 129-512 columns and a K short of the long-K split (long_k),
     none of tile, schedule and cluster fixed, and the best one-wave tile (the most tiles; then the fewest padded
     columns, the wider tile) of a width that is no multiple of 64."""
     low, high = FEW_COLUMNS_FILL_N
     if (not rule_may_apply(dtype, knobs) or out_dtype.bytes != 2 or layout.a_k_major or not layout.b_k_major
             or problem.batch != 1 or not low <= problem.n <= high
-            or math.ceil(problem.k / sm90_block_k(dtype)) >= SPLIT_K_LONG_K_TILES):
+            or long_k(math.ceil(problem.k / sm90_block_k(dtype)))):
         return None
     rows = math.ceil(problem.m / FEW_COLUMNS_FILL_BM)
     fits = [(tiles, -(math.ceil(problem.n / bn) * bn - problem.n), bn) for bn in FEW_COLUMNS_FILL_BN
@@ -761,7 +761,8 @@ def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     """How many k parts the launch cuts each tile of ``cfg`` into (1: none) when the plan takes split-K: a persistent
     single problem (grouped calls take no stream-K) whose tiles reach at most SPLIT_K_MAX_SM_SHARE of the SMs
     (SPLIT_K_SMALL_TILE_SM_SHARE for 64x64 pingpong), of at least split_k_min_k_tiles k tiles, not int8 (its int32
-    sums are not added as fp32 partials); from SPLIT_K_LONG_K_TILES k tiles, ``long_k_parts``."""
+    sums are not added as fp32 partials); from SPLIT_K_LONG_K_TILES k tiles ``long_k_parts``, and below that where
+    ``long_k_parts`` splits (its parts walk SPLIT_K_LONG_K_PART_MIN_K_TILES k tiles or more)."""
     units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
     k_tiles = math.ceil(problem.k / cfg.tile[2])
     if k_tiles >= SPLIT_K_LONG_K_TILES:
@@ -804,7 +805,7 @@ def _splittable(cfg: KernelConfig, problem: Problem) -> bool:
 
 
 def long_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
-    """The k parts of each tile of a persistent plan of one problem with at least SPLIT_K_LONG_K_TILES k tiles whose
+    """The k parts of each tile of a persistent plan of one problem over a long K (long_k_split_pays) whose
     cluster units the launch cuts into at least SPLIT_K_LONG_K_MIN_PARTS parts (resident clusters // units); 1
     otherwise, and for int8 (its int32 sums are not added as fp32 partials). A 1x1 plan, or a 2x1 one over real tile
     rows (LONG_K_SPLIT_CLUSTERS)."""
@@ -835,7 +836,7 @@ def long_k_split_cluster(cfg: KernelConfig, problem: Problem) -> bool:
 
 
 def long_k_over_two_rows(tile: tuple[int, int, int], problem: Problem) -> bool:
-    """Where LONG_K_SPLIT_CLUSTERS' 2x1 cluster is weighed: at least SPLIT_K_LONG_K_TILES k tiles, at least two tile
+    """Where LONG_K_SPLIT_CLUSTERS' 2x1 cluster is weighed: a K the long-K split takes (long_k), at least two tile
     rows (the cluster's second block has a real tile), one problem."""
     return (long_k(math.ceil(problem.k / tile[2])) and problem.batch == 1
             and math.ceil(problem.m / tile[0]) >= 2)
