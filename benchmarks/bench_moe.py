@@ -15,8 +15,9 @@ and an expert's group is the tokens that picked it, sorted by expert as a MoE la
 Two grouped GEMMs per layer, layout tn as bench_grouped.py's (A the routed rows, B = W.transpose(1, 2)):
 ``up`` (the fused gate and up projections, N = 2 * intermediate, K = hidden) and ``down`` (N = hidden,
 K = intermediate). Ours is op.grouped, the op planned by Gemm(dtype, "tn", m=mean rows per expert, n=N, k=K,
-batch=E); the columns and checks are bench_grouped.py's (``measure_sizes``). The summary holds issue 35's targets:
-the geomean of ours / torch._grouped_mm, the lowest row, and ours against the faster of _grouped_mm and the loop.
+batch=E, ragged=True) (--uniform-plan: without ragged=True, as for equal groups); the columns and checks are
+bench_grouped.py's (``measure_sizes``). The summary holds issue 35's targets: the geomean of ours /
+torch._grouped_mm, the lowest row, and ours against the faster of _grouped_mm and the loop.
 """
 from __future__ import annotations
 
@@ -125,12 +126,12 @@ class MoeRow:
 
 
 def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: str,
-            candidates: list = ()) -> tuple[dict, dict]:
+            candidates: list = (), ragged: bool = True) -> tuple[dict, dict]:
     """{(E, mean rows, N, K): op}, each planned as bench_grouped.py plans an E x T x N x K entry, and {shape: {name:
     op}} of the ``candidates`` (parse_candidates' tuples: the same hints with the tile, cluster, schedule and stages
     fixed; those the planner refuses for the shape are left out, said once); one parallel build."""
     shapes = sorted({(len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k) for *_, sizes, n, k in cases})
-    plans = {s: Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0]) for s in shapes}
+    plans = {s: Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], ragged=ragged) for s in shapes}
     others: dict[tuple, list] = {s: [] for s in shapes}
     for s in shapes:
         for tile, cluster, schedule, stream_k, stages in candidates:
@@ -138,7 +139,7 @@ def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: 
                 raise SystemExit("--candidates: grouped calls take no stream-K (drop :sk)")
             try:
                 cfg = Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], tile_shape=tile, cluster_shape=cluster,
-                           schedule=schedule, stages=stages).config
+                           schedule=schedule, stages=stages, ragged=ragged).config
             except ValueError as refused:
                 print(f"  {s}: skip {tile} {cluster} {schedule}: {refused}", file=sys.stderr)
                 continue
@@ -213,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", default="", help="sm90 kernels timed beside the pick on every row, "
                         "TILE:CLUSTER:pp|coop[:sN],... (e.g. 64x128x64:1x1:pp,128x128x64:2x1:coop): which tile wins "
                         "at which routing")
+    parser.add_argument("--uniform-plan", action="store_true",
+                        help="plan as for equal groups (no ragged=True hint: the plan before routing was weighed)")
     parser.add_argument("--json", default=None, help="default $OUT/bench_moe.json or ./bench_moe.json")
     args = parser.parse_args(argv)
     try:
@@ -235,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.dtype}, layout tn, "
           f"do_bench median of {args.rounds} interleaved rounds")
-    ops, candidate_ops = planned(cases, args.dtype, parse_candidates(args.candidates))
+    ops, candidate_ops = planned(cases, args.dtype, parse_candidates(args.candidates), ragged=not args.uniform_plan)
     warm_up_gpu()
     rows = []
     print(f"{'model':<18} {'gemm':<4} {'tokens':>6} {'routing':<9} {'min':>5} {'max':>5} {'empty':>5} | " + header())

@@ -12,10 +12,11 @@ routing can be skewed as real routers are (``--routing``: a fixed bias on the ro
 or Zipf(1.2) popularity, as benchmarks/bench_moe.py routes), so the groups are uneven and some may be empty.
 
 Two copies of the block share the weights: ``ours`` runs the grouped GEMMs as ``op.grouped(rows, W.transpose(1, 2),
-offsets)`` on ops planned by ``Gemm("bf16", "tn", n=, k=, batch=E, m=rows per expert)`` (their backward: the grouped
-formula, docs/grouped.md), ``torch`` as ``torch._grouped_mm``. One training step is forward, a loss, backward. The
-script checks that both copies' loss and every gradient agree within the bf16 bound, then times the step of each
-(median of CUDA-event timings after warm-up, interleaved), and prints one table (and JSON with ``--json``).
+offsets)`` on ops planned by ``Gemm("bf16", "tn", n=, k=, batch=E, m=rows per expert, ragged=True)`` (their
+backward: the grouped formula, docs/grouped.md), ``torch`` as ``torch._grouped_mm``. One training step is forward,
+a loss, backward. The script checks that both copies' loss and every gradient agree within the bf16 bound, then times
+the step of each (median of CUDA-event timings after warm-up, interleaved), and prints one table (and JSON with
+``--json``).
 
 Without a GPU it plans the two grouped GEMMs for sm_90 (H100), prints the plans, says what it skipped, and exits 0.
 Exit status 1 when the copies disagree.
@@ -66,10 +67,11 @@ def expected_rows(args: argparse.Namespace) -> int:
 
 
 def plans(args: argparse.Namespace, arch: int | None = None) -> tuple[Gemm, Gemm]:
-    """The gate-and-up and the down grouped GEMMs' plans (``arch=90`` plans for an H100 without a GPU)."""
+    """The gate-and-up and the down grouped GEMMs' plans (``arch=90`` plans for an H100 without a GPU), for groups of
+    about ``expected_rows`` rows that vary with the routing (``ragged=True``)."""
     m = expected_rows(args)
-    up = Gemm("bf16", "tn", m=m, n=2 * args.intermediate, k=args.d, batch=args.experts, arch=arch)
-    down = Gemm("bf16", "tn", m=m, n=args.d, k=args.intermediate, batch=args.experts, arch=arch)
+    up = Gemm("bf16", "tn", m=m, n=2 * args.intermediate, k=args.d, batch=args.experts, ragged=True, arch=arch)
+    down = Gemm("bf16", "tn", m=m, n=args.d, k=args.intermediate, batch=args.experts, ragged=True, arch=arch)
     return up, down
 
 

@@ -56,6 +56,17 @@ def op_key(plan: Gemm) -> tuple[KernelConfig, Problem | None]:
     return plan.config, plan.problem
 
 
+def _ragged_arg(ragged: object, m: int | None, batch: int) -> bool:
+    """``ragged`` checked: a bool, and with it the expected rows per group (m) and the groups (batch > 1)."""
+    if not isinstance(ragged, bool):
+        raise TypeError(f"ragged={ragged!r} must be True or False")
+    if ragged and (m is None or batch < 2):
+        raise ValueError("ragged=True plans for the groups of a grouped call: give m (the expected rows per group, "
+                         "e.g. tokens * top_k // experts) and batch (the number of groups), e.g. "
+                         "Gemm('bf16', 'tn', m=256, n=N, k=K, batch=E, ragged=True)")
+    return ragged
+
+
 def _positive_or_none(value: object, what: str) -> int | None:
     if value is None:
         return None
@@ -222,7 +233,10 @@ class Gemm:
     ("sm80" / "sm90"; default: sm90 at arch 90, sm80 below); sm80 only: ``warps`` (WM, WN); sm90
     only: ``schedule`` ("ws" / "cooperative" / "pingpong"), ``cluster_shape`` (e.g. (2, 1) or "2x1"),
     ``raster`` ("m" / "n"). ``arch=None`` plans for the visible GPU. Size hints: ``m``, ``n``, ``k`` (one
-    problem's) and ``batch`` (how many problems a batched call multiplies at once: 3-D A or B, see the README).
+    problem's) and ``batch`` (how many problems a batched call multiplies at once: 3-D A or B, see the README);
+    ``ragged=True`` with ``batch`` and ``m``: the problems are a grouped call's groups (``op.grouped``, a mixture of
+    experts' routed rows) whose rows vary around ``m``, the expected rows per group (as DeepGEMM's expected_m), so the
+    plan counts each group's last tile row as half empty and sizes its tiles for the larger groups.
     """
 
     def __init__(self, dtype: object = "bf16", layout: object = "tn", *, arch: object = None,
@@ -234,7 +248,7 @@ class Gemm:
                  activation: str | Callable[..., Any] | None = None, bias: str | None = None,
                  alpha: float | str | None = None, beta: float | str | None = None, scale: str | None = None,
                  fast_accum: bool | None = None, amax: bool | None = None, dtype_b: object = None,
-                 namespace: str = DEFAULT_NAMESPACE) -> None:
+                 ragged: bool = False, namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_input_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -243,7 +257,7 @@ class Gemm:
             sm_count = spec.sm_count
         hints = [_positive_or_none(v, w) for v, w in ((m, "m"), (n, "n"), (k, "k"))]
         batch_ = _positive_or_none(batch, "batch") or 1
-        problem = (Problem(*(h or d for h, d in zip(hints, (4096, 4096, 4096))), batch_)
+        problem = (Problem(*(h or d for h, d in zip(hints, (4096, 4096, 4096))), batch_, _ragged_arg(ragged, m, batch_))
                    if any(hints) or batch_ > 1 else None)
         if not isinstance(namespace, str) or not namespace.isidentifier():
             raise ValueError(f"namespace={namespace!r} must be a Python identifier, e.g. 'gemmgen'")

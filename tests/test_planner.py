@@ -5,6 +5,7 @@ of names; update the pins in the same change, with the reason in its message.
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -1254,6 +1255,36 @@ def test_batch_hint_weighs_clusters_by_every_problems_tiles() -> None:
     # ONE_WAVE_CLUSTER_K_TILES); 64 of them take several, where multicast pays.
     assert plan(arch=90, m=256, n=2048, k=2048).config.cluster == (1, 1)
     assert plan(arch=90, m=256, n=2048, k=2048, batch=64).config.cluster != (1, 1)
+
+
+def test_ragged_groups_count_each_groups_last_tile_row_half_empty() -> None:
+    # A grouped call's groups vary around m (Problem.ragged): each group's last cluster unit along M counts half empty
+    # (RAGGED_LAST_UNIT), so a 2x1 cluster over groups of about two 128-row tile rows no longer pays (DeepSeek-V3's
+    # experts at 4096 tokens, 148 rows each on average: h200_bench_moe_ragged_plan.json), and tiles are sized for
+    # groups RAGGED_TYPICAL_ROWS times the mean: at 64 rows per expert, 128-row tiles.
+    from generator.planner.sm90 import RAGGED_LAST_UNIT, ragged_units_m, waves
+
+    hints = dict(arch=90, m=148, n=4096, k=7168, batch=32)
+    assert plan(**hints).config.cluster == (2, 1)
+    ragged = plan(**hints, ragged=True)
+    assert ragged.config.cluster[0] == 1 and ragged.problem.ragged
+    assert "groups of about 148 rows" in ragged.why
+    cfg = ragged.config
+    units = ragged_units_m(cfg, ragged.problem)
+    assert units == 148 / (cfg.tile[0] * cfg.cluster[0]) + RAGGED_LAST_UNIT
+    blocks, _, _ = waves(cfg, ragged.problem, 132)
+    assert blocks == math.ceil(units * -(-4096 // (cfg.tile[1] * cfg.cluster[1])) * cfg.cluster[1] * 32)
+    few = dict(arch=90, m=64, n=2048, k=2048, batch=64)
+    assert plan(**few).config.tile[0] == 64 and plan(**few, ragged=True).config.tile[0] == 128
+
+
+@pytest.mark.parametrize("hints, error", [
+    (dict(n=4096, k=4096, batch=8), ValueError), (dict(m=64, n=4096, k=4096), ValueError),
+    (dict(m=64, batch=8, ragged="yes"), TypeError)])
+def test_ragged_needs_the_expected_rows_and_the_groups(hints: dict, error: type) -> None:
+    hints.setdefault("ragged", True)
+    with pytest.raises(error, match="ragged"):
+        plan(arch=90, **hints)
 
 
 @pytest.mark.parametrize("batch", [0, -3, 2.5, True])

@@ -17,12 +17,14 @@ DEFAULT_PROBLEM = (4096, 4096, 4096)
 @dataclass(frozen=True)
 class Problem:
     """The size the planner plans for: ``batch`` problems of M x N x K (a batched GEMM's tiles are all its
-    problems' tiles)."""
+    problems' tiles). ``ragged``: the problems are a grouped call's groups, whose rows vary around ``m`` (the expected
+    rows per group, as DeepGEMM's expected_m): each group's last tile row is then about half empty."""
 
     m: int
     n: int
     k: int
     batch: int = 1
+    ragged: bool = False
 
 
 @dataclass(frozen=True)

@@ -295,6 +295,12 @@ FEW_COLUMNS_FILL_BN = tuple(range(64, 129, 16))
 # against 0.886 for the pick, H200 0.982 against 0.941 (h200_bmm_tiles.json).
 COVERING_TILE = (128, 256)
 COVERING_CLUSTER = (2, 1)
+# A ragged problem's groups (a grouped call's, Problem.ragged) have rows spread around the expected m: each group's
+# last cluster unit along M is this much empty on average (a group of m rows takes m / rows-per-unit + 1/2 units).
+RAGGED_LAST_UNIT = 0.5
+# ... and the groups that hold most of its rows have about this many times the expected m (64-row tiles only where
+# those fit one: candidate_shapes).
+RAGGED_TYPICAL_ROWS = 2
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
@@ -396,7 +402,7 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted
     shapes = [(knobs.schedule or schedule, (bm, bn, block_k)) for schedule, (bm, bn) in tiles
               if (wanted is None or schedule == wanted) and not (bn == NARROW_BN and not narrow_tile_fits(problem, bm))]
     short = [shape for shape in shapes if shape[1][0] == SMALL_M_TILE_ROWS]
-    if problem.m <= SMALL_M_TILE_ROWS and short:   # few rows: tiles of no more rows (see SMALL_M_TILE_ROWS)
+    if typical_rows(problem) <= SMALL_M_TILE_ROWS and short:   # few rows: tiles of no more rows (see SMALL_M_TILE_ROWS)
         shapes = short
     if knobs.schedule is None and long_k_over_waves(problem, block_k, sm_count):
         wide = [shape for shape in shapes
@@ -404,6 +410,12 @@ def candidate_shapes(knobs: Knobs, problem: Problem, block_k: int = 64, promoted
         shapes = wide or shapes
     # A schedule that is none of ours still gets one candidate, for check_config to refuse with its sentence.
     return shapes or [(str(knobs.schedule), (128, 256, block_k))]
+
+
+def typical_rows(problem: Problem) -> float:
+    """The rows a problem's tiles are sized for: M, or for a ragged problem's groups RAGGED_TYPICAL_ROWS x the
+    expected M (the groups that hold most of the rows are larger than the mean)."""
+    return problem.m * (RAGGED_TYPICAL_ROWS if problem.ragged else 1)
 
 
 def long_k_over_waves(problem: Problem, block_k: int, sm_count: int) -> bool:
@@ -654,9 +666,17 @@ def waves(cfg: KernelConfig, problem: Problem, sm_count: int) -> tuple[int, int,
     blocks resident at once (one per SM: the ring takes the shared memory), and the waves they take."""
     cm, cn = cfg.cluster
     units_m, units_n = grid_units(cfg, problem)
-    blocks = units_m * units_n * cm * cn * problem.batch
+    if problem.ragged:
+        units_m = ragged_units_m(cfg, problem)
+    blocks = math.ceil(units_m * units_n * cm * cn * problem.batch)
     slots = resident_clusters(sm_count, cm * cn) * cm * cn
     return blocks, slots, math.ceil(blocks / slots)
+
+
+def ragged_units_m(cfg: KernelConfig, problem: Problem) -> float:
+    """The expected cluster units along M of one group of a ragged problem: groups of rows spread around ``m`` end
+    half a unit past m on average (RAGGED_LAST_UNIT), and a group has at least one."""
+    return max(1.0, problem.m / (cfg.tile[0] * cfg.cluster[0]) + RAGGED_LAST_UNIT)
 
 
 def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem) -> Estimate:
@@ -677,6 +697,9 @@ def estimate(cfg: KernelConfig, spec: ArchSpec, sm_count: int, problem: Problem)
         cluster = "cluster 1x1 (no multicast)"
     idle = f", {blocks - tiles} idle block(s) fill partial clusters" if blocks > tiles else ""
     split = f", each split into {parts} k parts (a K of {problem.k})" if parts > 1 else ""
+    if problem.ragged:
+        split += (f" (groups of about {problem.m} rows: {blocks} blocks expected, each group's last tile row half "
+                  f"empty on average)")
     reason = (f"{tiles} tiles of {bm}x{bn}{split} in {per_sm} wave(s) over {slots} SMs (last wave {last_wave_fill:.0%} "
               f"full{idle}), {cfg.schedule} ({persistent}); {cluster}; efficiency {eff:.2f}; {cfg.stages} stages "
               f"use {cfg.smem_bytes} of {spec.smem_per_block} bytes of shared memory")
