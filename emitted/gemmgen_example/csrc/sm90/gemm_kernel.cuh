@@ -90,9 +90,10 @@
 #endif
 // tf32 with an M-major A (layouts nn, nt): each consumer thread reads its wgmma fragments of A from the tile TMA wrote
 // (RegisterFragmentA) and issues wgmma with A from registers, instead of the transposer warps transposing A's chunks
-// in place (Kernel::kARegisters; an A/B switch until measured, docs/dtypes.md).
+// in place (Kernel::kARegisters). Measured (H200, bench_dtypes.py, h200_bench_tf32_a_registers.json): nn 0.75-0.83x
+// cuBLAS TF32 transposed -> 0.97-1.17x from registers, nt 0.74-0.91x -> 0.94-0.99x. 0 builds the transpose.
 #ifndef GEMMGEN_SM90_TF32_A_REGISTERS
-#define GEMMGEN_SM90_TF32_A_REGISTERS 0
+#define GEMMGEN_SM90_TF32_A_REGISTERS 1
 #endif
 // Timing experiments only (wrong results), to find what per-block scaling costs beside the per-tensor kernel's main
 // loop: SCALES_CONST promotes with scales of 1 (no loads, no products); ONE_SPLIT takes every tile's columns as the
@@ -605,8 +606,8 @@ struct Kernel {
   // K-major only (PTX ISA §9.7.15.5.1), so TMA loads them M/N-major, as for 16-bit types, and the producer
   // warpgroup's other warps transpose each stage's chunks in place (transpose_slots) before the consumers read the
   // stage as a K-major tile (MmaTileA, MmaTileB).
-  // With GEMMGEN_SM90_TF32_A_REGISTERS an M-major tf32 A is read into registers instead (kARegisters,
-  // mainloop_a_registers), and only B is transposed (layout nt).
+  // An M-major tf32 A is read into registers instead (kARegisters, mainloop_a_registers; GEMMGEN_SM90_TF32_A_REGISTERS
+  // 0 transposes it), and only B is transposed (layouts tt, nt).
   static constexpr bool kARegisters = GEMMGEN_SM90_TF32_A_REGISTERS && std::is_same_v<Elem, float> && !Cfg::kAKMajor;
   static constexpr bool kTransposeA = std::is_same_v<Elem, float> && !Cfg::kAKMajor && !kARegisters;
   static constexpr bool kTransposeB = std::is_same_v<typename Cfg::ElemB, float> && !Cfg::kBKMajor;
