@@ -540,8 +540,9 @@ def ruled_pingpong_config(tile: tuple[int, int], dtype: DType, out_dtype: DType,
 def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) -> bool:
     """Whether the plan is 128x256 cooperative in a 2x1 cluster by COVERING_TILE's rule: a batch of 16-bit problems
     of two 128-row tile rows and one 256-column tile column that a 128-column tile would not cover, the user fixed
-    none of tile, schedule and cluster."""
-    if not rule_may_apply(dtype, knobs):
+    none of tile, schedule and cluster; not ragged groups (a group of one tile row would idle the cluster's second
+    block: RAGGED_LAST_UNIT)."""
+    if not rule_may_apply(dtype, knobs) or problem.ragged:
         return False
     bm, bn = COVERING_TILE
     return problem.batch > 1 and math.ceil(problem.m / bm) == COVERING_CLUSTER[0] and bn // 2 < problem.n <= bn
