@@ -39,9 +39,11 @@ def _compile_kernels_in_the_background(config: pytest.Config, items: list[pytest
     items[:] = [item for item in items if id(item) not in moved] + nvcc_items
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def build_cache(tmp_path_factory: pytest.TempPathFactory):
-    """A fresh build cache ($GEMMGEN_CACHE_DIR) for a module that builds kernels; skips without nvcc."""
+    """A build cache ($GEMMGEN_CACHE_DIR) of the test session's own, not the user's, for the modules that build
+    kernels; skips without nvcc. One for the whole session: a kernel that several modules build (the default bf16
+    plan, its backward's) compiles once and loads from the cache after."""
     from generator.toolchain import BuildError, nvcc_path
 
     try:
