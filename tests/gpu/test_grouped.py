@@ -56,6 +56,10 @@ GROUPED_PLANS: dict[str, dict] = {
                               cluster_shape=(1, 2)),
     "tt_bf16_coop": dict(dtype="bf16", layout="tt", arch=90, schedule="cooperative"),
     "tt_bf16_pp": dict(dtype="bf16", layout="tt", arch=90, schedule="pingpong"),
+    # planned for ragged groups (Gemm's ragged=True): 128x128 pingpong 1x2 (DeepSeek-V3 EP8's experts at 4096 tokens)
+    # and 128x192 cooperative 1x2 (Mixtral's at 512 tokens)
+    "tn_bf16_ragged_pp": dict(dtype="bf16", layout="tn", arch=90, m=148, n=4096, k=7168, batch=32, ragged=True),
+    "tn_bf16_ragged_coop": dict(dtype="bf16", layout="tn", arch=90, m=128, n=28672, k=4096, batch=8, ragged=True),
 }
 DEFAULT = "tn_bf16_coop_c2x1"
 #: Plans that refuse grouped calls, and a regular expression their message must match (the fix it names).
@@ -98,6 +102,8 @@ def test_plans_are_what_they_say():
             assert cfg.layout.blas == key.split("_")[0], key
             assert cfg.layout.c.value == "row", key
     assert {c.layout.blas for k, c in cfgs.items() if k in GROUPED_PLANS} == {"tn", "tt"}
+    assert cfgs["tn_bf16_ragged_pp"].tile[:2] == (128, 128) and cfgs["tn_bf16_ragged_pp"].cluster == (1, 2)
+    assert cfgs["tn_bf16_ragged_coop"].tile[:2] == (128, 192) and cfgs["tn_bf16_ragged_coop"].cluster == (1, 2)
     assert cfgs[DEFAULT].name == Gemm("bf16", "tn", arch=90).name   # the default plan
     assert cfgs["sm80_tn_bf16"].family == "sm80"
     assert cfgs["sm90_tn_bf16_ws"].schedule == "ws"
