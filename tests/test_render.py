@@ -49,7 +49,7 @@ CONTEXT_KEYS = {
              "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes", *EPILOGUE_KEYS},
     "sm90": {"name", "description", "elem_cuda", "elem_b_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
              "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes",
-             "promote", "stream_k", "amax", *EPILOGUE_KEYS},
+             "promote", "stream_k", "amax", "swaps_tt", *EPILOGUE_KEYS},
 }
 IDS = [c.name for c in CONFIGS]
 
@@ -458,3 +458,16 @@ def test_block_scales_alone_leave_the_functor_the_identity() -> None:
     assert "static constexpr int kRowBlocksSlot = 0;" in text and "static constexpr int kColBlocksSlot = 1;" in text
     assert "static constexpr int kScaleBlockK = GEMMGEN_SCALE_BLOCK_K;" in text and "apply(" not in text
     assert "static constexpr bool kIdentity = true;" not in _functor(with_scales(IDENTITY, "tensor"))
+
+
+def test_only_a_plain_tf32_tt_library_carries_the_transposed_product() -> None:
+    """GEMMGEN_SM90_TF32_TT_SWAPPED's kernel (render.swaps_tt): tf32 with a K-major A and an N-major B and an identity
+    epilogue; not other layouts or types, nor an epilogue with operands (which the swap does not exchange)."""
+    from generator.render import swaps_tt
+
+    assert swaps_tt(Gemm("fp32", "tt", arch=90).config)
+    assert "SwappedConfig" in next(iter(render(Gemm("fp32", "tt", arch=90).config).values()))
+    for plan in (Gemm("fp32", "tn", arch=90), Gemm("fp32", "nt", arch=90), Gemm("bf16", "tt", arch=90),
+                 Gemm("fp32", "tt", arch=90, activation="gelu", bias="col")):
+        assert not swaps_tt(plan.config), plan.name
+        assert "SwappedConfig" not in next(iter(render(plan.config).values())), plan.name

@@ -12,8 +12,9 @@ from pathlib import Path
 import jinja2
 
 from ..spec.arch import arch_spec
-from ..spec.config import KernelConfig, check_config, source_operand
+from ..spec.config import KernelConfig, check_config, quantizes_out, source_operand
 from ..spec.describe import describe
+from ..spec.types import DType
 from .epilogue import functor_context
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
@@ -71,8 +72,17 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
                 "stream_k": cfg.stream_k,
                 "amax": cfg.amax,
                 "raster_group": cfg.raster_group,
+                "swaps_tt": swaps_tt(cfg),         # GEMMGEN_SM90_TF32_TT_SWAPPED's transposed product
                 **layout}
     return {**common, "wm": cfg.warps[0], "wn": cfg.warps[1], "raster_group": cfg.raster_group, **layout}
+
+
+def swaps_tt(cfg: KernelConfig) -> bool:
+    """Whether an sm90 library also builds the transposed product's kernel behind GEMMGEN_SM90_TF32_TT_SWAPPED
+    (templates/sm90/launch.cuh takes_swapped): tf32 with a K-major A and an N-major B, whose B the plain kernel
+    transposes in shared memory, and an identity epilogue writing D as it is (no operands or quantization to swap)."""
+    return (cfg.dtype is DType.tf32 and cfg.layout.a_k_major and not cfg.layout.b_k_major
+            and cfg.epilogue.is_identity and not quantizes_out(cfg) and not cfg.amax)
 
 
 def render(cfg: KernelConfig) -> dict[str, str]:

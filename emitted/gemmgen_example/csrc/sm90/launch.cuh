@@ -588,5 +588,44 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
   return static_cast<int>(cudaGetLastError());
 }
 
+// tf32 with a K-major A and an N-major B (layout tt): wgmma reads tf32 from shared memory K-major only, so the plain
+// kernel transposes B's tiles there (0.79-0.83x cuBLAS at 4096³-8192³ on the H200, docs/dtypes.md), while the kernel
+// whose M-major A it reads into registers runs at the tn kernel's speed. With GEMMGEN_SM90_TF32_TT_SWAPPED a library
+// of such a plan (an identity epilogue) also builds that kernel for the transposed product, D^T = B^T A^T, and
+// launches it instead (an A/B switch until measured): B^T (N x K) is M-major with B's leading dimension, A^T (K x M)
+// K-major with A's, D^T (N x M) column-major with D's, the same bytes as D row-major.
+#ifndef GEMMGEN_SM90_TF32_TT_SWAPPED
+#define GEMMGEN_SM90_TF32_TT_SWAPPED 0
+#endif
+
+// ``args`` as the transposed product's: A and B exchanged with their leading dimensions and batch strides, M and N
+// exchanged; D, its leading dimension and everything else as they are.
+inline GemmArgs swapped_operands(const GemmArgs& args) {
+  GemmArgs swapped = args;
+  swapped.a = args.b;
+  swapped.b = args.a;
+  swapped.m = args.n;
+  swapped.n = args.m;
+  swapped.lda = args.ldb;
+  swapped.ldb = args.lda;
+  swapped.batch_stride_a = args.batch_stride_b;
+  swapped.batch_stride_b = args.batch_stride_a;
+  return swapped;
+}
+
+// Whether a call takes the transposed product's kernel (Swapped: Cfg with M and N, A's and B's orders and D's order
+// exchanged): a problem or a batch, not grouped, listed or grouped along K, that both configs take on their fast
+// paths; the unaligned, small-M and repacked paths stay Cfg's.
+template <class Cfg, class Swapped>
+inline bool takes_swapped(const GemmArgs& args) {
+  static_assert(Cfg::Epilogue::kIdentity && !Cfg::kAmax, "the swapped product has no epilogue operands to swap");
+  static_assert(Swapped::kBlockM == Cfg::kBlockN && Swapped::kBlockN == Cfg::kBlockM &&
+                    Swapped::kAKMajor == Cfg::kBKMajor && Swapped::kBKMajor == Cfg::kAKMajor &&
+                    Swapped::kDRowMajor == !Cfg::kDRowMajor,
+                "Swapped is Cfg's transpose");
+  if (is_grouped(args) || is_list(args) || is_k_grouped(args) || args.m <= 0 || args.n <= 0) return false;
+  return choose_path<Cfg>(args) == GEMM_PATH_FAST && choose_path<Swapped>(swapped_operands(args)) == GEMM_PATH_FAST;
+}
+
 }  // namespace sm90
 }  // namespace gemmgen
