@@ -40,10 +40,16 @@ def _compile_kernels_in_the_background(config: pytest.Config, items: list[pytest
 
 
 @pytest.fixture(scope="session")
-def build_cache(tmp_path_factory: pytest.TempPathFactory):
-    """A build cache ($GEMMGEN_CACHE_DIR) of the test session's own, not the user's, for the modules that build
-    kernels; skips without nvcc. One for the whole session: a kernel that several modules build (the default bf16
-    plan, its backward's) compiles once and loads from the cache after."""
+def session_build_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder build_cache points $GEMMGEN_CACHE_DIR at: one for the session, so that a kernel several modules
+    build (the default bf16 plan, its backward's) compiles once."""
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def build_cache(session_build_dir: Path):
+    """A build cache ($GEMMGEN_CACHE_DIR) of the test session's own, not the user's, for a module that builds
+    kernels, while the module runs (the others keep theirs); skips without nvcc."""
     from generator.toolchain import BuildError, nvcc_path
 
     try:
@@ -51,7 +57,7 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory):
     except BuildError as err:
         pytest.skip(f"no nvcc: {err}")
     mp = pytest.MonkeyPatch()
-    mp.setenv("GEMMGEN_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
+    mp.setenv("GEMMGEN_CACHE_DIR", str(session_build_dir))
     try:
         yield
     finally:
