@@ -574,7 +574,7 @@ class Gemm:
                              "plan.tune(m=4096, n=4096, k=4096)")
         base = current or Problem(1, 1, 1)
         problem = Problem(given[0] or base.m, given[1] or base.n, given[2] or base.k,
-                          _positive_or_none(batch, "batch") or base.batch)
+                          _positive_or_none(batch, "batch") or base.batch, base.ragged)   # (timed as equal groups)
         if problem != current:
             self._set_request(replace(self._request, problem=problem))
         result = tune(_space(self._request), problem, self._estimate.config, namespace=self.namespace,

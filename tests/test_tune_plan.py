@@ -110,6 +110,16 @@ def test_tune_answers_from_the_cache(on_h100: DeviceKey, monkeypatch: pytest.Mon
     assert "from the tuning cache" in result.format() and entry.kernel in result.format()
 
 
+def test_tune_keeps_a_ragged_plans_hint(on_h100: DeviceKey, monkeypatch: pytest.MonkeyPatch) -> None:
+    # tune() on a plan for ragged groups replans nothing: the recorded winner answers it, and the plan stays ragged
+    ragged = dict(arch=90, m=148, n=4096, k=7168, batch=32, ragged=True)
+    entry = record_for(Gemm("bf16", "tn", **ragged))
+    plan = Gemm("bf16", "tn", **ragged)
+    monkeypatch.setattr(tuner, "candidates", lambda *a, **k: pytest.fail("a cached shape was measured again"))
+    result = plan.tune(progress=False)
+    assert result.from_cache and plan.config.name == entry.kernel and plan.problem.ragged
+
+
 def test_tune_needs_a_problem_and_a_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="needs the problem size"):
         Gemm("bf16", "tn", arch=90).tune(m=128)
