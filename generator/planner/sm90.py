@@ -789,10 +789,10 @@ def split_k_parts(cfg: KernelConfig, problem: Problem, sm_count: int) -> int:
     ``long_k_parts`` splits (its parts walk SPLIT_K_LONG_K_PART_MIN_K_TILES k tiles or more)."""
     units = tile_count(cfg.tile, problem)   # (1x1 clusters, one problem: a unit is a tile)
     k_tiles = math.ceil(problem.k / cfg.tile[2])
-    if k_tiles >= SPLIT_K_LONG_K_TILES:
-        return long_k_parts(cfg, problem, sm_count)
-    if long_k(k_tiles) and (parts := long_k_parts(cfg, problem, sm_count)) > 1:
-        return parts
+    if long_k(k_tiles):
+        parts = long_k_parts(cfg, problem, sm_count)
+        if parts > 1 or k_tiles >= SPLIT_K_LONG_K_TILES:
+            return parts
     share = SPLIT_K_SMALL_TILE_SM_SHARE if is_small_tile(cfg) else SPLIT_K_MAX_SM_SHARE.get(cfg.schedule, 0.0)
     if (not _splittable(cfg, problem) or units > share * sm_count
             or k_tiles < split_k_min_k_tiles(cfg, problem, units, sm_count)):

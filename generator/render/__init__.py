@@ -82,7 +82,7 @@ def swaps_tt(cfg: KernelConfig) -> bool:
     (templates/sm90/launch.cuh takes_swapped): tf32 with a K-major A and an N-major B, whose B the plain kernel
     transposes in shared memory, and an identity epilogue writing D as it is (no operands or quantization to swap)."""
     return (cfg.dtype is DType.tf32 and cfg.layout.a_k_major and not cfg.layout.b_k_major
-            and cfg.epilogue.is_identity and not quantizes_out(cfg) and not cfg.amax)
+            and cfg.epilogue.is_identity and not quantizes_out(cfg))   # (amax comes with a quantized D only)
 
 
 def render(cfg: KernelConfig) -> dict[str, str]:
