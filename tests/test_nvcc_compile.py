@@ -238,8 +238,9 @@ CASES = list({(arch, cfg.name): (arch, cfg) for arch, cfg in CASES}.values())
 # Cases built with a template switch (defined at the top of the source, as GEMMGEN_EXTRA_NVCC_FLAGS would), each with
 # a constant expression of the source's `Kernel` that holds only where the switch took effect (a static_assert at its
 # end): tf32's M-major A transposed in shared memory as the row-major B is, rather than read into registers (the
-# path the switch keeps for comparison, docs/dtypes.md); tf32 tt also built as the transposed product D^T = B^T A^T
-# (its A read into registers, nothing transposed), on the planner's cooperative tile and on the few-row split one.
+# path the switch keeps for comparison, docs/dtypes.md); tf32 tt built as the transposed product D^T = B^T A^T (its A
+# read into registers, nothing transposed) beside the plain kernel that transposes B, on the planner's cooperative tile
+# and on the few-row one: the default, its switch spelled out so that the assertion may name SwappedKernel.
 SWITCHED_CASES = [(90, Gemm("fp32", "nt", arch=90, activation="gelu", bias="col", out_dtype="bf16").config,
                    "GEMMGEN_SM90_TF32_A_REGISTERS=0", "Kernel::kTransposeA && Kernel::kTransposeB")]
 SWITCHED_CASES += [(90, Gemm("fp32", "tt", arch=90, **hints).config, "GEMMGEN_SM90_TF32_TT_SWAPPED=1",

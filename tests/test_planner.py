@@ -18,7 +18,7 @@ from generator import Gemm, KernelConfig, check_config
 from generator.spec import config as config_module
 from generator.spec.arch import ARCHS, arch_spec
 from generator.spec.config import (SM90_MAX_STAGES, max_stages_that_fit, sm90_max_stages_that_fit, sm90_smem_bytes,
-                                   reads_a_into_registers, transposes_in_smem)
+                                   reads_a_into_registers, transposed_product, transposes_in_smem)
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
 from generator.planner.shipped import benchmark_shapes
 from generator.spec.types import DType, Order, parse_layout
@@ -99,15 +99,32 @@ def test_tf32_sm80_plan_reads_as_tf32() -> None:
 def test_tf32_sm90_plans_every_layout_and_says_what_it_transposes() -> None:
     # wgmma reads tf32 from shared memory K-major only: the sm90 kernel reads an M-major A into registers and transposes
     # an N-major B in shared memory, so the planner keeps the sm90 family in every layout, and weighs the bytes
-    # transposed per product: a row-major B takes 256x128 tiles (its 128 columns transposed per k tile), a column-major
-    # one 128x256.
+    # transposed per product: nt's row-major B takes 256x128 tiles (its 128 columns transposed per k tile). tt runs as
+    # the transposed product D^T = B^T A^T (nn's kernel, nothing transposed), planned as that kernel on N x M: its
+    # 256x128 tile is nn's 128x256.
     for layout, tile in (("tn", (128, 256)), ("nn", (128, 256)), ("tt", (256, 128)), ("nt", (256, 128))):
         p = Gemm("fp32", layout, arch=90)
         assert p.family == "sm90" and p.config.tile[:2] == tile
-        assert transposes_in_smem(p.config) == (False, layout[1] == "t")
+        assert transposes_in_smem(p.config) == (False, layout == "nt")
         assert reads_a_into_registers(p.config) == (layout[0] == "n")
-        assert ("transposed:   B tiles in shared memory" in str(p)) == (layout[1] == "t"), str(p)
+        assert (transposed_product(p.config) is not None) == (layout == "tt")
+        assert ("transposed:   B tiles in shared memory" in str(p)) == (layout == "nt"), str(p)
+        assert ("transposed:   runs as D^T = B^T A^T (128x256 tiles" in str(p)) == (layout == "tt"), str(p)
         assert ("registers:    A's M-major tiles" in str(p)) == (layout[0] == "n"), str(p)
+
+
+def test_tf32_tt_plans_the_transposed_products_kernel() -> None:
+    # A rule, once: above TT_OWN_ROWS_MAX_M rows tt is planned as the kernel that runs, nn on N x M (every rule of an
+    # M-major A), and exchanged back (the tile's sides and the cluster); at fewer rows by its own few-row rules, as tn
+    # (split-K over K); an epilogue keeps the plain kernel, planned as tt.
+    for m, n, k in ((256, 4096, 4096), (512, 8192, 8192), (4096, 1024, 8192)):
+        tt = Gemm("fp32", "tt", arch=90, m=m, n=n, k=k)
+        nn = Gemm("fp32", "nn", arch=90, m=n, n=m, k=k).config
+        assert transposed_product(tt.config).tile == nn.tile and transposed_product(tt.config).cluster == nn.cluster
+        assert "planned as D^T = B^T A^T" in str(tt)
+    tt, tn = (Gemm("fp32", layout, arch=90, m=128, n=4096, k=4096).config for layout in ("tt", "tn"))
+    assert (tt.tile, tt.cluster, tt.stream_k) == (tn.tile, tn.cluster, True) and transposed_product(tt) is not None
+    assert transposed_product(Gemm("fp32", "tt", arch=90, activation="gelu", bias="col").config) is None
 
 
 @pytest.mark.parametrize("arch", [80, 86, 89])

@@ -461,8 +461,9 @@ def test_block_scales_alone_leave_the_functor_the_identity() -> None:
 
 
 def test_only_a_plain_tf32_tt_library_carries_the_transposed_product() -> None:
-    """GEMMGEN_SM90_TF32_TT_SWAPPED's kernel (render.swaps_tt): tf32 with a K-major A and an N-major B and an identity
-    epilogue; not other layouts or types, nor an epilogue with operands (which the swap does not exchange)."""
+    """The transposed product's kernel (render.swaps_tt, spec.config.transposed_product): tf32 with a K-major A and an
+    N-major B and an identity epilogue; not other layouts or types, nor an epilogue with operands (which the swap does
+    not exchange)."""
     from generator.render import swaps_tt
 
     assert swaps_tt(Gemm("fp32", "tt", arch=90).config)

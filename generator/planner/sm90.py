@@ -54,7 +54,9 @@ from dataclasses import replace
 
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, check_config, is_legal,
-                           promote_slices, sm90_block_k, sm90_max_stages_that_fit, transposes_in_smem)
+                           exchanged_operands, promote_slices, reads_a_into_registers, runs_transposed_product,
+                           sm90_block_k,
+                           sm90_max_stages_that_fit, transposed_product, transposes_in_smem)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -100,6 +102,11 @@ ODD_N_EFFICIENCY = 0.85
 # (h200_bench_tf32_layouts.json): x = 0.5 0.76-0.83 of tn, 1.0 0.60-0.64, 1.5 0.55-0.57. So a row-major B takes
 # 256x128 tiles rather than 128x256 (half the bytes transposed per product: 0.76 against 0.64 of tn).
 TRANSPOSE_COST = 0.5
+# tf32 tt runs as the transposed product D^T = B^T A^T (spec/config.py transposed_product), nn's kernel on N x M, and
+# is planned as that (transposed_plan) above this many rows. At fewer, nn's few-column rules would plan it, which do
+# not split K: H200, 128x4096x4096 ran 0.889x cuBLAS on nn's 128x64 pingpong, 1.142x on tt's own (tn's) 128x64
+# cooperative split in 2; 64 rows 0.628x unsplit (docs/dtypes.md). At 256 rows both plan the same kernel.
+TT_OWN_ROWS_MAX_M = 128
 PROMOTION_SLICED_EFFICIENCY = 0.97
 # A promoted (fp8) pingpong warpgroup waits for each k tile's wgmmas and promotes them alone (its partner is in its
 # epilogue or waiting for its turn), so the tensor cores idle through every promotion; the two warpgroups of a
@@ -109,6 +116,14 @@ PROMOTION_SLICED_EFFICIENCY = 0.97
 # (0.78, 0.80). The mildest ratio: promoted pingpong then loses wherever a cooperative tile of the same shape exists
 # (not at 256 rows, where the 64-row pingpong tile stays: 478 against 430 for 128x128 cooperative).
 PROMOTED_PINGPONG_EFFICIENCY = 0.84
+# tf32 with an M-major A read into registers (reads_a_into_registers: nn, nt, and tt's transposed product): a pingpong
+# warpgroup alone on a 128-row tile loads both m64 halves' fragments of A from shared memory before its wgmmas, with
+# no other warpgroup's wgmmas beside them; the two warpgroups of a cooperative 128-row tile load one half each.
+# Measured (H200, bench_dtypes.py, h200_tf32_register_a_pingpong.json), 128x128 pingpong against cooperative on seven
+# shapes of 128-2048 rows: nn 0.81-0.93 (1024x14336x4096: 244 against 283 TFLOP/s), tt 0.80-0.90, nt 0.99-1.01 (its
+# B transpose bounds both schedules). 64-row pingpong tiles hold half the fragments and lose little (64x4096x4096 nn
+# 0.98 of tn's kernel, h200_tf32_tt_planned.json).
+REGISTER_A_PINGPONG_EFFICIENCY = 0.86
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
 # 128x64 cooperative is weighed beyond one 128-row tile for problems of at most these many rows and columns (narrow
@@ -655,6 +670,8 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
         eff *= PROMOTED_PINGPONG_EFFICIENCY
     if bn in SM90_ODD_BLOCK_N:
         eff *= ODD_N_EFFICIENCY
+    if reads_a_into_registers(cfg) and cfg.schedule == "pingpong" and cfg.consumer_rows > WGMMA_M:
+        eff *= REGISTER_A_PINGPONG_EFFICIENCY
     transposed_a, transposed_b = transposes_in_smem(cfg)
     if transposed_a or transposed_b:
         row_bytes = cfg.tile[2] * cfg.dtype.bytes   # a k tile's bytes per row of A (column of B)
@@ -711,6 +728,10 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
                 problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY,
                 dtype_b: DType | None = None) -> tuple[Estimate, list[str]]:
     """planner.choose for the sm90 family. ``problem`` None: no size hints (plan for a large square)."""
+    planned = transposed_plan(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
+                              epilogue=epilogue)
+    if planned is not None:
+        return planned
     hinted = problem is not None
     problem = problem or Problem(*DEFAULT_PROBLEM)
     configs = [replace(c, epilogue=epilogue, dtype_b=dtype_b)
@@ -766,6 +787,29 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
                                           f"one block each, partial sums added in a fixed order (the tiles leave "
                                           f"{idle} of the {sm_count} SMs idle)")
     return best, rejected
+
+
+def transposed_plan(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
+                    problem: Problem | None, sm_count: int, epilogue: Epilogue) -> tuple[Estimate, list[str]] | None:
+    """The plan of a request whose library runs the transposed product D^T = B^T A^T (runs_transposed_product: tf32
+    tt): the kernel that runs is planned, on N x M in its own layout (nn, every rule of an M-major A), and exchanged
+    back (exchanged_operands). None where the user fixed the tile, cluster or raster (planned as given), or the
+    exchanged pick is no tile the plain kernel builds (that kernel is the library's too, for the other paths), and at
+    most TT_OWN_ROWS_MAX_M rows: there tt's own few-row rules plan it, as tn (nothing transposed either way)."""
+    if (not runs_transposed_product(dtype, layout, epilogue, out_dtype)
+            or (knobs.tile, knobs.cluster, knobs.raster) != (None, None, None)
+            or (problem is not None and problem.m <= TT_OWN_ROWS_MAX_M)):
+        return None
+    swapped_problem = problem and replace(problem, m=problem.n, n=problem.m)
+    swapped_layout = exchanged_operands(KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout,
+                                                     tile=(0, 0, 0), warps=None, stages=0, raster_group=1)).layout
+    best, rejected = choose_sm90(dtype, out_dtype, swapped_layout, spec, knobs=knobs, problem=swapped_problem,
+                                 sm_count=sm_count, epilogue=epilogue)
+    back = exchanged_operands(best.config)
+    if not is_legal(back) or transposed_product(back) is None:
+        return None
+    return Estimate(back, best.cost, f"planned as D^T = B^T A^T, the kernel that runs ({best.config.tile[0]}x"
+                                     f"{best.config.tile[1]} on N x M): {best.reason}"), rejected
 
 
 def few_columns_fill(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, problem: Problem, sm_count: int,

@@ -12,9 +12,8 @@ from pathlib import Path
 import jinja2
 
 from ..spec.arch import arch_spec
-from ..spec.config import KernelConfig, check_config, quantizes_out, source_operand
+from ..spec.config import KernelConfig, check_config, source_operand, transposed_product
 from ..spec.describe import describe
-from ..spec.types import DType
 from .epilogue import functor_context
 
 #: Templates per kernel family: the Jinja file rendered into the kernel's translation unit.
@@ -78,11 +77,9 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
 
 
 def swaps_tt(cfg: KernelConfig) -> bool:
-    """Whether an sm90 library also builds the transposed product's kernel behind GEMMGEN_SM90_TF32_TT_SWAPPED
-    (templates/sm90/launch.cuh takes_swapped): tf32 with a K-major A and an N-major B, whose B the plain kernel
-    transposes in shared memory, and an identity epilogue writing D as it is (no operands or quantization to swap)."""
-    return (cfg.dtype is DType.tf32 and cfg.layout.a_k_major and not cfg.layout.b_k_major
-            and cfg.epilogue.is_identity and not quantizes_out(cfg))   # (amax comes with a quantized D only)
+    """Whether an sm90 library also builds the transposed product's kernel (spec.config.transposed_product), which
+    templates/sm90/launch.cuh takes_swapped launches unless GEMMGEN_SM90_TF32_TT_SWAPPED=0."""
+    return transposed_product(cfg) is not None
 
 
 def render(cfg: KernelConfig) -> dict[str, str]:

@@ -305,11 +305,41 @@ def sm90_block_k(dtype: DType) -> int:
     return 128 // dtype.bytes
 
 
+def runs_transposed_product(dtype: DType, layout: Layout, epilogue: Epilogue, out_dtype: DType) -> bool:
+    """Whether an sm90 library of this request computes D as D^T = B^T A^T (transposed_product): tf32 with a K-major A
+    and an N-major B (layout tt), whose B the plain kernel would transpose in shared memory, and an identity epilogue
+    writing D as it is (no operands or quantization to exchange)."""
+    return (dtype is DType.tf32 and layout.a_k_major and not layout.b_k_major and epilogue.is_identity
+            and out_dtype not in QUANTIZED_OUTPUT_DTYPES)
+
+
+def exchanged_operands(cfg: KernelConfig) -> KernelConfig:
+    """``cfg`` as the kernel of the transposed product D^T = B^T A^T: M and N, tile, cluster and raster exchanged; A
+    is B^T, in B's storage read the other way (a row-major B is a column-major B^T), B is A^T, D is D^T. Its own
+    inverse."""
+    flip = {Order.row: Order.col, Order.col: Order.row}
+    bm, bn, bk = cfg.tile
+    return replace(cfg, tile=(bn, bm, bk), cluster=cfg.cluster[::-1], raster="n" if cfg.raster == "m" else "m",
+                   layout=Layout(flip[cfg.layout.b], flip[cfg.layout.a], flip[cfg.layout.c]))
+
+
+def transposed_product(cfg: KernelConfig) -> KernelConfig | None:
+    """The config that computes ``cfg``'s product as D^T = B^T A^T, where the sm90 library runs that instead
+    (templates/sm90/launch.cuh takes_swapped; runs_transposed_product): B^T is an M-major A, read into registers
+    (reads_a_into_registers), A^T a K-major B and D^T a column-major D, so nothing is transposed in shared memory.
+    None for every other config, and where the exchanged tile is not one the family builds."""
+    if cfg.family != "sm90" or not runs_transposed_product(cfg.dtype, cfg.layout, cfg.epilogue, cfg.out_dtype):
+        return None
+    swapped = exchanged_operands(cfg)
+    return swapped if is_legal(swapped) else None
+
+
 def transposes_in_smem(cfg: KernelConfig) -> tuple[bool, bool]:
     """Whether the sm90 kernel transposes A's (B's) tiles in shared memory: tf32 operands that are M/N-major in global
     memory, which wgmma reads K-major only; the producer warpgroup transposes them in place (gemm_kernel.cuh
-    transpose_slots). An M-major A is read into registers instead (reads_a_into_registers), so only B is."""
-    if cfg.family != "sm90" or cfg.dtype is not DType.tf32:
+    transpose_slots). An M-major A is read into registers instead (reads_a_into_registers), so only B is, and not
+    where the library runs the transposed product (transposed_product) on its fast path."""
+    if cfg.family != "sm90" or cfg.dtype is not DType.tf32 or transposed_product(cfg) is not None:
         return False, False
     return False, not cfg.layout.b_k_major
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from .config import (QUANT_BLOCK, REPACK_MIN_VOLUME, SM90_THREADS, SMALL_M_MAX_ROWS, SMALL_M_N_MAJOR_MAX_BYTES,
                      SMALL_M_N_MAJOR_STRIP, SMALL_M_N_MAJOR_TWO_GROUPS_MIN_K, KernelConfig,
                      has_small_m_kernel, quantizes_out, reads_a_into_registers, sm80_mma_shape, sm90_smem_parts,
-                     transposes_in_smem)
+                     transposed_product, transposes_in_smem)
 from .epilogue import Epilogue
 from .types import DType
 
@@ -49,6 +49,12 @@ def _transpose_lines(cfg: KernelConfig) -> list[str]:
     names = [name for name, transposed in zip("AB", transposes_in_smem(cfg)) if transposed]
     lines = [f"transposed:   {' and '.join(names)} tiles in shared memory, 32x32 chunks in place by the producer "
              "warpgroup (wgmma reads tf32 K-major only)"] if names else []
+    swapped = transposed_product(cfg)
+    if swapped is not None:
+        sbm, sbn, _ = swapped.tile
+        lines.append(f"transposed:   runs as D^T = B^T A^T ({sbm}x{sbn} tiles, cluster {swapped.cluster[0]}x"
+                     f"{swapped.cluster[1]}): B^T's M-major tiles read into wgmma's register fragments, nothing "
+                     "transposed in shared memory (wgmma reads tf32 from shared memory K-major only)")
     if reads_a_into_registers(cfg):
         lines.append("registers:    A's M-major tiles read from shared memory into wgmma's register fragments by the "
                      "consumers (wgmma reads tf32 from shared memory K-major only)")

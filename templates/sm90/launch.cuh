@@ -589,13 +589,14 @@ inline int launch(KernelFn fast, void (*slow)(GemmArgs), void (*small)(GemmArgs)
 }
 
 // tf32 with a K-major A and an N-major B (layout tt): wgmma reads tf32 from shared memory K-major only, so the plain
-// kernel transposes B's tiles there (0.79-0.83x cuBLAS at 4096³-8192³ on the H200, docs/dtypes.md), while the kernel
-// whose M-major A it reads into registers runs at the tn kernel's speed. With GEMMGEN_SM90_TF32_TT_SWAPPED a library
-// of such a plan (an identity epilogue) also builds that kernel for the transposed product, D^T = B^T A^T, and
-// launches it instead (an A/B switch until measured): B^T (N x K) is M-major with B's leading dimension, A^T (K x M)
-// K-major with A's, D^T (N x M) column-major with D's, the same bytes as D row-major.
+// kernel would transpose B's tiles there (0.76-0.94x cuBLAS at 4096³-8192³ on the H200, docs/dtypes.md), while the
+// kernel whose M-major A it reads into registers runs at the tn kernel's speed. A library of such a plan (an identity
+// epilogue: spec/config.py transposed_product) also builds that kernel for the transposed product, D^T = B^T A^T, and
+// launches it instead (0.95-1.14x): B^T (N x K) is M-major with B's leading dimension, A^T (K x M) K-major with A's,
+// D^T (N x M) column-major with D's, the same bytes as D row-major. GEMMGEN_SM90_TF32_TT_SWAPPED=0 keeps the plain
+// kernel (an A/B switch).
 #ifndef GEMMGEN_SM90_TF32_TT_SWAPPED
-#define GEMMGEN_SM90_TF32_TT_SWAPPED 0
+#define GEMMGEN_SM90_TF32_TT_SWAPPED 1
 #endif
 
 // ``args`` as the transposed product's: A and B exchanged with their leading dimensions and batch strides, M and N
