@@ -58,7 +58,7 @@ from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N,
                            sm90_block_k,
                            sm90_max_stages_that_fit, transposed_product, transposes_in_smem)
 from ..spec.epilogue import IDENTITY, Epilogue
-from ..spec.types import DType, Layout
+from ..spec.types import DType, Layout, Order
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
 
 # (schedule, (BM, BN)) in order of preference: on equal cost the earlier one wins. The big cooperative
@@ -124,6 +124,18 @@ PROMOTED_PINGPONG_EFFICIENCY = 0.84
 # B transpose bounds both schedules). 64-row pingpong tiles hold half the fragments and lose little (64x4096x4096 nn
 # 0.98 of tn's kernel, h200_tf32_tt_planned.json).
 REGISTER_A_PINGPONG_EFFICIENCY = 0.86
+# tf32 with an M-major A read into registers, more than TT_OWN_ROWS_MAX_M rows (in the measured band below), D
+# row-major: where the 128x256 cooperative tile splits over K (split_k_parts), plan it (register_a_split_tile). Its
+# wgmmas are 256 columns wide,
+# the A fragments' loads spread over twice the columns of the 128-column tiles the estimate prefers, and the split
+# fills the SMs its few tiles leave; the estimate weighs neither. Measured (H200, bench_dtypes.py,
+# h200_tf32_register_a_pingpong.json, the `c256` rows, all split), x cuBLAS TF32 against the planner's pick then:
+# nn 512x4096x4096 0.960 / 0.920, 256x8192x8192 0.961 / 0.936, 2048x1024x8192 1.025 / 0.897, 1024x1024x8192 1.065 /
+# 0.818, 768x2048x7168 0.966 / 0.853; nt 1.029-1.145 / 0.941-0.960 on the same five. At 128 rows (128x14336x4096) the
+# split tile lost (nn 1.211 / 1.292), hence the bound; tt's transposed product (its D column-major) was not measured.
+REGISTER_A_SPLIT_TILE = (128, 256)
+REGISTER_A_SPLIT_MAX_M = 2048    # the measured rows and columns: 256-2048 x 1024-8192
+REGISTER_A_SPLIT_MIN_N = 1024
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
 # 128x64 cooperative is weighed beyond one 128-row tile for problems of at most these many rows and columns (narrow
@@ -552,6 +564,19 @@ def ruled_pingpong_config(tile: tuple[int, int], dtype: DType, out_dtype: DType,
     return replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
 
 
+def register_a_split_tile(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, knobs: Knobs,
+                          problem: Problem, sm_count: int, epilogue: Epilogue) -> KernelConfig | None:
+    """REGISTER_A_SPLIT_TILE's plan (cooperative, 1x1) where it applies and splits; None elsewhere."""
+    if (dtype is not DType.tf32 or layout.a_k_major or layout.c is not Order.row
+            or not TT_OWN_ROWS_MAX_M < problem.m <= REGISTER_A_SPLIT_MAX_M or problem.n < REGISTER_A_SPLIT_MIN_N
+            or (knobs.tile, knobs.schedule, knobs.cluster) != (None, None, None)):
+        return None
+    cfg = replace(ruled_pingpong_config(REGISTER_A_SPLIT_TILE, dtype, out_dtype, layout, spec, epilogue, None),
+                  schedule="cooperative")
+    cfg = choose_raster(replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg))), problem, sm_count, knobs)
+    return cfg if is_legal(cfg) and split_k_parts(cfg, problem, sm_count) > 1 else None
+
+
 def cluster_covers_each_problem(dtype: DType, knobs: Knobs, problem: Problem) -> bool:
     """Whether the plan is 128x256 cooperative in a 2x1 cluster by COVERING_TILE's rule: a batch of 16-bit problems
     of two 128-row tile rows and one 256-column tile column that a 128-column tile would not cover, the user fixed
@@ -778,6 +803,12 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
             best = Estimate(ruled, estimate(ruled, spec, sm_count, problem).cost,
                             f"{two_rows[0]}x{two_rows[1]} pingpong by rule: {problem.m} rows, two rows of its tiles in "
                             f"one wave, where the 128x64 cooperative tile would run whole")
+    register_split = register_a_split_tile(dtype, out_dtype, layout, spec, knobs, problem, sm_count, epilogue)
+    if hinted and register_split is not None:
+        best = Estimate(register_split, estimate(register_split, spec, sm_count, problem).cost,
+                        f"128x256 cooperative by rule: tf32's A read into registers, whose 256-column wgmmas spread "
+                        f"the fragments' loads, split over K to fill the SMs (not {best.config.tile[0]}x"
+                        f"{best.config.tile[1]} {best.config.schedule})")
     parts = split_k_parts(best.config, problem, sm_count) if hinted else 1
     if parts > 1:
         k_tiles = math.ceil(problem.k / best.config.tile[2])
