@@ -127,6 +127,17 @@ def test_tf32_tt_plans_the_transposed_products_kernel() -> None:
     assert transposed_product(Gemm("fp32", "tt", arch=90, activation="gelu", bias="col").config) is None
 
 
+def test_tf32_register_a_split_rule() -> None:
+    # A rule, once: tf32 with A read into registers (nn, nt) at 129-2048 rows plans 128x256 cooperative split over K
+    # where that tile splits and its tiles reach a sixth of the SMs; not on fewer tiles, nor at 128 rows.
+    for layout in ("nn", "nt"):
+        p = Gemm("fp32", layout, arch=90, m=1024, n=2048, k=7168)
+        assert (p.config.tile[:2], p.config.schedule, p.config.cluster, p.config.stream_k) == (
+            (128, 256), "cooperative", (1, 1), True) and "128x256 cooperative by rule" in str(p)
+        for m, n, k in ((512, 1024, 8192), (128, 14336, 4096)):
+            assert "128x256 cooperative by rule" not in str(Gemm("fp32", layout, arch=90, m=m, n=n, k=k))
+
+
 @pytest.mark.parametrize("arch", [80, 86, 89])
 def test_sm80_is_the_family_below_arch_90(arch: int) -> None:
     assert Gemm(dtype="bf16", layout="tn", arch=arch).family == "sm80"

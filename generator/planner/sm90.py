@@ -125,17 +125,21 @@ PROMOTED_PINGPONG_EFFICIENCY = 0.84
 # 0.98 of tn's kernel, h200_tf32_tt_planned.json).
 REGISTER_A_PINGPONG_EFFICIENCY = 0.86
 # tf32 with an M-major A read into registers, more than TT_OWN_ROWS_MAX_M rows (in the measured band below), D
-# row-major: where the 128x256 cooperative tile splits over K (split_k_parts), plan it (register_a_split_tile). Its
-# wgmmas are 256 columns wide,
-# the A fragments' loads spread over twice the columns of the 128-column tiles the estimate prefers, and the split
-# fills the SMs its few tiles leave; the estimate weighs neither. Measured (H200, bench_dtypes.py,
-# h200_tf32_register_a_pingpong.json, the `c256` rows, all split), x cuBLAS TF32 against the planner's pick then:
-# nn 512x4096x4096 0.960 / 0.920, 256x8192x8192 0.961 / 0.936, 2048x1024x8192 1.025 / 0.897, 1024x1024x8192 1.065 /
-# 0.818, 768x2048x7168 0.966 / 0.853; nt 1.029-1.145 / 0.941-0.960 on the same five. At 128 rows (128x14336x4096) the
-# split tile lost (nn 1.211 / 1.292), hence the bound; tt's transposed product (its D column-major) was not measured.
+# row-major: where the 128x256 cooperative tile splits over K (split_k_parts) and its tiles reach at least
+# REGISTER_A_SPLIT_MIN_SM_SHARE of the SMs, plan it (register_a_split_tile). Its wgmmas are 256 columns wide, the A
+# fragments' loads spread over twice the columns of the 128-column tiles the estimate prefers, and the split fills the
+# SMs its tiles leave; the estimate weighs neither. Measured (H200, bench_dtypes.py, x cuBLAS TF32, this tile split
+# against the planner's pick before), h200_tf32_register_a_pingpong.json (the `c256` rows): nn 512x4096x4096 0.960 /
+# 0.920, 256x8192x8192 0.961 / 0.936, 2048x1024x8192 1.025 / 0.897, 1024x1024x8192 1.065 / 0.818, 768x2048x7168 0.966
+# / 0.853, nt 1.029-1.145 / 0.941-0.960 on the same five; then on nine other shapes (h200_tf32_register_a_split.json,
+# beside 128x128 cooperative and 64x128 pingpong): of 24-64 tiles, nn 0.99-1.14 and nt 1.07-1.24 against 0.86-1.00
+# and 0.89-0.97 for the best other, but for nn 256x4096x4096 (0.889 against 1.030 for 128x128 split); of 8-16 tiles
+# (256 and 512 x 1024 x 8192) the 128x128 split won by 1.1-1.3x, hence the share. At 128 rows (128x14336x4096) the
+# split tile lost (nn 1.211 / 1.292); tt's transposed product (its D column-major) was not measured.
 REGISTER_A_SPLIT_TILE = (128, 256)
 REGISTER_A_SPLIT_MAX_M = 2048    # the measured rows and columns: 256-2048 x 1024-8192
 REGISTER_A_SPLIT_MIN_N = 1024
+REGISTER_A_SPLIT_MIN_SM_SHARE = 1 / 6
 # The narrow tile's N (128x64 cooperative: see candidate_shapes).
 NARROW_BN = 64
 # 128x64 cooperative is weighed beyond one 128-row tile for problems of at most these many rows and columns (narrow
@@ -574,6 +578,8 @@ def register_a_split_tile(dtype: DType, out_dtype: DType, layout: Layout, spec: 
     cfg = replace(ruled_pingpong_config(REGISTER_A_SPLIT_TILE, dtype, out_dtype, layout, spec, epilogue, None),
                   schedule="cooperative")
     cfg = choose_raster(replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg))), problem, sm_count, knobs)
+    if tile_count(cfg.tile, problem) < REGISTER_A_SPLIT_MIN_SM_SHARE * sm_count:
+        return None
     return cfg if is_legal(cfg) and split_k_parts(cfg, problem, sm_count) > 1 else None
 
 
