@@ -703,7 +703,8 @@ def efficiency(cfg: KernelConfig, problem: Problem) -> tuple[float, float]:
         eff *= ODD_N_EFFICIENCY
     if reads_a_into_registers(cfg) and cfg.schedule == "pingpong" and cfg.consumer_rows > WGMMA_M:
         eff *= REGISTER_A_PINGPONG_EFFICIENCY
-    transposed_a, transposed_b = transposes_in_smem(cfg)
+    # (the transposed product's kernel, which a tt library runs on its fast path, transposes nothing)
+    transposed_a, transposed_b = (False, False) if transposed_product(cfg) is not None else transposes_in_smem(cfg)
     if transposed_a or transposed_b:
         row_bytes = cfg.tile[2] * cfg.dtype.bytes   # a k tile's bytes per row of A (column of B)
         eff /= 1 + TRANSPOSE_COST * row_bytes * (transposed_a / bn + transposed_b / bm)

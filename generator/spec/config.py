@@ -337,9 +337,10 @@ def transposed_product(cfg: KernelConfig) -> KernelConfig | None:
 def transposes_in_smem(cfg: KernelConfig) -> tuple[bool, bool]:
     """Whether the sm90 kernel transposes A's (B's) tiles in shared memory: tf32 operands that are M/N-major in global
     memory, which wgmma reads K-major only; the producer warpgroup transposes them in place (gemm_kernel.cuh
-    transpose_slots). An M-major A is read into registers instead (reads_a_into_registers), so only B is, and not
-    where the library runs the transposed product (transposed_product) on its fast path."""
-    if cfg.family != "sm90" or cfg.dtype is not DType.tf32 or transposed_product(cfg) is not None:
+    transpose_slots). An M-major A is read into registers instead (reads_a_into_registers), so only B is. (Where the
+    library also runs the transposed product, transposed_product, its fast path transposes nothing; this kernel still
+    serves the other paths and the grouped walks, which spec/grouped.py refuses.)"""
+    if cfg.family != "sm90" or cfg.dtype is not DType.tf32:
         return False, False
     return False, not cfg.layout.b_k_major
 

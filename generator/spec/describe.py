@@ -46,10 +46,10 @@ def _common_lines(cfg: KernelConfig) -> list[str]:
 
 
 def _transpose_lines(cfg: KernelConfig) -> list[str]:
-    names = [name for name, transposed in zip("AB", transposes_in_smem(cfg)) if transposed]
+    swapped = transposed_product(cfg)
+    names = [name for name, transposed in zip("AB", transposes_in_smem(cfg)) if transposed and swapped is None]
     lines = [f"transposed:   {' and '.join(names)} tiles in shared memory, 32x32 chunks in place by the producer "
              "warpgroup (wgmma reads tf32 K-major only)"] if names else []
-    swapped = transposed_product(cfg)
     if swapped is not None:
         sbm, sbn, _ = swapped.tile
         lines.append(f"transposed:   runs as D^T = B^T A^T ({sbm}x{sbn} tiles, cluster {swapped.cluster[0]}x"
