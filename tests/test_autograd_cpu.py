@@ -222,6 +222,13 @@ def test_backward_configs_keep_dtype_and_arch_and_write_the_input_dtype():
         assert f"_fp16_{tag}_" in cfg.name
 
 
+def test_sm90_tf32_weight_gradient_is_computed_as_its_transpose():
+    """dW of an sm90 tf32 linear layer (nt with a column-major D) is computed as its transpose, nt with a row-major D
+    stored by TMA, as for 16-bit inputs (planner.backward.writes_transposed); its fp32 output stays."""
+    grad_a, grad_b = backward_configs(Gemm("fp32", "tn", arch=90).config)
+    assert grad_a.layout.tag == "tt" and grad_b.layout.tag == "nt" and grad_b.out_dtype is DType.fp32
+
+
 @pytest.mark.parametrize("family", ["sm80", "sm90"])
 def test_backward_configs_keep_the_family(family):
     """At arch 90 the backward kernels are of the forward op's family, also when it was forced to sm80."""
@@ -1306,14 +1313,18 @@ def test_tf32_autograd_matches_float64_for_every_gradient_order(layout_c):
 
 
 def test_tf32_backward_kernels_keep_the_gradient_layouts():
-    # Both families read tf32 in every layout (sm90 transposes M/N-major tiles in shared memory): dA and dB take the
-    # layouts of 16-bit types, and write fp32.
+    # Both families read tf32 in every layout: dA and dB take the layouts of 16-bit types (on sm90 a column-major
+    # gradient computed as its transpose, planner.backward.writes_transposed), and write fp32.
+    from generator.planner.backward import transposed_layout
     for arch, family in ((80, "sm80"), (90, "sm80"), (90, "sm90")):
         for layout in LAYOUTS:
             cfg = Gemm("fp32", layout, arch=arch, family=family).config
             for order in ("row", "col"):
                 grads = backward_configs(cfg, order)
-                assert tuple(g.layout for g in grads) == backward_layouts(layout, order)
+                expected = backward_layouts(layout, order)
+                if family == "sm90":
+                    expected = tuple(transposed_layout(g) if g.c is Order.col else g for g in expected)
+                assert tuple(g.layout for g in grads) == expected
                 assert all((g.family, g.dtype, g.out_dtype) == (family, DType.tf32, DType.fp32) for g in grads)
 
 

@@ -137,12 +137,15 @@ def backward_configs(config: KernelConfig, grad_order: object = Order.row, probl
 
 def writes_transposed(config: KernelConfig, gradient: Layout) -> bool:
     """Whether the gradient of layout ``gradient`` (a column-major D) is computed as its transpose into row-major
-    storage (``transposed_layout``) on ``config``'s family: sm90 16-bit plans. The sm90 kernel stores a column-major
-    D from the accumulators element by element, while a row-major one goes out by TMA: dW of a linear layer (``nt``
-    with a column-major D for a ``tn`` forward) read 0.79 TB/s against cuBLAS's 2.5 TB/s at 16 tokens, the store being
-    the whole kernel (docs/corpus.md). The formulas call such a kernel on the transposed operands and hand back the
-    transpose of its result (``computes_transpose``), the bytes of the column-major gradient."""
-    return config.family == "sm90" and config.dtype.bytes == 2 and gradient.c is Order.col
+    storage (``transposed_layout``) on ``config``'s family: sm90 16-bit and tf32 plans. The sm90 kernel stores a
+    column-major D from the accumulators element by element, while a row-major one goes out by TMA: dW of a linear
+    layer (``nt`` with a column-major D for a ``tn`` forward) read 0.79 TB/s against cuBLAS's 2.5 TB/s at 16 tokens,
+    the store being the whole kernel (docs/corpus.md); tf32's dW of a 4096 x 14336 layer 0.67x cuBLAS column-major
+    against 1.26x as its transpose at 16 tokens, 0.91x against 1.18x at 256 (docs/dtypes.md). The formulas call such
+    a kernel on the transposed operands and hand back the transpose of its result (``computes_transpose``), the bytes
+    of the column-major gradient."""
+    return (config.family == "sm90" and (config.dtype.bytes == 2 or config.dtype is DType.tf32)
+            and gradient.c is Order.col)
 
 
 #: The rows (tokens) of dA = dD @ B.t() (``tt``: a linear layer's dX = dY @ W) that may compute it as its
