@@ -173,9 +173,8 @@ def swaps_operands(config: KernelConfig, gradient: Layout, problem: Problem | No
 
 
 def transposed_layout(layout: Layout) -> Layout:
-    """The layout of P.t() = R.t() @ L.t() for a product P = L @ R of ``layout``: each operand's order flips as it is
-    transposed, and P.t() of a column-major P is row-major."""
-    return Layout(a=_FLIP[layout.b], b=_FLIP[layout.a], c=_FLIP[layout.c])
+    """The layout of P.t() = R.t() @ L.t() for a product P = L @ R of ``layout`` (``Layout.transposed``)."""
+    return layout.transposed()
 
 
 @dataclass(frozen=True)

@@ -55,8 +55,7 @@ from dataclasses import replace
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, check_config, is_legal,
                            exchanged_operands, promote_slices, reads_a_into_registers, runs_transposed_product,
-                           sm90_block_k,
-                           sm90_max_stages_that_fit, transposed_product, transposes_in_smem)
+                           sm90_block_k, sm90_max_stages_that_fit, transposed_product, transposes_in_smem)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout, Order
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -839,9 +838,7 @@ def transposed_plan(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSp
             or (problem is not None and problem.m <= TT_OWN_ROWS_MAX_M)):
         return None
     swapped_problem = problem and replace(problem, m=problem.n, n=problem.m)
-    swapped_layout = exchanged_operands(KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout,
-                                                     tile=(0, 0, 0), warps=None, stages=0, raster_group=1)).layout
-    best, rejected = choose_sm90(dtype, out_dtype, swapped_layout, spec, knobs=knobs, problem=swapped_problem,
+    best, rejected = choose_sm90(dtype, out_dtype, layout.transposed(), spec, knobs=knobs, problem=swapped_problem,
                                  sm_count=sm_count, epilogue=epilogue)
     back = exchanged_operands(best.config)
     if not is_legal(back) or transposed_product(back) is None:

@@ -317,10 +317,9 @@ def exchanged_operands(cfg: KernelConfig) -> KernelConfig:
     """``cfg`` as the kernel of the transposed product D^T = B^T A^T: M and N, tile, cluster and raster exchanged; A
     is B^T, in B's storage read the other way (a row-major B is a column-major B^T), B is A^T, D is D^T. Its own
     inverse."""
-    flip = {Order.row: Order.col, Order.col: Order.row}
     bm, bn, bk = cfg.tile
     return replace(cfg, tile=(bn, bm, bk), cluster=cfg.cluster[::-1], raster="n" if cfg.raster == "m" else "m",
-                   layout=Layout(flip[cfg.layout.b], flip[cfg.layout.a], flip[cfg.layout.c]))
+                   layout=cfg.layout.transposed())
 
 
 def transposed_product(cfg: KernelConfig) -> KernelConfig | None:

@@ -164,6 +164,12 @@ class Layout:
     def b_k_major(self) -> bool:
         return self.b is Order.col
 
+    def transposed(self) -> Layout:
+        """The layout of P.t() = R.t() @ L.t() for a product P = L @ R of this layout: each operand's order flips as
+        it is transposed, and P.t() of a column-major P is row-major. Its own inverse."""
+        flip = {Order.row: Order.col, Order.col: Order.row}
+        return Layout(a=flip[self.b], b=flip[self.a], c=flip[self.c])
+
 
 def parse_layout(layout: object = None, *, layout_a: object = None, layout_b: object = None,
                  layout_c: object = None) -> Layout:
