@@ -82,25 +82,28 @@ def test_cpp_checks_say_what_the_python_checks_say(op, case):
     assert _raise(lambda: op.op.out.redispatch(CUDA_KEY, a, b, out=out)) == _raise(lambda: op.run(a, b, (), out))
 
 
+# The ops registered unbuilt below take `op`'s config in namespaces of their own: a new registration, whose first
+# launch finds the kernel library in the build cache (a registration, not a kernel, is what these tests are about).
+
 def test_an_op_built_on_first_use_gets_its_cpp_kernel_then(op):
-    lazy = registered_op(Gemm("bf16", "nt", arch=90).config, "gemmgen_rt")
-    assert not lazy.built and not lazy.cpp_kernel and cuda_kernel_source(f"gemmgen_rt::{lazy.name}") is None
+    lazy = registered_op(op.config, "gemmgen_rt_lazy")
+    assert not lazy.built and not lazy.cpp_kernel and cuda_kernel_source(f"gemmgen_rt_lazy::{lazy.name}") is None
     assert lazy.cpp_autograd   # the formula is registered with the op, before any build
     lazy.library  # noqa: B018  (the first launch's build)
-    assert lazy.cpp_kernel and "jit_runtime.cpp" in cuda_kernel_source(f"gemmgen_rt::{lazy.name}")
-    again = compile_op(lazy.config, namespace="gemmgen_rt")   # a second compile registers nothing twice
+    assert lazy.cpp_kernel and "jit_runtime.cpp" in cuda_kernel_source(f"gemmgen_rt_lazy::{lazy.name}")
+    again = compile_op(lazy.config, namespace="gemmgen_rt_lazy")   # a second compile registers nothing twice
     assert again.cpp_kernel and again.op is lazy.op
 
 
 def test_a_second_handle_built_first_registers_through_the_registered_one(op, recwarn):
     from generator.runtime import GemmOp
 
-    config = Gemm("bf16", "tt", arch=90).config
-    registered = registered_op(config, "gemmgen_rt")            # registered, not built
-    second = GemmOp(config, None, "gemmgen_rt")                  # another handle of the same op
+    config = op.config
+    registered = registered_op(config, "gemmgen_rt_second")            # registered, not built
+    second = GemmOp(config, None, "gemmgen_rt_second")                  # another handle of the same op
     second.library  # noqa: B018  (built through the second handle)
     assert second.cpp_kernel and registered.cpp_kernel and registered.built
-    dump = torch._C._dispatch_dump(f"gemmgen_rt::{config.name}")
+    dump = torch._C._dispatch_dump(f"gemmgen_rt_second::{config.name}")
     assert dump.count("CUDA: registered at ") == 1 and "jit_runtime.cpp" in dump
     assert not [w for w in recwarn if "Overriding" in str(w.message)]
 
@@ -113,13 +116,13 @@ def test_without_the_runtime_ops_still_work_and_a_warning_says_why(build_cache, 
                                    gencode="", include_dirs=request.include_dirs)
     monkeypatch.setattr(jit_runtime, "runtime_request", lambda: bad)
     with pytest.warns(RuntimeWarning, match="JIT runtime .* did not build.*results are the same"):
-        op = Gemm(dtype="fp16", layout="tn", arch=90, namespace="gemmgen_rt_none").compile()
+        op = Gemm(dtype="bf16", layout="tn", arch=90, namespace="gemmgen_rt_none").compile()   # (`op`'s kernel)
     assert not op.cpp_kernel and not op.cpp_autograd and op.built and "#error no" in broken.failure
     assert cuda_kernel_source(f"gemmgen_rt_none::{op.name}") is None
     autograd = cuda_kernel_source(f"gemmgen_rt_none::{op.name}", "Autograd[alias]")
     assert autograd is not None and "jit_runtime.cpp" not in autograd   # the Python formula
     with pytest.raises(ValueError, match=r"pass A\.cuda\(\)"):   # the Python path serves every key
-        op(torch.randn(4, 8).half(), torch.randn(4, 8).half().t())
+        op(torch.randn(4, 8).bfloat16(), torch.randn(4, 8).bfloat16().t())
 
 
 # -- ops with a fused epilogue: the boxed C++ kernels ----------------------------------------------------------
