@@ -98,9 +98,11 @@ def test_refusals_keep_the_process_working(ops):
 
 # -- sm90 in the layouts whose tiles it transposes -----------------------------------------------------------------
 
-#: A column-major A (nn, nt) and a row-major B (nt, tt) come M/N-major: 32 x 32 chunks transposed in place by the
-#: producer warpgroup (gemm_kernel.cuh transpose_slots). Each plan runs every layout; the clusters share the
-#: transposed operand (1x2: A, 2x1: B, 2x2: both), the 64-row tile splits along N, split-K adds partial tiles.
+#: A column-major A (nn, nt) and a row-major B (nt, tt) come M/N-major: A read into registers by the consumers, B's
+#: 32 x 32 chunks transposed in place by the producer warpgroup (gemm_kernel.cuh transpose_slots), and tt with an
+#: identity epilogue run as the transposed product D^T = B^T A^T (spec/config.py transposed_product: nothing
+#: transposed). Each plan runs every layout; the clusters share the M/N-major operand (1x2: A, 2x1: B, 2x2: both), the
+#: 64-row tile splits along N, split-K adds partial tiles.
 SM90_PLANS = {
     "cooperative": dict(),
     "pingpong": dict(schedule="pingpong", tile_shape=(128, 128, 32)),
