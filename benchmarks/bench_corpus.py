@@ -43,9 +43,18 @@ import corpus  # noqa: E402
 from corpus import BANDS, PASSES, CorpusRow, band_of  # noqa: E402
 
 #: ‖ours − ref‖ / ‖ref‖ above which a row is wrong, per input dtype (fp32 accumulation, one rounding of D).
-ERROR_BOUND = {"bf16": 2e-2, "fp16": 5e-3}
+ERROR_BOUND = {"bf16": 2e-2, "fp16": 5e-3, "fp32": 2e-3}   # fp32: tf32 inputs (10-bit mantissas), fp32 D
+
 SLOW = 0.95
 CHECKPOINT_EVERY = 50
+
+
+def torch_dtype(name: str):
+    """The torch dtype of ``--dtypes``' name: bench.DTYPES' 16-bit types, and fp32 (multiplied in tf32 by both sides:
+    our tf32 kernels and torch.matmul with TF32 allowed, as `torch.backends.cuda.matmul.allow_tf32 = True` runs it)."""
+    import torch
+    from bench import DTYPES
+    return torch.float32 if name == "fp32" else DTYPES[name]
 
 
 @dataclass
@@ -150,7 +159,6 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     planned without hints, as every backward was before backward_configs took the forward problem); with
     ``alt_buckets``, "alt": the op the row's call takes on the layer's op bucketed by that grid instead (its bucket's
     forward op, or that op's backward op). Every kernel, the backward ops' too, built in one parallel run."""
-    from bench import DTYPES
     from generator import Gemm
     from generator.gemm import op_key, plan_gradient
     from generator.planner import Problem
@@ -161,15 +169,15 @@ def build_ops(rows: list[CorpusRow], dtypes: list[str], buckets: tuple[int, ...]
     from generator.spec.types import Order
 
     weights = sorted({(r.out_features, r.in_features) for r in rows})
-    plans = {(n, k, d): Gemm(dtype=DTYPES[d], layout="tn", n=n, k=k).bucket_plans(buckets)
+    plans = {(n, k, d): Gemm(dtype=torch_dtype(d), layout="tn", n=n, k=k).bucket_plans(buckets)
              for n, k in weights for d in dtypes}
-    alt_plans = {key: Gemm(dtype=DTYPES[key[2]], layout="tn", n=key[0], k=key[1]).bucket_plans(alt_buckets)
+    alt_plans = {key: Gemm(dtype=torch_dtype(key[2]), layout="tn", n=key[0], k=key[1]).bucket_plans(alt_buckets)
                  for key in plans} if alt_buckets else {}
     distinct = list({r.gemm: r for r in rows}.values())   # one row per GEMM
     extra_configs: dict[tuple, dict] = {}
     for r in distinct:
         for d in dtypes:
-            fwd = Gemm(dtype=DTYPES[d], layout="tn", m=r.tokens, n=r.out_features, k=r.in_features).config
+            fwd = Gemm(dtype=torch_dtype(d), layout="tn", m=r.tokens, n=r.out_features, k=r.in_features).config
             wanted = {}
             if "exact" in columns:
                 wanted["exact"] = fwd if r.pass_ == "fwd" else backward_configs(
@@ -206,14 +214,14 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
     """Time one distinct GEMM: ours (the bucket's op, or its backward op), torch.matmul, and the ``extra`` ops
     (build_ops' columns), each called as ours is."""
     import torch
-    from bench import DTYPES, interleaved_rounds
+    from bench import interleaved_rounds
     from triton.testing import do_bench
     from generator.planner.backward import computes_transpose
     from generator.runtime.autograd import grad_ops
     from generator.runtime.grouped_formula import kernel_operands
     from generator.spec.types import Order
 
-    t = DTYPES[dtype]
+    t = torch_dtype(dtype)
     tokens, n, k = row.tokens, row.out_features, row.in_features
     fwd = op.select(tokens)
     X = torch.randn(tokens, k, device="cuda").to(t)
@@ -242,14 +250,18 @@ def measure_gemm(row: CorpusRow, dtype: str, op, extra: dict, rounds: int, warmu
             return lambda: f(*args).t()
         return lambda: f(*args)
 
-    theirs = lambda: corpus.pass_product(row.pass_, X, W, dY)  # noqa: E731
+    def theirs():
+        torch.backends.cuda.matmul.allow_tf32 = True   # (fp32: cuBLAS's TF32 kernels; no effect on 16-bit types)
+        return corpus.pass_product(row.pass_, X, W, dY)
+
     mine = fwd if row.pass_ == "fwd" else grad_ops(fwd, Order.row)[row.pass_ == "dW"]
     path = mine.path(*kernel_args(mine)[0])
     fns = {"ours": caller(mine), "cublas": theirs}
     for col, extra_op in extra.items():
         fns[col] = caller(extra_op)
     got = fns["ours"]().float()
-    want = corpus.pass_product(row.pass_, X.float(), W.float(), dY.float() if dY is not None else None)
+    exact = torch.float64 if t is torch.float32 else torch.float32   # (an fp32 reference would run in TF32 now)
+    want = corpus.pass_product(row.pass_, X.to(exact), W.to(exact), dY.to(exact) if dY is not None else None)
     err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
     del want, got
     for fn in fns.values():
@@ -346,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", default=None, help=f"comma list of M (default: {','.join(map(str, corpus.TOKENS))})")
     parser.add_argument("--passes", default="fwd,dX,dW", help="comma list of fwd, dX, dW")
     parser.add_argument("--layers", default=None, help="comma list of layer kinds (default: all), e.g. lm_head,o")
-    parser.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp16")
+    parser.add_argument("--dtypes", default="bf16", help="comma list of bf16, fp16, fp32 (tf32)")
     parser.add_argument("--max-gflop", type=float, default=None, help="leave out GEMMs of more GFLOP (time budget)")
     parser.add_argument("--buckets", default=None, help="the M buckets' bounds (default: Gemm.compile_buckets')")
     parser.add_argument("--rounds", type=int, default=3,
