@@ -513,7 +513,12 @@ def one_wave_streams_b(tile: tuple[int, int, int], problem: Problem, tiles: int,
 def rule_may_apply(dtype: DType, knobs: Knobs) -> bool:
     """Whether a measured tile rule (few_rows_stream_b, cluster_covers_each_problem) may fix the plan: 16-bit inputs
     (the measured ones) and none of tile, schedule and cluster fixed by the user."""
-    return dtype.bytes == 2 and knobs.tile is None and knobs.schedule is None and knobs.cluster is None
+    return dtype.bytes == 2 and leaves_tile_free(knobs)
+
+
+def leaves_tile_free(knobs: Knobs) -> bool:
+    """Whether the user fixed none of tile, schedule and cluster, so that a tile rule may choose them."""
+    return knobs.tile is None and knobs.schedule is None and knobs.cluster is None
 
 
 def few_rows_stream_b(dtype: DType, knobs: Knobs, problem: Problem, sm_count: int) -> bool:
@@ -572,7 +577,7 @@ def register_a_split_tile(dtype: DType, out_dtype: DType, layout: Layout, spec: 
     """REGISTER_A_SPLIT_TILE's plan (cooperative, 1x1) where it applies and splits; None elsewhere."""
     if (dtype is not DType.tf32 or layout.a_k_major or layout.c is not Order.row
             or not TT_OWN_ROWS_MAX_M < problem.m <= REGISTER_A_SPLIT_MAX_M or problem.n < REGISTER_A_SPLIT_MIN_N
-            or (knobs.tile, knobs.schedule, knobs.cluster) != (None, None, None)):
+            or not leaves_tile_free(knobs)):
         return None
     cfg = replace(ruled_pingpong_config(REGISTER_A_SPLIT_TILE, dtype, out_dtype, layout, spec, epilogue, None),
                   schedule="cooperative")
@@ -809,8 +814,9 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
             best = Estimate(ruled, estimate(ruled, spec, sm_count, problem).cost,
                             f"{two_rows[0]}x{two_rows[1]} pingpong by rule: {problem.m} rows, two rows of its tiles in "
                             f"one wave, where the 128x64 cooperative tile would run whole")
-    register_split = register_a_split_tile(dtype, out_dtype, layout, spec, knobs, problem, sm_count, epilogue)
-    if hinted and register_split is not None:
+    register_split = hinted and register_a_split_tile(dtype, out_dtype, layout, spec, knobs, problem, sm_count,
+                                                      epilogue)
+    if register_split:
         best = Estimate(register_split, estimate(register_split, spec, sm_count, problem).cost,
                         f"128x256 cooperative by rule: tf32's A read into registers, whose 256-column wgmmas spread "
                         f"the fragments' loads, split over K to fill the SMs (not {best.config.tile[0]}x"
