@@ -28,7 +28,7 @@ import torch  # noqa: E402
 
 from bench import parse_candidates, parse_shapes, timed_rounds  # noqa: E402
 from generator import Gemm  # noqa: E402
-from generator.spec.config import KernelConfig, check_config  # noqa: E402
+from generator.spec.config import KernelConfig, check_config, sm90_max_stages_that_fit  # noqa: E402
 from generator.runtime.op import compile_many  # noqa: E402
 
 SHAPES = ("32x8192x8192,64x8192x8192,128x8192x8192,128x4096x4096,128x4096x14336,128x14336x4096,"
@@ -66,6 +66,9 @@ def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn
     configs = [pick]
     for fields in variants:
         variant = replace(pick, **fields)
+        if fields.get("staging_in_ring") and "stages" not in fields:   # the stages its staging buffers' bytes give
+            gained = sm90_max_stages_that_fit(variant) - sm90_max_stages_that_fit(pick)
+            variant = replace(variant, stages=pick.stages + gained)
         try:
             check_config(variant)
         except ValueError as refused:   # not legal here: say so and go on
@@ -95,9 +98,10 @@ def main() -> None:
                     "(e.g. raster=n,raster_group=4 or stream_k=true)")
     ap.add_argument("--corpus-tokens", default=None,
                     help="the corpus' forward GEMMs at these token counts (benchmarks/corpus.py) instead of --shapes")
-    ap.add_argument("--layout", default="tn", choices=["tn", "tt", "nn"],
+    ap.add_argument("--layout", default="tn", choices=["tn", "tt", "nn", "nt"],
                     help="tn: x @ W.t() (the forward); tt: dY @ W (dX, B N-major); nn: dX swapped, W.t() @ dY.t() "
-                         "= dX.t() (a shape MxNxK is then in x tokens x out), beside cuBLAS's dY @ W")
+                         "= dX.t() (a shape MxNxK is then in x tokens x out), beside cuBLAS's dY @ W; nt: X.t() @ dY "
+                         "(dW's transpose: a shape is then in x out x tokens)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
     if args.corpus_tokens:
@@ -119,6 +123,8 @@ def main() -> None:
         if args.layout == "nn":   # A = W.t() (W: out x in, row-major), B = dY.t() (dY: tokens x out, row-major)
             x = torch.randn(k, m, device="cuda").bfloat16().t()
             b = torch.randn(n, k, device="cuda").bfloat16().t()
+        if args.layout == "nt":   # A = X.t() (X: tokens x in, row-major), B = dY (tokens x out, row-major)
+            x = torch.randn(k, m, device="cuda").bfloat16().t()
         ref = x.float() @ b.float()
         # nn: cuBLAS times the gradient as autograd asks for it, dY @ W (the same product, transposed)
         fns = {"cublas": (lambda: torch.matmul(b.t(), x.t())) if args.layout == "nn" else (lambda: torch.matmul(x, b))}

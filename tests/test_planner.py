@@ -932,8 +932,9 @@ def test_knobs_default() -> None:
 SM90_SMEM_SENTENCE = ("stages=5 with tile 128x256x64 bf16 needs 279552 bytes of shared memory (5 x 49152 operand "
                       "tiles + 32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use stages<=4 or "
                       "tile 128x128x64")
-SM90_BAD_TILE = ("tile {} is not one the sm90 template builds: BM in (64, 128, 256) (64 with schedule 'pingpong' "
-                 "or a cooperative split along N, 256 with 'cooperative' or 'ws' only), BN in (64, 128, 192, 256, 320) "
+SM90_BAD_TILE = ("tile {} is not one the sm90 template builds: BM in (64, 128, 192, 256) (64 with schedule "
+                 "'pingpong' or a cooperative split along N, 192 a cooperative split along N, 256 with 'cooperative' or "
+                 "'ws' only), BN in (64, 128, 192, 256, 320) "
                  "or, for 16-bit and fp8 inputs with a K-major B, (80, 96, 112, 144, 160, 176, 208, 224, 240), or for "
                  "16-bit inputs with a K-major B (16, 32, 48), BK = 64 (e.g. 128x256x64 or 128x128x64)")
 SM90_ONLY = "{}= is a knob of the sm90 family (Hopper, arch=90); this plan is sm80: plan with arch=90"

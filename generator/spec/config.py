@@ -63,9 +63,12 @@ SM90_SWIZZLE_ATOM_ROWS = 8   # rows of 128 bytes in one 128-byte swizzle pattern
 # blocks); pingpong: one consumer warpgroup owns the whole tile (the other computes the next one).
 SM90_SCHEDULES = ("ws", "cooperative", "pingpong")
 SM90_SCHEDULE_TAGS = {"ws": "ws", "cooperative": "coop", "pingpong": "pp"}
-SM90_BLOCK_M = {"ws": (128, 256), "cooperative": (64, 128, 256), "pingpong": (64, 128)}
+SM90_BLOCK_M = {"ws": (128, 256), "cooperative": (64, 128, 192, 256), "pingpong": (64, 128)}
 # A 64-row cooperative tile is split along N between its two consumer warpgroups (64 x BN/2 each, as cuBLAS runs its
-# 64-row tiles with two consumer warpgroups): each half is whole 64-column epilogue subtiles and B chunks.
+# 64-row tiles with two consumer warpgroups): each half is whole 64-column epilogue subtiles and B chunks. So is a
+# 192-row one (three m64 blocks per warpgroup, 192 x BN/2 each: cuBLAS's 192x128 dW kernels), which the accumulator
+# limit keeps at BN = 128.
+SM90_SPLIT_N_BLOCK_M = (64, 192)
 SM90_SPLIT_N_BLOCK_N = (128, 256)
 # A consumer thread holds its warpgroup's fp32 accumulators: (rows * BN / 128) registers; with
 # setmaxnreg's 232 registers per consumer thread, 160 accumulators (a 64x320 share) leave ~70 for
@@ -126,6 +129,10 @@ class KernelConfig:
     # A quantized D (out_dtype e4m3 / e5m2): also the amax of D (the largest |value| the epilogue gave, before
     # quantization), one fp32 reduced over every block, the op's third output: delayed scaling's record.
     amax: bool = False
+    # sm90: the epilogue stages D in the ring slot of the tile's last k tile (held from the producer until the TMA
+    # stores have read it) instead of buffers of its own, so that their 16-32 KB of shared memory go to the ring as
+    # stages (check_staging_in_ring says where it applies).
+    staging_in_ring: bool = False
 
     @property
     def b_dtype(self) -> DType:
@@ -151,6 +158,7 @@ class KernelConfig:
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
             tags = ("_fa" if self.fast_accum else "") + ("_sk" if self.stream_k else "")
+            tags += "_sr" if self.staging_in_ring else ""
             return (f"sm90_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{tags}"
                     f"_g{self.raster_group}{self.raster}{out}{self.epilogue.name_suffix}")
         warps = "x".join(map(str, self.warps)) if self.warps else "None"
@@ -173,7 +181,7 @@ class KernelConfig:
     @property
     def consumer_rows(self) -> int:
         """sm90: the rows of a tile one consumer warpgroup owns (ws/cooperative split the tile along M, except a
-        64-row cooperative tile, which they split along N)."""
+        64- or 192-row cooperative tile, which they split along N)."""
         return self.tile[0] if self.schedule == "pingpong" or self.splits_n else self.tile[0] // 2
 
     @property
@@ -183,8 +191,8 @@ class KernelConfig:
 
     @property
     def splits_n(self) -> bool:
-        """sm90: whether the two consumer warpgroups split each tile along N (a 64-row cooperative tile)."""
-        return self.family == "sm90" and self.schedule != "pingpong" and self.tile[0] == WGMMA_ROWS
+        """sm90: whether the two consumer warpgroups split each tile along N (a 64- or 192-row cooperative tile)."""
+        return self.family == "sm90" and self.schedule != "pingpong" and self.tile[0] in SM90_SPLIT_N_BLOCK_M
 
     @property
     def accumulators_per_thread(self) -> int:
@@ -248,8 +256,17 @@ def max_stages_that_fit(tile: tuple[int, int, int], dtype: DType, spec: ArchSpec
 def sm90_epilogue_bytes(cfg: KernelConfig) -> int:
     """Shared memory of the sm90 epilogue (EPILOGUE_BYTES in templates/sm90/gemm_kernel.cuh): D goes out
     by TMA store through per-consumer staging, two buffers of one 64-row x 128-byte subtile each (whatever
-    the tile and the output dtype; reserved even when a column-major D is stored directly)."""
+    the tile and the output dtype; reserved even when a column-major D is stored directly); none when they are in the
+    ring (KernelConfig.staging_in_ring)."""
+    if cfg.staging_in_ring:
+        return 0
     return SM90_CONSUMER_WARPGROUPS * SM90_EPILOGUE_BUFFERS * SM90_EPILOGUE_SUBTILE_BYTES
+
+
+def slot_staging_bytes(cfg: KernelConfig) -> int:
+    """staging_in_ring: the staging buffers one ring slot holds, its tile's warpgroups' (a pingpong tile has one)."""
+    warpgroups = 1 if cfg.schedule == "pingpong" else SM90_CONSUMER_WARPGROUPS
+    return warpgroups * SM90_EPILOGUE_BUFFERS * SM90_EPILOGUE_SUBTILE_BYTES
 
 
 def source_operand(cfg: KernelConfig) -> int | None:
@@ -548,6 +565,29 @@ def check_config(cfg: KernelConfig) -> None:
                          f"{cfg.out_dtype.value}: plan out_dtype='e4m3', or take D.abs().amax() of its result")
     if cfg.stream_k:
         check_stream_k(cfg)
+    if cfg.staging_in_ring:
+        check_staging_in_ring(cfg)
+
+
+def check_staging_in_ring(cfg: KernelConfig) -> None:
+    """staging_in_ring (templates/sm90/gemm_kernel.cuh kStagingInRing): the sm90 main loop's whole tiles, whose last
+    k tile's slot holds the tile's staging buffers."""
+    why = None
+    if cfg.family != "sm90":
+        why = f"this config is {cfg.family}, whose epilogue stages nothing in shared memory"
+    elif cfg.stream_k:
+        why = "stream-K's partial tiles end their parts elsewhere than a whole tile's last slot: leave stream_k off"
+    elif cfg.promoted:
+        why = "promoted fp8 (without fast_accum) runs a main loop of its own"
+    elif any(transposes_in_smem(cfg)) or reads_a_into_registers(cfg):
+        why = f"tf32 in layout {cfg.layout.blas!r} runs a main loop of its own (transposes or A in registers)"
+    elif source_operand(cfg) is not None:
+        why = "the epilogue's source (C) comes into the staging buffers while the main loop still runs"
+    elif cfg.stage_bytes < slot_staging_bytes(cfg):
+        why = (f"a stage of tile {'x'.join(map(str, cfg.tile))} ({cfg.stage_bytes} bytes) is smaller than the "
+               f"{slot_staging_bytes(cfg)} bytes of its staging buffers")
+    if why is not None:
+        raise ValueError(f"staging_in_ring is not built here ({why}): leave staging_in_ring off")
 
 
 def is_legal(cfg: KernelConfig) -> bool:
@@ -681,7 +721,8 @@ def check_sm90(cfg: KernelConfig) -> None:
                          f"swizzle row of k values): use tile {bm}x{bn}x{block_k}")
     if bm not in all_bm or bn not in SM90_BLOCK_N + SM90_ODD_BLOCK_N + SM90_NARROW_BLOCK_N:
         raise ValueError(f"tile {bm}x{bn}x{bk} is not one the sm90 template builds: BM in {all_bm} (64 with "
-                         f"schedule 'pingpong' or a cooperative split along N, 256 with 'cooperative' or 'ws' only), "
+                         f"schedule 'pingpong' or a cooperative split along N, 192 a cooperative split along N, 256 "
+                         f"with 'cooperative' or 'ws' only), "
                          f"BN in {SM90_BLOCK_N} or, for 16-bit and fp8 inputs with a K-major B, {SM90_ODD_BLOCK_N}, "
                          f"or for 16-bit inputs with a K-major B {SM90_NARROW_BLOCK_N}, "
                          f"BK = {block_k} (e.g. 128x256x{block_k} or 128x128x{block_k})")
@@ -778,7 +819,7 @@ def _check_sm90_stages(cfg: KernelConfig) -> None:
     if need > spec.smem_per_block:
         bm, bn, bk = cfg.tile
         fit = sm90_max_stages_that_fit(cfg)
-        smaller = (bm, {256: 128, 192: 128}.get(bn, 64), bk) if bn >= bm else (bm // 2, bn, bk)
+        smaller = (bm, {256: 128, 192: 128}.get(bn, 64), bk) if bn >= bm else ({192: 128}.get(bm, bm // 2), bn, bk)
         advice = f"use stages<={fit} or " if fit >= MIN_STAGES else "use "
         raise ValueError(
             f"stages={cfg.stages} with tile {bm}x{bn}x{bk} {cfg.dtype.value} needs {need} bytes of shared memory "
@@ -806,7 +847,7 @@ def _check_sm90_schedule(cfg: KernelConfig) -> None:
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BM must be one of {allowed} "
                          f"({why}): {fix}")
     if cfg.splits_n and bn not in SM90_SPLIT_N_BLOCK_N:
-        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': a 64-row cooperative tile splits "
+        raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': a {bm}-row cooperative tile splits "
                          f"along N between its two consumer warpgroups, which rules out BN={bn} (each warpgroup's "
                          f"half must be whole 64-column epilogue subtiles): use BN in {SM90_SPLIT_N_BLOCK_N}, or "
                          f"schedule='pingpong'")

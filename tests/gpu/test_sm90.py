@@ -375,3 +375,58 @@ def test_odd_n_tiles_ragged(odd_n_ops, variant, layout):
     first = op(a, b)
     for _ in range(5):
         assert torch.equal(op(a, b), first)
+
+
+# The epilogue staged in the ring slot of a tile's last k tile (KernelConfig.staging_in_ring), the stages its own
+# buffers' bytes give: both consumer splits and pingpong, clusters (the held slot delays the peers' multicast into it),
+# odd widths (the columns past the subtiles directly), a 192-row tile split along N, one tile per block (ws); blocks of
+# many tiles (persistent grids: the producer waits for the held slot), K = 0 (no slot held), column-major D.
+STAGING_IN_RING_VARIANTS = (
+    ("cooperative", (128, 256, 64), (2, 1)),
+    ("cooperative", (128, 128, 64), (1, 2)),
+    ("cooperative", (64, 256, 64), (2, 1)),
+    ("cooperative", (192, 128, 64), (1, 1)),
+    ("pingpong", (128, 96, 64), (1, 1)),
+    ("pingpong", (64, 128, 64), (1, 2)),
+    ("ws", (128, 128, 64), (1, 1)),
+)
+
+
+def staged_in_ring(cfg):
+    """``cfg`` with its staging in the ring and the stages that frees."""
+    from dataclasses import replace
+
+    from generator.spec.config import sm90_max_stages_that_fit
+
+    cfg = replace(cfg, staging_in_ring=True)
+    return replace(cfg, stages=sm90_max_stages_that_fit(cfg))
+
+
+@pytest.fixture(scope="session")
+def staging_in_ring_ops():
+    keys = [(v, lay, dt, od, order) for v in STAGING_IN_RING_VARIANTS for lay in LAYOUTS for dt in DTYPES
+            for od in ("bf16", "fp32") for order in ("row", "col")
+            if (v[1][1] % 64 == 0 or lay[1] == "n") and (dt == "bf16" or lay == "nt")
+            and (order == "row" or (lay == "nt" and dt == "fp16"))]
+    configs = [staged_in_ring(Gemm(dtype=dt, layout=lay, out_dtype=od, layout_c=order, schedule=s, tile_shape=t,
+                                   cluster_shape=c).config) for (s, t, c), lay, dt, od, order in keys]
+    return dict(zip(keys, compile_many(configs, namespace="gemmgen_sm90_staging_in_ring")))
+
+
+@pytest.mark.parametrize("variant", STAGING_IN_RING_VARIANTS, ids=variant_id)
+def test_staging_in_ring(staging_in_ring_ops, variant):
+    """Ragged M, N, K in every layout the tile takes (bf16; fp16 in nt, with a column-major D too), bf16 and fp32 D; a
+    large problem of many tiles per block bit-identical on repeats; K = 0."""
+    ops = {key[1:]: op for key, op in staging_in_ring_ops.items() if key[0] == variant}
+    for (layout, dt, od, order), op in ops.items():
+        assert op.config.staging_in_ring and "_sr_" in op.name, op.name
+        rng = random.Random(f"ring{variant}{layout}{dt}{od}{order}")
+        shapes = [tuple(rng.choice(RAGGED) for _ in range(3)) for _ in range(5)] + [(65, 129, 63), (300, 200, 0)]
+        for m, n, k in shapes:
+            check(op, layout, m, n, k, col_major=order == "col")
+    op = ops[("tn", "bf16", "bf16", "row")]
+    check(op, "tn", 4097, 4544, 4104)
+    a, b = operands("tn", 3000, 5000, 1000, torch.bfloat16)
+    first = op(a, b)
+    for _ in range(5):
+        assert torch.equal(op(a, b), first)
