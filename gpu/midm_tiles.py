@@ -28,7 +28,8 @@ import torch  # noqa: E402
 
 from bench import parse_candidates, parse_shapes, timed_rounds  # noqa: E402
 from generator import Gemm  # noqa: E402
-from generator.spec.config import KernelConfig, check_config, sm90_max_stages_that_fit  # noqa: E402
+from generator.planner.sm90 import with_staging_in_ring  # noqa: E402
+from generator.spec.config import KernelConfig, check_config  # noqa: E402
 from generator.runtime.op import compile_many  # noqa: E402
 
 SHAPES = ("32x8192x8192,64x8192x8192,128x8192x8192,128x4096x4096,128x4096x14336,128x14336x4096,"
@@ -52,23 +53,25 @@ def parse_variants(text: str) -> list[dict[str, object]]:
             name, eq, value = pair.partition("=")
             if not eq or name not in KernelConfig.__dataclass_fields__:
                 raise SystemExit(f"--variants {item!r}: write FIELD=VALUE[+FIELD=VALUE], FIELD a KernelConfig field")
-            fields[name] = (int(value) if value.isdigit() else
+            pair_of_ints = "x" in value and all(v.isdigit() for v in value.split("x"))
+            fields[name] = (int(value) if value.isdigit() else tuple(map(int, value.split("x"))) if pair_of_ints else
                             {"true": True, "false": False}.get(value.lower(), value))
         variants.append(fields)
     return variants
 
 
 def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn",
-                variants: list[dict[str, object]] = ()) -> list[KernelConfig]:
+                variants: list[dict[str, object]] = (), layout_c: str = "row") -> list[KernelConfig]:
     """The planner's config first, then the pick with each variant's fields changed (where legal), then the
     candidates (stream-K is a config field the planner does not set)."""
-    pick = Gemm("bf16", layout, arch=90, m=m, n=n, k=k).config
+    pick = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c).config
     configs = [pick]
     for fields in variants:
         variant = replace(pick, **fields)
-        if fields.get("staging_in_ring") and "stages" not in fields:   # the stages its staging buffers' bytes give
-            gained = sm90_max_stages_that_fit(variant) - sm90_max_stages_that_fit(pick)
-            variant = replace(variant, stages=pick.stages + gained)
+        if "staging_in_ring" in fields and "stages" not in fields:   # the stages its staging buffers' bytes move
+            variant = with_staging_in_ring(pick, fields["staging_in_ring"])
+        elif "cluster" in fields and "stages" not in fields:         # (a staged pick keeps its staging and stages)
+            variant = replace(variant, raster_group=pick.raster_group)
         try:
             check_config(variant)
         except ValueError as refused:   # not legal here: say so and go on
@@ -77,8 +80,8 @@ def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn
         configs.append(variant)
     for tile, cluster, schedule, stream_k, *stages in candidates:
         try:
-            plan = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, tile_shape=tile, cluster_shape=cluster,
-                        schedule=schedule, stages=stages[0] if stages else None)
+            plan = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c, tile_shape=tile,
+                        cluster_shape=cluster, schedule=schedule, stages=stages[0] if stages else None)
         except ValueError as refused:   # not legal here: say so and go on
             print(f"  skip {tile} {cluster} {schedule}: {refused}")
             continue
@@ -95,13 +98,15 @@ def main() -> None:
                     help="time these instead of the default candidates: TILE:CLUSTER:pp|coop[:sk][:sN],... "
                          "(e.g. 128x128x64:2x1:pp,256x128x64:1x2:coop)")
     ap.add_argument("--variants", default="", help="the pick with fields changed: FIELD=VALUE[+FIELD=VALUE],... "
-                    "(e.g. raster=n,raster_group=4 or stream_k=true)")
+                    "(e.g. raster=n,raster_group=4 or stream_k=true or cluster=2x1; staging_in_ring=true|false moves "
+                    "the stages with it)")
     ap.add_argument("--corpus-tokens", default=None,
                     help="the corpus' forward GEMMs at these token counts (benchmarks/corpus.py) instead of --shapes")
     ap.add_argument("--layout", default="tn", choices=["tn", "tt", "nn", "nt"],
                     help="tn: x @ W.t() (the forward); tt: dY @ W (dX, B N-major); nn: dX swapped, W.t() @ dY.t() "
                          "= dX.t() (a shape MxNxK is then in x tokens x out), beside cuBLAS's dY @ W; nt: X.t() @ dY "
                          "(dW's transpose: a shape is then in x out x tokens)")
+    ap.add_argument("--dcol", action="store_true", help="D column-major (the swapped dX's nn kernels write dX.t())")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
     if args.corpus_tokens:
@@ -111,7 +116,7 @@ def main() -> None:
         shapes = parse_shapes(args.shapes)
     candidates = parse_candidates(args.candidates) if args.candidates is not None else CANDIDATES
     variants = parse_variants(args.variants)
-    per_shape = {s: configs_for(*s, candidates, args.layout, variants) for s in shapes}
+    per_shape = {s: configs_for(*s, candidates, args.layout, variants, "col" if args.dcol else "row") for s in shapes}
     configs = {c.name: c for shape_configs in per_shape.values() for c in shape_configs}
     ops = {op.name: op for op in compile_many(list(configs.values()), namespace="gemmgen_midm_tiles")}
     rows = []

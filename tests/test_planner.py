@@ -276,7 +276,7 @@ def test_few_columns_fill_rule_says_so_and_yields() -> None:
     vocabulary's K, a fixed knob or a K-major A, the model plans."""
     nn = dict(layout="nn", arch=90, layout_c="col")
     ruled = plan(m=3072, n=384, k=3072, **nn)      # 24 tile rows: 5 tiles of 80 columns fill 120 SMs
-    assert ruled.name == "sm90_bf16_nn_dcol_128x80x64_c1x1_s7_pp_g8m"
+    assert ruled.name == "sm90_bf16_nn_dcol_128x80x64_c1x1_s8_pp_sr_g8m"   # (staged in the ring: ring_staged)
     assert "128x80 pingpong by rule: 384 columns of an M-major A" in ruled.why
     assert plan(m=3584, n=384, k=3584, **nn).config.tile[:2] == (128, 96)   # 112 tiles either way: no padding
     for other in (dict(m=2816, n=384, k=2048),   # 132 tiles of 128x64: a multiple of 64
@@ -1457,3 +1457,38 @@ def test_a_long_k_split_takes_a_2x1_cluster_over_two_tile_rows() -> None:
     assert cfg.stream_k and cfg.cluster == (2, 1) and cfg.schedule == "cooperative", cfg.name
     one_row = Gemm("bf16", "tt", arch=90, m=128, n=4096, k=128256).config
     assert one_row.stream_k and one_row.cluster == (1, 1), one_row.name
+
+
+def test_odd_width_tiles_stage_the_epilogue_in_the_ring() -> None:
+    """ring_staged: a 16-bit pick of an odd-width tile stages D in the ring slot of its tile's last k tile, with the
+    stages its buffers' bytes free, and says so; widths of a multiple of 64, fixed stages, fp8 and split-K picks keep
+    the buffers."""
+    hints = dict(m=1024, n=4544, k=4544, arch=90)
+    staged = plan(**hints)
+    cfg = staged.config
+    assert cfg.tile[1] % 64 != 0 and cfg.staging_in_ring and "_sr_" in cfg.name
+    assert cfg.stages == sm90_max_stages_that_fit(cfg) == sm90_max_stages_that_fit(
+        replace(cfg, staging_in_ring=False)) + 1
+    assert "D staged in the ring slot of each tile's last k tile" in staged.why
+    assert "the epilogue stages D in its tile's last slot" in str(staged)
+    assert sm90_smem_bytes(cfg) == cfg.stages * cfg.stage_bytes + 1024
+    assert not plan(**hints, stages=4).config.staging_in_ring                    # stages fixed by the user
+    assert not plan(arch=90, m=4096, n=4096, k=4096).config.staging_in_ring     # 128x256
+    assert not plan(dtype="e4m3", arch=90, m=1024, n=4544, k=4544, fast_accum=True).config.staging_in_ring
+    split = plan(arch=90, m=128, n=4096, k=14336).config
+    assert split.stream_k and not split.staging_in_ring
+
+
+@pytest.mark.parametrize("request_, why", [
+    (dict(arch=90, tile_shape=(128, 128, 64), schedule="pingpong", m=128, n=4096, k=14336), "stream-K's partial tiles"),
+    (dict(dtype="e4m3", arch=90, tile_shape=(128, 128, 128), schedule="pingpong"), "promoted fp8"),
+    (dict(arch=90, tile_shape=(64, 128, 64), schedule="cooperative"), "smaller than the 32768 bytes of its staging"),
+    (dict(dtype="fp32", layout="nn", arch=90, tile_shape=(128, 128, 32), schedule="pingpong"), "tf32 in layout 'nn'"),
+    (dict(arch=90, tile_shape=(128, 128, 64), schedule="pingpong", beta=0.5), "the epilogue's source"),
+    (dict(arch=80), "this config is sm80"),
+])
+def test_staging_in_ring_refused_with_the_reason(request_: dict, why: str) -> None:
+    cfg = plan(**request_).config
+    check_config(replace(cfg, staging_in_ring=False))
+    with pytest.raises(ValueError, match=f"staging_in_ring is not built here \\(.*{why}.*leave staging_in_ring off"):
+        check_config(replace(cfg, staging_in_ring=True))

@@ -71,12 +71,15 @@ def test_sm90_neighbours_cover_every_axis() -> None:
         assert any(c.raster != pick.raster for c in group)                        # raster order
         assert any(c.raster_group != pick.raster_group for c in group)            # raster group
         assert any(c.stream_k for c in group)                                     # decomposition
+        assert any(c.staging_in_ring for c in group)                              # the epilogue's staging
     assert any(c.schedule == "pingpong" for c in found)                           # schedule
-    # one step each: a neighbour differs from the pick along one axis (a new tile brings its own stages and raster)
+    # one step each: a neighbour differs from the pick along one axis (a new tile brings its own stages and raster;
+    # the staging its stages)
     for cfg in near:
-        changed = {f for f in ("tile", "cluster", "schedule", "stages", "raster", "raster_group", "stream_k")
-                   if getattr(cfg, f) != getattr(pick, f)}
-        assert changed and (len(changed) == 1 or changed & {"tile", "cluster", "schedule"}), cfg.name
+        changed = {f for f in ("tile", "cluster", "schedule", "stages", "raster", "raster_group", "stream_k",
+                               "staging_in_ring") if getattr(cfg, f) != getattr(pick, f)}
+        assert changed and (len(changed) == 1 or changed & {"tile", "cluster", "schedule"}
+                            or changed == {"staging_in_ring", "stages"}), cfg.name
 
 
 def test_split_k_pick_has_its_data_parallel_neighbour() -> None:

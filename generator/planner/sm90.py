@@ -331,6 +331,14 @@ RAGGED_LAST_UNIT = 0.5
 # ... and the groups that hold most of its rows have about this many times the expected m (64-row tiles only where
 # those fit one: candidate_shapes).
 RAGGED_TYPICAL_ROWS = 2
+# 16-bit tiles of an odd width (SM90_ODD_BLOCK_N) stage the epilogue's D in the ring slot of their last k tile
+# (KernelConfig.staging_in_ring), the ring taking the stages its buffers' 32 KB give (128x96 pingpong 6 -> 8, 128x144
+# cooperative 5 -> 6): ring_staged. Measured on the corpus' forward at 64-1024 tokens, each pick against itself
+# staged in the ring (H200, bf16, gpu/midm_tiles.py --variants staging_in_ring=true, 3 rounds,
+# h200_staging_in_ring_corpus_fwd.json): the 35 GEMMs on odd-width tiles 1.020x geomean (15 faster by more than 2 %,
+# up to 1.10x; one slower by more than 2 %, 0.96x); the 183 on widths of a multiple of 64 0.998x (128x256, which gains
+# no stage, 0.99x), so those keep their own buffers.
+RING_STAGED_DTYPES = (DType.bf16, DType.fp16)
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
@@ -764,6 +772,37 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
                 problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY,
                 dtype_b: DType | None = None) -> tuple[Estimate, list[str]]:
     """planner.choose for the sm90 family. ``problem`` None: no size hints (plan for a large square)."""
+    best, rejected = choose_kernel(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
+                                   epilogue=epilogue, dtype_b=dtype_b)
+    staged = ring_staged(best.config, knobs)
+    if staged != best.config:
+        best = Estimate(staged, best.cost, f"{best.reason}; D staged in the ring slot of each tile's last k tile, "
+                                           f"{staged.stages} stages where its own buffers left {best.config.stages}")
+    return best, rejected
+
+
+def ring_staged(cfg: KernelConfig, knobs: Knobs) -> KernelConfig:
+    """``cfg`` with its epilogue staged in the ring and the stages that frees (RING_STAGED_DTYPES' rule): 16-bit
+    tiles of an odd width, where the user fixed no stages and check_config takes it; else ``cfg``."""
+    if (cfg.dtype not in RING_STAGED_DTYPES or cfg.tile[1] not in SM90_ODD_BLOCK_N or knobs.stages is not None
+            or cfg.staging_in_ring):
+        return cfg
+    return with_staging_in_ring(cfg, True)
+
+
+def with_staging_in_ring(cfg: KernelConfig, staged: bool) -> KernelConfig:
+    """``cfg`` with its epilogue staged in the ring or not, its stages moved by those the buffers' bytes free or take
+    (``cfg`` itself where check_config refuses that)."""
+    moved = replace(cfg, staging_in_ring=staged)
+    moved = replace(moved, stages=max(MIN_STAGES, cfg.stages + sm90_max_stages_that_fit(moved)
+                                      - sm90_max_stages_that_fit(cfg)))
+    return moved if is_legal(moved) else cfg
+
+
+def choose_kernel(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
+                  problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY,
+                  dtype_b: DType | None = None) -> tuple[Estimate, list[str]]:
+    """choose_sm90's pick before the epilogue's staging is placed."""
     planned = transposed_plan(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                               epilogue=epilogue)
     if planned is not None:

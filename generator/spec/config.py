@@ -300,6 +300,8 @@ def sm90_smem_parts(cfg: KernelConfig) -> str:
     parts = [f"{cfg.stages} x {cfg.stage_bytes} operand tiles"]
     if sm90_epilogue_bytes(cfg):
         parts.append(f"{sm90_epilogue_bytes(cfg)} epilogue")
+    elif cfg.staging_in_ring:
+        parts[0] += " (the epilogue stages D in its tile's last slot)"
     parts.append(f"{SM90_RESERVED_SMEM_BYTES} barriers and alignment")
     return " + ".join(parts)
 

@@ -31,7 +31,10 @@ from .device import DeviceKey
 FORMAT = "gemmgen-tuning"
 FORMAT_VERSION = 1
 #: The KernelConfig fields an entry records: what tuning chooses. The rest (dtypes, layout, epilogue) is the key's.
-CONFIG_FIELDS = ("family", "tile", "warps", "stages", "raster_group", "cluster", "schedule", "raster", "stream_k")
+CONFIG_FIELDS = ("family", "tile", "warps", "stages", "raster_group", "cluster", "schedule", "raster", "stream_k",
+                 "staging_in_ring")
+#: Fields an entry written before they existed lacks, with the value every config had then.
+ADDED_CONFIG_FIELDS = {"staging_in_ring": False}
 _TUPLE_FIELDS = ("tile", "warps", "cluster")
 
 
@@ -152,6 +155,8 @@ class Entry:
         if missing:
             raise TableError(f"{where}: the entry lacks {', '.join(missing)}")
         config = data["config"]
+        if isinstance(config, dict):
+            config = {**{name: value for name, value in ADDED_CONFIG_FIELDS.items() if name not in config}, **config}
         if not isinstance(config, dict) or sorted(config) != sorted(CONFIG_FIELDS):
             raise TableError(f"{where}: \"config\" must be an object with exactly the keys {', '.join(CONFIG_FIELDS)}")
         for name in ("ms", "estimate_ms"):

@@ -15,7 +15,7 @@ from typing import Iterable, Iterator
 
 from ..planner import Knobs, Problem, estimate, ranked
 from ..planner.sm80 import default_stages
-from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster, waves
+from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster, ring_staged, waves, with_staging_in_ring
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, SM90_ODD_BLOCK_N, KernelConfig,
                            is_legal, max_stages, sm80_block_k, sm90_max_stages_that_fit)
@@ -68,9 +68,11 @@ def _group_neighbours(cfg: KernelConfig) -> Iterator[KernelConfig]:
 
 
 def _sm90_refit(cfg: KernelConfig, space: Space, problem: Problem) -> KernelConfig:
-    """``cfg`` after a change of tile, schedule or cluster, with the stages and raster the planner would give it."""
+    """``cfg`` after a change of tile, schedule or cluster, with the stages, staging and raster the planner would give
+    it."""
     if space.knobs.stages is None:
-        cfg = replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
+        cfg = replace(cfg, staging_in_ring=False)
+        cfg = ring_staged(replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg))), space.knobs)
     return choose_raster(cfg, problem, space.sm_count, space.knobs)
 
 
@@ -96,7 +98,9 @@ def _sm90_neighbours(cfg: KernelConfig, space: Space, problem: Problem) -> Itera
             yield replace(cfg, raster=raster)
     yield from _group_neighbours(cfg)
     if cfg.schedule in ("cooperative", "pingpong"):   # the decomposition: whole tiles against split-K / stream-K
-        yield replace(cfg, stream_k=not cfg.stream_k)
+        yield replace(with_staging_in_ring(cfg, False), stream_k=not cfg.stream_k)
+    if space.knobs.stages is None:   # the epilogue's staging: its own buffers against the ring's stages
+        yield with_staging_in_ring(cfg, not cfg.staging_in_ring)
 
 
 def wave_fill(cfg: KernelConfig, bn: int, problem: Problem, sm_count: int) -> float:

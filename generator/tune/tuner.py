@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import fields
+from dataclasses import fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
 from ..planner import Knobs, Problem, plan
 from ..planner.common import default_family
+from ..planner.sm90 import ring_staged, with_staging_in_ring
 from ..spec.arch import arch_spec
 from ..spec.config import SMALL_M_MAX_ROWS, KernelConfig, is_legal, takes_small_m
 from ..spec.types import DType, Layout
@@ -92,9 +93,17 @@ def lookup_choice(space: Space, problem: Problem, pick: KernelConfig) -> TunedCh
     if choice is not None:
         return choice
     answer = shipped_answer(device, key)
-    if answer is None or answer[0].estimate_kernel != pick.name:
+    if answer is None or answer[0].estimate_kernel != measured_against(pick):
         return None   # measured against another pick: whether its winner beats this one is not known
-    return choice_from_entry(answer[0], pick, device, source=answer[1])
+    choice = choice_from_entry(answer[0], pick, device, source=answer[1])
+    return choice and replace(choice, config=ring_staged(choice.config, space.knobs))
+
+
+def measured_against(pick: KernelConfig) -> str:
+    """The kernel a shipped table's entry for ``pick``'s problem was measured against: the pick before the rule that
+    stages the epilogue in the ring (planner.sm90.ring_staged), which the tables predate and which applies to their
+    winners as it does to the estimate's."""
+    return with_staging_in_ring(pick, False).name
 
 
 def tuned_plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = None, out_dtype: DType | None = None,
