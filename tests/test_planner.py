@@ -276,7 +276,7 @@ def test_few_columns_fill_rule_says_so_and_yields() -> None:
     vocabulary's K, a fixed knob or a K-major A, the model plans."""
     nn = dict(layout="nn", arch=90, layout_c="col")
     ruled = plan(m=3072, n=384, k=3072, **nn)      # 24 tile rows: 5 tiles of 80 columns fill 120 SMs
-    assert ruled.name == "sm90_bf16_nn_dcol_128x80x64_c1x1_s8_pp_sr_g8m"   # (staged in the ring: ring_staged)
+    assert ruled.name == "sm90_bf16_nn_dcol_128x80x64_c1x1_s7_pp_g8m"
     assert "128x80 pingpong by rule: 384 columns of an M-major A" in ruled.why
     assert plan(m=3584, n=384, k=3584, **nn).config.tile[:2] == (128, 96)   # 112 tiles either way: no padding
     for other in (dict(m=2816, n=384, k=2048),   # 132 tiles of 128x64: a multiple of 64
@@ -1460,19 +1460,22 @@ def test_a_long_k_split_takes_a_2x1_cluster_over_two_tile_rows() -> None:
 
 
 def test_odd_width_tiles_stage_the_epilogue_in_the_ring() -> None:
-    """ring_staged: a 16-bit pick of an odd-width tile stages D in the ring slot of its tile's last k tile, with the
-    stages its buffers' bytes free, and says so; widths of a multiple of 64, fixed stages, fp8 and split-K picks keep
-    the buffers."""
-    hints = dict(m=1024, n=4544, k=4544, arch=90)
+    """ring_staged: a 16-bit pingpong pick of an odd-width tile stages D in the ring slot of its tile's last k tile,
+    with the stages its buffers' bytes free, and says so; cooperative tiles, widths of a multiple of 64, a
+    column-major D, fixed stages, fp8 and split-K picks keep the buffers."""
+    hints = dict(m=384, n=4096, k=3584, arch=90, tile_shape=(128, 96, 64), schedule="pingpong")
     staged = plan(**hints)
     cfg = staged.config
     assert cfg.tile[1] % 64 != 0 and cfg.staging_in_ring and "_sr_" in cfg.name
-    assert cfg.stages == sm90_max_stages_that_fit(cfg) == sm90_max_stages_that_fit(
-        replace(cfg, staging_in_ring=False)) + 1
+    assert cfg.schedule == "pingpong" and cfg.stages == sm90_max_stages_that_fit(cfg) == sm90_max_stages_that_fit(
+        replace(cfg, staging_in_ring=False)) + 2
     assert "D staged in the ring slot of each tile's last k tile" in staged.why
     assert "the epilogue stages D in its tile's last slot" in str(staged)
     assert sm90_smem_bytes(cfg) == cfg.stages * cfg.stage_bytes + 1024
     assert not plan(**hints, stages=4).config.staging_in_ring                    # stages fixed by the user
+    assert not plan(**hints, layout_c="col").config.staging_in_ring              # a column-major D
+    cooperative = plan(m=1024, n=4544, k=4544, arch=90).config                    # 128x144 cooperative
+    assert cooperative.tile[1] == 144 and not cooperative.staging_in_ring
     assert not plan(arch=90, m=4096, n=4096, k=4096).config.staging_in_ring     # 128x256
     assert not plan(dtype="e4m3", arch=90, m=1024, n=4544, k=4544, fast_accum=True).config.staging_in_ring
     split = plan(arch=90, m=128, n=4096, k=14336).config

@@ -201,20 +201,20 @@ def test_the_gradients_tune_corpus_tunes_are_the_ones_the_ops_look_up(tables: Pa
     assert [c.name for c in chosen] != [c.name for c in backward_configs(forward.config, Order.row, forward.problem)]
 
 
-def test_an_entry_measured_before_the_ring_staging_rule_answers_it(tables: Path) -> None:
-    """The tables predate the rule that stages an odd-width tile's epilogue in the ring (planner.sm90.ring_staged): an
-    entry measured against the pick before it answers the staged pick, its winner staged by the same rule; a table
-    file without the field reads as unstaged."""
-    plan = Gemm("bf16", "tn", arch=90, m=1024, n=4544, k=4544)
-    staged = plan.estimate.config
-    assert staged.staging_in_ring and staged.tile[1] % 64 != 0
-    unstaged = replace(staged, staging_in_ring=False, stages=staged.stages - 1)
-    assert tuner.measured_against(staged) == unstaged.name
-    winner = replace(unstaged, raster="n" if unstaged.raster == "m" else "m")
+def test_a_tables_winner_takes_the_ring_staging_rule(tables: Path) -> None:
+    """The tables predate the rule that stages an odd-width pingpong tile's epilogue in the ring
+    (planner.sm90.ring_staged): a winner of such a tile, recorded without the field, is staged by the rule as the
+    estimate's pick would be; an entry measured against the pick before the rule still answers a staged pick."""
+    plan = Gemm("bf16", "tn", arch=90, m=384, n=4096, k=3584)
+    pick = plan.estimate.config
+    winner = replace(pick, tile=(128, 96, 64), schedule="pingpong", stages=6)
     fields_then = {k: v for k, v in config_fields(winner).items() if k != "staging_in_ring"}
-    entry = Entry(key=entry_key(_space(plan._request), plan._request.problem, staged), kernel=winner.name,
-                  config=fields_then, ms=0.05, estimate_ms=0.055, estimate_kernel=unstaged.name, candidates=12,
+    entry = Entry(key=entry_key(_space(plan._request), plan._request.problem, pick), kernel=winner.name,
+                  config=fields_then, ms=0.05, estimate_ms=0.055, estimate_kernel=pick.name, candidates=12,
                   date="2026-11-27T10:00:00Z")
     ship(tables, [entry])
-    again = Gemm("bf16", "tn", arch=90, m=1024, n=4544, k=4544)
-    assert again.tuned is not None and again.config == replace(winner, staging_in_ring=True, stages=staged.stages)
+    again = Gemm("bf16", "tn", arch=90, m=384, n=4096, k=3584)
+    assert again.tuned is not None and again.config == replace(winner, staging_in_ring=True, stages=8)
+    staged_pick = Gemm("bf16", "tn", arch=90, m=384, n=4096, k=3584, tile_shape=(128, 96, 64),
+                       schedule="pingpong").estimate.config
+    assert staged_pick.staging_in_ring and tuner.measured_against(staged_pick) == winner.name

@@ -331,13 +331,16 @@ RAGGED_LAST_UNIT = 0.5
 # ... and the groups that hold most of its rows have about this many times the expected m (64-row tiles only where
 # those fit one: candidate_shapes).
 RAGGED_TYPICAL_ROWS = 2
-# 16-bit tiles of an odd width (SM90_ODD_BLOCK_N) stage the epilogue's D in the ring slot of their last k tile
-# (KernelConfig.staging_in_ring), the ring taking the stages its buffers' 32 KB give (128x96 pingpong 6 -> 8, 128x144
-# cooperative 5 -> 6): ring_staged. Measured on the corpus' forward at 64-1024 tokens, each pick against itself
-# staged in the ring (H200, bf16, gpu/midm_tiles.py --variants staging_in_ring=true, 3 rounds,
-# h200_staging_in_ring_corpus_fwd.json): the 35 GEMMs on odd-width tiles 1.020x geomean (15 faster by more than 2 %,
-# up to 1.10x; one slower by more than 2 %, 0.96x); the 183 on widths of a multiple of 64 0.998x (128x256, which gains
-# no stage, 0.99x), so those keep their own buffers.
+# 16-bit pingpong tiles of an odd width (SM90_ODD_BLOCK_N) writing a row-major D stage it in the ring slot of their
+# last k tile (KernelConfig.staging_in_ring), the ring taking the stages its buffers' bytes give (128x96 6 -> 8, 128x80
+# 7 -> 8, 128x112 6 -> 7): ring_staged. Measured on the corpus' forward, each pick against itself staged or not (H200,
+# bf16, gpu/midm_tiles.py, 3 rounds): pingpong 1.036x geomean over 13 GEMMs at 64-1024 tokens
+# (h200_staging_in_ring_corpus_fwd.json) and 1.035x over 13 at 96, 384 and 768 tokens that the rule was not read from
+# (h200_staging_in_ring_corpus_fwd_confirm.json): 14 of the 26 faster by more than 2 % (128x96: every one, up to
+# 1.10x), one slower by more than 2 % (0.96x). Cooperative odd widths, whose epilogue overlaps nothing: 1.011x then
+# 0.991x (down to 0.91x), so they keep their buffers, as do the widths of a multiple of 64 (0.998x over 183 GEMMs;
+# 128x256 gains no stage) and a column-major D (the swapped dX's 128x80-112 pingpong tiles, staged transposed:
+# 0.983x over 17, down to 0.89x, h200_staging_in_ring_dx_swapped_dcol.json).
 RING_STAGED_DTYPES = (DType.bf16, DType.fp16)
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
@@ -783,9 +786,10 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 
 def ring_staged(cfg: KernelConfig, knobs: Knobs) -> KernelConfig:
     """``cfg`` with its epilogue staged in the ring and the stages that frees (RING_STAGED_DTYPES' rule): 16-bit
-    tiles of an odd width, where the user fixed no stages and check_config takes it; else ``cfg``."""
-    if (cfg.dtype not in RING_STAGED_DTYPES or cfg.tile[1] not in SM90_ODD_BLOCK_N or knobs.stages is not None
-            or cfg.staging_in_ring):
+    pingpong tiles of an odd width writing a row-major D, where the user fixed no stages and check_config takes it;
+    else ``cfg``."""
+    if (cfg.dtype not in RING_STAGED_DTYPES or cfg.schedule != "pingpong" or cfg.tile[1] not in SM90_ODD_BLOCK_N
+            or cfg.layout.c is not Order.row or knobs.stages is not None or cfg.staging_in_ring):
         return cfg
     return with_staging_in_ring(cfg, True)
 

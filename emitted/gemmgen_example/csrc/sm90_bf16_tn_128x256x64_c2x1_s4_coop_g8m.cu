@@ -48,6 +48,9 @@ struct Config {
   static constexpr bool kStreamK = false;
   // A quantized D: also the amax of D (its blocks' amaxes reduced into GemmArgs::amax by atomic max).
   static constexpr bool kAmax = false;
+  // The epilogue's staging buffers in the ring slot of the tile's last k tile, held until its stores read them (no
+  // shared memory of their own: the ring takes it as stages).
+  static constexpr bool kStagingInRing = false;
 
 
   struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)

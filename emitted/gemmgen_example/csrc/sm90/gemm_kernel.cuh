@@ -635,15 +635,21 @@ struct Kernel {
   // A consumer warpgroup's share of a tile: rows [row_in_tile, row_in_tile + WG_M), columns [col_in_tile, col_in_tile +
   // WG_N). A pingpong warpgroup takes whole tiles; cooperative (and ws) tiles of 128 or 256 rows split along M (all BN
   // columns each); a 64-row cooperative tile splits along N (both the same 64 rows, BN / 2 columns each), so that two
-  // wgmma streams run where a 64-row pingpong tile, the only tile of its CTA, leaves the second warpgroup idle.
-  static constexpr bool SPLIT_N = !PINGPONG && BM == kMmaM;
+  // wgmma streams run where a 64-row pingpong tile, the only tile of its CTA, leaves the second warpgroup idle; so
+  // does a 192-row one (three m64 blocks each: 192 rows do not halve into whole m64 blocks).
+  static constexpr bool SPLIT_N = !PINGPONG && (BM == kMmaM || BM == 3 * kMmaM);
   static constexpr int WG_M = PINGPONG || SPLIT_N ? BM : BM / kConsumerWarpgroups;
   static constexpr int WG_N = SPLIT_N ? BN / kConsumerWarpgroups : BN;
   static constexpr int MMA_BLOCKS_M = WG_M / kMmaM;
   // (One buffer per subtile, so that no store is waited for inside a tile, measured no faster: docs/sm90.md,
   // "The epilogue".)
   static constexpr int kEpiBuffers = 2;
-  static constexpr int EPILOGUE_BYTES = kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
+  // Staged in the ring (Cfg::kStagingInRing): a tile's staging buffers are the ring slot of its last k tile, which the
+  // consumer holds (does not release to the producer) until its stores have read them, so that the shared memory of
+  // the staging buffers goes to the ring as more stages. A cooperative tile's two warpgroups share the slot.
+  static constexpr bool kStagingInRing = Cfg::kStagingInRing;
+  static constexpr int kSlotStagingBytes = (PINGPONG ? 1 : kConsumerWarpgroups) * kEpiBuffers * kEpiBufferBytes;
+  static constexpr int EPILOGUE_BYTES = kStagingInRing ? 0 : kConsumerWarpgroups * kEpiBuffers * kEpiBufferBytes;
   // The epilogue's source (an M x N operand, C in alpha * acc + beta * C; Cfg::Epilogue::kSourceSlot) comes
   // by TMA into the staging buffers themselves, one subtile per buffer, and is read from there just before
   // D's subtile overwrites it (as CUTLASS reuses C's shared memory for D): no shared memory of its own, so
@@ -658,6 +664,10 @@ struct Kernel {
   static constexpr int SMEM_BYTES = RING_BYTES + EPILOGUE_BYTES + kSmemAlignSlack;
   static_assert(BARRIER_BYTES + CHUNK_WORD_BYTES <= kSmemAlignSlack / 2, "barriers live in the alignment slack");
   static_assert(SMEM_BYTES <= Cfg::kMaxSmemBytes, "the planner keeps the ring within the arch's shared memory");
+  static_assert(!kStagingInRing || (STAGE_BYTES >= kSlotStagingBytes && !kSourced && !kTransposes && !kARegisters &&
+                                    !Cfg::kPromote && !Cfg::kStreamK && !GEMMGEN_SM90_STREAM_K),
+                "staging in the ring: a slot holds the tile's staging buffers, mainloop's whole tiles only "
+                "(spec/config.py check_staging_in_ring)");
   static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
   using Mma = TileMma<WG_N, Elem, typename Cfg::ElemB, kMmaAKMajor ? 0 : 1, kMmaBKMajor ? 0 : 1, MmaTileB>;
   static_assert(sizeof(typename Cfg::ElemB) == sizeof(Elem), "A and B differ only as fp8 formats (one byte each)");
@@ -1164,6 +1174,9 @@ struct Kernel {
         if (PINGPONG && next_exists) pass_turn(consumer);
         if constexpr (kQuantizesOut) {
           store_quantized_of_zero(args, tile, m0 + row_in_tile, n0, epi.problem);
+        } else if constexpr (Cfg::Epilogue::kIdentity && kStagingInRing) {  // (no slot held: no staging)
+          const float zeros[MMA_BLOCKS_M][ACCUM] = {};
+          store_direct(args, tile, zeros, m0 + row_in_tile, n0, epi.problem, epi.listed);
         } else if constexpr (Cfg::Epilogue::kIdentity) {
           const float zeros[MMA_BLOCKS_M][ACCUM] = {};
           epi.store(args, tile, zeros, m0 + row_in_tile, n0);
@@ -1180,7 +1193,9 @@ struct Kernel {
         mainloop_promoted(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles,
                           block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
       } else {
-        mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles);
+        const int last_slot = mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles,
+                                       kStagingInRing);
+        if constexpr (kStagingInRing) epi.stage_in_slot(last_slot);
       }
       if (PINGPONG && next_exists) pass_turn(consumer);
       if constexpr (kIntAccum) {
@@ -1191,6 +1206,7 @@ struct Kernel {
       } else {
         store_tile(epi, args, tile, acc, m0 + row_in_tile, n0, sourced);
       }
+      if constexpr (kStagingInRing) epi.release_slot(rank);
     }
     epi.finish();
   }
@@ -1541,13 +1557,14 @@ struct Kernel {
   }
 
   // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
-  // ring from `pos` on; the first k tile overwrites acc.
-  __device__ __forceinline__ static void mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
-                                                  int row_in_tile, int col_in_tile, RingPos& pos, uint32_t rank,
-                                                  int kt_begin, int kt_end) {
+  // ring from `pos` on; the first k tile overwrites acc. Returns the last k tile's slot, which is released too unless
+  // `hold_last` (kStagingInRing: the epilogue stages D there, then releases it).
+  __device__ __forceinline__ static int mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                 int row_in_tile, int col_in_tile, RingPos& pos, uint32_t rank,
+                                                 int kt_begin, int kt_end, bool hold_last = false) {
     if constexpr (kARegisters) {
       mainloop_a_registers(smem, acc, row_in_tile, col_in_tile, pos, rank, kt_begin, kt_end);
-      return;
+      return -1;
     }
     // Stage 0's descriptors, this warpgroup's rows of A and columns of B; a stage is STAGE_BYTES further on.
     uint64_t stage0_a = ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
@@ -1570,7 +1587,8 @@ struct Kernel {
     }
     ptx::wgmma_wait<0>();
     fence_set(acc);
-    release(smem, previous, rank);
+    if (!hold_last) release(smem, previous, rank);
+    return previous;
   }
 
   // kARegisters: A's fragments of one k step of one m64 block (four registers), and the wgmma that takes them.
@@ -2197,6 +2215,7 @@ struct Kernel {
   }
 
   static constexpr uint32_t kEpiBarrier = 3;  // + consumer; 1 and 2 are the pingpong turns
+  static constexpr uint32_t kSlotBarrier = 5;  // kStagingInRing, cooperative: both warpgroups' main loops done
   static constexpr int kStoreChunkElems = 16 / static_cast<int>(sizeof(Out));  // TMA's store granularity
 
   // Whether the source operand (if any) comes by TMA: D goes out by TMA and the source's base and row pitch
@@ -2234,6 +2253,31 @@ struct Kernel {
     int problem = 0;            // of a batch: the current tile's (the third coordinate of D's map)
     bool grouped = false;       // grouped rows: the rows' bound is the group's end (consume<Walking::kRows>)
     const ListProblem* listed = nullptr;  // a list's current problem: its D (consume<Walking::kList>)
+    int held_slot = -1;                   // kStagingInRing: the ring slot this tile stages D in
+
+    // Staging buffer b: this warpgroup's own, or (kStagingInRing) its share of the held ring slot.
+    __device__ __forceinline__ uint32_t staging(int b) const {
+      if constexpr (kStagingInRing) {
+        return smem.a(held_slot) + ((PINGPONG ? 0 : consumer) * kEpiBuffers + b) * kEpiBufferBytes;
+      } else {
+        return smem.epi_buffer(consumer, b);
+      }
+    }
+
+    // kStagingInRing: this tile's D goes through ring slot `slot`, which mainloop held. A cooperative tile's other
+    // warpgroup reads the slot (its wgmmas) until its own main loop is done: both wait for each other before either
+    // writes into it.
+    __device__ __forceinline__ void stage_in_slot(int slot) {
+      held_slot = slot;
+      if constexpr (!PINGPONG) ptx::named_barrier_sync(kSlotBarrier, kConsumerWarpgroups * kWarpgroupThreads);
+    }
+
+    // kStagingInRing: the held slot back to the producer once this warpgroup's stores have read it (the thread that
+    // issued them waits for them, then arrives for the warpgroup).
+    __device__ __forceinline__ void release_slot(uint32_t rank) {
+      if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait_read<0>();
+      release(smem, held_slot, rank);
+    }
 
     // The tiles from here on are listed problem `at`'s: its D's map (acquired from global memory when it changes:
     // the host wrote it there) or, without one, direct stores at its base.
@@ -2279,7 +2323,7 @@ struct Kernel {
     __device__ __forceinline__ void issue_source(int s, int b, int m0, int n0) const {
       const uint32_t bar = smem.source_bar(consumer, b);
       ptx::mbarrier_arrive_expect_tx(bar, kEpiBufferBytes);  // the whole box, zeros outside M x N included
-      ptx::tma_load_3d(smem.epi_buffer(consumer, b), tmap_source, bar, n0 + (s % kSubtilesPerBlock) * kEpiCols,
+      ptx::tma_load_3d(staging(b), tmap_source, bar, n0 + (s % kSubtilesPerBlock) * kEpiCols,
                        m0 + (s / kSubtilesPerBlock) * kMmaM, /*matrix (never batched)=*/0);
     }
 
@@ -2294,7 +2338,7 @@ struct Kernel {
         float source[kSourceValues];
         ptx::mbarrier_wait(smem.source_bar(consumer, buffer), (source_phase >> buffer) & 1u);
         source_phase ^= 1u << buffer;
-        read_source(smem.epi_buffer(consumer, buffer), source);
+        read_source(staging(buffer), source);
         apply_epilogue<kEpiCols / 8, true>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8), source);
         return true;
       } else {
@@ -2355,7 +2399,7 @@ struct Kernel {
       for (int i = 0; i < MMA_BLOCKS_M; ++i) {
 #pragma unroll
         for (int sub = 0; sub < kSubtilesPerBlock; ++sub) {
-          const uint32_t buf = smem.epi_buffer(consumer, buffer);
+          const uint32_t buf = staging(buffer);
           if (!apply_sourced(args, p, acc, m0, n0, i, sub, sourced)) {
             quantize_block(args, p, acc, m0, n0, i, sub);  // (a quantized D: instead of the epilogue)
             apply_epilogue<kEpiCols / 8>(args, p, acc, m0, n0, i, sub * (kEpiCols / 8));
