@@ -206,7 +206,7 @@ def _space(request: _Request) -> Space:
                  sm_count=request.sm_count, knobs=request.knobs, epilogue=request.epilogue(), dtype_b=request.dtype_b)
 
 
-def _lookup_tuned(request: _Request, pick: KernelConfig) -> TunedChoice | None:
+def _lookup_tuned(request: _Request, pick: Estimate) -> TunedChoice | None:
     """The tuning cache's winner for the request's problem on this GPU, else the shipped dispatch table's for its
     band of rows (a plan without size hints has no problem to look up; without a table this costs one directory
     listing)."""
@@ -214,7 +214,7 @@ def _lookup_tuned(request: _Request, pick: KernelConfig) -> TunedChoice | None:
         return None
     from .tune import lookup_choice
 
-    return lookup_choice(_space(request), request.problem, pick)
+    return lookup_choice(_space(request), request.problem, pick.config, pick.model)
 
 
 def plan_gradient() -> PlanGradient:
@@ -285,7 +285,7 @@ class Gemm:
         best, rejected = choose(request.dtype, request.out_dtype, request.layout, request.spec,
                                 knobs=request.knobs, problem=request.problem, sm_count=request.sm_count,
                                 epilogue=request.epilogue(), dtype_b=request.dtype_b)
-        tuned = _lookup_tuned(request, best.config)
+        tuned = _lookup_tuned(request, best)
         self._request, self._estimate, self._rejected, self._tuned = request, best, rejected, tuned
 
     def _with_knobs(self, **changes: object) -> None:

@@ -61,11 +61,14 @@ def parse_variants(text: str) -> list[dict[str, object]]:
 
 
 def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn",
-                variants: list[dict[str, object]] = (), layout_c: str = "row") -> list[KernelConfig]:
-    """The planner's config first, then the pick with each variant's fields changed (where legal), then the
-    candidates (stream-K is a config field the planner does not set)."""
+                variants: list[dict[str, object]] = (), layout_c: str = "row",
+                beside_model: bool = False) -> list[KernelConfig]:
+    """The planner's config first, then (``beside_model``) the model's pick before the rules layered on it, then the
+    pick with each variant's fields changed (where legal), then the candidates (stream-K is a config field the planner
+    does not set)."""
+    estimate = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c).estimate
     pick = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c).config
-    configs = [pick]
+    configs = [pick] + ([estimate.model_config] if beside_model else [])
     for fields in variants:
         variant = replace(pick, **fields)
         if "staging_in_ring" in fields and "stages" not in fields:   # the stages its staging buffers' bytes move
@@ -106,6 +109,9 @@ def main() -> None:
                     help="tn: x @ W.t() (the forward); tt: dY @ W (dX, B N-major); nn: dX swapped, W.t() @ dY.t() "
                          "= dX.t() (a shape MxNxK is then in x tokens x out), beside cuBLAS's dY @ W; nt: X.t() @ dY "
                          "(dW's transpose: a shape is then in x out x tokens)")
+    ap.add_argument("--beside-model", action="store_true",
+                    help="time the model's pick before the rules layered on it (the filling width, the ring's staging)")
+    ap.add_argument("--only-moved", action="store_true", help="with --beside-model: only the shapes those rules moved")
     ap.add_argument("--dcol", action="store_true", help="D column-major (the swapped dX's nn kernels write dX.t())")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
@@ -116,7 +122,10 @@ def main() -> None:
         shapes = parse_shapes(args.shapes)
     candidates = parse_candidates(args.candidates) if args.candidates is not None else CANDIDATES
     variants = parse_variants(args.variants)
-    per_shape = {s: configs_for(*s, candidates, args.layout, variants, "col" if args.dcol else "row") for s in shapes}
+    per_shape = {s: configs_for(*s, candidates, args.layout, variants, "col" if args.dcol else "row", args.beside_model)
+                 for s in shapes}
+    if args.only_moved:   # the shapes whose pick the layered rules moved
+        per_shape = {s: c for s, c in per_shape.items() if len(c) > 1}
     configs = {c.name: c for shape_configs in per_shape.values() for c in shape_configs}
     ops = {op.name: op for op in compile_many(list(configs.values()), namespace="gemmgen_midm_tiles")}
     rows = []

@@ -10,7 +10,7 @@ from generator import Gemm, check_config
 from generator.gemm import _space
 from generator.planner import Problem
 from generator.tune import Space, candidates, neighbours
-from generator.tune.candidates import wave_fill
+from generator.planner.sm90 import wave_fill
 
 SHAPES = [(4096, 4096, 4096), (512, 4096, 14336), (128, 4096, 14336), (16384, 28672, 8192), (1000, 1000, 1000)]
 

@@ -38,7 +38,8 @@ def choose(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, kn
     best, rejected = family_choose(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                                    epilogue=epilogue, dtype_b=dtype_b)
     if knobs.amax:
-        best = Estimate(with_amax(best.config), best.cost, f"{best.reason}; and the amax of D")
+        best = replace(best, config=with_amax(best.config), reason=f"{best.reason}; and the amax of D",
+                       model=best.model and with_amax(best.model))
     return best, rejected
 
 

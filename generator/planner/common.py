@@ -32,6 +32,13 @@ class Estimate:
     config: KernelConfig
     cost: float           # relative time; lower is better
     reason: str           # one line: why this config costs what it costs
+    # The pick before the rules layered on it moved it (planner.sm90 choose_sm90: the filling width, the ring's
+    # staging), where they did: what the shipped dispatch tables' entries were measured against. None: ``config``.
+    model: KernelConfig | None = None
+
+    @property
+    def model_config(self) -> KernelConfig:
+        return self.config if self.model is None else self.model
 
 
 @dataclass(frozen=True)

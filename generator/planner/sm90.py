@@ -53,9 +53,10 @@ import math
 from dataclasses import replace
 
 from ..spec.arch import ArchSpec
-from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_ODD_BLOCK_N, KernelConfig, check_config, is_legal,
-                           exchanged_operands, promote_slices, reads_a_into_registers, runs_transposed_product,
-                           sm90_block_k, sm90_max_stages_that_fit, transposed_product, transposes_in_smem)
+from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, SM90_ODD_BLOCK_N, KernelConfig,
+                           check_config, exchanged_operands, is_legal, promote_slices, reads_a_into_registers,
+                           runs_transposed_product, sm90_block_k, sm90_max_stages_that_fit, transposed_product,
+                           transposes_in_smem)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout, Order
 from .common import DEFAULT_PROBLEM, Estimate, Knobs, Problem, epilogue_overhead_k, pick
@@ -342,6 +343,14 @@ RAGGED_TYPICAL_ROWS = 2
 # 128x256 gains no stage) and a column-major D (the swapped dX's 128x80-112 pingpong tiles, staged transposed:
 # 0.983x over 17, down to 0.89x, h200_staging_in_ring_dx_swapped_dcol.json).
 RING_STAGED_DTYPES = (DType.bf16, DType.fp16)
+# A 16-bit 128x128 pingpong pick writing a row-major D whose waves an odd width (SM90_ODD_BLOCK_N) fills at least this
+# many times better takes that width, the pick's cluster and raster kept (filling_pingpong_tile). The model prices
+# the odd widths' narrower wgmmas above what they cost at one or two waves. Read from the H200 dispatch table's
+# tuned winners (generator/tune/tables/h200.json, 3-round medians of benchmarks/tune_corpus.py): of the 34 corpus
+# forward rows where the estimate picked 128x128 pingpong and such a width filled the waves 1.3-1.6x better, the
+# tuned winner was that width on 27 (1.024-1.250x the pick, the cluster and raster the pick's on every one); on the
+# 7 others the pick stayed (within 1 % or ahead). Where the fill gains less than 1.3x, the width won 5 of 15.
+FILLING_PINGPONG_MIN_GAIN = 1.3
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
@@ -738,6 +747,27 @@ def waves(cfg: KernelConfig, problem: Problem, sm_count: int) -> tuple[int, int,
     return blocks, slots, math.ceil(blocks / slots)
 
 
+def wave_fill(cfg: KernelConfig, bn: int, problem: Problem, sm_count: int) -> float:
+    """The share of the SMs the tiles of ``cfg`` with ``bn`` columns keep busy over their waves (1: every wave full;
+    the count of blocks and waves of ``waves``)."""
+    blocks, slots, count = waves(replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2])), problem, sm_count)
+    return blocks / (count * slots)
+
+
+def filling_block_n(cfg: KernelConfig, problem: Problem, sm_count: int) -> int | None:
+    """The N tile that is no multiple of 64 (SM90_ODD_BLOCK_N) whose tile count fills the SMs' waves best, where it
+    fills them better than ``cfg``'s own BN (a multiple of 64), among the widths ``cfg`` can take (a K-major B; fp8's
+    promotion slices and block scales rule some out); None where no such tile does better."""
+    if (cfg.dtype.bytes != 2 and not cfg.dtype.is_fp8) or not cfg.layout.b_k_major or cfg.tile[1] not in SM90_BLOCK_N:
+        return None
+    own = wave_fill(cfg, cfg.tile[1], problem, sm_count)
+    legal = [bn for bn in SM90_ODD_BLOCK_N if is_legal(replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2])))]
+    if not legal:
+        return None
+    best = max(legal, key=lambda bn: (wave_fill(cfg, bn, problem, sm_count), bn))
+    return best if wave_fill(cfg, best, problem, sm_count) > own else None
+
+
 def ragged_units_m(cfg: KernelConfig, problem: Problem) -> float:
     """The expected cluster units along M of one group of a ragged problem: groups of rows spread around ``m`` end
     half a unit past m on average (RAGGED_LAST_UNIT), and a group has at least one."""
@@ -777,11 +807,34 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     """planner.choose for the sm90 family. ``problem`` None: no size hints (plan for a large square)."""
     best, rejected = choose_kernel(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                                    epilogue=epilogue, dtype_b=dtype_b)
+    model = best.config
+    filling = problem is not None and filling_pingpong_tile(best.config, knobs, problem, sm_count)
+    if filling:
+        best = Estimate(filling, estimate(filling, spec, sm_count, problem).cost,
+                        f"{best.reason}; 128x{filling.tile[1]} by rule: its tiles fill the SMs' waves "
+                        f"{FILLING_PINGPONG_MIN_GAIN}x or more better than 128x128's")
     staged = ring_staged(best.config, knobs)
     if staged != best.config:
         best = Estimate(staged, best.cost, f"{best.reason}; D staged in the ring slot of each tile's last k tile, "
                                            f"{staged.stages} stages where its own buffers left {best.config.stages}")
-    return best, rejected
+    return (best if best.config == model else replace(best, model=model)), rejected
+
+
+def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, sm_count: int) -> KernelConfig | None:
+    """FILLING_PINGPONG_MIN_GAIN's plan for a pick ``cfg``: 128x128 pingpong with the odd width that fills the waves
+    best, the stages that fit; None where the rule does not apply (another pick, fp8, a column-major D, a fixed
+    tile, schedule or cluster, a fill gained by less)."""
+    if (cfg.tile[:2] != (128, 128) or cfg.schedule != "pingpong" or cfg.dtype not in RING_STAGED_DTYPES
+            or cfg.layout.c is not Order.row or cfg.stream_k or not leaves_tile_free(knobs)):
+        return None
+    bn = filling_block_n(cfg, problem, sm_count)
+    if bn is None or wave_fill(cfg, bn, problem, sm_count) < FILLING_PINGPONG_MIN_GAIN * wave_fill(cfg, 128, problem,
+                                                                                                      sm_count):
+        return None
+    filled = replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2]))
+    if knobs.stages is None:
+        filled = replace(filled, stages=max(MIN_STAGES, sm90_max_stages_that_fit(filled)))
+    return filled if is_legal(filled) else None
 
 
 def ring_staged(cfg: KernelConfig, knobs: Knobs) -> KernelConfig:

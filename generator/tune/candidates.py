@@ -15,10 +15,10 @@ from typing import Iterable, Iterator
 
 from ..planner import Knobs, Problem, estimate, ranked
 from ..planner.sm80 import default_stages
-from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster, ring_staged, waves, with_staging_in_ring
+from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster, filling_block_n, ring_staged, with_staging_in_ring
 from ..spec.arch import ArchSpec
-from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, SM90_ODD_BLOCK_N, KernelConfig,
-                           is_legal, max_stages, sm80_block_k, sm90_max_stages_that_fit)
+from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, KernelConfig, is_legal, max_stages,
+                           sm80_block_k, sm90_max_stages_that_fit)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 
@@ -103,26 +103,11 @@ def _sm90_neighbours(cfg: KernelConfig, space: Space, problem: Problem) -> Itera
         yield with_staging_in_ring(cfg, not cfg.staging_in_ring)
 
 
-def wave_fill(cfg: KernelConfig, bn: int, problem: Problem, sm_count: int) -> float:
-    """The share of the SMs the tiles of ``cfg`` with ``bn`` columns keep busy over their waves (1: every wave full;
-    the planner's count of blocks and waves, planner.sm90.waves)."""
-    blocks, slots, count = waves(replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2])), problem, sm_count)
-    return blocks / (count * slots)
-
-
 def _sm90_filling_block_n(cfg: KernelConfig, space: Space, problem: Problem) -> int | None:
-    """The N tile that is no multiple of 64 (SM90_ODD_BLOCK_N) whose tile count fills the SMs' waves best, where it
-    fills them better than ``cfg``'s own BN: cuBLAS's 144-wide tiles at 512 x 4544 x 4544 (128 tiles instead of 96 of
-    128x192; ours measured 0.834x cuBLAS against 0.795x, h100_midm_odd_n.json). Only widths ``cfg`` can take (fp8's
-    promotion slices and block scales rule some out); None where no such tile does better."""
-    if (cfg.dtype.bytes != 2 and not cfg.dtype.is_fp8) or not cfg.layout.b_k_major or cfg.tile[1] not in SM90_BLOCK_N:
-        return None
-    own = wave_fill(cfg, cfg.tile[1], problem, space.sm_count)
-    legal = [bn for bn in SM90_ODD_BLOCK_N if is_legal(replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2])))]
-    if not legal:
-        return None
-    best = max(legal, key=lambda bn: (wave_fill(cfg, bn, problem, space.sm_count), bn))
-    return best if wave_fill(cfg, best, problem, space.sm_count) > own else None
+    """The N tile that is no multiple of 64 whose tile count fills the SMs' waves best, where it fills them better than
+    ``cfg``'s own BN (planner.sm90.filling_block_n): cuBLAS's 144-wide tiles at 512 x 4544 x 4544 (128 tiles instead
+    of 96 of 128x192; ours measured 0.834x cuBLAS against 0.795x, h100_midm_odd_n.json)."""
+    return filling_block_n(cfg, problem, space.sm_count)
 
 
 def _sm80_neighbours(cfg: KernelConfig, space: Space) -> Iterator[KernelConfig]:

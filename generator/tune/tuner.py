@@ -10,9 +10,9 @@ from dataclasses import fields, replace
 from datetime import datetime, timezone
 from typing import Any
 
-from ..planner import Knobs, Problem, plan
+from ..planner import Knobs, Problem, choose
 from ..planner.common import default_family
-from ..planner.sm90 import ring_staged, with_staging_in_ring
+from ..planner.sm90 import ring_staged
 from ..spec.arch import arch_spec
 from ..spec.config import SMALL_M_MAX_ROWS, KernelConfig, is_legal, takes_small_m
 from ..spec.types import DType, Layout
@@ -74,7 +74,8 @@ def lookup_wanted() -> bool:
     return tuning_enabled() and bool(table_files())
 
 
-def lookup_choice(space: Space, problem: Problem, pick: KernelConfig) -> TunedChoice | None:
+def lookup_choice(space: Space, problem: Problem, pick: KernelConfig,
+                  model: KernelConfig | None = None) -> TunedChoice | None:
     """The recorded winner for this request and problem on the current GPU, or None: the user's tuning cache first,
     then the dispatch table shipped for this GPU model (``shipped``: its entry for the problem's band of rows). Costs
     one directory listing where neither exists (and nothing with GEMMGEN_TUNED=0); else the GPU's identity (once
@@ -93,17 +94,10 @@ def lookup_choice(space: Space, problem: Problem, pick: KernelConfig) -> TunedCh
     if choice is not None:
         return choice
     answer = shipped_answer(device, key)
-    if answer is None or answer[0].estimate_kernel != measured_against(pick):
+    if answer is None or answer[0].estimate_kernel not in (pick.name, (model or pick).name):
         return None   # measured against another pick: whether its winner beats this one is not known
     choice = choice_from_entry(answer[0], pick, device, source=answer[1])
     return choice and replace(choice, config=ring_staged(choice.config, space.knobs))
-
-
-def measured_against(pick: KernelConfig) -> str:
-    """The kernel a shipped table's entry for ``pick``'s problem was measured against: the pick before the rule that
-    stages the epilogue in the ring (planner.sm90.ring_staged), which the tables predate and which applies to their
-    winners as it does to the estimate's."""
-    return with_staging_in_ring(pick, False).name
 
 
 def tuned_plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = None, out_dtype: DType | None = None,
@@ -113,15 +107,16 @@ def tuned_plan(dtype: DType, layout: Layout, arch: int, *, family: str | None = 
     kernels (``planner.backward.PlanGradient``). Looked up under the key of ``Gemm(dtype, layout, arch=arch, m=, n=,
     k=)``, with the family a fixed knob only where it is not the architecture's default: a user's ``tune()`` of the
     gradient's GEMM answers it too."""
-    pick = plan(dtype, layout, arch, family=family, out_dtype=out_dtype, problem=problem)
-    if problem is None:
-        return pick
     spec = arch_spec(arch)
+    best, _ = choose(dtype, out_dtype or dtype, layout, spec, knobs=Knobs(family=family), problem=problem,
+                     sm_count=spec.sm_count)   # (planner.plan's pick, with the model's before the layered rules)
+    if problem is None:
+        return best.config
     knobs = Knobs() if family in (None, default_family(spec)) else Knobs(family=family)
     space = Space(dtype=dtype, out_dtype=out_dtype or dtype, layout=layout, spec=spec, sm_count=spec.sm_count,
                   knobs=knobs)
-    choice = lookup_choice(space, problem, pick)
-    return pick if choice is None else choice.config
+    choice = lookup_choice(space, problem, best.config, best.model)
+    return best.config if choice is None else choice.config
 
 
 def _result_from_entry(entry: Entry, choice: TunedChoice, pick: KernelConfig, problem: Problem,
