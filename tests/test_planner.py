@@ -1495,3 +1495,21 @@ def test_staging_in_ring_refused_with_the_reason(request_: dict, why: str) -> No
     check_config(replace(cfg, staging_in_ring=False))
     with pytest.raises(ValueError, match=f"staging_in_ring is not built here \\(.*{why}.*leave staging_in_ring off"):
         check_config(replace(cfg, staging_in_ring=True))
+
+
+def test_a_128x128_pingpong_pick_takes_the_filling_odd_width() -> None:
+    """filling_pingpong_tile (rule 19): where the model picks 128x128 pingpong and an odd width fills the SMs' waves
+    FILLING_PINGPONG_MIN_GAIN times better, that width, the pick's cluster and raster kept, and Estimate.model keeps the
+    model's pick; not with the tile, schedule or cluster fixed, fp8, a column-major D, or a smaller gain."""
+    hints = dict(m=384, n=3072, k=2048, arch=90)
+    moved = plan(**hints)
+    model, cfg = moved.estimate.model_config, moved.config
+    assert model.tile[:2] == (128, 128) and model.schedule == "pingpong" and cfg.tile[:2] == (128, 80)
+    assert (cfg.cluster, cfg.raster, cfg.raster_group) == (model.cluster, model.raster, model.raster_group)
+    assert "128x80 by rule: its tiles fill the SMs' waves 1.3x or more better than 128x128's" in moved.why
+    for fixed in (dict(tile_shape=(128, 128, 64)), dict(schedule="pingpong"), dict(cluster_shape=(1, 1)),
+                  dict(layout_c="col")):
+        assert plan(**hints, **fixed).config.tile[1] % 64 == 0, fixed
+    assert plan(**hints, dtype="e4m3", fast_accum=True).config.tile[1] % 64 == 0
+    unmoved = plan(m=512, n=4096, k=4096, arch=90)          # 128 tiles of 128x128 fill the waves already
+    assert unmoved.config.tile[:2] == (128, 128) and unmoved.estimate.model is None
