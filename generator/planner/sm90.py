@@ -342,7 +342,7 @@ RAGGED_TYPICAL_ROWS = 2
 # 0.991x (down to 0.91x), so they keep their buffers, as do the widths of a multiple of 64 (0.998x over 183 GEMMs;
 # 128x256 gains no stage) and a column-major D (the swapped dX's 128x80-112 pingpong tiles, staged transposed:
 # 0.983x over 17, down to 0.89x, h200_staging_in_ring_dx_swapped_dcol.json).
-RING_STAGED_DTYPES = (DType.bf16, DType.fp16)
+LAYERED_RULE_DTYPES = (DType.bf16, DType.fp16)   # (rules 18 and 19's, measured on bf16)
 # A 16-bit 128x128 pingpong pick writing a row-major D whose waves an odd width (SM90_ODD_BLOCK_N) fills at least this
 # many times better takes that width, the pick's cluster and raster kept (filling_pingpong_tile). The model prices
 # the odd widths' narrower wgmmas above what they cost at one or two waves. Read from the H200 dispatch table's
@@ -823,9 +823,10 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, sm_count: int) -> KernelConfig | None:
     """FILLING_PINGPONG_MIN_GAIN's plan for a pick ``cfg``: 128x128 pingpong with the odd width that fills the waves
     best, the stages that fit; None where the rule does not apply (another pick, fp8, a column-major D, a fixed
-    tile, schedule or cluster, a fill gained by less)."""
-    if (cfg.tile[:2] != (128, 128) or cfg.schedule != "pingpong" or cfg.dtype not in RING_STAGED_DTYPES
-            or cfg.layout.c is not Order.row or cfg.stream_k or not leaves_tile_free(knobs)):
+    tile, schedule or cluster, a batch or ragged groups (not measured), a fill gained by less)."""
+    if (cfg.tile[:2] != (128, 128) or cfg.schedule != "pingpong" or cfg.dtype not in LAYERED_RULE_DTYPES
+            or cfg.layout.c is not Order.row or cfg.stream_k or not leaves_tile_free(knobs) or problem.batch != 1
+            or problem.ragged):
         return None
     bn = filling_block_n(cfg, problem, sm_count)
     if bn is None or wave_fill(cfg, bn, problem, sm_count) < FILLING_PINGPONG_MIN_GAIN * wave_fill(cfg, 128, problem,
@@ -838,10 +839,10 @@ def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, sm_
 
 
 def ring_staged(cfg: KernelConfig, knobs: Knobs) -> KernelConfig:
-    """``cfg`` with its epilogue staged in the ring and the stages that frees (RING_STAGED_DTYPES' rule): 16-bit
+    """``cfg`` with its epilogue staged in the ring and the stages that frees (rule 18, docs/planner.md): 16-bit
     pingpong tiles of an odd width writing a row-major D, where the user fixed no stages and check_config takes it;
     else ``cfg``."""
-    if (cfg.dtype not in RING_STAGED_DTYPES or cfg.schedule != "pingpong" or cfg.tile[1] not in SM90_ODD_BLOCK_N
+    if (cfg.dtype not in LAYERED_RULE_DTYPES or cfg.schedule != "pingpong" or cfg.tile[1] not in SM90_ODD_BLOCK_N
             or cfg.layout.c is not Order.row or knobs.stages is not None or cfg.staging_in_ring):
         return cfg
     return with_staging_in_ring(cfg, True)
@@ -859,7 +860,8 @@ def with_staging_in_ring(cfg: KernelConfig, staged: bool) -> KernelConfig:
 def choose_kernel(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, *, knobs: Knobs,
                   problem: Problem | None, sm_count: int, epilogue: Epilogue = IDENTITY,
                   dtype_b: DType | None = None) -> tuple[Estimate, list[str]]:
-    """choose_sm90's pick before the epilogue's staging is placed."""
+    """choose_sm90's pick before the rules layered on it (the filling width, the ring's staging): the model's, and the
+    tile rules that replace it."""
     planned = transposed_plan(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                               epilogue=epilogue)
     if planned is not None:

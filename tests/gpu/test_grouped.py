@@ -54,6 +54,9 @@ GROUPED_PLANS: dict[str, dict] = {
                                cluster_shape=(1, 1)),
     "tt_fp16_coop_c1x2": dict(dtype="fp16", layout="tt", arch=90, schedule="cooperative", tile_shape=(128, 128, 64),
                               cluster_shape=(1, 2)),
+    # an odd width: its epilogue staged in the ring (planner.sm90.ring_staged), the held slot under the groups' walk
+    "tn_bf16_pp_128x96_staged": dict(dtype="bf16", layout="tn", arch=90, schedule="pingpong",
+                                     tile_shape=(128, 96, 64), cluster_shape=(1, 1)),
     "tt_bf16_coop": dict(dtype="bf16", layout="tt", arch=90, schedule="cooperative"),
     "tt_bf16_pp": dict(dtype="bf16", layout="tt", arch=90, schedule="pingpong"),
     # planned for ragged groups (Gemm's ragged=True): 128x128 pingpong 1x2 (DeepSeek-V3 EP8's experts at 4096 tokens)
@@ -104,6 +107,7 @@ def test_plans_are_what_they_say():
     assert {c.layout.blas for k, c in cfgs.items() if k in GROUPED_PLANS} == {"tn", "tt"}
     assert cfgs["tn_bf16_ragged_pp"].tile[:2] == (128, 128) and cfgs["tn_bf16_ragged_pp"].cluster == (1, 2)
     assert cfgs["tn_bf16_ragged_coop"].tile[:2] == (128, 192) and cfgs["tn_bf16_ragged_coop"].cluster == (1, 2)
+    assert cfgs["tn_bf16_pp_128x96_staged"].staging_in_ring
     assert cfgs[DEFAULT].name == Gemm("bf16", "tn", arch=90).name   # the default plan
     assert cfgs["sm80_tn_bf16"].family == "sm80"
     assert cfgs["sm90_tn_bf16_ws"].schedule == "ws"

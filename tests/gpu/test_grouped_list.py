@@ -64,6 +64,9 @@ LIST_PLANS: dict[str, dict] = {
                               cluster_shape=(1, 2)),
     "nn_bf16_pp_c1x1": dict(dtype="bf16", layout="nn", arch=90, schedule="pingpong", tile_shape=(128, 128, 64),
                             cluster_shape=(1, 1)),
+    # an odd width: its epilogue staged in the ring (planner.sm90.ring_staged), problems of their own K
+    "tn_bf16_pp_c2x1_staged": dict(dtype="bf16", layout="tn", arch=90, schedule="pingpong",
+                                          tile_shape=(128, 80, 64), cluster_shape=(2, 1)),
 }
 DEFAULT = "tn_bf16_coop_c2x1"
 NN = "nn_bf16_pp_c1x1"   # a column-major A, for the checks that run on a few plans only
@@ -106,7 +109,8 @@ def test_plans_are_what_they_say():
     cfgs = configs()
     for key in LIST_PLANS:
         cfg = cfgs[key]
-        layout, dtype, schedule, cluster = key.split("_")
+        layout, dtype, schedule, cluster, *staged = key.split("_")
+        assert cfg.staging_in_ring == bool(staged), key
         assert cfg.family == "sm90" and not cfg.stream_k and cfg.epilogue.is_identity, key
         assert cfg.layout.blas == layout and cfg.layout.c.value == "row", key
         assert cfg.dtype.value == dtype, key
