@@ -22,6 +22,7 @@ from generator.spec.config import (SM90_MAX_STAGES, max_stages_that_fit, sm90_ma
 from generator.planner import DEFAULT_PROBLEM, Knobs, Problem, choose
 from generator.planner.shipped import benchmark_shapes
 from generator.spec.types import DType, Order, parse_layout
+from tune_cases import visible_h200  # noqa: E402
 
 
 def plan(**kwargs: object) -> Gemm:
@@ -1497,11 +1498,14 @@ def test_staging_in_ring_refused_with_the_reason(request_: dict, why: str) -> No
         check_config(replace(cfg, staging_in_ring=True))
 
 
-def test_a_128x128_pingpong_pick_takes_the_filling_odd_width() -> None:
-    """filling_pingpong_tile (rule 19): where the model picks 128x128 pingpong and an odd width fills the SMs' waves
-    FILLING_PINGPONG_MIN_GAIN times better, that width, the pick's cluster and raster kept, and Estimate.model keeps the
-    model's pick; not with the tile, schedule or cluster fixed, fp8, a column-major D, or a smaller gain."""
-    hints = dict(m=384, n=3072, k=2048, arch=90)
+def test_a_128x128_pingpong_pick_takes_the_filling_odd_width(monkeypatch: pytest.MonkeyPatch) -> None:
+    """filling_pingpong_tile (rule 19), on the H200: where the model picks 128x128 pingpong and an odd width fills the
+    SMs' waves FILLING_PINGPONG_MIN_GAIN times better, that width, the pick's cluster and raster kept, and
+    Estimate.model keeps the model's pick; not for an H100 (arch=90's typical part), with the tile, schedule or
+    cluster fixed, fp8, a column-major D, or a smaller gain."""
+    assert plan(m=384, n=3072, k=2048, arch=90).config.tile[:2] == (128, 128)      # an H100
+    visible_h200(monkeypatch)
+    hints = dict(m=384, n=3072, k=2048, arch=None)
     moved = plan(**hints)
     model, cfg = moved.estimate.model_config, moved.config
     assert model.tile[:2] == (128, 128) and model.schedule == "pingpong" and cfg.tile[:2] == (128, 80)
@@ -1511,5 +1515,5 @@ def test_a_128x128_pingpong_pick_takes_the_filling_odd_width() -> None:
                   dict(layout_c="col")):
         assert plan(**hints, **fixed).config.tile[1] % 64 == 0, fixed
     assert plan(**hints, dtype="e4m3", fast_accum=True).config.tile[1] % 64 == 0
-    unmoved = plan(m=512, n=4096, k=4096, arch=90)          # 128 tiles of 128x128 fill the waves already
+    unmoved = plan(m=512, n=4096, k=4096, arch=None)        # 128 tiles of 128x128 fill the waves already
     assert unmoved.config.tile[:2] == (128, 128) and unmoved.estimate.model is None

@@ -20,7 +20,7 @@ from generator.tune import Entry, Table, tuned_plan, tuner
 from generator.tune import shipped
 from generator.tune.cache import bundle_json, config_fields, load_tables, record
 from generator.tune.tuner import entry_key
-from tune_cases import H100, no_shipped_tables, own_tuning_dir  # noqa: E402
+from tune_cases import H100, no_shipped_tables, own_tuning_dir, visible_h200  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -202,12 +202,13 @@ def test_the_gradients_tune_corpus_tunes_are_the_ones_the_ops_look_up(tables: Pa
     assert [c.name for c in chosen] != [c.name for c in backward_configs(forward.config, Order.row, forward.problem)]
 
 
-def test_entries_measured_before_the_layered_rules_answer(tables: Path) -> None:
+def test_entries_measured_before_the_layered_rules_answer(tables: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The tables predate the rules layered on the model's pick (planner.sm90 choose_sm90: the filling odd width of a
-    128x128 pingpong pick, then the ring's staging of an odd-width pingpong tile): an entry measured against the model's
-    pick answers the moved pick; a winner of an odd-width pingpong tile, recorded without the staging field, is staged
-    as the planner's own would be; a winner that kept the model's 128x128 stays it."""
-    plan = Gemm("bf16", "tn", arch=90, m=384, n=3072, k=2048)
+    128x128 pingpong pick on an H200, then the ring's staging of an odd-width pingpong tile): an entry measured against
+    the model's pick answers the moved pick; a winner of an odd-width pingpong tile, recorded without the staging
+    field, is staged as the planner's own would be; a winner that kept the model's 128x128 stays it."""
+    visible_h200(monkeypatch)
+    plan = Gemm("bf16", "tn", m=384, n=3072, k=2048)
     model, pick = plan.estimate.model_config, plan.estimate.config
     assert model.tile[:2] == (128, 128) and pick.tile[:2] == (128, 80) and pick.staging_in_ring
     assert "128x80 by rule" in plan.why and "D staged in the ring" in plan.why
@@ -220,8 +221,8 @@ def test_entries_measured_before_the_layered_rules_answer(tables: Path) -> None:
 
     odd = replace(model, tile=(128, 80, 64), stages=7, raster="n")
     ship(tables, [measured(odd)])
-    again = Gemm("bf16", "tn", arch=90, m=384, n=3072, k=2048)
+    again = Gemm("bf16", "tn", m=384, n=3072, k=2048)
     assert again.tuned is not None and again.config == replace(odd, staging_in_ring=True, stages=8)
     kept = replace(model, raster="n")
     ship(tables, [measured(kept)])
-    assert Gemm("bf16", "tn", arch=90, m=384, n=3072, k=2048).config == kept
+    assert Gemm("bf16", "tn", m=384, n=3072, k=2048).config == kept

@@ -29,3 +29,14 @@ def no_shipped_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setattr(shipped, "TABLES_DIR", folder)
     shipped.shipped_tables.cache_clear()
     return folder
+
+
+def visible_h200(monkeypatch: pytest.MonkeyPatch) -> None:
+    """arch=None plans for an H200, as on a machine whose GPU is one (the planner's rules measured on that part only)."""
+    from dataclasses import replace
+
+    from generator import gemm as gemm_module
+    from generator.spec.arch import arch_spec, gpu_part
+
+    spec = replace(arch_spec(90), gpu=gpu_part("NVIDIA H200", 90, 132))
+    monkeypatch.setattr(gemm_module, "detect_arch", lambda: (spec, 132))

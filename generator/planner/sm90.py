@@ -351,6 +351,11 @@ LAYERED_RULE_DTYPES = (DType.bf16, DType.fp16)   # (rules 18 and 19's, measured 
 # tuned winner was that width on 27 (1.024-1.250x the pick, the cluster and raster the pick's on every one); on the
 # 7 others the pick stayed (within 1 % or ahead). Where the fill gains less than 1.3x, the width won 5 of 15.
 FILLING_PINGPONG_MIN_GAIN = 1.3
+# ... on the parts it was measured on. The H100 table (generator/tune/tables/h100.json, tuned the same day with the
+# same candidates) kept 128x128 on all 4 of its rows where the rule fires (512 x 2816 x 2048, 512 x 3072 x 2048 and
+# x 3072, 1024 x 1408 x 2048; the H200's winner on each was the odd width, +3-6 %), so an H100 plan keeps the model's
+# pick until an H100 run says otherwise.
+FILLING_PINGPONG_PARTS = ("H200",)
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
@@ -808,7 +813,7 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     best, rejected = choose_kernel(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                                    epilogue=epilogue, dtype_b=dtype_b)
     model = best.config
-    filling = problem is not None and filling_pingpong_tile(best.config, knobs, problem, sm_count)
+    filling = problem is not None and filling_pingpong_tile(best.config, knobs, problem, spec, sm_count)
     if filling:
         best = Estimate(filling, estimate(filling, spec, sm_count, problem).cost,
                         f"{best.reason}; 128x{filling.tile[1]} by rule: its tiles fill the SMs' waves "
@@ -820,11 +825,14 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     return (best if best.config == model else replace(best, model=model)), rejected
 
 
-def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, sm_count: int) -> KernelConfig | None:
+def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, spec: ArchSpec,
+                          sm_count: int) -> KernelConfig | None:
     """FILLING_PINGPONG_MIN_GAIN's plan for a pick ``cfg``: 128x128 pingpong with the odd width that fills the waves
-    best, the stages that fit; None where the rule does not apply (another pick, fp8, a column-major D, a fixed
-    tile, schedule or cluster, a batch or ragged groups (not measured), a fill gained by less)."""
-    if (cfg.tile[:2] != (128, 128) or cfg.schedule != "pingpong" or cfg.dtype not in LAYERED_RULE_DTYPES
+    best, the stages that fit; None where the rule does not apply (a part not in FILLING_PINGPONG_PARTS, another
+    pick, fp8, a column-major D, a fixed tile, schedule or cluster, a batch or ragged groups (not measured), a fill
+    gained by less)."""
+    if (spec.gpu.part not in FILLING_PINGPONG_PARTS or cfg.tile[:2] != (128, 128) or cfg.schedule != "pingpong"
+            or cfg.dtype not in LAYERED_RULE_DTYPES
             or cfg.layout.c is not Order.row or cfg.stream_k or not leaves_tile_free(knobs) or problem.batch != 1
             or problem.ragged):
         return None

@@ -15,7 +15,7 @@ class GpuSpec:
     """One GPU part: what a plan reads beyond its architecture. The planner counts its SMs (a visible GPU's own
     count replaces the datasheet's); ``plan.why`` quotes its HBM bandwidth (the small-M kernel's bound). Parts of one
     architecture share its shared memory and instructions, so they get the same plans when their SMs agree (the
-    H100 and the H200)."""
+    H100 and the H200), but for a rule measured on one part only (``part``: planner.sm90 FILLING_PINGPONG_PARTS)."""
 
     name: str                     # as print(plan) says it: "H200"
     cc: int                       # compute capability as an integer: 90 = 9.0
@@ -24,6 +24,11 @@ class GpuSpec:
     hbm_bytes_per_s: float        # datasheet memory bandwidth
     detected: bool = False        # the visible GPU (arch=None), not a typical part of the architecture
     datasheet: str = ""           # the listed part whose HBM numbers these are, where the GPU is not listed by its name
+
+    @property
+    def part(self) -> str:
+        """The listed part this GPU is: "H200" for the driver's "NVIDIA H200" and for an "H200 NVL" alike."""
+        return self.datasheet or self.name
 
     def describe(self) -> str:
         """One line for print(plan)."""
