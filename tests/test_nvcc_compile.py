@@ -170,6 +170,13 @@ CASES += [(90, Gemm(dtype, layout, arch=90, schedule=schedule, tile_shape=tile, 
               ("fp16", "tt", "cooperative", (64, 256, 64), (1, 1), "row"),
               ("bf16", "tn", "cooperative", (128, 144, 64), (2, 1), "row"),
               ("fp16", "nn", "pingpong", (128, 80, 64), (1, 1), "col"))]
+# The epilogue staged in the ring (KernelConfig.staging_in_ring): an odd-width pingpong tile as rule 18 plans it, and a
+# cooperative 2x1 one (the consumers' barrier before the held slot); the 192-row cooperative tile split along N.
+CASES += [(90, Gemm("bf16", "tn", arch=90, schedule="pingpong", tile_shape=(128, 96, 64), cluster_shape=(1, 1)).config),
+          (90, replace(Gemm("fp16", "nt", arch=90, schedule="cooperative", tile_shape=(128, 256, 64),
+                            cluster_shape=(2, 1)).config, staging_in_ring=True)),
+          (90, Gemm("bf16", "tn", arch=90, schedule="cooperative", tile_shape=(192, 128, 64),
+                    cluster_shape=(1, 1)).config)]
 
 
 COL_MAJOR_FP32 = ep.Matrix(dtype="fp32", order="col")
