@@ -206,7 +206,7 @@ def _space(request: _Request) -> Space:
                  sm_count=request.sm_count, knobs=request.knobs, epilogue=request.epilogue(), dtype_b=request.dtype_b)
 
 
-def _lookup_tuned(request: _Request, pick: Estimate) -> TunedChoice | None:
+def _lookup_tuned(request: _Request, best: Estimate) -> TunedChoice | None:
     """The tuning cache's winner for the request's problem on this GPU, else the shipped dispatch table's for its
     band of rows (a plan without size hints has no problem to look up; without a table this costs one directory
     listing)."""
@@ -214,7 +214,7 @@ def _lookup_tuned(request: _Request, pick: Estimate) -> TunedChoice | None:
         return None
     from .tune import lookup_choice
 
-    return lookup_choice(_space(request), request.problem, pick.config, pick.model)
+    return lookup_choice(_space(request), request.problem, best.config, best.model)
 
 
 def plan_gradient() -> PlanGradient:

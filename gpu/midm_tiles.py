@@ -66,9 +66,9 @@ def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn
     """The planner's config first, then (``beside_model``) the model's pick before the rules layered on it, then the
     pick with each variant's fields changed (where legal), then the candidates (stream-K is a config field the planner
     does not set)."""
-    estimate = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c).estimate
-    pick = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c).config
-    configs = [pick] + ([estimate.model_config] if beside_model else [])
+    planned = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c)
+    pick = planned.config
+    configs = [pick] + ([planned.estimate.model_config] if beside_model else [])
     for fields in variants:
         variant = replace(pick, **fields)
         if "staging_in_ring" in fields and "stages" not in fields:   # the stages its staging buffers' bytes move

@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 from generator.planner.shipped import shipped_configs  # noqa: E402
+from generator.planner.sm90 import with_staging_in_ring  # noqa: E402
 from generator.spec.config import takes_small_m  # noqa: E402
 
 from gpu_cases import BOUND, DTYPES, LAYOUTS, OUT_DTYPES, RAGGED, gemm_error  # noqa: E402
@@ -392,24 +393,14 @@ STAGING_IN_RING_VARIANTS = (
 )
 
 
-def staged_in_ring(cfg):
-    """``cfg`` with its staging in the ring and the stages that frees."""
-    from dataclasses import replace
-
-    from generator.spec.config import sm90_max_stages_that_fit
-
-    cfg = replace(cfg, staging_in_ring=True)
-    return replace(cfg, stages=sm90_max_stages_that_fit(cfg))
-
-
 @pytest.fixture(scope="session")
 def staging_in_ring_ops():
     keys = [(v, lay, dt, od, order) for v in STAGING_IN_RING_VARIANTS for lay in LAYOUTS for dt in DTYPES
             for od in ("bf16", "fp32") for order in ("row", "col")
             if (v[1][1] % 64 == 0 or lay[1] == "n") and (dt == "bf16" or lay == "nt")
             and (order == "row" or (lay == "nt" and dt == "fp16"))]
-    configs = [staged_in_ring(Gemm(dtype=dt, layout=lay, out_dtype=od, layout_c=order, schedule=s, tile_shape=t,
-                                   cluster_shape=c).config) for (s, t, c), lay, dt, od, order in keys]
+    configs = [with_staging_in_ring(Gemm(dtype=dt, layout=lay, out_dtype=od, layout_c=order, schedule=s, tile_shape=t,
+                                         cluster_shape=c).config, True) for (s, t, c), lay, dt, od, order in keys]
     return dict(zip(keys, compile_many(configs, namespace="gemmgen_sm90_staging_in_ring")))
 
 
