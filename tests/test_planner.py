@@ -1008,6 +1008,14 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "tile 64x64x64 with schedule 'cooperative': a 64-row cooperative tile splits along N between its "
                  "two consumer warpgroups, which rules out BN=64 (each warpgroup's half must be whole 64-column "
                  "epilogue subtiles): use BN in (128, 256), or schedule='pingpong'", id="cooperative-split-n-bn"),
+    pytest.param(dict(arch=90, schedule="cooperative"), "tile_shape", (192, 192, 64),
+                 "tile 192x192x64 with schedule 'cooperative': a 192-row cooperative tile splits along N between its "
+                 "two consumer warpgroups, which rules out BN=192 (each warpgroup's half must be whole 64-column "
+                 "epilogue subtiles): use BN=128, or tile 128x192x64", id="cooperative-192-split-n-bn"),
+    pytest.param(dict(arch=90, schedule="cooperative", tile_shape=(192, 128, 64)), "stages", 5,
+                 "stages=5 with tile 192x128x64 bf16 needs 238592 bytes of shared memory (5 x 40960 operand tiles + "
+                 "32768 epilogue + 1024 barriers and alignment); sm90 allows 232448: use stages<=4 or tile 128x128x64",
+                 id="cooperative-192-stages"),
     pytest.param(dict(arch=90, schedule="ws"), "tile_shape", (64, 256, 64),
                  "tile 64x256x64 with schedule 'ws': BM must be one of (128, 256) (its two consumer warpgroups split "
                  "the tile along M into whole 64-row wgmma blocks): use schedule='pingpong' for BM=64, or tile "

@@ -849,10 +849,13 @@ def _check_sm90_schedule(cfg: KernelConfig) -> None:
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': BM must be one of {allowed} "
                          f"({why}): {fix}")
     if cfg.splits_n and bn not in SM90_SPLIT_N_BLOCK_N:
+        # (the widths whose half fits the accumulators too; pingpong takes 64 rows, not 192)
+        widths = tuple(b for b in SM90_SPLIT_N_BLOCK_N if bm * b // 2 // SM90_WARPGROUP_THREADS <= SM90_MAX_ACCUMULATORS)
+        other = "schedule='pingpong'" if bm in SM90_BLOCK_M["pingpong"] else f"tile 128x{bn}x{bk}"
         raise ValueError(f"tile {bm}x{bn}x{bk} with schedule '{cfg.schedule}': a {bm}-row cooperative tile splits "
                          f"along N between its two consumer warpgroups, which rules out BN={bn} (each warpgroup's "
-                         f"half must be whole 64-column epilogue subtiles): use BN in {SM90_SPLIT_N_BLOCK_N}, or "
-                         f"schedule='pingpong'")
+                         f"half must be whole 64-column epilogue subtiles): use "
+                         f"{f'BN={widths[0]}' if len(widths) == 1 else f'BN in {widths}'}, or {other}")
     if cfg.accumulators_per_thread > SM90_MAX_ACCUMULATORS:
         rows = cfg.consumer_rows
         if cfg.schedule == "pingpong":
