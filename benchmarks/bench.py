@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -35,6 +36,7 @@ sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runp
 from generator import Gemm  # noqa: E402
 from generator.gemm import M_BUCKETS, op_key  # noqa: E402
 from generator.runtime import BucketedOp, compile_many  # noqa: E402
+from generator.spec.config import KernelConfig  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: Issue 21's batched shapes (batch, M, N, K): attention-like (K or N = 128), a large square batch, many small ones.
@@ -98,20 +100,58 @@ def parse_shapes(text: str, batched: bool = False) -> list[tuple[int, ...]]:
 CANDIDATE_SCHEDULES = {"pp": "pingpong", "coop": "cooperative"}
 
 
-def parse_candidates(text: str) -> list[tuple[tuple[int, ...], tuple[int, ...], str, bool, int | None]]:
-    """``--candidates 128x128x64:2x1:pp,256x128x64:1x2:coop:sk,64x64x64:2x1:pp:s8`` (sm90 kernels beside the planner's
-    pick: gpu/midm_tiles.py, bench_moe.py) as (tile, cluster, schedule, stream-K, stages) tuples (stages None: as many
-    as fit)."""
+class Candidate(NamedTuple):
+    """An sm90 kernel timed beside the planner's pick (``--candidates``): the hints it fixes."""
+
+    tile: tuple[int, ...]
+    cluster: tuple[int, ...]
+    schedule: str
+    stream_k: bool = False
+    stages: int | None = None          # None: as many as fit
+    raster: tuple[str, int] | None = None   # (order "m" / "n", group); None: the planner's
+
+    def hints(self) -> dict:
+        """Gemm's keyword arguments for the fixed fields (stream-K is a config field, set on the plan's config)."""
+        raster = dict(raster=self.raster[0], raster_group=self.raster[1]) if self.raster else {}
+        return dict(tile_shape=self.tile, cluster_shape=self.cluster, schedule=self.schedule, stages=self.stages,
+                    **raster)
+
+
+def parse_candidates(text: str) -> list[Candidate]:
+    """``--candidates 128x128x64:2x1:pp,256x128x64:1x2:coop:sk,64x64x64:2x1:pp:s8,128x192x64:1x2:coop:g8m`` (sm90
+    kernels beside the planner's pick: gpu/midm_tiles.py, bench_moe.py): TILE:CLUSTER:pp|coop, then optionally sk
+    (stream-K), sN (N stages) and gGm / gGn (raster group G along M or N, as kernel names write it)."""
     parsed = []
     for item in filter(None, text.split(",")):
         tile, cluster, schedule, *rest = item.split(":")
         sk = "sk" in rest
         stages = [r for r in rest if r.startswith("s") and r[1:].isdigit()]
-        if schedule not in CANDIDATE_SCHEDULES or len(rest) != sk + len(stages) or len(stages) > 1:
-            raise SystemExit(f"--candidates {item!r}: write TILE:CLUSTER:pp|coop[:sk][:sN], e.g. 128x128x64:2x1:pp")
-        parsed.append((tuple(map(int, tile.split("x"))), tuple(map(int, cluster.split("x"))),
-                       CANDIDATE_SCHEDULES[schedule], sk, int(stages[0][1:]) if stages else None))
+        rasters = [r for r in rest if len(r) > 2 and r[0] == "g" and r[1:-1].isdigit() and r[-1] in "mn"]
+        if (schedule not in CANDIDATE_SCHEDULES or len(rest) != sk + len(stages) + len(rasters) or len(stages) > 1
+                or len(rasters) > 1):
+            raise SystemExit(f"--candidates {item!r}: write TILE:CLUSTER:pp|coop[:sk][:sN][:gGm|gGn], "
+                             "e.g. 128x128x64:2x1:pp")
+        parsed.append(Candidate(tuple(map(int, tile.split("x"))), tuple(map(int, cluster.split("x"))),
+                                CANDIDATE_SCHEDULES[schedule], sk, int(stages[0][1:]) if stages else None,
+                                (rasters[0][-1], int(rasters[0][1:-1])) if rasters else None))
     return parsed
+
+
+def parse_variants(text: str) -> list[dict[str, object]]:
+    """``--variants raster=n,raster_group=4+raster=m`` as field changes to the pick (gpu/midm_tiles.py, bench_moe.py): one dict per comma item, its
+    ``+``-joined field=value pairs (integers where they parse, true and false as booleans)."""
+    variants = []
+    for item in filter(None, text.split(",")):
+        fields = {}
+        for pair in item.split("+"):
+            name, eq, value = pair.partition("=")
+            if not eq or name not in KernelConfig.__dataclass_fields__:
+                raise SystemExit(f"--variants {item!r}: write FIELD=VALUE[+FIELD=VALUE], FIELD a KernelConfig field")
+            pair_of_ints = "x" in value and all(v.isdigit() for v in value.split("x"))
+            fields[name] = (int(value) if value.isdigit() else tuple(map(int, value.split("x"))) if pair_of_ints else
+                            {"true": True, "false": False}.get(value.lower(), value))
+        variants.append(fields)
+    return variants
 
 
 def load_shapes(sets: list[str]) -> list[tuple[int, ...]]:

@@ -25,7 +25,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,10 +33,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench import DTYPES, ORDERS, geomean, parse_candidates, timed_rounds, warm_up_gpu  # noqa: E402
+from bench import DTYPES, ORDERS, geomean, parse_candidates, parse_variants, timed_rounds, warm_up_gpu  # noqa: E402
 from bench_grouped import WRONG, Row, format_row, header, measure_sizes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
+from generator.spec.config import check_config  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -126,22 +127,31 @@ class MoeRow:
 
 
 def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: str,
-            candidates: list = (), ragged: bool = True) -> tuple[dict, dict]:
+            candidates: list = (), ragged: bool = True, variants: list[dict] = ()) -> tuple[dict, dict]:
     """{(E, mean rows, N, K): op}, each planned as bench_grouped.py plans an E x T x N x K entry, and {shape: {name:
-    op}} of the ``candidates`` (parse_candidates' tuples: the same hints with the tile, cluster, schedule and stages
-    fixed; those the planner refuses for the shape are left out, said once); one parallel build."""
+    op}} of the ``variants`` (parse_variants' field changes to the pick) and ``candidates`` (parse_candidates' tuples:
+    the same hints with the tile, cluster, schedule and stages fixed); those the planner refuses for the shape are left
+    out, said once; one parallel build."""
     shapes = sorted({(len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k) for *_, sizes, n, k in cases})
     plans = {s: Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], ragged=ragged) for s in shapes}
     others: dict[tuple, list] = {s: [] for s in shapes}
     for s in shapes:
-        for tile, cluster, schedule, stream_k, stages in candidates:
-            if stream_k:
+        for fields in variants:
+            variant = replace(plans[s].config, **fields)
+            try:
+                check_config(variant)
+            except ValueError as refused:
+                print(f"  {s}: skip {variant.name}: {refused}", file=sys.stderr)
+                continue
+            if variant != plans[s].config:
+                others[s].append(variant)
+        for candidate in candidates:
+            if candidate.stream_k:
                 raise SystemExit("--candidates: grouped calls take no stream-K (drop :sk)")
             try:
-                cfg = Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], tile_shape=tile, cluster_shape=cluster,
-                           schedule=schedule, stages=stages, ragged=ragged).config
+                cfg = Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], ragged=ragged, **candidate.hints()).config
             except ValueError as refused:
-                print(f"  {s}: skip {tile} {cluster} {schedule}: {refused}", file=sys.stderr)
+                print(f"  {s}: skip {candidate}: {refused}", file=sys.stderr)
                 continue
             if cfg != plans[s].config:
                 others[s].append(cfg)
@@ -214,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--candidates", default="", help="sm90 kernels timed beside the pick on every row, "
                         "TILE:CLUSTER:pp|coop[:sN],... (e.g. 64x128x64:1x1:pp,128x128x64:2x1:coop): which tile wins "
                         "at which routing")
+    parser.add_argument("--variants", default="", help="the pick with KernelConfig fields changed, timed beside it: "
+                        "FIELD=VALUE[+FIELD=VALUE],... (e.g. raster_group=1)")
     parser.add_argument("--uniform-plan", action="store_true",
                         help="plan as for equal groups (no ragged=True hint: the plan before routing was weighed)")
     parser.add_argument("--json", default=None, help="default $OUT/bench_moe.json or ./bench_moe.json")
@@ -238,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.dtype}, layout tn, "
           f"do_bench median of {args.rounds} interleaved rounds")
-    ops, candidate_ops = planned(cases, args.dtype, parse_candidates(args.candidates), ragged=not args.uniform_plan)
+    ops, candidate_ops = planned(cases, args.dtype, parse_candidates(args.candidates), ragged=not args.uniform_plan,
+                                 variants=parse_variants(args.variants))
     warm_up_gpu()
     rows = []
     print(f"{'model':<18} {'gemm':<4} {'tokens':>6} {'routing':<9} {'min':>5} {'max':>5} {'empty':>5} | " + header())

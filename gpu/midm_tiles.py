@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import torch  # noqa: E402
 
-from bench import parse_candidates, parse_shapes, timed_rounds  # noqa: E402
+from bench import Candidate, parse_candidates, parse_shapes, parse_variants, timed_rounds  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.planner.sm90 import with_staging_in_ring  # noqa: E402
 from generator.spec.config import KernelConfig, check_config  # noqa: E402
@@ -35,29 +35,17 @@ from generator.runtime.op import compile_many  # noqa: E402
 SHAPES = ("32x8192x8192,64x8192x8192,128x8192x8192,128x4096x4096,128x4096x14336,128x14336x4096,"
           "512x4096x14336,512x4096x4096,128x8192x28672")
 # (tile, cluster, schedule, stream-K)
-CANDIDATES = [((128, 64, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1, 1), "cooperative", True),
-              ((128, 256, 64), (1, 1), "cooperative", True), ((128, 128, 64), (1, 2), "cooperative", True),
-              ((128, 64, 64), (1, 1), "cooperative", False), ((128, 128, 64), (1, 1), "pingpong", False),
-              ((128, 256, 64), (1, 1), "cooperative", False), ((128, 192, 64), (1, 1), "cooperative", False),
-              ((128, 192, 64), (2, 1), "cooperative", False), ((64, 128, 64), (1, 1), "pingpong", False),
-              ((128, 192, 64), (1, 1), "cooperative", True)]
-
-
-def parse_variants(text: str) -> list[dict[str, object]]:
-    """``--variants raster=n,raster_group=4+raster=m`` as field changes to the pick: one dict per comma item, its
-    ``+``-joined field=value pairs (integers where they parse, true and false as booleans)."""
-    variants = []
-    for item in filter(None, text.split(",")):
-        fields = {}
-        for pair in item.split("+"):
-            name, eq, value = pair.partition("=")
-            if not eq or name not in KernelConfig.__dataclass_fields__:
-                raise SystemExit(f"--variants {item!r}: write FIELD=VALUE[+FIELD=VALUE], FIELD a KernelConfig field")
-            pair_of_ints = "x" in value and all(v.isdigit() for v in value.split("x"))
-            fields[name] = (int(value) if value.isdigit() else tuple(map(int, value.split("x"))) if pair_of_ints else
-                            {"true": True, "false": False}.get(value.lower(), value))
-        variants.append(fields)
-    return variants
+CANDIDATES = [Candidate((128, 64, 64), (1, 1), "cooperative", True),
+              Candidate((128, 128, 64), (1, 1), "cooperative", True),
+              Candidate((128, 256, 64), (1, 1), "cooperative", True),
+              Candidate((128, 128, 64), (1, 2), "cooperative", True),
+              Candidate((128, 64, 64), (1, 1), "cooperative", False),
+              Candidate((128, 128, 64), (1, 1), "pingpong", False),
+              Candidate((128, 256, 64), (1, 1), "cooperative", False),
+              Candidate((128, 192, 64), (1, 1), "cooperative", False),
+              Candidate((128, 192, 64), (2, 1), "cooperative", False),
+              Candidate((64, 128, 64), (1, 1), "pingpong", False),
+              Candidate((128, 192, 64), (1, 1), "cooperative", True)]
 
 
 def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn",
@@ -81,14 +69,13 @@ def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn
             print(f"  skip {variant.name}: {refused}")
             continue
         configs.append(variant)
-    for tile, cluster, schedule, stream_k, *stages in candidates:
+    for candidate in candidates:
         try:
-            plan = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c, tile_shape=tile,
-                        cluster_shape=cluster, schedule=schedule, stages=stages[0] if stages else None)
+            plan = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c, **candidate.hints())
         except ValueError as refused:   # not legal here: say so and go on
-            print(f"  skip {tile} {cluster} {schedule}: {refused}")
+            print(f"  skip {candidate.tile} {candidate.cluster} {candidate.schedule}: {refused}")
             continue
-        configs.append(replace(plan.config, stream_k=True) if stream_k else plan.config)
+        configs.append(replace(plan.config, stream_k=True) if candidate.stream_k else plan.config)
     unique = {c.name: c for c in configs}
     return list(unique.values())
 

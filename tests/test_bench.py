@@ -332,11 +332,11 @@ def test_bench_moe_routing():
 def test_bench_moe_candidates_beside_the_pick(monkeypatch):
     """bench_moe.py --candidates: each shape's candidates are the same hints with the tile, cluster and schedule fixed,
     the pick itself and those the planner refuses left out (a 2x1 cluster over one tile row per group), and stream-K
-    refused (grouped calls take none)."""
+    refused (grouped calls take none); --variants: the pick with its fields changed."""
     import functools
 
     import bench_moe as m
-    from bench import parse_candidates
+    from bench import parse_candidates, parse_variants
     from generator import Gemm
 
     monkeypatch.setattr(m, "Gemm", functools.partial(Gemm, arch=90))
@@ -350,3 +350,6 @@ def test_bench_moe_candidates_beside_the_pick(monkeypatch):
     assert names[0].startswith("sm90_bf16_tn_64x128x64_c1x1_")
     with pytest.raises(SystemExit, match="stream-K"):
         m.planned(cases, "bf16", parse_candidates("64x128x64:1x1:pp:sk"))
+    _, varied = m.planned(cases, "bf16", variants=parse_variants("raster_group=1"))
+    (name,), = [list(v) for v in varied.values()]
+    assert name == pick.replace("_g8m", "_g1m") and pick.endswith("_g8m")    # a ragged pick bands 8 tile rows

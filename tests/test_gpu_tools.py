@@ -15,9 +15,12 @@ import midm_tiles  # noqa: E402
 
 def test_midm_candidates_take_split_k_and_stages() -> None:
     parsed = midm_tiles.parse_candidates("64x64x64:2x1:pp:s8,128x128x64:1x1:coop:sk,64x128x64:1x1:pp")
-    assert parsed == [((64, 64, 64), (2, 1), "pingpong", False, 8), ((128, 128, 64), (1, 1), "cooperative", True, None),
-                      ((64, 128, 64), (1, 1), "pingpong", False, None)]
-    for bad in ("64x64x64:1x1:fast", "64x64x64:1x1:pp:s8:s9", "64x64x64:1x1:pp:turbo"):
+    assert parsed == [((64, 64, 64), (2, 1), "pingpong", False, 8, None),
+                      ((128, 128, 64), (1, 1), "cooperative", True, None, None),
+                      ((64, 128, 64), (1, 1), "pingpong", False, None, None)]
+    rastered, = midm_tiles.parse_candidates("128x192x64:1x2:coop:g8m")
+    assert rastered.raster == ("m", 8) and rastered.hints()["raster_group"] == 8
+    for bad in ("64x64x64:1x1:fast", "64x64x64:1x1:pp:s8:s9", "64x64x64:1x1:pp:turbo", "64x64x64:1x1:pp:g8m:g1n"):
         with pytest.raises(SystemExit, match="write TILE:CLUSTER:pp|coop"):
             midm_tiles.parse_candidates(bad)
 

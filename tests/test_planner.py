@@ -1316,6 +1316,18 @@ def test_ragged_groups_count_each_groups_last_tile_row_half_empty() -> None:
     assert plan(**few).config.tile[0] == 64 and plan(**few, ragged=True).config.tile[0] == 128
 
 
+def test_ragged_groups_walk_bands_of_tile_rows() -> None:
+    # Mixtral's experts at 512 tokens (128 rows each on average): equal groups of one tile row take bands of one unit
+    # (g1); ragged ones bands of DEFAULT_RASTER_GROUP along M, so a group of several tile rows reads its B once
+    # (h200_bench_moe_ragged_raster.json).
+    from generator.planner.sm90 import DEFAULT_RASTER_GROUP
+
+    hints = dict(arch=90, m=128, n=28672, k=4096, batch=8)
+    assert plan(**hints).config.raster_group == 1
+    ragged = plan(**hints, ragged=True).config
+    assert (ragged.raster, ragged.raster_group) == ("m", DEFAULT_RASTER_GROUP)
+
+
 @pytest.mark.parametrize("hints, error", [
     (dict(n=4096, k=4096, batch=8), ValueError), (dict(m=64, n=4096, k=4096), ValueError),
     (dict(m=64, batch=8, ragged="yes"), TypeError)])
@@ -1525,3 +1537,5 @@ def test_a_128x128_pingpong_pick_takes_the_filling_odd_width(monkeypatch: pytest
     assert plan(**hints, dtype="e4m3", fast_accum=True).config.tile[1] % 64 == 0
     unmoved = plan(m=512, n=4096, k=4096, arch=None)        # 128 tiles of 128x128 fill the waves already
     assert unmoved.config.tile[:2] == (128, 128) and unmoved.estimate.model is None
+    many_rows = plan(m=2048, n=576, k=2048, arch=None)       # more rows than FILLING_PINGPONG_MAX_ROWS
+    assert many_rows.config.tile[:2] == (128, 128) and many_rows.estimate.model is None

@@ -356,6 +356,12 @@ FILLING_PINGPONG_MIN_GAIN = 1.3
 # x 3072, 1024 x 1408 x 2048; the H200's winner on each was the odd width, +3-6 %), so an H100 plan keeps the model's
 # pick until an H100 run says otherwise.
 FILLING_PINGPONG_PARTS = ("H200",)
+# ... up to this many rows (eight 128-row tile rows). Above it the narrower tile's extra reads of A outweigh the fill:
+# out of sample 1280 and 1536 x 1024 x 4096 read 0.98x and 0.96x the 128x128 pick
+# (h200_filling_pingpong_width_out_of_sample.json), and the corpus' forward at 2048 tokens, through the buckets,
+# 2048 x 576 x 2048 0.90x and 2048 x 768 x 2048 1.03x (h200_corpus_fwd_rules_18_19.json against
+# h200_corpus_ten_counts.json), where every row of 160-1024 tokens gained.
+FILLING_PINGPONG_MAX_ROWS = 1024
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
@@ -420,13 +426,19 @@ def choose_raster(cfg: KernelConfig, problem: Problem, sm_count: int, knobs: Kno
 
     The footprint of a wave is the A rows plus B columns its tiles touch. For a grid that is wide or
     tall in units of clusters the two orders touch the same patch; they differ when a unit (cluster x
-    tile) is not square: bands then run along the unit's short side. Ties go to "m"."""
+    tile) is not square: bands then run along the unit's short side. Ties go to "m".
+
+    A ragged problem's bands along M are DEFAULT_RASTER_GROUP units whatever its expected rows: its groups run to
+    several times those, and a band of one unit would walk a large group's tile rows one after another, each
+    streaming the group's whole B again. A group of fewer units loses nothing: the kernel's band ends at the group's
+    last unit."""
     options = []
     units_m, units_n = grid_units(cfg, problem)
     for raster in ([knobs.raster] if knobs.raster is not None else list(RASTERS)):
         group = knobs.raster_group
         if group is None:
-            group = default_group(units_m if raster == "m" else units_n)
+            ragged_m = problem.ragged and raster == "m"
+            group = DEFAULT_RASTER_GROUP if ragged_m else default_group(units_m if raster == "m" else units_n)
         options.append(replace(cfg, raster=raster, raster_group=group))
     if len(options) == 1 or options[0].raster_group not in RASTER_GROUPS:  # fixed by the user: check_config judges it
         return options[0]
@@ -828,10 +840,11 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
 def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, spec: ArchSpec,
                           sm_count: int) -> KernelConfig | None:
     """FILLING_PINGPONG_MIN_GAIN's plan for a pick ``cfg``: 128x128 pingpong with the odd width that fills the waves
-    best, the stages that fit; None where the rule does not apply (a part not in FILLING_PINGPONG_PARTS, another
-    pick, fp8, a column-major D, a fixed tile, schedule or cluster, a batch or ragged groups (not measured), a fill
-    gained by less)."""
-    if (spec.gpu.part not in FILLING_PINGPONG_PARTS or cfg.tile[:2] != (128, 128) or cfg.schedule != "pingpong"
+    best, the stages that fit; None where the rule does not apply (a part not in FILLING_PINGPONG_PARTS, more rows
+    than FILLING_PINGPONG_MAX_ROWS, another pick, fp8, a column-major D, a fixed tile, schedule or cluster, a batch or
+    ragged groups (not measured), a fill gained by less)."""
+    if (spec.gpu.part not in FILLING_PINGPONG_PARTS or problem.m > FILLING_PINGPONG_MAX_ROWS
+            or cfg.tile[:2] != (128, 128) or cfg.schedule != "pingpong"
             or cfg.dtype not in LAYERED_RULE_DTYPES
             or cfg.layout.c is not Order.row or cfg.stream_k or not leaves_tile_free(knobs) or problem.batch != 1
             or problem.ragged):
