@@ -1267,11 +1267,14 @@ def epilogue_plans() -> list[Gemm]:
 
 
 def epilogue_cpu_plans() -> list[Gemm]:
-    """epilogue_plans and a quantized D with its amax (three outputs, forward only): EPILOGUE_CPU's package."""
-    return [*epilogue_plans(), Gemm("bf16", "tn", arch=90, out_dtype="e4m3", amax=True)]
+    """epilogue_plans, a quantized D with its amax (three outputs, forward only) and an fp8 plan with per-block scales
+    (its scaled grouped overloads, forward only): EPILOGUE_CPU's package."""
+    return [*epilogue_plans(), Gemm("bf16", "tn", arch=90, out_dtype="e4m3", amax=True),
+            Gemm("e4m3", "tn", arch=90, scale="block", tile_shape=(128, 256, 128))]
 
 
 KNOB_OP, PLAIN_OP, AMAX_OP = "gemm_bf16_tn_gelu_cbias", "gemm_bf16_tn", "gemm_bf16_tn_oe4m3_amax"
+FP8_OP = "gemm_e4m3_tn_obf16_scale_block"
 FUNCTION_OP = "gemm_fp16_nt_dcol_gelu_rscale_mc_salpha_aux"
 
 
@@ -1613,6 +1616,34 @@ for call, expected in [
 with FakeTensorMode() as mode:
     Ds = plain_fn([mode.from_tensor(t).to("cuda") for t in As], [mode.from_tensor(t).to("cuda") for t in Bs])
     assert [(tuple(t.shape), t.device.type) for t in Ds] == [((33, 40), "cuda"), ((5, 7), "cuda")]
+# .grouped_scaled and .masked_scaled: the fp8 op with per-block scales (gemm_op.h's checks, Meta and Autograd
+# kernels; the words are GemmOp's, compared with the JIT op's on the GPU: tests/gpu/test_emitted_dtypes.py)
+fp8 = pkg.{fp8}
+assert {{"grouped_scaled", "masked_scaled"}} <= set(torch.ops.{name}.{fp8}.overloads())
+assert "grouped" not in torch.ops.{name}.{fp8}.overloads()
+e4m3 = torch.float8_e4m3fn
+xq, wq = torch.empty(33, 256, dtype=e4m3), torch.empty(3, 40, 256, dtype=e4m3).transpose(1, 2)
+sa, sb, offsets = torch.ones(33, 2), torch.ones(3, 1, 2), torch.tensor([5, 5, 33], dtype=torch.int32)
+assert error(lambda: fp8.grouped(xq, wq, offsets, sa, sb)) == on_cpu
+XQ, WQ, SA, SB, OFFSETS = (t.to(**m) for t in (xq, wq, sa, sb, offsets))
+for D in (fp8.grouped(XQ, WQ, OFFSETS, SA, SB), torch.ops.{name}.{fp8}.grouped_scaled(XQ, WQ, OFFSETS, SA, SB)):
+    assert (tuple(D.shape), D.stride(), D.dtype) == ((33, 40), (40, 1), torch.bfloat16), (D.shape, D.stride())
+SLABS8, SA8 = torch.empty(3, 16, 256, dtype=e4m3, **m), torch.ones(3, 16, 2, **m)
+D = fp8.masked(SLABS8, WQ, COUNTS, SA8, SB)
+assert (tuple(D.shape), D.dtype) == ((3, 16, 40), torch.bfloat16), D.shape
+scaled_grad = ("RuntimeError", "{fp8}.grouped_scaled multiplies e4m3 operands and has no backward pass, but B "
+                               "require(s) grad: call it under torch.no_grad(), or pass B.detach(); train through a "
+                               "bf16 or tf32 plan")
+for call, expected in [
+    (lambda: fp8.grouped(XQ, WQ, OFFSETS, SA.double(), SB),
+     ("TypeError", "scale_a is torch.float64 on meta; per-block scales are torch.float32 on A's device (meta)")),
+    (lambda: fp8.masked(SLABS8, WQ, COUNTS, SA8, sb),
+     ("TypeError", "scale_b is torch.float32 on cpu; per-block scales are torch.float32 on A's device (meta)")),
+    (lambda: fp8.grouped(XQ, WQ, OFFSETS, [1.0], SB), ("TypeError", "scale_a must be a torch.Tensor, got list")),
+    (lambda: fp8.grouped(XQ, WQ.float().requires_grad_().to(e4m3), OFFSETS, SA, SB), scaled_grad)]:
+    assert error(call) == expected, (error(call), expected)
+with torch.no_grad():
+    assert fp8.grouped(XQ, WQ.float().requires_grad_().to(e4m3), OFFSETS, SA, SB).shape == (33, 40)
 
 
 class M(torch.nn.Module):
@@ -1774,10 +1805,11 @@ def test_epilogue_binding_on_cpu(tmp_path, stub_bindings):
     specs = {op.name: (op.config.dtype.value, op.config.out_dtype.value, op.config.layout.a.value,
                        op.config.layout.b.value, op.config.layout.c.value) for op in all_ops}
     operands = {op.name: [(o.kind, o.dtype.value, o.order.value if o.order else None)
-                          for o in op.config.epilogue.operands] for op in ops if not op.config.epilogue.is_identity}
+                          for o in op.config.epilogue.operands]
+                for op in ops if not op.config.epilogue.is_identity and not op.config.dtype.is_quantized}
     grads = EPILOGUE_GRADS.format(cpu_kernels=CPU_KERNELS.format(specs=specs, name=name), operands=operands)
     code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, amax=AMAX_OP,
-                                 expected=expected, grads=grads)
+                                 fp8=FP8_OP, expected=expected, grads=grads)
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "GRADS OK" in r.stdout and "EPILOGUE OK" in r.stdout

@@ -97,6 +97,7 @@ def package_files(ops: Sequence[EmittedOp], name: str, autograd: bool = True,
     context["epilogue_autograd"] = any(op["epilogue"] and op["autograd"] for op in context["formula_ops"])
     context["any_boxed"] = any(op["boxed"] for op in context["ops"])
     context["any_grouped"] = any(op["grouped"] for op in context["all_ops"])
+    context["any_grouped_scaled"] = any(op["grouped_scaled"] for op in context["all_ops"])
     context.update(_grouped_formula_context(context["all_ops"]))
     if context["grouped_formula_ops"]:
         files[f"{name}/{GROUPED_FORMULA_MODULE}.py"] = grouped_formula_source()

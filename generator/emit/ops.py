@@ -11,7 +11,7 @@ from ..planner.backward import accumulator_config, autograd_form, backward_closu
 from ..planner.common import Problem
 from ..render.epilogue_python import python_function
 from ..spec.config import QUANT_BLOCK, KernelConfig, output_schema, quantizes_out, second_output
-from ..spec.grouped import grouped_list_refusal, grouped_refusal
+from ..spec.grouped import grouped_list_refusal, grouped_refusal, takes_scaled_groups
 from ..spec.epilogue import KINDS, KNOB_NAMES, epilogue_to_json, from_knobs
 from ..spec.types import DType, Order, unquantized
 from .names import check_op_name, check_operand_names, default_op_name, grad_op_name
@@ -230,13 +230,15 @@ def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
     """An op without a fused epilogue has the .grouped and .grouped_list overloads (grouped GEMM: a mixture of
     experts' rows; a list of problems), as the JIT ops (generator.runtime.registration: has_grouped); its OpSpec says
     why the plan takes no such call, if it does not (generator.spec.grouped.grouped_refusal, grouped_list_refusal: the
-    op refuses such a call with these words)."""
+    op refuses such a call with these words). An fp8 op with per-block scales has .grouped_scaled and .masked_scaled
+    instead (registration.has_grouped_scaled), with the same refusal where its kernel takes no grouped call."""
     grouped = cfg.epilogue.is_identity and not quantizes_out(cfg)   # (a quantized D's op: the epilogue ops' form)
-    refusal = grouped_refusal(cfg) if grouped else None
+    scaled = takes_scaled_groups(cfg)
+    refusal = grouped_refusal(cfg) if grouped or scaled else None
     list_refusal = grouped_list_refusal(cfg) if grouped else None
     docs = {f"grouped_{what.lower()}_doc": _GROUPED_DOC[what, order]
             for what, order in (("A", cfg.layout.a), ("B", cfg.layout.b), ("D", cfg.layout.c))}
-    return {"grouped": grouped, "grouped_refusal": refusal, "grouped_list_refusal": list_refusal, **docs,
+    return {"grouped": grouped, "grouped_scaled": scaled, "grouped_refusal": refusal, "grouped_list_refusal": list_refusal, **docs,
             # as a backward op: whether the grouped formulas may call it grouped (listed), recorded at emit time
             "takes_grouped": grouped and refusal is None, "takes_list": grouped and list_refusal is None,
             # as C string literals (the sentences are the generator's own, but escaped all the same)

@@ -1512,6 +1512,40 @@ struct GemmMaskedScaledKernel {
     return gemm_masked(*op, A, B, counts, &scales);
   }
 };
+// The scales' checks of a scaled grouped call that need no data (emitted packages' Meta kernels of .grouped_scaled
+// and .masked_scaled; the JIT ops' fake is GemmOp._check_grouped_scales_meta): each a tensor, fp32, on A's device.
+inline void check_grouped_scales_meta(const OpSpec& op, const GroupedScales& scales, const at::Tensor& A) {
+  TORCH_CHECK(op.num_operands == 2, op.op, ": a scaled grouped call needs a plan whose only operands are per-block "
+              "scales");
+  const at::Tensor* values[2] = {&scales.a, &scales.b};
+  for (int i = 0; i < 2; ++i) {
+    const OperandSpec& o = op.operands[i];
+    const at::Tensor& t = *values[i];
+    TORCH_CHECK_TYPE(t.defined(), o.name, " must be a torch.Tensor of shape ", operand_shape(o), ", got NoneType");
+    TORCH_CHECK_TYPE(t.scalar_type() == o.dtype && t.device() == A.device(), o.name, " is ",
+                     torch_dtype(t.scalar_type()), " on ", t.device().str(), "; per-block scales are ",
+                     torch_dtype(o.dtype), " on A's device (", A.device().str(), ")");
+  }
+}
+struct GemmGroupedScaledMetaKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& offsets, const at::Tensor& scale_a,
+                        const at::Tensor& scale_b) const {
+    check_rank_and_dtype(*op, B, "B", CallForm::grouped);  // a scaled call is one of rows (B 3-D), never along K
+    at::Tensor D = gemm_grouped_meta(*op, A, B, offsets);
+    check_grouped_scales_meta(*op, GroupedScales{scale_a, scale_b}, A);
+    return D;
+  }
+};
+struct GemmMaskedScaledMetaKernel {
+  const OpSpec* op;
+  at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts, const at::Tensor& scale_a,
+                        const at::Tensor& scale_b) const {
+    at::Tensor D = gemm_masked_meta(*op, A, B, counts);
+    check_grouped_scales_meta(*op, GroupedScales{scale_a, scale_b}, A);
+    return D;
+  }
+};
 struct GemmMaskedKernel {
   const OpSpec* op;
   at::Tensor operator()(const at::Tensor& A, const at::Tensor& B, const at::Tensor& counts) const {
@@ -1819,6 +1853,33 @@ inline torch::CppFunction grouped_list_autograd_kernel(const char* op) {
 inline torch::CppFunction masked_autograd_kernel(const char* op) {
   return torch::CppFunction::makeFromBoxedFunctor(
       std::make_unique<GroupedAutogradKernel<GroupedOverload::masked>>(op));
+}
+
+// The Autograd kernels of an fp8 op's .grouped_scaled and .masked_scaled (emitted packages; the JIT ops' are
+// generator/runtime/autograd.py _register_scaled_grouped_refusal, whose words these are): fp8 GEMMs are forward only,
+// so a call that would need a gradient of A or B is refused; without grad mode it goes on to the kernel.
+class ScaledGroupedAutogradKernel final : public c10::OperatorKernel {
+ public:
+  ScaledGroupedAutogradKernel(const OpSpec* op, const char* overload) : op_(op), overload_(overload) {}
+  void operator()(const c10::OperatorHandle& handle, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    if (at::GradMode::is_enabled()) {
+      const std::string wanting = grouped_wanting(arguments(*stack, 5));  // (A, B, offsets or counts, scales)
+      TORCH_CHECK(wanting.empty(), op_->op, ".", overload_, " multiplies ", op_->dtype_name,
+                  " operands and has no backward pass, but ", wanting, " require(s) grad: call it under "
+                  "torch.no_grad(), or pass ", wanting.substr(0, wanting.find(',')),
+                  ".detach(); train through a bf16 or tf32 plan");
+    }
+    at::AutoDispatchBelowADInplaceOrView below;
+    handle.callBoxed(stack);
+  }
+
+ private:
+  const OpSpec* op_;
+  const char* overload_;  // "grouped_scaled" or "masked_scaled"
+};
+
+inline torch::CppFunction scaled_grouped_autograd_kernel(const OpSpec* op, const char* overload) {
+  return torch::CppFunction::makeFromBoxedFunctor(std::make_unique<ScaledGroupedAutogradKernel>(op, overload));
 }
 
 // As gemmgen's JIT ops: needs_fixed_stride_order keeps the operands' strides under Inductor (a

@@ -3,7 +3,8 @@ slices), a mixed e5m2 x e4m3 rowwise op, int8 -> int32, and tf32 in layout nt (b
 memory); pip-installed (--no-build-isolation --no-deps) and imported, each op checked against the float64 product
 of the same quantized operands and scales, bit-equal to the JIT op of the same plan, NaN-poisoned out= written, the
 same refusal of a bad scale as the JIT op, gradients refused (fp8 and int8 ops are forward only) or, for tf32,
-computed by the package's own formula.
+computed by the package's own formula; the fp8 op's grouped calls with per-block scales (offsets and masked forms)
+against float64 and the JIT op.
 """
 from __future__ import annotations
 
@@ -102,3 +103,60 @@ def test_tf32_gradients_of_the_package_formula(installed):
     (a64 @ b64).backward(g.double())
     for got, want in ((a.grad, a64.grad), (b.grad, b64.grad)):
         assert ((got.double() - want).norm() / want.norm()).item() <= BOUND["tf32_nt"]
+
+
+def scaled_groups(sizes: list[int], n: int, k: int):
+    """A grouped call's (A, B, offsets, scale_a, scale_b) of e4m3 rows and experts' weights with DeepSeek's block
+    scales, and the float64 product of the dequantized operands, per group."""
+    x, w = torch.randn(sum(sizes), k, device="cuda"), torch.randn(len(sizes), n, k, device="cuda")
+    a, scale_a = quantize(x, "e4m3", scale="block")
+    q, scale_b = quantize(w, "e4m3", scale="block", block=(128, 128))
+    offsets = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    ref_a = dequantize(a, scale_a, scale="block").double()
+    ref_w = dequantize(q, scale_b, scale="block", block=(128, 128)).double()
+    ref = torch.cat([rows @ ref_w[g].t() for g, rows in enumerate(torch.split(ref_a, sizes))])
+    return (a, q.transpose(1, 2), offsets, scale_a, scale_b), ref
+
+
+def test_scaled_grouped_calls_match_the_jit_op(installed):
+    """The fp8 op's .grouped and .masked with per-block scales (.grouped_scaled, .masked_scaled): every row written
+    (a NaN-filled block handed back to the allocator first), within bf16 rounding of the float64 product per group,
+    bit-equal to the JIT op's; a bad scale and a gradient refused in the JIT op's words."""
+    fn, jit = installed["module"].fp8_block, installed["jit"]["fp8_block"]
+    sizes, n, k = [0, 37, 300, 1, 130, 0], 384, 640
+    args, ref = scaled_groups(sizes, n, k)
+    torch.full((sum(sizes), n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    d = fn.grouped(*args)
+    assert torch.isfinite(d).all(), "unwritten rows"
+    err = ((d.double() - ref).norm() / ref.norm()).item()
+    assert err <= BOUND["fp8_block"], err
+    assert torch.equal(d, jit.grouped(*args)) and torch.equal(d, torch.ops.gemmgen_gpu_emitted_dtypes.fp8_block
+                                                              .grouped_scaled(*args))
+    # the masked form: the same rows in slabs of max_m, the slabs' scales as A's
+    a, b, _, scale_a, scale_b = args
+    slab = 320
+    counts = torch.tensor(sizes, dtype=torch.int32, device="cuda")
+    a_slabs = torch.zeros(len(sizes), slab, k, device="cuda").to(a.dtype)
+    sa_slabs = torch.ones(len(sizes), slab, scale_a.shape[1], device="cuda")
+    for g, rows in enumerate(torch.split(torch.arange(sum(sizes), device="cuda"), sizes)):
+        a_slabs[g, :len(rows)], sa_slabs[g, :len(rows)] = a[rows], scale_a[rows]
+    masked = fn.masked(a_slabs, b, counts, sa_slabs, scale_b)
+    valid = torch.cat([masked[g, :count] for g, count in enumerate(sizes)])
+    assert torch.equal(valid, d), "the masked form differs from the offsets form"
+    jit_masked = jit.masked(a_slabs, b, counts, sa_slabs, scale_b)
+    assert torch.equal(torch.cat([jit_masked[g, :count] for g, count in enumerate(sizes)]), valid)
+    # refusals, in the JIT op's words
+    errors = []
+    for f in (fn, jit):
+        with pytest.raises(ValueError, match="scale_b") as info:
+            f.grouped(a, b, args[2], scale_a, scale_b[:, :1])
+        errors.append(str(info.value))
+    assert errors[0] == errors[1]
+    errors = []
+    for f in (fn, jit):
+        with pytest.raises(RuntimeError, match="no backward pass") as info:
+            f.grouped(a.float().requires_grad_().to(a.dtype), b, args[2], scale_a, scale_b)
+        errors.append(str(info.value))
+    assert errors[0] == errors[1].replace(jit.name, "fp8_block"), errors
+    with torch.no_grad():
+        assert torch.equal(fn.grouped(a.float().requires_grad_().to(a.dtype), b, args[2], scale_a, scale_b), d)
