@@ -50,11 +50,11 @@ CANDIDATES = [Candidate((128, 64, 64), (1, 1), "cooperative", True),
 
 def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn",
                 variants: list[dict[str, object]] = (), layout_c: str = "row",
-                beside_model: bool = False) -> list[KernelConfig]:
+                beside_model: bool = False, arch: int | None = 90) -> list[KernelConfig]:
     """The planner's config first, then (``beside_model``) the model's pick before the rules layered on it, then the
     pick with each variant's fields changed (where legal), then the candidates (stream-K is a config field the planner
-    does not set)."""
-    planned = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c)
+    does not set). ``arch`` None: planned for the visible GPU, with the rules of its part (an H200's own)."""
+    planned = Gemm("bf16", layout, arch=arch, m=m, n=n, k=k, layout_c=layout_c)
     pick = planned.config
     configs = [pick] + ([planned.estimate.model_config] if beside_model else [])
     for fields in variants:
@@ -71,7 +71,7 @@ def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn
         configs.append(variant)
     for candidate in candidates:
         try:
-            plan = Gemm("bf16", layout, arch=90, m=m, n=n, k=k, layout_c=layout_c, **candidate.hints())
+            plan = Gemm("bf16", layout, arch=arch, m=m, n=n, k=k, layout_c=layout_c, **candidate.hints())
         except ValueError as refused:   # not legal here: say so and go on
             print(f"  skip {candidate.tile} {candidate.cluster} {candidate.schedule}: {refused}")
             continue
@@ -100,8 +100,12 @@ def main() -> None:
                     help="time the model's pick before the rules layered on it (the filling width, the ring's staging)")
     ap.add_argument("--only-moved", action="store_true", help="with --beside-model: only the shapes those rules moved")
     ap.add_argument("--dcol", action="store_true", help="D column-major (the swapped dX's nn kernels write dX.t())")
+    ap.add_argument("--arch", default="visible",
+                    help="plan for this compute capability (90: an H100's rules), or 'visible' (the default): for the "
+                         "GPU the run is on, with its part's rules (rule 19 is the H200's)")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "midm_tiles.json"))
     args = ap.parse_args()
+    arch = None if args.arch == "visible" else int(args.arch)
     if args.corpus_tokens:
         import corpus
         shapes = corpus.forward_shapes(None, [int(t) for t in args.corpus_tokens.split(",")])
@@ -109,8 +113,8 @@ def main() -> None:
         shapes = parse_shapes(args.shapes)
     candidates = parse_candidates(args.candidates) if args.candidates is not None else CANDIDATES
     variants = parse_variants(args.variants)
-    per_shape = {s: configs_for(*s, candidates, args.layout, variants, "col" if args.dcol else "row", args.beside_model)
-                 for s in shapes}
+    per_shape = {s: configs_for(*s, candidates, args.layout, variants, "col" if args.dcol else "row", args.beside_model,
+                                arch) for s in shapes}
     if args.only_moved:   # the shapes whose pick the layered rules moved
         per_shape = {s: c for s, c in per_shape.items() if len(c) > 1}
     configs = {c.name: c for shape_configs in per_shape.values() for c in shape_configs}

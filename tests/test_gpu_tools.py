@@ -67,3 +67,14 @@ def test_no_script_folder_shadows_a_standard_module():
     shadowing = sorted(f"{folder}/{path.name}" for folder in ("gpu", "benchmarks", "examples", "tests")
                        for path in (ROOT / folder).glob("*.py") if path.stem in sys.stdlib_module_names)
     assert not shadowing, f"rename these scripts, they shadow standard modules: {shadowing}"
+
+
+def test_midm_plans_for_the_visible_gpu_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """arch=None (--arch visible, the default) plans with the visible part's rules: on an H200 a 128x128 pingpong pick
+    takes the filling odd width (rule 19), shown beside the model's pick; arch=90 keeps the H100's plan."""
+    from tune_cases import visible_h200
+
+    visible_h200(monkeypatch)
+    pick, model = midm_tiles.configs_for(384, 3072, 2048, [], beside_model=True, arch=None)
+    assert pick.tile[:2] == (128, 80) and model.tile[:2] == (128, 128)
+    assert midm_tiles.configs_for(384, 3072, 2048, [], arch=90)[0].tile[:2] == (128, 128)
