@@ -321,3 +321,23 @@ def test_grouped_calls_refuse_tf32_tiles_transposed_in_shared_memory():
             assert reason is not None and "take layout 'tn' only" in reason and "plan with layout='tn'" in reason
     tn = Gemm("fp32", "tn", arch=90).config
     assert grouped_refusal(tn) is None and grouped_list_refusal(tn) is None
+
+
+def test_fp8_plans_with_per_row_scales_take_scaled_grouped_calls():
+    """scale='row' (torch._scaled_grouped_mm's rowwise form) takes the scaled grouped overloads as scale='block' does,
+    on tiles of at most 128 rows; its functor says that a grouped call reads scale_b per group (the kernel offsets the
+    column by the group's g * N), the other epilogues' do not; per-tensor scales and fused epilogues take none."""
+    from generator.render.epilogue import functor_context
+    from generator.spec.grouped import SCALED_GROUPS_MAX_BLOCK_M, reads_cols_per_group, takes_scaled_groups
+
+    row = Gemm("e4m3", "tn", arch=90, scale="row").config
+    assert takes_scaled_groups(row) and grouped_refusal(row) is None and reads_cols_per_group(row.epilogue)
+    assert functor_context(row.epilogue, True)["epilogue_cols_per_group"] is True
+    tall = Gemm("e4m3", "tn", arch=90, scale="row", tile_shape=(256, 128, 128), schedule="cooperative").config
+    assert f"tiles of at most {SCALED_GROUPS_MAX_BLOCK_M} rows" in grouped_refusal(tall)
+    bias = Gemm("bf16", "tn", arch=90, bias="col").config
+    assert not reads_cols_per_group(bias.epilogue)
+    assert functor_context(bias.epilogue, True)["epilogue_cols_per_group"] is False
+    for cfg in (Gemm("e4m3", "tn", arch=90, scale="tensor").config,
+                Gemm("e4m3", "tn", arch=90, scale="row", activation="relu").config):
+        assert not takes_scaled_groups(cfg) and "without a fused epilogue" in grouped_refusal(cfg)

@@ -1267,14 +1267,15 @@ def epilogue_plans() -> list[Gemm]:
 
 
 def epilogue_cpu_plans() -> list[Gemm]:
-    """epilogue_plans, a quantized D with its amax (three outputs, forward only) and an fp8 plan with per-block scales
-    (its scaled grouped overloads, forward only): EPILOGUE_CPU's package."""
+    """epilogue_plans, a quantized D with its amax (three outputs, forward only) and fp8 plans with per-block and per-row
+    scales (their scaled grouped overloads, forward only): EPILOGUE_CPU's package."""
     return [*epilogue_plans(), Gemm("bf16", "tn", arch=90, out_dtype="e4m3", amax=True),
-            Gemm("e4m3", "tn", arch=90, scale="block", tile_shape=(128, 256, 128))]
+            Gemm("e4m3", "tn", arch=90, scale="block", tile_shape=(128, 256, 128)),
+            Gemm("e4m3", "tn", arch=90, scale="row")]
 
 
 KNOB_OP, PLAIN_OP, AMAX_OP = "gemm_bf16_tn_gelu_cbias", "gemm_bf16_tn", "gemm_bf16_tn_oe4m3_amax"
-FP8_OP = "gemm_e4m3_tn_obf16_scale_block"
+FP8_OP, FP8_ROW_OP = "gemm_e4m3_tn_obf16_scale_block", "gemm_e4m3_tn_obf16_scale_row"
 FUNCTION_OP = "gemm_fp16_nt_dcol_gelu_rscale_mc_salpha_aux"
 
 
@@ -1636,14 +1637,25 @@ scaled_grad = ("RuntimeError", "{fp8}.grouped_scaled multiplies e4m3 operands an
                                "bf16 or tf32 plan")
 for call, expected in [
     (lambda: fp8.grouped(XQ, WQ, OFFSETS, SA.double(), SB),
-     ("TypeError", "scale_a is torch.float64 on meta; per-block scales are torch.float32 on A's device (meta)")),
+     ("TypeError", "scale_a is torch.float64 on meta; the scales are torch.float32 on A's device (meta)")),
     (lambda: fp8.masked(SLABS8, WQ, COUNTS, SA8, sb),
-     ("TypeError", "scale_b is torch.float32 on cpu; per-block scales are torch.float32 on A's device (meta)")),
+     ("TypeError", "scale_b is torch.float32 on cpu; the scales are torch.float32 on A's device (meta)")),
     (lambda: fp8.grouped(XQ, WQ, OFFSETS, [1.0], SB), ("TypeError", "scale_a must be a torch.Tensor, got list")),
     (lambda: fp8.grouped(XQ, WQ.float().requires_grad_().to(e4m3), OFFSETS, SA, SB), scaled_grad)]:
     assert error(call) == expected, (error(call), expected)
 with torch.no_grad():
     assert fp8.grouped(XQ, WQ.float().requires_grad_().to(e4m3), OFFSETS, SA, SB).shape == (33, 40)
+# per-row scales (torch._scaled_grouped_mm's rowwise form): scale_a (total_M,), scale_b (E, N); masked (E, max_m)
+fp8_row = pkg.{fp8_row}
+assert {{"grouped_scaled", "masked_scaled"}} <= set(torch.ops.{name}.{fp8_row}.overloads())
+SA_ROW, SB_ROW = torch.ones(33, **m), torch.ones(3, 40, **m)
+D = fp8_row.grouped(XQ, WQ, OFFSETS, SA_ROW, SB_ROW)
+assert (tuple(D.shape), D.stride(), D.dtype) == ((33, 40), (40, 1), torch.bfloat16), (D.shape, D.stride())
+D = fp8_row.masked(SLABS8, WQ, COUNTS, torch.ones(3, 16, **m), SB_ROW)
+assert (tuple(D.shape), D.dtype) == ((3, 16, 40), torch.bfloat16), D.shape
+assert error(lambda: fp8_row.grouped(XQ, WQ, OFFSETS, SA_ROW.half(), SB_ROW)) == (
+    "TypeError", "scale_a is torch.float16 on meta; the scales are torch.float32 on A's device (meta)")
+assert error(lambda: fp8_row.grouped(xq, wq, offsets, torch.ones(33), torch.ones(3, 40))) == on_cpu
 
 
 class M(torch.nn.Module):
@@ -1809,7 +1821,7 @@ def test_epilogue_binding_on_cpu(tmp_path, stub_bindings):
                 for op in ops if not op.config.epilogue.is_identity and not op.config.dtype.is_quantized}
     grads = EPILOGUE_GRADS.format(cpu_kernels=CPU_KERNELS.format(specs=specs, name=name), operands=operands)
     code = EPILOGUE_CHECK.format(name=name, knob=KNOB_OP, function=FUNCTION_OP, plain=PLAIN_OP, amax=AMAX_OP,
-                                 fp8=FP8_OP, expected=expected, grads=grads)
+                                 fp8=FP8_OP, fp8_row=FP8_ROW_OP, expected=expected, grads=grads)
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "GRADS OK" in r.stdout and "EPILOGUE OK" in r.stdout

@@ -40,7 +40,7 @@ FAMILY_HEADERS = {"sm80": {"common/launch.cuh", "sm80/gemm_kernel.cuh", "ptx/sm8
                   "sm90": {"common/launch.cuh", "sm90/launch.cuh", "sm90/gemm_kernel.cuh", "ptx/sm90.cuh"}}
 # The Jinja context of each family: the contract between the Python side and the templates.
 EPILOGUE_KEYS = {"epilogue_identity", "epilogue_text", "epilogue_operands", "epilogue_body", "epilogue_row_fields",
-                 "epilogue_col_fields", "epilogue_row_loads", "epilogue_col_loads",
+                 "epilogue_col_fields", "epilogue_row_loads", "epilogue_col_loads", "epilogue_cols_per_group",
                  "epilogue_has_matrix", "epilogue_prefetch",
                  "epilogue_uses_fast_math", "epilogue_source_slot", "epilogue_source_cuda", "epilogue_sourced_body",
                  "epilogue_sourced_straight_line", "epilogue_row_blocks_slot", "epilogue_col_blocks_slot"}

@@ -11,7 +11,7 @@ from ..planner.backward import accumulator_config, autograd_form, backward_closu
 from ..planner.common import Problem
 from ..render.epilogue_python import python_function
 from ..spec.config import QUANT_BLOCK, KernelConfig, output_schema, quantizes_out, second_output
-from ..spec.grouped import grouped_list_refusal, grouped_refusal, takes_scaled_groups
+from ..spec.grouped import ROW_SCALED, grouped_list_refusal, grouped_refusal, takes_scaled_groups
 from ..spec.epilogue import KINDS, KNOB_NAMES, epilogue_to_json, from_knobs
 from ..spec.types import DType, Order, unquantized
 from .names import check_op_name, check_operand_names, default_op_name, grad_op_name
@@ -238,7 +238,8 @@ def _grouped_context(cfg: KernelConfig) -> dict[str, Any]:
     list_refusal = grouped_list_refusal(cfg) if grouped else None
     docs = {f"grouped_{what.lower()}_doc": _GROUPED_DOC[what, order]
             for what, order in (("A", cfg.layout.a), ("B", cfg.layout.b), ("D", cfg.layout.c))}
-    return {"grouped": grouped, "grouped_scaled": scaled, "grouped_refusal": refusal, "grouped_list_refusal": list_refusal, **docs,
+    return {"grouped": grouped, "grouped_scaled": scaled, "grouped_row_scaled": scaled and cfg.epilogue == ROW_SCALED,
+            "grouped_refusal": refusal, "grouped_list_refusal": list_refusal, **docs,
             # as a backward op: whether the grouped formulas may call it grouped (listed), recorded at emit time
             "takes_grouped": grouped and refusal is None, "takes_list": grouped and list_refusal is None,
             # as C string literals (the sentences are the generator's own, but escaped all the same)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 
 from ..spec.epilogue import ACC, MAINLOOP_KINDS, Epilogue, Expr, Operand
+from ..spec.grouped import reads_cols_per_group
 from ..spec.types import Order
 
 #: kind -> the values struct its operands are read into: "row" (``Row``, by load_row, once per row of D) or
@@ -183,6 +184,7 @@ def functor_context(ep: Epilogue, d_row_major: bool, source_slot: int | None = N
         "epilogue_col_fields": vector_fields(ep, "col"),
         "epilogue_row_loads": vector_loads(ep, "row"),
         "epilogue_col_loads": vector_loads(ep, "col"),
+        "epilogue_cols_per_group": reads_cols_per_group(ep),
         "epilogue_source_slot": -1 if source_slot is None else source_slot,
         "epilogue_row_blocks_slot": block_scale_slot(ep, "row_blocks"),
         "epilogue_col_blocks_slot": block_scale_slot(ep, "col_blocks"),

@@ -168,7 +168,9 @@ class GemmOp(OpChecks):
         An fp8 plan with scale='block' (and no other epilogue) takes grouped calls of rows with its scales:
         ``op.grouped(A, B, offsets, scale_a, scale_b)``, scale_a (total_M, ceil(K/128)) the 1x128 block scales of A's
         rows (``quantize(x, "e4m3", scale="block")`` of the sorted rows), scale_b (E, ceil(N/128), ceil(K/128)) each
-        expert's 128x128 block scales of its weight; D = (A @ B[g]) scaled per block, bf16 by default. Also
+        expert's 128x128 block scales of its weight; D = (A @ B[g]) scaled per block, bf16 by default. An fp8 plan
+        with scale='row' likewise (``torch._scaled_grouped_mm``'s rowwise form): scale_a (total_M,) one per row,
+        scale_b (E, N) one per column of each expert's weight, D = (A @ B[g]) * scale_a[row] * scale_b[g, col]. Also
         ``torch.ops.<namespace>.<name>.grouped_scaled(A, B, offsets, scale_a, scale_b)``; forward only."""
         if takes_scaled_groups(self.config):
             self._refuse_grouped_arguments(A=A, B=B, offsets=offsets, scale_a=scale_a, scale_b=scale_b)
@@ -203,7 +205,7 @@ class GemmOp(OpChecks):
         with new counts written in place. Also ``torch.ops.<namespace>.<name>.masked(A, B, counts)``. Not
         differentiable yet: inputs that require grad are refused (use ``grouped`` for training). An fp8 plan with
         scale='block' takes the scales after the counts, scale_a (E, max_m, ceil(K/128)) in A's slabs and scale_b as
-        for ``grouped`` (``.masked_scaled``)."""
+        for ``grouped`` (``.masked_scaled``); with scale='row', scale_a (E, max_m) and scale_b (E, N)."""
         if takes_scaled_groups(self.config):
             self._refuse_grouped_arguments(A=A, B=B, counts=counts, scale_a=scale_a, scale_b=scale_b)
             return _call_grouped(self.op.masked_scaled, A, B, counts, scale_a, scale_b)
@@ -456,8 +458,8 @@ class GemmOp(OpChecks):
 
     def _check_grouped_scales(self, scales: tuple[object, object], A: torch.Tensor, rows: int, groups: int,
                               problem: Problem) -> list[tuple[int, int, float]]:
-        """A scaled grouped call's slots: scale_a as a (rows, ceil(K/128)) operand of A's rows, scale_b
-        (E, ceil(N/128), ceil(K/128)) (gemm_op.h's check_grouped_scales)."""
+        """A scaled grouped call's slots: scale_a as an operand of A's rows ((rows, ceil(K/128)) per block, (rows,)
+        per row), scale_b (E, ceil(N/128), ceil(K/128)) or (E, N) (gemm_op.h's check_grouped_scales)."""
         op_a, op_b = self.config.epilogue.operands[:2]
         return [check_operand(op_a, scales[0], A, rows, problem.n, problem.k),
                 check_grouped_scale_b(op_b, scales[1], A, groups, problem.n, problem.k)]
@@ -468,8 +470,8 @@ class GemmOp(OpChecks):
         for op, value in ((op_a, scale_a), (op_b, scale_b)):
             check_type(op, value)
             if value.dtype != torch.float32 or value.device != A.device:
-                raise TypeError(f"{op.name} is {value.dtype} on {value.device}; per-block scales are torch.float32 "
-                                f"on A's device ({A.device})")
+                raise TypeError(f"{op.name} is {value.dtype} on {value.device}; the scales are torch.float32 on "
+                                f"A's device ({A.device})")
 
     def run_masked(self, A: torch.Tensor, B: torch.Tensor, counts: torch.Tensor,
                    scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -481,8 +483,9 @@ class GemmOp(OpChecks):
         problem, rows = self._check_masked(A, B, counts)
         slots: Sequence[tuple[int, int, float]] = ()
         if scales is not None:
-            slots = self._check_grouped_scales((self._masked_scale_rows(scales[0], A, problem.m), scales[1]), rows,
-                                               problem.m, A.shape[0], problem)
+            per_row = self.config.epilogue.operands[0].kind == "row"
+            slots = self._check_grouped_scales((self._masked_scale_rows(scales[0], A, problem.m, per_row), scales[1]),
+                                               rows, problem.m, A.shape[0], problem)
         if problem.m > 0 and problem.n > 0 and problem.k > 0:
             self._check_grouped_alignment(rows, B, problem)
         slab = A.shape[1]
@@ -498,17 +501,20 @@ class GemmOp(OpChecks):
         return D
 
     @staticmethod
-    def _masked_scale_rows(scale_a: object, A: torch.Tensor, rows: int) -> object:
-        """A masked call's scale_a, (E, max_m, ceil(K/128)), as its slabs' rows (gemm_op.h's gemm_masked)."""
+    def _masked_scale_rows(scale_a: object, A: torch.Tensor, rows: int, per_row: bool) -> object:
+        """A masked call's scale_a, (E, max_m, ceil(K/128)) per block or (E, max_m) per row, as its slabs' rows
+        (gemm_op.h's gemm_masked)."""
         if not isinstance(scale_a, torch.Tensor):
             return scale_a   # (check_operand names the type)
-        if scale_a.dim() != 3 or tuple(scale_a.shape[:2]) != tuple(A.shape[:2]):
-            raise ValueError(f"scale_a has shape {tuple(scale_a.shape)}; a masked call's per-block scales of A are "
-                             "(E, max_m, ceil(K/128)), one slab per group as A's")
+        if scale_a.dim() != (2 if per_row else 3) or tuple(scale_a.shape[:2]) != tuple(A.shape[:2]):
+            shape = "per-row scales of A are (E, max_m)" if per_row else \
+                "per-block scales of A are (E, max_m, ceil(K/128))"
+            raise ValueError(f"scale_a has shape {tuple(scale_a.shape)}; a masked call's {shape}, one slab per group "
+                             "as A's")
         if not scale_a.is_contiguous():
             raise ValueError(f"scale_a has strides {tuple(scale_a.stride())}; the kernel reads its slabs as one "
                              "matrix: pass scale_a.contiguous()")
-        return scale_a.reshape(rows, scale_a.shape[2])
+        return scale_a.reshape(rows) if per_row else scale_a.reshape(rows, scale_a.shape[2])
 
     def _check_grouped_alignment(self, A: torch.Tensor, B: torch.Tensor, problem: Problem) -> None:
         """A grouped call's A (2-D) and B on the 16-byte rule of the kernel's TMA loads."""

@@ -189,14 +189,21 @@ def check_operands(ep: Epilogue, values: Sequence[Any], A: torch.Tensor, m: int,
 
 
 def check_grouped_scale_b(op: Operand, value: object, A: torch.Tensor, groups: int, n: int, k: int) -> tuple[int, int, float]:
-    """A scaled grouped call's scale_b (``op``, the plan's col_blocks operand): one (ceil(N/128), ceil(K/128)) matrix of
-    128 x 128 block scales per group, (E, ceil(N/128), ceil(K/128)), fp32, contiguous, on A's device; returns its slot
-    (the kernel reads group g's at the address + g * ceil(N/128) * ceil(K/128)). templates/torch/gemm_op.h's
-    check_grouped_scales says the same, in this order."""
+    """A scaled grouped call's scale_b (``op``, the plan's col_blocks or col operand): one (ceil(N/128), ceil(K/128))
+    matrix of 128 x 128 block scales per group, (E, ceil(N/128), ceil(K/128)), or one vector of N per-column scales per
+    group, (E, N); fp32, contiguous, on A's device. Returns its slot (the kernel reads group g's block scales at the
+    address + g * ceil(N/128) * ceil(K/128), ceil(K/128) the slot's leading dimension; its per-column ones at the
+    address + g * N: Epilogue::kColsPerGroup). templates/torch/gemm_op.h's check_grouped_scales and
+    check_grouped_row_scales say the same, in this order."""
+    per_col = op.kind == "col"
     if not isinstance(value, torch.Tensor):
-        raise TypeError(f"{op.name} must be a torch.Tensor of shape (E, ceil(N/128), ceil(K/128)), got "
-                        f"{type(value).__name__}")
-    wanted = (groups, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
+        shape = "(E, N)" if per_col else "(E, ceil(N/128), ceil(K/128))"
+        raise TypeError(f"{op.name} must be a torch.Tensor of shape {shape}, got {type(value).__name__}")
+    wanted = (groups, n) if per_col else (groups, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
+    if tuple(value.shape) != wanted and per_col:
+        raise ValueError(f"{op.name} has shape {tuple(value.shape)}; a grouped call's per-column scales of B are one "
+                         f"vector of N per group: (E, N) = {wanted} (torch.stack of each expert's quantize(W[e], "
+                         "scale='row') scales)")
     if tuple(value.shape) != wanted:
         raise ValueError(f"{op.name} has shape {tuple(value.shape)}; a grouped call's per-block scales of B are one "
                          f"(ceil(N/128), ceil(K/128)) matrix per group: (E, ceil(N/128), ceil(K/128)) = {wanted} "
@@ -210,7 +217,7 @@ def check_grouped_scale_b(op: Operand, value: object, A: torch.Tensor, groups: i
     if not value.is_contiguous():
         raise ValueError(f"{op.name} has strides {tuple(value.stride())}; the kernel reads each group's scales of B "
                          f"back to back: pass {op.name}.contiguous()")
-    return value.data_ptr(), wanted[2], 0.0
+    return value.data_ptr(), 0 if per_col else wanted[2], 0.0
 
 
 #: The fix every refusal of ``check_batchable`` starts with.

@@ -5,19 +5,23 @@ say in the same words. A form a plan refuses has no kernel for it: the rules fol
 from __future__ import annotations
 
 from .config import KernelConfig, quantizes_out, reads_a_into_registers, transposes_in_smem
-from .epilogue import IDENTITY, with_scales
+from .epilogue import IDENTITY, Epilogue, with_scales
 from .types import Order
 
 
 #: Why an op with a fused epilogue takes no grouped call (GemmOp.grouped; such an op has no .grouped overload).
 GROUPED_EPILOGUE_REFUSAL = ("grouped calls take plans without a fused epilogue: plan without epilogue=, activation=, "
                             "bias=, alpha=, beta= and scale= (and apply the epilogue to D with torch); fp8 plans "
-                            "with scale='block' alone take grouped calls of rows with their scales, "
+                            "with scale='block' or scale='row' alone take grouped calls of rows with their scales, "
                             "op.grouped(A, B, offsets, scale_a, scale_b)")
 
 #: The epilogue of an fp8 plan with DeepSeek's per-block scales and nothing else: the scales are applied in the main
 #: loop, per group (templates/sm90/gemm_kernel.cuh Kernel::block_scales).
 BLOCK_SCALED = with_scales(IDENTITY, "block")
+#: The epilogue of an fp8 plan with per-row scales and nothing else (torch._scaled_grouped_mm's rowwise form):
+#: scale_a per row of A (every group's rows), scale_b per column of each group's B, (E, N), which the kernel reads at
+#: the tile's group (reads_cols_per_group: Epilogue::kColsPerGroup in templates/common/epilogue_functor.cuh.j2).
+ROW_SCALED = with_scales(IDENTITY, "row")
 
 
 #: The tallest tile whose kernel walks grouped rows with per-block scales (templates/sm90/gemm.cu.j2 kWalksGroups).
@@ -26,9 +30,15 @@ SCALED_GROUPS_MAX_BLOCK_M = 128
 
 def takes_scaled_groups(cfg: KernelConfig) -> bool:
     """Whether ``cfg``'s op has the scaled grouped overloads (``.grouped_scaled``, ``.masked_scaled``: grouped calls
-    of rows with per-block scales, ``op.grouped(A, B, offsets, scale_a, scale_b)``): an fp8 plan with scale='block'
-    and no other epilogue. Whether its kernel takes them is ``grouped_refusal``'s to say."""
-    return cfg.epilogue == BLOCK_SCALED
+    of rows with their scales, ``op.grouped(A, B, offsets, scale_a, scale_b)``): an fp8 plan with scale='block' or
+    scale='row' and no other epilogue. Whether its kernel takes them is ``grouped_refusal``'s to say."""
+    return cfg.epilogue in (BLOCK_SCALED, ROW_SCALED)
+
+
+def reads_cols_per_group(ep: Epilogue) -> bool:
+    """Whether a grouped call of an epilogue ``ep`` reads its per-column operands per group (each group's N values
+    after the previous group's): per-row scales, whose scale_b is (E, N)."""
+    return ep == ROW_SCALED
 
 
 def _grouped_plan_refusal(cfg: KernelConfig, stream_k_why: str) -> str | None:
@@ -67,9 +77,10 @@ def grouped_refusal(cfg: KernelConfig) -> str | None:
                                         "on the device do not give")
     if reason is None and takes_scaled_groups(cfg) and cfg.tile[0] > SCALED_GROUPS_MAX_BLOCK_M:
         bm, bn, bk = cfg.tile
-        return (f"grouped calls with per-block scales take tiles of at most {SCALED_GROUPS_MAX_BLOCK_M} rows (a "
-                f"{bm}-row tile's consumers have no registers left for the groups' walk); this plan's tile is "
-                f"{bm}x{bn}x{bk}: plan with tile_shape=({SCALED_GROUPS_MAX_BLOCK_M}, {bn}, {bk})")
+        return (f"grouped calls with scales take tiles of at most {SCALED_GROUPS_MAX_BLOCK_M} rows (a {bm}-row tile's "
+                f"consumers have no registers left for the groups' walk beside per-block scales; per-row scales were "
+                f"not built taller); this plan's tile is {bm}x{bn}x{bk}: plan with "
+                f"tile_shape=({SCALED_GROUPS_MAX_BLOCK_M}, {bn}, {bk})")
     if reason is None and not cfg.layout.a_k_major:
         other = "t" + cfg.layout.blas[1]
         return ("grouped calls take A row-major (K contiguous): a group may start at any row, and TMA cannot start a "

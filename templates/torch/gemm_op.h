@@ -1030,13 +1030,16 @@ inline at::Tensor empty_grouped_d(const OpSpec& op, const at::Tensor& A, const a
   return empty_matrix(op, A.sym_size(0), B.sym_size(-1), A.options());
 }
 
-// -- fp8 grouped calls with per-block scales (.grouped_scaled, .masked_scaled; GemmOp.run_grouped_scaled) -----------
+// -- fp8 grouped calls with scales (.grouped_scaled, .masked_scaled; GemmOp.run_grouped_scaled) ---------------------
 //
 // A plan with scale='block' (DeepSeek's scales) takes grouped calls of rows with its two scales: scale_a, one per row
 // of A and 128-wide K block, (rows of A, ceil(K/128)) over every group's rows (what quantize(x, scale='block') gives
 // for the concatenated rows), and scale_b, one matrix of 128 x 128 block scales per group's B, (E, ceil(N/128),
 // ceil(K/128)), contiguous: the kernel reads group g's at scale_b + g * ceil(N/128) * ceil(K/128) (sm90
 // Kernel::block_scales). The masked form's scale_a is (E, max_m, ceil(K/128)), its slabs one matrix as A's.
+// A plan with scale='row' (torch._scaled_grouped_mm's rowwise form) takes scale_a (rows of A,) and scale_b (E, N),
+// group g's vector read at scale_b + g * N by the epilogue (check_grouped_row_scales, Epilogue::kColsPerGroup);
+// masked: scale_a (E, max_m).
 
 // A scaled grouped call's scales: the op's two operand slots (scale_a's rows, scale_b's matrices of blocks).
 struct GroupedScales {
@@ -1044,13 +1047,48 @@ struct GroupedScales {
   const at::Tensor& b;
 };
 
+// Whether the op's scaled grouped calls take per-row scales (scale='row': scale_a (rows,), scale_b (E, N)), else
+// per-block ones (scale='block').
+inline bool row_scaled(const OpSpec& op) {
+  return op.num_operands == 2 && op.operands[0].kind == OperandKind::Row && op.operands[1].kind == OperandKind::Col;
+}
+
+// scale='row': scale_a one value per row of A (every group's rows), scale_b one vector of N per group, (E, N),
+// contiguous: the kernel reads group g's at scale_b + g * N (Epilogue::kColsPerGroup).
+inline void check_grouped_row_scales(const OpSpec& op, const GroupedScales& scales, const at::Tensor& A, int64_t rows,
+                                     int64_t groups, int64_t n, GemmArgs& args) {
+  const OperandSpec& oa = op.operands[0];
+  const OperandSpec& ob = op.operands[1];
+  check_operand_static(oa, scales.a, A);
+  TORCH_CHECK_VALUE(scales.a.size(0) == rows, oa.name, " has length ", scales.a.size(0), "; a per-row vector has one "
+                    "value per row of D: length M (A's rows) = ", rows);
+  TORCH_CHECK_VALUE(rows <= 1 || scales.a.stride(0) == 1, oa.name, " has stride ", scales.a.stride(0),
+                    "; the kernel reads vectors contiguous: pass ", oa.name, ".contiguous()");
+  args.ep_ptr[0] = scales.a.data_ptr();
+  TORCH_CHECK_TYPE(scales.b.defined(), ob.name, " must be a torch.Tensor of shape (E, N), got NoneType");
+  const std::vector<int64_t> wanted = {groups, n};
+  TORCH_CHECK_VALUE(scales.b.dim() == 2 && scales.b.sizes() == at::IntArrayRef(wanted), ob.name, " has shape ",
+                    tuple_str(scales.b.sym_sizes()), "; a grouped call's per-column scales of B are one vector of N "
+                    "per group: (E, N) = ", tuple_str(wanted), " (torch.stack of each expert's quantize(W[e], "
+                    "scale='row') scales)");
+  TORCH_CHECK_TYPE(scales.b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(scales.b.scalar_type()),
+                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
+                   torch_dtype(ob.dtype), ")");
+  TORCH_CHECK_VALUE(scales.b.device() == A.device(), ob.name, " is on ", scales.b.device().str(), " but A and B on ",
+                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
+  TORCH_CHECK_VALUE(scales.b.is_contiguous(), ob.name, " has strides ", tuple_str(scales.b.strides()),
+                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+  args.ep_ptr[1] = scales.b.data_ptr();
+}
+
 // scale_a and scale_b of a grouped call of `rows` rows, `groups` groups, N and K: type, dtype, device and shape;
 // fills their slots of args.
 inline void check_grouped_scales(const OpSpec& op, const GroupedScales& scales, const at::Tensor& A, int64_t rows,
                                  int64_t groups, int64_t n, int64_t k, GemmArgs& args) {
+  if (row_scaled(op)) return check_grouped_row_scales(op, scales, A, rows, groups, n, args);
   TORCH_CHECK(op.num_operands == 2 && op.operands[0].kind == OperandKind::RowBlocks &&
                   op.operands[1].kind == OperandKind::ColBlocks,
-              op.op, ": a scaled grouped call needs a plan whose only operands are per-block scales");
+              op.op, ": a scaled grouped call needs a plan whose only operands are per-block or per-row scales");
   const OperandSpec& oa = op.operands[0];
   const OperandSpec& ob = op.operands[1];
   check_operand_static(oa, scales.a, A);
@@ -1202,14 +1240,19 @@ inline at::Tensor gemm_masked(const OpSpec& op, const at::Tensor& A, const at::T
   const auto [p, rows] = check_masked_operands(op, A, B, counts);
   GemmArgs args{};
   if (scales != nullptr) {
-    // scale_a's slabs as one matrix, as A's: (E, max_m, ceil(K/128)) -> (E * max_m, ceil(K/128))
+    // scale_a's slabs as one matrix (a vector), as A's: (E, max_m, ceil(K/128)) -> (E * max_m, ceil(K/128)), or
+    // per row (E, max_m) -> (E * max_m,)
     const at::Tensor& sa = scales->a;
-    TORCH_CHECK_VALUE(!sa.defined() || (sa.dim() == 3 && sa.size(0) == A.size(0) && sa.size(1) == A.size(1)),
+    const bool per_row = row_scaled(op);
+    TORCH_CHECK_VALUE(!sa.defined() || (sa.dim() == (per_row ? 2 : 3) && sa.size(0) == A.size(0) &&
+                                        sa.size(1) == A.size(1)),
                       "scale_a has shape ", sa.defined() ? tuple_str(sa.sym_sizes()) : std::string("None"),
-                      "; a masked call's per-block scales of A are (E, max_m, ceil(K/128)), one slab per group as A's");
+                      per_row ? "; a masked call's per-row scales of A are (E, max_m), one slab per group as A's"
+                              : "; a masked call's per-block scales of A are (E, max_m, ceil(K/128)), one slab per "
+                                "group as A's");
     TORCH_CHECK_VALUE(!sa.defined() || sa.is_contiguous(), "scale_a has strides ", tuple_str(sa.strides()),
                       "; the kernel reads its slabs as one matrix: pass scale_a.contiguous()");
-    const at::Tensor sa_rows = sa.defined() ? sa.reshape({p.m, sa.size(2)}) : sa;
+    const at::Tensor sa_rows = !sa.defined() ? sa : per_row ? sa.reshape({p.m}) : sa.reshape({p.m, sa.size(2)});
     check_grouped_scales(op, GroupedScales{sa_rows, scales->b}, rows, p.m, A.size(0), p.n, p.k, args);
   }
   if (p.m > 0 && p.n > 0 && p.k > 0) {
@@ -1523,7 +1566,7 @@ inline void check_grouped_scales_meta(const OpSpec& op, const GroupedScales& sca
     const at::Tensor& t = *values[i];
     TORCH_CHECK_TYPE(t.defined(), o.name, " must be a torch.Tensor of shape ", operand_shape(o), ", got NoneType");
     TORCH_CHECK_TYPE(t.scalar_type() == o.dtype && t.device() == A.device(), o.name, " is ",
-                     torch_dtype(t.scalar_type()), " on ", t.device().str(), "; per-block scales are ",
+                     torch_dtype(t.scalar_type()), " on ", t.device().str(), "; the scales are ",
                      torch_dtype(o.dtype), " on A's device (", A.device().str(), ")");
   }
 }

@@ -1,5 +1,6 @@
 """fp8 grouped GEMM with DeepSeek's per-block scales on the GPU: ``op.grouped(A, B, offsets, scale_a, scale_b)`` and
-``op.masked(A, B, counts, scale_a, scale_b)`` of a plan ``Gemm("e4m3", "tn", scale="block")``.
+``op.masked(A, B, counts, scale_a, scale_b)`` of a plan ``Gemm("e4m3", "tn", scale="block")``; and, at the end, with
+per-row scales (``scale="row"``: scale_a (total_M,), scale_b (E, N), torch._scaled_grouped_mm's rowwise form).
 
 A (total_M, K) e4m3 holds every group's rows with scale_a (total_M, ceil(K/128)), one per row and 128-wide K block
 (``quantize(x, "e4m3", scale="block")``); B (E, K, N) = W.transpose(1, 2) of the experts' e4m3 weights W (E, N, K)
@@ -135,3 +136,74 @@ def test_gradients_are_refused(ops):
     b = b.float().requires_grad_()   # (fp8 leaves cannot require grad: a float B is refused by dtype after this)
     with pytest.raises(RuntimeError, match="has no backward pass, but B require"):
         op.grouped(a, b, offsets, scale_a, scale_b)
+
+
+# -- per-row scales (torch._scaled_grouped_mm's rowwise form): scale_a (total_M,), scale_b (E, N) --------------------
+
+ROW_PLANS = {
+    "row_coop_c2x1": dict(tile_shape=(128, 256, 128), cluster_shape=(2, 1), schedule="cooperative"),
+    "row_pp_128x128": dict(tile_shape=(128, 128, 128), cluster_shape=(1, 1), schedule="pingpong"),
+}
+
+
+@pytest.fixture(scope="module")
+def row_ops():
+    plans = {key: Gemm("e4m3", "tn", arch=90, scale="row", **kw) for key, kw in ROW_PLANS.items()}
+    return dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen_grouped_fp8_row_test")))
+
+
+def row_operands(sizes: list[int], n: int, k: int):
+    """(A, B, offsets, scale_a, scale_b) of a rowwise-scaled grouped call and the float64 product of the dequantized
+    operands, group by group."""
+    x, w = torch.randn(sum(sizes), k, device="cuda"), torch.randn(len(sizes), n, k, device="cuda")
+    a, scale_a = quantize(x, "e4m3", scale="row")
+    q, scale_b = quantize(w, "e4m3", scale="row")                      # scale_b (E, N): one per row of each W[e]
+    offsets = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
+    ref_a, ref_w = dequantize(a, scale_a, scale="row").double(), dequantize(q, scale_b, scale="row").double()
+    ref = torch.cat([rows @ ref_w[g].t() for g, rows in enumerate(torch.split(ref_a, sizes))])
+    return (a, q.transpose(1, 2), offsets, scale_a, scale_b), ref
+
+
+@pytest.mark.parametrize("key", list(ROW_PLANS))
+@pytest.mark.parametrize("case", range(len(CASES)), ids=lambda i: f"case{i}")
+def test_row_scaled_grouped_fp8_matches_float64(row_ops, key, case):
+    """Each group's rows scaled by its own scale_b[g] (a group read with another's scales fails its own check), every
+    row written, bit-identical on a repeat; the masked form of the same groups the same rows."""
+    op = row_ops[key]
+    sizes, n, k = CASES[case]
+    args, ref = row_operands(sizes, n, k)
+    poison((sum(sizes), n), op.out_dtype)
+    d = op.grouped(*args)
+    assert (tuple(d.shape), d.dtype) == ((sum(sizes), n), op.out_dtype)
+    assert torch.isfinite(d).all(), f"{op.name} {sizes} {n}x{k}: unwritten rows"
+    start = 0
+    for size in sizes:
+        if size:
+            assert rel(d[start:start + size], ref[start:start + size]) < BOUNDS["bf16"], (op.name, sizes, start)
+        start += size
+    assert torch.equal(op.grouped(*args), d), "not bit-identical on a repeat"
+    a, b, offsets, scale_a, scale_b = args
+    slab = max(64, -(-max(sizes) // 64) * 64)
+    a_slabs = torch.zeros(len(sizes), slab, k, device="cuda").to(a.dtype)
+    sa_slabs = torch.ones(len(sizes), slab, device="cuda")
+    for g, rows in enumerate(torch.split(torch.arange(sum(sizes), device="cuda"), sizes)):
+        a_slabs[g, :len(rows)], sa_slabs[g, :len(rows)] = a[rows], scale_a[rows]
+    masked = op.masked(a_slabs, b, torch.tensor(sizes, dtype=torch.int32, device="cuda"), sa_slabs, scale_b)
+    assert torch.equal(torch.cat([masked[g, :size] for g, size in enumerate(sizes)]), d)
+
+
+def test_row_scaled_bad_scales_are_refused(row_ops):
+    op = row_ops["row_coop_c2x1"]
+    (a, b, offsets, scale_a, scale_b), ref = row_operands([40, 0, 88], 384, 640)
+    bad = [
+        ((a, b, offsets, scale_a, scale_b[0]), ValueError, "a grouped call's per-column scales of B are one vector"),
+        ((a, b, offsets, scale_a, scale_b[:2]), ValueError, "(E, N) = (3, 384)"),
+        ((a, b, offsets, scale_a[:100], scale_b), ValueError, "scale_a has length 100"),
+        ((a, b, offsets, scale_a, scale_b.t().contiguous().t()), ValueError, ".contiguous()"),
+        ((a, b, offsets, scale_a, scale_b.bfloat16()), TypeError, "pass scale_b.to(torch.float32)"),
+    ]
+    for args, error, fragment in bad:
+        with pytest.raises(error) as info:
+            op.grouped(*args)
+        assert fragment in str(info.value), str(info.value)
+    assert rel(op.grouped(a, b, offsets, scale_a, scale_b), ref) < BOUNDS["bf16"]

@@ -742,6 +742,9 @@ struct Kernel {
     // fused-epilogue kernel spill).
     int groups;
     const ListProblem* list;    // a list of problems (on the device); null otherwise
+    // The group of a grouped tile's bounded problem (TileAt::bounded), 0 otherwise: an epilogue whose per-column
+    // operands are each group's own (spec/grouped.py reads_cols_per_group: fp8 per-row scales) reads them there.
+    int group;
   };
 
   // Also the host's (launch.cuh: the persistent grid is sized by p.units).
@@ -762,6 +765,7 @@ struct Kernel {
     p.group_ends = args.group_ends;
     p.groups = static_cast<int>(batch_count(args)) * (is_masked(args) ? -1 : 1);
     p.list = static_cast<const ListProblem*>(args.list_device);
+    p.group = 0;
     if (p.group_ends != nullptr || p.list != nullptr) p.units = 0;  // counted on the device: with_group_units
     return p;
   }
@@ -1160,7 +1164,8 @@ struct Kernel {
       }
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
       const int m0 = at.m0, n0 = at.n0 + col_in_tile;  // (n0: this warpgroup's first column)
-      const Problem tile = W != Walking::kFlat ? at.bounded(p) : p;  // the stores' bounds
+      Problem tile = W != Walking::kFlat ? at.bounded(p) : p;  // the stores' bounds
+      if constexpr (W == Walking::kRows) tile.group = at.problem;
       epi.problem = W == Walking::kFlat ? at.problem : 0;            // grouped rows share one D; listed: their own
       if constexpr (W == Walking::kList) epi.take_listed(p.list + at.problem);
       if constexpr (!Cfg::Epilogue::kIdentity) {
@@ -2028,7 +2033,7 @@ struct Kernel {
         for (int e = 0; e < 2; ++e) {
           const int col = n0 + j * 8 + 2 * (lane % 4) + e;
           if (CHECKED && col >= p.n) continue;
-          const typename Epi::Col cols = Epi::load_col(args, col);
+          const typename Epi::Col cols = Epi::load_col(args, col, p.group);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;
