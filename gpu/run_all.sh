@@ -30,6 +30,7 @@
 #   STEPS=grouped GROUPED_ARGS="--ragged" GROUPED_TAG=_ragged gpu/run_all.sh   (grouped GEMM vs torch._grouped_mm and a
 #                                                       torch.mm loop; tests: STEPS=tests GPU_TESTS=tests/gpu/test_grouped.py)
 #   STEPS=groupedfp8 gpu/run_all.sh                    (fp8 grouped with block scales against DeepGEMM's figures: gpu/bench_grouped_fp8.py)
+#   STEPS=groupedfp8row gpu/run_all.sh                 (fp8 grouped with per-row scales against torch._scaled_grouped_mm)
 #   STEPS=quantout gpu/run_all.sh                      (quantize-on-store against a bf16 GEMM and quantize(): benchmarks/bench_quantized_out.py)
 #   STEPS=moe MOE_ARGS="--tokens 512,4096" gpu/run_all.sh   (MoE layers of public models at uniform, Dirichlet and
 #                                                       Zipf routing: benchmarks/bench_moe.py)
@@ -75,6 +76,7 @@ for step in $STEPS; do
             python3 benchmarks/bench_dtypes.py --json "$OUT/bench_dtypes.json" ${DTYPES_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_dtypes.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     grouped) python3 benchmarks/bench_grouped.py --json "$OUT/bench_grouped${GROUPED_TAG:-}.json" ${GROUPED_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped${GROUPED_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     groupedfp8) python3 gpu/bench_grouped_fp8.py ${GROUPED_FP8_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped_fp8.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    groupedfp8row) python3 gpu/bench_grouped_fp8_rowwise.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_grouped_fp8_rowwise.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     quantout) python3 benchmarks/bench_quantized_out.py --json "$OUT/bench_quantized_out.json" ${QUANTOUT_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_quantized_out.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     moe)    python3 benchmarks/bench_moe.py --json "$OUT/bench_moe${MOE_TAG:-}.json" ${MOE_ARGS:-} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/bench_moe${MOE_TAG:-}.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     moeblock) for routing in uniform dirichlet zipf; do
