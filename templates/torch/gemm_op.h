@@ -1047,6 +1047,18 @@ struct GroupedScales {
   const at::Tensor& b;
 };
 
+// A scaled grouped call's scale_b after its shape, in either scale mode: its dtype, its device and one group's scales
+// after another's.
+inline void check_grouped_scale_b_storage(const OperandSpec& ob, const at::Tensor& b, const at::Tensor& A) {
+  TORCH_CHECK_TYPE(b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(b.scalar_type()),
+                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
+                   torch_dtype(ob.dtype), ")");
+  TORCH_CHECK_VALUE(b.device() == A.device(), ob.name, " is on ", b.device().str(), " but A and B on ",
+                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
+  TORCH_CHECK_VALUE(b.is_contiguous(), ob.name, " has strides ", tuple_str(b.strides()),
+                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+}
+
 // Whether the op's scaled grouped calls take per-row scales (scale='row': scale_a (rows,), scale_b (E, N)), else
 // per-block ones (scale='block').
 inline bool row_scaled(const OpSpec& op) {
@@ -1071,13 +1083,7 @@ inline void check_grouped_row_scales(const OpSpec& op, const GroupedScales& scal
                     tuple_str(scales.b.sym_sizes()), "; a grouped call's per-column scales of B are one vector of N "
                     "per group: (E, N) = ", tuple_str(wanted), " (torch.stack of each expert's quantize(W[e], "
                     "scale='row') scales)");
-  TORCH_CHECK_TYPE(scales.b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(scales.b.scalar_type()),
-                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
-                   torch_dtype(ob.dtype), ")");
-  TORCH_CHECK_VALUE(scales.b.device() == A.device(), ob.name, " is on ", scales.b.device().str(), " but A and B on ",
-                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
-  TORCH_CHECK_VALUE(scales.b.is_contiguous(), ob.name, " has strides ", tuple_str(scales.b.strides()),
-                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+  check_grouped_scale_b_storage(ob, scales.b, A);
   args.ep_ptr[1] = scales.b.data_ptr();
 }
 
@@ -1101,13 +1107,7 @@ inline void check_grouped_scales(const OpSpec& op, const GroupedScales& scales, 
                     tuple_str(scales.b.sym_sizes()), "; a grouped call's per-block scales of B are one (ceil(N/128), "
                     "ceil(K/128)) matrix per group: (E, ceil(N/128), ceil(K/128)) = ", tuple_str(wanted),
                     " (torch.stack of each expert's quantize(W[e], scale='block', block=(128, 128)) scales)");
-  TORCH_CHECK_TYPE(scales.b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(scales.b.scalar_type()),
-                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
-                   torch_dtype(ob.dtype), ")");
-  TORCH_CHECK_VALUE(scales.b.device() == A.device(), ob.name, " is on ", scales.b.device().str(), " but A and B on ",
-                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
-  TORCH_CHECK_VALUE(scales.b.is_contiguous(), ob.name, " has strides ", tuple_str(scales.b.strides()),
-                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+  check_grouped_scale_b_storage(ob, scales.b, A);
   args.ep_ld[1] = wanted[2];
   args.ep_ptr[1] = scales.b.data_ptr();
 }

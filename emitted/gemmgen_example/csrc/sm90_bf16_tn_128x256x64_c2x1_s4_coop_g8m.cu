@@ -56,7 +56,7 @@ struct Config {
   struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)
     static constexpr bool kIdentity = true;
     static constexpr int kSourceSlot = -1;
-    static constexpr bool kReadsRows = false, kReadsCols = false;
+    static constexpr bool kReadsRows = false, kReadsCols = false, kColsPerGroup = false;
     // The slots of the per-block scales of A (row_blocks) and B (col_blocks), -1: none; the main
     // loop multiplies each K block's partial product by them (kScaleBlockK wide), the functor never reads them.
     static constexpr int kRowBlocksSlot = -1;

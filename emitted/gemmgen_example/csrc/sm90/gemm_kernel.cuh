@@ -742,9 +742,9 @@ struct Kernel {
     // fused-epilogue kernel spill).
     int groups;
     const ListProblem* list;    // a list of problems (on the device); null otherwise
-    // The group of a grouped tile's bounded problem (TileAt::bounded), 0 otherwise: an epilogue whose per-column
-    // operands are each group's own (spec/grouped.py reads_cols_per_group: fp8 per-row scales) reads them there.
-    int group;
+    // A grouped tile's bounded problem (consume): its group's first column of the per-column operands, g * N, for an
+    // epilogue that reads each group's own (Epilogue::kColsPerGroup: fp8 per-row scales, scale_b (E, N)); 0 otherwise.
+    int group_cols;
   };
 
   // Also the host's (launch.cuh: the persistent grid is sized by p.units).
@@ -765,7 +765,7 @@ struct Kernel {
     p.group_ends = args.group_ends;
     p.groups = static_cast<int>(batch_count(args)) * (is_masked(args) ? -1 : 1);
     p.list = static_cast<const ListProblem*>(args.list_device);
-    p.group = 0;
+    p.group_cols = 0;
     if (p.group_ends != nullptr || p.list != nullptr) p.units = 0;  // counted on the device: with_group_units
     return p;
   }
@@ -1164,8 +1164,7 @@ struct Kernel {
       }
       const bool next_exists = unit + unit_stride(p) < p.units;  // pingpong: the other warpgroup's next tile
       const int m0 = at.m0, n0 = at.n0 + col_in_tile;  // (n0: this warpgroup's first column)
-      Problem tile = W != Walking::kFlat ? at.bounded(p) : p;  // the stores' bounds
-      if constexpr (W == Walking::kRows) tile.group = at.problem;
+      Problem tile = W != Walking::kFlat ? at.bounded(p) : p;  // the stores' bounds (its group: set below)
       epi.problem = W == Walking::kFlat ? at.problem : 0;            // grouped rows share one D; listed: their own
       if constexpr (W == Walking::kList) epi.take_listed(p.list + at.problem);
       if constexpr (!Cfg::Epilogue::kIdentity) {
@@ -1203,6 +1202,9 @@ struct Kernel {
         if constexpr (kStagingInRing) epi.stage_in_slot(last_slot);
       }
       if (PINGPONG && next_exists) pass_turn(consumer);
+      // The group's per-column operands, from the walk's group (live through the main loop anyway): set here, after
+      // the main loop, where a copy in `tile` from before it made the 128x256 per-row-scaled fp8 kernel spill.
+      if constexpr (W == Walking::kRows && Cfg::Epilogue::kColsPerGroup) tile.group_cols = walk.group * p.n;
       if constexpr (kIntAccum) {
         // In place: a second array would be live beside acc, which the next tile's first wgmma reads ("+r").
         int_sums_for_epilogue(acc);
@@ -2033,7 +2035,7 @@ struct Kernel {
         for (int e = 0; e < 2; ++e) {
           const int col = n0 + j * 8 + 2 * (lane % 4) + e;
           if (CHECKED && col >= p.n) continue;
-          const typename Epi::Col cols = Epi::load_col(args, col, p.group);
+          const typename Epi::Col cols = Epi::load_col(args, Epi::kColsPerGroup ? p.group_cols + col : col);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int row = m0 + i * kMmaM + warp * 16 + lane / 4 + 8 * h;

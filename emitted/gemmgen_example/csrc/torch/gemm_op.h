@@ -1038,13 +1038,26 @@ inline at::Tensor empty_grouped_d(const OpSpec& op, const at::Tensor& A, const a
 // ceil(K/128)), contiguous: the kernel reads group g's at scale_b + g * ceil(N/128) * ceil(K/128) (sm90
 // Kernel::block_scales). The masked form's scale_a is (E, max_m, ceil(K/128)), its slabs one matrix as A's.
 // A plan with scale='row' (torch._scaled_grouped_mm's rowwise form) takes scale_a (rows of A,) and scale_b (E, N),
-// group g's vector read at scale_b + g * N by the epilogue (check_grouped_row_scales); masked: scale_a (E, max_m).
+// group g's vector read at scale_b + g * N by the epilogue (check_grouped_row_scales, Epilogue::kColsPerGroup);
+// masked: scale_a (E, max_m).
 
 // A scaled grouped call's scales: the op's two operand slots (scale_a's rows, scale_b's matrices of blocks).
 struct GroupedScales {
   const at::Tensor& a;
   const at::Tensor& b;
 };
+
+// A scaled grouped call's scale_b after its shape, in either scale mode: its dtype, its device and one group's scales
+// after another's.
+inline void check_grouped_scale_b_storage(const OperandSpec& ob, const at::Tensor& b, const at::Tensor& A) {
+  TORCH_CHECK_TYPE(b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(b.scalar_type()),
+                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
+                   torch_dtype(ob.dtype), ")");
+  TORCH_CHECK_VALUE(b.device() == A.device(), ob.name, " is on ", b.device().str(), " but A and B on ",
+                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
+  TORCH_CHECK_VALUE(b.is_contiguous(), ob.name, " has strides ", tuple_str(b.strides()),
+                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+}
 
 // Whether the op's scaled grouped calls take per-row scales (scale='row': scale_a (rows,), scale_b (E, N)), else
 // per-block ones (scale='block').
@@ -1053,7 +1066,7 @@ inline bool row_scaled(const OpSpec& op) {
 }
 
 // scale='row': scale_a one value per row of A (every group's rows), scale_b one vector of N per group, (E, N),
-// contiguous: the functor reads group g's at scale_b + g * N (ep_ld: spec/grouped.py reads_cols_per_group).
+// contiguous: the kernel reads group g's at scale_b + g * N (Epilogue::kColsPerGroup).
 inline void check_grouped_row_scales(const OpSpec& op, const GroupedScales& scales, const at::Tensor& A, int64_t rows,
                                      int64_t groups, int64_t n, GemmArgs& args) {
   const OperandSpec& oa = op.operands[0];
@@ -1070,15 +1083,8 @@ inline void check_grouped_row_scales(const OpSpec& op, const GroupedScales& scal
                     tuple_str(scales.b.sym_sizes()), "; a grouped call's per-column scales of B are one vector of N "
                     "per group: (E, N) = ", tuple_str(wanted), " (torch.stack of each expert's quantize(W[e], "
                     "scale='row') scales)");
-  TORCH_CHECK_TYPE(scales.b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(scales.b.scalar_type()),
-                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
-                   torch_dtype(ob.dtype), ")");
-  TORCH_CHECK_VALUE(scales.b.device() == A.device(), ob.name, " is on ", scales.b.device().str(), " but A and B on ",
-                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
-  TORCH_CHECK_VALUE(scales.b.is_contiguous(), ob.name, " has strides ", tuple_str(scales.b.strides()),
-                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+  check_grouped_scale_b_storage(ob, scales.b, A);
   args.ep_ptr[1] = scales.b.data_ptr();
-  args.ep_ld[1] = n;
 }
 
 // scale_a and scale_b of a grouped call of `rows` rows, `groups` groups, N and K: type, dtype, device and shape;
@@ -1101,13 +1107,7 @@ inline void check_grouped_scales(const OpSpec& op, const GroupedScales& scales, 
                     tuple_str(scales.b.sym_sizes()), "; a grouped call's per-block scales of B are one (ceil(N/128), "
                     "ceil(K/128)) matrix per group: (E, ceil(N/128), ceil(K/128)) = ", tuple_str(wanted),
                     " (torch.stack of each expert's quantize(W[e], scale='block', block=(128, 128)) scales)");
-  TORCH_CHECK_TYPE(scales.b.scalar_type() == ob.dtype, ob.name, " is ", torch_dtype(scales.b.scalar_type()),
-                   "; this plan's epilogue reads it as ", ob.dtype_name, ": pass ", ob.name, ".to(",
-                   torch_dtype(ob.dtype), ")");
-  TORCH_CHECK_VALUE(scales.b.device() == A.device(), ob.name, " is on ", scales.b.device().str(), " but A and B on ",
-                    A.device().str(), ": pass ", ob.name, ".to('", A.device().str(), "')");
-  TORCH_CHECK_VALUE(scales.b.is_contiguous(), ob.name, " has strides ", tuple_str(scales.b.strides()),
-                    "; the kernel reads each group's scales of B back to back: pass ", ob.name, ".contiguous()");
+  check_grouped_scale_b_storage(ob, scales.b, A);
   args.ep_ld[1] = wanted[2];
   args.ep_ptr[1] = scales.b.data_ptr();
 }
