@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,7 +36,8 @@ sys.path.insert(0, str(HERE))  # triton_matmul beside this file, also under runp
 from generator import Gemm  # noqa: E402
 from generator.gemm import M_BUCKETS, op_key  # noqa: E402
 from generator.runtime import BucketedOp, compile_many  # noqa: E402
-from generator.spec.config import KernelConfig  # noqa: E402
+from generator.planner.sm90 import with_staging_in_ring  # noqa: E402
+from generator.spec.config import KernelConfig, check_config  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 #: Issue 21's batched shapes (batch, M, N, K): attention-like (K or N = 128), a large square batch, many small ones.
@@ -152,6 +153,17 @@ def parse_variants(text: str) -> list[dict[str, object]]:
                             {"true": True, "false": False}.get(value.lower(), value))
         variants.append(fields)
     return variants
+
+
+def variant_of(pick: KernelConfig, fields: dict[str, object]) -> KernelConfig:
+    """``pick`` with one of parse_variants' field changes; staging_in_ring without stages moves the stages its staging
+    buffers' bytes free or take (with_staging_in_ring). Raises check_config's ValueError where it is not legal."""
+    if "staging_in_ring" in fields and "stages" not in fields:
+        variant = with_staging_in_ring(pick, bool(fields["staging_in_ring"]))
+    else:
+        variant = replace(pick, **fields)
+    check_config(variant)
+    return variant
 
 
 def load_shapes(sets: list[str]) -> list[tuple[int, ...]]:

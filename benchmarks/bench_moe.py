@@ -25,7 +25,7 @@ import argparse
 import json
 import os
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -33,11 +33,11 @@ import torch
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench import DTYPES, ORDERS, geomean, parse_candidates, parse_variants, timed_rounds, warm_up_gpu  # noqa: E402
+from bench import (DTYPES, ORDERS, geomean, parse_candidates, parse_variants, timed_rounds, variant_of,  # noqa: E402
+                   warm_up_gpu)
 from bench_grouped import WRONG, Row, format_row, header, measure_sizes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
-from generator.spec.config import check_config  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -137,11 +137,10 @@ def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: 
     others: dict[tuple, list] = {s: [] for s in shapes}
     for s in shapes:
         for fields in variants:
-            variant = replace(plans[s].config, **fields)
             try:
-                check_config(variant)
+                variant = variant_of(plans[s].config, fields)
             except ValueError as refused:
-                print(f"  {s}: skip {variant.name}: {refused}", file=sys.stderr)
+                print(f"  {s}: skip {fields}: {refused}", file=sys.stderr)
                 continue
             if variant != plans[s].config:
                 others[s].append(variant)

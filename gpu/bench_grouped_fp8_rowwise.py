@@ -2,7 +2,7 @@
 paths call): ``op.grouped(A, B, offsets, scale_a, scale_b)`` of ``Gemm("e4m3", "tn", scale="row", m=rows per group,
 n=, k=, batch=E, ragged=True)``, scale_a (total_M,) and scale_b (E, N), on the same tensors, each result checked
 against the other (and ours against float64 on the first case). Group sizes are skewed (a Dirichlet draw) and
-multiples of 16. do_bench medians of three interleaved rounds; writes $OUT/bench_grouped_fp8_rowwise.json.
+multiples of 16. do_bench medians of three interleaved rounds (bench.py timed_rounds); writes $OUT/bench_grouped_fp8_rowwise.json.
 
     python3 gpu/bench_grouped_fp8_rowwise.py
 """
@@ -11,18 +11,21 @@ from __future__ import annotations
 import json
 import os
 import random
-import statistics
+import sys
 from pathlib import Path
 
-import torch
-from triton.testing import do_bench
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
-from generator import Gemm, dequantize, quantize
-from generator.runtime import compile_many
+import torch  # noqa: E402
+
+from bench import timed_rounds, warm_up_gpu  # noqa: E402
+from generator import Gemm, dequantize, quantize  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 
 #: (experts, rows in all, N, K)
 CASES = [(8, 4096, 4096, 7168), (32, 4096, 4096, 2048), (8, 16384, 14336, 4096)]
 ALIGN = 16
+ROUNDS = 3
 
 
 def group_sizes(experts: int, rows: int, seed: int = 0) -> list[int]:
@@ -39,6 +42,7 @@ def main() -> None:
     cases = [(e, rows, n, k, group_sizes(e, rows)) for e, rows, n, k in CASES]
     plans = [Gemm("e4m3", "tn", scale="row", m=rows // e, n=n, k=k, batch=e, ragged=True) for e, rows, n, k, _ in cases]
     ops = compile_many([p.config for p in plans], namespace="gemmgen_bench_fp8_rowwise")
+    warm_up_gpu()
     results = []
     for (e, rows, n, k, sizes), op in zip(cases, ops):
         x, w = torch.randn(rows, k, device="cuda"), torch.randn(e, n, k, device="cuda")
@@ -60,15 +64,11 @@ def main() -> None:
             row["rel_diff_torch"] = ((d.double() - t.double()).norm() / t.double().norm()).item()
         except RuntimeError as err:   # a form this torch does not take: say so, time ours alone
             torch_call, row["torch_refused"] = None, str(err).splitlines()[0]
-        times: dict[str, list[float]] = {"ours": [], "torch": []}
-        for _ in range(3):
-            times["ours"].append(do_bench(ours, warmup=5, rep=20))
-            if torch_call is not None:
-                times["torch"].append(do_bench(torch_call, warmup=5, rep=20))
+        ms = timed_rounds({"ours": ours, **({"torch": torch_call} if torch_call is not None else {})}, ROUNDS)
         flop = 2.0 * rows * n * k
-        row["ours_tflops"] = flop / statistics.median(times["ours"]) / 1e9
-        if times["torch"]:
-            row["torch_tflops"] = flop / statistics.median(times["torch"]) / 1e9
+        row["ours_tflops"] = flop / ms["ours"] / 1e9
+        if "torch" in ms:
+            row["torch_tflops"] = flop / ms["torch"] / 1e9
             row["ours_vs_torch"] = row["ours_tflops"] / row["torch_tflops"]
         print(json.dumps(row), flush=True)
         results.append(row)

@@ -26,10 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import torch  # noqa: E402
 
-from bench import Candidate, parse_candidates, parse_shapes, parse_variants, timed_rounds  # noqa: E402
+from bench import Candidate, parse_candidates, parse_shapes, parse_variants, timed_rounds, variant_of  # noqa: E402
 from generator import Gemm  # noqa: E402
-from generator.planner.sm90 import with_staging_in_ring  # noqa: E402
-from generator.spec.config import KernelConfig, check_config  # noqa: E402
+from generator.spec.config import KernelConfig  # noqa: E402
 from generator.runtime.op import compile_many  # noqa: E402
 
 SHAPES = ("32x8192x8192,64x8192x8192,128x8192x8192,128x4096x4096,128x4096x14336,128x14336x4096,"
@@ -58,17 +57,10 @@ def configs_for(m: int, n: int, k: int, candidates=CANDIDATES, layout: str = "tn
     pick = planned.config
     configs = [pick] + ([planned.estimate.model_config] if beside_model else [])
     for fields in variants:
-        variant = replace(pick, **fields)
-        if "staging_in_ring" in fields and "stages" not in fields:   # the stages its staging buffers' bytes move
-            variant = with_staging_in_ring(pick, fields["staging_in_ring"])
-        elif "cluster" in fields and "stages" not in fields:         # (a staged pick keeps its staging and stages)
-            variant = replace(variant, raster_group=pick.raster_group)
         try:
-            check_config(variant)
+            configs.append(variant_of(pick, fields))
         except ValueError as refused:   # not legal here: say so and go on
-            print(f"  skip {variant.name}: {refused}")
-            continue
-        configs.append(variant)
+            print(f"  skip {fields}: {refused}")
     for candidate in candidates:
         try:
             plan = Gemm("bf16", layout, arch=arch, m=m, n=n, k=k, layout_c=layout_c, **candidate.hints())

@@ -78,3 +78,18 @@ def test_midm_plans_for_the_visible_gpu_by_default(monkeypatch: pytest.MonkeyPat
     pick, model = midm_tiles.configs_for(384, 3072, 2048, [], beside_model=True, arch=None)
     assert pick.tile[:2] == (128, 80) and model.tile[:2] == (128, 128)
     assert midm_tiles.configs_for(384, 3072, 2048, [], arch=90)[0].tile[:2] == (128, 128)
+
+
+def test_a_staging_variant_moves_the_stages_its_buffers_take() -> None:
+    """bench.variant_of: staging_in_ring without stages gives or takes the stages of the staging buffers' bytes (a
+    staged 128x96 pingpong pick: 8 stages, unstaged 6); other fields are set as given; an illegal one raises."""
+    from bench import variant_of
+    from generator import Gemm
+
+    pick = Gemm("bf16", "tn", arch=90, schedule="pingpong", tile_shape=(128, 96, 64), cluster_shape=(1, 1)).config
+    assert pick.staging_in_ring and pick.stages == 8
+    unstaged = variant_of(pick, {"staging_in_ring": False})
+    assert not unstaged.staging_in_ring and unstaged.stages == 6
+    assert variant_of(pick, {"raster_group": 4}).raster_group == 4
+    with pytest.raises(ValueError):
+        variant_of(pick, {"stages": 40})

@@ -200,14 +200,13 @@ def check_grouped_scale_b(op: Operand, value: object, A: torch.Tensor, groups: i
         shape = "(E, N)" if per_col else "(E, ceil(N/128), ceil(K/128))"
         raise TypeError(f"{op.name} must be a torch.Tensor of shape {shape}, got {type(value).__name__}")
     wanted = (groups, n) if per_col else (groups, -(-n // SCALE_BLOCK), -(-k // SCALE_BLOCK))
-    if tuple(value.shape) != wanted and per_col:
-        raise ValueError(f"{op.name} has shape {tuple(value.shape)}; a grouped call's per-column scales of B are one "
-                         f"vector of N per group: (E, N) = {wanted} (torch.stack of each expert's quantize(W[e], "
-                         "scale='row') scales)")
     if tuple(value.shape) != wanted:
-        raise ValueError(f"{op.name} has shape {tuple(value.shape)}; a grouped call's per-block scales of B are one "
-                         f"(ceil(N/128), ceil(K/128)) matrix per group: (E, ceil(N/128), ceil(K/128)) = {wanted} "
-                         "(torch.stack of each expert's quantize(W[e], scale='block', block=(128, 128)) scales)")
+        layout = ("per-column scales of B are one vector of N per group: (E, N)" if per_col else
+                  "per-block scales of B are one (ceil(N/128), ceil(K/128)) matrix per group: (E, ceil(N/128), "
+                  "ceil(K/128))")
+        quantized = "scale='row'" if per_col else "scale='block', block=(128, 128)"
+        raise ValueError(f"{op.name} has shape {tuple(value.shape)}; a grouped call's {layout} = {wanted} "
+                         f"(torch.stack of each expert's quantize(W[e], {quantized}) scales)")
     want = TORCH_DTYPES[op.dtype]
     if value.dtype != want:
         raise TypeError(f"{op.name} is {value.dtype}; this plan's epilogue reads it as {op.dtype.value}: pass "
