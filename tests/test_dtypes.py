@@ -341,3 +341,22 @@ def test_fp8_plans_with_per_row_scales_take_scaled_grouped_calls():
     for cfg in (Gemm("e4m3", "tn", arch=90, scale="tensor").config,
                 Gemm("e4m3", "tn", arch=90, scale="row", activation="relu").config):
         assert not takes_scaled_groups(cfg) and "without a fused epilogue" in grouped_refusal(cfg)
+
+
+def test_a_masked_call_takes_its_scales_in_the_slabs_of_a():
+    """GemmOp._masked_scale_rows (gemm_op.h's gemm_masked says the same): per row (E, max_m) and per block
+    (E, max_m, ceil(K/128)) scale_a as A's slabs' rows; another shape, or a layout that is not one matrix, refused."""
+    import torch
+
+    from generator.runtime.op import GemmOp
+
+    A = torch.empty(3, 4, 256)
+    assert GemmOp._masked_scale_rows(torch.ones(3, 4), A, 12, per_row=True).shape == (12,)
+    assert GemmOp._masked_scale_rows(torch.ones(3, 4, 2), A, 12, per_row=False).shape == (12, 2)
+    with pytest.raises(ValueError, match=r"scale_a has shape \(3, 4, 2\); a masked call's per-row scales of A are "
+                                         r"\(E, max_m\), one slab per group as A's"):
+        GemmOp._masked_scale_rows(torch.ones(3, 4, 2), A, 12, per_row=True)
+    with pytest.raises(ValueError, match=r"per-block scales of A are \(E, max_m, ceil\(K/128\)\)"):
+        GemmOp._masked_scale_rows(torch.ones(3, 4), A, 12, per_row=False)
+    with pytest.raises(ValueError, match=r"pass scale_a.contiguous\(\)"):
+        GemmOp._masked_scale_rows(torch.ones(4, 3).t(), A, 12, per_row=True)
