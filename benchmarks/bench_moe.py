@@ -241,6 +241,10 @@ def main(argv: list[str] | None = None) -> int:
     cases = [(model, gemm, t, routing, route(MODELS[model], t, routing, args.seed, args.alpha, args.zipf_s),
               *MODELS[model].gemms()[gemm])
              for model in models for t in tokens for routing in routings for gemm in gemms]
+    idle = [c for c in cases if not sum(c[4])]
+    for model, gemm, t, routing, *_ in idle:   # (expert parallelism: every token went to other GPUs' experts)
+        print(f"{model} {gemm} {t} tokens {routing}: no rows routed to these experts, nothing to time", file=sys.stderr)
+    cases = [c for c in cases if sum(c[4])]
     if not torch.cuda.is_available():
         print("bench_moe: needs a CUDA GPU; none is visible (the routed group sizes follow)", file=sys.stderr)
         for model, gemm, t, routing, sizes, n, k in cases:

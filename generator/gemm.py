@@ -314,11 +314,11 @@ class Gemm:
     @property
     def why(self) -> str:
         """One line: why the planner chose this config (and, for a problem of at most 16 rows, which kernel its
-        calls take instead)."""
+        calls take instead; not for ragged groups, whose grouped calls never do)."""
         problem = self._request.problem
         if self._tuned is not None and self._tuned.config != self._estimate.config:
             return f"measured (see tuned:); the estimate picked {self._estimate.config.name}: {self._estimate.reason}"
-        if problem is None or not takes_small_m(self.config, problem.m, problem.n, problem.k,
+        if problem is None or problem.ragged or not takes_small_m(self.config, problem.m, problem.n, problem.k,
                                                  self._request.spec.sm_count):
             return self._estimate.reason
         elem = self.config.dtype.bytes

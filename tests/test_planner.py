@@ -1328,6 +1328,23 @@ def test_ragged_groups_walk_bands_of_tile_rows() -> None:
     assert (ragged.raster, ragged.raster_group) == ("m", DEFAULT_RASTER_GROUP)
 
 
+def test_ragged_groups_of_few_rows_take_64x128_pingpong() -> None:
+    # A decode step's experts (RAGGED_FEW_ROWS: at most 4 expected rows per group, many groups empty, so the grid is
+    # unknown) take 64x128 pingpong where the model picks 64x256: twice the tiles per group
+    # (h200_bench_moe_small_tokens.json). Not above 4 rows, not for equal groups, not where the user fixed the tile.
+    from generator.planner.sm90 import RAGGED_FEW_ROWS, RAGGED_FEW_ROWS_BN
+
+    decode = dict(arch=90, n=1536, k=2048, batch=128)
+    few = plan(**decode, m=RAGGED_FEW_ROWS, ragged=True)
+    assert (few.config.tile[:2], few.config.schedule, few.config.cluster) == ((64, RAGGED_FEW_ROWS_BN), "pingpong",
+                                                                              (1, 1))
+    assert "64x128 pingpong by rule" in few.why and "small-M" not in few.why   # grouped calls never take small-M
+    assert plan(**decode, m=1, ragged=True).config.tile[:2] == (64, RAGGED_FEW_ROWS_BN)
+    assert plan(**decode, m=1).config.tile[:2] == (64, 256)                          # equal groups: the model's
+    assert plan(**decode, m=2 * RAGGED_FEW_ROWS, ragged=True).config.tile[:2] == (64, 256)
+    assert plan(**decode, m=1, ragged=True, tile_shape=(64, 256, 64)).config.tile[:2] == (64, 256)
+
+
 @pytest.mark.parametrize("hints, error", [
     (dict(n=4096, k=4096, batch=8), ValueError), (dict(m=64, n=4096, k=4096), ValueError),
     (dict(m=64, batch=8, ragged="yes"), TypeError)])

@@ -84,6 +84,21 @@ int main() {
   check({-5, 64}, 64, 64, 1, 2);
   for (int clusters = 1; clusters <= 9; ++clusters)
     for (int per = 1; per <= 130; per += 43) check({per, 2 * per, 2 * per, 5 * per}, 5 * per, 64, 3, clusters);
+  // Many groups, a count no multiple of 8: a decode step's experts (most empty, some of one row), and a skewed
+  // routing with a decreasing end far in.
+  for (int groups : {7, 8, 9, 17, 37, 130}) {
+    std::vector<int32_t> few, skewed;
+    int end = 0;
+    for (int g = 0; g < groups; ++g) {
+      few.push_back(end += (g * 7) % 5 == 0 ? 1 : 0);
+      skewed.push_back(g == 20 ? 3 : g * g % 301 + g * 40);
+    }
+    for (int clusters : {1, 2, 5, 66, 132}) {
+      check(few, end, 64, 12, clusters);
+      check(skewed, skewed.back() - 50, 128, 2, clusters);
+      check(few, groups * 4, 128, 3, clusters, 4);  // masked: counts of 0 and 1 in slabs of 4
+    }
+  }
   // Masked slabs (GemmArgs::group_rows): counts, each group at its slab's first row; full, partial, empty slabs,
   // counts past the slab or negative (clamped into it), slabs not a multiple of the unit's rows.
   check({256, 100, 0, 1, 256}, 5 * 256, 128, 3, 7, 256);

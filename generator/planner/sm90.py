@@ -332,6 +332,16 @@ RAGGED_LAST_UNIT = 0.5
 # ... and the groups that hold most of its rows have about this many times the expected m (64-row tiles only where
 # those fit one: candidate_shapes).
 RAGGED_TYPICAL_ROWS = 2
+# Ragged groups of at most RAGGED_FEW_ROWS expected rows are a decode step's experts (tokens x top-k rows over E
+# groups): most groups hold one row or none, so how many groups have rows, and with them the grid, is unknown at plan
+# time (one token of DeepSeek-V3 routed to 32 local experts: one group of one row). There a 64-row pingpong pick
+# wider than RAGGED_FEW_ROWS_BN takes that width (ragged_few_rows): twice the tiles per group, each streaming half of
+# the expert's weight columns, which loses nothing where every group has rows (the run is the weights' stream either
+# way). Measured (H200, bf16 tn, benchmarks/bench_moe.py --tokens 1,16,64,256, five models, three routings,
+# h200_bench_moe_small_tokens.json), 64x128 against the pick 64x256: 78 rows of m <= 4 1.069x geomean, 0.971-1.471x
+# (1 token: 1.168x; 16 and 64 tokens 1.006-1.025x per m); 40 rows of m = 8-32 0.96-1.01x per m (no rule there).
+RAGGED_FEW_ROWS = 4
+RAGGED_FEW_ROWS_BN = 128
 # 16-bit pingpong tiles of an odd width (SM90_ODD_BLOCK_N) writing a row-major D stage it in the ring slot of their
 # last k tile (KernelConfig.staging_in_ring), the ring taking the stages its buffers' bytes give (128x96 6 -> 8, 128x80
 # 7 -> 8, 128x112 6 -> 7): ring_staged. Measured on the corpus' forward, each pick against itself staged or not (H200,
@@ -670,6 +680,14 @@ def two_tile_rows_tile(dtype: DType, knobs: Knobs, problem: Problem, sm_count: i
     return None
 
 
+def ragged_few_rows(cfg: KernelConfig, knobs: Knobs, problem: Problem) -> bool:
+    """Whether RAGGED_FEW_ROWS' rule moves the pick ``cfg`` to 64xRAGGED_FEW_ROWS_BN pingpong: ragged groups of at most
+    RAGGED_FEW_ROWS expected rows, 16-bit inputs, none of tile, schedule and cluster fixed, and a 64-row pingpong pick
+    wider than that."""
+    return (problem.ragged and problem.m <= RAGGED_FEW_ROWS and rule_may_apply(cfg.dtype, knobs)
+            and cfg.schedule == "pingpong" and cfg.tile[0] == SMALL_M_TILE_ROWS and cfg.tile[1] > RAGGED_FEW_ROWS_BN)
+
+
 def is_whole_narrow_tile(cfg: KernelConfig, problem: Problem, sm_count: int) -> bool:
     """Whether ``cfg`` is the 128x64 cooperative tile (NARROW_BN) that split_k_parts leaves whole."""
     return (cfg.tile[:2] == (2 * SMALL_M_TILE_ROWS, NARROW_BN) and cfg.schedule == "cooperative"
@@ -933,6 +951,15 @@ def choose_kernel(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec
             best = Estimate(ruled, estimate(ruled, spec, sm_count, problem).cost,
                             f"{two_rows[0]}x{two_rows[1]} pingpong by rule: {problem.m} rows, two rows of its tiles in "
                             f"one wave, where the 128x64 cooperative tile would run whole")
+    if hinted and ragged_few_rows(best.config, knobs, problem):
+        narrower = choose_raster(ruled_pingpong_config((SMALL_M_TILE_ROWS, RAGGED_FEW_ROWS_BN), dtype, out_dtype,
+                                                       layout, spec, epilogue, dtype_b), problem, sm_count, knobs)
+        if is_legal(narrower):
+            moved = estimate(narrower, spec, sm_count, problem)
+            best = Estimate(narrower, moved.cost,
+                            f"{moved.reason}; {SMALL_M_TILE_ROWS}x{RAGGED_FEW_ROWS_BN} pingpong by rule: groups of "
+                            f"about {problem.m} rows (a decode step's), whose count with rows is unknown: twice "
+                            f"{best.config.tile[0]}x{best.config.tile[1]}'s tiles per group")
     register_split = hinted and register_a_split_tile(dtype, out_dtype, layout, spec, knobs, problem, sm_count,
                                                       epilogue)
     if register_split:

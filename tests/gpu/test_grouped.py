@@ -63,6 +63,8 @@ GROUPED_PLANS: dict[str, dict] = {
     # and 128x192 cooperative 1x2 (Mixtral's at 512 tokens)
     "tn_bf16_ragged_pp": dict(dtype="bf16", layout="tn", arch=90, m=148, n=4096, k=7168, batch=32, ragged=True),
     "tn_bf16_ragged_coop": dict(dtype="bf16", layout="tn", arch=90, m=128, n=28672, k=4096, batch=8, ragged=True),
+    # a decode step's groups (at most 4 rows each, planner RAGGED_FEW_ROWS): 64x128 pingpong
+    "tn_bf16_ragged_decode": dict(dtype="bf16", layout="tn", arch=90, m=1, n=1536, k=2048, batch=128, ragged=True),
 }
 DEFAULT = "tn_bf16_coop_c2x1"
 #: Plans that refuse grouped calls, and a regular expression their message must match (the fix it names).
