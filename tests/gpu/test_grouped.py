@@ -273,6 +273,10 @@ CASES = (
     ("E=3, only the last", [0, 0, 7], 72, 64),
     ("E=3, many tiles per group", [2048, 1, 1500], 1000, 1000),
     ("E=17, multiples of 128", [128, 256, 0, 384, 128, 0, 640, 128, 128, 256, 0, 128, 512, 128, 0, 256, 128], 200, 64),
+    # more groups than a warp walks at a time (32: GroupedRows::warp_chunk): a decode step's (most empty, a few of one
+    # row), the last group's rows in the last chunk; a skewed routing over 257 groups
+    ("E=70, a decode step's", [1 if g % 9 == 4 else 0 for g in range(69)] + [3], 200, 200),
+    ("E=257, skewed", [(g * g) % 97 if g % 5 else 0 for g in range(257)], 72, 136),
 )
 
 
@@ -284,13 +288,13 @@ def random_sizes(count: int, rng: random.Random) -> list[int]:
 @pytest.mark.parametrize("key", list(GROUPED_PLANS))
 def test_grouped_numerics(ops, key):
     """Every group size pattern of CASES, every N and K of them, packed and padded operands; then two group size
-    patterns drawn at random (printed on failure), E = 8 and 17."""
+    patterns drawn at random (printed on failure), E = 8, 17 and 70."""
     op = op_of(ops, key)
     for i, (label, sizes, n, k) in enumerate(CASES):
         padded = i % 2 == 1
         check(op, sizes, n, k, a_pad=8 if padded else 0, b_gap=3 * ceil8(k) if padded else 0, label=f"{label}: ")
     rng = random.Random()
-    for count, n, k in ((8, 1000, 200), (17, 72, 1000)):
+    for count, n, k in ((8, 1000, 200), (17, 72, 1000), (70, 136, 200)):
         check(op, random_sizes(count, rng), n, k, b_gap=8, label="random sizes: ")
 
 

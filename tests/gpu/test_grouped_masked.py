@@ -9,7 +9,7 @@ at row g * max_m of A's slabs taken as one matrix).
 Every check draws fresh random inputs, fills the padding rows of A (past each count) with NaN (a valid row that
 read them would be NaN), and compares each group's valid rows with a float64 reference (||D - ref|| / ||ref|| at
 most gpu_cases.BOUND[dtype]); the rows past the counts are checked unwritten: D is taken from a caching allocator
-block filled with a sentinel first, and those rows must still hold it. Cases: E in {1, 4, 9}, counts of 0, 1, a
+block filled with a sentinel first, and those rows must still hold it. Cases: E in {1, 4, 9, 43}, counts of 0, 1, a
 full slab, ragged and all empty; max_m not a multiple of the tile; N and K ragged; a CUDA graph captured once and
 replayed with new counts and data written in place; counts outside [0, max_m] inside a capture (clamped: nothing
 written outside the slab); the refusals outside a capture. Plans: the offsets form's cooperative and pingpong, tn and
@@ -77,6 +77,8 @@ CASES = [  # (counts, max_m, N, K)
     ([0, 1, 200, 77], 200, 256, 512),
     ([5, 300, 0, 128, 1, 299, 64, 0, 17], 300, 1000, 200),
     ([0, 0, 0, 0], 96, 128, 128),
+    # more groups than a warp walks at a time (GroupedRows::warp_chunk: 32), full slabs in the second chunk
+    ([1 if g % 7 == 2 else 0 for g in range(40)] + [64, 0, 9], 64, 136, 128),
 ]
 
 
