@@ -225,13 +225,13 @@ struct GroupedRows {
   }
   // Group g's end, clamped into [row0 (its first row), m]: ends that decrease or pass M leave rows outside every
   // group, never outside A and D; a masked count is clamped into [0, slab] first, so a group stays in its slab.
-  __host__ __device__ __forceinline__ int end(int g, int row0) const {
-    int e = load(ends + g);
+  __host__ __device__ __forceinline__ int clamp_end(int e, int row0) const {
     if (slab > 0) e = row0 + (e < 0 ? 0 : e > slab ? slab : e);
     return e < row0 ? row0 : e > m ? m : e;
   }
+  __host__ __device__ __forceinline__ int end(int g, int row0) const { return clamp_end(load(ends + g), row0); }
   __host__ __device__ __forceinline__ int units_m(int rows) const { return (rows + rows_per_unit - 1) / rows_per_unit; }
-  // The units of all groups.
+  // The units of all groups, counted by one thread (the reference for warp_units; the host tests walk this way).
   __host__ __device__ __forceinline__ int units() const {
     int total = 0, row_end = 0;
     for (int g = 0; g < groups; ++g) {
@@ -242,14 +242,78 @@ struct GroupedRows {
     return total;
   }
 
-  // One thread's walk over the groups, for units that only increase: the group holding the current unit.
+#ifdef __CUDACC__
+  // -- Walks a whole warp runs together: every lane calls them with the same arguments. One thread's walk waits on
+  // each group's load and division in turn, about 65 ns a group on the H200, twice per CTA (the count, then the seek
+  // to its first unit): 17 us of a decode step's 24 us over 128 experts (gpu/grouped_overhead_probe.py). A warp
+  // takes 32 groups a step.
+
+  // Lane l's group base + l of a chunk of 32, given the previous group's clamped end (carry): its rows, its units
+  // and the chunk's units before it; the chunk's units in total (every lane).
+  struct Chunk {
+    int row0, row_end, units_m, units, before, total;
+  };
+  __device__ __forceinline__ Chunk warp_chunk(int base, int carry) const {
+    constexpr unsigned kAll = 0xffffffffu;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    const int g = base + lane;
+    const int e = g < groups ? load(ends + g) : 0;
+    Chunk c;
+    if (slab > 0) {
+      c.row0 = start(g, 0);
+      c.row_end = clamp_end(e, c.row0);
+    } else {
+      // Clamped one after another (clamp_end), group g ends at min(m, max(carry, ends[base..g])): a running maximum.
+      int most = e;
+#pragma unroll
+      for (int d = 1; d < 32; d *= 2) {
+        const int v = __shfl_up_sync(kAll, most, d);
+        if (lane >= d) most = most > v ? most : v;
+      }
+      most = most > carry ? most : carry;
+      c.row_end = most < m ? most : m;
+      const int previous = __shfl_up_sync(kAll, c.row_end, 1);
+      c.row0 = lane == 0 ? carry : previous;
+    }
+    c.units_m = g < groups ? units_m(c.row_end - c.row0) : 0;
+    c.units = c.units_m * units_n;
+    int sum = c.units;  // inclusive prefix sum over the lanes
+#pragma unroll
+    for (int d = 1; d < 32; d *= 2) {
+      const int v = __shfl_up_sync(kAll, sum, d);
+      if (lane >= d) sum += v;
+    }
+    c.before = sum - c.units;
+    c.total = __shfl_sync(kAll, sum, 31);
+    return c;
+  }
+
+  // units(), by a warp.
+  __device__ __forceinline__ int warp_units() const {
+    int total = 0, carry = 0;
+#pragma unroll 1
+    for (int base = 0; base < groups; base += 32) {
+      const Chunk c = warp_chunk(base, carry);
+      total += c.total;
+      carry = __shfl_sync(0xffffffffu, c.row_end, 31);
+    }
+    return total;
+  }
+#endif
+
+  // A walk over the groups, for units that only increase: the group holding the current unit.
   struct Walk {
     int group = -1;
     int first_unit = 0, units = 0, units_m = 0;  // the group's first unit, its units, its blocks along M
     int row0 = 0, row_end = 0;                   // the group's rows [row0, row_end) of A and D
 
+    // Whether `unit` lies past the current group (and a group follows).
+    __host__ __device__ __forceinline__ bool past(const GroupedRows& rows, int unit) const {
+      return unit >= first_unit + units && group + 1 < rows.groups;
+    }
+    // One thread's walk (the reference for warp_seek).
     __host__ __device__ __forceinline__ void seek(const GroupedRows& rows, int unit) {
-      while (unit >= first_unit + units && group + 1 < rows.groups) {
+      while (past(rows, unit)) {
         first_unit += units;
         ++group;
         row0 = rows.start(group, row_end);
@@ -258,6 +322,35 @@ struct GroupedRows {
         units = units_m * rows.units_n;
       }
     }
+#ifdef __CUDACC__
+    // seek(), by a warp (the same state in every lane): the group holding `unit` among the next 32, else 32 on;
+    // past the last unit, the last group (as seek).
+    __device__ __forceinline__ void warp_seek(const GroupedRows& rows, int unit) {
+      constexpr unsigned kAll = 0xffffffffu;
+      if (!past(rows, unit)) return;
+      const int lane = static_cast<int>(threadIdx.x % 32);
+      int base = group + 1, first = first_unit + units, carry = row_end;
+#pragma unroll 1
+      for (;;) {
+        const Chunk c = rows.warp_chunk(base, carry);
+        const unsigned holds = __ballot_sync(kAll, base + lane < rows.groups && unit < first + c.before + c.units);
+        const int last = rows.groups - 1 - base;  // the last group's lane, where this chunk has it
+        if (holds != 0 || last < 32) {
+          const int t = holds != 0 ? __ffs(holds) - 1 : last;
+          group = base + t;
+          first_unit = first + __shfl_sync(kAll, c.before, t);
+          units_m = __shfl_sync(kAll, c.units_m, t);
+          units = __shfl_sync(kAll, c.units, t);
+          row0 = __shfl_sync(kAll, c.row0, t);
+          row_end = __shfl_sync(kAll, c.row_end, t);
+          return;
+        }
+        first += c.total;
+        carry = __shfl_sync(kAll, c.row_end, 31);
+        base += 32;
+      }
+    }
+#endif
   };
 };
 
@@ -784,12 +877,29 @@ struct Kernel {
 
   __device__ __forceinline__ static ProblemList problem_list(const Problem& p) { return ProblemList{p.list, p.groups}; }
 
-  // The problem with its work units counted, for grouped rows (each thread that walks them counts them itself,
-  // from the same ends) and for a list of problems.
+  // The problem with its work units counted, for grouped rows (each warp counts them itself, from the same ends:
+  // called by whole warps) and for a list of problems.
   __device__ __forceinline__ static Problem with_group_units(Problem p) {
-    if (p.group_ends != nullptr) p.units = grouped_rows(p).units();
+    if (p.group_ends != nullptr) p.units = grouped_rows(p).warp_units();
     if (p.list != nullptr) p.units = problem_list(p).units();
     return p;
+  }
+
+  // Grouped rows: the walk at this block's first unit, found by a warp together (warp_seek; called by whole warps:
+  // the producer's first, each consumer warp). The producer's thread and the consumers walk on alone from there:
+  // their next units are a grid's stride on, and the first one's walk already went past every group before it.
+  __device__ __forceinline__ static GroupedRows::Walk first_walk(const Problem& p, int first) {
+    GroupedRows::Walk walk;
+    if (Cfg::kWalksGroups && p.group_ends != nullptr && first < p.units) walk.warp_seek(grouped_rows(p), first);
+    return walk;
+  }
+  template <Walking W>
+  __device__ __forceinline__ static WalkOf<W> starting_walk(const GroupedRows::Walk& start) {
+    if constexpr (W == Walking::kRows) {
+      return start;
+    } else {
+      return WalkOf<W>{};
+    }
   }
 
   // This CTA's place in its cluster: rank = rm + CM * rn, rm along M and rn along N.
@@ -932,18 +1042,27 @@ struct Kernel {
     // previous kernel may still run: nothing above touched global memory, and nothing below does before it is done.
     ptx::grid_dependency_wait();
 
-    const Problem p = with_group_units(problem(args));
     const int first = first_unit(workspace);  // this block's (cluster's) first work unit
     if (warpgroup == 0) {
+      // Grouped rows: counted and walked to the first unit by the producer's whole warp, before its registers go
+      // (kept in the walk the producer's one thread goes on with).
+      Problem p = problem(args);
+      GroupedRows::Walk start;
+      if (threadIdx.x < 32) {
+        p = with_group_units(p);
+        start = first_walk(p, first);
+      }
       ptx::setmaxnreg_dec<kWideProducer ? kTransposingProducerRegisters : kProducerRegisters>();
       if (threadIdx.x == 0) {
-        produce(p, smem, maps, rank, first);
+        produce(p, smem, maps, rank, first, start);
       } else if (kTransposes && threadIdx.x >= 32) {
         transpose_slots(smem);
       }
       __syncwarp();
     } else {
       ptx::setmaxnreg_inc<kWideProducer ? kTransposingConsumerRegisters : kConsumerRegisters>();
+      const Problem p = with_group_units(problem(args));
+      const GroupedRows::Walk start = first_walk(p, first);
       if constexpr (STREAM_K) {  // (not instantiated otherwise: its partial tiles are fp32 only)
         if (p.k_tiles > 0) {
           consume_stream_k(p, smem, args, tmap_d, rank, first, warpgroup - 1, workspace);
@@ -955,7 +1074,7 @@ struct Kernel {
                                                                     first, warpgroup - 1);
       } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
         consume<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank,
-                                                                     first, warpgroup - 1);
+                                                                     first, warpgroup - 1, start);
       } else {
         consume<Walking::kFlat>(p, smem, args, tmap_d, tmap_source, rank, first, warpgroup - 1);
       }
@@ -992,7 +1111,8 @@ struct Kernel {
     return PERSISTENT ? static_cast<int>(gridDim.x) / CLUSTER : p.units;
   }
 
-  __device__ static void produce(const Problem& p, const Smem& smem, const LoadMaps& maps, uint32_t rank, int first) {
+  __device__ static void produce(const Problem& p, const Smem& smem, const LoadMaps& maps, uint32_t rank, int first,
+                                 GroupedRows::Walk start) {
     ptx::prefetch_tensormap(maps.a);
     ptx::prefetch_tensormap(maps.b);
     // (fetched ahead as A's and B's: the edge tiles come last in M, but a short K reaches them early)
@@ -1007,11 +1127,11 @@ struct Kernel {
         load_k_tiles(p, smem, maps, pos, at, s.kt_begin, s.kt_end, share);
       });
     } else if (Cfg::kWalksLists && p.list != nullptr) {
-      produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, maps, rank, first, pos, share);
+      produce_units<Cfg::kWalksLists ? Walking::kList : Walking::kFlat>(p, smem, maps, rank, first, pos, share, start);
     } else if (Cfg::kWalksGroups && p.group_ends != nullptr) {
-      produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, maps, rank, first, pos, share);
+      produce_units<Cfg::kWalksGroups ? Walking::kRows : Walking::kFlat>(p, smem, maps, rank, first, pos, share, start);
     } else {
-      produce_units<Walking::kFlat>(p, smem, maps, rank, first, pos, share);
+      produce_units<Walking::kFlat>(p, smem, maps, rank, first, pos, share, start);
     }
     if constexpr (kTransposes) end_transposes(smem, pos);
     // Every load of this block is issued: the stream's next kernel may be scheduled (it waits for this one's end
@@ -1023,8 +1143,9 @@ struct Kernel {
   // maps, which the host wrote to global memory: acquired once per problem (the tensormap proxy's fence).
   template <Walking W>
   __device__ __forceinline__ static void produce_units(const Problem& p, const Smem& smem, const LoadMaps& maps,
-                                                       uint32_t rank, int first, RingPos& pos, const Sharing& share) {
-    WalkOf<W> walk;
+                                                       uint32_t rank, int first, RingPos& pos, const Sharing& share,
+                                                       GroupedRows::Walk start) {
+    WalkOf<W> walk = starting_walk<W>(start);
     int acquired = -1;  // (kList) the problem whose maps this thread has acquired
     for (int unit = first; unit < p.units; unit += unit_stride(p)) {
       const TileAt at = tile_origin<W>(p, unit, rank, walk);
@@ -1145,17 +1266,18 @@ struct Kernel {
   }
 
   // W: how the units map to tiles (the launch passes grouped rows only to a config with Cfg::kWalksGroups, a list
-  // only to one with Cfg::kWalksLists).
+  // only to one with Cfg::kWalksLists). start: grouped rows' walk at `first` (first_walk).
   template <Walking W>
   __device__ static void consume(const Problem& p, const Smem& smem, const GemmArgs& args, const CUtensorMap* tmap_d,
-                                 const CUtensorMap* tmap_source, uint32_t rank, int first, int consumer) {
+                                 const CUtensorMap* tmap_source, uint32_t rank, int first, int consumer,
+                                 GroupedRows::Walk start = GroupedRows::Walk{}) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
     epi.grouped = W == Walking::kRows;
     const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     RingPos pos;
     int local = 0;  // this CTA's work units so far
-    WalkOf<W> walk;
+    WalkOf<W> walk = starting_walk<W>(start);
     for (int unit = first; unit < p.units; unit += unit_stride(p), ++local) {
       const TileAt at = tile_origin<W>(p, unit, rank, walk);
       if (PINGPONG && (local & 1) != consumer) {
