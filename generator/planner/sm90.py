@@ -340,6 +340,7 @@ RAGGED_TYPICAL_ROWS = 2
 # way). Measured (H200, bf16 tn, benchmarks/bench_moe.py --tokens 1,16,64,256, five models, three routings,
 # h200_bench_moe_small_tokens.json), 64x128 against the pick 64x256: 78 rows of m <= 4 1.069x geomean, 0.971-1.471x
 # (1 token: 1.168x; 16 and 64 tokens 1.006-1.025x per m); 40 rows of m = 8-32 0.96-1.01x per m (no rule there).
+# docs/planner.md rule 20, docs/grouped.md "Decode steps".
 RAGGED_FEW_ROWS = 4
 RAGGED_FEW_ROWS_BN = 128
 # 16-bit pingpong tiles of an odd width (SM90_ODD_BLOCK_N) writing a row-major D stage it in the ring slot of their
