@@ -1,8 +1,8 @@
 """Benchmark: grouped GEMM at real routing, the experts' layers of public mixture-of-experts models with tokens routed
 uniformly, Dirichlet-skewed and Zipf-skewed, next to torch._grouped_mm and a loop of torch.mm (issue 35's table).
 
-    python benchmarks/bench_moe.py [--models mixtral-8x7b,...] [--tokens 512,4096] [--routings uniform,dirichlet,zipf]
-        [--seed 0] [--dtype bf16] [--rounds 3] [--masked] [--json $OUT/bench_moe.json]
+    python benchmarks/bench_moe.py [--models mixtral-8x7b,...] [--tokens 1,16,512,4096]
+        [--routings uniform,dirichlet,zipf] [--seed 0] [--dtype bf16] [--rounds 3] [--masked] [--json $OUT/bench_moe.json]
 
 Each model's MoE layer is (experts, top-k, hidden, intermediate), with an expert-parallel slice where the model is
 served so (DeepSeek-V3: 256 experts, 32 of them on this GPU). Each token picks top-k distinct experts (``route``),
@@ -209,7 +209,8 @@ def parse_list(text: str, allowed: tuple[str, ...] | None, what: str) -> list[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default=",".join(MODELS), help="comma list of: " + ", ".join(MODELS))
-    parser.add_argument("--tokens", default="512,4096", help="tokens routed per layer call (comma list)")
+    parser.add_argument("--tokens", default="1,16,512,4096",
+                        help="tokens routed per layer call (comma list): decode steps and prefills")
     parser.add_argument("--routings", default=",".join(ROUTINGS), help="comma list of: " + ", ".join(ROUTINGS))
     parser.add_argument("--gemms", default="up,down", help="comma list of: up, down")
     parser.add_argument("--alpha", type=float, default=0.3, help="Dirichlet concentration (smaller: more skewed)")

@@ -32,7 +32,7 @@
 #   STEPS=groupedfp8 gpu/run_all.sh                    (fp8 grouped with block scales against DeepGEMM's figures: gpu/bench_grouped_fp8.py)
 #   STEPS=groupedfp8row gpu/run_all.sh                 (fp8 grouped with per-row scales against torch._scaled_grouped_mm)
 #   STEPS=quantout gpu/run_all.sh                      (quantize-on-store against a bf16 GEMM and quantize(): benchmarks/bench_quantized_out.py)
-#   STEPS=moe MOE_ARGS="--tokens 512,4096" gpu/run_all.sh   (MoE layers of public models at uniform, Dirichlet and
+#   STEPS=moe MOE_ARGS="--rounds 2" gpu/run_all.sh       (MoE layers of public models at uniform, Dirichlet and
 #                                                       Zipf routing: benchmarks/bench_moe.py)
 #   STEPS=moeblock gpu/run_all.sh                      (a MoE block's training step against torch._grouped_mm, each
 #                                                       routing: examples/moe_block.py; MOEBLOCK_ARGS="--experts 8 ...")

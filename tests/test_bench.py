@@ -329,6 +329,25 @@ def test_bench_moe_routing():
         m.main(["--routings", "hot"])
 
 
+def test_bench_moe_leaves_out_calls_with_no_rows(capsys):
+    """A call whose tokens all went to other GPUs' experts (DeepSeek-V3's 32 local experts, one token) has nothing to
+    time: said and left out of the rows, not timed into the summary (an empty result's error is 0, not NaN)."""
+    import torch
+
+    import bench_moe as m
+    from bench_grouped import rel_error
+
+    layer = m.MODELS["deepseek-v3-ep8"]
+    assert sum(m.route(layer, 1, "zipf", seed=0)) == 0 and sum(m.route(layer, 1, "uniform", seed=0)) == 1
+    if not torch.cuda.is_available():
+        assert m.main(["--models", "deepseek-v3-ep8", "--tokens", "1", "--routings", "uniform,zipf"]) == 2
+        err = capsys.readouterr().err
+        assert "up 1 tokens zipf: no rows routed to these experts, nothing to time" in err
+        assert "up 1 tokens zipf: [" not in err and "up 1 tokens uniform: [" in err
+    assert rel_error(torch.empty(0, 5), torch.empty(0, 5)) == 0.0
+    assert rel_error(torch.empty(1, 5), torch.empty(0, 5)) == float("inf")
+
+
 def test_bench_moe_candidates_beside_the_pick(monkeypatch):
     """bench_moe.py --candidates: each shape's candidates are the same hints with the tile, cluster and schedule fixed,
     the pick itself and those the planner refuses left out (a 2x1 cluster over one tile row per group), and stream-K
