@@ -250,11 +250,11 @@ struct GroupedRows {
 
   // Lane l's group base + l of a chunk of 32, given the previous group's clamped end (carry): its rows, its units
   // and the chunk's units before it; the chunk's units in total (every lane).
+  static constexpr unsigned kAll = 0xffffffffu;  // every lane of the warp (the shuffles' and the ballot's mask)
   struct Chunk {
     int row0, row_end, units_m, units, before, total;
   };
   __device__ __forceinline__ Chunk warp_chunk(int base, int carry) const {
-    constexpr unsigned kAll = 0xffffffffu;
     const int lane = static_cast<int>(threadIdx.x % 32);
     const int g = base + lane;
     const int e = g < groups ? load(ends + g) : 0;
@@ -295,7 +295,7 @@ struct GroupedRows {
     for (int base = 0; base < groups; base += 32) {
       const Chunk c = warp_chunk(base, carry);
       total += c.total;
-      carry = __shfl_sync(0xffffffffu, c.row_end, 31);
+      carry = __shfl_sync(kAll, c.row_end, 31);
     }
     return total;
   }
@@ -326,7 +326,6 @@ struct GroupedRows {
     // seek(), by a warp (the same state in every lane): the group holding `unit` among the next 32, else 32 on;
     // past the last unit, the last group (as seek).
     __device__ __forceinline__ void warp_seek(const GroupedRows& rows, int unit) {
-      constexpr unsigned kAll = 0xffffffffu;
       if (!past(rows, unit)) return;
       const int lane = static_cast<int>(threadIdx.x % 32);
       int base = group + 1, first = first_unit + units, carry = row_end;
