@@ -139,8 +139,9 @@ def parse_candidates(text: str) -> list[Candidate]:
 
 
 def parse_variants(text: str) -> list[dict[str, object]]:
-    """``--variants raster=n,raster_group=4+raster=m`` as field changes to the pick (gpu/midm_tiles.py, bench_moe.py): one dict per comma item, its
-    ``+``-joined field=value pairs (integers where they parse, true and false as booleans)."""
+    """``--variants raster=n,raster_group=4+raster=m`` as field changes to the pick (gpu/midm_tiles.py, bench_moe.py):
+    one dict per comma item, its ``+``-joined field=value pairs (integers where they parse, true and false as
+    booleans)."""
     variants = []
     for item in filter(None, text.split(",")):
         fields = {}

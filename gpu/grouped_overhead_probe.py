@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+from bench_grouped import ends  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 
@@ -33,12 +34,8 @@ def layouts(groups: int) -> dict[str, list[int]]:
 
 
 def ends_of(groups: int, active: list[int]) -> torch.Tensor:
-    sizes = [1 if g in active else 0 for g in range(groups)]
-    ends, total = [], 0
-    for s in sizes:
-        total += s
-        ends.append(total)
-    return torch.tensor(ends, dtype=torch.int32, device="cuda")
+    """The offsets of ``groups`` groups, one row in each of ``active``."""
+    return torch.tensor(ends([1 if g in active else 0 for g in range(groups)]), dtype=torch.int32, device="cuda")
 
 
 def main() -> int:

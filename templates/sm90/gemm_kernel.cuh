@@ -245,12 +245,12 @@ struct GroupedRows {
 #ifdef __CUDACC__
   // -- Walks a whole warp runs together: every lane calls them with the same arguments. One thread's walk waits on
   // each group's load and division in turn, about 65 ns a group on the H200, twice per CTA (the count, then the seek
-  // to its first unit): 17 us of a decode step's 24 us over 128 experts (gpu/grouped_overhead_probe.py). A warp
-  // takes 32 groups a step.
+  // to its first unit): 17 us of a decode step's 32.5 us over 128 experts, its rows in the last ones
+  // (gpu/grouped_overhead_probe.py). A warp takes 32 groups a step.
+  static constexpr unsigned kAll = 0xffffffffu;  // every lane of the warp (the shuffles' and the ballot's mask)
 
   // Lane l's group base + l of a chunk of 32, given the previous group's clamped end (carry): its rows, its units
   // and the chunk's units before it; the chunk's units in total (every lane).
-  static constexpr unsigned kAll = 0xffffffffu;  // every lane of the warp (the shuffles' and the ballot's mask)
   struct Chunk {
     int row0, row_end, units_m, units, before, total;
   };

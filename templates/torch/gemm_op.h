@@ -536,6 +536,17 @@ inline int64_t check_block_scales(const OperandSpec& o, const at::Tensor& t, int
   return ld;
 }
 
+// A per-row (Row) or per-column (Col) vector operand after check_operand_static: `length` values (M or N),
+// contiguous.
+inline void check_vector(const OperandSpec& o, const at::Tensor& t, int64_t length) {
+  const bool row = o.kind == OperandKind::Row;
+  TORCH_CHECK_VALUE(t.size(0) == length, o.name, " has length ", t.size(0), "; a per-", row ? "row" : "col",
+                    " vector has one value per ", row ? "row" : "column", " of D: length ",
+                    row ? "M (A's rows)" : "N (B's columns)", " = ", length);
+  TORCH_CHECK_VALUE(length <= 1 || t.stride(0) == 1, o.name, " has stride ", t.stride(0),
+                    "; the kernel reads vectors contiguous: pass ", o.name, ".contiguous()");
+}
+
 // Checks every operand for a launch of an m x n x k GEMM and fills its slot of args, in the operands' order.
 inline void check_epilogue_operands(const OpSpec& op, const c10::IValue* values, const at::Tensor& A, int64_t m,
                                     int64_t n, int64_t k, GemmArgs& args) {
@@ -558,13 +569,7 @@ inline void check_epilogue_operands(const OpSpec& op, const c10::IValue* values,
       continue;
     }
     if (o.kind != OperandKind::Matrix) {
-      const bool row = o.kind == OperandKind::Row;
-      const int64_t length = row ? m : n;
-      TORCH_CHECK_VALUE(t.size(0) == length, o.name, " has length ", t.size(0), "; a per-", row ? "row" : "col",
-                        " vector has one value per ", row ? "row" : "column", " of D: length ",
-                        row ? "M (A's rows)" : "N (B's columns)", " = ", length);
-      TORCH_CHECK_VALUE(length <= 1 || t.stride(0) == 1, o.name, " has stride ", t.stride(0),
-                        "; the kernel reads vectors contiguous: pass ", o.name, ".contiguous()");
+      check_vector(o, t, o.kind == OperandKind::Row ? m : n);
       args.ep_ptr[i] = t.data_ptr();
       continue;
     }
@@ -1072,10 +1077,7 @@ inline void check_grouped_row_scales(const OpSpec& op, const GroupedScales& scal
   const OperandSpec& oa = op.operands[0];
   const OperandSpec& ob = op.operands[1];
   check_operand_static(oa, scales.a, A);
-  TORCH_CHECK_VALUE(scales.a.size(0) == rows, oa.name, " has length ", scales.a.size(0), "; a per-row vector has one "
-                    "value per row of D: length M (A's rows) = ", rows);
-  TORCH_CHECK_VALUE(rows <= 1 || scales.a.stride(0) == 1, oa.name, " has stride ", scales.a.stride(0),
-                    "; the kernel reads vectors contiguous: pass ", oa.name, ".contiguous()");
+  check_vector(oa, scales.a, rows);
   args.ep_ptr[0] = scales.a.data_ptr();
   TORCH_CHECK_TYPE(scales.b.defined(), ob.name, " must be a torch.Tensor of shape (E, N), got NoneType");
   const std::vector<int64_t> wanted = {groups, n};
@@ -1559,7 +1561,7 @@ struct GemmMaskedScaledKernel {
 // and .masked_scaled; the JIT ops' fake is GemmOp._check_grouped_scales_meta): each a tensor, fp32, on A's device.
 inline void check_grouped_scales_meta(const OpSpec& op, const GroupedScales& scales, const at::Tensor& A) {
   TORCH_CHECK(op.num_operands == 2, op.op, ": a scaled grouped call needs a plan whose only operands are per-block "
-              "scales");
+              "or per-row scales");
   const at::Tensor* values[2] = {&scales.a, &scales.b};
   for (int i = 0; i < 2; ++i) {
     const OperandSpec& o = op.operands[i];
