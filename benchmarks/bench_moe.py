@@ -2,7 +2,8 @@
 uniformly, Dirichlet-skewed and Zipf-skewed, next to torch._grouped_mm and a loop of torch.mm (issue 35's table).
 
     python benchmarks/bench_moe.py [--models mixtral-8x7b,...] [--tokens 1,16,512,4096]
-        [--routings uniform,dirichlet,zipf] [--seed 0] [--dtype bf16] [--rounds 3] [--masked] [--json $OUT/bench_moe.json]
+        [--routings uniform,dirichlet,zipf] [--seed 0] [--dtype bf16] [--rounds 3] [--masked] [--split-at 64,128]
+        [--json $OUT/bench_moe.json]
 
 Each model's MoE layer is (experts, top-k, hidden, intermediate), with an expert-parallel slice where the model is
 served so (DeepSeek-V3: 256 experts, 32 of them on this GPU). Each token picks top-k distinct experts (``route``),
@@ -126,14 +127,58 @@ class MoeRow:
         return min(r for r in (self.row.vs_grouped_mm, self.row.vs_loop) if r is not None)
 
 
+class SplitByRows:
+    """An upper bound on per-group tile shapes measured with today's kernels: the groups of more than ``rows`` rows
+    through ``large`` (an op planned for them), the others through ``small`` (one planned for theirs), two launches
+    back to back where one kernel holding both tile shapes would take one. Duck-types op.grouped for measure_sizes:
+    the first call gathers each part's rows and weights (untimed: a per-group kernel reads them in place) and returns
+    the whole D for the check; the timed calls run the two launches only."""
+
+    def __init__(self, large, small, rows: int):
+        self.large, self.small, self.rows = large, small, rows
+        self.parts: tuple | None = None
+
+    def grouped(self, a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor):
+        if self.parts is not None and self.parts[0] == a.data_ptr():
+            for op, x, w, ends in self.parts[1:]:
+                op.grouped(x, w, ends)
+            return None
+        sizes = torch.diff(offsets.long(), prepend=offsets.new_zeros(1).long()).tolist()
+        starts = [e - s for s, e in zip(sizes, offsets.tolist())]
+        d = torch.empty(a.shape[0], b.shape[2], dtype=a.dtype, device=a.device)
+        parts = [a.data_ptr()]
+        for op, keep in ((self.large, lambda s: s > self.rows), (self.small, lambda s: s <= self.rows)):
+            groups = [g for g, s in enumerate(sizes) if keep(s)]
+            rows = torch.cat([torch.arange(starts[g], starts[g] + sizes[g], device=a.device) for g in groups])
+            x = a[rows]
+            w = b.transpose(1, 2)[groups].transpose(1, 2)   # (E', K, N), K-major as b
+            ends = torch.tensor(sizes, dtype=torch.int32)[groups].cumsum(0).to(torch.int32).to(a.device)
+            d[rows] = op.grouped(x, w, ends)
+            parts.append((op, x, w, ends))
+        self.parts = tuple(parts)
+        return d
+
+
+def split_sizes(sizes: list[int], rows: int) -> tuple[list[int], list[int]] | None:
+    """(the groups of more than ``rows`` rows, the others), or None where one part would have no rows."""
+    large = [s for s in sizes if s > rows]
+    small = [s for s in sizes if s <= rows]
+    return (large, small) if large and sum(small) else None
+
+
+def part_shape(sizes: list[int], n: int, k: int) -> tuple[int, int, int, int]:
+    """The (E, mean rows, N, K) entry a call of these groups is planned for."""
+    return (len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k)
+
+
 def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: str,
             candidates: list = (), ragged: bool = True, variants: list[dict] = ()) -> tuple[dict, dict]:
     """{(E, mean rows, N, K): op}, each planned as bench_grouped.py plans an E x T x N x K entry, and {shape: {name:
     op}} of the ``variants`` (parse_variants' field changes to the pick) and ``candidates`` (parse_candidates' tuples:
     the same hints with the tile, cluster, schedule and stages fixed); those the planner refuses for the shape are left
     out, said once; one parallel build."""
-    shapes = sorted({(len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k) for *_, sizes, n, k in cases})
-    plans = {s: Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], ragged=ragged) for s in shapes}
+    shapes = sorted({part_shape(sizes, n, k) for *_, sizes, n, k in cases})
+    plans = {s: Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], ragged=ragged and s[0] > 1) for s in shapes}
     others: dict[tuple, list] = {s: [] for s in shapes}
     for s in shapes:
         for fields in variants:
@@ -148,7 +193,8 @@ def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: 
             if candidate.stream_k:
                 raise SystemExit("--candidates: grouped calls take no stream-K (drop :sk)")
             try:
-                cfg = Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], ragged=ragged, **candidate.hints()).config
+                cfg = Gemm(dtype, "tn", m=s[1], n=s[2], k=s[3], batch=s[0], ragged=ragged and s[0] > 1,
+                           **candidate.hints()).config
             except ValueError as refused:
                 print(f"  {s}: skip {candidate}: {refused}", file=sys.stderr)
                 continue
@@ -192,6 +238,10 @@ def summarize(rows: list[MoeRow]) -> dict[str, float]:
     # --candidates: the fastest of the pick and the candidates per row, what one better tile per call would read
     best = [r.row.grouped_mm_ms / min([r.row.ours_ms, *r.row.extra_ms.values()])
             for r in rows if r.row.extra_ms and r.row.grouped_mm_ms]
+    for name in sorted({n for r in rows for n in r.row.extra_ms if n.startswith("split@")}):
+        split = [r.row.ours_ms / r.row.extra_ms[name] for r in rows if name in r.row.extra_ms]
+        summary[f"geomean pick/{name} ({len(split)} rows)"] = round(geomean(split), 4)
+        summary[f"max pick/{name}"] = round(max(split), 4)
     if best:
         summary["geomean fastest candidate/torch._grouped_mm"] = round(geomean(best), 4)
         summary["min fastest candidate/torch._grouped_mm"] = round(min(best), 4)
@@ -226,6 +276,9 @@ def main(argv: list[str] | None = None) -> int:
                         "at which routing")
     parser.add_argument("--variants", default="", help="the pick with KernelConfig fields changed, timed beside it: "
                         "FIELD=VALUE[+FIELD=VALUE],... (e.g. raster_group=1)")
+    parser.add_argument("--split-at", default="", help="rows (comma list): also time each call as two launches, "
+                        "the groups of more rows and the rest, each planned for its own (what per-group tile shapes "
+                        "could gain at most, less one launch)")
     parser.add_argument("--uniform-plan", action="store_true",
                         help="plan as for equal groups (no ragged=True hint: the plan before routing was weighed)")
     parser.add_argument("--json", default=None, help="default $OUT/bench_moe.json or ./bench_moe.json")
@@ -235,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         routings = parse_list(args.routings, ROUTINGS, "--routings")
         gemms = parse_list(args.gemms, ("up", "down"), "--gemms")
         tokens = [int(t) for t in parse_list(args.tokens, None, "--tokens")]
+        split_at = [int(r) for r in parse_list(args.split_at, None, "--split-at")] if args.split_at else []
     except ValueError as err:
         parser.error(str(err))
     if any(t < 1 for t in tokens) or args.rounds < 1 or args.alpha <= 0 or args.zipf_s <= 0:
@@ -254,15 +308,21 @@ def main(argv: list[str] | None = None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; {args.dtype}, layout tn, "
           f"do_bench median of {args.rounds} interleaved rounds")
-    ops, candidate_ops = planned(cases, args.dtype, parse_candidates(args.candidates), ragged=not args.uniform_plan,
-                                 variants=parse_variants(args.variants))
+    split_cases = [(*c[:4], part, *c[5:]) for rows_at in split_at for c in cases
+                   for part in (split_sizes(c[4], rows_at) or ())]
+    ops, candidate_ops = planned(cases + split_cases, args.dtype, parse_candidates(args.candidates),
+                                 ragged=not args.uniform_plan, variants=parse_variants(args.variants))
     warm_up_gpu()
     rows = []
     print(f"{'model':<18} {'gemm':<4} {'tokens':>6} {'routing':<9} {'min':>5} {'max':>5} {'empty':>5} | " + header())
     for model, gemm, t, routing, sizes, n, k in cases:
-        shape = (len(sizes), max(1, round(sum(sizes) / len(sizes))), n, k)
-        row = measure_sizes(shape, sizes, ops[shape], args.dtype, args.rounds, args.order,
-                            extra=candidate_ops[shape])
+        shape = part_shape(sizes, n, k)
+        extra = dict(candidate_ops[shape])
+        for rows_at in split_at:
+            parts = split_sizes(sizes, rows_at)
+            if parts:
+                extra[f"split@{rows_at}"] = SplitByRows(*(ops[part_shape(p, n, k)] for p in parts), rows_at)
+        row = measure_sizes(shape, sizes, ops[shape], args.dtype, args.rounds, args.order, extra=extra)
         moe = MoeRow(model, gemm, t, routing, min(sizes), max(sizes), sizes.count(0), row)
         if args.masked:
             moe.masked_ms, moe.masked_rel_error = measure_masked(ops[shape], sizes, n, k, args.dtype, args.rounds,

@@ -372,3 +372,43 @@ def test_bench_moe_candidates_beside_the_pick(monkeypatch):
     _, varied = m.planned(cases, "bf16", variants=parse_variants("raster_group=1"))
     (name,), = [list(v) for v in varied.values()]
     assert name == pick.replace("_g8m", "_g1m") and pick.endswith("_g8m")    # a ragged pick bands 8 tile rows
+
+
+def test_bench_moe_split_by_rows(monkeypatch):
+    """bench_moe.py --split-at: a call's groups of more than R rows through one op and the rest through another, each
+    given its groups' rows and K-major weights in order (empty groups with the small ones), the whole D put back
+    together for the check and nothing gathered again on the timed calls; no split where one part has no rows; a part
+    of one group plans without ragged=True (which needs two groups)."""
+    import functools
+    import itertools
+
+    import torch
+
+    import bench_moe as m
+    from generator import Gemm
+
+    calls = []
+
+    class Reference:   # op.grouped's contract on the CPU
+        def grouped(self, x, w, ends):
+            calls.append((x.shape[0], w.shape[0], w.stride(1)))
+            out, start = torch.empty(x.shape[0], w.shape[2]), 0
+            for g, end in enumerate(ends.tolist()):
+                out[start:end] = x[start:end] @ w[g]
+                start = end
+            return out
+
+    sizes = [0, 5, 300, 2, 0, 150, 64, 65]
+    ends = torch.tensor(list(itertools.accumulate(sizes)), dtype=torch.int32)
+    a, b = torch.randn(sum(sizes), 32), torch.randn(len(sizes), 48, 32).transpose(1, 2)
+    split = m.SplitByRows(Reference(), Reference(), 64)
+    assert torch.allclose(split.grouped(a, b, ends), Reference().grouped(a, b, ends), atol=1e-5)
+    assert calls[:2] == [(515, 3, 1), (71, 5, 1)]              # 300, 150, 65 rows; then 0, 5, 2, 0, 64 (K-major)
+    calls.clear()
+    assert split.grouped(a, b, ends) is None and calls == [(515, 3, 1), (71, 5, 1)]
+    assert m.split_sizes(sizes, 64) == ([300, 150, 65], [0, 5, 2, 0, 64])
+    assert m.split_sizes([1, 2], 64) is None and m.split_sizes([0, 0, 300], 64) is None
+    monkeypatch.setattr(m, "Gemm", functools.partial(Gemm, arch=90))
+    monkeypatch.setattr(m, "compile_many", lambda configs, namespace: [c.name for c in configs])
+    ops, _ = m.planned([("x", "up", 512, "zipf", [300], 1024, 2048)], "bf16")
+    assert list(ops) == [(1, 300, 1024, 2048)]

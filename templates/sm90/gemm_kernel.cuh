@@ -104,6 +104,11 @@
 #ifndef GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT
 #define GEMMGEN_SM90_EXPERIMENT_ONE_SPLIT 0
 #endif
+// A grouped or listed warpgroup tile of two m64 blocks whose rows end in the first issues that block's wgmmas only
+// (Kernel::mainloop_of_rows); 0 issues both, as a dense tile does (for A/B runs).
+#ifndef GEMMGEN_SM90_TRIM_EMPTY_BLOCKS
+#define GEMMGEN_SM90_TRIM_EMPTY_BLOCKS 1
+#endif
 // The block-scaled main loop's unroll factor (Kernel::kPromotedUnroll; for A/B runs).
 #ifndef GEMMGEN_SM90_BLOCK_SCALED_UNROLL
 #define GEMMGEN_SM90_BLOCK_SCALED_UNROLL 3
@@ -1318,8 +1323,13 @@ struct Kernel {
         mainloop_promoted(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles,
                           block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
       } else {
-        const int last_slot = mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles,
-                                       kStagingInRing);
+        int last_slot;
+        if constexpr (W == Walking::kFlat) {
+          last_slot = mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles, kStagingInRing);
+        } else {
+          last_slot = mainloop_of_rows(tile.m - (m0 + row_in_tile), p, smem, acc, row_in_tile, col_in_tile, pos,
+                                       rank, at.k_tiles, kStagingInRing);
+        }
         if constexpr (kStagingInRing) epi.stage_in_slot(last_slot);
       }
       if (PINGPONG && next_exists) pass_turn(consumer);
@@ -1650,7 +1660,8 @@ struct Kernel {
   // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
   // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A and columns of B).
   // COLUMNS < WG_N: the slice of the columns [column0, column0 + COLUMNS) only (B's rows there; promotion's slices).
-  template <int COLUMNS = WG_N, typename A, int N>
+  // BLOCKS < MMA_BLOCKS_M: the first BLOCKS m64 blocks only (a tile whose rows end inside it: mainloop_of_rows).
+  template <int COLUMNS = WG_N, int BLOCKS = MMA_BLOCKS_M, typename A, int N>
   __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][N], uint64_t stage0_a,
                                                       uint64_t stage0_b, int slot, bool accumulate, int column0 = 0) {
     using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, kMmaAKMajor ? 0 : 1, kMmaBKMajor ? 0 : 1, MmaTileB>;
@@ -1659,17 +1670,18 @@ struct Kernel {
     ptx::wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
-      issue_k_step<SliceMma>(acc, stage0_a, stage0_b, slot, kk, column0, (accumulate || kk > 0) ? 1 : 0);
+      issue_k_step<SliceMma, BLOCKS>(acc, stage0_a, stage0_b, slot, kk, column0, (accumulate || kk > 0) ? 1 : 0);
   }
 
-  // The wgmmas of k step kk of the k tile in ring slot `slot`, one per m64 block, into `set` (scale_d 0: overwrite).
-  template <class SliceMma, typename A, int N>
+  // The wgmmas of k step kk of the k tile in ring slot `slot`, one per m64 block (the first BLOCKS), into `set`
+  // (scale_d 0: overwrite).
+  template <class SliceMma, int BLOCKS = MMA_BLOCKS_M, typename A, int N>
   __device__ __forceinline__ static void issue_k_step(A (&set)[MMA_BLOCKS_M][N], uint64_t stage0_a, uint64_t stage0_b,
                                                       int slot, int kk, int column0, int scale_d) {
     const uint32_t stage = slot * (STAGE_BYTES / 16);
     const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + MmaTileB::offset_units(column0, kk));
 #pragma unroll
-    for (int i = 0; i < MMA_BLOCKS_M; ++i) {
+    for (int i = 0; i < BLOCKS; ++i) {
       const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + MmaTileA::offset_units(i * kMmaM, kk));
       SliceMma::run(set[i], desc_a, desc_b, scale_d);
     }
@@ -1684,9 +1696,29 @@ struct Kernel {
       for (int r = 0; r < N; ++r) ptx::fence_operand(set[i][r]);
   }
 
+  // A grouped or listed tile's main loop for its rows: `rows` of this warpgroup's WG_M hold rows of the tile's group
+  // or problem (the rest: the next group's rows, or TMA's zeros past a listed A, which no store writes). A warpgroup
+  // of two m64 blocks (pingpong's 128-row tiles, cooperative 256-row ones) whose rows end in the first issues that
+  // block's wgmmas only: a group's last tile row is half empty on average. The second block's accumulators are left
+  // as they are (the stores are bounded by the group's rows). Measured on MoE layers (docs/grouped.md, "Tiles that
+  // end inside their group"): 128x128 pingpong 1.01-1.05x. A cooperative warpgroup with no rows at all skipping its
+  // wgmmas (its partner then has the tensor cores alone) read 0.90-1.10x on the same rows, so it issues them.
+  __device__ __forceinline__ static int mainloop_of_rows(int rows, const Problem& p, const Smem& smem,
+                                                         Accum (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
+                                                         int col_in_tile, RingPos& pos, uint32_t rank, int kt_end,
+                                                         bool hold_last) {
+    static_assert(MMA_BLOCKS_M <= 2, "a warpgroup's rows are one or two m64 blocks");
+    if constexpr (!kARegisters && MMA_BLOCKS_M == 2 && GEMMGEN_SM90_TRIM_EMPTY_BLOCKS) {
+      if (rows <= kMmaM) return mainloop<1>(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, kt_end, hold_last);
+    }
+    return mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, kt_end, hold_last);
+  }
+
   // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
-  // ring from `pos` on; the first k tile overwrites acc. Returns the last k tile's slot, which is released too unless
-  // `hold_last` (kStagingInRing: the epilogue stages D there, then releases it).
+  // ring from `pos` on; the first k tile overwrites acc (its first BLOCKS m64 blocks: mainloop_of_rows). Returns the
+  // last k tile's slot, which is released too unless `hold_last` (kStagingInRing: the epilogue stages D there, then
+  // releases it).
+  template <int BLOCKS = MMA_BLOCKS_M>
   __device__ __forceinline__ static int mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
                                                  int row_in_tile, int col_in_tile, RingPos& pos, uint32_t rank,
                                                  int kt_begin, int kt_end, bool hold_last = false) {
@@ -1704,7 +1736,7 @@ struct Kernel {
     int previous = -1;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
-      issue_k_tile(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin);
+      issue_k_tile<WG_N, BLOCKS>(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin);
       ptx::wgmma_commit();
       fence_set(acc);
       // Keep this k tile's wgmma in flight; the previous one has finished reading its slot.
