@@ -15,6 +15,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
     pytest.skip("quantized outputs are built for the sm90 family (an H100-class GPU)", allow_module_level=True)
 
 from generator import Gemm, dequantize, quantize  # noqa: E402
+from generator import epilogue as ep  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 from generator.spec.types import DType  # noqa: E402
 
@@ -31,15 +32,28 @@ PLANS = {
                                      tile_shape=(64, 256, 64)),
     "bf16_e4m3_256x128": dict(dtype="bf16", out_dtype="e4m3", tile_shape=(256, 128, 64), cluster_shape=(1, 2)),
     "e4m3_block_e4m3": dict(dtype="e4m3", scale="block", out_dtype="e4m3"),
+    # the fp8 MLP's gate (examples/fp8_mlp.py): an M x N operand read element by element beside a quantized D
+    "e4m3_block_e4m3_silu_times_up": dict(dtype="e4m3", scale="block", out_dtype="e4m3", epilogue="silu_times_up"),
 }
 #: (M, N, K): whole blocks, a partial last block with N off the 16-byte rule, a few rows, K = 0.
 SHAPES = [(1024, 1024, 1024), (1000, 4100, 264), (129, 520, 1104), (5, 384, 256), (300, 200, 0)]
 FP8_EPS = {"e4m3": 2.0 ** -4, "e5m2": 2.0 ** -3}   # half an ulp at 1, relative
 
 
+def silu_times_up(acc, up: ep.Matrix):
+    return ep.silu(acc) * up
+
+
+EPILOGUES = {"silu_times_up": silu_times_up}
+
+
+def plan_kwargs(kw: dict) -> dict:
+    return {**kw, "epilogue": EPILOGUES[kw["epilogue"]]} if "epilogue" in kw else kw
+
+
 @pytest.fixture(scope="module")
 def ops():
-    quantized = [Gemm(layout="tn", arch=90, **kw).config for kw in PLANS.values()]
+    quantized = [Gemm(layout="tn", arch=90, **plan_kwargs(kw)).config for kw in PLANS.values()]
     unquantized = [dataclasses.replace(cfg, out_dtype=DType.bf16) for cfg in quantized]   # the same kernel, bf16 D
     built = compile_many(quantized + unquantized, namespace="gemmgen_quantized_out_test")
     return {key: (built[i], built[len(PLANS) + i]) for i, key in enumerate(PLANS)}
@@ -63,6 +77,10 @@ def operands(key: str, m: int, n: int, k: int):
         bias = torch.randn(n, device="cuda").bfloat16()
         args.append(bias)
         ref = ref + bias.double()
+    if kw.get("epilogue") == "silu_times_up":
+        up = torch.randn(m, n, device="cuda").bfloat16()
+        args.append(up)
+        ref = torch.nn.functional.silu(ref) * up.double()
     activation = kw.get("activation")
     if activation == "silu":
         ref = torch.nn.functional.silu(ref)
