@@ -1705,16 +1705,16 @@ struct Kernel {
 
   // A grouped or listed tile's main loop for its rows: `rows` of this warpgroup's WG_M hold rows of the tile's group
   // or problem (the rest: the next group's rows, or TMA's zeros past a listed A, which no store writes). A warpgroup
-  // of two m64 blocks (pingpong's 128-row tiles, cooperative 256-row ones) whose rows end in the first issues that
-  // block's wgmmas only: a group's last tile row is half empty on average. The second block's accumulators are left
-  // as they are (the stores are bounded by the group's rows). Measured on MoE layers (docs/grouped.md, "Tiles that
-  // end inside their group"): 128x128 pingpong 1.01-1.05x. A cooperative warpgroup with no rows at all skipping its
-  // wgmmas (its partner then has the tensor cores alone) read 0.90-1.10x on the same rows, so it issues them.
+  // of two m64 blocks (pingpong's 128-row tiles, cooperative 256-row ones; not the three of a 192-row tile split
+  // along N, unmeasured) whose rows end in the first issues that block's wgmmas only: a group's last tile row is half
+  // empty on average. The second block's accumulators are left as they are (the stores are bounded by the group's
+  // rows). Measured on MoE layers (docs/grouped.md, "Tiles that end inside their group"): 128x128 pingpong 1.019x
+  // geomean. A cooperative warpgroup with no rows at all skipping its wgmmas (its partner then has the tensor cores
+  // alone) read 0.90-1.10x on the same rows, so it issues them.
   __device__ __forceinline__ static int mainloop_of_rows(int rows, const Problem& p, const Smem& smem,
                                                          Accum (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                          int col_in_tile, RingPos& pos, uint32_t rank, int kt_end,
                                                          bool hold_last) {
-    static_assert(MMA_BLOCKS_M <= 2, "a warpgroup's rows are one or two m64 blocks");
     if constexpr (!kARegisters && MMA_BLOCKS_M == 2 && GEMMGEN_SM90_TRIM_EMPTY_BLOCKS) {
       if (rows <= kMmaM) return mainloop<1>(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, kt_end, hold_last);
     }
