@@ -2230,11 +2230,13 @@ struct Kernel {
     }
   }
 
+  // quantize_block's parts of a block with an M x N operand read element by element (n8 blocks; 0: none).
+  static constexpr int kMatrixPartBlocks = GEMMGEN_SM90_QUANTIZED_MATRIX_PART;
+  static_assert(kMatrixPartBlocks == 0 || (kQuantBlock / 8) % kMatrixPartBlocks == 0, "whole parts of a block");
+
   // Block c (columns c * kQuantBlock on) of m64 block i: the epilogue, bf16 rounding, the rows' amax (a quad of
   // lanes holds each row's values: two shuffles), the scales, the values divided by them (IEEE division, as
   // quantize() divides), their scales stored.
-  static constexpr int kMatrixPartBlocks = GEMMGEN_SM90_QUANTIZED_MATRIX_PART;
-  static_assert(kMatrixPartBlocks == 0 || (kQuantBlock / 8) % kMatrixPartBlocks == 0, "whole parts of a block");
   template <typename ACC>
   __device__ __forceinline__ static void quantize_block(const GemmArgs& args, const Problem& p,
                                                         ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i,
