@@ -128,11 +128,12 @@ class MoeRow:
 
 
 class SplitByRows:
-    """An upper bound on per-group tile shapes measured with today's kernels: the groups of more than ``rows`` rows
-    through ``large`` (an op planned for them), the others through ``small`` (one planned for theirs), two launches
-    back to back where one kernel holding both tile shapes would take one. Duck-types op.grouped for measure_sizes:
-    the first call gathers each part's rows and weights (untimed: a per-group kernel reads them in place) and returns
-    the whole D for the check; the timed calls run the two launches only."""
+    """Per-group tile shapes approximated with today's kernels: the groups of more than ``rows`` rows through
+    ``large`` (an op planned for them), the others through ``small`` (one planned for theirs), two launches back to
+    back where one kernel holding both tile shapes would take one (measured far slower than the one launch: the small
+    groups' launch runs alone, docs/grouped.md "Tiles that end inside their group"). Duck-types op.grouped for
+    measure_sizes: the first call gathers each part's rows and weights (untimed: a per-group kernel reads them in
+    place) and returns the whole D for the check; the timed calls run the two launches only."""
 
     def __init__(self, large, small, rows: int):
         self.large, self.small, self.rows = large, small, rows
