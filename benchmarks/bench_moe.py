@@ -227,15 +227,35 @@ def measure_masked(op, sizes: list[int], n: int, k: int, dname: str, rounds: int
     return ms, err
 
 
-def summarize(rows: list[MoeRow]) -> dict[str, float]:
-    vs_gmm = [r.row.vs_grouped_mm for r in rows if r.row.vs_grouped_mm]
+def p10(values: list[float]) -> float:
+    """The 10th percentile as the tables quote it: the value a tenth of the way up the sorted list (the lowest
+    below ten values)."""
+    ordered = sorted(values)
+    return ordered[len(ordered) // 10]
+
+
+def ratios(rows: list[MoeRow], tag: str = "") -> dict[str, float]:
+    """Geomean, p10 and lowest of ours / torch._grouped_mm and of ours / the faster of it and the loop."""
     summary = {}
+    vs_gmm = [r.row.vs_grouped_mm for r in rows if r.row.vs_grouped_mm]
     if vs_gmm:
-        summary["geomean ours/torch._grouped_mm"] = round(geomean(vs_gmm), 4)
-        summary["min ours/torch._grouped_mm"] = round(min(vs_gmm), 4)
+        summary[f"{tag}geomean ours/torch._grouped_mm"] = round(geomean(vs_gmm), 4)
+        summary[f"{tag}p10 ours/torch._grouped_mm"] = round(p10(vs_gmm), 4)
+        summary[f"{tag}min ours/torch._grouped_mm"] = round(min(vs_gmm), 4)
     if rows:
-        summary["geomean ours/best of (_grouped_mm, loop)"] = round(geomean([r.vs_best for r in rows]), 4)
-        summary["min ours/best of (_grouped_mm, loop)"] = round(min(r.vs_best for r in rows), 4)
+        best = [r.vs_best for r in rows]
+        summary[f"{tag}geomean ours/best of (_grouped_mm, loop)"] = round(geomean(best), 4)
+        summary[f"{tag}p10 ours/best of (_grouped_mm, loop)"] = round(p10(best), 4)
+        summary[f"{tag}min ours/best of (_grouped_mm, loop)"] = round(min(best), 4)
+    return summary
+
+
+def summarize(rows: list[MoeRow]) -> dict[str, float]:
+    """Issue 35's figures over every row, then per token count (where there are several)."""
+    summary = ratios(rows)
+    counts = sorted({r.tokens for r in rows})
+    for tokens in counts if len(counts) > 1 else ():
+        summary.update(ratios([r for r in rows if r.tokens == tokens], f"{tokens} tokens: "))
     # --candidates: the fastest of the pick and the candidates per row, what one better tile per call would read
     best = [r.row.grouped_mm_ms / min([r.row.ours_ms, *r.row.extra_ms.values()])
             for r in rows if r.row.extra_ms and r.row.grouped_mm_ms]

@@ -412,3 +412,26 @@ def test_bench_moe_split_by_rows(monkeypatch):
     monkeypatch.setattr(m, "compile_many", lambda configs, namespace: [c.name for c in configs])
     ops, _ = m.planned([("x", "up", 512, "zipf", [300], 1024, 2048)], "bf16")
     assert list(ops) == [(1, 300, 1024, 2048)]
+
+
+def test_bench_moe_summary_per_token_count():
+    """bench_moe.py's summary: geomean, p10 and lowest of both ratios over every row, and per token count where the run
+    has several (the note's tables quote them so)."""
+    import bench_moe as m
+    from bench_grouped import Row
+
+    def row(tokens: int, vs_gmm: float, vs_loop: float):
+        r = Row(experts=1, tokens_per_expert=1, n=1, k=1, total_m=1, dtype="bf16", kernel="op", path="path",
+                ours_ms=1.0, grouped_mm_ms=vs_gmm, loop_ms=vs_loop, ours_tflops=0.0, grouped_mm_tflops=0.0,
+                loop_tflops=0.0, vs_grouped_mm=vs_gmm, vs_loop=vs_loop, rel_error=0.0, grouped_mm_rel_error=0.0,
+                loop_rel_error=0.0, anchor_grouped_mm_tflops=None)
+        return m.MoeRow("x", "up", tokens, "zipf", 0, 1, 0, r)
+
+    rows = [row(1, 2.0, 0.5), row(1, 0.5, 4.0), row(512, 1.0, 1.0)]
+    s = m.summarize(rows)
+    assert s["geomean ours/torch._grouped_mm"] == 1.0 and s["min ours/torch._grouped_mm"] == 0.5
+    assert s["p10 ours/best of (_grouped_mm, loop)"] == 0.5
+    assert s["1 tokens: min ours/best of (_grouped_mm, loop)"] == 0.5
+    assert s["512 tokens: geomean ours/torch._grouped_mm"] == 1.0 and "1 tokens: p10 ours/torch._grouped_mm" in s
+    assert not any(k.startswith("512 tokens") for k in m.summarize(rows[2:]))
+    assert m.p10([float(v) for v in range(20)]) == 2.0 and m.p10([3.0, 1.0]) == 1.0
