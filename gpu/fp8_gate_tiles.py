@@ -12,19 +12,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "examples"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from bench import timed_rounds  # noqa: E402
 from fp8_mlp import silu_times_up  # noqa: E402
-from generator import Gemm, quantize  # noqa: E402
+from generator import Gemm, dequantize, quantize  # noqa: E402
 from generator import epilogue as ep  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
 
@@ -76,9 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     x8, sx = quantize(x, "e4m3", scale="block")
     w8, sw = quantize(w, "e4m3", scale="block", block=(128, 128))
     # the reference: the fp8 operands dequantized, in float32
-    xd = (x8.float().view(m, k // 128, 128) * sx[:, :, None]).view(m, k)
-    wd = (w8.float().view(n // 128, 128, k // 128, 128) * sw[:, None, :, None]).view(n, k)
-    acc = xd @ wd.t()
+    acc = dequantize(x8, sx, scale="block") @ dequantize(w8, sw, scale="block", block=(128, 128)).t()
     refs = {"gate": torch.nn.functional.silu(acc) * up.float(), "silu_q": torch.nn.functional.silu(acc), "up": acc}
     refs["gate_bf16"] = refs["gate"]
     calls, rows = {}, []
@@ -87,21 +85,16 @@ def main(argv: list[str] | None = None) -> int:
         call = (lambda op=op, extra=extra: op(x8, w8.t(), sx, sw, *extra))
         out = call()
         if isinstance(out, tuple):   # quantized: (e4m3 D, its 1x128 scales)
-            q, s = out
-            out = (q.float().view(m, n // 128, 128) * s[:, :, None]).view(m, n)
+            out = dequantize(*out, scale="block")
         ref = refs[kind]
         err = ((out.float() - ref).norm() / ref.norm()).item()
         calls[name] = call
         rows.append({"name": name, "kernel": op.name, "rel_error": err})
-    times = {name: [] for name in calls}
-    for r in range(args.rounds):
-        order = list(calls) if r % 2 == 0 else list(reversed(calls))
-        for name in order:
-            times[name].append(do_bench(calls[name], warmup=25, rep=100))
+    ms_of = timed_rounds(calls, args.rounds)
     flops = 2 * m * n * k
     print(f"{torch.cuda.get_device_name()}: gate GEMM {m}x{n}x{k} (e4m3, block scales), do_bench medians")
     for row in rows:
-        ms = statistics.median(times[row["name"]])
+        ms = ms_of[row["name"]]
         row.update(ms=ms, tflops=flops / ms / 1e9)
         print(f"  {row['name']:<20} {ms:8.4f} ms {row['tflops']:7.1f} TFLOP/s  rel.err {row['rel_error']:.1e}  "
               f"{row['kernel']}")
