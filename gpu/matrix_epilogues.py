@@ -13,16 +13,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
+from bench import timed_rounds  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator import epilogue as ep  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
@@ -79,12 +79,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"shape": [m, n, k], "name": name, "kernel": op.name, "rel_error": err})
             if not err < 1e-2:
                 bad.append(f"{m}x{n}x{k} {name}: {err:.1e}")
-        times = {name: [] for name in calls}
-        for r in range(args.rounds):
-            for name in (list(calls) if r % 2 == 0 else list(reversed(calls))):
-                times[name].append(do_bench(calls[name], warmup=25, rep=100))
+        ms_of = timed_rounds(calls, args.rounds)
         for row in rows[-len(calls):]:
-            row["ms"] = statistics.median(times[row["name"]])
+            row["ms"] = ms_of[row["name"]]
             row["tflops"] = 2 * m * n * k / row["ms"] / 1e9
             print(f"{m}x{n}x{k} {row['name']:<26} {row['ms']:.4f} ms {row['tflops']:7.1f} TFLOP/s "
                   f"rel.err {row['rel_error']:.1e}  {row['kernel']}", flush=True)
