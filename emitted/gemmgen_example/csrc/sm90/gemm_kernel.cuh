@@ -109,12 +109,11 @@
 #ifndef GEMMGEN_SM90_TRIM_EMPTY_BLOCKS
 #define GEMMGEN_SM90_TRIM_EMPTY_BLOCKS 1
 #endif
-// A quantized D's epilogue with an M x N operand read element by element (not by TMA: Epilogue::kStraightLine is
-// off) runs each 128-column block's inner parts of this many n8 blocks as straight-line code, their operand loads in
-// flight together (Kernel::quantize_block); 0: element by element behind bounds checks, as other epilogues with such
-// an operand.
-#ifndef GEMMGEN_SM90_QUANTIZED_MATRIX_PART
-#define GEMMGEN_SM90_QUANTIZED_MATRIX_PART 4
+// An epilogue with an M x N operand read element by element (not by TMA: Epilogue::kStraightLine is off) runs the
+// inner parts of this many n8 blocks as straight-line code, their operand loads in flight together
+// (Kernel::run_epilogue); 0: element by element behind bounds checks.
+#ifndef GEMMGEN_SM90_EPILOGUE_MATRIX_PART
+#define GEMMGEN_SM90_EPILOGUE_MATRIX_PART 4
 #endif
 // The block-scaled main loop's unroll factor (Kernel::kPromotedUnroll; for A/B runs).
 #ifndef GEMMGEN_SM90_BLOCK_SCALED_UNROLL
@@ -2156,22 +2155,37 @@ struct Kernel {
     if constexpr (!kQuantizesOut) run_epilogue<BLOCKS, SOURCED>(args, p, acc, m0, n0, i, j0, source);
   }
 
-  // MATRIX_PART: straight-line inner parts even with an M x N operand read element by element (quantize_block's parts
-  // of a block, few enough loads in flight).
-  template <int BLOCKS, bool SOURCED = false, bool MATRIX_PART = false, typename ACC>
+  // run_epilogue's parts with an M x N operand read element by element (n8 blocks; 0: element by element).
+  static constexpr int kMatrixPartBlocks = GEMMGEN_SM90_EPILOGUE_MATRIX_PART;
+  static_assert(kMatrixPartBlocks == 0 || (kQuantBlock / 8) % kMatrixPartBlocks == 0, "whole parts of a block");
+  template <int BLOCKS, bool SOURCED = false, typename ACC>
   __device__ __forceinline__ static void run_epilogue(const GemmArgs& args, const Problem& p,
                                                       ACC (&acc)[MMA_BLOCKS_M][ACCUM], int m0, int n0, int i, int j0,
                                                       const float* source = nullptr) {
     if constexpr (!Cfg::Epilogue::kIdentity) {
       // A part wholly inside M x N takes the loop without bounds checks: straight-line code whose elements
       // interleave (a branch per column would leave each element's chain of dependent operations exposed).
-      if constexpr (SOURCED ? Cfg::Epilogue::kStraightLineSourced : Cfg::Epilogue::kStraightLine || MATRIX_PART) {
+      if constexpr (SOURCED ? Cfg::Epilogue::kStraightLineSourced : Cfg::Epilogue::kStraightLine) {
         if (m0 + (i + 1) * kMmaM <= p.m && n0 + (j0 + BLOCKS) * 8 <= p.n) {
           apply_epilogue_part<BLOCKS, false, SOURCED>(args, p, acc, m0, n0, i, j0, source);
           return;
         }
+        apply_epilogue_part<BLOCKS, true, SOURCED>(args, p, acc, m0, n0, i, j0, source);
+      } else if constexpr (kMatrixPartBlocks > 0 && BLOCKS % kMatrixPartBlocks == 0) {
+        // An M x N operand read element by element: straight-line in parts of kMatrixPartBlocks n8 blocks, so that
+        // a part's loads are in flight together and not all of them at once (ptxas would spill).
+#pragma unroll
+        for (int j = j0; j < j0 + BLOCKS; j += kMatrixPartBlocks) {
+          const float* part_source = SOURCED ? source + 4 * (j - j0) : source;
+          if (m0 + (i + 1) * kMmaM <= p.m && n0 + (j + kMatrixPartBlocks) * 8 <= p.n) {
+            apply_epilogue_part<kMatrixPartBlocks, false, SOURCED>(args, p, acc, m0, n0, i, j, part_source);
+          } else {
+            apply_epilogue_part<kMatrixPartBlocks, true, SOURCED>(args, p, acc, m0, n0, i, j, part_source);
+          }
+        }
+      } else {
+        apply_epilogue_part<BLOCKS, true, SOURCED>(args, p, acc, m0, n0, i, j0, source);
       }
-      apply_epilogue_part<BLOCKS, true, SOURCED>(args, p, acc, m0, n0, i, j0, source);
     }
   }
 
@@ -2230,10 +2244,6 @@ struct Kernel {
     }
   }
 
-  // quantize_block's parts of a block with an M x N operand read element by element (n8 blocks; 0: none).
-  static constexpr int kMatrixPartBlocks = GEMMGEN_SM90_QUANTIZED_MATRIX_PART;
-  static_assert(kMatrixPartBlocks == 0 || (kQuantBlock / 8) % kMatrixPartBlocks == 0, "whole parts of a block");
-
   // Block c (columns c * kQuantBlock on) of m64 block i: the epilogue, bf16 rounding, the rows' amax (a quad of
   // lanes holds each row's values: two shuffles), the scales, the values divided by them (IEEE division, as
   // quantize() divides), their scales stored.
@@ -2245,15 +2255,7 @@ struct Kernel {
       constexpr int kBlocksPerScale = kQuantBlock / 8;  // n8 blocks of the accumulator layout
       const int t = threadIdx.x % kWarpgroupThreads;
       const int warp = t / 32, lane = t % 32;
-      if constexpr (!Cfg::Epilogue::kIdentity) {
-        if constexpr (Cfg::Epilogue::kStraightLine || kMatrixPartBlocks == 0) {
-          run_epilogue<kBlocksPerScale>(args, p, acc, m0, n0, i, c * kBlocksPerScale);
-        } else {
-#pragma unroll
-          for (int part = 0; part < kBlocksPerScale; part += kMatrixPartBlocks)
-            run_epilogue<kMatrixPartBlocks, false, true>(args, p, acc, m0, n0, i, c * kBlocksPerScale + part);
-        }
-      }
+      run_epilogue<kBlocksPerScale>(args, p, acc, m0, n0, i, c * kBlocksPerScale);
       // A block crossing N: its columns past N are left out of the amax. acc holds stale values there (the loads that
       // start past N are skipped, GEMMGEN_SM90_SKIP_OOB_LOADS; nothing stores those columns); a warp-uniform branch,
       // taken by the last tile column only.
