@@ -374,6 +374,32 @@ def test_bench_moe_candidates_beside_the_pick(monkeypatch):
     assert name == pick.replace("_g8m", "_g1m") and pick.endswith("_g8m")    # a ragged pick bands 8 tile rows
 
 
+def test_bench_moe_flags_variant_builds_under_the_flags(monkeypatch):
+    """bench_moe.py --flags-variant: each pick built again, once per kernel, with the flags added to those already set
+    (GEMMGEN_EXTRA_NVCC_FLAGS, read at build time) in a namespace of its own; the variable is as it was afterwards."""
+    import types
+
+    import bench_moe as m
+
+    seen = []
+
+    def compile_many(configs, namespace):
+        seen.append((list(configs), namespace, m.os.environ.get(m.EXTRA_FLAGS_ENV)))
+        return [f"{c}@{namespace}" for c in configs]
+
+    monkeypatch.setattr(m, "compile_many", compile_many)
+    ops = {(8, 1024, 4096, 14336): types.SimpleNamespace(config="k1"), (8, 512, 4096, 14336):
+           types.SimpleNamespace(config="k1"), (32, 16, 7168, 2048): types.SimpleNamespace(config="k2")}
+    monkeypatch.setenv(m.EXTRA_FLAGS_ENV, "-DA=1")
+    built = m.built_with_flags(ops, "-DB=1")
+    assert seen == [(["k1", "k2"], "gemmgen_flags", "-DA=1 -DB=1")]
+    assert built == {s: f"{op.config}@gemmgen_flags" for s, op in ops.items()}
+    assert m.os.environ[m.EXTRA_FLAGS_ENV] == "-DA=1"
+    monkeypatch.delenv(m.EXTRA_FLAGS_ENV)
+    m.built_with_flags(ops, "-DB=1")
+    assert seen[-1][2] == "-DB=1" and m.EXTRA_FLAGS_ENV not in m.os.environ
+
+
 def test_bench_moe_split_by_rows(monkeypatch):
     """bench_moe.py --split-at: a call's groups of more than R rows through one op and the rest through another, each
     given its groups' rows and K-major weights in order (empty groups with the small ones), the whole D put back
