@@ -4,6 +4,7 @@ launches, read from a torch.profiler trace. cuBLAS's nvjet kernel names carry th
 as a grid larger than the tile count: the map of what wins where, for the planner's candidate space.
 
     python3 gpu/cublas_kernels.py [--tokens 64,256,1024] [--passes fwd,dX,dW] [--json $OUT/cublas_kernels.json]
+    python3 gpu/cublas_kernels.py --scaled 2048x7168x2048,256x3072x8192   # torch._scaled_mm's fp8 kernels instead
 """
 from __future__ import annotations
 
@@ -46,6 +47,31 @@ def theirs(pass_: str, tokens: int, n: int, k: int, dtype: torch.dtype):
     return lambda: corpus.pass_product(pass_, X, W, dY)
 
 
+def scaled(m: int, n: int, k: int, mode: str):
+    """torch._scaled_mm on e4m3 operands (layout tn, bf16 out) with one scale per operand (``tensor``, and
+    ``tensor_fast`` with use_fast_accum) or per row of A and column of B (``row``)."""
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    if mode == "row":
+        sa, sb = torch.rand(m, 1, device="cuda") + 0.5, torch.rand(1, n, device="cuda") + 0.5
+    else:
+        sa, sb = torch.tensor(0.5, device="cuda"), torch.tensor(2.0, device="cuda")
+    fast = mode == "tensor_fast"
+    return lambda: torch._scaled_mm(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+
+def scaled_rows(shapes: str, repeats: int) -> list[dict]:
+    rows = []
+    for shape in shapes.split(","):
+        m, n, k = (int(v) for v in shape.split("x"))
+        for mode in ("tensor", "tensor_fast", "row"):
+            kernels = kernels_of(scaled(m, n, k, mode), repeats)
+            rows.append({"mode": mode, "m": m, "n": n, "k": k, "kernels": kernels})
+            names = " + ".join(f"{x['name'][:90]} grid{tuple(x['grid'] or ())} {x['us']:.1f}us" for x in kernels)
+            print(f"fp8 {mode:11s} {m:6d} {n:6d} {k:6d}  {names}", flush=True)
+    return rows
+
+
 def kernels_of(fn, repeats: int) -> list[dict]:
     """The kernels of one call of ``fn`` (its last of ``repeats`` profiled calls), with their median duration."""
     from torch.profiler import ProfilerActivity, profile
@@ -77,8 +103,16 @@ def main() -> int:
     ap.add_argument("--passes", default="fwd,dX,dW")
     ap.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--scaled", default="", help="MxNxK,...: torch._scaled_mm's fp8 kernels on these shapes (per "
+                    "tensor, with fast accumulation, rowwise) instead of the corpus' 16-bit GEMMs")
     ap.add_argument("--json", default=os.path.join(os.environ.get("OUT", "."), "cublas_kernels.json"))
     args = ap.parse_args()
+    if args.scaled:
+        rows = scaled_rows(args.scaled, args.repeats)
+        Path(args.json).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                               "dtype": "e4m3", "rows": rows}, indent=1))
+        print(f"wrote {args.json}")
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = False
     rows = corpus.rows(tokens=[int(t) for t in args.tokens.split(",")], passes=args.passes.split(","))
     seen: dict[tuple, dict] = {}

@@ -1535,6 +1535,26 @@ def test_staging_in_ring_refused_with_the_reason(request_: dict, why: str) -> No
         check_config(replace(cfg, staging_in_ring=True))
 
 
+def test_an_fp8_64_row_pingpong_pick_takes_the_filling_odd_width() -> None:
+    """filling_promoted_tile (rule 21): a promoted fp8 64-row pingpong pick whose tiles leave SMs idle takes the odd
+    width that fills the waves FILLING_PROMOTED_MIN_GAIN times better (96 tiles of 64x128 -> 128 of 64x96 at 256 x
+    3072 x 8192), its cluster and raster kept, per tensor, per row and unscaled, on any part; not with block scales
+    (measured slower), fast accumulation (nothing promoted), a fixed tile, schedule or cluster, a 128-row pick, or
+    tiles that fill the waves already."""
+    for scale in ("tensor", "row", None):
+        moved = plan(m=256, n=3072, k=8192, arch=90, dtype="e4m3", **({"scale": scale} if scale else {}))
+        model, cfg = moved.estimate.model_config, moved.config
+        assert model.tile[:2] == (64, 128) and model.schedule == "pingpong" and cfg.tile[:2] == (64, 96), scale
+        assert (cfg.cluster, cfg.raster, cfg.raster_group) == (model.cluster, model.raster, model.raster_group)
+        assert "64x96 by rule: its tiles fill the SMs' waves 1.1x or more better than 64x128's" in moved.why
+    hints = dict(m=256, n=3072, k=8192, arch=90, dtype="e4m3")
+    for other in (dict(scale="block"), dict(fast_accum=True), dict(tile_shape=(64, 128, 128)),
+                  dict(schedule="pingpong"), dict(cluster_shape=(2, 1))):
+        assert plan(**hints, **other).config.tile[1] % 64 == 0, other
+    assert plan(m=128, n=6144, k=4096, arch=90, dtype="e4m3", scale="tensor").config.tile[:2] == (128, 64)
+    assert plan(m=256, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor").config.tile[:2] == (64, 128)
+
+
 def test_a_128x128_pingpong_pick_takes_the_filling_odd_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """filling_pingpong_tile (rule 19), on the H200: where the model picks 128x128 pingpong and an odd width fills the
     SMs' waves FILLING_PINGPONG_MIN_GAIN times better, that width, the pick's cluster and raster kept, and

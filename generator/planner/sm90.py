@@ -373,6 +373,17 @@ FILLING_PINGPONG_PARTS = ("H200",)
 # 2048 x 576 x 2048 0.90x and 2048 x 768 x 2048 1.03x (h200_corpus_fwd_rules_18_19.json against
 # h200_corpus_ten_counts.json), where every row of 160-1024 tokens gained.
 FILLING_PINGPONG_MAX_ROWS = 1024
+# A promoted (fp8) 64-row pingpong pick without block scales takes the odd width (SM90_ODD_BLOCK_N, those promotion
+# allows) that fills the waves at least this many times better, its cluster and raster kept (filling_promoted_tile):
+# such a pick runs a wave or two of tiles, so the SMs its tiles leave idle are the time lost. Read from (H200, per
+# tensor, benchmarks/bench_dtypes.py, 2 rounds, h200_fp8_fill_widths.json) 256 x 3072 x 8192, 64x96 c2x1 1.13x the
+# 64x128 pick (96 tiles -> 128), and 64 x 14336 x 4096, 64x112 1.04x (112 -> 128); where the pick was a 128-row
+# cooperative tile a filling width of either schedule lost (128 x 6144 x 4096, 128 x 7168 x 2048: 0.73-0.98x), so the
+# rule keeps to 64-row pingpong picks. Out of sample (h200_fp8_fill_rule.json, h200_fp8_fill_rule_row.json: nine
+# shapes of 16-256 rows on the corpus' layers, widths 80-144) per tensor 1.018-1.173x the 64x128 pick on all nine,
+# rowwise 1.004-1.138x on five; block scales 0.914-1.113x (their fixed cost per k tile: the scales' loads and
+# products), so not with block scales.
+FILLING_PROMOTED_MIN_GAIN = 1.1
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
@@ -849,6 +860,12 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
         best = Estimate(filling, estimate(filling, spec, sm_count, problem).cost,
                         f"{best.reason}; 128x{filling.tile[1]} by rule: its tiles fill the SMs' waves "
                         f"{FILLING_PINGPONG_MIN_GAIN}x or more better than 128x128's")
+    filled = problem is not None and filling_promoted_tile(best.config, knobs, problem, sm_count)
+    if filled:
+        best = Estimate(filled, estimate(filled, spec, sm_count, problem).cost,
+                        f"{best.reason}; {filled.tile[0]}x{filled.tile[1]} by rule: its tiles fill the SMs' waves "
+                        f"{FILLING_PROMOTED_MIN_GAIN}x or more better than {best.config.tile[0]}x"
+                        f"{best.config.tile[1]}'s")
     staged = ring_staged(best.config, knobs)
     if staged != best.config:
         best = Estimate(staged, best.cost, f"{best.reason}; D staged in the ring slot of each tile's last k tile, "
@@ -871,6 +888,25 @@ def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, spe
     bn = filling_block_n(cfg, problem, sm_count)
     if bn is None or wave_fill(cfg, bn, problem, sm_count) < FILLING_PINGPONG_MIN_GAIN * wave_fill(cfg, 128, problem,
                                                                                                       sm_count):
+        return None
+    filled = replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2]))
+    if knobs.stages is None:
+        filled = replace(filled, stages=max(MIN_STAGES, sm90_max_stages_that_fit(filled)))
+    return filled if is_legal(filled) else None
+
+
+def filling_promoted_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, sm_count: int) -> KernelConfig | None:
+    """FILLING_PROMOTED_MIN_GAIN's plan for a pick ``cfg``: the promoted (fp8) 64-row pingpong tile with the odd width
+    that fills the waves best, its cluster and raster kept, the stages that fit; None where the rule does not apply
+    (another pick, fast accumulation, block scales, a column-major D, a fixed tile, schedule or cluster, a batch or ragged groups,
+    a fill gained by less)."""
+    if (not cfg.promoted or cfg.tile[0] != SMALL_M_TILE_ROWS or cfg.schedule != "pingpong"
+            or cfg.epilogue.scale_mode == "block" or cfg.layout.c is not Order.row or cfg.stream_k or not leaves_tile_free(knobs) or problem.batch != 1
+            or problem.ragged):
+        return None
+    bn = filling_block_n(cfg, problem, sm_count)
+    if bn is None or wave_fill(cfg, bn, problem, sm_count) < FILLING_PROMOTED_MIN_GAIN * wave_fill(
+            cfg, cfg.tile[1], problem, sm_count):
         return None
     filled = replace(cfg, tile=(cfg.tile[0], bn, cfg.tile[2]))
     if knobs.stages is None:

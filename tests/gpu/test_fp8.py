@@ -50,6 +50,10 @@ PLANS = {
     "e5m2_block_128x112_c1x2": dict(dtype="e5m2", scale="block", tile_shape=(128, 112, 128), cluster_shape=(1, 2)),
     "e4m3_tensor_128x224": dict(dtype="e4m3", scale="tensor", tile_shape=(128, 224, 128), cluster_shape=(2, 1)),
     "e4m3_row_pingpong_64x80": dict(dtype="e4m3", scale="row", tile_shape=(64, 80, 128), schedule="pingpong"),
+    # the planner's filling widths for 64-row pingpong picks (FILLING_PROMOTED_MIN_GAIN), block scales and a cluster
+    "e4m3_block_pingpong_64x96": dict(dtype="e4m3", scale="block", tile_shape=(64, 96, 128), schedule="pingpong"),
+    "e4m3_tensor_pingpong_64x112_c2x1": dict(dtype="e4m3", scale="tensor", tile_shape=(64, 112, 128),
+                                             schedule="pingpong", cluster_shape=(2, 1)),
     "e4m3_tensor_fast_accum_128x176": dict(dtype="e4m3", scale="tensor", fast_accum=True, tile_shape=(128, 176, 128)),
     # a 64-row cooperative tile split along N: each warpgroup promotes its half of the columns (at 64x256 under block
     # scales, the halves take different 128-column scale blocks)
