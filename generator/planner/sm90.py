@@ -382,7 +382,7 @@ FILLING_PINGPONG_MAX_ROWS = 1024
 # rule keeps to 64-row pingpong picks. Out of sample (h200_fp8_fill_rule.json, h200_fp8_fill_rule_row.json: nine
 # shapes of 16-256 rows on the corpus' layers, widths 80-144) per tensor 1.018-1.173x the 64x128 pick on all nine,
 # rowwise 1.004-1.138x on five; block scales 0.914-1.113x (their fixed cost per k tile: the scales' loads and
-# products), so not with block scales.
+# products), so not with block scales; fast accumulation 0.953-1.134x (h200_fp8_fill_rule_fast.json), so not there.
 FILLING_PROMOTED_MIN_GAIN = 1.1
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
