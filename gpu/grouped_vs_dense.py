@@ -2,7 +2,8 @@
 sizes. Two parts, each checked against float32:
 
 * ``large``: Mixtral's 8 groups of 1024 rows each, and of the rows bench_moe.py's uniform routing of 4096 tokens
-  gives them (1008-1072), on its fused gate and up projection and its down projection, timed in interleaved rounds: ours grouped (the ragged plan bench_moe.py uses), ours as E dense calls
+  gives them (1008-1072), on its fused gate and up projection and its down projection, timed in interleaved rounds:
+  ours grouped (the ragged plan bench_moe.py uses, and the same with a 1x1 cluster), ours as E dense calls
   (the op planned for one group's rows), ours as one dense call of all E x R rows on one expert's weight (the main
   loop's rate at this N and K with no groups), torch.mm's loop and torch._grouped_mm. Separates a cost of the
   grouped machinery (grouped against E dense calls of ours) from the dense main loop's (ours against torch.mm's).

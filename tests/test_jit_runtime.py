@@ -846,8 +846,8 @@ def test_fake_batched_outputs_have_the_real_shapes_and_strides(python_launches_o
 
 from generator.runtime import op as op_module  # noqa: E402
 from generator.runtime.checks import batch_stride  # noqa: E402
-from generator.spec.grouped import (GROUPED_EPILOGUE_REFUSAL, grouped_k_refusal, grouped_list_refusal,  # noqa: E402
-                                    grouped_refusal)
+from generator.spec.grouped import (GROUPED_EPILOGUE_REFUSAL, grouped_epilogue_refusal, grouped_k_refusal,  # noqa: E402
+                                    grouped_list_refusal, grouped_refusal)
 
 #: total_M, N, K of the grouped calls: every bf16 (and int8) leading dimension and B's stride keep the 16-byte rule.
 GM, GN, GK = 40, 48, 32
@@ -1759,4 +1759,10 @@ def test_which_plans_take_scales_in_grouped_calls(python_launches_on_cpu):
     assert _raise(lambda: scaled.grouped_list([a], [b])) == (ValueError, f"{scaled.name}: {GROUPED_EPILOGUE_REFUSAL}")
     assert _raise(lambda: fused_fp8.grouped(a, b, offsets)) == (ValueError,
                                                                 f"{fused_fp8.name}: {GROUPED_EPILOGUE_REFUSAL}")
+    # per-tensor scales alone: the per-row plan and the scales expanded to it are named
+    per_tensor = stand_in("mixed_fp8")
+    kind, said = _raise(lambda: per_tensor.grouped(a, b, offsets))
+    assert kind is ValueError and said == f"{per_tensor.name}: {grouped_epilogue_refusal(per_tensor.config)}"
+    assert "plan scale='row'" in said and "scale_b.expand(E, N)" in said
+    assert _raise(lambda: per_tensor.path(a, b, offsets=offsets)) == (kind, said)
 

@@ -898,11 +898,11 @@ def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, spe
 def filling_promoted_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, sm_count: int) -> KernelConfig | None:
     """FILLING_PROMOTED_MIN_GAIN's plan for a pick ``cfg``: the promoted (fp8) 64-row pingpong tile with the odd width
     that fills the waves best, its cluster and raster kept, the stages that fit; None where the rule does not apply
-    (another pick, fast accumulation, block scales, a column-major D, a fixed tile, schedule or cluster, a batch or ragged groups,
-    a fill gained by less)."""
+    (another pick, fast accumulation, block scales, a column-major D, a fixed tile, schedule or cluster, a batch or
+    ragged groups, a fill gained by less)."""
     if (not cfg.promoted or cfg.tile[0] != SMALL_M_TILE_ROWS or cfg.schedule != "pingpong"
-            or cfg.epilogue.scale_mode == "block" or cfg.layout.c is not Order.row or cfg.stream_k or not leaves_tile_free(knobs) or problem.batch != 1
-            or problem.ragged):
+            or cfg.epilogue.scale_mode == "block" or cfg.layout.c is not Order.row or cfg.stream_k
+            or not leaves_tile_free(knobs) or problem.batch != 1 or problem.ragged):
         return None
     bn = filling_block_n(cfg, problem, sm_count)
     if bn is None or wave_fill(cfg, bn, problem, sm_count) < FILLING_PROMOTED_MIN_GAIN * wave_fill(

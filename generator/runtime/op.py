@@ -27,7 +27,8 @@ from ..planner import plan
 from ..planner.backward import PlanGradient, backward_hint, hinted_op_name
 from ..planner.common import Problem as PlannedProblem
 from ..spec.config import KernelConfig, second_output
-from ..spec.grouped import GROUPED_EPILOGUE_REFUSAL, grouped_list_refusal, takes_scaled_groups
+from ..spec.grouped import (GROUPED_EPILOGUE_REFUSAL, grouped_epilogue_refusal, grouped_list_refusal,
+                             takes_scaled_groups)
 from . import jit_runtime
 from .checks import (TORCH_DTYPES, batch_stride, check_group_counts, check_group_ends, grouped_alignment_refusal,
                      leading_dim)
@@ -183,7 +184,7 @@ class GemmOp(OpChecks):
         """Before the dispatcher's own words: an op with a fused epilogue (which has no grouped overloads, but for
         fp8's block scales), and arguments that are not tensors."""
         if not self.config.epilogue.is_identity and not takes_scaled_groups(self.config):
-            raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
+            raise ValueError(f"{self.name}: {grouped_epilogue_refusal(self.config)}")
         for what, value in tensors.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
@@ -323,7 +324,7 @@ class GemmOp(OpChecks):
             return self._list_path(A, B)
         if offsets is not None:
             if not self.config.epilogue.is_identity and not takes_scaled_groups(self.config):
-                raise ValueError(f"{self.name}: {GROUPED_EPILOGUE_REFUSAL}")
+                raise ValueError(f"{self.name}: {grouped_epilogue_refusal(self.config)}")
             if isinstance(B, torch.Tensor) and B.dim() == 2:
                 problem = self._check_grouped_k(A, B, offsets)
                 D = self._empty_grouped_k_out(A, B, offsets)

@@ -24,6 +24,22 @@ BLOCK_SCALED = with_scales(IDENTITY, "block")
 ROW_SCALED = with_scales(IDENTITY, "row")
 
 
+#: The epilogue of an fp8 plan with one scale per operand and nothing else: no grouped kernel of its own (a per-tensor
+#: scale is a per-row one of equal values: grouped_epilogue_refusal names the per-row plan and the expanded scales).
+TENSOR_SCALED = with_scales(IDENTITY, "tensor")
+
+
+def grouped_epilogue_refusal(cfg: KernelConfig) -> str:
+    """Why an op with a fused epilogue (not the scaled grouped ones) takes no grouped call, with the fix: for an fp8
+    plan with per-tensor scales alone, the per-row plan and the scales expanded to it; else GROUPED_EPILOGUE_REFUSAL."""
+    if cfg.epilogue == TENSOR_SCALED:
+        return ("grouped calls take an fp8 plan's scales per row or per block, not per tensor; a per-tensor scale is a "
+                "per-row one of equal values: plan scale='row' and call op.grouped(A, B, offsets, "
+                "scale_a.expand(A.shape[0]).contiguous(), scale_b.expand(E, N).contiguous()) (a scale per expert's "
+                "weight, scale_b of shape (E,): scale_b[:, None].expand(E, N).contiguous())")
+    return GROUPED_EPILOGUE_REFUSAL
+
+
 #: The tallest tile whose kernel walks grouped rows with per-block scales (templates/sm90/gemm.cu.j2 kWalksGroups).
 SCALED_GROUPS_MAX_BLOCK_M = 128
 
