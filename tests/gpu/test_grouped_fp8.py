@@ -28,6 +28,7 @@ PLANS = {
     "coop_c2x1": dict(tile_shape=(128, 256, 128), cluster_shape=(2, 1), schedule="cooperative"),
     "pp_128x128": dict(tile_shape=(128, 128, 128), cluster_shape=(1, 1), schedule="pingpong"),
     "coop_fp32": dict(out_dtype="fp32"),
+    "e5m2_coop": dict(dtype="e5m2", tile_shape=(128, 128, 128), schedule="cooperative"),   # (e4m3 otherwise)
 }
 #: (group sizes, N, K)
 CASES = [([0, 37, 300, 1, 130, 0], 384, 640), ([256, 0, 129], 300, 1040), ([5], 1024, 256)]
@@ -35,7 +36,7 @@ CASES = [([0, 37, 300, 1, 130, 0], 384, 640), ([256, 0, 129], 300, 1040), ([5], 
 
 @pytest.fixture(scope="module")
 def ops():
-    plans = {key: Gemm("e4m3", "tn", arch=90, scale="block", **kw) for key, kw in PLANS.items()}
+    plans = {key: Gemm(layout="tn", arch=90, scale="block", **{"dtype": "e4m3", **kw}) for key, kw in PLANS.items()}
     return dict(zip(plans, compile_many([p.config for p in plans.values()], namespace="gemmgen_grouped_fp8_test")))
 
 
@@ -43,12 +44,12 @@ def rel(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
-def operands(sizes: list[int], n: int, k: int):
+def operands(sizes: list[int], n: int, k: int, dtype: str = "e4m3"):
     """(A, B, offsets, scale_a, scale_b) of a grouped call and the dequantized float64 A (total_M, K) and W (E, N, K)."""
     x = torch.randn(sum(sizes), k, device="cuda")
     w = torch.randn(len(sizes), n, k, device="cuda")
-    a, scale_a = quantize(x, "e4m3", scale="block")
-    q, scale_b = quantize(w, "e4m3", scale="block", block=(128, 128))
+    a, scale_a = quantize(x, dtype, scale="block")
+    q, scale_b = quantize(w, dtype, scale="block", block=(128, 128))
     offsets = torch.tensor(sizes, device="cuda").cumsum(0).to(torch.int32)
     ref_a = dequantize(a, scale_a, scale="block").double()
     ref_w = dequantize(q, scale_b, scale="block", block=(128, 128)).double()
@@ -70,7 +71,7 @@ def poison(shape: tuple[int, ...], dtype: torch.dtype) -> None:
 def test_grouped_fp8_matches_float64(ops, key, case):
     op = ops[key]
     sizes, n, k = CASES[case]
-    args, ref_a, ref_w = operands(sizes, n, k)
+    args, ref_a, ref_w = operands(sizes, n, k, op.config.dtype.value)
     poison((sum(sizes), n), op.out_dtype)
     d = op.grouped(*args)
     assert (tuple(d.shape), d.dtype) == ((sum(sizes), n), op.out_dtype)
