@@ -3,6 +3,7 @@
     ncu --launch-skip 3 --launch-count 1 -k regex:sm80 python3 gpu/ncu_kernel.py --family sm80 --tile 128x256x32
     ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/ncu_kernel.py --cublas   (torch.matmul, same data)
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --dtype e4m3 --scale block
+    ncu --launch-skip 3 --launch-count 1 -k regex:nvjet python3 gpu/ncu_kernel.py --scale tensor --cublas   (_scaled_mm)
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --dtype fp32 --layout nt   (tf32)
     ncu --launch-skip 3 --launch-count 1 -k regex:sm90 python3 gpu/ncu_kernel.py --shape 256x512x7168 \
         --tile 128x64x64 --cluster 1x1 --stream-k   (split-K)
@@ -68,11 +69,21 @@ def main() -> None:
 
 
 def run_fp8(args: argparse.Namespace, m: int, n: int, k: int) -> None:
-    """The planned fp8 kernel with scales (bench_dtypes' operands: quantized x and W, their scales)."""
+    """The planned fp8 kernel with scales (bench_dtypes' operands: quantized x and W, their scales); with --cublas
+    torch._scaled_mm on the same operands (per tensor or per row; block scales have no torch kernel)."""
     from bench_dtypes import fp8_case
     plan = Gemm("e4m3", "tn", out_dtype="bf16", scale=args.scale, m=m, n=n, k=k, tile_shape=args.tile,
                 stages=args.stages, schedule=args.schedule, cluster_shape=args.cluster)
     case = fp8_case(f"fp8_{args.scale}", plan, m, n, k)
+    if args.cublas:
+        if not case.baselines:
+            raise SystemExit(f"--cublas: torch has no fp8 kernel with {args.scale} scales")
+        name, theirs = next(iter(case.baselines.items()))   # (per tensor: without use_fast_accum)
+        for _ in range(5):
+            theirs()
+        torch.cuda.synchronize()
+        print(name)
+        return
     op = plan.compile()
     for _ in range(5):
         op(*case.args)
