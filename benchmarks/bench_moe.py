@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +40,6 @@ from bench import (DTYPES, ORDERS, geomean, parse_candidates, parse_variants, ti
 from bench_grouped import WRONG, Row, format_row, header, measure_sizes  # noqa: E402
 from generator import Gemm  # noqa: E402
 from generator.runtime import compile_many  # noqa: E402
-from generator.runtime.loader import EXTRA_FLAGS_ENV  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -209,18 +209,10 @@ def planned(cases: list[tuple[str, str, int, str, list[int], int, int]], dtype: 
 
 
 def built_with_flags(ops: dict, flags: str) -> dict:
-    """{shape: op}: each of ``ops``' kernels built again with ``flags`` added to nvcc's (GEMMGEN_EXTRA_NVCC_FLAGS, part
-    of the build cache's key), in a namespace of its own, so that both builds run in one process."""
+    """{shape: op}: each of ``ops``' kernels built again with ``flags`` (shell words) added to nvcc's (part of the build
+    cache's key), in a namespace of its own, so that both builds run in one process."""
     configs = list(dict.fromkeys(op.config for op in ops.values()))
-    before = os.environ.get(EXTRA_FLAGS_ENV)
-    os.environ[EXTRA_FLAGS_ENV] = f"{before or ''} {flags}".strip()
-    try:
-        built = dict(zip(configs, compile_many(configs, namespace="gemmgen_flags")))
-    finally:
-        if before is None:
-            del os.environ[EXTRA_FLAGS_ENV]
-        else:
-            os.environ[EXTRA_FLAGS_ENV] = before
+    built = dict(zip(configs, compile_many(configs, namespace="gemmgen_flags", extra_flags=tuple(shlex.split(flags)))))
     return {s: built[op.config] for s, op in ops.items()}
 
 
@@ -317,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--split-at", default="", help="rows (comma list): also time each call as two launches, "
                         "the groups of more rows and the rest, each planned for its own (what per-group tile shapes "
                         "could gain at most, less one launch)")
-    parser.add_argument("--flags-variant", default="", help="nvcc flags (e.g. -DGEMMGEN_SM90_SKIP_EMPTY_WARPGROUP=1): "
+    parser.add_argument("--flags-variant", default="", help="nvcc flags (e.g. -DGEMMGEN_SM90_TRIM_EMPTY_BLOCKS=0): "
                         "each pick built again with them added (a template's switch) and timed beside it in the same "
                         "rounds as 'flags', the A/B of a switch without a second run's noise")
     parser.add_argument("--uniform-plan", action="store_true",
@@ -353,8 +345,8 @@ def main(argv: list[str] | None = None) -> int:
                    for part in (split_sizes(c[4], rows_at) or ())]
     ops, candidate_ops = planned(cases + split_cases, args.dtype, parse_candidates(args.candidates),
                                  ragged=not args.uniform_plan, variants=parse_variants(args.variants))
-    flag_ops = built_with_flags({part_shape(c[4], *c[5:]): ops[part_shape(c[4], *c[5:])] for c in cases},
-                                args.flags_variant) if args.flags_variant else {}
+    picks = {s: ops[s] for s in {part_shape(sizes, n, k) for *_, sizes, n, k in cases}}
+    flag_ops = built_with_flags(picks, args.flags_variant) if args.flags_variant else {}
     warm_up_gpu()
     rows = []
     print(f"{'model':<18} {'gemm':<4} {'tokens':>6} {'routing':<9} {'min':>5} {'max':>5} {'empty':>5} | " + header())

@@ -375,29 +375,40 @@ def test_bench_moe_candidates_beside_the_pick(monkeypatch):
 
 
 def test_bench_moe_flags_variant_builds_under_the_flags(monkeypatch):
-    """bench_moe.py --flags-variant: each pick built again, once per kernel, with the flags added to those already set
-    (GEMMGEN_EXTRA_NVCC_FLAGS, read at build time) in a namespace of its own; the variable is as it was afterwards."""
+    """bench_moe.py --flags-variant: each pick built again, once per kernel, with the flags (shell words) given to
+    compile_many's extra_flags, in a namespace of its own; GEMMGEN_EXTRA_NVCC_FLAGS is left as it was."""
     import types
 
     import bench_moe as m
+    from generator.runtime.loader import EXTRA_FLAGS_ENV
 
     seen = []
 
-    def compile_many(configs, namespace):
-        seen.append((list(configs), namespace, m.os.environ.get(m.EXTRA_FLAGS_ENV)))
+    def compile_many(configs, namespace, extra_flags=()):
+        seen.append((list(configs), namespace, extra_flags, m.os.environ.get(EXTRA_FLAGS_ENV)))
         return [f"{c}@{namespace}" for c in configs]
 
     monkeypatch.setattr(m, "compile_many", compile_many)
     ops = {(8, 1024, 4096, 14336): types.SimpleNamespace(config="k1"), (8, 512, 4096, 14336):
            types.SimpleNamespace(config="k1"), (32, 16, 7168, 2048): types.SimpleNamespace(config="k2")}
-    monkeypatch.setenv(m.EXTRA_FLAGS_ENV, "-DA=1")
-    built = m.built_with_flags(ops, "-DB=1")
-    assert seen == [(["k1", "k2"], "gemmgen_flags", "-DA=1 -DB=1")]
+    monkeypatch.setenv(EXTRA_FLAGS_ENV, "-DA=1")
+    built = m.built_with_flags(ops, "-DB=1 -DC=2")
+    assert seen == [(["k1", "k2"], "gemmgen_flags", ("-DB=1", "-DC=2"), "-DA=1")]
     assert built == {s: f"{op.config}@gemmgen_flags" for s, op in ops.items()}
-    assert m.os.environ[m.EXTRA_FLAGS_ENV] == "-DA=1"
-    monkeypatch.delenv(m.EXTRA_FLAGS_ENV)
-    m.built_with_flags(ops, "-DB=1")
-    assert seen[-1][2] == "-DB=1" and m.EXTRA_FLAGS_ENV not in m.os.environ
+
+
+def test_extra_flags_follow_the_environment_s_in_a_build_request(monkeypatch):
+    """build_request's extra_flags (compile_many's): after GEMMGEN_EXTRA_NVCC_FLAGS's, so both reach nvcc and the
+    cache key; none by default."""
+    from generator import Gemm
+    from generator.runtime.loader import EXTRA_FLAGS_ENV, build_request
+
+    cfg = Gemm("bf16", "tn", arch=90).config
+    monkeypatch.setenv(EXTRA_FLAGS_ENV, "-DA=1")
+    assert build_request(cfg).extra_flags == ("-DA=1",)
+    assert build_request(cfg, extra_flags=("-DB=1",)).extra_flags == ("-DA=1", "-DB=1")
+    monkeypatch.delenv(EXTRA_FLAGS_ENV)
+    assert build_request(cfg, extra_flags=["-DB=1"]).extra_flags == ("-DB=1",)
 
 
 def test_bench_moe_split_by_rows(monkeypatch):

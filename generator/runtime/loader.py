@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Sequence
 
 import torch
 
@@ -38,17 +39,22 @@ def extra_nvcc_flags() -> tuple[str, ...]:
     return tuple(shlex.split(os.environ.get(EXTRA_FLAGS_ENV, "")))
 
 
-def build_request(config: KernelConfig, target: int | None = None) -> BuildRequest:
+def build_request(config: KernelConfig, target: int | None = None,
+                  extra_flags: Sequence[str] = ()) -> BuildRequest:
+    """``config``'s build: its rendered sources for its target, nvcc given EXTRA_FLAGS_ENV's flags and then
+    ``extra_flags`` (a template's switches for an A/B build beside the plain one; part of the cache key)."""
     target = build_target(config) if target is None else target
     return BuildRequest(name=config.name, sources=render(config), gencode=ARCHS[target].gencode,
-                        include_dirs=(str(templates_dir()),), extra_flags=extra_nvcc_flags())
+                        include_dirs=(str(templates_dir()),), extra_flags=extra_nvcc_flags() + tuple(extra_flags))
 
 
-def build_libraries(configs: list[KernelConfig], *, verbose: bool) -> list[KernelLibrary]:
-    """Build the kernel libraries of ``configs`` (or find them in the build cache) and load them; the
-    JIT runtime, while it is not loaded, joins the same parallel ninja run (so it costs no extra time
-    in the first build ever). A runtime that fails to build costs a warning, never the kernels."""
-    requests = [build_request(c) for c in configs]
+def build_libraries(configs: list[KernelConfig], *, verbose: bool,
+                    extra_flags: Sequence[str] = ()) -> list[KernelLibrary]:
+    """Build the kernel libraries of ``configs`` (or find them in the build cache) and load them, nvcc given
+    ``extra_flags`` too (build_request); the JIT runtime, while it is not loaded, joins the same parallel ninja run (so
+    it costs no extra time in the first build ever). A runtime that fails to build costs a warning, never the
+    kernels."""
+    requests = [build_request(c, extra_flags=extra_flags) for c in configs]
     with_runtime = jit_runtime.RUNTIME.wanted()
     try:
         results = build_many(requests + [jit_runtime.runtime_request()] if with_runtime else requests, verbose=verbose)

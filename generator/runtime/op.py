@@ -584,13 +584,15 @@ def _load_op(config: KernelConfig, namespace: str, problem: PlannedProblem | Non
 
 def compile_many(configs: list[KernelConfig], *, namespace: str, verbose: bool = False,
                  problems: Sequence[PlannedProblem | None] | None = None,
-                 plan_gradient: PlanGradient = plan) -> list[GemmOp]:
+                 plan_gradient: PlanGradient = plan, extra_flags: Sequence[str] = ()) -> list[GemmOp]:
     """Build several kernels in one parallel ninja run; ops in the order of ``configs``, each with its backward
-    planned for the matching entry of ``problems`` (as ``compile_op``'s ``problem``) by ``plan_gradient``."""
+    planned for the matching entry of ``problems`` (as ``compile_op``'s ``problem``) by ``plan_gradient``.
+    ``extra_flags``: nvcc flags for these kernels (a template's switches, e.g. ``("-DGEMMGEN_...=1",)``: an A/B
+    beside the plain build in one process, each in a namespace of its own; the backward's kernels take none)."""
     hints = list(problems) if problems is not None else [None] * len(configs)
     if len(hints) != len(configs):   # (before the build, which takes minutes)
         raise ValueError(f"compile_many: {len(configs)} configs but {len(hints)} problems: give one problem (or None) "
                          "per config")
-    libraries = build_libraries(list(dict.fromkeys(configs)), verbose=verbose)
+    libraries = build_libraries(list(dict.fromkeys(configs)), verbose=verbose, extra_flags=extra_flags)
     by_config = dict(zip(dict.fromkeys(configs), libraries))
     return [GemmOp(c, by_config[c], namespace, problem=p, plan_gradient=plan_gradient) for c, p in zip(configs, hints)]
