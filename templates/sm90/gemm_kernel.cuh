@@ -1709,7 +1709,8 @@ struct Kernel {
   // empty on average. The second block's accumulators are left as they are (the stores are bounded by the group's
   // rows). Measured on MoE layers (docs/grouped.md, "Tiles that end inside their group"): 128x128 pingpong 1.019x
   // geomean. A cooperative warpgroup with no rows at all skipping its wgmmas (its partner then has the tensor cores
-  // alone) read 0.90-1.10x on the same rows, so it issues them.
+  // alone) read 0.983x in one process against the pick on the cooperative rows (branch coop-warpgroup-skip), so it
+  // issues them.
   __device__ __forceinline__ static int mainloop_of_rows(int rows, const Problem& p, const Smem& smem,
                                                          Accum (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                          int col_in_tile, RingPos& pos, uint32_t rank, int kt_end,
