@@ -16,7 +16,7 @@ torch._int_mm take them):
                                                          vs torch._scaled_mm, and its use_fast_accum=True
   fp8_tensor_fast  the same with fast_accum=True (all of K inside wgmma)  vs the same two
   fp8_row     e4m3 -> bf16, a scale per row of A / col of B  vs torch._scaled_mm rowwise
-  fp8_block   e4m3 -> bf16, 1x128 scales of A, 128x128 of B  vs our own fp8_tensor kernel (torch has none)
+  fp8_block   e4m3 -> bf16, 1x128 scales of A, 128x128 of B  vs torch._scaled_mm blockwise and our fp8_tensor
   int8        int8 -> int32                              vs torch._int_mm
   tf32        fp32 in, tf32 tensor cores, fp32 out       vs torch.matmul with TF32 allowed
   tf32_nn, tf32_nt, tf32_tt   the same in the other layouts (A column-major for nn and nt, B row-major for nt and tt:
@@ -125,7 +125,31 @@ def fp8_case(mode: str, plan: Gemm, m: int, n: int, k: int) -> Case:
                                                                use_fast_accum=True)
     elif scale == "row":
         baselines["scaled_mm_row"] = lambda: torch._scaled_mm(a, b, sa[:, None], sw[None, :], out_dtype=torch.bfloat16)
+    elif scale == "block":
+        blockwise = scaled_mm_blockwise(a, b, sa, sw, lambda: ref_a @ ref_b)
+        if blockwise is not None:
+            baselines["scaled_mm_block"] = blockwise
     return Case(plan, (a, b, sa, sw), baselines, lambda: ref_a @ ref_b)
+
+
+def scaled_mm_blockwise(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sw: torch.Tensor,
+                        reference: Callable[[], torch.Tensor]) -> Callable[[], torch.Tensor] | None:
+    """torch._scaled_mm with DeepSeek's 1x128 x 128x128 scales (cuBLAS >= 12.9 on sm90), or None where this torch
+    or shape has none. cuBLAS wants the 1x128 scales M-major (stride (1, M)) and W's (N/128, K/128) block scales as
+    their transpose; `quantize()` gives both row-major, so A's are copied once here, outside the timing. The result is
+    checked against the float64 reference: a scale layout cuBLAS read wrongly would give a plausible time and a
+    wrong product."""
+    sa_m_major = sa.t().contiguous().t()
+    call = lambda: torch._scaled_mm(a, b, sa_m_major, sw.t(), out_dtype=torch.bfloat16)  # noqa: E731
+    try:
+        error = rel_error(call(), reference())
+    except RuntimeError as exc:   # torch < 2.9, CUDA < 12.9, or K/128 not a multiple of 4 (cuBLAS pads to 4 blocks)
+        print(f"no blockwise torch._scaled_mm at {tuple(a.shape)} x {tuple(b.shape)}: {str(exc).splitlines()[0]}")
+        return None
+    if error > BOUNDS["fp8_block"]:
+        print(f"blockwise torch._scaled_mm off by {error:.1e} at {tuple(a.shape)} x {tuple(b.shape)}: not compared")
+        return None
+    return call
 
 
 def dequantized(q: torch.Tensor, s: torch.Tensor, scale: str, block: tuple[int, int]) -> torch.Tensor:
@@ -226,7 +250,7 @@ def main() -> int:
         row = measure(mode, m, n, k, op, make_case(mode, plan, m, n, k), args.rounds)
         if name:
             row.mode = f"{mode}@{name}"
-        # our fp8_block kernel's peer is our own per-tensor kernel at the same shape (torch has no block scaling)
+        # our fp8_block kernel beside our own per-tensor kernel at the same shape: what the block scales cost
         if mode == "fp8_block":
             peer = next((r for r in rows if r.mode == "fp8_tensor" and (r.m, r.n, r.k) == (m, n, k)), None)
             if peer is not None:

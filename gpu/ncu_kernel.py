@@ -70,7 +70,7 @@ def main() -> None:
 
 def run_fp8(args: argparse.Namespace, m: int, n: int, k: int) -> None:
     """The planned fp8 kernel with scales (bench_dtypes' operands: quantized x and W, their scales); with --cublas
-    torch._scaled_mm on the same operands (per tensor or per row; block scales have no torch kernel)."""
+    torch._scaled_mm on the same operands (per tensor, per row, or blockwise 1x128 x 128x128 on cuBLAS >= 12.9)."""
     from bench_dtypes import fp8_case
     plan = Gemm("e4m3", "tn", out_dtype="bf16", scale=args.scale, m=m, n=n, k=k, tile_shape=args.tile,
                 stages=args.stages, schedule=args.schedule, cluster_shape=args.cluster)
