@@ -117,7 +117,8 @@
 #endif
 // The promoted (fp8) main loop waits for the next k tile's slot while this k tile's wgmmas run and keeps its
 // descriptors' and barriers' bases in registers (Kernel::mainloop_promoted); 0: the slot is waited for after the
-// promotion, the bases left to the compiler (for A/B runs).
+// promotion, the bases left to the compiler (for A/B runs). The unrolled block-scaled loop keeps that order
+// (Kernel::kPromotedEarlyWait).
 #ifndef GEMMGEN_SM90_PROMOTED_EARLY_WAIT
 #define GEMMGEN_SM90_PROMOTED_EARLY_WAIT 1
 #endif
@@ -1899,6 +1900,10 @@ struct Kernel {
   // measured +3.6-3.8 %: docs/dtypes.md).
   // Only where the k tile is summed whole (PROMOTE_SLICES 1): the sliced tiles spilled unrolled.
   static constexpr int kPromotedUnroll = kBlockScaled && PROMOTE_SLICES == 1 ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
+  // The next slot waited for under this k tile's wgmmas (GEMMGEN_SM90_PROMOTED_EARLY_WAIT): not in the unrolled
+  // block-scaled loop, where the wait's loop between the scales' loads and their use spilled 536 bytes at 128x192 and
+  // read 0.90-0.97x at 128x128 and 64x128 (h200_fp8_promoted_early_wait.json).
+  static constexpr bool kPromotedEarlyWait = GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kPromotedUnroll == 1;
   static constexpr int kSplitStep = (WG_N % kScaleColumns == 0 ? kScaleColumns
                                      : WG_N % 64 == 0 ? 64 : WG_N % 32 == 0 ? 32 : WG_N % 16 == 0 ? 16 : 8) / 8;
 
@@ -1991,7 +1996,7 @@ struct Kernel {
     // shared-memory window's base in every k tile, they put an S2UR and ten uniform instructions between the
     // promotion and the next k tile's wgmmas, on the path the other warpgroup's wgmmas have to cover.
     uint32_t full_bars = smem.full_bar(0);
-    if constexpr (GEMMGEN_SM90_PROMOTED_EARLY_WAIT) {
+    if constexpr (kPromotedEarlyWait) {
       ptx::keep_in_register(stage0_a);
       ptx::keep_in_register(stage0_b);
       ptx::keep_in_register(full_bars);
@@ -2007,17 +2012,17 @@ struct Kernel {
     RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
     // The next k tile's slot is waited for while this one's wgmmas run (before their wait), so that its arrival is
     // known when the promotion ends and the next wgmmas issue right after it (cuBLAS' loop has the same order).
-    if (GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kt_begin < kt_end) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
+    if (kPromotedEarlyWait && kt_begin < kt_end) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
 #pragma unroll kPromotedUnroll
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-      if (!GEMMGEN_SM90_PROMOTED_EARLY_WAIT) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
+      if (!kPromotedEarlyWait) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
         issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
         ptx::wgmma_commit();
         if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
-        if (GEMMGEN_SM90_PROMOTED_EARLY_WAIT && slice == PROMOTE_SLICES - 1 && kt + 1 < kt_end) {
+        if (kPromotedEarlyWait && slice == PROMOTE_SLICES - 1 && kt + 1 < kt_end) {
           RingPos upcoming = pos;
           upcoming.next();
           ptx::mbarrier_wait(full_bars + upcoming.stage * 8, upcoming.phase);

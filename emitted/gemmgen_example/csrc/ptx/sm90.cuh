@@ -301,6 +301,7 @@ __device__ __forceinline__ void fence_operand(uint32_t& reg) { asm volatile("" :
 // PTX ISA §9.7.15 "Asynchronous Warpgroup Level Matrix Shared Memory Layout: Matrix Descriptor Format",
 // which it otherwise recomputed from the shared-memory window's base in every k tile.
 __device__ __forceinline__ void keep_in_register(uint64_t& value) { asm volatile("" : "+l"(value)); }
+__device__ __forceinline__ void keep_in_register(uint32_t& value) { asm volatile("" : "+r"(value)); }
 
 // Grow (INC) or shrink this warpgroup's per-thread register budget to REGS.
 // PTX ISA §9.7.19 "Miscellaneous Instructions: setmaxnreg".

@@ -115,6 +115,13 @@
 #ifndef GEMMGEN_SM90_EPILOGUE_MATRIX_PART
 #define GEMMGEN_SM90_EPILOGUE_MATRIX_PART 4
 #endif
+// The promoted (fp8) main loop waits for the next k tile's slot while this k tile's wgmmas run and keeps its
+// descriptors' and barriers' bases in registers (Kernel::mainloop_promoted); 0: the slot is waited for after the
+// promotion, the bases left to the compiler (for A/B runs). The unrolled block-scaled loop keeps that order
+// (Kernel::kPromotedEarlyWait).
+#ifndef GEMMGEN_SM90_PROMOTED_EARLY_WAIT
+#define GEMMGEN_SM90_PROMOTED_EARLY_WAIT 1
+#endif
 // The block-scaled main loop's unroll factor (Kernel::kPromotedUnroll; for A/B runs).
 #ifndef GEMMGEN_SM90_BLOCK_SCALED_UNROLL
 #define GEMMGEN_SM90_BLOCK_SCALED_UNROLL 3
@@ -1893,6 +1900,10 @@ struct Kernel {
   // measured +3.6-3.8 %: docs/dtypes.md).
   // Only where the k tile is summed whole (PROMOTE_SLICES 1): the sliced tiles spilled unrolled.
   static constexpr int kPromotedUnroll = kBlockScaled && PROMOTE_SLICES == 1 ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
+  // The next slot waited for under this k tile's wgmmas (GEMMGEN_SM90_PROMOTED_EARLY_WAIT): not in the unrolled
+  // block-scaled loop, where the wait's loop between the scales' loads and their use spilled 536 bytes at 128x192 and
+  // read 0.90-0.97x at 128x128 and 64x128 (h200_fp8_promoted_early_wait.json).
+  static constexpr bool kPromotedEarlyWait = GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kPromotedUnroll == 1;
   static constexpr int kSplitStep = (WG_N % kScaleColumns == 0 ? kScaleColumns
                                      : WG_N % 64 == 0 ? 64 : WG_N % 32 == 0 ? 32 : WG_N % 16 == 0 ? 16 : 8) / 8;
 
@@ -1978,11 +1989,18 @@ struct Kernel {
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                            int col_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
                                                            int kt_end, const Scales& scales) {
-    const uint64_t stage0_a =
-        ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
-    const uint64_t stage0_b =
-        SPLIT_N ? ptx::desc_advance(MmaTileB::descriptor(smem.b(0)), MmaTileB::offset_units(col_in_tile, 0))
-                : MmaTileB::descriptor(smem.b(0));
+    uint64_t stage0_a = ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
+    uint64_t stage0_b = SPLIT_N ? ptx::desc_advance(MmaTileB::descriptor(smem.b(0)), MmaTileB::offset_units(col_in_tile, 0))
+                                : MmaTileB::descriptor(smem.b(0));
+    // The descriptors' and the full barriers' bases stay in registers (as in mainloop): derived again from the
+    // shared-memory window's base in every k tile, they put an S2UR and ten uniform instructions between the
+    // promotion and the next k tile's wgmmas, on the path the other warpgroup's wgmmas have to cover.
+    uint32_t full_bars = smem.full_bar(0);
+    if constexpr (kPromotedEarlyWait) {
+      ptx::keep_in_register(stage0_a);
+      ptx::keep_in_register(stage0_b);
+      ptx::keep_in_register(full_bars);
+    }
 #pragma unroll
     for (int i = 0; i < MMA_BLOCKS_M; ++i)
 #pragma unroll
@@ -1992,15 +2010,23 @@ struct Kernel {
     // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
     KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_begin));
     RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
+    // The next k tile's slot is waited for while this one's wgmmas run (before their wait), so that its arrival is
+    // known when the promotion ends and the next wgmmas issue right after it (cuBLAS' loop has the same order).
+    if (kPromotedEarlyWait && kt_begin < kt_end) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
 #pragma unroll kPromotedUnroll
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-      ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
+      if (!kPromotedEarlyWait) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
         issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
         ptx::wgmma_commit();
         if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
+        if (kPromotedEarlyWait && slice == PROMOTE_SLICES - 1 && kt + 1 < kt_end) {
+          RingPos upcoming = pos;
+          upcoming.next();
+          ptx::mbarrier_wait(full_bars + upcoming.stage * 8, upcoming.phase);
+        }
         ptx::wgmma_wait<0>();
 #pragma unroll
         for (int i = 0; i < MMA_BLOCKS_M; ++i)
