@@ -1682,21 +1682,28 @@ struct Kernel {
     static_assert(N == SliceMma::kAccum, "acc holds the slice's accumulators");
     fence_set(acc);
     ptx::wgmma_fence();
+    // One branch per k tile between the whole tile's wgmmas and the first block's (warp-uniform).
+    if (MMA_BLOCKS_M == 1 || blocks == MMA_BLOCKS_M) {
 #pragma unroll
-    for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
-      issue_k_step<SliceMma>(acc, stage0_a, stage0_b, slot, kk, column0, (accumulate || kk > 0) ? 1 : 0, blocks);
+      for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
+        issue_k_step<SliceMma, MMA_BLOCKS_M>(acc, stage0_a, stage0_b, slot, kk, column0,
+                                             (accumulate || kk > 0) ? 1 : 0);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
+        issue_k_step<SliceMma, 1>(acc, stage0_a, stage0_b, slot, kk, column0, (accumulate || kk > 0) ? 1 : 0);
+    }
   }
 
-  // The wgmmas of k step kk of the k tile in ring slot `slot`, one per m64 block (the first `blocks`: a runtime count,
-  // 1 or MMA_BLOCKS_M, so that the trimmed and whole tiles share one loop), into `set` (scale_d 0: overwrite).
-  template <class SliceMma, typename A, int N>
+  // The wgmmas of k step kk of the k tile in ring slot `slot`, one per m64 block (the first BLOCKS), into `set`
+  // (scale_d 0: overwrite).
+  template <class SliceMma, int BLOCKS, typename A, int N>
   __device__ __forceinline__ static void issue_k_step(A (&set)[MMA_BLOCKS_M][N], uint64_t stage0_a, uint64_t stage0_b,
-                                                      int slot, int kk, int column0, int scale_d, int blocks) {
+                                                      int slot, int kk, int column0, int scale_d) {
     const uint32_t stage = slot * (STAGE_BYTES / 16);
     const uint64_t desc_b = ptx::desc_advance(stage0_b, stage + MmaTileB::offset_units(column0, kk));
 #pragma unroll
-    for (int i = 0; i < MMA_BLOCKS_M; ++i) {
-      if (i > 0 && i >= blocks) break;
+    for (int i = 0; i < BLOCKS; ++i) {
       const uint64_t desc_a = ptx::desc_advance(stage0_a, stage + MmaTileA::offset_units(i * kMmaM, kk));
       SliceMma::run(set[i], desc_a, desc_b, scale_d);
     }
@@ -1717,11 +1724,11 @@ struct Kernel {
   // along N, unmeasured) whose rows end in the first issues that block's wgmmas only: a group's last tile row is half
   // empty on average. The second block's accumulators are left as they are (the stores are bounded by the group's
   // rows). Measured on MoE layers (docs/grouped.md, "Tiles that end inside their group"): 128x128 pingpong 1.019x
-  // geomean. One loop with a runtime count of blocks, not a second copy of the loop for the trimmed tile: with two
-  // copies in the kernel ptxas serialized every wgmma of the fp8 128x128 pingpong kernel (C7515), dense calls
-  // included (0.63x). A cooperative warpgroup with no rows at all skipping its wgmmas (its partner then has the tensor cores
-  // alone) read 0.983x in one process against the pick on the cooperative rows (branch coop-warpgroup-skip), so it
-  // issues them.
+  // geomean. One loop whose k tile branches between the two sets of wgmmas (issue_k_tile's `blocks`), not a second
+  // copy of the loop for the trimmed tile: with two copies in the kernel ptxas serialized every wgmma of the fp8
+  // 128x128 pingpong kernel (C7515), dense calls included (0.63x). A cooperative warpgroup with no rows at all
+  // skipping its wgmmas (its partner then has the tensor cores alone) read 0.983x in one process against the pick on
+  // the cooperative rows (branch coop-warpgroup-skip), so it issues them.
   __device__ __forceinline__ static int mainloop_of_rows(int rows, const Problem& p, const Smem& smem,
                                                          Accum (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                          int col_in_tile, RingPos& pos, uint32_t rank, int kt_end,
@@ -1995,8 +2002,8 @@ struct Kernel {
                                                            int col_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
                                                            int kt_end, const Scales& scales) {
     uint64_t stage0_a = ptx::desc_advance(MmaTileA::descriptor(smem.a(0)), MmaTileA::offset_units(row_in_tile, 0));
-    uint64_t stage0_b = SPLIT_N ? ptx::desc_advance(MmaTileB::descriptor(smem.b(0)), MmaTileB::offset_units(col_in_tile, 0))
-                                : MmaTileB::descriptor(smem.b(0));
+    uint64_t stage0_b = MmaTileB::descriptor(smem.b(0));
+    if constexpr (SPLIT_N) stage0_b = ptx::desc_advance(stage0_b, MmaTileB::offset_units(col_in_tile, 0));
     // The descriptors' and the full barriers' bases stay in registers (as in mainloop): derived again from the
     // shared-memory window's base in every k tile, they put an S2UR and ten uniform instructions between the
     // promotion and the next k tile's wgmmas, on the path the other warpgroup's wgmmas have to cover.
