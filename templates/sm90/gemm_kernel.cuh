@@ -1673,31 +1673,22 @@ struct Kernel {
   // The wgmmas of one k tile in ring slot `slot` into acc (not yet committed); its first k step overwrites acc
   // unless `accumulate`. stage0_a/stage0_b: the descriptors of slot 0 (this warpgroup's rows of A and columns of B).
   // COLUMNS < WG_N: the slice of the columns [column0, column0 + COLUMNS) only (B's rows there; promotion's slices).
-  // blocks < MMA_BLOCKS_M: the first m64 block only (a tile whose rows end inside it: mainloop_of_rows).
-  template <int COLUMNS = WG_N, typename A, int N>
+  // BLOCKS < MMA_BLOCKS_M: the first BLOCKS m64 blocks only (a tile whose rows end inside it: mainloop_of_rows).
+  template <int COLUMNS = WG_N, int BLOCKS = MMA_BLOCKS_M, typename A, int N>
   __device__ __forceinline__ static void issue_k_tile(A (&acc)[MMA_BLOCKS_M][N], uint64_t stage0_a,
-                                                      uint64_t stage0_b, int slot, bool accumulate, int column0 = 0,
-                                                      int blocks = MMA_BLOCKS_M) {
+                                                      uint64_t stage0_b, int slot, bool accumulate, int column0 = 0) {
     using SliceMma = TileMma<COLUMNS, Elem, typename Cfg::ElemB, kMmaAKMajor ? 0 : 1, kMmaBKMajor ? 0 : 1, MmaTileB>;
     static_assert(N == SliceMma::kAccum, "acc holds the slice's accumulators");
     fence_set(acc);
     ptx::wgmma_fence();
-    // One branch per k tile between the whole tile's wgmmas and the first block's (warp-uniform).
-    if (MMA_BLOCKS_M == 1 || blocks == MMA_BLOCKS_M) {
 #pragma unroll
-      for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
-        issue_k_step<SliceMma, MMA_BLOCKS_M>(acc, stage0_a, stage0_b, slot, kk, column0,
-                                             (accumulate || kk > 0) ? 1 : 0);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
-        issue_k_step<SliceMma, 1>(acc, stage0_a, stage0_b, slot, kk, column0, (accumulate || kk > 0) ? 1 : 0);
-    }
+    for (int kk = 0; kk < kBlockK / kMmaK; ++kk)
+      issue_k_step<SliceMma, BLOCKS>(acc, stage0_a, stage0_b, slot, kk, column0, (accumulate || kk > 0) ? 1 : 0);
   }
 
   // The wgmmas of k step kk of the k tile in ring slot `slot`, one per m64 block (the first BLOCKS), into `set`
   // (scale_d 0: overwrite).
-  template <class SliceMma, int BLOCKS, typename A, int N>
+  template <class SliceMma, int BLOCKS = MMA_BLOCKS_M, typename A, int N>
   __device__ __forceinline__ static void issue_k_step(A (&set)[MMA_BLOCKS_M][N], uint64_t stage0_a, uint64_t stage0_b,
                                                       int slot, int kk, int column0, int scale_d) {
     const uint32_t stage = slot * (STAGE_BYTES / 16);
@@ -1724,30 +1715,29 @@ struct Kernel {
   // along N, unmeasured) whose rows end in the first issues that block's wgmmas only: a group's last tile row is half
   // empty on average. The second block's accumulators are left as they are (the stores are bounded by the group's
   // rows). Measured on MoE layers (docs/grouped.md, "Tiles that end inside their group"): 128x128 pingpong 1.019x
-  // geomean. One loop whose k tile branches between the two sets of wgmmas (issue_k_tile's `blocks`), not a second
-  // copy of the loop for the trimmed tile: with two copies in the kernel ptxas serialized every wgmma of the fp8
-  // 128x128 pingpong kernel (C7515), dense calls included (0.63x). A cooperative warpgroup with no rows at all
-  // skipping its wgmmas (its partner then has the tensor cores alone) read 0.983x in one process against the pick on
-  // the cooperative rows (branch coop-warpgroup-skip), so it issues them.
+  // geomean. 16-bit types only: the trimmed tile's second copy of the loop made ptxas serialize every wgmma of the
+  // fp8 128x128 pingpong kernel (C7515), dense calls included (0.63x), and one loop that branches between the two
+  // sets of wgmmas read 0.956x the untrimmed kernel on the bf16 rows (h200_bench_moe_trim_k_tile_branch_ab.json).
+  // A cooperative warpgroup with no rows at all skipping its wgmmas (its partner then has the tensor cores alone) read
+  // 0.983x in one process against the pick on the cooperative rows (branch coop-warpgroup-skip), so it issues them.
   __device__ __forceinline__ static int mainloop_of_rows(int rows, const Problem& p, const Smem& smem,
                                                          Accum (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                          int col_in_tile, RingPos& pos, uint32_t rank, int kt_end,
                                                          bool hold_last) {
-    if constexpr (!kARegisters && MMA_BLOCKS_M == 2 && GEMMGEN_SM90_TRIM_EMPTY_BLOCKS) {
-      return mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, kt_end, hold_last,
-                      rows <= kMmaM ? 1 : MMA_BLOCKS_M);
+    if constexpr (!kARegisters && MMA_BLOCKS_M == 2 && sizeof(Elem) == 2 && GEMMGEN_SM90_TRIM_EMPTY_BLOCKS) {
+      if (rows <= kMmaM) return mainloop<1>(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, kt_end, hold_last);
     }
     return mainloop(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, kt_end, hold_last);
   }
 
   // Accumulate one tile over k tiles [kt_begin, kt_end) (at least one), consuming that many slots of the
-  // ring from `pos` on; the first k tile overwrites acc (its first `blocks` m64 blocks: mainloop_of_rows). Returns the
+  // ring from `pos` on; the first k tile overwrites acc (its first BLOCKS m64 blocks: mainloop_of_rows). Returns the
   // last k tile's slot, which is released too unless `hold_last` (kStagingInRing: the epilogue stages D there, then
   // releases it).
+  template <int BLOCKS = MMA_BLOCKS_M>
   __device__ __forceinline__ static int mainloop(const Problem& p, const Smem& smem, Accum (&acc)[MMA_BLOCKS_M][ACCUM],
                                                  int row_in_tile, int col_in_tile, RingPos& pos, uint32_t rank,
-                                                 int kt_begin, int kt_end, bool hold_last = false,
-                                                 int blocks = MMA_BLOCKS_M) {
+                                                 int kt_begin, int kt_end, bool hold_last = false) {
     if constexpr (kARegisters) {
       mainloop_a_registers(smem, acc, row_in_tile, col_in_tile, pos, rank, kt_begin, kt_end);
       return -1;
@@ -1762,7 +1752,7 @@ struct Kernel {
     int previous = -1;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
       ptx::mbarrier_wait(smem.full_bar(pos.stage), pos.phase);
-      issue_k_tile<WG_N>(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin, 0, blocks);
+      issue_k_tile<WG_N, BLOCKS>(acc, stage0_a, stage0_b, pos.stage, kt > kt_begin);
       ptx::wgmma_commit();
       fence_set(acc);
       // Keep this k tile's wgmma in flight; the previous one has finished reading its slot.
