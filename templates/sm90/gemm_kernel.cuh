@@ -1906,6 +1906,7 @@ struct Kernel {
   // block-scaled loop, where the wait's loop between the scales' loads and their use spilled 536 bytes at 128x192 and
   // read 0.90-0.97x at 128x128 and 64x128 (h200_fp8_promoted_early_wait.json).
   static constexpr bool kPromotedEarlyWait = GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kPromotedUnroll == 1;
+  static constexpr bool kPromotedProbe = GEMMGEN_SM90_PROMOTED_EARLY_WAIT >= 2 && kPromotedUnroll > 1;
   static constexpr int kSplitStep = (WG_N % kScaleColumns == 0 ? kScaleColumns
                                      : WG_N % 64 == 0 ? 64 : WG_N % 32 == 0 ? 32 : WG_N % 16 == 0 ? 16 : 8) / 8;
 
@@ -2016,8 +2017,9 @@ struct Kernel {
     // known when the promotion ends and the next wgmmas issue right after it (cuBLAS' loop has the same order).
     if (kPromotedEarlyWait && kt_begin < kt_end) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
 #pragma unroll kPromotedUnroll
+    bool next_ready = false;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-      if (!kPromotedEarlyWait) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
+      if (!kPromotedEarlyWait && !next_ready) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
@@ -2028,6 +2030,11 @@ struct Kernel {
           RingPos upcoming = pos;
           upcoming.next();
           ptx::mbarrier_wait(full_bars + upcoming.stage * 8, upcoming.phase);
+        }
+        if (kPromotedProbe && slice == PROMOTE_SLICES - 1) {
+          RingPos upcoming = pos;
+          upcoming.next();
+          next_ready = kt + 1 >= kt_end || ptx::mbarrier_try_wait(full_bars + upcoming.stage * 8, upcoming.phase);
         }
         ptx::wgmma_wait<0>();
 #pragma unroll
