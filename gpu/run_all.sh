@@ -15,6 +15,7 @@
 #   STEPS=ceiling CEILING_ARGS="--dtype fp16" gpu/run_all.sh   (mma.sync ceiling per clock next to the sm80 kernel;
 #                                                       --probes ceiling,regs_w8,ldsm_w8,... for the ladder between them)
 #   STEPS=tests GPU_TESTS=tests/gpu/test_sm90.py gpu/run_all.sh   (some GPU test files only; default: all of tests)
+#   STEPS=ncusource NCU_SHAPES=2048x7168x2048 NCU_ARGS="--scale tensor"   (per-instruction SASS profile, ours beside cuBLAS)
 #   STEPS=overhead gpu/run_all.sh                      (host time per call: JIT op, emitted op, torch.matmul)
 #   STEPS=host gpu/run_all.sh                          (host-bound work: gpu/linear_overhead.py, train_step_profile.py,
 #                                                       generate_profile.py, quantize_timing.py; logs per probe)
@@ -132,6 +133,7 @@ for step in $STEPS; do
             done ;;
     overhead) OUT="$OUT" python3 gpu/overhead.py 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/overhead.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sktimeline) python3 gpu/sk_timeline.py --json "$OUT/sk_timeline.json" ${SKTIMELINE_ARGS:---kernel 128x64x64:1x1:cooperative:8:sk --kernel 64x64x64:1x1:pingpong:12:sk} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/sk_timeline.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+    ncusource) OUT="$OUT" bash gpu/ncu_source.sh "${NCU_SHAPES:-2048x7168x2048}" "${NCU_DTYPE:-e4m3}" "${NCU_ARGS:---scale tensor}" 2>&1 | tee "$OUT/ncu_source.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     ncu)    OUT="$OUT" bash gpu/ncu_compare.sh "${NCU_SHAPES:-4096x4096x4096}" "${NCU_DTYPE:-bf16}" "${NCU_ARGS:-}" 2>&1 | tee "$OUT/ncu_compare.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     trainprofile) OUT="$OUT" python3 gpu/llama_train_profile.py ${TRAINPROFILE_ARGS:---layers 4 --hidden 3072 --intermediate 8192 --heads 24 --kv-heads 8 --train-batch 2 --train-len 1024 --rounds 5} 2>&1 | grep -v '^\[gemmgen\]' | tee "$OUT/llama_train_profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
     sass)   python3 gpu/sass_check.py 2>&1 | tee "$OUT/sass.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;

@@ -118,7 +118,8 @@
 // The promoted (fp8) main loop waits for the next k tile's slot while this k tile's wgmmas run and keeps its
 // descriptors' and barriers' bases in registers (Kernel::mainloop_promoted); 0: the slot is waited for after the
 // promotion, the bases left to the compiler (for A/B runs). The unrolled block-scaled loop keeps that order
-// (Kernel::kPromotedEarlyWait).
+// (Kernel::kPromotedEarlyWait); 2 makes it probe the next slot once under the wgmmas and wait after the promotion
+// only if the probe failed (Kernel::kPromotedProbe: no spills, not yet measured on a GPU).
 #ifndef GEMMGEN_SM90_PROMOTED_EARLY_WAIT
 #define GEMMGEN_SM90_PROMOTED_EARLY_WAIT 1
 #endif
@@ -1903,9 +1904,13 @@ struct Kernel {
   // Only where the k tile is summed whole (PROMOTE_SLICES 1): the sliced tiles spilled unrolled.
   static constexpr int kPromotedUnroll = kBlockScaled && PROMOTE_SLICES == 1 ? GEMMGEN_SM90_BLOCK_SCALED_UNROLL : 1;
   // The next slot waited for under this k tile's wgmmas (GEMMGEN_SM90_PROMOTED_EARLY_WAIT): not in the unrolled
-  // block-scaled loop, where the wait's loop between the scales' loads and their use spilled 536 bytes at 128x192 and
-  // read 0.90-0.97x at 128x128 and 64x128 (h200_fp8_promoted_early_wait.json).
+  // block-scaled loop, where the wait's loop between the scales' loads and their use spilled 536 bytes and serialized
+  // the wgmmas at 128x192 (0.89x) and read 0.96-1.01x at 128x128 and 0.97x at 64x128
+  // (h200_fp8_promoted_early_wait.json).
   static constexpr bool kPromotedEarlyWait = GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kPromotedUnroll == 1;
+  // ... where GEMMGEN_SM90_PROMOTED_EARLY_WAIT is 2, a single try_wait under the wgmmas instead (no loop between the
+  // scales' loads and their use: no spills at 128x192; not yet measured).
+  static constexpr bool kPromotedProbe = GEMMGEN_SM90_PROMOTED_EARLY_WAIT >= 2 && kPromotedUnroll > 1;
   static constexpr int kSplitStep = (WG_N % kScaleColumns == 0 ? kScaleColumns
                                      : WG_N % 64 == 0 ? 64 : WG_N % 32 == 0 ? 32 : WG_N % 16 == 0 ? 16 : 8) / 8;
 
@@ -2016,8 +2021,9 @@ struct Kernel {
     // known when the promotion ends and the next wgmmas issue right after it (cuBLAS' loop has the same order).
     if (kPromotedEarlyWait && kt_begin < kt_end) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
 #pragma unroll kPromotedUnroll
+    bool next_ready = false;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-      if (!kPromotedEarlyWait) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
+      if (!kPromotedEarlyWait && !next_ready) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
@@ -2028,6 +2034,11 @@ struct Kernel {
           RingPos upcoming = pos;
           upcoming.next();
           ptx::mbarrier_wait(full_bars + upcoming.stage * 8, upcoming.phase);
+        }
+        if (kPromotedProbe && slice == PROMOTE_SLICES - 1) {
+          RingPos upcoming = pos;
+          upcoming.next();
+          next_ready = kt + 1 >= kt_end || ptx::mbarrier_try_wait(full_bars + upcoming.stage * 8, upcoming.phase);
         }
         ptx::wgmma_wait<0>();
 #pragma unroll
