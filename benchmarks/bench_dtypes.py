@@ -42,8 +42,7 @@ sys.path.insert(0, str(HERE))
 
 from bench import parse_shapes, tflops  # noqa: E402
 from generator import Gemm, quantize  # noqa: E402
-from generator.toolchain import build_many  # noqa: E402
-from generator.runtime import GemmOp, KernelLibrary, build_request, compile_many  # noqa: E402
+from generator.runtime import compile_many  # noqa: E402
 from generator.spec.config import KernelConfig, sm90_block_k  # noqa: E402
 from generator.spec.types import DType  # noqa: E402
 
@@ -187,16 +186,15 @@ def build_ops(work: list, knobs_by_variant: dict[str, dict[str, object]]) -> lis
         name, plan = work[i][1], work[i][-1]
         return replace(plan.config, stream_k=True) if knobs_by_variant[name].get("stream_k") else plan.config
 
-    plain = [i for i, (_, name, *_) in enumerate(work) if not defines(name)]
     ops: list = [None] * len(work)
-    for i, op in zip(plain, compile_many([config(i) for i in plain], namespace="gemmgen_bench_dtypes")):
-        ops[i] = op
-    switched = [i for i in range(len(work)) if i not in plain]
-    if switched:
-        configs = [config(i) for i in switched]
-        requests = [replace(build_request(c), extra_flags=defines(work[i][1])) for i, c in zip(switched, configs)]
-        for i, c, result in zip(switched, configs, build_many(requests)):
-            ops[i] = GemmOp(c, KernelLibrary.load(result.library, c.name), f"gemmgen_bench_dtypes_{work[i][1]}")
+    # the plain rows (every variant without switches) in one build, then each switched variant's rows in one build
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i, (_, name, *_) in enumerate(work):
+        groups.setdefault(defines(name), []).append(i)
+    for flags, rows in groups.items():
+        namespace = "gemmgen_bench_dtypes" + (f"_{work[rows[0]][1]}" if flags else "")
+        for i, op in zip(rows, compile_many([config(i) for i in rows], namespace=namespace, extra_flags=flags)):
+            ops[i] = op
     return ops
 
 

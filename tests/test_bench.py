@@ -472,3 +472,26 @@ def test_bench_moe_summary_per_token_count():
     assert s["512 tokens: geomean ours/torch._grouped_mm"] == 1.0 and "1 tokens: p10 ours/torch._grouped_mm" in s
     assert not any(k.startswith("512 tokens") for k in m.summarize(rows[2:]))
     assert m.p10([float(v) for v in range(20)]) == 2.0 and m.p10([3.0, 1.0]) == 1.0
+
+
+def test_bench_dtypes_builds_each_switched_variant_with_its_flags(monkeypatch):
+    """bench_dtypes.build_ops: the plain rows (planner's and knob variants') in one build without flags, a variant's
+    template switches (define:...) passed to its own build, and the ops back in the rows' order."""
+    import bench_dtypes
+    builds = []
+
+    def fake_compile_many(configs, *, namespace, extra_flags=()):
+        builds.append((len(configs), namespace, tuple(extra_flags)))
+        return [(namespace, tuple(extra_flags), c.name) for c in configs]
+
+    monkeypatch.setattr(bench_dtypes, "compile_many", fake_compile_many)
+    variants = dict([("", {}), bench_dtypes.parse_variant("t96=tile:128x96"),
+                     bench_dtypes.parse_variant("late=define:GEMMGEN_A=0+GEMMGEN_B=1")])
+    shape = (2048, 7168, 2048)
+    work = [("fp8_tensor", name, shape, bench_dtypes.plan_for("fp8_tensor", *shape, knobs))
+            for name, knobs in variants.items()]
+    ops = bench_dtypes.build_ops(work, variants)
+    assert builds == [(2, "gemmgen_bench_dtypes", ()),
+                      (1, "gemmgen_bench_dtypes_late", ("-DGEMMGEN_A=0", "-DGEMMGEN_B=1"))]
+    assert [op[2] for op in ops] == [plan.config.name for *_, plan in work]
+    assert [op[1] for op in ops] == [(), (), ("-DGEMMGEN_A=0", "-DGEMMGEN_B=1")]
