@@ -195,12 +195,14 @@ EPILOGUES = ({"activation": "gelu_tanh", "bias": "col"}, {"activation": "silu", 
              {"epilogue": with_scales(ep.from_knobs(activation="gelu", bias="col"), "tensor")})
 CASES += [(arch, Gemm("bf16", "tn", arch=arch, **knobs).config) for arch in SHIPPED_ARCHS for knobs in EPILOGUES]
 # fp8 (the kernels' own main loops): fast accumulation on the 128-row pingpong tile (two m64 blocks per warpgroup, the
-# grouped walk's trimmed path beside the dense one), promoted per tensor and block-scaled (unrolled) cooperative tiles.
+# grouped walk's trimmed path beside the dense one), promoted per tensor and block-scaled (unrolled) cooperative tiles,
+# and the block-scaled 128-row pingpong tile (promoted in slices).
 CASES += [(90, Gemm("e4m3", "tn", arch=90, out_dtype="bf16", **knobs).config) for knobs in
           ({"scale": "tensor", "fast_accum": True, "schedule": "pingpong", "tile_shape": (128, 128, 128),
             "cluster_shape": (2, 1)},
            {"scale": "tensor", "schedule": "cooperative", "tile_shape": (128, 128, 128), "cluster_shape": (2, 1)},
-           {"scale": "block", "schedule": "cooperative", "tile_shape": (128, 192, 128), "cluster_shape": (2, 1)})]
+           {"scale": "block", "schedule": "cooperative", "tile_shape": (128, 192, 128), "cluster_shape": (2, 1)},
+           {"scale": "block", "schedule": "pingpong", "tile_shape": (128, 128, 128), "cluster_shape": (1, 1)})]
 # tf32 (fp32 tensors, A and B K-major): cooperative, pingpong, and a fused epilogue writing bf16.
 CASES += [(90, Gemm("fp32", "tn", arch=90, **knobs).config) for knobs in
           ({}, {"schedule": "pingpong", "tile_shape": (128, 128, 32)},

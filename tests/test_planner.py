@@ -970,6 +970,11 @@ REFUSED_SM90_ASSIGNMENTS = [
                  "tile 128x176x128 with scale='block': a tile starting at a multiple of 176 can reach into three "
                  "128-column scale blocks of B, and the kernel reads two per tile: use BN in (80, 96, 112, 144, 160) "
                  "or a multiple of 64", id="bn-odd-fp8-three-scale-blocks"),
+    pytest.param(dict(dtype="e4m3", arch=90, scale="row", cluster_shape=(2, 1), schedule="pingpong"), "tile_shape",
+                 (64, 224, 128),
+                 "tile 64x224x128 pingpong with scale='row': the promoted kernel spills registers at this width "
+                 "(ptxas: 8 bytes); use BN in (80, 96, 112, 144, 160, 176), a multiple of 64, or scale='tensor'",
+                 id="bn-odd-fp8-rowwise-spills"),
     pytest.param(dict(arch=90, layout="tt", schedule="pingpong"), "tile_shape", (64, 32, 64),
                  "tile 64x32x64 with layout 'tt': B is N-major here and loads in 64-column chunks, so BN must be a "
                  "multiple of 64; BN=32 needs a K-major B (layout 'tn')", id="bn-narrow-n-major-b"),

@@ -747,6 +747,11 @@ def check_sm90(cfg: KernelConfig) -> None:
     _check_raster_group_and_out(cfg)
 
 
+#: Odd N tiles whose promoted rowwise pingpong kernel spills (ptxas -v, nvcc 13.0: 64x224 8 bytes; per tensor and the
+#: multiples of 64 do not): refused rather than planned (rule 21's widths) or built on request.
+ROWWISE_SPILLING_BN = (224,)
+
+
 def _check_sm90_odd_block_n(cfg: KernelConfig) -> None:
     """A BN that is no multiple of 64 (SM90_ODD_BLOCK_N): wgmma wrappers for the 16-bit and fp8 types, and a B tile
     loaded as whole rows along K (an M/N-major B tile comes in 64-column chunks). Promoted fp8 sums a k tile in slices
@@ -762,6 +767,11 @@ def _check_sm90_odd_block_n(cfg: KernelConfig) -> None:
         raise ValueError(f"tile {bm}x{bn}x{bk}: promoted fp8 sums each k tile in {promote_slices(cfg)} column slices "
                          f"of {bn // promote_slices(cfg)}, a width no wgmma wrapper is built for: use BN in {fitting} "
                          "or a multiple of 64")
+    if cfg.promoted and cfg.schedule == "pingpong" and cfg.epilogue.scale_mode == "row" and bn in ROWWISE_SPILLING_BN:
+        narrower = tuple(n for n in SM90_ODD_BLOCK_N if n < bn and _promote_slice_built(replace(cfg, tile=(bm, n, bk))))
+        raise ValueError(f"tile {bm}x{bn}x{bk} pingpong with scale='row': the promoted kernel spills registers at this "
+                         f"width (ptxas: 8 bytes); use BN in {narrower}, "
+                         "a multiple of 64, or scale='tensor'")
     if cfg.epilogue.scale_mode == "block" and not spans_two_scale_blocks(bn):
         fitting = tuple(n for n in SM90_ODD_BLOCK_N if spans_two_scale_blocks(n))
         raise ValueError(f"tile {bm}x{bn}x{bk} with scale='block': a tile starting at a multiple of {bn} can reach into "

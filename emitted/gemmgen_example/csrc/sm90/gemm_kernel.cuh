@@ -1906,8 +1906,10 @@ struct Kernel {
   // The next slot waited for under this k tile's wgmmas (GEMMGEN_SM90_PROMOTED_EARLY_WAIT): not in the unrolled
   // block-scaled loop, where the wait's loop between the scales' loads and their use spilled 536 bytes and serialized
   // the wgmmas at 128x192 (0.89x) and read 0.96-1.01x at 128x128 and 0.97x at 64x128
-  // (h200_fp8_promoted_early_wait.json).
-  static constexpr bool kPromotedEarlyWait = GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kPromotedUnroll == 1;
+  // (h200_fp8_promoted_early_wait.json). Nor in the block-scaled 128-row pingpong tile (sliced), where it spilled 24
+  // bytes (ptxas; not measured).
+  static constexpr bool kPromotedEarlyWait = GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kPromotedUnroll == 1 &&
+                                             !(kBlockScaled && PINGPONG && MMA_BLOCKS_M > 1);
   // ... where GEMMGEN_SM90_PROMOTED_EARLY_WAIT is 2, a single try_wait under the wgmmas instead (no loop between the
   // scales' loads and their use: no spills at 128x192; not yet measured).
   static constexpr bool kPromotedProbe = GEMMGEN_SM90_PROMOTED_EARLY_WAIT >= 2 && kPromotedUnroll > 1;
