@@ -270,11 +270,6 @@ SWITCHED_CASES = [(90, Gemm("fp32", "nt", arch=90, activation="gelu", bias="col"
 SWITCHED_CASES += [(90, Gemm("fp32", "tt", arch=90, **hints).config, "GEMMGEN_SM90_TF32_TT_SWAPPED=1",
                     "SwappedKernel::kARegisters && !SwappedKernel::kTransposes && Kernel::kTransposeB")
                    for hints in ({}, {"m": 64, "n": 4096, "k": 4096})]
-# The unrolled block-scaled fp8 loop probing the next slot under the wgmmas (GEMMGEN_SM90_PROMOTED_EARLY_WAIT=2, not yet
-# measured): the full wait there spilled 536 bytes and serialized the wgmmas of this 128x192 kernel.
-SWITCHED_CASES += [(90, Gemm("e4m3", "tn", arch=90, out_dtype="bf16", scale="block", schedule="cooperative",
-                             tile_shape=(128, 192, 128), cluster_shape=(2, 1)).config,
-                    "GEMMGEN_SM90_PROMOTED_EARLY_WAIT=2", "Kernel::kPromotedProbe && !Kernel::kPromotedEarlyWait")]
 
 
 def switched_case(cfg: KernelConfig, define: str) -> str:
@@ -589,5 +584,8 @@ def check_compiled(result: Compiled, arch: int, cfg: KernelConfig) -> None:
     # ptxas serializes every wgmma of a function where it cannot prove the accumulators untouched between a wgmma and
     # its wait (C7510-C7520, "Potential Performance Loss"): correct, and 0.6x as fast (the fp8 128x128 pingpong tile).
     problems += [line for line in result.output.splitlines() if "wgmma.mma_async instructions are serialized" in line]
+    # An unroll pragma that no longer precedes its loop is dropped with a warning only (the block-scaled fp8 loop lost its
+    # unroll by three this way, a quarter of its wgmmas in the SASS).
+    problems += [line for line in result.output.splitlines() if "pragma must immediately precede" in line]
     assert not problems, (f"{result.source} for {SASS_TARGET[arch]}:\n  " + "\n  ".join(problems)
                           + f"\nptxas report:\n{result.output}")

@@ -118,8 +118,7 @@
 // The promoted (fp8) main loop waits for the next k tile's slot while this k tile's wgmmas run and keeps its
 // descriptors' and barriers' bases in registers (Kernel::mainloop_promoted); 0: the slot is waited for after the
 // promotion, the bases left to the compiler (for A/B runs). The unrolled block-scaled loop keeps that order
-// (Kernel::kPromotedEarlyWait); 2 makes it probe the next slot once under the wgmmas and wait after the promotion
-// only if the probe failed (Kernel::kPromotedProbe: no spills, not yet measured on a GPU).
+// (Kernel::kPromotedEarlyWait).
 #ifndef GEMMGEN_SM90_PROMOTED_EARLY_WAIT
 #define GEMMGEN_SM90_PROMOTED_EARLY_WAIT 1
 #endif
@@ -1910,9 +1909,6 @@ struct Kernel {
   // bytes (ptxas; not measured).
   static constexpr bool kPromotedEarlyWait = GEMMGEN_SM90_PROMOTED_EARLY_WAIT && kPromotedUnroll == 1 &&
                                              !(kBlockScaled && PINGPONG && MMA_BLOCKS_M > 1);
-  // ... where GEMMGEN_SM90_PROMOTED_EARLY_WAIT is 2, a single try_wait under the wgmmas instead (no loop between the
-  // scales' loads and their use: no spills at 128x192; not yet measured).
-  static constexpr bool kPromotedProbe = GEMMGEN_SM90_PROMOTED_EARLY_WAIT >= 2 && kPromotedUnroll > 1;
   static constexpr int kSplitStep = (WG_N % kScaleColumns == 0 ? kScaleColumns
                                      : WG_N % 64 == 0 ? 64 : WG_N % 32 == 0 ? 32 : WG_N % 16 == 0 ? 16 : 8) / 8;
 
@@ -2023,9 +2019,8 @@ struct Kernel {
     // known when the promotion ends and the next wgmmas issue right after it (cuBLAS' loop has the same order).
     if (kPromotedEarlyWait && kt_begin < kt_end) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
 #pragma unroll kPromotedUnroll
-    bool next_ready = false;
     for (int kt = kt_begin; kt < kt_end; ++kt) {
-      if (!kPromotedEarlyWait && !next_ready) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
+      if (!kPromotedEarlyWait) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
@@ -2036,11 +2031,6 @@ struct Kernel {
           RingPos upcoming = pos;
           upcoming.next();
           ptx::mbarrier_wait(full_bars + upcoming.stage * 8, upcoming.phase);
-        }
-        if (kPromotedProbe && slice == PROMOTE_SLICES - 1) {
-          RingPos upcoming = pos;
-          upcoming.next();
-          next_ready = kt + 1 >= kt_end || ptx::mbarrier_try_wait(full_bars + upcoming.stage * 8, upcoming.phase);
         }
         ptx::wgmma_wait<0>();
 #pragma unroll
