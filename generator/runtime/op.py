@@ -181,13 +181,18 @@ class GemmOp(OpChecks):
         return _call_grouped(self.op.grouped, A, B, offsets)
 
     def _refuse_grouped_arguments(self, **tensors: Any) -> None:
-        """Before the dispatcher's own words: an op with a fused epilogue (which has no grouped overloads, but for
-        fp8's block scales), and arguments that are not tensors."""
-        if not self.config.epilogue.is_identity and not takes_scaled_groups(self.config):
-            raise ValueError(f"{self.name}: {grouped_epilogue_refusal(self.config)}")
+        """Before the dispatcher's own words: an op with a fused epilogue (_refuse_grouped_epilogue), and arguments
+        that are not tensors."""
+        self._refuse_grouped_epilogue()
         for what, value in tensors.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"{what} must be a torch.Tensor, got {type(value).__name__}")
+
+    def _refuse_grouped_epilogue(self) -> None:
+        """An op with a fused epilogue has no grouped overloads, but for fp8's scaled groups (the refusal names the fix
+        where there is one: grouped_epilogue_refusal)."""
+        if not self.config.epilogue.is_identity and not takes_scaled_groups(self.config):
+            raise ValueError(f"{self.name}: {grouped_epilogue_refusal(self.config)}")
 
     def _refuse_scales(self, scale_a: object, scale_b: object) -> None:
         """Scales given to a grouped call of a plan without per-block scales."""
@@ -323,8 +328,7 @@ class GemmOp(OpChecks):
         if isinstance(A, (list, tuple)) and isinstance(B, (list, tuple)):
             return self._list_path(A, B)
         if offsets is not None:
-            if not self.config.epilogue.is_identity and not takes_scaled_groups(self.config):
-                raise ValueError(f"{self.name}: {grouped_epilogue_refusal(self.config)}")
+            self._refuse_grouped_epilogue()
             if isinstance(B, torch.Tensor) and B.dim() == 2:
                 problem = self._check_grouped_k(A, B, offsets)
                 D = self._empty_grouped_k_out(A, B, offsets)
