@@ -223,6 +223,10 @@ CASES += [(90, Gemm("e4m3", "tn", arch=90, **knobs).config) for knobs in
            {"scale": "block", "tile_shape": (256, 128, 128)},
            {"scale": "block", "tile_shape": (64, 256, 128), "schedule": "cooperative"},
            {"scale": "row", "schedule": "pingpong", "tile_shape": (64, 128, 128), "out_dtype": "fp16"})]
+# The interleaved-K 64-row tiles the planner takes at one wave (rule 22): block-scaled 64x96 in a 2x1 cluster (the
+# unrolled block-scaled loop stepping two k tiles) and per tensor 64x64 with an fp32 D.
+CASES += [(90, Gemm("e4m3", "tn", arch=90, m=256, n=3072, k=8192, scale="block").config),
+          (90, Gemm("e4m3", "tn", arch=90, m=128, n=4096, k=4096, scale="tensor", out_dtype="fp32").config)]
 CASES += [(90, Gemm("e5m2", "tn", arch=90, scale="row", out_dtype="fp32").config),
           (90, Gemm("e5m2", "tn", arch=90, dtype_b="e4m3", scale="row").config)]
 # int8 (int32 accumulators): exact int32 out, and rowwise scales with an activation writing bf16; pingpong with a

@@ -1555,9 +1555,51 @@ def test_an_fp8_64_row_pingpong_pick_takes_the_filling_odd_width() -> None:
     hints = dict(m=256, n=3072, k=8192, arch=90, dtype="e4m3")
     for other in (dict(scale="block"), dict(fast_accum=True), dict(tile_shape=(64, 128, 128)),
                   dict(schedule="pingpong"), dict(cluster_shape=(2, 1))):
-        assert plan(**hints, **other).config.tile[1] % 64 == 0, other
-    assert plan(m=128, n=6144, k=4096, arch=90, dtype="e4m3", scale="tensor").config.tile[:2] == (128, 64)
+        cfg = plan(**hints, **other).config
+        assert cfg.schedule != "pingpong" or cfg.tile[1] % 64 == 0, other
+    assert plan(m=128, n=6144, k=4096, arch=90, dtype="e4m3", scale="tensor").config.schedule == "cooperative"
     assert plan(m=256, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor").config.tile[:2] == (64, 128)
+
+
+def test_a_promoted_one_wave_pick_takes_the_interleaved_k_tile_with_more_tiles() -> None:
+    """interleaved_promoted_tile (rule 22): a promoted fp8 pick of one wave of 64-row pingpong or 128x64 cooperative
+    tiles over at least INTERLEAVED_MIN_K_TILES k tiles takes the 64-row cooperative tile with K interleaved whose
+    width gives the most tiles that still fit one wave, where those are more than the pick's, its cluster kept; not
+    with fast accumulation, a short K, a fixed tile, schedule or cluster, a column-major D, a pick of more than one
+    wave, or where no width adds tiles."""
+    for scale in ("tensor", "row", "block", None):
+        moved = plan(m=128, n=4096, k=4096, arch=90, dtype="e4m3", **({"scale": scale} if scale else {}))
+        model, cfg = moved.estimate.model_config, moved.config
+        assert model.tile[:2] == (128, 64) and model.schedule == "cooperative", scale
+        assert cfg.tile[:2] == (64, 64) and cfg.schedule == "cooperative" and cfg.interleave_k, scale
+        assert "_coop_ik_" in cfg.name and "64x64 cooperative with K interleaved by rule" in moved.why
+        assert "take alternate k tiles" in describe(cfg)
+    block = plan(m=256, n=3072, k=8192, arch=90, dtype="e4m3", scale="block").config   # 96 tiles of 64x128 -> 128
+    assert block.tile[:2] == (64, 96) and block.interleave_k and block.cluster == (2, 1)
+    hints = dict(m=128, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor")
+    for other in (dict(fast_accum=True), dict(k=1024), dict(tile_shape=(128, 64, 128)), dict(schedule="cooperative"),
+                  dict(cluster_shape=(1, 1)), dict(layout_c="col"), dict(m=512, k=7168)):
+        assert not plan(**{**hints, **other}).config.interleave_k, other
+    assert not plan(m=256, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor").config.interleave_k   # 128 tiles
+    assert not plan(m=128, n=4096, k=4096, arch=90).config.interleave_k                                # bf16
+
+
+def test_interleave_k_refusals_name_the_fix() -> None:
+    """check_interleave_k: a 64-row cooperative tile of promoted fp8 whose fp32 sums fit the staging buffers, no
+    source operand, stream-K or staging in the ring; each refusal says why and to leave interleave_k off."""
+    base = plan(m=128, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor").config
+    check_config(base)
+    for change, why in ((dict(schedule="pingpong"), "64-row sm90 cooperative"),
+                        (dict(tile=(128, 64, 128)), "64-row sm90 cooperative"),
+                        (dict(fast_accum=True), "promotes none"),
+                        (dict(tile=(64, 256, 128)), "do not fit"),
+                        (dict(stream_k=True), "stream-K")):
+        with pytest.raises(ValueError, match=f"(?s){why}.*leave interleave_k off"):
+            check_config(replace(base, stages=4, **change))
+    sourced = plan(m=128, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor", beta=1.0, tile_shape=(64, 64, 128),
+                   schedule="pingpong").config
+    with pytest.raises(ValueError, match="source .C. comes into the staging buffers"):
+        check_config(replace(sourced, schedule="cooperative", interleave_k=True))
 
 
 def test_a_128x128_pingpong_pick_takes_the_filling_odd_width(monkeypatch: pytest.MonkeyPatch) -> None:

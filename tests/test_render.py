@@ -49,7 +49,7 @@ CONTEXT_KEYS = {
              "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes", *EPILOGUE_KEYS},
     "sm90": {"name", "description", "elem_cuda", "elem_b_cuda", "out_cuda", "bm", "bn", "bk", "stages", "cluster_m", "cluster_n",
              "schedule", "raster", "raster_group", "a_k_major", "b_k_major", "d_row_major", "max_smem_bytes",
-             "promote", "stream_k", "amax", "staging_in_ring", "swaps_tt", *EPILOGUE_KEYS},
+             "promote", "stream_k", "amax", "staging_in_ring", "interleave_k", "swaps_tt", *EPILOGUE_KEYS},
 }
 IDS = [c.name for c in CONFIGS]
 

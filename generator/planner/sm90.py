@@ -384,6 +384,19 @@ FILLING_PINGPONG_MAX_ROWS = 1024
 # rowwise 1.004-1.138x on five; block scales 0.914-1.113x (their fixed cost per k tile: the scales' loads and
 # products), so not with block scales; fast accumulation 0.953-1.134x (h200_fp8_fill_rule_fast.json), so not there.
 FILLING_PROMOTED_MIN_GAIN = 1.1
+# A promoted (fp8) pick of one wave of 64-row pingpong tiles or 128x64 cooperative ones, over a K of at least
+# INTERLEAVED_MIN_K_TILES k tiles, takes the 64-row cooperative tile whose two warpgroups interleave K
+# (KernelConfig.interleave_k), of the width below with the most tiles that still fit one wave, where that is more tiles
+# than the pick's (interleaved_promoted_tile): a 64-row pingpong tile, its CTA's only one, promotes alone, and the
+# 128x64 tile leaves SMs idle. Read from (H200, benchmarks/bench_dtypes.py, 2 rounds, h200_fp8_interleave_k.json)
+# 128 x 4096 x 4096, 64x64 interleaved 1.055x per tensor and 1.124x per block (64 tiles of 128x64 -> 128), and 256 x
+# 3072 x 8192 per block, 64x96 1.13x (96 tiles of 64x128 pingpong -> 128); the same tile count as a pingpong pick
+# gained -4 % to +3 % (not taken), more tiles than one wave lost 0.5-0.9x. On 19 corpus layers of 1-512 rows
+# (h200_fp8_interleave_k_rule.json, per tensor, per row and per block against the pick without the rule) it lost at
+# K = 512 and 768 (0.93-0.96x: two or three k tiles per warpgroup pay the hand-over), hence the bound; from K = 2048
+# on 1.130x geomean over 33 rows, p10 1.002x, lowest 0.952x.
+INTERLEAVED_BLOCK_N = (64, 96, 128)
+INTERLEAVED_MIN_K_TILES = 16
 # The cluster shapes the planner weighs. The 4-block ones (2x2, 4x1, 1x4) are built on request only: a
 # cluster must sit inside one GPC, and the H100's GPCs (16-18 SMs after floor-sweeping) leave SMs over:
 # 30 clusters of 4 fit at one block per SM, 120 of the 132 SMs (git show 8cd3d06:gpu/debug/cluster_occupancy.cu,
@@ -866,6 +879,12 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
                         f"{best.reason}; {filled.tile[0]}x{filled.tile[1]} by rule: its tiles fill the SMs' waves "
                         f"{FILLING_PROMOTED_MIN_GAIN}x or more better than {best.config.tile[0]}x"
                         f"{best.config.tile[1]}'s")
+    interleaved = problem is not None and interleaved_promoted_tile(best.config, knobs, problem, sm_count)
+    if interleaved:
+        best = Estimate(interleaved, estimate(interleaved, spec, sm_count, problem).cost,
+                        f"{best.reason}; {interleaved.tile[0]}x{interleaved.tile[1]} cooperative with K interleaved by "
+                        f"rule: more tiles in one wave than {best.config.tile[0]}x{best.config.tile[1]}'s, two "
+                        f"warpgroups promoting under each other's wgmmas")
     staged = ring_staged(best.config, knobs)
     if staged != best.config:
         best = Estimate(staged, best.cost, f"{best.reason}; D staged in the ring slot of each tile's last k tile, "
@@ -912,6 +931,37 @@ def filling_promoted_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, sm_
     if knobs.stages is None:
         filled = replace(filled, stages=max(MIN_STAGES, sm90_max_stages_that_fit(filled)))
     return filled if is_legal(filled) else None
+
+
+def interleaved_promoted_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem,
+                              sm_count: int) -> KernelConfig | None:
+    """INTERLEAVED_BLOCK_N's plan for a pick ``cfg``: the 64-row cooperative tile with K interleaved whose tiles, more
+    than the pick's, fill one wave best, the pick's cluster, the raster and stages that fit; None where the rule does
+    not apply (another pick, fast accumulation, more than one wave, a column-major D, a fixed tile, schedule or
+    cluster, a batch or ragged groups, fewer than INTERLEAVED_MIN_K_TILES k tiles, no width with more tiles in one
+    wave)."""
+    one_64_row_tile = cfg.tile[0] == SMALL_M_TILE_ROWS and cfg.schedule == "pingpong"
+    narrow = cfg.tile[:2] == (2 * SMALL_M_TILE_ROWS, NARROW_BN) and cfg.schedule == "cooperative"
+    if (not cfg.promoted or not (one_64_row_tile or narrow) or cfg.layout.c is not Order.row or cfg.stream_k
+            or not leaves_tile_free(knobs) or problem.batch != 1 or problem.ragged
+            or problem.k < INTERLEAVED_MIN_K_TILES * cfg.tile[2]):
+        return None
+    own_blocks, slots, own_waves = waves(cfg, problem, sm_count)
+    if own_waves != 1:
+        return None
+    best = None
+    for bn in INTERLEAVED_BLOCK_N:
+        candidate = replace(cfg, tile=(SMALL_M_TILE_ROWS, bn, cfg.tile[2]), schedule="cooperative", interleave_k=True)
+        blocks, _, count = waves(candidate, problem, sm_count)
+        if count == 1 and blocks > own_blocks and is_legal(candidate) and (best is None or blocks > best[0]):
+            best = (blocks, candidate)
+    if best is None:
+        return None
+    chosen = best[1]
+    if knobs.stages is None:
+        chosen = replace(chosen, stages=max(MIN_STAGES, sm90_max_stages_that_fit(chosen)))
+    chosen = choose_raster(chosen, problem, sm_count, knobs)
+    return chosen if is_legal(chosen) else None
 
 
 def ring_staged(cfg: KernelConfig, knobs: Knobs) -> KernelConfig:

@@ -71,6 +71,7 @@ def template_context(cfg: KernelConfig) -> dict[str, object]:
                 "stream_k": cfg.stream_k,
                 "amax": cfg.amax,
                 "staging_in_ring": cfg.staging_in_ring,
+                "interleave_k": cfg.interleave_k,
                 "raster_group": cfg.raster_group,
                 "swaps_tt": swaps_tt(cfg),         # GEMMGEN_SM90_TF32_TT_SWAPPED's transposed product
                 **layout}

@@ -133,6 +133,10 @@ class KernelConfig:
     # stores have read it) instead of buffers of its own, so that their 16-32 KB of shared memory go to the ring as
     # stages (check_staging_in_ring says where it applies).
     staging_in_ring: bool = False
+    # sm90, a 64-row cooperative tile of promoted fp8: its two consumer warpgroups take alternate k tiles (each sums
+    # and promotes its own over the whole tile, one promoting while the other's wgmmas run; the second hands its sums
+    # to the first at the tile's end) instead of half the columns each (check_interleave_k says where it applies).
+    interleave_k: bool = False
 
     @property
     def b_dtype(self) -> DType:
@@ -158,7 +162,7 @@ class KernelConfig:
             cm, cn = self.cluster
             sched = SM90_SCHEDULE_TAGS.get(self.schedule, self.schedule)
             tags = ("_fa" if self.fast_accum else "") + ("_sk" if self.stream_k else "")
-            tags += "_sr" if self.staging_in_ring else ""
+            tags += ("_sr" if self.staging_in_ring else "") + ("_ik" if self.interleave_k else "")
             return (f"sm90_{self.dtype_tag}_{self.layout.tag}_{bm}x{bn}x{bk}_c{cm}x{cn}_s{self.stages}_{sched}{tags}"
                     f"_g{self.raster_group}{self.raster}{out}{self.epilogue.name_suffix}")
         warps = "x".join(map(str, self.warps)) if self.warps else "None"
@@ -181,8 +185,9 @@ class KernelConfig:
     @property
     def consumer_rows(self) -> int:
         """sm90: the rows of a tile one consumer warpgroup owns (ws/cooperative split the tile along M, except a
-        64- or 192-row cooperative tile, which they split along N)."""
-        return self.tile[0] if self.schedule == "pingpong" or self.splits_n else self.tile[0] // 2
+        64- or 192-row cooperative tile, which they split along N, or interleave along K: interleave_k)."""
+        whole = self.schedule == "pingpong" or self.splits_n or self.interleave_k
+        return self.tile[0] if whole else self.tile[0] // 2
 
     @property
     def consumer_cols(self) -> int:
@@ -192,7 +197,8 @@ class KernelConfig:
     @property
     def splits_n(self) -> bool:
         """sm90: whether the two consumer warpgroups split each tile along N (a 64- or 192-row cooperative tile)."""
-        return self.family == "sm90" and self.schedule != "pingpong" and self.tile[0] in SM90_SPLIT_N_BLOCK_M
+        return (self.family == "sm90" and self.schedule != "pingpong" and self.tile[0] in SM90_SPLIT_N_BLOCK_M
+                and not self.interleave_k)
 
     @property
     def accumulators_per_thread(self) -> int:
@@ -511,7 +517,7 @@ def check_quantized_out(cfg: KernelConfig) -> None:
     if cfg.layout.c is not Order.row:
         raise ValueError(f"out_dtype={out!r}: a quantized D is row-major (its scales run along the rows, as "
                          "quantize(x, scale='block') lays them out): plan with layout_c='row'")
-    wg_n = bn // 2 if cfg.schedule == "cooperative" and bm == 64 else bn
+    wg_n = cfg.consumer_cols
     if wg_n % QUANT_BLOCK:
         raise ValueError(f"out_dtype={out!r} with tile {bm}x{bn}x{bk}: each consumer warpgroup quantizes whole "
                          f"{QUANT_BLOCK}-column blocks, and this tile gives one {wg_n} columns: use BN = 128 or 256 "
@@ -569,6 +575,27 @@ def check_config(cfg: KernelConfig) -> None:
         check_stream_k(cfg)
     if cfg.staging_in_ring:
         check_staging_in_ring(cfg)
+    if cfg.interleave_k:
+        check_interleave_k(cfg)
+
+
+def check_interleave_k(cfg: KernelConfig) -> None:
+    """interleave_k (templates/sm90/gemm_kernel.cuh INTERLEAVE_K): a 64-row cooperative tile of promoted fp8, whose
+    second consumer warpgroup hands its sums of the whole tile over through the epilogue's staging buffers."""
+    bm, bn, bk = cfg.tile
+    why = None
+    if cfg.family != "sm90" or cfg.schedule != "cooperative" or bm != WGMMA_ROWS:
+        why = f"it is built for 64-row sm90 cooperative tiles; this one is {bm}x{bn}x{bk} {cfg.schedule or cfg.family}"
+    elif not cfg.promoted:
+        why = "it overlaps one warpgroup's promotion of fp8 k tiles with the other's wgmmas, and this plan promotes none"
+    elif cfg.stream_k or cfg.staging_in_ring:
+        why = "stream-K's and staging in the ring's tiles end elsewhere than in the staging buffers"
+    elif source_operand(cfg) is not None:
+        why = "the epilogue's source (C) comes into the staging buffers while the main loop still runs"
+    elif bm * bn * 4 > sm90_epilogue_bytes(cfg):
+        why = f"the tile's fp32 sums ({bm * bn * 4} bytes) do not fit the {sm90_epilogue_bytes(cfg)} bytes of staging"
+    if why is not None:
+        raise ValueError(f"interleave_k is not built here ({why}): leave interleave_k off")
 
 
 def check_staging_in_ring(cfg: KernelConfig) -> None:

@@ -117,6 +117,10 @@ def describe_schedule(cfg: KernelConfig) -> str:
     if cfg.schedule == "pingpong":
         return (f"pingpong (persistent: the two consumer warpgroups take alternate tiles, {rows}x{bn} each, "
                 f"one's epilogue overlapping the other's math)")
+    if cfg.interleave_k:
+        return (f"cooperative with K interleaved (persistent: the two consumer warpgroups take alternate k tiles of "
+                f"each {rows}x{bn} tile, one promoting while the other's wgmmas run; the second hands its sums to "
+                f"the first, which runs the epilogue)")
     if cfg.schedule == "cooperative":
         along, cols = ("N", cfg.consumer_cols) if cfg.splits_n else ("M", bn)
         return f"cooperative (persistent: two consumer warpgroups split each tile along {along}, {rows}x{cols} each)"

@@ -32,9 +32,9 @@ FORMAT = "gemmgen-tuning"
 FORMAT_VERSION = 1
 #: The KernelConfig fields an entry records: what tuning chooses. The rest (dtypes, layout, epilogue) is the key's.
 CONFIG_FIELDS = ("family", "tile", "warps", "stages", "raster_group", "cluster", "schedule", "raster", "stream_k",
-                 "staging_in_ring")
+                 "staging_in_ring", "interleave_k")
 #: Fields an entry written before they existed lacks, with the value every config had then.
-ADDED_CONFIG_FIELDS = {"staging_in_ring": False}
+ADDED_CONFIG_FIELDS = {"staging_in_ring": False, "interleave_k": False}
 _TUPLE_FIELDS = ("tile", "warps", "cluster")
 
 

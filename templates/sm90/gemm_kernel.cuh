@@ -747,8 +747,14 @@ struct Kernel {
   // columns each); a 64-row cooperative tile splits along N (both the same 64 rows, BN / 2 columns each), so that two
   // wgmma streams run where a 64-row pingpong tile, the only tile of its CTA, leaves the second warpgroup idle; so
   // does a 192-row one (three m64 blocks each: 192 rows do not halve into whole m64 blocks).
-  static constexpr bool SPLIT_N = !PINGPONG && (BM == kMmaM || BM == 3 * kMmaM);
-  static constexpr int WG_M = PINGPONG || SPLIT_N ? BM : BM / kConsumerWarpgroups;
+  // A 64-row cooperative tile of promoted fp8 may instead interleave K (Cfg::kInterleaveK): its two consumer warpgroups
+  // take alternate k tiles, each summing and promoting its own into accumulators of the whole tile, so that one
+  // promotes while the other's wgmmas run (a 64-row pingpong tile, its CTA's only one, promotes alone), at the whole
+  // tile's wgmma width; at the tile's end the second hands its sums over through the epilogue's staging buffers and
+  // the first adds them and runs the epilogue (hand_over_sums, take_over_sums).
+  static constexpr bool INTERLEAVE_K = Cfg::kInterleaveK;
+  static constexpr bool SPLIT_N = !PINGPONG && !INTERLEAVE_K && (BM == kMmaM || BM == 3 * kMmaM);
+  static constexpr int WG_M = PINGPONG || SPLIT_N || INTERLEAVE_K ? BM : BM / kConsumerWarpgroups;
   static constexpr int WG_N = SPLIT_N ? BN / kConsumerWarpgroups : BN;
   static constexpr int MMA_BLOCKS_M = WG_M / kMmaM;
   // (One buffer per subtile, so that no store is waited for inside a tile, measured no faster: docs/sm90.md,
@@ -778,7 +784,7 @@ struct Kernel {
                                     !Cfg::kPromote && !Cfg::kStreamK && !GEMMGEN_SM90_STREAM_K),
                 "staging in the ring: a slot holds the tile's staging buffers, mainloop's whole tiles only "
                 "(spec/config.py check_staging_in_ring)");
-  static constexpr int CONSUMERS_PER_STAGE = PINGPONG ? 1 : kConsumerWarpgroups;
+  static constexpr int CONSUMERS_PER_STAGE = PINGPONG || INTERLEAVE_K ? 1 : kConsumerWarpgroups;
   using Mma = TileMma<WG_N, Elem, typename Cfg::ElemB, kMmaAKMajor ? 0 : 1, kMmaBKMajor ? 0 : 1, MmaTileB>;
   static_assert(sizeof(typename Cfg::ElemB) == sizeof(Elem), "A and B differ only as fp8 formats (one byte each)");
   static constexpr int ACCUM = Mma::kAccum;  // per m64 block and thread
@@ -786,6 +792,11 @@ struct Kernel {
   static_assert(MMA_BLOCKS_M * ACCUM <= 160, "accumulators beyond 160 of the 232 registers per thread would spill");
   static_assert(!SPLIT_N || BN % (kConsumerWarpgroups * 64) == 0,
                 "a tile split along N: whole 64-column epilogue subtiles and B chunks per warpgroup");
+  static_assert(!INTERLEAVE_K || (!PINGPONG && BM == kMmaM && Cfg::kPromote && !kSourced && !kStagingInRing &&
+                                  !Cfg::kStreamK &&
+                                  MMA_BLOCKS_M * ACCUM * kWarpgroupThreads * 4 <= EPILOGUE_BYTES),
+                "k interleaved: a 64-row cooperative promoted tile whose sums fit the staging buffers, which no source "
+                "operand uses (spec/config.py check_interleave_k)");
 
   // Promotion (fp8, see mainloop_promoted) holds a second set of accumulators, the current k tile's; per-block
   // scales (fp8 with scale="block") are applied there.
@@ -1290,7 +1301,7 @@ struct Kernel {
                                  GroupedRows::Walk start = GroupedRows::Walk{}) {
     Epilogue epi{smem, tmap_d, consumer, 0, tma_store_possible(args), tmap_source, source_tma_possible(args)};
     epi.grouped = W == Walking::kRows;
-    const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
+    const int row_in_tile = WG_M == BM ? 0 : consumer * WG_M;
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     RingPos pos;
     int local = 0;  // this CTA's work units so far
@@ -1315,6 +1326,12 @@ struct Kernel {
         // K = 0: D = 0, on a path of its own: zeroing the wgmma accumulators here would merge two
         // register assignments of them (ptxas then spills).
         if (PINGPONG && next_exists) pass_turn(consumer);
+        if constexpr (INTERLEAVE_K) {
+          if (consumer == 1) {  // nothing to hand over; the pairing of the staging buffers' turns kept
+            if (local > 0) ptx::named_barrier_sync(kHandOverFree, 2 * kWarpgroupThreads);
+            continue;
+          }
+        }
         if constexpr (kQuantizesOut) {
           store_quantized_of_zero(args, tile, m0 + row_in_tile, n0, epi.problem);
         } else if constexpr (Cfg::Epilogue::kIdentity && kStagingInRing) {  // (no slot held: no staging)
@@ -1327,12 +1344,22 @@ struct Kernel {
           // (a zero array would spill beside the epilogue)
           store_epilogue_of_zero(args, tile, m0 + row_in_tile, n0, epi.problem);
         }
+        if constexpr (INTERLEAVE_K) free_hand_over(next_exists);
         continue;
       }
       // The source's first subtiles come in while the main loop runs.
       const bool sourced = epi.load_source(tile, m0 + row_in_tile, n0);
       Accum acc[MMA_BLOCKS_M][ACCUM];
-      if constexpr (Cfg::kPromote) {
+      if constexpr (Cfg::kPromote && INTERLEAVE_K) {
+        // (this warpgroup's k tiles: every other one from its own index on; both go on past the whole tile's)
+        const RingPos tile_start = pos;
+        if (consumer == 1) pos.next();
+        mainloop_promoted<kConsumerWarpgroups>(p, smem, acc, row_in_tile, col_in_tile, pos, rank, consumer,
+                                               at.k_tiles,
+                                               block_scales(args, p, m0, n0, W == Walking::kRows ? at.problem : 0));
+        pos = tile_start;
+        pos.advance(at.k_tiles);
+      } else if constexpr (Cfg::kPromote) {
         mainloop_promoted(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles,
                           block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
       } else {
@@ -1346,6 +1373,13 @@ struct Kernel {
         if constexpr (kStagingInRing) epi.stage_in_slot(last_slot);
       }
       if (PINGPONG && next_exists) pass_turn(consumer);
+      if constexpr (INTERLEAVE_K) {
+        if (consumer == 1) {
+          hand_over_sums(smem, acc, local > 0);
+          continue;
+        }
+        take_over_sums(smem, acc);
+      }
       // The group's per-column operands, from the walk's group (live through the main loop anyway): set here, after
       // the main loop, where a copy in `tile` from before it made the 128x256 per-row-scaled fp8 kernel spill.
       if constexpr (W == Walking::kRows && Cfg::Epilogue::kColsPerGroup) tile.group_cols = walk.group * p.n;
@@ -1358,8 +1392,48 @@ struct Kernel {
         store_tile(epi, args, tile, acc, m0 + row_in_tile, n0, sourced);
       }
       if constexpr (kStagingInRing) epi.release_slot(rank);
+      if constexpr (INTERLEAVE_K) free_hand_over(next_exists);
     }
     epi.finish();
+  }
+
+  // Interleaved K: the second consumer's sums of the tile to the first, through the epilogue's staging buffers (thread
+  // t's accumulator pair j at pair j * 128 + t: both warpgroups hold the same fragment of the same tile, so each
+  // thread adds what its peer thread wrote). Named barriers kHandOverFull (the sums written) and kHandOverFree (the
+  // first consumer's stores of the tile before have read the buffers), 1 and 2: the pingpong turns', unused here.
+  static constexpr uint32_t kHandOverFull = 1, kHandOverFree = 2;
+  __device__ __forceinline__ static uint32_t hand_over_pair(const Smem& smem, int j) {
+    return smem.epilogue + (j * kWarpgroupThreads + threadIdx.x % kWarpgroupThreads) * 8;
+  }
+  __device__ __forceinline__ static void hand_over_sums(const Smem& smem, const float (&acc)[MMA_BLOCKS_M][ACCUM],
+                                                       bool after_a_tile) {
+    if (after_a_tile) ptx::named_barrier_sync(kHandOverFree, 2 * kWarpgroupThreads);
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; r += 2)
+        ptx::st_shared_v2_f32(hand_over_pair(smem, (i * ACCUM + r) / 2), acc[i][r], acc[i][r + 1]);
+    ptx::named_barrier_arrive(kHandOverFull, 2 * kWarpgroupThreads);
+  }
+  __device__ __forceinline__ static void take_over_sums(const Smem& smem, float (&acc)[MMA_BLOCKS_M][ACCUM]) {
+    ptx::named_barrier_sync(kHandOverFull, 2 * kWarpgroupThreads);
+#pragma unroll
+    for (int i = 0; i < MMA_BLOCKS_M; ++i)
+#pragma unroll
+      for (int r = 0; r < ACCUM; r += 2) {
+        const float2 v = ptx::ld_shared_v2_f32(hand_over_pair(smem, (i * ACCUM + r) / 2));
+        acc[i][r] += v.x;
+        acc[i][r + 1] += v.y;
+      }
+    // every thread's share read before the epilogue's staging writes go over it
+    ptx::named_barrier_sync(kEpiBarrier, kWarpgroupThreads);
+  }
+  // The first consumer, after a tile's epilogue: its stores have read the staging buffers, which the second consumer
+  // may then write its next sums into (its every tile after the first waits for this).
+  __device__ __forceinline__ static void free_hand_over(bool next_exists) {
+    if (!next_exists) return;
+    if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait_read<0>();
+    ptx::named_barrier_arrive(kHandOverFree, 2 * kWarpgroupThreads);
   }
 
   template <class Epi>  // Epilogue, declared further down
@@ -1388,7 +1462,7 @@ struct Kernel {
     float* const workspace = ws.partials;
     int* const flags = ws.flags;
     const int epoch = ws.epoch;
-    const int row_in_tile = PINGPONG || SPLIT_N ? 0 : consumer * WG_M;
+    const int row_in_tile = WG_M == BM ? 0 : consumer * WG_M;
     const int col_in_tile = SPLIT_N ? consumer * WG_N : 0;
     const int slot_consumer = PINGPONG ? 0 : consumer;
     const StreamK sk(p.units, p.k_tiles, static_cast<int>(gridDim.x) / CLUSTER);
@@ -1990,6 +2064,7 @@ struct Kernel {
   // is one 128-wide scale block). The wait for part ends this warpgroup's overlap of k tiles (ptxas serializes
   // every wgmma if registers of a finished group are read while another group is in flight: docs/dtypes.md); the
   // other consumer warpgroup's wgmmas keep the tensor cores busy meanwhile. The ring protocol is mainloop's.
+  template <int KSTEP = 1>  // every KSTEP-th k tile from kt_begin on (interleaved K: each warpgroup its own)
   __device__ __forceinline__ static void mainloop_promoted(const Problem& p, const Smem& smem,
                                                            float (&acc)[MMA_BLOCKS_M][ACCUM], int row_in_tile,
                                                            int col_in_tile, RingPos& pos, uint32_t rank, int kt_begin,
@@ -2013,23 +2088,24 @@ struct Kernel {
     float part[MMA_BLOCKS_M][SLICE_ACCUM];
     // Block scales: k block kt's products in k_scales, kt + 1's loaded values in `ahead`, and kt + 2's loads issued
     // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
-    KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_begin));
-    RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + 1, kt_end - 1));
+    KBlockScales k_scales = scale_products(load_k_block_scales(scales, min(kt_begin, kt_end - 1)));
+    RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + KSTEP, kt_end - 1));
     // The next k tile's slot is waited for while this one's wgmmas run (before their wait), so that its arrival is
     // known when the promotion ends and the next wgmmas issue right after it (cuBLAS' loop has the same order).
     if (kPromotedEarlyWait && kt_begin < kt_end) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
 #pragma unroll kPromotedUnroll
-    for (int kt = kt_begin; kt < kt_end; ++kt) {
+    for (int kt = kt_begin; kt < kt_end; kt += KSTEP) {
       if (!kPromotedEarlyWait) ptx::mbarrier_wait(full_bars + pos.stage * 8, pos.phase);
       RawKBlockScales later;
 #pragma unroll
       for (int slice = 0; slice < PROMOTE_SLICES; ++slice) {
         issue_k_tile<PROMOTE_N>(part, stage0_a, stage0_b, pos.stage, false, slice * PROMOTE_N);
         ptx::wgmma_commit();
-        if (slice == 0) later = load_k_block_scales(scales, min(kt + 2, kt_end - 1));
-        if (kPromotedEarlyWait && slice == PROMOTE_SLICES - 1 && kt + 1 < kt_end) {
+        if (slice == 0) later = load_k_block_scales(scales, min(kt + 2 * KSTEP, kt_end - 1));
+        if (kPromotedEarlyWait && slice == PROMOTE_SLICES - 1 && kt + KSTEP < kt_end) {
           RingPos upcoming = pos;
-          upcoming.next();
+#pragma unroll
+          for (int s = 0; s < KSTEP; ++s) upcoming.next();
           ptx::mbarrier_wait(full_bars + upcoming.stage * 8, upcoming.phase);
         }
         ptx::wgmma_wait<0>();
@@ -2044,7 +2120,8 @@ struct Kernel {
           promote_block<WG_N / 8>(acc, part, slice, nullptr);
         }
       }
-      pos.next();
+#pragma unroll
+      for (int s = 0; s < KSTEP; ++s) pos.next();
       k_scales = scale_products(ahead);
       ahead = later;
     }

@@ -60,13 +60,21 @@ PLANS = {
     "e4m3_block_64x256_split_n": dict(dtype="e4m3", scale="block", tile_shape=(64, 256, 128), schedule="cooperative"),
     "e4m3_tensor_64x128_split_n": dict(dtype="e4m3", scale="tensor", tile_shape=(64, 128, 128),
                                        schedule="cooperative", cluster_shape=(2, 1)),
+    # the planner's interleaved-K tiles (INTERLEAVED_BLOCK_N): a 64-row cooperative tile whose two warpgroups take
+    # alternate k tiles, the second handing its sums over at the tile's end (called here on every shape: many tiles
+    # per CTA at 1024^3, a single k tile, so the second warpgroup has none, at K = 112)
+    "e4m3_block_interleaved_64x64": dict(dtype="e4m3", scale="block", m=128, n=4096, k=4096),
+    "e4m3_tensor_interleaved_64x96": dict(dtype="e4m3", scale="tensor", m=96, n=4544, k=4544),
+    "e4m3_row_interleaved_64x96_c2x1": dict(dtype="e4m3", scale="row", m=384, n=2048, k=8192),
+    "e4m3_block_fp32_interleaved_64x64": dict(dtype="e4m3", scale="block", out_dtype="fp32", m=128, n=4096, k=4096),
     "e5m2_row_bf16": dict(dtype="e5m2", scale="row"),
     "e5m2_block_bf16": dict(dtype="e5m2", scale="block"),
     "e4m3_row_gelu_bias": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col"),
     "e5m2xe4m3_row": dict(dtype="e5m2", dtype_b="e4m3", scale="row"),      # an e5m2 gradient times an e4m3 weight
     "e4m3xe5m2_block": dict(dtype="e4m3", dtype_b="e5m2", scale="block"),
 }
-SHAPES = [(1024, 1024, 1024), (RAGGED[4], RAGGED[5], RAGGED[6] + 16), (300, 520, 1104), (129, 4100, 272)]
+SHAPES = [(1024, 1024, 1024), (RAGGED[4], RAGGED[5], RAGGED[6] + 16), (300, 520, 1104), (129, 4100, 272),
+          (70, 300, 112)]
 
 
 @pytest.fixture(scope="module")

@@ -51,6 +51,8 @@ struct Config {
   // The epilogue's staging buffers in the ring slot of the tile's last k tile, held until its stores read them (no
   // shared memory of their own: the ring takes it as stages).
   static constexpr bool kStagingInRing = false;
+  // A 64-row cooperative promoted fp8 tile: its two consumer warpgroups take alternate k tiles (not half the columns).
+  static constexpr bool kInterleaveK = false;
 
 
   struct Epilogue {  // none: D = acc, as the main loop made it (the kernels skip the epilogue at compile time)
