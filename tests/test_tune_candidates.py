@@ -159,3 +159,18 @@ def test_sm90_neighbours_of_an_odd_n_pick_include_the_even_tiles_around_it() -> 
     assert plan.estimate.config.tile == (128, 144, 64)
     near = {c.tile for c in neighbours(plan.estimate.config, space_of(plan), plan._request.problem)}
     assert {(128, 128, 64), (128, 192, 64)} <= near
+
+
+def test_a_promoted_64_row_tile_has_its_interleaved_k_twin_among_the_neighbours() -> None:
+    """Rule 22's axis: a promoted fp8 64-row pingpong pick's neighbours include the same tile with K interleaved, and
+    an interleaved pick's the pingpong tile; every one legal."""
+    pingpong = Gemm("e4m3", "tn", arch=90, scale="tensor", m=256, n=4096, k=4096)
+    assert pingpong.config.schedule == "pingpong" and not pingpong.config.interleave_k
+    found = candidates_of(pingpong)
+    assert any(c.interleave_k and c.tile == pingpong.config.tile for c in found)
+    interleaved = Gemm("e4m3", "tn", arch=90, scale="tensor", m=128, n=4096, k=4096)
+    assert interleaved.config.interleave_k
+    found = candidates_of(interleaved)
+    assert any(c.schedule == "pingpong" and c.tile == interleaved.config.tile for c in found)
+    for cfg in found:
+        check_config(cfg)

@@ -18,7 +18,7 @@ from ..planner.sm80 import default_stages
 from ..planner.sm90 import PLANNED_CLUSTERS, choose_raster, filling_block_n, ring_staged, with_staging_in_ring
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, KernelConfig, is_legal, max_stages,
-                           sm80_block_k, sm90_max_stages_that_fit)
+                           WGMMA_ROWS, sm80_block_k, sm90_max_stages_that_fit)
 from ..spec.epilogue import IDENTITY, Epilogue
 from ..spec.types import DType, Layout
 
@@ -83,8 +83,13 @@ def _sm90_neighbours(cfg: KernelConfig, space: Space, problem: Problem) -> Itera
             yield _sm90_refit(replace(cfg, cluster=cluster), space, problem)
     other = {"cooperative": "pingpong", "pingpong": "cooperative"}.get(cfg.schedule)
     if other is not None:
-        yield _sm90_refit(replace(cfg, schedule=other, stream_k=False), space, problem)
+        yield _sm90_refit(replace(cfg, schedule=other, stream_k=False, interleave_k=False), space, problem)
     bm, bn, bk = cfg.tile
+    if cfg.promoted and bm == WGMMA_ROWS and other is not None:
+        # (a promoted 64-row tile: its two warpgroups interleaving K against one warpgroup's tile, planner rule 22)
+        interleaved = replace(cfg, schedule="cooperative", interleave_k=True)
+        yield _sm90_refit(replace(cfg, schedule="pingpong", interleave_k=False) if cfg.interleave_k else interleaved,
+                          space, problem)
     # (an odd N tile, the planner's where it fills the waves: the even ones on either side of it)
     wider, narrower = (bn + 64, bn - 64) if bn % 64 == 0 else (bn // 64 * 64 + 64, bn // 64 * 64)
     for tile in ((bm, narrower, bk), (bm, wider, bk), (bm // 2, bn, bk), (bm * 2, bn, bk)):

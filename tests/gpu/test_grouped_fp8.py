@@ -8,7 +8,8 @@ with scale_b (E, ceil(N/128), ceil(K/128)) (``quantize(W, "e4m3", scale="block",
 is float64 of the dequantized operands, per group; ||D - ref|| / ||ref|| within the output's rounding (bf16: 1e-2,
 fp32: 5e-4). Unwritten rows are caught as in test_grouped.py: a NaN-filled block of D's size is handed back to the
 caching allocator before the call. Cases: empty groups first, between and last; ragged sizes; N and K with a partial
-last 128-wide block; three plans (cooperative 128x256 in a 2x1 cluster, pingpong 128x128, fp32 output); each group
+last 128-wide block; five plans (cooperative 128x256 in a 2x1 cluster, pingpong 128x128, fp32 output, e5m2, a 64x64
+tile with K interleaved); each group
 on its own; bit-identical repeats; the masked form; bad scales refused before any launch, the op working afterwards;
 a list call refused; gradients refused."""
 from __future__ import annotations
@@ -29,6 +30,8 @@ PLANS = {
     "pp_128x128": dict(tile_shape=(128, 128, 128), cluster_shape=(1, 1), schedule="pingpong"),
     "coop_fp32": dict(out_dtype="fp32"),
     "e5m2_coop": dict(dtype="e5m2", tile_shape=(128, 128, 128), schedule="cooperative"),   # (e4m3 otherwise)
+    # a dense plan that planner rule 22 gives the 64x64 tile with K interleaved, called on groups
+    "interleaved_64x64": dict(m=128, n=4096, k=4096),
 }
 #: (group sizes, N, K)
 CASES = [([0, 37, 300, 1, 130, 0], 384, 640), ([256, 0, 129], 300, 1040), ([5], 1024, 256)]
@@ -88,9 +91,10 @@ def test_grouped_fp8_matches_float64(ops, key, case):
     assert torch.equal(again, d), "not bit-identical on a repeat"
 
 
-def test_masked_fp8_matches_float64(ops):
+@pytest.mark.parametrize("key", ["coop_c2x1", "interleaved_64x64"])
+def test_masked_fp8_matches_float64(ops, key):
     """The masked form: A's slabs and scale_a's in one (E, max_m, ...) layout each; the rows up to each count."""
-    op = ops["coop_c2x1"]
+    op = ops[key]
     counts, slab, n, k = [3, 0, 64, 17], 64, 384, 640
     x = torch.randn(len(counts) * slab, k, device="cuda")
     a, scale_a = quantize(x, "e4m3", scale="block")
