@@ -118,6 +118,7 @@ _KNOB_PARSERS: dict[str, tuple[str, Callable[[object], object]]] = {
     "raster": ("raster", lambda v: _choice(v, "raster", RASTERS)),
     "fast_accum": ("fast_accum", lambda v: _boolean(v, "fast_accum")),
     "amax": ("amax", lambda v: _boolean(v, "amax")),
+    "interleave_k": ("interleave_k", lambda v: _boolean(v, "interleave_k")),
 }
 
 
@@ -248,7 +249,8 @@ class Gemm:
                  activation: str | Callable[..., Any] | None = None, bias: str | None = None,
                  alpha: float | str | None = None, beta: float | str | None = None, scale: str | None = None,
                  fast_accum: bool | None = None, amax: bool | None = None, dtype_b: object = None,
-                 ragged: bool = False, namespace: str = DEFAULT_NAMESPACE) -> None:
+                 interleave_k: bool | None = None, ragged: bool = False,
+                 namespace: str = DEFAULT_NAMESPACE) -> None:
         dtype_ = parse_input_dtype(dtype)
         if arch is None:
             spec, sm_count = detect_arch()
@@ -264,7 +266,7 @@ class Gemm:
         self.namespace = namespace
         given = dict(family=family, tile_shape=tile_shape, warps=warps, stages=stages, raster_group=raster_group,
                      schedule=schedule, cluster_shape=cluster_shape, raster=raster, fast_accum=fast_accum,
-                     amax=amax)
+                     amax=amax, interleave_k=interleave_k)
         # All knobs at once: a combination is judged as a whole (schedule="pingpong" with a tile that
         # only pingpong takes is fine, whatever the order of the keywords).
         knobs = Knobs(**{_KNOB_PARSERS[k][0]: _KNOB_PARSERS[k][1](v) for k, v in given.items() if v is not None})
@@ -440,6 +442,17 @@ class Gemm:
     @fast_accum.setter
     def fast_accum(self, value: bool) -> None:
         self._set_knob("fast_accum", value)
+
+    @property
+    def interleave_k(self) -> bool:
+        """fp8 (promoted), a 64-row cooperative tile: True has its two consumer warpgroups take alternate k tiles of
+        the whole tile (one promoting while the other's wgmmas run) instead of half its columns each; False keeps
+        the planner from choosing it (its rule 22 takes it for one-wave picks at 1-512 rows, docs/planner.md)."""
+        return self.config.interleave_k
+
+    @interleave_k.setter
+    def interleave_k(self, value: bool) -> None:
+        self._set_knob("interleave_k", value)
 
     @property
     def amax(self) -> bool:

@@ -17,7 +17,8 @@ from .spec.epilogue import epilogue_from_json
 #: its op name and the (checked) kernel name and epilogue text.
 PLAN_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k", "batch",
              "family", "tile_shape", "warps", "stages", "raster_group", "schedule", "cluster_shape", "raster",
-             "activation", "bias", "alpha", "beta", "epilogue", "scale", "fast_accum", "amax", "dtype_b")
+             "activation", "bias", "alpha", "beta", "epilogue", "scale", "fast_accum", "amax", "dtype_b",
+             "interleave_k")
 ENTRY_KEYS = ("op_name", "kernel", "epilogue_text")
 
 

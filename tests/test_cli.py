@@ -347,6 +347,19 @@ def test_emit_from_a_plans_file(tmp_path):
     assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
 
 
+def test_a_planner_rule_s_interleaved_k_tile_re_emits_from_plans_json(tmp_path):
+    """plans.json records interleave_k (planner rule 22 chose it from the size hints; with the tile fixed in the
+    record, only the knob plans it again), so re-emitting from it gives the same package."""
+    r = cli("emit", "--plan", "dtype=e4m3,layout=tn,arch=90,scale=block,m=128,n=4096,k=4096", "--name", "ik",
+            "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    assert "_coop_ik_" in r.stdout
+    assert json.loads((tmp_path / "a" / "plans.json").read_text())["plans"][0]["interleave_k"] is True
+    r = cli("emit", "--plans", str(tmp_path / "a" / "plans.json"), "--name", "ik", "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+
+
 def test_a_package_without_autograd_re_emits_without_autograd(tmp_path):
     r = cli("emit", "--dtype", "bf16", "--layout", "tn", "--arch", "90", "--no-autograd", "--out", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr

@@ -1582,6 +1582,14 @@ def test_a_promoted_one_wave_pick_takes_the_interleaved_k_tile_with_more_tiles()
         assert not plan(**{**hints, **other}).config.interleave_k, other
     assert not plan(m=256, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor").config.interleave_k   # 128 tiles
     assert not plan(m=128, n=4096, k=4096, arch=90).config.interleave_k                                # bf16
+    # the knob: False keeps the rule off, True asks for it where the planner would not (a 64-row cooperative tile)
+    assert not plan(**hints, interleave_k=False).config.interleave_k
+    asked = plan(m=256, n=4096, k=4096, arch=90, dtype="e4m3", scale="tensor", interleave_k=True)
+    assert asked.interleave_k and asked.config.tile[0] == 64 and asked.config.schedule == "cooperative"
+    asked.interleave_k = False
+    assert not asked.config.interleave_k
+    with pytest.raises(ValueError, match="promotes none.*leave interleave_k off"):
+        plan(m=256, n=4096, k=4096, arch=90, interleave_k=True)
 
 
 def test_interleave_k_refusals_name_the_fix() -> None:

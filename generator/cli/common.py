@@ -19,7 +19,7 @@ def _plan_kwargs(args: argparse.Namespace) -> dict[str, object]:
                 stages=args.stages, raster_group=args.raster_group, schedule=args.schedule,
                 cluster_shape=args.cluster, raster=args.raster, activation=args.activation, bias=args.bias,
                 alpha=args.alpha, beta=args.beta, epilogue=args.epilogue, scale=args.scale,
-                fast_accum=args.fast_accum, amax=args.amax, dtype_b=args.dtype_b)
+                fast_accum=args.fast_accum, amax=args.amax, dtype_b=args.dtype_b, interleave_k=args.interleave_k)
 
 
 def _no_gpu_hint(err: RuntimeError) -> RuntimeError:

@@ -16,7 +16,8 @@ from ..spec.types import LAYOUTS, PLAN_OUTPUT_DTYPES, PLANNABLE_INPUT_DTYPES, Or
 #: --plan keys: Gemm keyword arguments (tile, cluster also under their option names) and the op name.
 PLAN_OPTION_KEYS = ("dtype", "out_dtype", "layout", "layout_a", "layout_b", "layout_c", "arch", "m", "n", "k",
                     "family", "tile", "warps", "stages", "raster_group", "schedule", "cluster", "raster",
-                    "activation", "bias", "alpha", "beta", "scale", "fast_accum", "amax", "dtype_b", "op_name")
+                    "activation", "bias", "alpha", "beta", "scale", "fast_accum", "amax", "dtype_b", "interleave_k",
+                    "op_name")
 #: --activation's choices: the names generator.epilogue.ACTIVATIONS accepts.
 ACTIVATION_CHOICES = tuple(name for name in ACTIVATIONS if isinstance(name, str))
 BIAS_CHOICES = ("row", "col")
@@ -113,7 +114,7 @@ def _plan_option(text: str) -> dict[str, object]:
                 entry[key] = _coefficient(value)
             except argparse.ArgumentTypeError as err:
                 raise argparse.ArgumentTypeError(f"{key}={err}") from None
-        elif key in ("fast_accum", "amax"):
+        elif key in ("fast_accum", "amax", "interleave_k"):
             if value.lower() not in ("true", "false", "1", "0"):
                 raise argparse.ArgumentTypeError(f"{key}={value!r}: use true or false")
             entry[key] = value.lower() in ("true", "1")
@@ -143,6 +144,9 @@ def _add_plan_options(p: argparse.ArgumentParser) -> None:
                    help="B's element type where it is not A's: fp8 e4m3 x e5m2 mixes (default: --dtype)")
     g.add_argument("--fast-accum", action="store_true", default=None,
                    help="fp8: sum all of K inside wgmma (torch's use_fast_accum), no promotion into fp32")
+    g.add_argument("--interleave-k", action=argparse.BooleanOptionalAction, default=None,
+                   help="fp8 (promoted), 64-row cooperative tiles: the two consumer warpgroups take alternate k tiles "
+                        "(--no-interleave-k keeps the planner from choosing it; default: the planner's rule)")
     g.add_argument("--amax", action="store_true", default=None,
                    help="with --out-dtype e4m3 or e5m2: also return the amax of D (a 0-dim fp32, for delayed scaling)")
     g.add_argument("--scale", default=None, choices=list(SCALE_MODES),

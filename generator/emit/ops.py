@@ -169,6 +169,8 @@ class EmittedOp:
                 record["fast_accum"] = True
             if cfg.amax:
                 record["amax"] = True
+            if cfg.interleave_k:
+                record["interleave_k"] = True
             if cfg.dtype_b is not None:
                 record["dtype_b"] = cfg.dtype_b.value
         else:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Callable, Optional
 
 from ..spec.arch import ArchSpec
 from ..spec.config import (MIN_STAGES, RASTER_GROUPS, RASTERS, SM90_BLOCK_N, SM90_ODD_BLOCK_N, KernelConfig,
@@ -734,12 +735,19 @@ def candidates(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, k
     configs = []
     fast_accum = bool(knobs.fast_accum)
     promoted = dtype.is_fp8 and not fast_accum
-    for schedule, tile in candidate_shapes(knobs, problem, sm90_block_k(dtype), promoted, sm_count,
-                                           odd_n_tiles_fit(dtype, layout, promoted)):
+    shapes = candidate_shapes(knobs, problem, sm90_block_k(dtype), promoted, sm_count,
+                              odd_n_tiles_fit(dtype, layout, promoted))
+    if knobs.interleave_k and knobs.schedule in (None, "cooperative"):
+        # (only 64-row cooperative tiles interleave K: the user's tile, or those of the widths rule 22 weighs)
+        tiles = [knobs.tile] if knobs.tile is not None else [
+            (SMALL_M_TILE_ROWS, bn, sm90_block_k(dtype)) for bn in INTERLEAVED_BLOCK_N]
+        shapes = [("cooperative", tile) for tile in tiles]
+    for schedule, tile in shapes:
         for cluster in cluster_candidates(tile, knobs, problem, sm_count):
             cfg = KernelConfig(arch=spec.cc, dtype=dtype, out_dtype=out_dtype, layout=layout, tile=tile, warps=None,
                                stages=MIN_STAGES if knobs.stages is None else knobs.stages, raster_group=1,
-                               family="sm90", cluster=cluster, schedule=schedule, fast_accum=fast_accum)
+                               family="sm90", cluster=cluster, schedule=schedule, fast_accum=fast_accum,
+                               interleave_k=bool(knobs.interleave_k))
             if knobs.stages is None:
                 cfg = replace(cfg, stages=max(MIN_STAGES, sm90_max_stages_that_fit(cfg)))
             configs.append(choose_raster(cfg, problem, sm_count, knobs))
@@ -868,28 +876,37 @@ def choose_sm90(dtype: DType, out_dtype: DType, layout: Layout, spec: ArchSpec, 
     best, rejected = choose_kernel(dtype, out_dtype, layout, spec, knobs=knobs, problem=problem, sm_count=sm_count,
                                    epilogue=epilogue, dtype_b=dtype_b)
     model = best.config
-    filling = problem is not None and filling_pingpong_tile(best.config, knobs, problem, spec, sm_count)
-    if filling:
-        best = Estimate(filling, estimate(filling, spec, sm_count, problem).cost,
-                        f"{best.reason}; 128x{filling.tile[1]} by rule: its tiles fill the SMs' waves "
-                        f"{FILLING_PINGPONG_MIN_GAIN}x or more better than 128x128's")
-    filled = problem is not None and filling_promoted_tile(best.config, knobs, problem, sm_count)
-    if filled:
-        best = Estimate(filled, estimate(filled, spec, sm_count, problem).cost,
-                        f"{best.reason}; {filled.tile[0]}x{filled.tile[1]} by rule: its tiles fill the SMs' waves "
-                        f"{FILLING_PROMOTED_MIN_GAIN}x or more better than {best.config.tile[0]}x"
-                        f"{best.config.tile[1]}'s")
-    interleaved = problem is not None and interleaved_promoted_tile(best.config, knobs, problem, sm_count)
-    if interleaved:
-        best = Estimate(interleaved, estimate(interleaved, spec, sm_count, problem).cost,
-                        f"{best.reason}; {interleaved.tile[0]}x{interleaved.tile[1]} cooperative with K interleaved by "
-                        f"rule: more tiles in one wave than {best.config.tile[0]}x{best.config.tile[1]}'s, two "
-                        f"warpgroups promoting under each other's wgmmas")
+    if problem is not None:
+        for rule, why in tile_rules(knobs, problem, spec, sm_count):
+            moved = rule(best.config)
+            if moved:
+                best = Estimate(moved, estimate(moved, spec, sm_count, problem).cost,
+                                f"{best.reason}; {why(best.config, moved)}")
     staged = ring_staged(best.config, knobs)
     if staged != best.config:
         best = Estimate(staged, best.cost, f"{best.reason}; D staged in the ring slot of each tile's last k tile, "
                                            f"{staged.stages} stages where its own buffers left {best.config.stages}")
     return (best if best.config == model else replace(best, model=model)), rejected
+
+
+TileRule = Callable[[KernelConfig], Optional[KernelConfig]]
+RuleReason = Callable[[KernelConfig, KernelConfig], str]
+
+
+def tile_rules(knobs: Knobs, problem: Problem, spec: ArchSpec, sm_count: int) -> list[tuple[TileRule, RuleReason]]:
+    """The tile rules layered on the model's pick, in the order they apply (rules 19, 21 and 22, docs/planner.md):
+    each gives the config it moves a pick to (None: it does not apply), and the reason print(plan) adds."""
+    return [
+        (lambda cfg: filling_pingpong_tile(cfg, knobs, problem, spec, sm_count),
+         lambda old, new: f"128x{new.tile[1]} by rule: its tiles fill the SMs' waves {FILLING_PINGPONG_MIN_GAIN}x or "
+                          f"more better than 128x128's"),
+        (lambda cfg: filling_promoted_tile(cfg, knobs, problem, sm_count),
+         lambda old, new: f"{new.tile[0]}x{new.tile[1]} by rule: its tiles fill the SMs' waves "
+                          f"{FILLING_PROMOTED_MIN_GAIN}x or more better than {old.tile[0]}x{old.tile[1]}'s"),
+        (lambda cfg: interleaved_promoted_tile(cfg, knobs, problem, sm_count),
+         lambda old, new: f"{new.tile[0]}x{new.tile[1]} cooperative with K interleaved by rule: more tiles in one wave "
+                          f"than {old.tile[0]}x{old.tile[1]}'s, two warpgroups promoting under each other's wgmmas"),
+    ]
 
 
 def filling_pingpong_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem, spec: ArchSpec,
@@ -937,13 +954,13 @@ def interleaved_promoted_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem,
                               sm_count: int) -> KernelConfig | None:
     """INTERLEAVED_BLOCK_N's plan for a pick ``cfg``: the 64-row cooperative tile with K interleaved whose tiles, more
     than the pick's, fill one wave best, the pick's cluster, the raster and stages that fit; None where the rule does
-    not apply (another pick, fast accumulation, more than one wave, a column-major D, a fixed tile, schedule or
-    cluster, a batch or ragged groups, fewer than INTERLEAVED_MIN_K_TILES k tiles, no width with more tiles in one
+    not apply (another pick, fast accumulation, more than one wave, a column-major D, a fixed tile, schedule, cluster
+    or interleave_k, a batch or ragged groups, fewer than INTERLEAVED_MIN_K_TILES k tiles, no width with more tiles in one
     wave)."""
     one_64_row_tile = cfg.tile[0] == SMALL_M_TILE_ROWS and cfg.schedule == "pingpong"
     narrow = cfg.tile[:2] == (2 * SMALL_M_TILE_ROWS, NARROW_BN) and cfg.schedule == "cooperative"
     if (not cfg.promoted or not (one_64_row_tile or narrow) or cfg.layout.c is not Order.row or cfg.stream_k
-            or not leaves_tile_free(knobs) or problem.batch != 1 or problem.ragged
+            or not leaves_tile_free(knobs) or knobs.interleave_k is not None or problem.batch != 1 or problem.ragged
             or problem.k < INTERLEAVED_MIN_K_TILES * cfg.tile[2]):
         return None
     own_blocks, slots, own_waves = waves(cfg, problem, sm_count)

@@ -2088,7 +2088,10 @@ struct Kernel {
     float part[MMA_BLOCKS_M][SLICE_ACCUM];
     // Block scales: k block kt's products in k_scales, kt + 1's loaded values in `ahead`, and kt + 2's loads issued
     // beside kt's wgmmas, a whole k tile before their first use (an L2 load under the TMA traffic outlasts one).
-    KBlockScales k_scales = scale_products(load_k_block_scales(scales, min(kt_begin, kt_end - 1)));
+    // (interleaved K: the second warpgroup of a one-k-tile tile has no k tile, and loads the first's scales; a clamp
+    // here for every loop made ptxas spill 32-44 bytes in the unrolled block-scaled loops)
+    const int kt_first = KSTEP == 1 ? kt_begin : min(kt_begin, kt_end - 1);
+    KBlockScales k_scales = scale_products(load_k_block_scales(scales, kt_first));
     RawKBlockScales ahead = load_k_block_scales(scales, min(kt_begin + KSTEP, kt_end - 1));
     // The next k tile's slot is waited for while this one's wgmmas run (before their wait), so that its arrival is
     // known when the promotion ends and the next wgmmas issue right after it (cuBLAS' loop has the same order).

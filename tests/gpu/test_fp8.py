@@ -67,6 +67,8 @@ PLANS = {
     "e4m3_tensor_interleaved_64x96": dict(dtype="e4m3", scale="tensor", m=96, n=4544, k=4544),
     "e4m3_row_interleaved_64x96_c2x1": dict(dtype="e4m3", scale="row", m=384, n=2048, k=8192),
     "e4m3_block_fp32_interleaved_64x64": dict(dtype="e4m3", scale="block", out_dtype="fp32", m=128, n=4096, k=4096),
+    "e4m3_row_gelu_bias_interleaved_64x128": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col",
+                                                  tile_shape=(64, 128, 128), interleave_k=True),
     "e5m2_row_bf16": dict(dtype="e5m2", scale="row"),
     "e5m2_block_bf16": dict(dtype="e5m2", scale="block"),
     "e4m3_row_gelu_bias": dict(dtype="e4m3", scale="row", activation="gelu_tanh", bias="col"),
