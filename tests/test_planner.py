@@ -1608,6 +1608,8 @@ def test_interleave_k_refusals_name_the_fix() -> None:
                    schedule="pingpong").config
     with pytest.raises(ValueError, match="source .C. comes into the staging buffers"):
         check_config(replace(sourced, schedule="cooperative", interleave_k=True))
+    with pytest.raises(ValueError, match="quantized D .* leave interleave_k off"):
+        plan(arch=90, dtype="e4m3", scale="block", out_dtype="e4m3", tile_shape=(64, 128, 128), interleave_k=True)
 
 
 def test_a_128x128_pingpong_pick_takes_the_filling_odd_width(monkeypatch: pytest.MonkeyPatch) -> None:

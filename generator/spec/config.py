@@ -592,6 +592,8 @@ def check_interleave_k(cfg: KernelConfig) -> None:
         why = "stream-K's and staging in the ring's tiles end elsewhere than in the staging buffers"
     elif source_operand(cfg) is not None:
         why = "the epilogue's source (C) comes into the staging buffers while the main loop still runs"
+    elif quantizes_out(cfg) or cfg.epilogue.aux is not None:
+        why = "a quantized D and an epilogue's second output (aux) are not built and tested with it"
     elif bm * bn * 4 > sm90_epilogue_bytes(cfg):
         why = f"the tile's fp32 sums ({bm * bn * 4} bytes) do not fit the {sm90_epilogue_bytes(cfg)} bytes of staging"
     if why is not None:
