@@ -360,6 +360,18 @@ def test_a_planner_rule_s_interleaved_k_tile_re_emits_from_plans_json(tmp_path):
     assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
 
 
+def test_a_ring_staged_tile_re_emits_from_plans_json(tmp_path):
+    """A plan staged in the ring (rule 18: an odd-width pingpong tile, its stages the ones the staging freed) records
+    no stages, so re-emitting from plans.json plans the same kernel (with them fixed it would no longer fit)."""
+    r = cli("emit", "--plan", "dtype=bf16,layout=tn,arch=90,tile=128x80x64,schedule=pingpong", "--name", "sr",
+            "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stderr
+    assert "_pp_sr_" in r.stdout
+    r = cli("emit", "--plans", str(tmp_path / "a" / "plans.json"), "--name", "sr", "--out", str(tmp_path / "b"))
+    assert r.returncode == 0, r.stderr
+    assert files_of(tmp_path / "a") == files_of(tmp_path / "b")
+
+
 def test_a_package_without_autograd_re_emits_without_autograd(tmp_path):
     r = cli("emit", "--dtype", "bf16", "--layout", "tn", "--arch", "90", "--no-autograd", "--out", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr

@@ -175,7 +175,9 @@ class EmittedOp:
                 record["dtype_b"] = cfg.dtype_b.value
         else:
             record["warps"] = "x".join(map(str, cfg.warps))
-        record.update(stages=cfg.stages, raster_group=cfg.raster_group)
+        # (a config staged in the ring, rule 18, took the stages its staging freed: fixed here they would keep the rule
+        # from applying again and no longer fit beside staging buffers of their own)
+        record.update({} if cfg.staging_in_ring else {"stages": cfg.stages}, raster_group=cfg.raster_group)
         record.update(self.hints)
         ep = cfg.epilogue
         if self.knobs:
