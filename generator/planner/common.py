@@ -55,7 +55,7 @@ class Knobs:
     raster: str | None = None                     # sm90 only
     fast_accum: bool | None = None                # fp8 only: True sums all of K inside wgmma (no promotion)
     amax: bool | None = None                      # a quantized D: True also returns the amax of D
-    interleave_k: bool | None = None              # promoted fp8, 64-row cooperative tiles: warpgroups on alternate k tiles
+    interleave_k: bool | None = None              # promoted fp8, 64-row cooperative: warpgroups on alternate k tiles
 
 
 # What a fused epilogue adds to a tile's time, in units of K (a tile costs BM*BN*(K + overhead)): reading

@@ -955,8 +955,8 @@ def interleaved_promoted_tile(cfg: KernelConfig, knobs: Knobs, problem: Problem,
     """INTERLEAVED_BLOCK_N's plan for a pick ``cfg``: the 64-row cooperative tile with K interleaved whose tiles, more
     than the pick's, fill one wave best, the pick's cluster, the raster and stages that fit; None where the rule does
     not apply (another pick, fast accumulation, more than one wave, a column-major D, a fixed tile, schedule, cluster
-    or interleave_k, a batch or ragged groups, fewer than INTERLEAVED_MIN_K_TILES k tiles, no width with more tiles in one
-    wave)."""
+    or interleave_k, a batch or ragged groups, fewer than INTERLEAVED_MIN_K_TILES k tiles, no width with more tiles
+    in one wave)."""
     one_64_row_tile = cfg.tile[0] == SMALL_M_TILE_ROWS and cfg.schedule == "pingpong"
     narrow = cfg.tile[:2] == (2 * SMALL_M_TILE_ROWS, NARROW_BN) and cfg.schedule == "cooperative"
     if (not cfg.promoted or not (one_64_row_tile or narrow) or cfg.layout.c is not Order.row or cfg.stream_k

@@ -587,7 +587,8 @@ def check_interleave_k(cfg: KernelConfig) -> None:
     if cfg.family != "sm90" or cfg.schedule != "cooperative" or bm != WGMMA_ROWS:
         why = f"it is built for 64-row sm90 cooperative tiles; this one is {bm}x{bn}x{bk} {cfg.schedule or cfg.family}"
     elif not cfg.promoted:
-        why = "it overlaps one warpgroup's promotion of fp8 k tiles with the other's wgmmas, and this plan promotes none"
+        why = ("it overlaps one warpgroup's promotion of fp8 k tiles with the other's wgmmas, and this plan promotes "
+               "none")
     elif cfg.stream_k or cfg.staging_in_ring:
         why = "stream-K's and staging in the ring's tiles end elsewhere than in the staging buffers"
     elif source_operand(cfg) is not None:
