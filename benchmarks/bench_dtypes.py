@@ -9,9 +9,9 @@ measurements behind the planner's fp8/int8/tf32 tables. define:MACRO=VALUE (seve
 variant's kernels with those preprocessor switches of the templates' experiments instead (as gpu/ab_variants.py,
 which takes no epilogue operands), e.g. --variant trim=define:GEMMGEN_SOME_SWITCH=1; stream_k:1 sets
 KernelConfig.stream_k (not planned yet), e.g. --variant sk=stream_k:1,schedule:cooperative,cluster_shape:1x1;
-interleave_k:1 plans a 64-row pingpong tile and runs it as the cooperative tile with K interleaved
-(KernelConfig.interleave_k), e.g. --variant ik96=tile:64x96,schedule:pingpong,interleave_k:1; interleave_k:0 is
-the planner's pick without its interleaved-K rule (planner rule 22), the A/B of that rule.
+interleave_k:1 is Gemm's interleave_k=True (a 64-row cooperative tile with K interleaved), e.g. --variant
+ik96=tile:64x96,interleave_k:1; interleave_k:0 is interleave_k=False, the planner's pick without its interleaved-K
+rule (planner rule 22), the A/B of that rule.
 
 Rows (layout tn: A row-major M x K, B = W.t() of a row-major N x K weight W, as torch._scaled_mm and
 torch._int_mm take them):
@@ -83,7 +83,7 @@ class Case:
 
 
 #: Variant knobs that are not Gemm's: template switches (define) and config fields not yet planned (stream_k).
-CONFIG_ONLY_KNOBS = ("define", "stream_k", "interleave_k")
+CONFIG_ONLY_KNOBS = ("define", "stream_k")
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, object]]:
@@ -100,12 +100,9 @@ def parse_variant(text: str) -> tuple[str, dict[str, object]]:
 
 
 def plan_for(mode: str, m: int, n: int, k: int, knobs: dict[str, object] | None = None) -> Gemm:
-    if (knobs or {}).get("interleave_k") == 0:   # the planner's pick without its interleaved-K rule (an A/B of it)
-        from unittest import mock
-        from generator.planner import sm90
-        with mock.patch.object(sm90, "interleaved_promoted_tile", return_value=None):
-            return plan_for(mode, m, n, k, {key: value for key, value in knobs.items() if key != "interleave_k"})
     knobs = {key: value for key, value in (knobs or {}).items() if key not in CONFIG_ONLY_KNOBS}
+    if "interleave_k" in knobs:   # (parse_variant reads 0 / 1; Gemm takes a bool)
+        knobs["interleave_k"] = bool(knobs["interleave_k"])
     if "tile" in knobs:
         dtype = DType("e4m3" if mode.startswith("fp8") else "tf32" if mode in TF32_MODES else mode)
         knobs["tile_shape"] = (*knobs.pop("tile"), sm90_block_k(dtype))
@@ -192,10 +189,7 @@ def build_ops(work: list, knobs_by_variant: dict[str, dict[str, object]]) -> lis
 
     def config(i: int) -> KernelConfig:
         name, plan = work[i][1], work[i][-1]
-        knobs = knobs_by_variant[name]
-        if knobs.get("interleave_k"):   # (planned as the pingpong tile of the same shape, then interleaved)
-            return replace(plan.config, schedule="cooperative", interleave_k=True)
-        return replace(plan.config, stream_k=True) if knobs.get("stream_k") else plan.config
+        return replace(plan.config, stream_k=True) if knobs_by_variant[name].get("stream_k") else plan.config
 
     ops: list = [None] * len(work)
     # the plain rows (every variant without switches) in one build, then each switched variant's rows in one build

@@ -498,13 +498,13 @@ def test_bench_dtypes_builds_each_switched_variant_with_its_flags(monkeypatch):
 
 
 def test_bench_dtypes_interleave_k_variants(monkeypatch):
-    """bench_dtypes: interleave_k:1 runs a planned 64-row pingpong tile as the cooperative tile with K interleaved;
+    """bench_dtypes: interleave_k:1 is Gemm's interleave_k=True (the 64-row cooperative tile with K interleaved);
     interleave_k:0 is the planner's pick without its interleaved-K rule (the rule's A/B), the rule left in place."""
     import bench_dtypes
     monkeypatch.setattr(bench_dtypes, "compile_many", lambda configs, **_: [c.name for c in configs])
     shape = (128, 4096, 4096)
     variants = dict([("", {}), bench_dtypes.parse_variant("old=interleave_k:0"),
-                     bench_dtypes.parse_variant("ik96=tile:64x96,schedule:pingpong,interleave_k:1")])
+                     bench_dtypes.parse_variant("ik96=tile:64x96,interleave_k:1")])
     work = [("fp8_block", name, shape, bench_dtypes.plan_for("fp8_block", *shape, knobs))
             for name, knobs in variants.items()]
     planned, old, ik96 = bench_dtypes.build_ops(work, variants)
