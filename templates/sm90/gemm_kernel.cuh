@@ -1350,18 +1350,18 @@ struct Kernel {
       // The source's first subtiles come in while the main loop runs.
       const bool sourced = epi.load_source(tile, m0 + row_in_tile, n0);
       Accum acc[MMA_BLOCKS_M][ACCUM];
-      if constexpr (Cfg::kPromote && INTERLEAVE_K) {
-        // (this warpgroup's k tiles: every other one from its own index on; both go on past the whole tile's)
+      if constexpr (Cfg::kPromote) {
+        // (K interleaved: this warpgroup's k tiles, every other one from its own index on; both then go on past the
+        // whole tile's)
         const RingPos tile_start = pos;
-        if (consumer == 1) pos.next();
-        mainloop_promoted<kConsumerWarpgroups>(p, smem, acc, row_in_tile, col_in_tile, pos, rank, consumer,
-                                               at.k_tiles,
-                                               block_scales(args, p, m0, n0, W == Walking::kRows ? at.problem : 0));
-        pos = tile_start;
-        pos.advance(at.k_tiles);
-      } else if constexpr (Cfg::kPromote) {
-        mainloop_promoted(p, smem, acc, row_in_tile, col_in_tile, pos, rank, 0, at.k_tiles,
-                          block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
+        if (INTERLEAVE_K && consumer == 1) pos.next();
+        mainloop_promoted<INTERLEAVE_K ? kConsumerWarpgroups : 1>(
+            p, smem, acc, row_in_tile, col_in_tile, pos, rank, INTERLEAVE_K ? consumer : 0, at.k_tiles,
+            block_scales(args, p, m0 + row_in_tile, n0, W == Walking::kRows ? at.problem : 0));
+        if constexpr (INTERLEAVE_K) {
+          pos = tile_start;
+          pos.advance(at.k_tiles);
+        }
       } else {
         int last_slot;
         if constexpr (W == Walking::kFlat) {
